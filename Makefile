@@ -1,0 +1,51 @@
+# Set-up and checks. `make lab` opens the explorer, `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+LLAMA_CPP_VERSION := 0.3.36
+HEADERS_DIR := build/llama-cpp-headers
+HEADERS := $(HEADERS_DIR)/src/llama-ext.h
+DEPS := $(VENV)/.deps-installed
+EXT := build/.ext-installed
+SOURCES := $(shell find native_ext mtp_explorer -name '*.py' -o -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
+
+.PHONY: all lab test headers clean
+
+all: $(EXT)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+
+# llama-cpp-python builds from source once (~6 min on 2 cores); pip caches the wheel for re-runs.
+$(DEPS): $(VPY) pyproject.toml
+	@echo ">> installing llama-cpp-python==$(LLAMA_CPP_VERSION) (first time: a source build of several minutes)"
+	$(VPY) -m pip install --progress-bar off llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(VPY) -m pip install --quiet scikit-build-core==0.11.6 nanobind==2.9.2
+	touch $@
+
+# The headers come from the same 0.3.36 source distribution (the wheel ships none).
+$(HEADERS): | $(VPY)
+	rm -rf build/sdist $(HEADERS_DIR) && mkdir -p build/sdist $(HEADERS_DIR)/src
+	$(VPY) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_VERSION) -d build/sdist
+	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist \
+	    --wildcards '*/vendor/llama.cpp/include/*' '*/vendor/llama.cpp/ggml/include/*' '*/vendor/llama.cpp/src/llama-ext.h'
+	cp -r build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/include $(HEADERS_DIR)/
+	mkdir -p $(HEADERS_DIR)/ggml && cp -r build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/ggml/include $(HEADERS_DIR)/ggml/
+	cp build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/src/llama-ext.h $(HEADERS_DIR)/src/
+
+headers: $(HEADERS)
+
+$(EXT): $(DEPS) $(HEADERS) $(SOURCES)
+	@echo ">> building mtp_explorer and its native extension"
+	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test]'
+	touch $@
+
+test: $(EXT)
+	$(VPY) -m pytest -q
+
+lab: $(EXT)
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,34 @@
+"""mtp-explorer: see and tune multi-token-prediction (MTP) speculative decoding as llama.cpp runs it.
+
+>>> import mtp_explorer as mx
+>>> with mx.Session.open() as s:                      # the bundled demo model
+...     t = s.generate("def fib(n):", max_tokens=64, n_max=3)
+>>> t.summary()["acceptance_rate"]
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ContextOverflowError,
+    LibraryError,
+    ModelLoadError,
+    ModelNotFoundError,
+    MtpExplorerError,
+    MtpUnavailableError,
+    ParameterError,
+    SessionBusyError,
+    SessionClosedError,
+)
+from .info import ModelInfo, model_info
+from .models import default_model_path
+from .session import Session
+from .trace import FINISH_REASONS, STOP_REASONS, Step, Trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContextOverflowError", "LibraryError", "ModelInfo", "ModelLoadError", "ModelNotFoundError",
+    "MtpExplorerError", "MtpUnavailableError", "ParameterError", "Session", "SessionBusyError",
+    "SessionClosedError", "Step", "STOP_REASONS", "FINISH_REASONS", "Trace", "default_model_path",
+    "model_info",
+]

@@ -1,0 +1,21 @@
+"""Model files and GGUF writers of mtp-explorer (qwen35 + MTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ModelNotFoundError
+
+MODELS_DIR = Path(__file__).resolve().parent
+BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
+
+
+def default_model_path() -> Path:
+    """The bundled demo model: a tiny qwen35 + MTP model trained on the Python standard library."""
+    path = MODELS_DIR / BUNDLED_MODEL
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"the bundled model {path} is missing; build it with `python -m training.train` "
+            "or pass a model path"
+        )
+    return path

@@ -1,0 +1,457 @@
+"""Writing ``qwen35`` GGUF files (hybrid gated-delta-net trunk + one NextN/MTP block).
+
+The files produced here load in llama.cpp as vendored by ``llama-cpp-python==0.3.36``
+with ``llama_model_params.load_mtp = True``; the MTP block is then usable through a
+context created with ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``.  Only ``numpy`` and
+``gguf`` (0.19.0) are needed.
+
+Tensor convention
+-----------------
+:func:`write_qwen35_gguf` takes tensors **already in llama.cpp's convention**, keyed by
+their GGUF names.  A numpy array's shape is the reverse of ggml's ``ne``: a ggml
+tensor ``{n_embd, n_vocab}`` is a numpy array of shape ``(n_vocab, n_embd)``, i.e. a
+matrix weight has the PyTorch ``nn.Linear`` layout ``(out_features, in_features)``.
+The conventions that differ from a Hugging Face Qwen3.5 checkpoint (and that an
+exporter has to apply itself) are:
+
+* RMS-norm weights are the *multiplier itself* (HF stores ``w`` and applies ``1 + w``;
+  llama.cpp wants ``1 + w``), except ``ssm_norm`` (the gated norm of the linear
+  attention), which HF already stores as a plain multiplier.
+* ``blk.N.ssm_a`` is ``-exp(A_log)``; ``blk.N.ssm_dt.bias`` is HF's ``dt_bias``.
+* ``blk.N.ssm_conv1d.weight`` has shape ``(conv_dim, conv_kernel)`` (HF's
+  ``(conv_dim, 1, kernel)`` squeezed).
+* When ``ssm_group_count < ssm_time_step_rank`` (fewer key heads than value heads), the
+  value heads must be in llama.cpp's *tiled* order, not HF's grouped order.
+* The full-attention ``attn_q`` projection produces, per head, ``head_dim`` query values
+  followed by ``head_dim`` gate values (the same interleave as HF's ``q_proj``).
+
+Expected tensors (``L`` = trunk layer index, ``M = n_layer`` = the MTP block index)::
+
+    token_embd.weight        (n_vocab, n_embd)
+    output_norm.weight       (n_embd,)
+    output.weight            (n_vocab, n_embd)       optional: tied to token_embd if absent
+    # every trunk layer L and the MTP block M
+    blk.L.attn_norm.weight             (n_embd,)
+    blk.L.post_attention_norm.weight   (n_embd,)
+    blk.L.ffn_gate.weight / ffn_up.weight  (n_ff, n_embd)
+    blk.L.ffn_down.weight              (n_embd, n_ff)
+    # full-attention layers ((L + 1) % full_attention_interval == 0) and the MTP block
+    blk.L.attn_q.weight      (2 * n_head * head_dim, n_embd)
+    blk.L.attn_k.weight / attn_v.weight  (n_head_kv * head_dim, n_embd)
+    blk.L.attn_output.weight (n_embd, n_head * head_dim)
+    blk.L.attn_q_norm.weight / attn_k_norm.weight  (head_dim,)
+    # gated-delta-net (recurrent) layers
+    blk.L.attn_qkv.weight    (2 * key_dim + value_dim, n_embd)
+    blk.L.attn_gate.weight   (value_dim, n_embd)                  # "z"
+    blk.L.ssm_conv1d.weight  (2 * key_dim + value_dim, conv_kernel)
+    blk.L.ssm_dt.bias        (n_v_heads,)
+    blk.L.ssm_a              (n_v_heads,)
+    blk.L.ssm_beta.weight / ssm_alpha.weight  (n_v_heads, n_embd)
+    blk.L.ssm_norm.weight    (head_v_dim,)
+    blk.L.ssm_out.weight     (n_embd, value_dim)
+    # NextN block only
+    blk.M.nextn.eh_proj.weight           (n_embd, 2 * n_embd)   input = concat(enorm(emb), hnorm(h))
+    blk.M.nextn.enorm.weight / hnorm.weight  (n_embd,)
+    blk.M.nextn.shared_head_norm.weight  (n_embd,)              optional: output_norm if absent
+    blk.M.nextn.shared_head_head.weight  (n_vocab, n_embd)      optional: output if absent
+    blk.M.nextn.embed_tokens.weight      (n_vocab, n_embd)      optional: token_embd if absent
+
+with ``key_dim = ssm_state_size * ssm_group_count``, ``value_dim = ssm_state_size *
+ssm_time_step_rank`` (= ``ssm_inner_size``) and ``n_v_heads = ssm_time_step_rank``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Qwen35Config",
+    "ByteBPEVocab",
+    "bytes_to_unicode",
+    "train_byte_bpe",
+    "expected_tensor_shapes",
+    "write_qwen35_gguf",
+    "read_qwen35_metadata",
+    "tensor_names",
+    "PRE_TOKENIZER_REGEX",
+    "ARCH",
+]
+
+ARCH = "qwen35"
+
+#: ``tokenizer.ggml.pre`` names accepted by llama.cpp 0.3.36 that we use, with the
+#: pre-tokenizer regex llama-vocab.cpp maps them to.  Both have a hand-written splitter
+#: in llama.cpp's unicode.cpp (exact, no std::regex fallback).
+PRE_TOKENIZER_REGEX: dict[str, str] = {
+    # LLAMA_VOCAB_PRE_TYPE_GPT2; note llama.cpp enables clean_spaces for it, so
+    # llama_detokenize() drops the space in " ." / " ," / " ?" / " !" (token_to_piece does not).
+    "gpt-2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    # LLAMA_VOCAB_PRE_TYPE_QWEN2 (clean_spaces off): single digits, newline runs grouped.
+    "qwen2": (
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    """Hyper-parameters of a ``qwen35`` model with ``nextn_predict_layers`` MTP blocks.
+
+    ``n_layer`` counts trunk layers only; the GGUF ``block_count`` is
+    ``n_layer + nextn_predict_layers``.  Layer ``i`` of the trunk is full attention when
+    ``(i + 1) % full_attention_interval == 0`` and a gated-delta-net layer otherwise.
+    """
+
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    full_attention_interval: int = 4
+    ssm_conv_kernel: int = 4
+    ssm_state_size: int = 16  #: head_k_dim == head_v_dim of the linear attention
+    ssm_group_count: int = 2  #: number of key heads of the linear attention
+    ssm_time_step_rank: int = 2  #: number of value heads of the linear attention
+    rope_dim: int = 0  #: rotary dimensions per head (n_rot); 0 means head_dim // 4
+    rope_freq_base: float = 10_000_000.0
+    rope_sections: tuple[int, int, int, int] | None = None  #: None: derived from rope_dim
+    rms_eps: float = 1e-6
+    n_ctx_train: int = 4096
+    nextn_predict_layers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nextn_predict_layers != 1:
+            raise ValueError("llama.cpp 0.3.36 supports exactly one qwen35 MTP block")
+        if self.n_head % self.n_head_kv:
+            raise ValueError("n_head must be a multiple of n_head_kv")
+        if self.ssm_time_step_rank % self.ssm_group_count:
+            raise ValueError("ssm_time_step_rank (value heads) must be a multiple of ssm_group_count")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise ValueError("rope_dim must be even and at most head_dim")
+        if sum(self.sections) != self.n_rot // 2:
+            raise ValueError("rope_sections must sum to rope_dim / 2")
+
+    @property
+    def n_rot(self) -> int:
+        """Rotary dimensions per head."""
+        return self.rope_dim or self.head_dim // 4
+
+    @property
+    def sections(self) -> tuple[int, int, int, int]:
+        """Interleaved M-RoPE sections; the default covers every rotary pair with the text position."""
+        if self.rope_sections is not None:
+            return tuple(self.rope_sections)  # type: ignore[return-value]
+        pairs = self.n_rot // 2
+        return (-(-pairs // 3), -(-(pairs - 1) // 3), -(-(pairs - 2) // 3), 0)
+
+    @property
+    def ssm_inner_size(self) -> int:
+        """``value_dim`` of the linear attention (``ssm_state_size * ssm_time_step_rank``)."""
+        return self.ssm_state_size * self.ssm_time_step_rank
+
+    @property
+    def block_count(self) -> int:
+        """GGUF ``block_count``: trunk layers plus MTP blocks."""
+        return self.n_layer + self.nextn_predict_layers
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether trunk layer ``il`` is a gated-delta-net layer (MTP blocks are not)."""
+        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
+
+
+@dataclass
+class ByteBPEVocab:
+    """A byte-level BPE vocabulary as llama.cpp's ``gpt2`` tokenizer model reads it.
+
+    ``tokens`` are in GPT-2's byte-to-unicode alphabet (see :func:`bytes_to_unicode`);
+    ``merges`` are ``"left right"`` strings in rank order; ``token_types`` holds
+    ``gguf.TokenType`` values (1 normal, 3 control).  ``pre`` is the
+    ``tokenizer.ggml.pre`` name (see :data:`PRE_TOKENIZER_REGEX`).
+    """
+
+    tokens: list[str]
+    merges: list[str]
+    token_types: list[int]
+    eos_id: int
+    bos_id: int | None = None
+    pre: str = "gpt-2"
+    add_bos: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.token_types):
+            raise ValueError("tokens and token_types differ in length")
+        if not self.merges:
+            raise ValueError("llama.cpp rejects a gpt2 tokenizer without merges")
+        if self.pre not in PRE_TOKENIZER_REGEX:
+            raise ValueError(f"unsupported pre-tokenizer {self.pre!r}")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map (used by llama.cpp)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_SIMPLE_PRETOKEN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""")
+
+
+def train_byte_bpe(text: str, n_merges: int, *, eos_token: str = "<|endoftext|>") -> ByteBPEVocab:
+    """Train a tiny byte-level BPE (pure Python; meant for small texts and synthetic models).
+
+    The vocabulary is the 256 byte tokens, then one token per merge, then ``eos_token``
+    (a control token).  Pre-tokenization approximates GPT-2's regex with Python's ``re``;
+    only the choice of merges depends on it, and llama.cpp applies whatever merges it is
+    given, so the result is always a consistent tokenizer with ``pre = "gpt-2"``.
+    """
+    byte_map = bytes_to_unicode()
+    words = Counter(_SIMPLE_PRETOKEN.findall(text))
+    seqs: dict[tuple[str, ...], int] = {}
+    for word, count in words.items():
+        key = tuple(byte_map[b] for b in word.encode("utf-8"))
+        seqs[key] = seqs.get(key, 0) + count
+    tokens = [byte_map[b] for b in range(256)]
+    known = set(tokens)
+    merges: list[str] = []
+    while len(merges) < n_merges:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for seq, count in seqs.items():
+            for a, b in zip(seq, seq[1:]):
+                pairs[(a, b)] += count
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        merged = a + b
+        merges.append(f"{a} {b}")
+        if merged not in known:
+            tokens.append(merged)
+            known.add(merged)
+        new_seqs: dict[tuple[str, ...], int] = {}
+        for seq, count in seqs.items():
+            out: list[str] = []
+            i = 0
+            while i < len(seq):
+                if i + 1 < len(seq) and seq[i] == a and seq[i + 1] == b:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(seq[i])
+                    i += 1
+            key = tuple(out)
+            new_seqs[key] = new_seqs.get(key, 0) + count
+        seqs = new_seqs
+    if not merges:
+        raise ValueError("text too short to learn a single merge")
+    types = [1] * len(tokens)
+    tokens.append(eos_token)
+    types.append(3)
+    eos = len(tokens) - 1
+    return ByteBPEVocab(tokens=tokens, merges=merges, token_types=types, eos_id=eos, bos_id=eos, pre="gpt-2")
+
+
+def expected_tensor_shapes(cfg: Qwen35Config) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """Every tensor name llama.cpp loads for ``cfg`` -> (numpy shape, required)."""
+    e, v, ff = cfg.n_embd, cfg.n_vocab, cfg.n_ff
+    hd = cfg.head_dim
+    key_dim = cfg.ssm_state_size * cfg.ssm_group_count
+    value_dim = cfg.ssm_inner_size
+    conv_dim = 2 * key_dim + value_dim
+    nv = cfg.ssm_time_step_rank
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((v, e), True),
+        "output_norm.weight": ((e,), True),
+        "output.weight": ((v, e), False),
+    }
+
+    def attention(p: str) -> None:
+        shapes[p + "attn_q.weight"] = ((2 * cfg.n_head * hd, e), True)
+        shapes[p + "attn_k.weight"] = ((cfg.n_head_kv * hd, e), True)
+        shapes[p + "attn_v.weight"] = ((cfg.n_head_kv * hd, e), True)
+        shapes[p + "attn_output.weight"] = ((e, cfg.n_head * hd), True)
+        shapes[p + "attn_q_norm.weight"] = ((hd,), True)
+        shapes[p + "attn_k_norm.weight"] = ((hd,), True)
+
+    def common(p: str) -> None:
+        shapes[p + "attn_norm.weight"] = ((e,), True)
+        shapes[p + "post_attention_norm.weight"] = ((e,), True)
+        shapes[p + "ffn_gate.weight"] = ((ff, e), True)
+        shapes[p + "ffn_up.weight"] = ((ff, e), True)
+        shapes[p + "ffn_down.weight"] = ((e, ff), True)
+
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        common(p)
+        if cfg.is_recurrent(il):
+            shapes[p + "attn_qkv.weight"] = ((conv_dim, e), True)
+            shapes[p + "attn_gate.weight"] = ((value_dim, e), True)
+            shapes[p + "ssm_conv1d.weight"] = ((conv_dim, cfg.ssm_conv_kernel), True)
+            shapes[p + "ssm_dt.bias"] = ((nv,), True)
+            shapes[p + "ssm_a"] = ((nv,), True)
+            shapes[p + "ssm_beta.weight"] = ((nv, e), True)
+            shapes[p + "ssm_alpha.weight"] = ((nv, e), True)
+            shapes[p + "ssm_norm.weight"] = ((cfg.ssm_state_size,), True)
+            shapes[p + "ssm_out.weight"] = ((e, value_dim), True)
+        else:
+            attention(p)
+    for il in range(cfg.n_layer, cfg.block_count):
+        p = f"blk.{il}."
+        common(p)
+        attention(p)
+        shapes[p + "nextn.eh_proj.weight"] = ((e, 2 * e), True)
+        shapes[p + "nextn.enorm.weight"] = ((e,), True)
+        shapes[p + "nextn.hnorm.weight"] = ((e,), True)
+        shapes[p + "nextn.shared_head_norm.weight"] = ((e,), False)
+        shapes[p + "nextn.shared_head_head.weight"] = ((v, e), False)
+        shapes[p + "nextn.embed_tokens.weight"] = ((v, e), False)
+    return shapes
+
+
+def _keep_f32(name: str, arr: np.ndarray) -> bool:
+    # 1-D tensors (norms, ssm_a, dt bias) and the conv kernel stay F32, as convert_hf_to_gguf does.
+    return arr.ndim <= 1 or name.endswith("ssm_conv1d.weight")
+
+
+def write_qwen35_gguf(
+    path: str | Path,
+    cfg: Qwen35Config,
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    dtype: str = "f32",
+    name: str = "qwen35-mtp",
+    description: str | None = None,
+    license: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
+    """Write a ``qwen35`` GGUF with one MTP block; returns the path.
+
+    ``tensors`` maps GGUF tensor names to arrays in llama.cpp's convention (see the module
+    docstring); every required tensor of :func:`expected_tensor_shapes` must be present with
+    exactly that shape, and unknown names are rejected.  ``dtype`` is ``"f32"`` or ``"f16"``;
+    with ``"f16"`` matrix weights are stored as F16 and 1-D tensors and the conv kernel as F32.
+    ``extra_metadata`` adds string/number/bool keys (e.g. ``"mtp_explorer.synthetic"``).
+    """
+    import gguf
+
+    if dtype not in ("f32", "f16"):
+        raise ValueError("dtype must be 'f32' or 'f16'")
+    if len(vocab.tokens) != cfg.n_vocab:
+        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={cfg.n_vocab}")
+    shapes = expected_tensor_shapes(cfg)
+    unknown = sorted(set(tensors) - set(shapes))
+    if unknown:
+        raise ValueError(f"unknown tensors: {unknown[:8]}")
+    for tname, (shape, required) in shapes.items():
+        if tname not in tensors:
+            if required:
+                raise ValueError(f"missing tensor {tname} {shape}")
+            continue
+        if tuple(tensors[tname].shape) != shape:
+            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    if description:
+        w.add_description(description)
+    if license:
+        w.add_license(license)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    w.add_context_length(cfg.n_ctx_train)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.block_count)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_freq_base)
+    w.add_rope_dimension_count(cfg.n_rot)
+    w.add_rope_dimension_sections(list(cfg.sections))
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    w.add_ssm_conv_kernel(cfg.ssm_conv_kernel)
+    w.add_ssm_inner_size(cfg.ssm_inner_size)
+    w.add_ssm_state_size(cfg.ssm_state_size)
+    w.add_ssm_time_step_rank(cfg.ssm_time_step_rank)
+    w.add_ssm_group_count(cfg.ssm_group_count)
+    w.add_full_attention_interval(cfg.full_attention_interval)
+    w.add_nextn_predict_layers(cfg.nextn_predict_layers)
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_eos_token_id(vocab.eos_id)
+    if vocab.bos_id is not None:
+        w.add_bos_token_id(vocab.bos_id)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(False)
+
+    for key, value in {**vocab.extra, **(extra_metadata or {})}.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
+
+    for tname in shapes:
+        if tname not in tensors:
+            continue
+        arr = np.ascontiguousarray(tensors[tname], dtype=np.float32)
+        if dtype == "f16" and not _keep_f32(tname, arr):
+            arr = arr.astype(np.float16)
+        w.add_tensor(tname, arr)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def read_qwen35_metadata(path: str | Path) -> dict[str, object]:
+    """The scalar/array metadata of a GGUF file as plain Python values (for tests and tools)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out: dict[str, object] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+            out[key + ".count"] = len(fld.data)
+            continue
+        try:
+            out[key] = fld.contents()
+        except Exception:  # pragma: no cover - exotic field types
+            continue
+    return out
+
+
+def tensor_names(cfg: Qwen35Config) -> Sequence[str]:
+    """Names of the tensors llama.cpp may load for ``cfg``, in file order."""
+    return list(expected_tensor_shapes(cfg))

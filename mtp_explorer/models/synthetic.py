@@ -1,0 +1,241 @@
+"""SYNTHETIC random-weight ``qwen35`` + MTP models for tests and benchmarks.
+
+These models are **not trained**: their weights are random, drawn from a fixed seed, and
+built so that two knobs control how often the MTP head's draft agrees with the trunk:
+
+``context_mix``
+    Scale of every trunk layer's output projection (``attn_output``, ``ssm_out``,
+    ``ffn_down``), times :data:`CONTEXT_SCALE`.  At ``0`` the residual stream is the token embedding alone, so the
+    trunk's logits are a pure function ``f(token)`` of the current token (no context);
+    larger values let attention / gated-delta-net state change the prediction.
+``mtp_fidelity``
+    How closely the MTP block reproduces ``f``: its ``nextn.eh_proj`` is
+    ``mtp_fidelity * [I | 0] + (1 - mtp_fidelity) * R`` (``R`` random), where ``[I | 0]``
+    selects the embedding half of ``concat(enorm(embed(token)), hnorm(h))`` -- the order
+    llama.cpp's ``graph_mtp`` uses.  The MTP block's own attention / FFN output
+    projections are near zero and ``shared_head_norm`` equals ``output_norm``, so with
+    fidelity 1 the MTP logits for the draft token equal the trunk's ``f(token)``.
+
+Hence ``context_mix=0, mtp_fidelity=1`` gives ~100% greedy acceptance, a moderate
+``context_mix`` partial acceptance, and ``mtp_fidelity=0`` ~0%.  Measured greedy n_max=1
+acceptance (seed 0, defaults, 64 new tokens, mean of 4 short prompts) with
+``mtp_fidelity=1``: context_mix 0 -> 1.00, 0.2 -> 0.88, 0.4 -> 0.75, 0.6 -> 0.67,
+0.8 -> 0.52, 1.0 -> 0.46; ``mtp_fidelity=0`` -> 0.00, ``0.5`` (context_mix 0) -> ~0.3.  The output head only
+lets printable-ASCII tokens win the argmax (other rows are zero, EOS included), and it is
+untied from the embedding, so greedy text is printable and does not lock into a
+one-token loop at once.  Files are ~1 MB (F32) and written in well under a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .gguf_qwen35 import (
+    ByteBPEVocab,
+    Qwen35Config,
+    bytes_to_unicode,
+    expected_tensor_shapes,
+    train_byte_bpe,
+    write_qwen35_gguf,
+)
+
+#: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
+CONTEXT_SCALE = 0.25
+
+__all__ = ["CONTEXT_SCALE", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
+
+_BPE_TEXT = '''
+def tokenize(text, vocab):
+    """Split the text into tokens and return their ids."""
+    result = []
+    for word in text.split():
+        if word in vocab:
+            result.append(vocab[word])
+        else:
+            result.extend(vocab.get(ch, 0) for ch in word)
+    return result
+
+
+class Counter:
+    def __init__(self, start=0):
+        self.value = start
+
+    def increment(self, step=1):
+        self.value += step
+        return self.value
+
+
+import os
+import sys
+from pathlib import Path
+
+for index, line in enumerate(open(path)):
+    if not line.strip():
+        continue
+    print(index, line.rstrip())
+
+The quick brown fox jumps over the lazy dog. The model predicts the next token, and the
+draft head predicts the token after that. When the draft is accepted, the target model
+saves one step; when it is rejected, the state is rolled back to the last accepted token.
+'''
+
+
+def synthetic_config(n_vocab: int = 384, n_embd: int = 64, n_layer: int = 4) -> Qwen35Config:
+    """The architecture of a synthetic model (one full-attention layer every four)."""
+    return Qwen35Config(
+        n_vocab=n_vocab,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=2 * n_embd,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=16,
+        full_attention_interval=4,
+        ssm_conv_kernel=4,
+        ssm_state_size=16,
+        ssm_group_count=2,
+        ssm_time_step_rank=2,
+        rope_dim=8,
+        rope_freq_base=10_000.0,
+        rms_eps=1e-6,
+        n_ctx_train=4096,
+        nextn_predict_layers=1,
+    )
+
+
+def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
+    """256 byte tokens, ``n_vocab - 257`` BPE merges learnt from a fixed text, and an EOS."""
+    n_merges = n_vocab - 257
+    if n_merges < 1:
+        raise ValueError("n_vocab must be at least 258")
+    vocab = train_byte_bpe(_BPE_TEXT, n_merges)
+    if len(vocab.tokens) < n_vocab:
+        # Not enough pairs in the fixed text: add merges of lowercase letter pairs.
+        tokens, merges, types = vocab.tokens[:-1], list(vocab.merges), vocab.token_types[:-1]
+        known = set(tokens)
+        letters = "etaoinshrdlucmfwypvbgkjqxz"
+        for a in letters:
+            for b in letters:
+                if len(tokens) >= n_vocab - 1:
+                    break
+                if a + b not in known:
+                    tokens.append(a + b)
+                    known.add(a + b)
+                    merges.append(f"{a} {b}")
+                    types.append(1)
+        tokens.append(vocab.tokens[-1])
+        types.append(3)
+        vocab = ByteBPEVocab(tokens=tokens, merges=merges, token_types=types,
+                             eos_id=len(tokens) - 1, bos_id=len(tokens) - 1, pre="gpt-2")
+    if len(vocab.tokens) != n_vocab:
+        raise ValueError(f"could not build a vocabulary of {n_vocab} tokens")
+    return vocab
+
+
+def _printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    mask = np.zeros(len(vocab.tokens), dtype=bool)
+    for i, (tok, ttype) in enumerate(zip(vocab.tokens, vocab.token_types)):
+        if ttype != 1:
+            continue
+        raw = bytes(inverse[c] for c in tok)
+        mask[i] = all(32 <= b < 127 or b == 10 for b in raw)
+    return mask
+
+
+def synthetic_tensors(
+    cfg: Qwen35Config,
+    vocab: ByteBPEVocab,
+    *,
+    seed: int = 0,
+    context_mix: float = 0.0,
+    mtp_fidelity: float = 1.0,
+    logit_scale: float = 4.0,
+) -> dict[str, np.ndarray]:
+    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
+    rng = np.random.default_rng(seed)
+    e = cfg.n_embd
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, required) in expected_tensor_shapes(cfg).items():
+        if not required and name != "output.weight" and not name.endswith("shared_head_norm.weight"):
+            continue
+        if len(shape) == 1:
+            out[name] = np.ones(shape, dtype=np.float32)
+        else:
+            fan_in = shape[-1]
+            out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+
+    out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
+    head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
+    head[~_printable_mask(vocab)] = 0.0
+    out["output.weight"] = head
+
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        if cfg.is_recurrent(il):
+            nv = cfg.ssm_time_step_rank
+            out[p + "ssm_a"] = -rng.uniform(1.0, 8.0, size=nv).astype(np.float32)
+            out[p + "ssm_dt.bias"] = np.full(nv, 0.5, dtype=np.float32)
+            out[p + "ssm_conv1d.weight"] = (
+                rng.standard_normal((2 * cfg.ssm_state_size * cfg.ssm_group_count + cfg.ssm_inner_size,
+                                     cfg.ssm_conv_kernel)) / np.sqrt(cfg.ssm_conv_kernel)
+            ).astype(np.float32)
+            out[p + "ssm_out.weight"] *= CONTEXT_SCALE * context_mix
+        else:
+            out[p + "attn_output.weight"] *= CONTEXT_SCALE * context_mix
+        out[p + "ffn_down.weight"] *= CONTEXT_SCALE * context_mix
+
+    m = f"blk.{cfg.n_layer}."
+    select = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1)
+    random_proj = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
+    out[m + "nextn.eh_proj.weight"] = (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
+    out[m + "attn_output.weight"] *= 1e-3
+    out[m + "ffn_down.weight"] *= 1e-3
+    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
+    return out
+
+
+def write_synthetic_qwen35(
+    path: str | Path,
+    *,
+    n_vocab: int = 384,
+    n_embd: int = 64,
+    n_layer: int = 4,
+    seed: int = 0,
+    context_mix: float = 0.0,
+    mtp_fidelity: float = 1.0,
+    dtype: str = "f32",
+) -> Path:
+    """Write a SYNTHETIC (random-weight, untrained) ``qwen35`` + MTP GGUF for tests.
+
+    ``context_mix`` (>= 0) scales the trunk's output projections (by ``CONTEXT_SCALE *
+    context_mix``): 0 makes the next token a function of the current token only.  ``mtp_fidelity`` in [0, 1] blends the MTP input
+    projection between "reproduce the trunk's token->token function" (1, ~100% greedy
+    acceptance when ``context_mix=0``) and random (0, ~0% acceptance).  ``dtype`` is
+    ``"f32"`` or ``"f16"``.  The knobs and the seed are stored under ``mtp_explorer.*``
+    metadata keys.  Returns the path.
+    """
+    if context_mix < 0:
+        raise ValueError("context_mix must be >= 0")
+    if not 0.0 <= mtp_fidelity <= 1.0:
+        raise ValueError("mtp_fidelity must be in [0, 1]")
+    cfg = synthetic_config(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer)
+    vocab = synthetic_vocab(n_vocab)
+    tensors = synthetic_tensors(cfg, vocab, seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity)
+    return write_qwen35_gguf(
+        path,
+        cfg,
+        tensors,
+        vocab,
+        dtype=dtype,
+        name="mtp-explorer-synthetic",
+        description="SYNTHETIC random-weight qwen35+MTP model for tests; not trained.",
+        extra_metadata={
+            "mtp_explorer.synthetic": True,
+            "mtp_explorer.seed": int(seed),
+            "mtp_explorer.context_mix": float(context_mix),
+            "mtp_explorer.mtp_fidelity": float(mtp_fidelity),
+        },
+    )

@@ -1,0 +1,108 @@
+"""Shared fixtures: SYNTHETIC random-weight models whose MTP acceptance is set by construction
+(see mtp_explorer.models.synthetic), written once per test run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def model_full(models_dir) -> Path:
+    """Drafts always match: the trunk ignores context and the MTP head copies it."""
+    return write_synthetic_qwen35(models_dir / "full.gguf", context_mix=0.0, mtp_fidelity=1.0)
+
+
+@pytest.fixture(scope="session")
+def model_mixed(models_dir) -> Path:
+    """Drafts sometimes match (about 2/3 at depth 1): full, partial and zero acceptance all occur."""
+    return write_synthetic_qwen35(models_dir / "mixed.gguf", context_mix=0.6, mtp_fidelity=1.0)
+
+
+@pytest.fixture(scope="session")
+def model_zero(models_dir) -> Path:
+    """Drafts essentially never match: the MTP head's input projection is random."""
+    return write_synthetic_qwen35(models_dir / "zero.gguf", context_mix=0.6, mtp_fidelity=0.0)
+
+
+@pytest.fixture(scope="session")
+def model_no_mtp(models_dir, model_mixed) -> Path:
+    """The mixed model with its MTP block removed."""
+    return strip_mtp(model_mixed, models_dir / "no_mtp.gguf")
+
+
+@pytest.fixture(scope="session")
+def session_mixed(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=1024) as s:
+        yield s
+
+
+def strip_mtp(src: Path, dst: Path) -> Path:
+    """Copy a qwen35 GGUF without its nextn block (block_count and nextn_predict_layers adjusted)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    n_nextn = reader.fields[f"{arch}.nextn_predict_layers"].contents()
+    n_block = reader.fields[f"{arch}.block_count"].contents()
+    writer = GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        if key == f"{arch}.block_count":
+            value = n_block - n_nextn
+        if key == f"{arch}.nextn_predict_layers":
+            continue
+        vtype = field.types[0]
+        if vtype == GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, vtype)
+    trunk = n_block - n_nextn
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= trunk:
+            continue
+        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def check_accounting(t: mx.Trace) -> None:
+    """Invariants every trace satisfies."""
+    c = t.columns
+    assert len(t.tokens) == int(c["n_accepted"].sum()) + t.n_steps
+    assert (c["n_accepted"] <= c["n_drafted"]).all()
+    assert (c["rollback"] == c["n_drafted"] - c["n_accepted"]).all()
+    assert (c["n_drafted"] <= c["n_max"]).all()
+    emitted = [tok for s in t.steps for tok in s.tokens]
+    assert emitted == t.tokens
+    for s in t.steps:
+        assert s.target_tokens[: s.n_accepted] == s.drafted[: s.n_accepted]
+        assert s.target_tokens[s.n_accepted] == s.correction
+        if t.model["is_recurrent"]:
+            assert s.rs_slot == (s.rollback if s.rollback > 0 else None)
+        else:
+            assert s.rs_slot is None
+
+
+def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run Python code in a fresh interpreter (for cases that could take the process down)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,120 @@
+"""Session API: stream, live set_params, cancel from another thread, close, busy, memory."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+
+import mtp_explorer as mx
+from conftest import check_accounting
+
+
+def test_stream_yields_each_step_and_keeps_trace(session_mixed):
+    steps = list(session_mixed.stream("def fib(n):", max_tokens=30, n_max=3))
+    t = session_mixed.last_trace
+    assert [s.step for s in steps] == list(range(t.n_steps))
+    assert [tok for s in steps for tok in s.tokens] == t.tokens
+    assert t.tokens == session_mixed.generate("def fib(n):", max_tokens=30, n_max=3).tokens
+    check_accounting(t)
+
+
+def test_set_params_applies_at_next_step(session_mixed):
+    base = session_mixed.generate("while True:", max_tokens=80, n_max=0)
+    stream = session_mixed.stream("while True:", max_tokens=80, n_max=1, p_min=0.0)
+    seen = []
+    for step in stream:
+        seen.append(step)
+        if step.step == 4:
+            session_mixed.set_params(n_max=5, p_min=0.2)
+    t = session_mixed.last_trace
+    assert t.tokens == base.tokens
+    assert (t.n_max[:5] == 1).all() and (t.n_max[5:] == 5).all()
+    assert t.p_min[5:] == pytest.approx(0.2)
+    assert t.n_drafted[5:].max() > 1
+    assert session_mixed.params == {"n_max": 5, "p_min": pytest.approx(0.2), "n_min": 0}
+    check_accounting(t)
+
+
+def test_cancel_from_another_thread(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=4096) as s:
+        result = {}
+        worker = threading.Thread(target=lambda: result.setdefault("t", s.generate("import os", max_tokens=4000, n_max=3)))
+        worker.start()
+        while s._engine.n_rows < 3:
+            time.sleep(0.001)
+        s.cancel()
+        worker.join(timeout=30)
+        assert not worker.is_alive()
+        t = result["t"]
+        assert t.finish_reason == "cancelled" and 0 < len(t.tokens) < 4000
+        check_accounting(t)
+        again = s.generate("import os", max_tokens=20, n_max=3)  # still usable
+        assert again.finish_reason == "budget" and len(again.tokens) == 20
+
+
+def test_stream_cancel_stops_within_one_step(session_mixed):
+    n = 0
+    for step in session_mixed.stream("class Stack:", max_tokens=500, n_max=2):
+        n += 1
+        if n == 3:
+            session_mixed.cancel()
+    t = session_mixed.last_trace
+    assert t.finish_reason == "cancelled" and t.n_steps == 3
+
+
+def test_busy_session_refuses_a_second_generation(session_mixed):
+    stream = session_mixed.stream("import os", max_tokens=50, n_max=2)
+    next(stream)
+    with pytest.raises(mx.SessionBusyError):
+        session_mixed.generate("import os", max_tokens=5)
+    stream.close()
+    assert len(session_mixed.generate("import os", max_tokens=5).tokens) == 5
+
+
+def test_generation_releases_the_gil(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=4096) as s:
+        ticks = 0
+        done = threading.Event()
+
+        def gen():
+            s.generate("import os", max_tokens=1500, n_max=0)
+            done.set()
+
+        worker = threading.Thread(target=gen)
+        worker.start()
+        while not done.is_set():
+            ticks += 1  # runs only if the native loop does not hold the GIL
+            time.sleep(0.0005)
+        worker.join()
+        assert ticks > 10
+
+
+def test_close_and_context_manager(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=256) as s:
+        assert not s.closed
+        assert s.capacity == 8 and s.n_ctx == 256
+    assert s.closed
+    for call in (lambda: s.generate("x", max_tokens=2), lambda: s.tokenize("x"),
+                 lambda: s.set_params(n_max=1), lambda: list(s.stream("x", max_tokens=2))):
+        with pytest.raises(mx.SessionClosedError):
+            call()
+    s.close()  # idempotent
+
+
+def test_open_generate_close_cycles_do_not_leak(model_mixed):
+    proc = psutil.Process()
+
+    def cycle():
+        with mx.Session.open(model_mixed, n_ctx=512) as s:
+            s.generate("def fib(n):", max_tokens=16, n_max=3)
+
+    for _ in range(10):
+        cycle()
+    before = proc.memory_info().rss
+    for _ in range(100):
+        cycle()
+    growth = proc.memory_info().rss - before
+    assert growth < 50 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB over 100 cycles"

@@ -1,0 +1,115 @@
+"""Telemetry columns: shapes, padding, value ranges, summary, pandas and JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.trace import COLUMNS
+
+
+@pytest.fixture(scope="module")
+def trace(session_mixed) -> mx.Trace:
+    return session_mixed.generate("def fib(n):", max_tokens=60, n_max=4, p_min=0.1)
+
+
+def test_column_shapes_and_padding(trace, session_mixed):
+    n, D, K = trace.n_steps, session_mixed.capacity, 5
+    c = trace.columns
+    assert set(c) == set(COLUMNS)
+    for name in ("drafted", "draft_prob", "h_norm_draft", "draft_target_cos"):
+        assert c[name].shape == (n, D), name
+    for name in ("target_tokens", "h_norm_target"):
+        assert c[name].shape == (n, D + 1), name
+    assert c["topk_ids"].shape == c["topk_probs"].shape == (n, D, K)
+    for name in ("step", "pos", "n_drafted", "n_accepted", "stop_reason", "rollback", "rs_slot", "t_verify_ns"):
+        assert c[name].shape == (n,), name
+    assert (c["step"] == np.arange(n)).all()
+    depth = np.arange(D)[None, :]
+    real = depth < c["n_drafted"][:, None]
+    assert ((c["drafted"] >= 0) == real).all()
+    assert np.isnan(c["draft_prob"][~real]).all() and not np.isnan(c["draft_prob"][real]).any()
+    assert (c["topk_ids"][~real] == -1).all()
+    real_t = np.arange(D + 1)[None, :] <= c["n_drafted"][:, None]
+    assert ((c["target_tokens"] >= 0) == real_t).all()
+    assert not np.isnan(c["h_norm_target"][real_t]).any() and np.isnan(c["h_norm_target"][~real_t]).all()
+
+
+def test_values(trace):
+    c = trace.columns
+    real = c["drafted"] >= 0
+    probs = c["draft_prob"][real]
+    assert ((probs > 0) & (probs <= 1)).all()
+    # the drafted token is the top-1 alternative, alternatives sorted by probability
+    assert (c["topk_ids"][..., 0][real] == c["drafted"][real]).all()
+    tp = c["topk_probs"][real]
+    assert (np.diff(tp, axis=-1) <= 1e-7).all() and (tp.sum(axis=-1) <= 1 + 1e-5).all()
+    assert np.allclose(tp[:, 0], probs)
+    cos = c["draft_target_cos"][real]
+    assert ((cos >= -1.0001) & (cos <= 1.0001)).all()
+    # pre-norm residual norms vary (the post-norm h_nextn would be near constant)
+    h = c["h_norm_target"][~np.isnan(c["h_norm_target"])]
+    assert h.std() > 0.01 * h.mean() > 0
+    assert (c["h_norm_draft"][real] > 0).all()
+    assert (c["t_verify_ns"] > 0).all() and (c["t_draft_ns"][c["n_drafted"] > 0] > 0).all()
+    pos = c["pos"]
+    assert pos[0] == len(trace.prompt_tokens) - 1
+    assert (np.diff(pos) == c["n_accepted"][:-1] + 1).all()
+    assert set(np.unique(c["stop_reason"])) <= set(range(len(mx.STOP_REASONS)))
+
+
+def test_summary(trace, session_mixed):
+    s = trace.summary()
+    assert s["n_steps"] == trace.n_steps and s["n_tokens"] == len(trace.tokens) == 60
+    assert s["n_drafted"] == trace.n_drafted.sum() and s["n_accepted"] == trace.n_accepted.sum()
+    assert math.isclose(s["acceptance_rate"], s["n_accepted"] / s["n_drafted"])
+    assert math.isclose(s["mean_accepted_length"], trace.n_accepted.mean())
+    assert len(s["acceptance_by_depth"]) == session_mixed.capacity
+    assert s["acceptance_by_depth"][0] >= s["acceptance_by_depth"][3] >= 0
+    assert all(math.isnan(v) for v in s["acceptance_by_depth"][4:])
+    assert set(s["phase_seconds"]) == {"catchup", "draft", "verify", "sample"}
+    assert s["tokens_per_second"] > 0
+    assert s["rs_slot_bytes"] == session_mixed.info.rs_slot_bytes > 0
+    assert s["finish_reason"] == "budget"
+
+
+def test_steps_and_pandas(trace):
+    steps = trace.steps
+    assert len(steps) == trace.n_steps
+    assert all(isinstance(s, mx.Step) for s in steps)
+    df = trace.to_pandas()
+    assert len(df) == trace.n_steps
+    assert list(df["n_accepted"]) == trace.n_accepted.tolist()
+    assert df["drafted"].map(len).tolist() == trace.n_drafted.tolist()
+    assert trace.token_origin.tolist().count("accepted") == trace.n_accepted.sum()
+
+
+def test_json_round_trip(trace):
+    text = trace.to_json()
+    json.loads(text)  # strict JSON: no NaN literals
+    back = mx.Trace.from_json(text)
+    assert back.tokens == trace.tokens and back.text == trace.text and back.pieces == trace.pieces
+    assert back.settings == trace.settings and back.finish_reason == trace.finish_reason
+    for name, arr in trace.columns.items():
+        assert back.columns[name].dtype == arr.dtype, name
+        np.testing.assert_array_equal(back.columns[name], arr, err_msg=name)
+    assert json.dumps(back.summary()) == json.dumps(trace.summary())  # NaN-aware comparison
+    with pytest.raises(ValueError):
+        mx.Trace.from_json(json.dumps({"format": "something else"}))
+
+
+def test_telemetry_off_keeps_counts(session_mixed):
+    on = session_mixed.generate("import os", max_tokens=40, n_max=3)
+    session_mixed.telemetry = False
+    try:
+        off = session_mixed.generate("import os", max_tokens=40, n_max=3)
+    finally:
+        session_mixed.telemetry = True
+    assert off.tokens == on.tokens
+    np.testing.assert_array_equal(off.n_accepted, on.n_accepted)
+    np.testing.assert_array_equal(off.drafted, on.drafted)
+    assert np.isnan(off.h_norm_target).all() and (off.topk_ids == -1).all()
