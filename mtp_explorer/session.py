@@ -243,9 +243,11 @@ class Session:
         if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:
             raise ParameterError(f"n_max must be a non-negative integer, got {n_max!r}")
         if n_max > capacity:
+            what = ("its n_rs_seq recurrent snapshot slots" if self._engine.is_recurrent
+                    else "the draft depth its telemetry holds, set by n_rs_seq")
             raise ParameterError(
                 f"n_max={n_max} exceeds this session's capacity of {capacity} "
-                f"(its n_rs_seq snapshot slots); open the session with n_rs_seq={n_max} or more"
+                f"({what}); open the session with n_rs_seq={n_max} or more"
             )
         if n_max > 0 and not self.info.has_mtp:
             raise MtpUnavailableError(

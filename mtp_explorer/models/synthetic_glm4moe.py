@@ -1,0 +1,378 @@
+"""SYNTHETIC random-weight ``glm4moe`` (GLM-4.5/4.6 MoE family) + MTP models for tests.
+
+These models are **not trained**: the weights are random, drawn from a fixed seed.  They
+exist to exercise MTP speculative decoding on an architecture **without recurrent layers**
+(plain attention KV cache, so rejected drafts are undone by ``llama_memory_seq_rm`` alone,
+no recurrent-state snapshot slots).
+
+Architecture (llama.cpp ``src/models/glm4-moe.cpp``, ``LLM_ARCH_GLM4_MOE``)
+---------------------------------------------------------------------------
+``n_embd=64``, ``n_vocab=384`` (the byte-BPE vocabulary of :mod:`.synthetic`), 2 trunk
+layers -- layer 0 dense (``leading_dense_block_count=1``), layer 1 MoE -- and one NextN/MTP
+block (``block_count=3``, ``nextn_predict_layers=1``).  Attention: 4 query heads, 2 KV heads,
+``head_dim=16``, Q/K/V biases (as in GLM-4.5), no Q/K norm, NEOX RoPE on 8 of 16 dims
+(GLM's ``partial_rotary_factor=0.5``).  MoE: 4 routed experts (``expert_feed_forward_length
+=32``), 2 used, 1 shared expert, sigmoid gating with an ``exp_probs_b`` selection bias,
+normalised top-k weights.  The MTP block is always an MoE block in this arch (its graph
+asserts ``ffn_gate_inp``), with ``nextn.eh_proj`` / ``enorm`` / ``hnorm`` and a
+``shared_head_norm``; ``shared_head_head`` and ``embed_tokens`` are left out (llama.cpp then
+uses ``output`` and ``token_embd``).
+
+Knobs (the same trick as :mod:`.synthetic`)
+-------------------------------------------
+``context_mix``
+    Scale of every trunk output projection (``attn_output``, ``ffn_down``,
+    ``ffn_down_exps``, ``ffn_down_shexp``) times :data:`CONTEXT_SCALE`.  At ``0`` the residual
+    stream is the token embedding alone, so the trunk's logits are a pure function
+    ``f(token)`` of the current token; larger values let attention and the FFNs change it.
+``mtp_fidelity``
+    The MTP block's ``nextn.eh_proj`` is ``mtp_fidelity * [I | 0] + (1 - mtp_fidelity) * R``
+    (``R`` random), ``[I | 0]`` selecting the embedding half of
+    ``concat(enorm(embed(token)), hnorm(h))`` -- the order ``graph_mtp`` uses.  The MTP
+    block's own ``attn_output`` / expert ``ffn_down`` projections are near zero and its
+    ``shared_head_norm`` equals ``output_norm``, so with fidelity 1 the MTP logits for a
+    draft token equal the trunk's ``f(token)``.
+
+Measured with the engine (``mx.Session``, greedy, ``p_min=0``, seed 0, 48 new tokens,
+mean over the prompts ``"def f(x):"``, ``"import os\\n"``, ``"class A:\\n    pass\\n"``,
+``"for i in range(10):"``); acceptance rate = accepted / drafted tokens, and greedy
+speculative output equalled greedy plain output in every case:
+
+=========================  =======  =======  =======
+knobs                      n_max=1  n_max=3  n_max=5
+=========================  =======  =======  =======
+mix 0,    fidelity 1       1.00     1.00     1.00
+mix 0.25, fidelity 1       0.90     0.81     0.76
+mix 0.5,  fidelity 1       0.85     0.75     0.58
+mix 0.75, fidelity 1       0.41     0.25     0.18
+mix 1,    fidelity 1       0.37     0.18     0.11
+mix 2,    fidelity 1       0.19     0.07     0.04
+mix 0,    fidelity 0.75    0.54     0.28     0.21
+mix 0,    fidelity 0.5     0.25     0.10     0.06
+mix 0,    fidelity 0       0.00     0.00     0.00
+=========================  =======  =======  =======
+
+``context_mix=0.5, mtp_fidelity=1`` gives a mix of fully accepted and partially rejected
+steps (at ``n_max=3``: 39 of 61 steps fully accepted, 21 with a rollback); the exact rate
+depends on the seed (seeds 0-3 at ``n_max=3, p_min=0.5``: 0.94, 0.60, 0.85, 0.61).  The
+output head lets only printable-ASCII tokens win the argmax (other rows are zero, EOS
+included) and is untied from the embedding.  Files are ~0.74 MB (F32) and are written in
+~0.1 s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .gguf_qwen35 import ByteBPEVocab, bytes_to_unicode
+from .synthetic import synthetic_vocab
+
+ARCH = "glm4moe"
+
+#: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
+CONTEXT_SCALE = 0.5
+
+__all__ = [
+    "ARCH",
+    "CONTEXT_SCALE",
+    "Glm4MoeConfig",
+    "glm4moe_config",
+    "glm4moe_expected_tensor_shapes",
+    "synthetic_glm4moe_tensors",
+    "write_glm4moe_gguf",
+    "write_synthetic_glm4moe",
+]
+
+
+@dataclass(frozen=True)
+class Glm4MoeConfig:
+    """Hyper-parameters of a ``glm4moe`` model; ``n_layer`` counts trunk layers only."""
+
+    n_vocab: int = 384
+    n_embd: int = 64
+    n_layer: int = 2
+    n_layer_dense_lead: int = 1
+    n_ff: int = 128  #: dense FFN width (leading dense layers)
+    n_ff_exp: int = 32  #: width of one routed expert; the shared expert is n_ff_exp * n_expert_shared
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_expert_shared: int = 1
+    expert_weights_scale: float = 1.0
+    expert_weights_norm: bool = True
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    rope_dim: int = 8
+    rope_freq_base: float = 1_000_000.0
+    rms_eps: float = 1e-5
+    n_ctx_train: int = 4096
+    nextn_predict_layers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nextn_predict_layers != 1:
+            raise ValueError("llama.cpp 0.3.36's glm4moe MTP graph supports exactly one NextN block")
+        if not 0 <= self.n_layer_dense_lead <= self.n_layer:
+            raise ValueError("n_layer_dense_lead must be in [0, n_layer]")
+        if self.n_expert < 1 or not 1 <= self.n_expert_used <= self.n_expert:
+            raise ValueError("need n_expert >= 1 and 1 <= n_expert_used <= n_expert")
+        if self.n_expert_shared < 1:
+            raise ValueError("the glm4moe MTP graph needs a shared expert (n_expert_shared >= 1)")
+        if self.n_head % self.n_head_kv:
+            raise ValueError("n_head must be a multiple of n_head_kv")
+        if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
+            raise ValueError("rope_dim must be even and in (0, head_dim]")
+
+    @property
+    def block_count(self) -> int:
+        """GGUF ``block_count``: trunk layers plus the NextN block."""
+        return self.n_layer + self.nextn_predict_layers
+
+    def is_moe(self, il: int) -> bool:
+        """Whether block ``il`` has a MoE FFN (every block from ``n_layer_dense_lead`` on, MTP included)."""
+        return il >= self.n_layer_dense_lead
+
+
+def glm4moe_config(**overrides) -> Glm4MoeConfig:
+    """The synthetic model's architecture (see the module docstring); fields may be overridden."""
+    return Glm4MoeConfig(**overrides)
+
+
+def glm4moe_expected_tensor_shapes(cfg: Glm4MoeConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """Every tensor name llama.cpp loads for ``cfg`` -> (numpy shape, required).
+
+    Numpy shapes are ggml's ``ne`` reversed, i.e. ``(out_features, in_features)`` for
+    matrices and ``(n_expert, out, in)`` for stacked expert weights.
+    """
+    e, v = cfg.n_embd, cfg.n_vocab
+    q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    ne, fe = cfg.n_expert, cfg.n_ff_exp
+    fs = cfg.n_ff_exp * cfg.n_expert_shared
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((v, e), True),
+        "output_norm.weight": ((e,), True),
+        "output.weight": ((v, e), False),
+    }
+    for il in range(cfg.block_count):
+        p = f"blk.{il}."
+        shapes[p + "attn_norm.weight"] = ((e,), True)
+        shapes[p + "attn_q.weight"] = ((q_dim, e), True)
+        shapes[p + "attn_k.weight"] = ((kv_dim, e), True)
+        shapes[p + "attn_v.weight"] = ((kv_dim, e), True)
+        shapes[p + "attn_q.bias"] = ((q_dim,), False)
+        shapes[p + "attn_k.bias"] = ((kv_dim,), False)
+        shapes[p + "attn_v.bias"] = ((kv_dim,), False)
+        shapes[p + "attn_output.weight"] = ((e, q_dim), True)
+        shapes[p + "post_attention_norm.weight"] = ((e,), True)
+        if cfg.is_moe(il):
+            shapes[p + "ffn_gate_inp.weight"] = ((ne, e), True)
+            shapes[p + "exp_probs_b.bias"] = ((ne,), True)
+            shapes[p + "ffn_gate_exps.weight"] = ((ne, fe, e), True)
+            shapes[p + "ffn_up_exps.weight"] = ((ne, fe, e), True)
+            shapes[p + "ffn_down_exps.weight"] = ((ne, e, fe), True)
+            shapes[p + "ffn_gate_shexp.weight"] = ((fs, e), True)
+            shapes[p + "ffn_up_shexp.weight"] = ((fs, e), True)
+            shapes[p + "ffn_down_shexp.weight"] = ((e, fs), True)
+        else:
+            shapes[p + "ffn_gate.weight"] = ((cfg.n_ff, e), True)
+            shapes[p + "ffn_up.weight"] = ((cfg.n_ff, e), True)
+            shapes[p + "ffn_down.weight"] = ((e, cfg.n_ff), True)
+        if il >= cfg.n_layer:
+            shapes[p + "nextn.eh_proj.weight"] = ((e, 2 * e), True)
+            shapes[p + "nextn.enorm.weight"] = ((e,), True)
+            shapes[p + "nextn.hnorm.weight"] = ((e,), True)
+            shapes[p + "nextn.shared_head_norm.weight"] = ((e,), False)
+            shapes[p + "nextn.shared_head_head.weight"] = ((v, e), False)
+            shapes[p + "nextn.embed_tokens.weight"] = ((v, e), False)
+    return shapes
+
+
+def _printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    mask = np.zeros(len(vocab.tokens), dtype=bool)
+    for i, (tok, ttype) in enumerate(zip(vocab.tokens, vocab.token_types)):
+        if ttype == 1:
+            mask[i] = all(32 <= b < 127 or b == 10 for b in (inverse[c] for c in tok))
+    return mask
+
+
+def synthetic_glm4moe_tensors(
+    cfg: Glm4MoeConfig,
+    vocab: ByteBPEVocab,
+    *,
+    seed: int = 0,
+    context_mix: float = 0.0,
+    mtp_fidelity: float = 1.0,
+    logit_scale: float = 4.0,
+) -> dict[str, np.ndarray]:
+    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
+    rng = np.random.default_rng(seed)
+    e = cfg.n_embd
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, required) in glm4moe_expected_tensor_shapes(cfg).items():
+        keep_optional = name == "output.weight" or name.endswith(("shared_head_norm.weight", ".bias"))
+        if not (required or keep_optional):
+            continue
+        if name.endswith("norm.weight"):
+            out[name] = np.ones(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            out[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
+    head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
+    head[~_printable_mask(vocab)] = 0.0
+    out["output.weight"] = head
+
+    down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
+    for il in range(cfg.block_count):
+        scale = CONTEXT_SCALE * context_mix if il < cfg.n_layer else 1e-3
+        for suffix in down:
+            name = f"blk.{il}.{suffix}"
+            if name in out:
+                out[name] *= scale
+
+    m = f"blk.{cfg.n_layer}."
+    select = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1)
+    random_proj = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
+    out[m + "nextn.eh_proj.weight"] = (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
+    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
+    return out
+
+
+def write_glm4moe_gguf(
+    path: str | Path,
+    cfg: Glm4MoeConfig,
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    name: str = "glm4moe-mtp",
+    description: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
+    """Write an F32 ``glm4moe`` GGUF with one NextN block; returns the path.
+
+    ``tensors`` maps GGUF names to arrays of the shapes of :func:`glm4moe_expected_tensor_shapes`
+    (required ones must be present; unknown names are rejected).
+    """
+    import gguf
+
+    if len(vocab.tokens) != cfg.n_vocab:
+        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={cfg.n_vocab}")
+    shapes = glm4moe_expected_tensor_shapes(cfg)
+    unknown = sorted(set(tensors) - set(shapes))
+    if unknown:
+        raise ValueError(f"unknown tensors: {unknown[:8]}")
+    for tname, (shape, required) in shapes.items():
+        if tname not in tensors:
+            if required:
+                raise ValueError(f"missing tensor {tname} {shape}")
+        elif tuple(tensors[tname].shape) != shape:
+            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    if description:
+        w.add_description(description)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    w.add_context_length(cfg.n_ctx_train)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.block_count)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_freq_base)
+    w.add_rope_dimension_count(cfg.rope_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    w.add_expert_count(cfg.n_expert)
+    w.add_expert_used_count(cfg.n_expert_used)
+    w.add_expert_shared_count(cfg.n_expert_shared)
+    w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    w.add_leading_dense_block_count(cfg.n_layer_dense_lead)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg.expert_weights_scale)
+    w.add_expert_weights_norm(cfg.expert_weights_norm)
+    w.add_nextn_predict_layers(cfg.nextn_predict_layers)
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_eos_token_id(vocab.eos_id)
+    if vocab.bos_id is not None:
+        w.add_bos_token_id(vocab.bos_id)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(False)
+
+    for key, value in {**vocab.extra, **(extra_metadata or {})}.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
+
+    for tname in shapes:
+        if tname in tensors:
+            w.add_tensor(tname, np.ascontiguousarray(tensors[tname], dtype=np.float32))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_synthetic_glm4moe(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    context_mix: float = 0.0,
+    mtp_fidelity: float = 1.0,
+) -> Path:
+    """Write a SYNTHETIC (random-weight, untrained) ``glm4moe`` + MTP GGUF for tests; returns the path.
+
+    A non-recurrent MTP model (dense lead layer + MoE layer + one MoE NextN block), see the
+    module docstring for the architecture and measured acceptance.  ``context_mix`` (>= 0)
+    scales the trunk's output projections by ``CONTEXT_SCALE * context_mix``: 0 makes the
+    next token a function of the current token only (~100% greedy acceptance with
+    ``mtp_fidelity=1``), 0.5 gives partial acceptance (~0.6-0.85, depending on ``n_max``).  ``mtp_fidelity`` in
+    [0, 1] blends the MTP input projection between "reproduce the trunk's token->token
+    function" (1) and random (0: ~0% acceptance).  The knobs and the seed are stored under
+    ``mtp_explorer.*`` metadata keys.
+    """
+    if context_mix < 0:
+        raise ValueError("context_mix must be >= 0")
+    if not 0.0 <= mtp_fidelity <= 1.0:
+        raise ValueError("mtp_fidelity must be in [0, 1]")
+    cfg = glm4moe_config()
+    vocab = synthetic_vocab(cfg.n_vocab)
+    tensors = synthetic_glm4moe_tensors(cfg, vocab, seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity)
+    return write_glm4moe_gguf(
+        path,
+        cfg,
+        tensors,
+        vocab,
+        name="mtp-explorer-synthetic-glm4moe",
+        description="SYNTHETIC random-weight glm4moe+MTP model for tests; not trained.",
+        extra_metadata={
+            "mtp_explorer.synthetic": True,
+            "mtp_explorer.seed": int(seed),
+            "mtp_explorer.context_mix": float(context_mix),
+            "mtp_explorer.mtp_fidelity": float(mtp_fidelity),
+        },
+    )

@@ -1,0 +1,191 @@
+"""Bad input gives a precise Python exception: never a crash, a hang or lost state.
+Cases that could take the interpreter down run in a subprocess."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import mtp_explorer as mx
+from conftest import run_isolated
+
+
+def _open_isolated(path, expect: str) -> None:
+    proc = run_isolated(f"""
+        import mtp_explorer as mx
+        try:
+            mx.Session.open({str(path)!r}, n_ctx=256)
+        except mx.{expect} as exc:
+            print("RAISED", type(exc).__name__, exc)
+        else:
+            print("NO ERROR")
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"RAISED {expect}" in proc.stdout or "RAISED" in proc.stdout and expect in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(mx.ModelNotFoundError, match="not found") as info:
+        mx.Session.open(tmp_path / "nope.gguf")
+    assert isinstance(info.value, FileNotFoundError)
+    with pytest.raises(mx.ModelNotFoundError):
+        mx.model_info(tmp_path / "nope.gguf")
+
+
+def test_directory_and_not_a_gguf(tmp_path):
+    with pytest.raises(mx.ModelLoadError, match="not a file"):
+        mx.model_info(tmp_path)
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    with pytest.raises(mx.ModelLoadError, match="not a GGUF"):
+        mx.model_info(bogus)
+    out = _open_isolated(bogus, "ModelLoadError")
+    assert "not a GGUF" in out
+
+
+@pytest.mark.parametrize("fraction", [0.02, 0.5, 0.98])
+def test_truncated_gguf(tmp_path, model_mixed, fraction):
+    data = model_mixed.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(mx.ModelLoadError, match="truncated"):
+        mx.model_info(cut)
+    _open_isolated(cut, "ModelLoadError")
+
+
+def test_model_without_mtp_layers(model_no_mtp):
+    info = mx.model_info(model_no_mtp)
+    assert not info.has_mtp and info.n_layer_nextn == 0
+    with mx.Session.open(model_no_mtp, n_ctx=256) as s:
+        with pytest.raises(mx.MtpUnavailableError, match=r"n_max=0") as err:
+            s.generate("def f():", max_tokens=8, n_max=3)
+        assert info.name in str(err.value)
+        with pytest.raises(mx.MtpUnavailableError):
+            s.set_params(n_max=2)
+        t = s.generate("def f():", max_tokens=8, n_max=0)  # plain decoding still works
+        assert len(t.tokens) == 8 and t.n_drafted.sum() == 0
+
+
+def test_library_without_nextn_api(model_mixed):
+    from mtp_explorer import _native
+    from mtp_explorer.session import check_nextn_api
+
+    ggml_base = _native.libllama_path().replace("libllama", "libggml-base")
+    assert _native.missing_nextn_symbols(ggml_base) == [
+        "llama_set_embeddings_nextn", "llama_get_embeddings_nextn_ith", "llama_model_n_layer_nextn", "llama_n_rs_seq",
+    ]
+    with pytest.raises(mx.LibraryError, match="llama_set_embeddings_nextn"):
+        check_nextn_api(ggml_base)
+    check_nextn_api()  # the installed libllama has it
+    proc = run_isolated(f"""
+        import mtp_explorer as mx
+        import mtp_explorer.session as session
+        session._libllama_path = lambda: {ggml_base!r}
+        try:
+            mx.Session.open({str(model_mixed)!r})
+        except mx.LibraryError as exc:
+            print("RAISED", exc)
+    """)
+    assert proc.returncode == 0 and "RAISED" in proc.stdout and "nextn API" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n_max": -1}, "n_max must be a non-negative integer"),
+        ({"n_max": 9}, r"n_max=9 exceeds this session's capacity of 8"),
+        ({"n_max": 2.5}, "n_max must be a non-negative integer"),
+        ({"p_min": -0.1}, r"p_min must be a number in \[0, 1\]"),
+        ({"p_min": 1.5}, r"p_min must be a number in \[0, 1\]"),
+        ({"p_min": math.nan}, r"p_min must be a number in \[0, 1\]"),
+        ({"p_min": "0.5"}, r"p_min must be a number"),
+        ({"n_max": 2, "n_min": 3}, "n_min=3 is larger than n_max=2"),
+        ({"n_min": -1}, "n_min must be a non-negative integer"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"temperature": -1.0}, "temperature must be a finite number"),
+        ({"temperature": math.inf}, "temperature must be a finite number"),
+        ({"seed": -3}, "seed must be"),
+    ],
+)
+def test_bad_parameters(session_mixed, kwargs, match):
+    with pytest.raises(mx.ParameterError, match=match):
+        session_mixed.generate("def f():", **{"max_tokens": 4} | kwargs)
+    assert len(session_mixed.generate("def f():", max_tokens=4).tokens) == 4  # nothing lost
+
+
+def test_bad_set_params(session_mixed):
+    with pytest.raises(mx.ParameterError, match="capacity of 8"):
+        session_mixed.set_params(n_max=100)
+    with pytest.raises(mx.ParameterError):
+        session_mixed.set_params(p_min=2.0)
+    with pytest.raises(mx.ParameterError):
+        session_mixed.set_params(n_max=1, n_min=2)
+
+
+def test_capacity_follows_n_rs_seq(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=256, n_rs_seq=12) as s:
+        assert s.capacity == 12
+        t = s.generate("import os", max_tokens=30, n_max=12)
+        assert t.drafted.shape[1] == 12
+    for bad in (0, -1, 65):
+        with pytest.raises(mx.ParameterError, match="n_rs_seq"):
+            mx.Session.open(model_mixed, n_rs_seq=bad)
+    with pytest.raises(mx.ParameterError, match="topk"):
+        mx.Session.open(model_mixed, topk=11)
+    with pytest.raises(mx.ParameterError, match="n_ctx"):
+        mx.Session.open(model_mixed, n_ctx=0)
+
+
+def test_empty_and_invalid_prompts(session_mixed):
+    with pytest.raises(mx.ParameterError, match="empty"):
+        session_mixed.generate("", max_tokens=4)
+    with pytest.raises(mx.ParameterError, match="empty"):
+        session_mixed.generate([], max_tokens=4)
+    with pytest.raises(mx.ParameterError, match="out of range"):
+        session_mixed.generate([1, 2, 10**6], max_tokens=4)
+    t = session_mixed.generate(session_mixed.tokenize("def f():"), max_tokens=4)
+    assert t.prompt == "def f():"
+
+
+def test_prompt_longer_than_context(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=256) as s:
+        long_prompt = "x = 1\n" * 400
+        with pytest.raises(mx.ContextOverflowError, match="context holds 256"):
+            s.generate(long_prompt, max_tokens=4)
+        assert isinstance(mx.ContextOverflowError("x"), ValueError)
+        assert len(s.generate("x = 1", max_tokens=4).tokens) == 4
+
+
+@pytest.mark.parametrize("n_max", [0, 3])
+def test_budget_reaching_end_of_context_stops_cleanly(model_mixed, n_max):
+    with mx.Session.open(model_mixed, n_ctx=256) as s:
+        prompt = s.tokenize("def fib(n):")
+        t = s.generate(prompt, max_tokens=10_000, n_max=n_max)
+        assert t.finish_reason == "context"
+        assert len(prompt) + len(t.tokens) == s.n_ctx + 1  # every position filled, plus the last token emitted
+        if n_max:
+            assert "context" in {st.stop_reason for st in t.steps}
+        again = s.generate("def fib(n):", max_tokens=5, n_max=n_max)
+        assert again.finish_reason == "budget"
+
+
+def test_use_after_close_in_subprocess(model_mixed):
+    proc = run_isolated(f"""
+        import mtp_explorer as mx
+        s = mx.Session.open({str(model_mixed)!r}, n_ctx=256)
+        engine = s._engine
+        s.close()
+        for call in (lambda: s.generate("x", max_tokens=2), lambda: s.piece(1), lambda: s.n_ctx):
+            try:
+                call()
+            except mx.SessionClosedError:
+                print("closed-ok")
+        try:
+            engine.step()   # the native object itself refuses too
+        except RuntimeError as exc:
+            print("native-ok", exc)
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("closed-ok") == 3 and "native-ok the session is closed" in proc.stdout
