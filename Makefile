@@ -9,7 +9,7 @@ DEPS := $(VENV)/.deps-installed
 EXT := build/.ext-installed
 SOURCES := $(shell find native_ext mtp_explorer -name '*.py' -o -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
 
-.PHONY: all lab test headers clean
+.PHONY: all lab test headers reference parity bench clean
 
 all: $(EXT)
 
@@ -46,6 +46,23 @@ test: $(EXT)
 
 lab: $(EXT)
 	$(VENV)/bin/jupyter lab notebooks/
+
+# llama.cpp's reference MTP driver, built from the same 0.3.36 sources (for benchmarks/parity.py).
+REFERENCE := build/reference/bin/llama-speculative-simple
+REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+$(REFERENCE): $(HEADERS)
+	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
+	cmake -S $(REF_SRC) -B build/reference -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build build/reference --target llama-speculative-simple -j$$(nproc)
+
+reference: $(REFERENCE)
+
+parity: $(EXT) $(REFERENCE)
+	$(VPY) benchmarks/parity.py --binary $(REFERENCE)
+
+bench: $(EXT)
+	$(VPY) benchmarks/engine.py
 
 clean:
 	rm -rf build $(VENV)

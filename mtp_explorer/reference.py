@@ -1,0 +1,105 @@
+"""llama.cpp's own MTP driver, ``llama-speculative-simple --spec-type draft-mtp``, run beside ours.
+
+Used to check parity: for greedy decoding the generated tokens and the totals of drafted and
+accepted tokens must match. llama-speculative-simple has its own budget rule, replayed here with
+:func:`replay_reference_budget`: it drafts at most ``n - n_predict - 1`` tokens but truncates only
+when that number is positive (a draft at the very end is verified whole), and it stops once
+*more* than ``n`` tokens were produced. Our engine never exceeds ``max_tokens``, so the replay drives
+it step by step through :meth:`Session.set_params` with that rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+from .session import Session
+from .trace import Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceRun:
+    """What llama-speculative-simple printed."""
+
+    text: str
+    n_predict: int
+    n_drafted: int
+    n_accept: int
+    decode_seconds: float
+    tokens_per_second: float
+
+
+_STAT = {
+    "n_predict": re.compile(r"n_predict\s*=\s*(\d+)"),
+    "n_drafted": re.compile(r"n_drafted\s*=\s*(\d+)"),
+    "n_accept": re.compile(r"n_accept\s*=\s*(\d+)"),
+    "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s"),
+}
+
+
+def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> ReferenceRun:
+    """Read the generated text and the totals from llama-speculative-simple's output."""
+    log = stdout + "\n" + stderr
+    found = {k: rx.search(log) for k, rx in _STAT.items()}
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise ValueError(f"llama-speculative-simple output lacks {missing}:\n{log[-2000:]}")
+    start = stdout.find(prompt_text)
+    if start < 0:
+        raise ValueError("the prompt was not echoed in llama-speculative-simple's output")
+    body = stdout[start + len(prompt_text):]
+    end = body.rfind("\n\n")
+    text = body[:end] if end >= 0 else body
+    return ReferenceRun(
+        text=text,
+        n_predict=int(found["n_predict"].group(1)),
+        n_drafted=int(found["n_drafted"].group(1)),
+        n_accept=int(found["n_accept"].group(1)),
+        decode_seconds=float(found["decoded"].group(2)),
+        tokens_per_second=float(found["decoded"].group(3)),
+    )
+
+
+def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tokens: int, n_max: int,
+                  p_min: float = 0.0, n_min: int = 0, n_ctx: int = 4096, threads: int = 2,
+                  timeout: float = 300) -> ReferenceRun:
+    """Run llama-speculative-simple greedily with MTP drafting and parse what it printed."""
+    cmd = [
+        str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
+        "--temp", "0", "--seed", "0", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max),
+        "--spec-draft-n-min", str(n_min), "--spec-draft-p-min", str(p_min),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return parse_reference_output(proc.stdout, proc.stderr, prompt)
+
+
+def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
+                            n_min: int = 0) -> Trace:
+    """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
+
+    Exact for ``n_min == 0``; with ``n_min > 0`` the reference applies n_min before its budget
+    truncation, which a shorter n_max cannot reproduce at the very last steps.
+    """
+
+    n_prompt = len(session.tokenize(prompt))
+
+    def n_max_for(n_predict: int) -> int:
+        n_past = n_prompt - 1 + n_predict
+        cap = min(session.n_ctx - n_past - 2, max_tokens - n_predict - 1)
+        return min(n_max, cap) if cap > 0 else n_max
+
+    n_predict = 0
+    stream = session.stream(prompt, max_tokens=max_tokens + n_max + 1, n_max=n_max_for(0), p_min=p_min,
+                            n_min=min(n_min, n_max_for(0)))
+    for step in stream:
+        n_predict += step.n_accepted + 1
+        if n_predict > max_tokens or session._engine.is_eog(step.correction):
+            session.cancel()
+            continue
+        nxt = n_max_for(n_predict)
+        session.set_params(n_max=nxt, p_min=p_min, n_min=min(n_min, nxt))
+    return session.last_trace
