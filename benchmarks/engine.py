@@ -107,7 +107,7 @@ def main() -> None:
                                       threads=s.threads)
                     ref_rates.append(r.tokens_per_second)
                     t = replay_reference_budget(s, prompt, max_tokens=args.tokens, n_max=n_max)
-                    parity &= (t.text == r.text and int(t.n_drafted.sum()) == r.n_drafted
+                    parity &= ("".join(t.pieces) == r.text and int(t.n_drafted.sum()) == r.n_drafted
                                and int(t.n_accepted.sum()) == r.n_accept)
                     secs, t = decode_seconds(s, prompt, args.tokens, n_max)
                     ours_rates.append(len(t.tokens) / secs)

@@ -47,7 +47,7 @@ def main() -> int:
                 "reference": {"n_predict": ref.n_predict, "n_drafted": ref.n_drafted, "n_accept": ref.n_accept},
                 "ours": {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()),
                          "n_accept": int(ours.n_accepted.sum())},
-                "text_equal": ours.text == ref.text,
+                "text_equal": "".join(ours.pieces) == ref.text,
             }
             case["match"] = case["text_equal"] and case["reference"] == case["ours"]
             cases.append(case)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .session import Session
@@ -24,6 +25,7 @@ class ReferenceRun:
     """What llama-speculative-simple printed."""
 
     text: str
+    """The generated pieces as printed (token_to_piece, no detokenizer clean-up)."""
     n_predict: int
     n_drafted: int
     n_accept: int
@@ -50,8 +52,10 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
     if start < 0:
         raise ValueError("the prompt was not echoed in llama-speculative-simple's output")
     body = stdout[start + len(prompt_text):]
-    end = body.rfind("\n\n")
-    text = body[:end] if end >= 0 else body
+    tail = "\n\n\n\n"  # the example prints "\n\n" after the loop and again before it exits
+    if not body.endswith(tail):
+        raise ValueError("unexpected end of llama-speculative-simple's output")
+    text = body[: -len(tail)]
     return ReferenceRun(
         text=text,
         n_predict=int(found["n_predict"].group(1)),
@@ -64,17 +68,29 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
 
 def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tokens: int, n_max: int,
                   p_min: float = 0.0, n_min: int = 0, n_ctx: int = 4096, threads: int = 2,
-                  timeout: float = 300) -> ReferenceRun:
+                  timeout: float = 300, attempts: int = 8) -> ReferenceRun:
     """Run llama-speculative-simple greedily with MTP drafting and parse what it printed."""
     cmd = [
         str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
         "--temp", "0", "--seed", "0", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max),
         "--spec-draft-n-min", str(n_min), "--spec-draft-p-min", str(p_min),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return parse_reference_output(proc.stdout, proc.stderr, prompt)
+    # llama.cpp's log is written by a worker thread that sometimes loses its tail when the program
+    # exits; the run is deterministic, so it is repeated until the output is complete.
+    error: Exception | None = None
+    for _ in range(attempts):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            with out.open("w") as fo, err.open("w") as fe:
+                proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout)
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+        try:
+            return parse_reference_output(stdout, stderr, prompt)
+        except ValueError as exc:
+            error = exc
+    raise RuntimeError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
 
 
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
