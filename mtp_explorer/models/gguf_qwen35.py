@@ -322,6 +322,33 @@ def expected_tensor_shapes(cfg: Qwen35Config) -> dict[str, tuple[tuple[int, ...]
     return shapes
 
 
+
+def add_tokenizer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab) -> None:
+    """Write a byte-level BPE vocabulary as llama.cpp's ``gpt2`` tokenizer model."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_eos_token_id(vocab.eos_id)
+    if vocab.bos_id is not None:
+        w.add_bos_token_id(vocab.bos_id)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(False)
+
+
+def add_metadata(w: "gguf.GGUFWriter", metadata: Mapping[str, str | int | float | bool]) -> None:
+    """Write extra key/value pairs, typed by their Python type."""
+    for key, value in metadata.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
+
 def _keep_f32(name: str, arr: np.ndarray) -> bool:
     # 1-D tensors (norms, ssm_a, dt bias) and the conv kernel stay F32, as convert_hf_to_gguf does.
     return arr.ndim <= 1 or name.endswith("ssm_conv1d.weight")
@@ -397,26 +424,8 @@ def write_qwen35_gguf(
     w.add_full_attention_interval(cfg.full_attention_interval)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(vocab.pre)
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.token_types)
-    w.add_token_merges(vocab.merges)
-    w.add_eos_token_id(vocab.eos_id)
-    if vocab.bos_id is not None:
-        w.add_bos_token_id(vocab.bos_id)
-    w.add_add_bos_token(vocab.add_bos)
-    w.add_add_eos_token(False)
-
-    for key, value in {**vocab.extra, **(extra_metadata or {})}.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_string(key, str(value))
+    add_tokenizer(w, vocab)
+    add_metadata(w, {**vocab.extra, **(extra_metadata or {})})
 
     for tname in shapes:
         if tname not in tensors:

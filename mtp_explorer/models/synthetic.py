@@ -134,7 +134,8 @@ def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
     return vocab
 
 
-def _printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
+def printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
+    """Normal tokens whose bytes are printable ASCII or newline (the only ones a synthetic head lets win)."""
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     mask = np.zeros(len(vocab.tokens), dtype=bool)
     for i, (tok, ttype) in enumerate(zip(vocab.tokens, vocab.token_types)):
@@ -169,7 +170,7 @@ def synthetic_tensors(
 
     out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
     head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
-    head[~_printable_mask(vocab)] = 0.0
+    head[~printable_mask(vocab)] = 0.0
     out["output.weight"] = head
 
     for il in range(cfg.n_layer):

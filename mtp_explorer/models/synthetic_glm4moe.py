@@ -68,8 +68,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import ByteBPEVocab, bytes_to_unicode
-from .synthetic import synthetic_vocab
+from .gguf_qwen35 import ByteBPEVocab, add_metadata, add_tokenizer
+from .synthetic import printable_mask, synthetic_vocab
 
 ARCH = "glm4moe"
 
@@ -190,15 +190,6 @@ def glm4moe_expected_tensor_shapes(cfg: Glm4MoeConfig) -> dict[str, tuple[tuple[
     return shapes
 
 
-def _printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
-    inverse = {c: b for b, c in bytes_to_unicode().items()}
-    mask = np.zeros(len(vocab.tokens), dtype=bool)
-    for i, (tok, ttype) in enumerate(zip(vocab.tokens, vocab.token_types)):
-        if ttype == 1:
-            mask[i] = all(32 <= b < 127 or b == 10 for b in (inverse[c] for c in tok))
-    return mask
-
-
 def synthetic_glm4moe_tensors(
     cfg: Glm4MoeConfig,
     vocab: ByteBPEVocab,
@@ -225,7 +216,7 @@ def synthetic_glm4moe_tensors(
 
     out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
     head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
-    head[~_printable_mask(vocab)] = 0.0
+    head[~printable_mask(vocab)] = 0.0
     out["output.weight"] = head
 
     down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
@@ -305,26 +296,8 @@ def write_glm4moe_gguf(
     w.add_expert_weights_norm(cfg.expert_weights_norm)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(vocab.pre)
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.token_types)
-    w.add_token_merges(vocab.merges)
-    w.add_eos_token_id(vocab.eos_id)
-    if vocab.bos_id is not None:
-        w.add_bos_token_id(vocab.bos_id)
-    w.add_add_bos_token(vocab.add_bos)
-    w.add_add_eos_token(False)
-
-    for key, value in {**vocab.extra, **(extra_metadata or {})}.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_string(key, str(value))
+    add_tokenizer(w, vocab)
+    add_metadata(w, {**vocab.extra, **(extra_metadata or {})})
 
     for tname in shapes:
         if tname in tensors:
