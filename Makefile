@@ -38,14 +38,19 @@ headers: $(HEADERS)
 
 $(EXT): $(DEPS) $(HEADERS) $(SOURCES)
 	@echo ">> building mtp_explorer and its native extension"
-	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test]'
+	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test,lab]'
 	touch $@
 
-test: $(EXT)
-	$(VPY) -m pytest -q
+# The browser test drives Debian's chromium through playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && apt-get install -y -qq chromium
+
+test: $(EXT) $(CHROMIUM)
+	$(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/01_quickstart.ipynb
 
 # llama.cpp's reference MTP driver, built from the same 0.3.36 sources (for benchmarks/parity.py).
 REFERENCE := build/reference/bin/llama-speculative-simple

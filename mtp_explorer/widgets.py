@@ -1,0 +1,500 @@
+"""The Explorer: a JupyterLab widget that runs MTP speculative decoding and shows it live.
+
+``Explorer(session)`` holds controls (prompt, ``n_max``, ``p_min``, ``n_min``, temperature, seed, max
+tokens; Run / Step / Stop), a progress bar with tokens/s, an error area, and the figures of
+:mod:`mtp_explorer.plots` as plotly ``FigureWidget``s. A generation streams in a background thread
+(``Session.stream``); the views are redrawn from the trace so far at most about ten times per second.
+Moving a slider during a run calls ``Session.set_params`` (it applies from the next step) and the
+step-indexed figures mark the change. The plain baseline (``n_max=0``) used for the speedup is run once
+per (prompt, max tokens, temperature, seed) and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import html
+import math
+import threading
+import time
+from typing import Callable, Iterator
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+import traitlets as T
+
+from . import plots
+from .errors import MtpExplorerError
+from .session import Session
+from .trace import STOP_REASONS, Step, Trace
+
+__all__ = ["Explorer", "LiveTrace", "RunRequest", "Controls", "ProgressView", "ErrorArea", "LiveViews"]
+
+#: Least time between two redraws of the live views while a generation streams (about 10 per second).
+MIN_REDRAW_INTERVAL = 0.1
+
+
+# -- a running generation's trace ------------------------------------------------------------------
+#: The per-step columns a live trace holds: those of the README's table, which the figures use.
+LIVE_COLUMNS: tuple[str, ...] = (
+    "step", "pos", "n_max", "p_min", "n_min", "drafted", "n_drafted", "n_accepted", "draft_prob", "topk_ids",
+    "topk_probs", "target_tokens", "stop_reason", "correction", "rollback", "rs_slot", "h_norm_target",
+    "h_norm_draft", "draft_target_cos", "t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns",
+)
+
+
+class LiveTrace:
+    """Collects the ``Step``s of a streaming generation and builds the :class:`Trace` so far, with the
+    columns of :data:`LIVE_COLUMNS` (same padding and dtypes as a finished trace); ``t_prefill_ns`` is
+    unknown until the end and ``finish_reason`` is ``"running"``."""
+
+    def __init__(self, prompt: str, settings: dict, model: dict, depth: int, piece: Callable[[int], str]) -> None:
+        self.prompt = prompt
+        self.settings = settings
+        self.model = model
+        self.depth = depth
+        self.piece = piece
+        self.steps: list[Step] = []
+
+    def add(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        steps, D = self.steps, self.depth
+        n = len(steps)
+        K = max((len(row) for s in steps for row in s.topk_ids), default=1)
+
+        def scalar(name: str, dtype) -> np.ndarray:
+            return np.array([getattr(s, name) for s in steps], dtype=dtype)
+
+        def padded(name: str, width: int, dtype, fill) -> np.ndarray:
+            out = np.full((n, width), fill, dtype=dtype)
+            for i, s in enumerate(steps):
+                v = getattr(s, name)[:width]
+                out[i, : len(v)] = v
+            return out
+
+        topk_ids = np.full((n, D, K), -1, dtype=np.int32)
+        topk_probs = np.full((n, D, K), np.nan, dtype=np.float32)
+        for i, s in enumerate(steps):
+            for j, (ids, ps) in enumerate(zip(s.topk_ids[:D], s.topk_probs[:D])):
+                topk_ids[i, j, : len(ids)] = ids
+                topk_probs[i, j, : len(ps)] = ps
+        columns = {
+            "step": scalar("step", np.int32), "pos": scalar("pos", np.int32),
+            "n_max": scalar("n_max", np.int32), "p_min": scalar("p_min", np.float32),
+            "n_min": scalar("n_min", np.int32),
+            "drafted": padded("drafted", D, np.int32, -1),
+            "n_drafted": np.array([s.n_drafted for s in steps], dtype=np.int32),
+            "n_accepted": scalar("n_accepted", np.int32),
+            "draft_prob": padded("draft_prob", D, np.float32, np.nan),
+            "topk_ids": topk_ids, "topk_probs": topk_probs,
+            "target_tokens": padded("target_tokens", D + 1, np.int32, -1),
+            "stop_reason": np.array([STOP_REASONS.index(s.stop_reason) for s in steps], dtype=np.int8),
+            "correction": scalar("correction", np.int32), "rollback": scalar("rollback", np.int32),
+            "rs_slot": np.array([-1 if s.rs_slot is None else s.rs_slot for s in steps], dtype=np.int32),
+            "h_norm_target": padded("h_norm_target", D + 1, np.float32, np.nan),
+            "h_norm_draft": padded("h_norm_draft", D, np.float32, np.nan),
+            "draft_target_cos": padded("draft_target_cos", D, np.float32, np.nan),
+        }
+        for phase in ("catchup", "draft", "verify", "sample"):
+            columns[f"t_{phase}_ns"] = scalar(f"t_{phase}_ns", np.int64)
+        return columns
+
+    def trace(self) -> Trace:
+        tokens = [t for s in self.steps for t in s.tokens]
+        pieces = [self.piece(t) for t in tokens]
+        return Trace(prompt=self.prompt, prompt_tokens=[], tokens=tokens, text="".join(pieces), pieces=pieces,
+                     columns=self.columns(), finish_reason="running", settings=self.settings, model=self.model)
+
+
+def _cached_piece(session: Session) -> Callable[[int], str]:
+    cache: dict[int, str] = {}
+
+    def piece(tok: int) -> str:
+        tok = int(tok)
+        if tok not in cache:
+            cache[tok] = session.piece(tok)
+        return cache[tok]
+
+    return piece
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What one Run or Step generation is asked to do (read from the controls when it starts)."""
+
+    prompt: str
+    max_tokens: int
+    n_max: int
+    p_min: float
+    n_min: int
+    temperature: float
+    seed: int
+
+    def stream_kwargs(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def baseline_key(self) -> tuple:
+        """The plain baseline depends on these only (not on the drafting settings)."""
+        return (self.prompt, self.max_tokens, self.temperature, self.seed)
+
+
+def readable_error(exc: BaseException) -> str:
+    """One message for the error area: the error's class and text, no traceback."""
+    name = type(exc).__name__
+    if isinstance(exc, MtpExplorerError):
+        return f"{name}: {exc}"
+    return f"{name} (unexpected): {exc}"
+
+
+# -- parts of the widget ---------------------------------------------------------------------------
+class Controls(W.VBox):
+    """Prompt, drafting settings, sampling settings and the Run / Step / Stop buttons."""
+
+    def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
+                 temperature: float, seed: int) -> None:
+        style = {"description_width": "90px"}
+        self.prompt = W.Textarea(value=prompt, placeholder="prompt", description="prompt",
+                                 layout=W.Layout(width="98%", height="60px"), style=style)
+        self.n_max = W.IntSlider(value=min(n_max, capacity), min=1, max=capacity, step=1, description="n_max",
+                                 continuous_update=False, style=style)
+        self.p_min = W.FloatSlider(value=p_min, min=0.0, max=1.0, step=0.01, description="p_min",
+                                   readout_format=".2f", continuous_update=False, style=style)
+        self.n_min = W.IntSlider(value=min(n_min, self.n_max.value), min=0, max=self.n_max.value, step=1,
+                                 description="n_min", continuous_update=False, style=style)
+        self.temperature = W.BoundedFloatText(value=temperature, min=0.0, max=5.0, step=0.1,
+                                              description="temperature", style=style, layout=W.Layout(width="200px"))
+        self.seed = W.BoundedIntText(value=seed, min=0, max=2**32 - 1, description="seed", style=style,
+                                     layout=W.Layout(width="200px"))
+        self.max_tokens = W.BoundedIntText(value=max_tokens, min=1, max=1_000_000, description="max tokens",
+                                           style=style, layout=W.Layout(width="200px"))
+        self.run = W.Button(description="Run", button_style="primary", icon="play", tooltip="generate to the end")
+        self.step = W.Button(description="Step", icon="step-forward", tooltip="one verify step")
+        self.stop = W.Button(description="Stop", button_style="danger", icon="stop", tooltip="cancel the generation",
+                             disabled=True)
+        T.dlink((self.n_max, "value"), (self.n_min, "max"))
+        super().__init__([
+            self.prompt,
+            W.HBox([self.n_max, self.p_min, self.n_min]),
+            W.HBox([self.temperature, self.seed, self.max_tokens]),
+            W.HBox([self.run, self.step, self.stop]),
+        ])
+
+    def request(self) -> RunRequest:
+        return RunRequest(prompt=self.prompt.value, max_tokens=int(self.max_tokens.value), n_max=int(self.n_max.value),
+                          p_min=float(self.p_min.value), n_min=int(self.n_min.value),
+                          temperature=float(self.temperature.value), seed=int(self.seed.value))
+
+
+class ProgressView(W.HBox):
+    """Progress bar (tokens of max tokens) and a status line with steps and tokens/s."""
+
+    def __init__(self) -> None:
+        self.bar = W.IntProgress(value=0, min=0, max=1, description="tokens", bar_style="info")
+        self.label = W.Label(value="idle")
+        self.label.add_class("mtpx-status")
+        super().__init__([self.bar, self.label])
+
+    def show(self, n_tokens: int, max_tokens: int, n_steps: int, tps: float, state: str) -> None:
+        self.bar.max = max(1, max_tokens)
+        self.bar.value = min(n_tokens, self.bar.max)
+        rate = "–" if math.isnan(tps) else f"{tps:.0f}"
+        self.label.value = f"{state} · step {n_steps} · {n_tokens}/{max_tokens} tokens · {rate} tok/s"
+
+
+class ErrorArea(W.HTML):
+    """Shows an error as a readable message (empty when there is none)."""
+
+    def show(self, message: str) -> None:
+        if not message:
+            self.value = ""
+            return
+        text = html.escape(message).replace("\n", "<br>")
+        self.value = (f'<div class="mtpx-error" style="color:#b00020;background:#fdecea;border:1px solid #f5c2c7;'
+                      f'padding:6px 10px;border-radius:4px;font-family:monospace;white-space:normal">{text}</div>')
+
+
+def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
+    """Make ``widget`` show ``fig`` in one batched update (traces replaced when their kinds differ).
+
+    Annotations and shapes are always sent whole, so the ones ``fig`` lacks are removed in the browser too;
+    the template is sent once.
+    """
+    layout = fig.layout.to_plotly_json()
+    with widget.batch_update():
+        if [t.type for t in widget.data] == [t.type for t in fig.data]:
+            for old, new in zip(widget.data, fig.data):
+                old.update(new.to_plotly_json(), overwrite=True)
+        else:
+            widget.data = []
+            widget.add_traces(list(fig.data))
+        for key in ("annotations", "shapes"):
+            widget.layout[key] = layout.pop(key, [])
+        if widget.layout.template == fig.layout.template:
+            layout.pop("template", None)
+        widget.update_layout(layout, overwrite=True)
+
+
+NAMES: tuple[str, ...] = ("token_timeline", "acceptance_by_depth", "accepted_length_histogram", "hidden_norms",
+                          "rs_slots", "throughput")
+
+
+class LiveViews(W.VBox):
+    """The figures of :mod:`mtp_explorer.plots`, as ``FigureWidget``s, redrawn from a trace."""
+
+    HALF = ("acceptance_by_depth", "accepted_length_histogram")
+
+    def __init__(self, piece: Callable[[int], str], width: int = 960) -> None:
+        self.piece = piece
+        self.width = width
+        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in NAMES}
+
+        def box(name: str) -> W.Box:
+            b = W.Box([self.figures[name]])
+            b.add_class(f"mtpx-{name.replace('_', '-')}")
+            return b
+
+        super().__init__([
+            box("token_timeline"),
+            W.HBox([box(name) for name in self.HALF]),
+            box("hidden_norms"), box("rs_slots"), box("throughput"),
+        ])
+        self._lock = threading.Lock()
+
+    def build(self, trace: Trace, baseline: Trace | None,
+              names: tuple[str, ...] = NAMES) -> dict[str, go.Figure]:
+        """The figures ``names`` of ``trace`` (``throughput`` compares with ``baseline``)."""
+        makers = {
+            "token_timeline": lambda: plots.token_timeline(trace, self.piece),
+            "acceptance_by_depth": lambda: plots.acceptance_by_depth(trace),
+            "accepted_length_histogram": lambda: plots.accepted_length_histogram(trace),
+            "hidden_norms": lambda: plots.hidden_norms(trace),
+            "rs_slots": lambda: plots.rs_slots(trace),
+            "throughput": lambda: plots.throughput(trace, baseline),
+        }
+        return {name: makers[name]() for name in names}
+
+    def render(self, trace: Trace, baseline: Trace | None, names: tuple[str, ...] = NAMES) -> None:
+        """Redraw the figures ``names`` from ``trace``, each in one batched update."""
+        figs = self.build(trace, baseline, names)
+        with self._lock:
+            for name, fig in figs.items():
+                # a fixed width: a FigureWidget cannot follow its container's width when it is first shown
+                fig.update_layout(width=self.width // 2 if name in self.HALF else self.width)
+                sync_figure(self.figures[name], fig)
+
+
+# -- the Explorer ----------------------------------------------------------------------------------
+class Explorer(W.VBox):
+    """Run, step and tune MTP speculative decoding on ``session`` and watch it live.
+
+    ``run()``, ``step()`` and ``stop()`` are what the buttons call; ``wait()`` blocks until the current
+    generation (and its baseline) is done; ``width`` is the figures' width in pixels. The state is in
+    traitlets: ``state`` (idle / running / stepping / busy), ``trace`` (the latest trace, partial while
+    streaming), ``baseline``, ``n_steps``, ``n_tokens``, ``tokens_per_second``, ``finish_reason``, ``error``.
+    """
+
+    state = T.Unicode("idle")
+    trace = T.Any(None, allow_none=True)
+    baseline = T.Any(None, allow_none=True)
+    n_steps = T.Int(0)
+    n_tokens = T.Int(0)
+    tokens_per_second = T.Float(math.nan)
+    finish_reason = T.Unicode("")
+    error = T.Unicode("")
+
+    def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
+                 p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
+                 width: int = 960) -> None:
+        self.session = session
+        self.piece = _cached_piece(session)
+        self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
+                                 n_min=n_min, temperature=temperature, seed=seed)
+        self.progress = ProgressView()
+        self.error_area = ErrorArea()
+        self.views = LiveViews(self.piece, width)
+        self.baselines: dict[tuple, Trace] = {}
+        self._request: RunRequest | None = None
+        self._live: LiveTrace | None = None
+        self._stepper: Iterator[Step] | None = None
+        self._thread: threading.Thread | None = None
+        self._drafting = False          # the MTP generation (not the baseline) is in progress
+        self._stop_requested = False
+        self._interval = MIN_REDRAW_INTERVAL
+        self._last_redraw = 0.0
+        info = session.info
+        title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
+                       f"{info.n_params / 1e6:.1f} M parameters) · n_max up to {session.capacity}")
+        super().__init__([title, self.controls, self.progress, self.error_area, self.views])
+        self.add_class("mtpx-explorer")
+        self.controls.run.on_click(lambda _: self.run())
+        self.controls.step.on_click(lambda _: self.step())
+        self.controls.stop.on_click(lambda _: self.stop())
+        for name in ("n_max", "p_min", "n_min"):
+            getattr(self.controls, name).observe(functools.partial(self._on_setting, name), names="value")
+        self.observe(self._on_state, names="state")
+        self.observe(lambda change: self.error_area.show(change["new"]), names="error")
+        self.views.render(LiveTrace("", {}, info.to_dict(), session.capacity, self.piece).trace(), None)
+
+    # -- actions (the buttons) -------------------------------------------------------------------
+    def run(self) -> None:
+        """Start a new generation with the controls' settings, streaming in a background thread."""
+        if self.state in ("running", "busy"):
+            return
+        self._close_stepper()
+        self._start(self.controls.request())
+        self.state = "running"
+        self._spawn(self._stream_all)
+
+    def step(self) -> None:
+        """Advance one verify step, starting a generation if none is being stepped."""
+        if self.state in ("running", "busy"):
+            return
+        if self._stepper is None:
+            self._start(self.controls.request())
+            self._stepper = self.session.stream(**self._request.stream_kwargs())
+        self.state = "busy"
+        self._spawn(self._advance_one)
+
+    def stop(self) -> None:
+        """Cancel the generation within one step; the session stays usable."""
+        self._stop_requested = True
+        self.session.cancel()
+        if self.state == "stepping":
+            self.state = "busy"
+            self._spawn(self._advance_one)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the background work (generation, then baseline) is done; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (thread := self._thread) is not None and thread.is_alive():
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        return True
+
+    @property
+    def figures(self) -> dict[str, go.FigureWidget]:
+        """The live figures by name (those of :mod:`mtp_explorer.plots`)."""
+        return self.views.figures
+
+    # -- callbacks ---------------------------------------------------------------------------------
+    def _on_setting(self, name: str, change) -> None:
+        if not self._drafting:
+            return  # applies to the next Run
+        try:
+            self.session.set_params(**{name: change["new"]})
+        except MtpExplorerError as exc:
+            self.error = readable_error(exc)
+
+    def _on_state(self, change) -> None:
+        busy = change["new"] in ("running", "busy")
+        self.controls.run.disabled = busy
+        self.controls.step.disabled = busy
+        self.controls.stop.disabled = change["new"] == "idle"
+        self._show_progress()
+
+    # -- background work -------------------------------------------------------------------------
+    def _spawn(self, target: Callable[[], None]) -> None:
+        self._thread = threading.Thread(target=target, name="mtp-explorer", daemon=True)
+        self._thread.start()
+
+    def _start(self, request: RunRequest) -> None:
+        self._request = request
+        self._stop_requested = False
+        self._drafting = True
+        self.error = ""
+        self.finish_reason = ""
+        self._live = LiveTrace(request.prompt, dataclasses.asdict(request), self.session.info.to_dict(),
+                               self.session.capacity, self.piece)
+        self.baseline = self.baselines.get(request.baseline_key)
+        self._redraw(self._live.trace(), force=True)
+
+    def _stream_all(self) -> None:
+        try:
+            before = self.session.last_trace
+            for step in self.session.stream(**self._request.stream_kwargs()):
+                self._live.add(step)
+                self._redraw(None)
+            self._finished(before)
+        except Exception as exc:  # shown in the widget, never raised into the kernel
+            self._failed(exc)
+
+    def _advance_one(self) -> None:
+        try:
+            before = self.session.last_trace
+            while True:  # one step, or to the end once Stop was pressed
+                try:
+                    step = next(self._stepper)
+                except StopIteration:
+                    self._stepper = None
+                    self._finished(before)
+                    return
+                self._live.add(step)
+                if not self._stop_requested:
+                    break
+            self._redraw(None, force=True)
+            self.state = "stepping"
+        except Exception as exc:
+            self._close_stepper()
+            self._failed(exc)
+
+    def _finished(self, before: Trace | None) -> None:
+        """Show the final trace, then run the plain baseline if this prompt has none cached."""
+        self._drafting = False
+        final = self.session.last_trace
+        if final is None or final is before:
+            final = self._live.trace()
+        self.finish_reason = final.finish_reason
+        self._redraw(final, force=True)
+        req = self._request
+        if final.finish_reason != "cancelled" and req.baseline_key not in self.baselines:
+            self.state = "running"
+            base = self.session.generate(req.prompt, max_tokens=req.max_tokens, n_max=0,
+                                         temperature=req.temperature, seed=req.seed)
+            if base.finish_reason != "cancelled":
+                self.baselines[req.baseline_key] = base
+            self.baseline = self.baselines.get(req.baseline_key)
+            if self.baseline is not None:
+                self.views.render(final, self.baseline, names=("throughput",))
+        self.state = "idle"
+
+    def _failed(self, exc: BaseException) -> None:
+        self._drafting = False
+        self.error = readable_error(exc)
+        self.state = "idle"
+
+    def _close_stepper(self) -> None:
+        if self._stepper is not None:
+            self._stepper.close()
+            self._stepper = None
+        self._drafting = False
+
+    # -- drawing -----------------------------------------------------------------------------------
+    def _redraw(self, trace: Trace | None, force: bool = False) -> None:
+        """Redraw from ``trace`` (None: the live trace so far), at most every ``_interval`` seconds
+        unless forced."""
+        if not force and time.monotonic() - self._last_redraw < self._interval:
+            return
+        trace = self._live.trace() if trace is None else trace
+        self.trace = trace
+        summary = trace.summary()
+        self.n_steps, self.n_tokens = summary["n_steps"], summary["n_tokens"]
+        self.tokens_per_second = summary["tokens_per_second"]
+        self._show_progress()
+        started = time.monotonic()
+        self.views.render(trace, self.baseline)
+        # about ten redraws a second, fewer when drawing is slow, so the generation is never starved
+        self._interval = max(MIN_REDRAW_INTERVAL, 2 * (time.monotonic() - started))
+        self._last_redraw = time.monotonic()
+
+    def _show_progress(self) -> None:
+        req = self._request
+        state = self.finish_reason if self.state == "idle" and self.finish_reason else self.state
+        self.progress.show(self.n_tokens, req.max_tokens if req else 0, self.n_steps, self.tokens_per_second, state)

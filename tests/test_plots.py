@@ -1,0 +1,231 @@
+"""mtp_explorer.plots: every figure built from real traces of SYNTHETIC models, checked against the
+trace's own numbers; HTML export; the kaleido error."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer import plots
+from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+from mtp_explorer.widgets import LiveTrace
+
+PROMPT = "def fib(n):"
+CHANGE_AT = 10  # set_params after this step: the change applies from step CHANGE_AT + 1
+
+
+@pytest.fixture(scope="module")
+def session(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=1024, n_rs_seq=8, topk=5, threads=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def changed(session) -> mx.Trace:
+    """A trace whose settings change mid-run: n_max 3 -> 5, p_min 0 -> 0.3."""
+    for step in session.stream(PROMPT, max_tokens=120, n_max=3, p_min=0.0):
+        if step.step == CHANGE_AT:
+            session.set_params(n_max=5, p_min=0.3)
+    return session.last_trace
+
+
+@pytest.fixture(scope="module")
+def steady(session) -> mx.Trace:
+    return session.generate(PROMPT, max_tokens=120, n_max=4, p_min=0.0)
+
+
+@pytest.fixture(scope="module")
+def plain(session) -> mx.Trace:
+    return session.generate(PROMPT, max_tokens=120, n_max=0)
+
+
+def _trace(fig: go.Figure, name: str):
+    (trace,) = [t for t in fig.data if t.name == name]
+    return trace
+
+
+def test_settings_changes_and_segments(changed, steady):
+    (ch,) = plots.settings_changes(changed)
+    assert ch.step == CHANGE_AT + 1
+    assert ch.before == {"n_max": 3, "p_min": 0.0, "n_min": 0}
+    assert ch.after["n_max"] == 5 and ch.after["p_min"] == pytest.approx(0.3)
+    assert ch.label == "n_max 3→5, p_min 0.00→0.30"
+    segs = plots.settings_segments(changed)
+    assert [(s.start, s.stop) for s in segs] == [(0, CHANGE_AT + 1), (CHANGE_AT + 1, changed.n_steps)]
+    assert plots.settings_changes(steady) == []
+    assert len(plots.settings_segments(steady)) == 1
+
+
+def test_token_timeline_marks_every_token(session, changed):
+    fig = plots.token_timeline(changed, session.piece)
+    c = changed.columns
+    accepted, correction, plain_, rejected = (_trace(fig, plots.ORIGIN_LABELS[k])
+                                              for k in ("accepted", "correction", "plain", "rejected"))
+    origin = changed.token_origin
+    assert len(accepted.x) == (origin == "accepted").sum() == int(c["n_accepted"].sum())
+    assert len(correction.x) == (origin == "correction").sum()
+    assert len(plain_.x) == (origin == "plain").sum()
+    assert len(rejected.x) == int(c["rollback"].sum()) > 0
+    assert all(t.startswith("<s>") and t.endswith("</s>") for t in rejected.text)
+    assert all("draft confidence" in h and "top-k" in h for h in accepted.hovertext)
+    assert all("target wanted" in h for h in rejected.hovertext)
+    # read in order (line, column), the non-rejected cells spell the generated text
+    cells = sorted((y, b, t) for bar in (accepted, correction, plain_) for y, b, t in zip(bar.y, bar.base, bar.text))
+    shown = "".join(t for _, _, t in cells).replace("\u00a0", " ")
+    expected = "".join(plots._escape(plots._visible(p)) for p in changed.pieces).replace("\u00a0", " ")
+    assert shown == expected
+    # no two cells overlap on a line
+    spans = sorted((y, b, b + w) for bar in (accepted, correction, plain_, rejected)
+                   for y, b, w in zip(bar.y, bar.base, bar.x))
+    assert all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(spans, spans[1:]))
+    marks = fig.data[-1]
+    assert marks.name == "settings changed" and len(marks.x) == 1
+    assert marks.hovertext[0] == f"step {CHANGE_AT + 1}: n_max 3→5, p_min 0.00→0.30"
+    assert f"{len(changed.tokens)} tokens in {changed.n_steps} steps" in fig.layout.title.text
+
+
+def test_token_timeline_hover_shows_alternatives_with_probabilities(session, steady):
+    fig = plots.token_timeline(steady, session.piece)
+    accepted = _trace(fig, plots.ORIGIN_LABELS["accepted"])
+    i = int(np.argmax(steady.columns["n_accepted"] > 0))  # first step with an accepted draft
+    hover = accepted.hovertext[0]
+    p = float(steady.columns["draft_prob"][i, 0])
+    assert f"draft confidence {p:.3f}" in hover
+    top = int(steady.columns["topk_ids"][i, 0, 0])
+    assert repr(session.piece(top)).replace(" ", "\u00a0") in hover.replace("&#x27;", "'")
+    assert f"{float(steady.columns['topk_probs'][i, 0, 0]):.2f}" in hover
+
+
+def test_token_timeline_without_piece_names_unknown_ids(changed):
+    fig = plots.token_timeline(changed)
+    rejected = _trace(fig, plots.ORIGIN_LABELS["rejected"])
+    known = set(changed.pieces)
+    texts = [t[3:-4] for t in rejected.text]
+    assert any(t.startswith("⟨") for t in texts) or all(t in known for t in texts)
+
+
+def test_acceptance_by_depth_matches_summary(steady, changed):
+    fig = plots.acceptance_by_depth(steady)
+    (bar,) = fig.data
+    by_depth = steady.summary()["acceptance_by_depth"]
+    max_depth = int(steady.columns["n_drafted"].max())
+    assert list(bar.x) == list(range(1, max_depth + 1))
+    np.testing.assert_allclose(np.array(bar.y, dtype=float), by_depth[:max_depth])
+    assert not fig.layout.showlegend
+    fig2 = plots.acceptance_by_depth(changed)
+    assert len(fig2.data) == 2 and fig2.layout.barmode == "group"
+    assert "n_max=3" in fig2.data[0].name and "n_max=5" in fig2.data[1].name
+
+
+def test_accepted_length_histogram_counts_steps(steady, changed):
+    (bar,) = plots.accepted_length_histogram(steady).data
+    assert sum(bar.y) == steady.n_steps
+    assert list(bar.y) == [int((steady.columns["n_accepted"] == k).sum()) for k in bar.x]
+    fig = plots.accepted_length_histogram(changed)
+    assert [sum(b.y) for b in fig.data] == [CHANGE_AT + 1, changed.n_steps - CHANGE_AT - 1]
+    mean = changed.summary()["mean_accepted_length"]
+    assert f"mean {mean:.2f}" in fig.layout.title.text
+
+
+def test_hidden_norms_points_by_position_and_depth(changed):
+    fig = plots.hidden_norms(changed)
+    c = changed.columns
+    kept, dropped, draft, cos = fig.data
+    assert len(kept.x) == int((c["n_accepted"] + 1).sum())
+    assert len(dropped.x) == int(c["rollback"].sum())
+    assert len(draft.x) == len(cos.y) == int(c["n_drafted"].sum())
+    assert list(kept.x) == sorted(kept.x) and len(set(kept.x)) == len(kept.x)  # one kept row per position
+    assert max(cos.x) == int(c["n_drafted"].max())
+    assert all(-1.0 - 1e-5 <= v <= 1.0 + 1e-5 for v in cos.y)
+    assert kept.x[0] == int(c["pos"][0])
+    vlines = [s for s in fig.layout.shapes if s.line.dash == "dash"]
+    assert len(vlines) == 1 and vlines[0].x0 == int(c["pos"][CHANGE_AT + 1])
+
+
+def test_rs_slots_heatmap(changed):
+    fig = plots.rs_slots(changed)
+    heat, bars = fig.data
+    z = np.array(heat.z)
+    c = changed.columns
+    assert z.shape == (changed.depth + 1, changed.n_steps)
+    written = (z >= 1).sum(axis=0)
+    np.testing.assert_array_equal(written, c["n_drafted"] + 1)
+    rolled = np.flatnonzero(c["rollback"] > 0)
+    assert (z[c["rollback"][rolled], rolled] == 2).all()
+    assert (z == 2).sum() == len(rolled)
+    assert sum(bars.x) == len(rolled)
+    slot_bytes = changed.summary()["rs_slot_bytes"]
+    assert slot_bytes > 0 and f"{slot_bytes / 1024:.1f} KiB per slot" in fig.layout.title.text
+    assert len([s for s in fig.layout.shapes if s.line.dash == "dash"]) == 1
+
+
+def test_rs_slots_on_a_non_recurrent_model(tmp_path):
+    path = write_synthetic_glm4moe(tmp_path / "glm.gguf", context_mix=0.5)
+    with mx.Session.open(path, n_ctx=256, threads=1) as s:
+        t = s.generate("def f(x):", max_tokens=20, n_max=3)
+    assert not t.model["is_recurrent"]
+    fig = plots.rs_slots(t)
+    assert len(fig.data) == 0
+    assert "not a recurrent model" in fig.layout.annotations[0].text
+    assert (plots.slot_states(t) == 0).all()
+
+
+def test_throughput_with_and_without_baseline(changed, plain):
+    fig = plots.throughput(changed, plain)
+    s, b = changed.summary(), plain.summary()
+    speedup = s["tokens_per_second"] / b["tokens_per_second"]
+    assert f"speedup {speedup:.2f}×" in fig.layout.title.text
+    assert plots.speedup(changed, plain) == pytest.approx(speedup)
+    phases = [t for t in fig.data if t.name in plots.PHASE_LABELS.values()]
+    assert [t.name for t in phases] == ["draft", "verify", "catch-up", "sample"]
+    assert all(list(t.x) == ["MTP", "plain"] for t in phases)
+    ms_total = sum(t.y[0] for t in phases)
+    assert ms_total == pytest.approx(sum(s["phase_seconds"].values()) * 1e3 / s["n_tokens"])
+    assert any(a.text.startswith("plain ") for a in fig.layout.annotations)
+    tps = _trace(fig, "MTP tokens/s")
+    assert len(tps.y) == changed.n_steps and all(v > 0 for v in tps.y)
+    dashed = [sh for sh in fig.layout.shapes if sh.line.dash == "dash"]
+    assert len(dashed) == 2  # the change, in both step-indexed panels
+    alone = plots.throughput(changed)
+    assert "speedup" not in alone.layout.title.text
+    assert all(list(t.x) == ["MTP"] for t in alone.data if t.name in plots.PHASE_LABELS.values())
+
+
+def test_every_figure_builds_from_an_empty_and_a_json_trace(session, changed, plain):
+    empty = LiveTrace("", {}, session.info.to_dict(), session.capacity, session.piece).trace()
+    loaded = mx.Trace.from_json(changed.to_json())
+    for name, make in plots.FIGURES.items():
+        for trace in (empty, loaded):
+            fig = make(trace, plain) if name == "throughput" else make(trace)
+            assert isinstance(fig, go.Figure) and fig.layout.title.text
+    assert "no tokens yet" in plots.token_timeline(empty).layout.annotations[0].text
+
+
+def test_export_html(tmp_path, steady):
+    fig = plots.acceptance_by_depth(steady)
+    out = plots.export(fig, tmp_path / "figs" / "acceptance.html")
+    text = out.read_text()
+    assert out.suffix == ".html" and "acceptance by depth" in text and "Plotly.newPlot" in text
+    assert len(text) > 1_000_000  # plotly.js inside: opens offline
+    small = plots.export(fig, tmp_path / "small", include_plotlyjs="cdn")
+    assert small.name == "small.html" and small.stat().st_size < 200_000
+
+
+def test_export_png_without_kaleido_is_a_clear_error(tmp_path, steady, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kaleido", None)  # import kaleido -> ImportError
+    with pytest.raises(plots.ExportError, match="kaleido"):
+        plots.export(plots.acceptance_by_depth(steady), tmp_path / "a.png")
+    assert not (tmp_path / "a.png").exists()
+    with pytest.raises(plots.ExportError, match="cannot export"):
+        plots.export(plots.acceptance_by_depth(steady), tmp_path / "a.docx")
+
+
+def test_nan_free_layout_numbers(changed):
+    """Titles never show 'nan' for a trace with drafts."""
+    for name, make in plots.FIGURES.items():
+        fig = make(changed)
+        assert "nan" not in fig.layout.title.text.lower(), name
