@@ -38,7 +38,7 @@ headers: $(HEADERS)
 
 $(EXT): $(DEPS) $(HEADERS) $(SOURCES)
 	@echo ">> building mtp_explorer and its native extension"
-	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test,lab]'
+	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test,lab,train]'
 	touch $@
 
 # The browser test drives Debian's chromium through playwright (no browser download).

@@ -9,6 +9,7 @@ import pytest
 
 from mtp_explorer.models.gguf_qwen35 import Qwen35Config, expected_tensor_shapes, read_qwen35_metadata
 from mtp_explorer.models.synthetic import synthetic_config, synthetic_vocab, write_synthetic_qwen35
+from training import llama_ref
 
 PROMPTS = ["def main():\n    return 1\n", "import os\n", "class A:\n    pass\n"]
 
@@ -91,7 +92,6 @@ def test_config_validation():
 
 
 def _acceptance(path) -> float:
-    llama_ref = pytest.importorskip("training.llama_ref")
     with llama_ref.LlamaMTP(path) as m:
         assert m.n_nextn == 1
         accs = []
@@ -102,7 +102,6 @@ def _acceptance(path) -> float:
 
 
 def test_llama_cpp_loads_and_decodes(files):
-    llama_ref = pytest.importorskip("training.llama_ref")
     for key in ("perfect", "f16"):
         with llama_ref.LlamaMTP(files[key]) as m:
             assert m.n_vocab == synthetic_config().n_vocab
@@ -117,7 +116,6 @@ def test_llama_cpp_loads_and_decodes(files):
 
 def test_mtp_reproduces_trunk_at_zero_context(files):
     """context_mix=0: the MTP row (x_t, h_{t-1}) has the same argmax as the trunk at t."""
-    llama_ref = pytest.importorskip("training.llama_ref")
     with llama_ref.LlamaMTP(files["perfect"]) as m:
         toks = m.tokenize("for index, line in enumerate(open(path)):\n    print(line)\n")
         logits, h = m.sequence_states(toks)

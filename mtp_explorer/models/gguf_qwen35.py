@@ -66,9 +66,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf
 
 __all__ = [
     "Qwen35Config",
@@ -342,8 +345,10 @@ def add_metadata(w: "gguf.GGUFWriter", metadata: Mapping[str, str | int | float 
     for key, value in metadata.items():
         if isinstance(value, bool):
             w.add_bool(key, value)
+        elif isinstance(value, int) and value >= 0:
+            w.add_uint32(key, value)
         elif isinstance(value, int):
-            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
+            w.add_int32(key, value)
         elif isinstance(value, float):
             w.add_float32(key, value)
         else:
