@@ -119,3 +119,27 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
         nxt = n_max_for(n_predict)
         session.set_params(n_max=nxt, p_min=p_min, n_min=min(n_min, nxt))
     return session.last_trace
+
+
+def compare(ref: ReferenceRun, ours: Trace, p_min: float) -> dict:
+    """Parity of one run: text and drafted/accepted totals, with our end-of-generation rule accounted for.
+
+    We stop drafting at an end-of-generation token; the reference drafts on past it. With
+    ``p_min == 0`` it always drafts to its cap, so its drafted total is still known exactly; with
+    ``p_min > 0`` such runs compare text and accepted totals only (``unverifiable_drafted_total``).
+    """
+    totals = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
+    reference = {"n_predict": ref.n_predict, "n_drafted": ref.n_drafted, "n_accept": ref.n_accept}
+    eos_steps = [st for st in ours.steps if st.stop_reason == "eos"]
+    expected = dict(totals)
+    unverifiable = bool(eos_steps) and p_min > 0
+    if eos_steps and not unverifiable:
+        expected["n_drafted"] += sum(st.n_max - st.n_drafted for st in eos_steps)
+    text_equal = "".join(ours.pieces) == ref.text
+    if unverifiable:
+        match = text_equal and reference["n_predict"] == totals["n_predict"] and reference["n_accept"] == totals["n_accept"]
+    else:
+        match = text_equal and reference == expected
+    return {"reference": reference, "ours": totals, "text_equal": text_equal, "eos_stopped_steps": len(eos_steps),
+            "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
+            "unverifiable_drafted_total": unverifiable, "match": match}
