@@ -32,3 +32,12 @@ __all__ = [
     "SessionClosedError", "Step", "STOP_REASONS", "FINISH_REASONS", "Trace", "default_model_path",
     "model_info",
 ]
+
+
+def __getattr__(name: str):
+    """``mtp_explorer.Explorer`` without importing ipywidgets and plotly on ``import mtp_explorer``."""
+    if name == "Explorer":
+        from .widgets import Explorer
+
+        return Explorer
+    raise AttributeError(f"module 'mtp_explorer' has no attribute {name!r}")

@@ -84,6 +84,7 @@ class Session:
         path = Path(path)
         info = model_info(path)
         _check_int("n_ctx", n_ctx, 8, None)
+        n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to a multiple of 256: size the batch alike
         _check_int("n_rs_seq", n_rs_seq, 1, 64)
         _check_int("topk", topk, 1, MAX_TOPK)
         if threads is not None:

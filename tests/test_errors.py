@@ -189,3 +189,15 @@ def test_use_after_close_in_subprocess(model_mixed):
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("closed-ok") == 3 and "native-ok the session is closed" in proc.stdout
+
+
+def test_small_n_ctx_is_padded_like_llama_cpp(model_mixed):
+    """llama.cpp pads the context to a multiple of 256; prompts up to that size must work."""
+    with mx.Session.open(model_mixed, n_ctx=64) as s:
+        assert s.n_ctx == 256
+        tokens = s.tokenize("x = 1\n" * 200)
+        assert len(tokens) > 256
+        t = s.generate(tokens[:200], max_tokens=8, n_max=3)
+        assert len(t.tokens) == 8
+        with pytest.raises(mx.ContextOverflowError):
+            s.generate(tokens[:257], max_tokens=2)

@@ -203,3 +203,17 @@ def test_live_trace_equals_the_final_trace(session):
         col = final.columns[name]
         assert partial.columns[name].dtype == col.dtype, name
         np.testing.assert_array_equal(partial.columns[name], col, err_msg=name)
+
+
+def test_explorer_is_exposed_lazily():
+    import subprocess
+    import sys
+
+    code = ("import sys, mtp_explorer as mx; assert 'ipywidgets' not in sys.modules; "
+            "from mtp_explorer.widgets import Explorer; assert mx.Explorer is Explorer; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+    import mtp_explorer as mx
+
+    with pytest.raises(AttributeError):
+        mx.NoSuchThing
