@@ -22,7 +22,11 @@ from .errors import (
 from .info import ModelInfo, model_info
 from .models import default_model_path
 from .session import Session
-from .trace import FINISH_REASONS, STOP_REASONS, Step, Trace
+from .trace import DRAFTER_MODES, DRAFTERS, FINISH_REASONS, STOP_REASONS, Step, Trace
+from .oracle import CostModel, OracleTrace
+from .simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
+from .sweep import Recommendation, recommend, sweep
+from .calibration import Calibration, best_p_min, calibrate
 
 __version__ = "0.1.0"
 
@@ -30,7 +34,8 @@ __all__ = [
     "ContextOverflowError", "LibraryError", "ModelInfo", "ModelLoadError", "ModelNotFoundError",
     "MtpExplorerError", "MtpUnavailableError", "ParameterError", "Session", "SessionBusyError",
     "SessionClosedError", "Step", "STOP_REASONS", "FINISH_REASONS", "Trace", "default_model_path",
-    "model_info",
+    "model_info", "DRAFTERS", "DRAFTER_MODES", "CostModel", "OracleTrace", "SimTrace", "compare", "cost_consistency",
+    "simulate", "simulate_grid", "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
 ]
 
 

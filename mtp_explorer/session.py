@@ -6,9 +6,10 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this one instance)
+import numpy as np
 
 from . import _native
 from .errors import (
@@ -21,10 +22,18 @@ from .errors import (
     SessionClosedError,
 )
 from .info import ModelInfo, model_info
-from .trace import FINISH_REASONS, Step, Trace
+from .trace import DRAFTER_MODES, FINISH_REASONS, Step, Trace
 
 DEFAULT_N_RS_SEQ = 8
 MAX_TOPK = _native.DRAFT_N_CANDIDATES
+DEFAULT_NGRAM_N = 3
+"""n-gram drafter: length of the n-gram looked up (llama.cpp's ``--spec-ngram-simple-size-n``)."""
+DEFAULT_NGRAM_M = 8
+"""n-gram drafter: length of the continuation it proposes before ``n_max`` cuts it
+(llama.cpp's ``--spec-ngram-simple-size-m``)."""
+
+if TYPE_CHECKING:
+    from .oracle import OracleTrace
 
 Prompt = str | Sequence[int]
 
@@ -58,6 +67,8 @@ class Session:
         self._busy = threading.Lock()
         self._closed = False
         self.last_trace: Trace | None = None
+        self.open_kwargs: dict = {}
+        """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
 
     # -- life cycle ------------------------------------------------------------------------------
     @classmethod
@@ -71,11 +82,15 @@ class Session:
         n_rs_seq: int = DEFAULT_N_RS_SEQ,
         topk: int = 5,
         telemetry: bool = True,
+        clock: str = "wall",
     ) -> "Session":
         """Load a GGUF model (``None``: the bundled demo model).
 
         ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
         the session accepts; ``topk`` is how many draft alternatives are recorded per depth.
+        ``clock="cpu"`` times the phases with the calling thread's CPU time instead of the wall
+        clock (needs ``threads=1``, where llama.cpp computes on that thread): the work, without the
+        time a busy machine kept the thread waiting. Tokens/s are then work-rate figures.
         """
         if path is None:
             from .models import default_model_path
@@ -89,15 +104,22 @@ class Session:
         _check_int("topk", topk, 1, MAX_TOPK)
         if threads is not None:
             _check_int("threads", threads, 1, None)
+        if clock not in ("wall", "cpu"):
+            raise ParameterError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+        if clock == "cpu" and threads != 1:
+            raise ParameterError("clock='cpu' needs threads=1 (llama.cpp then computes on the calling thread)")
         check_nextn_api(_libllama_path())
         _native.take_log()
         try:
-            engine = _native.Engine(str(path), n_ctx, threads or 0, n_rs_seq, topk, telemetry)
+            engine = _native.Engine(str(path), n_ctx, threads or 0, n_rs_seq, topk, telemetry, clock == "cpu")
         except RuntimeError as exc:
             log = [line for line in _native.take_log() if line.strip()]
             detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""
             raise ModelLoadError(f"cannot load {path}: {exc}{detail}") from exc
-        return cls(engine, info, seed=seed)
+        session = cls(engine, info, seed=seed)
+        session.open_kwargs = {"n_ctx": n_ctx, "threads": threads, "seed": seed, "n_rs_seq": n_rs_seq, "topk": topk,
+                               "telemetry": telemetry, "clock": clock}
+        return session
 
     def close(self) -> None:
         """Free the model and contexts. A running generation is cancelled first."""
@@ -147,6 +169,11 @@ class Session:
     def telemetry(self) -> bool:
         return self._live().telemetry
 
+    @property
+    def clock(self) -> str:
+        """``wall`` or ``cpu``: the clock of the per-phase timings."""
+        return "cpu" if self._live().cpu_clock else "wall"
+
     @telemetry.setter
     def telemetry(self, on: bool) -> None:
         self._live().telemetry = bool(on)
@@ -170,10 +197,21 @@ class Session:
         n_min: int = 0,
         temperature: float = 0.0,
         seed: int | None = None,
+        drafter: str = "mtp",
+        ngram_n: int = DEFAULT_NGRAM_N,
+        ngram_m: int = DEFAULT_NGRAM_M,
     ) -> Trace:
-        """Run one generation to the end (or until :meth:`cancel`) and return its trace."""
+        """Run one generation to the end (or until :meth:`cancel`) and return its trace.
+
+        ``drafter``: ``"mtp"`` (the model's MTP head), ``"ngram"`` (prompt look-up with llama.cpp's
+        ngram-simple semantics: the last ``ngram_n`` tokens matched earlier in the context, the
+        ``ngram_m`` tokens that followed proposed, cut to ``n_max``; ``p_min`` does not apply, it has
+        no confidence) or ``"chain"`` (both asked every step, the draft with the highest expected
+        accepted length verified; the ``drafter`` column says whose).
+        """
         with self._run():
-            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed)
+            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed,
+                                        drafter, ngram_n, ngram_m)
             self._engine.run()
             return self._finish(prompt, prompt_tokens)
 
@@ -186,13 +224,17 @@ class Session:
         n_min: int = 0,
         temperature: float = 0.0,
         seed: int | None = None,
+        drafter: str = "mtp",
+        ngram_n: int = DEFAULT_NGRAM_N,
+        ngram_m: int = DEFAULT_NGRAM_M,
     ) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification.
 
         When the iteration ends, :attr:`last_trace` holds the whole trace.
         """
         with self._run():
-            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed)
+            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed,
+                                        drafter, ngram_n, ngram_m)
             engine = self._engine
             while engine.step():
                 yield Step.from_columns(engine.columns(engine.n_rows - 1), 0)
@@ -200,13 +242,73 @@ class Session:
                 yield Step.from_columns(engine.columns(engine.n_rows - 1), 0)
             self._finish(prompt, prompt_tokens)
 
+    def record_oracle(
+        self,
+        prompt: Prompt,
+        max_tokens: int = 128,
+        depth: int | None = None,
+        *,
+        ngram_n: int = DEFAULT_NGRAM_N,
+        ngram_m: int = DEFAULT_NGRAM_M,
+        probe: bool = True,
+    ) -> "OracleTrace":
+        """Record an oracle trace: the greedy generation decoded once, one token per step, with the
+        MTP draft chain of length ``depth`` (default: the session's capacity) and the n-gram draft
+        the engine would propose at every position, and this machine's measured cost model
+        (``probe=False`` skips the verify-batch probes; batch costs are then extrapolated from
+        single-token steps). Replay any policy with ``n_max <= depth`` with :func:`mtp_explorer.simulate`.
+        See :mod:`mtp_explorer.oracle`.
+        """
+        import time
+
+        from .oracle import OracleTrace
+
+        engine = self._live()
+        depth = self.capacity if depth is None else depth
+        _check_int("depth", depth, 1, self.capacity)
+        _check_int("max_tokens", max_tokens, 1, None)
+        _check_int("ngram_n", ngram_n, 1, 1024)
+        _check_int("ngram_m", ngram_m, 1, 1024)
+        with self._run():
+            tokens = self._prompt_tokens(prompt)
+            self._drafter = "chain" if self.info.has_mtp else "ngram"
+            t0 = time.perf_counter()
+            done, cols = engine.record_oracle(tokens, max_tokens, depth, ngram_n, ngram_m, bool(probe))
+            wall = time.perf_counter() - t0
+            if not done:
+                from .errors import MtpExplorerError
+
+                raise MtpExplorerError("the oracle recording was cancelled")
+            generated = engine.generated()
+            cols = dict(cols)
+            cols["token_eog"] = np.array([engine.is_eog(t) for t in generated], dtype=bool)
+            pieces = [engine.piece(t) for t in generated]
+            oracle = OracleTrace(
+                prompt=prompt if isinstance(prompt, str) else self.detokenize(tokens),
+                prompt_tokens=tokens,
+                tokens=generated,
+                pieces=pieces,
+                text=engine.detokenize(generated),
+                columns=cols,
+                finish_reason=FINISH_REASONS[engine.finish],
+                settings={
+                    "max_tokens": max_tokens, "depth": depth, "n_ctx": self.n_ctx, "capacity": self.capacity,
+                    "threads": self.threads, "telemetry": self.telemetry, "clock": self.clock, "ngram_n": ngram_n,
+                    "ngram_m": ngram_m, "probe": bool(probe), "has_mtp": bool(self.info.has_mtp),
+                    "is_recurrent": bool(engine.is_recurrent), "n_prompt": len(tokens),
+                },
+                model=self.info.to_dict(),
+                wall_seconds=wall,
+            )
+        return oracle
+
     def set_params(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> None:
         """Change drafting parameters; a running generation uses them from its next step."""
         cur_n_max, cur_p_min, cur_n_min = self._live().params()
         n_max = cur_n_max if n_max is None else n_max
         p_min = cur_p_min if p_min is None else p_min
         n_min = min(cur_n_min, n_max) if n_min is None else n_min
-        self._validate_params(n_max, p_min, n_min)
+        self._validate_params(n_max, p_min, n_min, getattr(self, "_drafter", "mtp"))
         self._engine.set_params(n_max, float(p_min), n_min)
 
     @property
@@ -239,7 +341,7 @@ class Session:
 
         return _Guard()
 
-    def _validate_params(self, n_max, p_min, n_min) -> None:
+    def _validate_params(self, n_max, p_min, n_min, drafter: str = "mtp") -> None:
         capacity = self.capacity
         if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:
             raise ParameterError(f"n_max must be a non-negative integer, got {n_max!r}")
@@ -250,10 +352,10 @@ class Session:
                 f"n_max={n_max} exceeds this session's capacity of {capacity} "
                 f"({what}); open the session with n_rs_seq={n_max} or more"
             )
-        if n_max > 0 and not self.info.has_mtp:
+        if n_max > 0 and not self.info.has_mtp and drafter != "ngram":
             raise MtpUnavailableError(
-                f"{self.info.name} ({self.info.path}) has no MTP layers, so it cannot draft; "
-                "use n_max=0 for plain decoding"
+                f"{self.info.name} ({self.info.path}) has no MTP layers, so it cannot draft with "
+                f"drafter={drafter!r}; use n_max=0 for plain decoding or drafter='ngram'"
             )
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or math.isnan(p_min) or not 0.0 <= p_min <= 1.0:
             raise ParameterError(f"p_min must be a number in [0, 1], got {p_min!r}")
@@ -262,13 +364,31 @@ class Session:
         if n_min > n_max:
             raise ParameterError(f"n_min={n_min} is larger than n_max={n_max}")
 
-    def _begin(self, prompt, max_tokens, n_max, p_min, n_min, temperature, seed) -> list[int]:
-        self._validate_params(n_max, p_min, n_min)
+    def _begin(self, prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter="mtp",
+               ngram_n=DEFAULT_NGRAM_N, ngram_m=DEFAULT_NGRAM_M) -> list[int]:
+        if drafter not in DRAFTER_MODES:
+            raise ParameterError(f"drafter must be one of {DRAFTER_MODES}, got {drafter!r}")
+        _check_int("ngram_n", ngram_n, 1, 1024)
+        _check_int("ngram_m", ngram_m, 1, 1024)
+        self._validate_params(n_max, p_min, n_min, drafter)
         _check_int("max_tokens", max_tokens, 1, None)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
             raise ParameterError(f"temperature must be a finite number >= 0, got {temperature!r}")
         seed = self.seed if seed is None else seed
         _check_int("seed", seed, 0, 2**32 - 1)
+        tokens = self._prompt_tokens(prompt)
+        self._drafter = drafter
+        self._settings = {
+            "max_tokens": max_tokens, "n_max": n_max, "p_min": float(p_min), "n_min": n_min,
+            "temperature": float(temperature), "seed": seed, "n_ctx": self.n_ctx,
+            "capacity": self.capacity, "threads": self.threads, "telemetry": self.telemetry,
+            "clock": self.clock, "drafter": drafter, "ngram_n": ngram_n, "ngram_m": ngram_m,
+        }
+        self._engine.begin(tokens, max_tokens, float(temperature), seed, n_max, float(p_min), n_min,
+                           DRAFTER_MODES.index(drafter), ngram_n, ngram_m)
+        return tokens
+
+    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ParameterError("the prompt is empty")
@@ -286,12 +406,6 @@ class Session:
                 f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
                 "shorten it or open the session with a larger n_ctx"
             )
-        self._settings = {
-            "max_tokens": max_tokens, "n_max": n_max, "p_min": float(p_min), "n_min": n_min,
-            "temperature": float(temperature), "seed": seed, "n_ctx": self.n_ctx,
-            "capacity": self.capacity, "threads": self.threads, "telemetry": self.telemetry,
-        }
-        self._engine.begin(tokens, max_tokens, float(temperature), seed, n_max, float(p_min), n_min)
         return tokens
 
     def _finish(self, prompt: Prompt, prompt_tokens: list[int]) -> Trace:

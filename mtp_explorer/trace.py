@@ -14,8 +14,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
-STOP_REASONS: tuple[str, ...] = ("n_max", "p_min", "eos", "budget", "context")
-"""Why drafting stopped in a step, indexed by the ``stop_reason`` column."""
+STOP_REASONS: tuple[str, ...] = ("n_max", "p_min", "eos", "budget", "context", "exhausted")
+"""Why drafting stopped in a step, indexed by the ``stop_reason`` column (``exhausted``: the drafter
+had no (more) tokens to propose, e.g. the n-gram look-up found no match)."""
+
+DRAFTERS: tuple[str, ...] = ("mtp", "ngram")
+"""Whose draft a step verified, indexed by the ``drafter`` column (-1: no draft)."""
+
+DRAFTER_MODES: tuple[str, ...] = ("mtp", "ngram", "chain")
+"""The ``drafter=`` choices of :meth:`Session.generate`: one drafter, or ``chain`` (every drafter is
+asked each step and the draft with the highest expected accepted length is verified)."""
 
 FINISH_REASONS: tuple[str, ...] = ("budget", "eos", "context", "cancelled")
 """Why a generation ended."""
@@ -28,6 +36,7 @@ COLUMNS: tuple[str, ...] = (
     "target_tokens", "stop_reason", "correction", "rollback", "rs_slot",
     "h_norm_target", "h_norm_draft", "draft_target_cos",
     "t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns",
+    "drafter", "expected_accepted", "candidate_len", "candidate_expected",
 )
 
 
@@ -57,6 +66,8 @@ class Step:
     t_draft_ns: int
     t_verify_ns: int
     t_sample_ns: int
+    drafter: str | None = None
+    expected_accepted: float = math.nan
 
     @property
     def n_drafted(self) -> int:
@@ -94,6 +105,8 @@ class Step:
             t_draft_ns=int(cols["t_draft_ns"][i]),
             t_verify_ns=int(cols["t_verify_ns"][i]),
             t_sample_ns=int(cols["t_sample_ns"][i]),
+            drafter=_drafter_name(cols, i),
+            expected_accepted=float(cols["expected_accepted"][i]) if "expected_accepted" in cols else math.nan,
         )
 
 
@@ -173,7 +186,19 @@ class Trace:
             "prefill_seconds": self.t_prefill_ns / 1e9,
             "rs_slot_bytes": int(self.model.get("rs_slot_bytes", 0)),
             "finish_reason": self.finish_reason,
+            "steps_by_drafter": self.steps_by_drafter(),
         }
+
+    def steps_by_drafter(self) -> dict[str, int]:
+        """Verified drafts per drafter (``none``: steps without a draft)."""
+        c = self.columns
+        if "drafter" in c:
+            d = c["drafter"]
+        else:
+            d = np.where(c["n_drafted"] > 0, 0, -1)
+        out = {name: int((d == i).sum()) for i, name in enumerate(DRAFTERS)}
+        out["none"] = int((d < 0).sum())
+        return out
 
     def to_pandas(self):
         """One row per step; depth-indexed columns become lists without padding."""
@@ -206,6 +231,13 @@ class Trace:
                 data = _none_to_nan(data)
             cols[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
         return cls(columns=cols, **doc)
+
+
+def _drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:
+    if "drafter" in cols:
+        d = int(cols["drafter"][i])
+        return DRAFTERS[d] if d >= 0 else None
+    return DRAFTERS[0] if int(cols["n_drafted"][i]) > 0 else None
 
 
 def _nan_to_none(x):

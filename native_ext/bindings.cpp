@@ -90,6 +90,47 @@ nb::dict columns(const Engine & e, size_t row0) {
     d["t_draft_ns"] = column(t.t_draft_ns, row0, n, {});
     d["t_verify_ns"] = column(t.t_verify_ns, row0, n, {});
     d["t_sample_ns"] = column(t.t_sample_ns, row0, n, {});
+    const size_t S = (size_t) Telemetry::n_sources;
+    d["drafter"] = column(t.drafter, row0, n, {});
+    d["expected_accepted"] = column(t.expected_accepted, row0, n, {});
+    d["candidate_len"] = column(t.candidate_len, row0, n, {S});
+    d["candidate_expected"] = column(t.candidate_expected, row0, n, {S});
+    return d;
+}
+
+nb::dict oracle_columns(const OracleRecord & o) {
+    const size_t n = o.rows(), N = (size_t) o.depth, K = (size_t) o.topk;
+    nb::dict d;
+    d["pos"] = column(o.pos, 0, n, {});
+    d["token"] = column(o.token, 0, n, {});
+    d["target_margin"] = column(o.target_margin, 0, n, {});
+    d["cap"] = column(o.cap, 0, n, {});
+    d["chain_len"] = column(o.chain_len, 0, n, {});
+    d["chain_eos"] = column(o.chain_eos, 0, n, {});
+    d["ngram_len"] = column(o.ngram_len, 0, n, {});
+    d["ngram_eos"] = column(o.ngram_eos, 0, n, {});
+    d["chain"] = column(o.chain, 0, n, {N});
+    d["chain_prob"] = column(o.chain_prob, 0, n, {N});
+    d["chain_margin"] = column(o.chain_margin, 0, n, {N});
+    d["ngram"] = column(o.ngram, 0, n, {N});
+    d["topk_ids"] = column(o.topk_ids, 0, n, {N, K});
+    d["topk_probs"] = column(o.topk_probs, 0, n, {N, K});
+    d["t_verify_ns"] = column(o.t_verify_ns, 0, n, {});
+    d["t_catchup_ns"] = column(o.t_catchup_ns, 0, n, {});
+    d["t_sample_ns"] = column(o.t_sample_ns, 0, n, {});
+    d["t_argmax_ns"] = column(o.t_argmax_ns, 0, n, {});
+    d["t_draft_ns"] = column(o.t_draft_ns, 0, n, {});
+    d["t_draft_cum_ns"] = column(o.t_draft_cum_ns, 0, n, {N});
+    d["t_ngram_ns"] = column(o.t_ngram_ns, 0, n, {});
+    d["probe_k"] = column(o.probe_k, 0, n, {});
+    d["verify_after"] = column(o.verify_after, 0, n, {});
+    d["probe_verify_ns"] = column(o.probe_verify_ns, 0, n, {});
+    d["probe_verify_reuse_ns"] = column(o.probe_verify_reuse_ns, 0, n, {});
+    d["probe_catchup_ns"] = column(o.probe_catchup_ns, 0, n, {});
+    d["probe_argmax_ns"] = column(o.probe_argmax_ns, 0, n, {});
+    d["probe_rollback_ns"] = column(o.probe_rollback_ns, 0, n, {});
+    d["tail_pos"] = column(o.tail_pos, 0, o.tail_pos.size(), {});
+    d["tail_verify_ns"] = column(o.tail_verify_ns, 0, o.tail_verify_ns.size(), {});
     return d;
 }
 
@@ -104,15 +145,18 @@ NB_MODULE(_native, m) {
     m.def("missing_nextn_symbols", [](const std::string & path) { return NextnApi{}.load(path); }, "path"_a = "",
           "Names of the nextn API functions that the libllama at `path` (default: the linked one) lacks.");
     m.def("libllama_path", &linked_libllama_path, "Path of the libllama this module is linked against.");
-    m.attr("STOP_REASONS") = nb::make_tuple("n_max", "p_min", "eos", "budget", "context");
+    m.attr("STOP_REASONS") = nb::make_tuple("n_max", "p_min", "eos", "budget", "context", "exhausted");
+    m.attr("DRAFTERS") = nb::make_tuple("mtp", "ngram");
+    m.attr("DRAFTER_MODES") = nb::make_tuple("mtp", "ngram", "chain");
     m.attr("FINISH_REASONS") = nb::make_tuple("budget", "eos", "context", "cancelled");
     m.attr("DRAFT_N_CANDIDATES") = DRAFT_N_CANDIDATES;
 
     nb::class_<Engine>(m, "Engine")
         .def("__init__",
              [](Engine * self, const std::string & path, int32_t n_ctx, int32_t n_threads, int32_t n_rs_seq,
-                int32_t topk, bool telemetry) {
+                int32_t topk, bool telemetry, bool cpu_clock) {
                  EngineOptions o;
+                 o.cpu_clock = cpu_clock;
                  o.path = path;
                  o.n_ctx = n_ctx;
                  o.n_threads = n_threads;
@@ -122,7 +166,7 @@ NB_MODULE(_native, m) {
                  nb::gil_scoped_release release;
                  new (self) Engine(o);
              },
-             "path"_a, "n_ctx"_a, "n_threads"_a, "n_rs_seq"_a, "topk"_a, "telemetry"_a)
+             "path"_a, "n_ctx"_a, "n_threads"_a, "n_rs_seq"_a, "topk"_a, "telemetry"_a, "cpu_clock"_a = false)
         .def("close", [](Engine & e) { nb::gil_scoped_release r; e.close(); })
         .def_prop_ro("closed", &Engine::closed)
         .def_prop_ro("n_vocab", &Engine::n_vocab)
@@ -136,6 +180,7 @@ NB_MODULE(_native, m) {
         .def_prop_ro("eos", &Engine::eos)
         .def_prop_ro("n_threads", [](const Engine & e) { return e.options().n_threads; })
         .def_prop_ro("topk", [](const Engine & e) { return e.options().topk; })
+        .def_prop_ro("cpu_clock", [](const Engine & e) { return e.options().cpu_clock; })
         .def_prop_rw("telemetry", &Engine::telemetry, &Engine::set_telemetry)
         .def("is_eog", &Engine::is_eog)
         .def("tokenize", &Engine::tokenize, "text"_a, "add_special"_a = false)
@@ -143,11 +188,29 @@ NB_MODULE(_native, m) {
         .def("piece", &Engine::piece)
         .def("begin",
              [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, float temperature,
-                uint32_t seed, int32_t n_max, float p_min, int32_t n_min) {
+                uint32_t seed, int32_t n_max, float p_min, int32_t n_min, int32_t mode, int32_t ngram_n,
+                int32_t ngram_m) {
+                 if (mode < MODE_MTP || mode > MODE_CHAIN) {
+                     throw std::invalid_argument("unknown drafter mode " + std::to_string(mode));
+                 }
+                 GenerationConfig c{max_tokens, temperature, seed, (DrafterMode) mode, NgramConfig{ngram_n, ngram_m}};
                  nb::gil_scoped_release r;
-                 e.begin(prompt, GenerationConfig{max_tokens, temperature, seed}, DraftParams{n_max, p_min, n_min});
+                 e.begin(prompt, c, DraftParams{n_max, p_min, n_min});
              },
-             "prompt"_a, "max_tokens"_a, "temperature"_a, "seed"_a, "n_max"_a, "p_min"_a, "n_min"_a)
+             "prompt"_a, "max_tokens"_a, "temperature"_a, "seed"_a, "n_max"_a, "p_min"_a, "n_min"_a,
+             "mode"_a = 0, "ngram_n"_a = 3, "ngram_m"_a = 8)
+        .def("record_oracle",
+             [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth, int32_t ngram_n,
+                int32_t ngram_m, bool probe) {
+                 OracleRecord rec;
+                 bool done;
+                 {
+                     nb::gil_scoped_release r;
+                     done = e.record_oracle(prompt, max_tokens, depth, NgramConfig{ngram_n, ngram_m}, probe, rec);
+                 }
+                 return nb::make_tuple(done, oracle_columns(rec));
+             },
+             "prompt"_a, "max_tokens"_a, "depth"_a, "ngram_n"_a, "ngram_m"_a, "probe"_a = true)
         .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })
         .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
         .def("set_params",

@@ -6,13 +6,9 @@
 #include <stdexcept>
 #include <thread>
 
-namespace {
+#include "timing.h"
 
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+namespace {
 
 float cosine(const float * a, const float * b, int32_t n) {
     double ab = 0.0, aa = 0.0, bb = 0.0;
@@ -88,6 +84,7 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
         probe_mtp.node_name = "mtp_post_ffn-" + std::to_string(llama_model_n_layer(model));
         drafter = std::make_unique<MtpDrafter>(api, ctx_tgt, ctx_mtp, probe_mtp);
     }
+    ngram = std::make_unique<NgramDrafter>(vocab);
     tel.depth = opts.n_rs_seq;
     tel.topk = opts.topk;
 }
@@ -98,6 +95,7 @@ void Engine::close() {
     cancel_requested.store(true);
     std::lock_guard<std::mutex> lk(run_mutex);
     drafter.reset();
+    ngram.reset();
     if (smpl) { llama_sampler_free(smpl); smpl = nullptr; }
     if (batch_tgt) { llama_batch_ext_free(batch_tgt); batch_tgt = nullptr; }
     if (ctx_mtp) { llama_free(ctx_mtp); ctx_mtp = nullptr; }
@@ -165,14 +163,18 @@ void Engine::validate(const DraftParams & p) const {
     if (p.n_min < 0 || p.n_min > p.n_max) {
         throw std::invalid_argument("n_min must be between 0 and n_max");
     }
-    if (p.n_max > 0 && drafter == nullptr) {
-        throw std::invalid_argument("the model has no MTP layers: use n_max=0");
+}
+
+void Engine::validate_mode(DrafterMode mode, const DraftParams & p) const {
+    if (p.n_max > 0 && drafter == nullptr && mode != MODE_NGRAM) {
+        throw std::invalid_argument("the model has no MTP layers: use n_max=0 (or the n-gram drafter)");
     }
 }
 
 void Engine::set_params(const DraftParams & p) {
     check_open();
     validate(p);
+    validate_mode(cfg.mode, p);
     std::lock_guard<std::mutex> lk(params_mutex);
     live = p;
 }
@@ -184,8 +186,13 @@ DraftParams Engine::params() const {
 
 void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConfig & c, const DraftParams & p) {
     std::lock_guard<std::mutex> lk(run_mutex);
+    ClockScope clock(opts.cpu_clock);
     check_open();
     validate(p);
+    validate_mode(c.mode, p);
+    if (c.ngram.size_n < 1 || c.ngram.size_m < 1) {
+        throw std::invalid_argument("the n-gram sizes must be at least 1");
+    }
     const int32_t N = (int32_t) prompt.size();
     if (N == 0) {
         throw std::invalid_argument("the prompt is empty");
@@ -205,6 +212,11 @@ void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConf
     finish = FINISH_NONE;
     n_step = 0;
     n_prompt = N;
+    tokens_all = prompt;
+    ngram->config = c.ngram;
+    ngram->reset();
+    draft_buf.want_topk = draft_buf.want_oracle = false;
+    const bool use_mtp = drafter && c.mode != MODE_NGRAM;
 
     if (smpl) { llama_sampler_free(smpl); smpl = nullptr; }
     if (cfg.temperature > 0.0f) {
@@ -229,7 +241,7 @@ void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConf
         if (rc != 0) {
             throw std::runtime_error("prompt decode failed (llama_process returned " + std::to_string(rc) + ")");
         }
-        if (drafter) {
+        if (use_mtp) {
             drafter->observe_target(prompt.data(), N - 1, 0);
             if (p.n_max > 0) {
                 const int32_t rc_mtp = drafter->catch_up();
@@ -253,8 +265,23 @@ llama_token Engine::sample(int32_t row) {
     return argmax(llama_get_logits_ith(ctx_tgt, row), llama_vocab_n_tokens(vocab));
 }
 
+namespace {
+
+// Expected accepted length of an MTP draft: sum over k of the product of the first k confidences.
+double expected_mtp(const Draft & d) {
+    double expected = 0.0, p_reach = 1.0;
+    for (const float p : d.prob) {
+        p_reach *= (double) p;
+        expected += p_reach;
+    }
+    return expected;
+}
+
+}  // namespace
+
 bool Engine::step() {
     std::lock_guard<std::mutex> lk(run_mutex);
+    ClockScope clock(opts.cpu_clock);
     check_open();
     if (finish != FINISH_NONE) {
         return false;
@@ -264,9 +291,12 @@ bool Engine::step() {
         return false;
     }
     const DraftParams p = params();
-    const int32_t D = tel.depth, K = tel.topk;
+    const int32_t D = tel.depth, K = tel.topk, S = Telemetry::n_sources;
     const bool tel_on = opts.telemetry;
     const int32_t ctx_size = n_ctx();
+    const DrafterMode mode = cfg.mode;
+    const bool use_mtp = drafter && mode != MODE_NGRAM;  // the MTP head follows the generation
+    const bool use_ngram = mode != MODE_MTP;
 
     // how far this step may draft
     int32_t n_cap = p.n_max;
@@ -284,10 +314,13 @@ bool Engine::step() {
     tel.p_min[r] = p.p_min;
     tel.n_min[r] = p.n_min;
 
-    // draft
-    const bool drafting = drafter && p.n_max > 0;
+    // draft: every enabled drafter proposes
+    const bool drafting = use_mtp && p.n_max > 0;
+    const bool drafting_ngram = use_ngram && p.n_max > 0 && n_cap > 0;
     draft_buf.clear();
     draft_buf.stop = cap_reason;
+    ngram_buf.clear();
+    ngram_buf.stop = cap_reason;
     int64_t t = now_ns();
     if (drafting && drafter->has_queue()) {
         const int32_t rc = drafter->catch_up();  // after steps with drafting off
@@ -300,14 +333,39 @@ bool Engine::step() {
     if (drafting && n_cap > 0) {
         drafter->draft(id_last, n_past, n_cap, cap_reason, p.p_min, p.n_min, K, tel_on, draft_buf);
     }
+    if (drafting_ngram) {
+        ngram->draft(tokens_all.data(), (size_t) n_past, id_last, n_cap, cap_reason, p.n_min, ngram_buf);
+    }
+
+    // choose the draft to verify (chain: the highest expected accepted length, MTP on a tie)
+    const double e_mtp = drafting ? expected_mtp(draft_buf) : NAN;
+    const double e_ngram = drafting_ngram ? ngram->expected_accepted((int32_t) ngram_buf.tokens.size()) : NAN;
+    const bool ok_mtp = drafting && !draft_buf.dropped && !draft_buf.tokens.empty();
+    const bool ok_ngram = drafting_ngram && !ngram_buf.dropped && !ngram_buf.tokens.empty();
+    const Draft * chosen = &draft_buf;
+    int8_t source = ok_mtp ? SOURCE_MTP : SOURCE_NONE;
+    if (mode == MODE_NGRAM || (mode == MODE_CHAIN && ok_ngram && (!ok_mtp || e_ngram > e_mtp))) {
+        chosen = &ngram_buf;
+        source = ok_ngram ? SOURCE_NGRAM : SOURCE_NONE;
+    }
     tel.t_draft_ns[r] = now_ns() - t;
-    const int32_t n_d = draft_buf.dropped ? 0 : (int32_t) draft_buf.tokens.size();
-    tel.stop_reason[r] = (int8_t) draft_buf.stop;
+    const int32_t n_d = chosen->dropped ? 0 : (int32_t) chosen->tokens.size();
+    tel.stop_reason[r] = (int8_t) chosen->stop;
+    tel.drafter[r] = source;
+    tel.expected_accepted[r] = source == SOURCE_MTP ? (float) e_mtp : source == SOURCE_NGRAM ? (float) e_ngram : NAN;
+    if (drafting) {
+        tel.candidate_len[r * S + SOURCE_MTP] = (int32_t) draft_buf.tokens.size();
+        tel.candidate_expected[r * S + SOURCE_MTP] = (float) e_mtp;
+    }
+    if (drafting_ngram) {
+        tel.candidate_len[r * S + SOURCE_NGRAM] = (int32_t) ngram_buf.tokens.size();
+        tel.candidate_expected[r * S + SOURCE_NGRAM] = (float) e_ngram;
+    }
 
     // verify: [id_last, d0, ..., d_{n-1}] in one target batch
     t = now_ns();
     verify_tokens.assign(1, id_last);
-    verify_tokens.insert(verify_tokens.end(), draft_buf.tokens.begin(), draft_buf.tokens.begin() + n_d);
+    verify_tokens.insert(verify_tokens.end(), chosen->tokens.begin(), chosen->tokens.begin() + n_d);
     llama_batch_ext_clear(batch_tgt);
     for (int32_t i = 0; i <= n_d; ++i) {
         const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, verify_tokens[i]);
@@ -323,7 +381,7 @@ bool Engine::step() {
     if (rc != 0) {
         throw std::runtime_error("target decode failed (llama_process returned " + std::to_string(rc) + ")");
     }
-    if (drafter) {
+    if (use_mtp) {
         drafter->observe_target(verify_tokens.data(), n_d + 1, n_past);
     }
     tel.t_verify_ns[r] = now_ns() - t;
@@ -366,24 +424,29 @@ bool Engine::step() {
         throw std::runtime_error("rollback of " + std::to_string(n_rollback) + " tokens failed (n_rs_seq=" +
                                  std::to_string(rs_slots()) + ")");
     }
-    if (drafter) {
+    if (use_mtp) {
         drafter->accept(n_acc, keep_until);
     }
     tel.t_sample_ns[r] = now_ns() - t;
 
     generated.insert(generated.end(), verify_tokens.begin() + 1, verify_tokens.begin() + 1 + n_acc);
     generated.push_back(correction);
+    tokens_all.insert(tokens_all.end(), generated.end() - (n_acc + 1), generated.end());
+    if (drafting_ngram) {
+        ngram->observe(ngram_buf.tokens, generated.data() + generated.size() - (n_acc + 1), n_acc + 1);
+    }
 
     tel.n_drafted[r] = n_d;
     tel.n_accepted[r] = n_acc;
     tel.correction[r] = correction;
     tel.rollback[r] = n_rollback;
     tel.rs_slot[r] = (recurrent && n_rollback > 0) ? n_rollback : -1;
+    const bool from_mtp = chosen == &draft_buf;
     for (int32_t j = 0; j < n_d; ++j) {
-        tel.drafted[r * D + j] = draft_buf.tokens[j];
-        tel.draft_prob[r * D + j] = draft_buf.prob[j];
+        tel.drafted[r * D + j] = chosen->tokens[j];
+        tel.draft_prob[r * D + j] = from_mtp ? chosen->prob[j] : NAN;
     }
-    if (tel_on) {
+    if (tel_on && from_mtp) {
         for (int32_t j = 0; j < n_d; ++j) {
             for (int32_t k = 0; k < K; ++k) {
                 tel.topk_ids[(r * D + j) * K + k] = draft_buf.topk_ids[j * K + k];
@@ -393,6 +456,8 @@ bool Engine::step() {
             tel.draft_target_cos[r * D + j] =
                 cosine(draft_buf.hidden.data() + (size_t) j * drafter->n_embd, drafter->verify_row(j), drafter->n_embd);
         }
+    }
+    if (tel_on) {
         const size_t n_rows = std::min<size_t>(probe_tgt.row_norms.size(), (size_t) n_d + 1);
         for (size_t j = 0; j < n_rows; ++j) {
             tel.h_norm_target[r * (D + 1) + j] = probe_tgt.row_norms[j];
@@ -402,18 +467,255 @@ bool Engine::step() {
     n_past = keep_until;
     id_last = correction;
     ++n_step;
+    check_finish(correction);
+    return finish == FINISH_NONE;
+}
 
-    if (llama_vocab_is_eog(vocab, correction)) {
+void Engine::check_finish(llama_token last) {
+    if (llama_vocab_is_eog(vocab, last)) {
         finish = FINISH_EOS;
     } else if ((int32_t) generated.size() >= cfg.max_tokens) {
         finish = FINISH_BUDGET;
-    } else if (n_past > ctx_size - 1) {
+    } else if (n_past > n_ctx() - 1) {
         finish = FINISH_CONTEXT;
     }
-    return finish == FINISH_NONE;
 }
 
 void Engine::run() {
     while (step()) {
     }
+}
+
+bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
+                           const NgramConfig & ngram_cfg, bool probe, OracleRecord & out) {
+    check_open();
+    if (depth < 1 || depth > opts.n_rs_seq) {
+        throw std::invalid_argument("the oracle depth must be between 1 and the session's capacity n_rs_seq=" +
+                                    std::to_string(opts.n_rs_seq) + ", got " + std::to_string(depth));
+    }
+    GenerationConfig c;
+    c.max_tokens = max_tokens;
+    c.mode = drafter ? MODE_CHAIN : MODE_NGRAM;  // the MTP head (if any) follows the generation
+    c.ngram = ngram_cfg;
+    begin(prompt, c, DraftParams{depth, 0.0f, 0});
+
+    std::lock_guard<std::mutex> lk(run_mutex);
+    ClockScope clock(opts.cpu_clock);
+    out.depth = depth;
+    out.topk = opts.topk;
+    out.clear();
+    const int32_t N = depth, K = opts.topk;
+    const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
+    const int32_t ctx_size = n_ctx();
+    const bool tel_on = opts.telemetry;
+    const bool use_mtp = drafter != nullptr;
+    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    std::vector<uint8_t> saved;           // the target's recurrent state, restored after each probe
+    std::vector<llama_token> probe_tokens;
+    draft_buf.want_topk = draft_buf.want_oracle = true;
+
+    while (finish == FINISH_NONE) {
+        if (cancel_requested.exchange(false)) {
+            finish = FINISH_CANCELLED;
+            break;
+        }
+        const int32_t g = (int32_t) generated.size();
+        const size_t r = out.add_row();
+        const int32_t n_cap = std::max(0, std::min({N, max_tokens - g - 1, ctx_size - n_past - 2}));
+        out.pos[r] = n_past;
+        out.cap[r] = n_cap;
+
+        // the MTP chain the engine would draft here (p_min = 0: every later cut is a prefix of it)
+        if (use_mtp && n_cap > 0) {
+            const int64_t t = now_ns();
+            drafter->draft(id_last, n_past, n_cap, STOP_N_MAX, 0.0f, 0, K, tel_on, draft_buf);
+            out.t_draft_ns[r] = now_ns() - t;
+            const int32_t L = (int32_t) draft_buf.tokens.size();
+            out.chain_len[r] = L;
+            out.chain_eos[r] = draft_buf.stop == STOP_EOS;
+            for (int32_t j = 0; j < L; ++j) {
+                out.chain[r * N + j] = draft_buf.tokens[j];
+                out.chain_prob[r * N + j] = draft_buf.prob[j];
+                out.chain_margin[r * N + j] = draft_buf.margin[j];
+                out.t_draft_cum_ns[r * N + j] = draft_buf.t_decode_ns[j];
+                for (int32_t k = 0; k < K; ++k) {
+                    out.topk_ids[(r * N + j) * K + k] = draft_buf.topk_ids[j * K + k];
+                    out.topk_probs[(r * N + j) * K + k] = draft_buf.topk_probs[j * K + k];
+                }
+            }
+        }
+        // the n-gram draft
+        if (n_cap > 0) {
+            const int64_t t = now_ns();
+            ngram->draft(tokens_all.data(), (size_t) n_past, id_last, n_cap, STOP_N_MAX, 0, ngram_buf);
+            out.t_ngram_ns[r] = now_ns() - t;
+            out.ngram_len[r] = (int32_t) ngram_buf.tokens.size();
+            out.ngram_eos[r] = ngram_buf.stop == STOP_EOS;
+            for (size_t j = 0; j < ngram_buf.tokens.size(); ++j) {
+                out.ngram[r * N + j] = ngram_buf.tokens[j];
+            }
+        }
+
+        // cost probes. Even positions: a verify batch of k = 2 .. N + 1 tokens (round robin)
+        // decoded twice: first right after the MTP chain (llama.cpp builds the graph anew, caches
+        // hold the MTP head's data: "fresh, cold"), then again at once (graph reused, caches warm:
+        // "reused, hot"); its MTP catch-up, the argmax of its rows and the engine's rollback of
+        // k - 1 tokens are timed. Odd positions: the plain step's token decoded once after the chain
+        // ("reused, cold"; the plain verify that follows is "reused, hot", the one after an even
+        // probe "fresh, hot"). After each probe decode the target state is restored exactly.
+        const bool even = g % 2 == 0;
+        const int32_t k = even ? 2 + (g / 2) % N : 1;
+        int32_t verify_after = g == 0 ? -1 : 1;  // size of the target batch before the plain verify
+        if (probe && n_past > 0 && n_past + k <= ctx_size) {
+            probe_tokens.assign(1, id_last);
+            for (int32_t j = 0; j + 1 < k; ++j) {
+                probe_tokens.push_back(use_mtp && j < (int32_t) draft_buf.tokens.size() ? draft_buf.tokens[j] : id_last);
+            }
+            if (recurrent) {
+                saved.resize(llama_state_seq_get_size_ext(ctx_tgt, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+                llama_state_seq_get_data_ext(ctx_tgt, saved.data(), saved.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+            }
+            for (int32_t rep = 0; rep < (even ? 2 : 1); ++rep) {
+                int64_t t = now_ns();
+                llama_batch_ext_clear(batch_tgt);
+                for (int32_t i = 0; i < k; ++i) {
+                    const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, probe_tokens[i]);
+                    const llama_pos pos = n_past + i;
+                    llama_batch_ext_set_pos(batch_tgt, idx, &pos);
+                    llama_batch_ext_set_output_logits(batch_tgt, idx, true);
+                }
+                if (tel_on) {
+                    probe_tgt.start();
+                }
+                const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
+                probe_tgt.stop();
+                if (rc != 0) {
+                    throw std::runtime_error("oracle probe decode failed (llama_process returned " +
+                                             std::to_string(rc) + ")");
+                }
+                if (use_mtp) {
+                    drafter->copy_target_rows(k, probe_rows);
+                }
+                (rep == 0 ? out.probe_verify_ns : out.probe_verify_reuse_ns)[r] = now_ns() - t;
+                if (rep == 0 && k > 1) {
+                    t = now_ns();
+                    llama_token sink = 0;
+                    for (int32_t i = 0; i < k; ++i) {
+                        sink ^= argmax(llama_get_logits_ith(ctx_tgt, i), n_vocab_);
+                    }
+                    out.probe_argmax_ns[r] = now_ns() - t + (sink == -12345 ? 1 : 0);
+                    if (use_mtp) {
+                        t = now_ns();
+                        const int32_t rc_mtp = drafter->probe_catch_up(probe_tokens.data(), k, n_past, probe_rows);
+                        out.probe_catchup_ns[r] = now_ns() - t;
+                        if (rc_mtp != 0) {
+                            throw std::runtime_error("oracle probe catch-up failed (llama_process returned " +
+                                                     std::to_string(rc_mtp) + ")");
+                        }
+                    }
+                }
+                t = now_ns();
+                const bool rolled = llama_memory_seq_rm(mem, 0, n_past + 1, -1);
+                if (rep == 0 && k > 1) {
+                    out.probe_rollback_ns[r] = now_ns() - t;
+                }
+                if (recurrent) {
+                    llama_state_seq_set_data_ext(ctx_tgt, saved.data(), saved.size(), 0,
+                                                 LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+                }
+                if (!rolled || !llama_memory_seq_rm(mem, 0, n_past, -1)) {
+                    throw std::runtime_error("oracle probe: the target memory could not be restored");
+                }
+            }
+            out.probe_k[r] = k;
+            verify_after = k;
+        }
+        out.verify_after[r] = verify_after;
+
+        // the plain step: the greedy truth, exactly as Engine::step with n_max = 0 (plus the catch-up)
+        int64_t t = now_ns();
+        llama_batch_ext_clear(batch_tgt);
+        {
+            const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, id_last);
+            const llama_pos pos = n_past;
+            llama_batch_ext_set_pos(batch_tgt, idx, &pos);
+            llama_batch_ext_set_output_logits(batch_tgt, idx, true);
+        }
+        if (tel_on) {
+            probe_tgt.start();
+        }
+        const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
+        probe_tgt.stop();
+        if (rc != 0) {
+            throw std::runtime_error("target decode failed (llama_process returned " + std::to_string(rc) + ")");
+        }
+        if (use_mtp) {
+            drafter->observe_target(&id_last, 1, n_past);
+        }
+        out.t_verify_ns[r] = now_ns() - t;
+        if (use_mtp) {
+            t = now_ns();
+            const int32_t rc_mtp = drafter->catch_up();
+            out.t_catchup_ns[r] = now_ns() - t;
+            if (rc_mtp != 0) {
+                throw std::runtime_error("MTP catch-up failed (llama_process returned " + std::to_string(rc_mtp) + ")");
+            }
+        }
+        t = now_ns();
+        const float * logits = llama_get_logits_ith(ctx_tgt, 0);
+        const llama_token tok = argmax(logits, n_vocab_);
+        out.t_argmax_ns[r] = now_ns() - t;
+        if (use_mtp) {
+            drafter->accept(0, n_past + 1);
+        }
+        out.t_sample_ns[r] = now_ns() - t;
+        float second = -INFINITY;
+        for (int32_t v = 0; v < n_vocab_; ++v) {
+            if (v != tok && logits[v] > second) {
+                second = logits[v];
+            }
+        }
+        out.token[r] = tok;
+        out.target_margin[r] = logits[tok] - second;
+
+        generated.push_back(tok);
+        tokens_all.push_back(tok);
+        n_past += 1;
+        id_last = tok;
+        ++n_step;
+        check_finish(tok);
+    }
+    draft_buf.want_topk = draft_buf.want_oracle = false;
+    if (finish == FINISH_CANCELLED) {
+        return false;
+    }
+
+    // a plain tail after the generation: target decodes one after another with nothing between
+    // them (no MTP head, no probe, no restore), as in plain decoding and the n-gram mode; the
+    // memory past the generation is not used afterwards (the next generation clears it)
+    const int32_t n_tail = probe ? std::min(32, ctx_size - n_past - 1) : 0;
+    for (int32_t i = 0; i < n_tail; ++i) {
+        const int64_t t = now_ns();
+        llama_batch_ext_clear(batch_tgt);
+        const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, id_last);
+        const llama_pos pos = n_past;
+        llama_batch_ext_set_pos(batch_tgt, idx, &pos);
+        llama_batch_ext_set_output_logits(batch_tgt, idx, true);
+        if (tel_on) {
+            probe_tgt.start();
+        }
+        const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
+        probe_tgt.stop();
+        if (rc != 0) {
+            break;
+        }
+        if (use_mtp) {
+            drafter->copy_target_rows(1, probe_rows);
+        }
+        out.tail_verify_ns.push_back(now_ns() - t);
+        out.tail_pos.push_back(n_past);
+        id_last = argmax(llama_get_logits_ith(ctx_tgt, 0), n_vocab_);
+        ++n_past;
+    }
+    return true;
 }

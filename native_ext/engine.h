@@ -13,6 +13,8 @@
 #include "llama.h"
 #include "mtp_drafter.h"
 #include "nextn_api.h"
+#include "ngram_drafter.h"
+#include "oracle.h"
 #include "telemetry.h"
 
 struct EngineOptions {
@@ -22,6 +24,7 @@ struct EngineOptions {
     int32_t n_rs_seq = 8;       // recurrent snapshot slots = largest n_max the session accepts
     int32_t topk = 5;           // top-k alternatives recorded per draft depth
     bool telemetry = true;
+    bool cpu_clock = false;     // time phases with the thread's CPU time instead of the wall clock
 };
 
 // Live-tunable drafting parameters: set_params() takes effect at the next step.
@@ -31,10 +34,28 @@ struct DraftParams {
     int32_t n_min = 0;
 };
 
+// Which drafter proposes: the MTP head, the n-gram prompt look-up, or both asked every step and
+// the draft with the highest expected accepted length verified (chain).
+enum DrafterMode : int8_t {
+    MODE_MTP = 0,
+    MODE_NGRAM = 1,
+    MODE_CHAIN = 2,
+};
+
+// The per-step `drafter` column: whose draft was verified (-1: none).
+enum DraftSource : int8_t {
+    SOURCE_NONE = -1,
+    SOURCE_MTP = 0,
+    SOURCE_NGRAM = 1,
+    N_SOURCES = 2,
+};
+
 struct GenerationConfig {
     int32_t max_tokens = 128;
     float temperature = 0.0f;
     uint32_t seed = 0;
+    DrafterMode mode = MODE_MTP;
+    NgramConfig ngram;
 };
 
 enum FinishReason : int8_t {
@@ -74,6 +95,13 @@ struct Engine {
     void begin(const std::vector<llama_token> & prompt, const GenerationConfig & cfg, const DraftParams & p);
     bool step();    // one draft + verify step; false once the generation has finished
     void run();     // steps until finished or cancelled
+
+    // Oracle mode (greedy, outside the normal path): plain decoding one token per step; at every
+    // position it also records the MTP draft chain of length `depth` (p_min = 0) and the n-gram
+    // draft the engine would propose there, and measures this machine's cost model (see oracle.h).
+    // Returns false if cancelled.
+    bool record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
+                       const NgramConfig & ngram, bool probe, OracleRecord & out);
     void set_params(const DraftParams & p);
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
@@ -94,6 +122,8 @@ struct Engine {
     void validate(const DraftParams & p) const;
     llama_token sample(int32_t row);
     void finish_with(FinishReason r) { finish = r; }
+    void validate_mode(DrafterMode mode, const DraftParams & p) const;
+    void check_finish(llama_token last);
 
     EngineOptions opts;
     NextnApi api;
@@ -104,6 +134,7 @@ struct Engine {
     llama_batch_ext * batch_tgt = nullptr;
     llama_sampler * smpl = nullptr;   // temperature > 0 only
     std::unique_ptr<MtpDrafter> drafter;
+    std::unique_ptr<NgramDrafter> ngram;
     HiddenProbe probe_tgt, probe_mtp;
     int32_t layer_nextn = 0;
     bool recurrent = false;
@@ -116,6 +147,8 @@ struct Engine {
     llama_token id_last = -1;
     llama_pos n_past = 0;
     int32_t n_step = 0;
-    Draft draft_buf;
+    Draft draft_buf, ngram_buf;
     std::vector<llama_token> verify_tokens;
+    std::vector<llama_token> tokens_all;   // prompt + generated: the history the n-gram drafter searches
+    std::vector<float> probe_rows;         // oracle: scratch for the probe's nextn rows
 };

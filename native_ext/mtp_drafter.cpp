@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "timing.h"
+
 void Draft::clear() {
     tokens.clear();
     prob.clear();
@@ -13,6 +15,8 @@ void Draft::clear() {
     topk_probs.clear();
     h_norm.clear();
     hidden.clear();
+    margin.clear();
+    t_decode_ns.clear();
     stop = STOP_N_MAX;
     dropped = false;
     n_decodes = 0;
@@ -104,6 +108,8 @@ void MtpDrafter::draft(llama_token id_last, llama_pos pos0, int32_t n_cap, StopR
     llama_batch_ext_set_embd_token(batch, idx, {pending_h.data(), 1, row});
     llama_batch_ext_set_output_logits(batch, idx, true);
 
+    const bool want_topk = telemetry || out.want_topk;
+    const int64_t t_start = out.want_oracle ? now_ns() : 0;
     if (telemetry) {
         probe.start();
     }
@@ -142,11 +148,17 @@ void MtpDrafter::draft(llama_token id_last, llama_pos pos0, int32_t n_cap, StopR
         }
         out.tokens.push_back(id);
         out.prob.push_back(probs[0]);
-        if (telemetry) {
+        if (want_topk) {
             for (int32_t c = 0; c < topk; ++c) {
                 out.topk_ids.push_back(c < n_cand ? order[c] : -1);
                 out.topk_probs.push_back(c < n_cand ? probs[c] : NAN);
             }
+        }
+        if (out.want_oracle) {
+            out.margin.push_back(n_cand > 1 ? logits[order[0]] - logits[order[1]] : INFINITY);
+            out.t_decode_ns.push_back(now_ns() - t_start);
+        }
+        if (telemetry) {
             out.h_norm.push_back(probe.row_norms.empty() ? NAN : probe.row_norms.back());
             out.hidden.insert(out.hidden.end(), h_row, h_row + row);
         }
@@ -191,4 +203,31 @@ void MtpDrafter::accept(int32_t n_accepted, llama_pos keep_until) {
     queue_tok.resize(keep);
     queue_pos.resize(keep);
     queue_h.resize(keep * (size_t) n_embd);
+}
+
+void MtpDrafter::copy_target_rows(int32_t n, std::vector<float> & rows) const {
+    const size_t row = (size_t) n_embd;
+    rows.resize(row * n);
+    for (int32_t i = 0; i < n; ++i) {
+        const float * h = api.get_embeddings_nextn_ith(ctx_tgt, i);
+        if (h == nullptr) {
+            throw std::runtime_error("llama_get_embeddings_nextn_ith returned no row " + std::to_string(i));
+        }
+        std::memcpy(rows.data() + i * row, h, row * sizeof(float));
+    }
+}
+
+int32_t MtpDrafter::probe_catch_up(const llama_token * toks, int32_t n, llama_pos pos0, const std::vector<float> & rows) {
+    const size_t row = (size_t) n_embd;
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch, 0, toks[i]);
+        const llama_pos pos = pos0 + i;
+        llama_batch_ext_set_pos(batch, idx, &pos);
+        const float * h = i == 0 ? pending_h.data() : rows.data() + (size_t) (i - 1) * row;
+        llama_batch_ext_set_embd_token(batch, idx, {h, 1, row});
+    }
+    const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch);
+    llama_memory_seq_rm(llama_get_memory(ctx_mtp), 0, pos0, -1);
+    return rc;
 }

@@ -16,6 +16,7 @@ enum StopReason : int8_t {
     STOP_EOS = 2,      // the draft reached an end-of-generation token
     STOP_BUDGET = 3,   // the token budget left no room for more
     STOP_CONTEXT = 4,  // the context window left no room for more
+    STOP_EXHAUSTED = 5,  // the drafter had no (more) tokens to propose (n-gram: no match, or its continuation ended)
 };
 
 // llama.cpp's MTP draft sampler keeps the 10 most likely tokens and renormalises over them;
@@ -29,9 +30,15 @@ struct Draft {
     std::vector<float> topk_probs;       // [depth][topk]
     std::vector<float> h_norm;           // pre-norm residual L2 norm of each draft row
     std::vector<float> hidden;           // post-norm h_nextn of each draft row, [depth][n_embd]
+    std::vector<float> margin;           // oracle only: top-1 minus top-2 draft logit per depth
+    std::vector<int64_t> t_decode_ns;    // oracle only: time from the start of draft() to the end of each decode
     StopReason stop = STOP_N_MAX;
     bool dropped = false;                // shorter than n_min, so not verified
     int64_t n_decodes = 0;
+
+    // requests (kept by clear()): record top-k even with telemetry off, and the oracle's extras
+    bool want_topk = false;
+    bool want_oracle = false;
 
     void clear();
 };
@@ -59,6 +66,12 @@ struct MtpDrafter {
 
     // n_accepted drafts were accepted; MTP memory keeps positions < keep_until.
     void accept(int32_t n_accepted, llama_pos keep_until);
+
+    // Oracle cost probe, leaving the drafter untouched: copy the target's first n h_nextn rows into
+    // rows (what observe_target does), and decode n catch-up rows (toks[i] at pos0 + i, with
+    // pending_h then rows[0..n-2]) on the MTP context, then drop them from its memory.
+    void copy_target_rows(int32_t n, std::vector<float> & rows) const;
+    int32_t probe_catch_up(const llama_token * toks, int32_t n, llama_pos pos0, const std::vector<float> & rows);
 
     // Target h_nextn row i of the last observed decode.
     const float * verify_row(int32_t i) const { return verify_h.data() + (size_t) i * n_embd; }

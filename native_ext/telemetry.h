@@ -23,6 +23,12 @@ struct Telemetry {
     std::vector<float> h_norm_draft;       // [row][D]
     std::vector<float> draft_target_cos;   // [row][D]
     std::vector<int64_t> t_catchup_ns, t_draft_ns, t_verify_ns, t_sample_ns;
+    std::vector<int8_t> drafter;           // whose draft was verified: 0 mtp, 1 ngram, -1 none
+    std::vector<float> expected_accepted;  // that drafter's expected accepted length for its draft
+    std::vector<int32_t> candidate_len;    // [row][N_SOURCES]: each drafter's proposal length (-1: not asked)
+    std::vector<float> candidate_expected; // [row][N_SOURCES]: its expected accepted length (NaN: not asked)
+
+    static constexpr int32_t n_sources = 2;
 
     size_t rows() const { return step.size(); }
 
@@ -43,6 +49,9 @@ struct Telemetry {
         h_norm_draft.insert(h_norm_draft.end(), D, NAN);
         draft_target_cos.insert(draft_target_cos.end(), D, NAN);
         t_catchup_ns.push_back(0); t_draft_ns.push_back(0); t_verify_ns.push_back(0); t_sample_ns.push_back(0);
+        drafter.push_back(-1); expected_accepted.push_back(NAN);
+        candidate_len.insert(candidate_len.end(), n_sources, -1);
+        candidate_expected.insert(candidate_expected.end(), n_sources, NAN);
         return rows() - 1;
     }
 };

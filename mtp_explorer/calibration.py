@@ -1,0 +1,146 @@
+"""Why a setting wins: how well the MTP head's draft confidence predicts acceptance, per depth.
+
+The confidence at depth ``j`` is the head's probability of its token *given* the tokens drafted
+before it, so it is compared with the conditional acceptance: among draft tokens at depth ``j``
+whose ``j - 1`` predecessors were accepted, the fraction accepted. A calibrated head has points on
+the diagonal of :func:`mtp_explorer.whatif_plots.reliability_diagram`; ``p_min`` then cuts drafts
+where the expected gain stops paying for the verify cost, which :func:`best_p_min` finds by
+replaying every threshold on the oracle traces.
+
+Sources: :class:`~mtp_explorer.oracle.OracleTrace` (every position's chain, independent of any
+policy: the most data) or real :class:`~mtp_explorer.trace.Trace` runs (the tokens they verified).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .oracle import OracleTrace
+from .trace import Trace
+
+
+def draft_outcomes(source: OracleTrace | Trace | Iterable[OracleTrace | Trace]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(depth, confidence, accepted)`` of every MTP draft token that was put to the test (its
+    predecessors accepted). ``depth`` counts from 1."""
+    items = [source] if isinstance(source, (OracleTrace, Trace)) else list(source)
+    depth, conf, acc = [], [], []
+    for item in items:
+        if isinstance(item, OracleTrace):
+            c = item.columns
+            L = c["chain_len"]
+            match = item.match_len
+            N = c["chain"].shape[1]
+            j = np.arange(N)[None, :]
+            tested = (j < L[:, None]) & (j <= match[:, None])
+            depth.append(np.broadcast_to(j + 1, tested.shape)[tested])
+            conf.append(c["chain_prob"][tested].astype(np.float64))
+            acc.append((j < match[:, None])[tested])
+        else:
+            c = item.columns
+            n_d, n_a = c["n_drafted"], c["n_accepted"]
+            D = c["drafted"].shape[1]
+            j = np.arange(D)[None, :]
+            mtp = (c["drafter"] == 0)[:, None] if "drafter" in c else np.ones((len(n_d), 1), bool)
+            tested = (j < n_d[:, None]) & (j <= n_a[:, None]) & mtp
+            depth.append(np.broadcast_to(j + 1, tested.shape)[tested])
+            conf.append(c["draft_prob"][tested].astype(np.float64))
+            acc.append((j < n_a[:, None])[tested])
+    if not depth:
+        return np.zeros(0, int), np.zeros(0), np.zeros(0, bool)
+    return np.concatenate(depth), np.concatenate(conf), np.concatenate(acc).astype(bool)
+
+
+def reliability(depth: np.ndarray, confidence: np.ndarray, accepted: np.ndarray, n_bins: int = 10):
+    """Reliability table: one row per depth and confidence bin (equal width on [0, 1]) with
+    ``count``, ``confidence`` (mean in the bin) and ``acceptance`` (fraction accepted)."""
+    import pandas as pd
+
+    depth = np.asarray(depth)
+    confidence = np.asarray(confidence, dtype=np.float64)
+    accepted = np.asarray(accepted, dtype=bool)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    b = np.clip(np.digitize(confidence, edges[1:-1]), 0, n_bins - 1)
+    rows = []
+    for d in np.unique(depth):
+        for k in range(n_bins):
+            sel = (depth == d) & (b == k)
+            n = int(sel.sum())
+            if n:
+                rows.append({"depth": int(d), "bin": k, "lo": edges[k], "hi": edges[k + 1], "count": n,
+                             "confidence": float(confidence[sel].mean()), "acceptance": float(accepted[sel].mean())})
+    return pd.DataFrame(rows, columns=["depth", "bin", "lo", "hi", "count", "confidence", "acceptance"])
+
+
+def expected_calibration_error(table) -> float:
+    """ECE of a reliability table: the count-weighted mean of |acceptance - confidence| over its bins."""
+    if table.empty:
+        return math.nan
+    w = table["count"].to_numpy(dtype=np.float64)
+    gap = np.abs(table["acceptance"].to_numpy() - table["confidence"].to_numpy())
+    return float((w * gap).sum() / w.sum())
+
+
+def best_p_min(oracles: OracleTrace | Sequence[OracleTrace], n_max: Sequence[int] | None = None,
+               p_min: Sequence[float] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2)), drafter: str = "mtp"):
+    """The ``p_min`` with the best simulated tokens/s over the oracles, for each ``n_max`` and
+    overall. Returns ``(best_by_n_max: dict[n_max, p_min], overall: dict, table: DataFrame)``."""
+    from .simulate import simulate_grid
+
+    oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
+    depth = min(o.depth for o in oracles)
+    n_max = list(range(1, depth + 1)) if n_max is None else [int(n) for n in n_max]
+    df = simulate_grid(oracles, n_max, p_min, drafter=drafter)
+    df["_sec"] = df["n_tokens"] / df["tokens_per_second"]
+    agg = df.groupby(["n_max", "p_min"], as_index=False).agg(n_tokens=("n_tokens", "sum"), seconds=("_sec", "sum"))
+    agg["tokens_per_second"] = agg["n_tokens"] / agg["seconds"]
+    by_n = {}
+    for n, grp in agg.groupby("n_max"):
+        row = grp.sort_values(["tokens_per_second", "p_min"], ascending=[False, True]).iloc[0]
+        by_n[int(n)] = float(row["p_min"])
+    top = agg.sort_values(["tokens_per_second", "n_max", "p_min"], ascending=[False, True, True]).iloc[0]
+    overall = {"n_max": int(top["n_max"]), "p_min": float(top["p_min"]), "tokens_per_second": float(top["tokens_per_second"])}
+    return by_n, overall, agg
+
+
+@dataclasses.dataclass
+class Calibration:
+    """Reliability of the draft confidence per depth, its ECE, and the ``p_min`` the simulator finds
+    best (per ``n_max`` and overall) on the same oracle traces."""
+
+    table: Any                         # reliability table (see reliability())
+    ece_by_depth: dict[int, float]
+    ece: float
+    mean_confidence_by_depth: dict[int, float]
+    acceptance_by_depth: dict[int, float]
+    best_p_min: dict[int, float] | None
+    best_setting: dict[str, Any] | None
+    p_min_table: Any = None
+
+    def to_dict(self) -> dict:
+        return {"ece": self.ece, "ece_by_depth": self.ece_by_depth,
+                "mean_confidence_by_depth": self.mean_confidence_by_depth,
+                "acceptance_by_depth": self.acceptance_by_depth, "best_p_min": self.best_p_min,
+                "best_setting": self.best_setting}
+
+
+def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bins: int = 10,
+              p_min: Sequence[float] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))) -> Calibration:
+    """Reliability diagram data, ECE per depth and overall, and (for oracle sources) the best
+    ``p_min`` found by the simulator."""
+    items = [source] if isinstance(source, (OracleTrace, Trace)) else list(source)
+    depth, conf, acc = draft_outcomes(items)
+    table = reliability(depth, conf, acc, n_bins)
+    ece_by = {int(d): expected_calibration_error(g) for d, g in table.groupby("depth")}
+    mean_conf = {int(d): float(conf[depth == d].mean()) for d in np.unique(depth)}
+    acc_by = {int(d): float(acc[depth == d].mean()) for d in np.unique(depth)}
+    oracles = [o for o in items if isinstance(o, OracleTrace)]
+    best = overall = ptab = None
+    if oracles:
+        best, overall, ptab = best_p_min(oracles, p_min=p_min)
+    return Calibration(table=table, ece_by_depth=ece_by, ece=expected_calibration_error(table),
+                       mean_confidence_by_depth=mean_conf, acceptance_by_depth=acc_by, best_p_min=best,
+                       best_setting=overall, p_min_table=ptab)

@@ -1,0 +1,398 @@
+"""Oracle traces: one greedy generation that answers every what-if.
+
+Under greedy decoding the generated tokens do not depend on ``n_max``, ``p_min``, ``n_min`` or the
+drafter, and the draft the engine proposes at a position depends only on the tokens before it
+(the MTP head is always caught up on the verified rows; the n-gram look-up reads the history). So
+one recording that keeps, for every position, the greedy token, the MTP draft chain of length
+``depth`` (drafted with ``p_min = 0``: any ``p_min`` cut is a prefix of it) and the n-gram draft,
+lets :func:`mtp_explorer.simulate` replay any policy with ``n_max <= depth`` without the model.
+
+:meth:`Session.record_oracle` records it natively: plain decoding, one token per step, and at every
+position the chain, the n-gram draft, and timing probes of every operation a speculative step is
+made of, from which :class:`CostModel` fits this machine's cost model: target verify of ``k``
+tokens (``k = 1 .. depth + 1``), MTP draft calls of ``m`` decodes, MTP catch-up of ``k`` rows, the
+sample phase and the n-gram look-up, each a robust line in the position (attention reads a KV cache
+that grows with it), plus what a verify costs extra when llama.cpp must build its compute graph
+anew (the previous target batch had another size) and when the MTP head ran since the last target
+decode (cold caches). Robust fits (medians, Theil-Sen lines) keep the spikes of other processes on
+a shared machine out of the model.
+
+The probes: at even positions a verify batch of ``k = 2 .. depth + 1`` tokens (round robin) is
+decoded twice (new graph after the MTP chain, then reused at once), caught up on the MTP context,
+argmaxed, and rolled back the way the engine does (``k - 1`` tokens, within the ``n_rs_seq``
+snapshot slots: hence ``depth <= capacity``); at odd positions the plain step's token is decoded
+once more after the chain. A probe's whole batch must then leave the target memory, which the
+snapshot slots cannot do (llama.cpp's gated delta-net keeps snapshots of the states *inside* a
+batch, not of the state before it), so the target's recurrent state is saved before the probe and
+restored after it (``llama_state_seq_*_data_ext`` with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``) and
+the batch's KV cells removed. The tests check that the recorded tokens equal plain decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+ORACLE_FORMAT = "mtp-explorer-oracle/1"
+
+
+def _line(x: np.ndarray, y: np.ndarray, max_points: int = 160) -> tuple[float, float, int]:
+    """Robust straight line y = a + b x (Theil-Sen: the median of pairwise slopes, then the median
+    intercept), so that noise spikes on a shared machine do not bend it. Returns (a, b, n)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(y) & (y > 0)
+    x, y = x[ok], y[ok]
+    n = int(x.size)
+    if n == 0:
+        return math.nan, 0.0, 0
+    if n > max_points:
+        idx = np.linspace(0, n - 1, max_points).round().astype(int)
+        xs, ys = x[idx], y[idx]
+    else:
+        xs, ys = x, y
+    dx = xs[None, :] - xs[:, None]
+    dy = ys[None, :] - ys[:, None]
+    upper = np.triu(np.ones_like(dx, dtype=bool), 1) & (dx != 0)
+    b = float(np.median(dy[upper] / dx[upper])) if upper.any() else 0.0
+    a = float(np.median(y - b * x))
+    return a, b, n
+
+
+@dataclasses.dataclass
+class CostModel:
+    """This machine's per-operation times in nanoseconds, fitted from an oracle's probes.
+
+    Times that depend on the position ``pos`` (n_past) of the step, because attention reads a KV
+    cache that grows with it, are robust lines ``a + b * pos`` (rows ``[a, b]``):
+    ``verify[k]``, a target decode of ``k`` tokens when llama.cpp reuses the compute graph of the
+    previous target batch (same size) and the caches are warm from it; ``catchup[k]``, the MTP
+    catch-up of ``k`` rows; ``draft[m]``, an MTP draft call of ``m`` decodes; ``ngram``, one n-gram
+    look-up. A verify costs ``fresh_ns`` more when the previous target batch had another size (the
+    graph is built anew); ``cold_ns`` more when the MTP head ran since the last target decode (its
+    data evicted the target's from the caches: every drafting step), and ``warm_ns`` more (usually
+    less) when nothing but target decodes ran, as in plain decoding and the n-gram mode (measured
+    on a plain tail decoded after the generation). The sample phase costs
+    ``sample_ns + sample_row_ns * (rows - 1) + rollback_ns * [rollback > 0]``, with ``sample_ns``
+    measured with the MTP head's bookkeeping (drafting steps) and ``sample_plain_ns`` without.
+    """
+
+    verify: np.ndarray          # [depth + 2, 2]: index k = batch size (0 unused)
+    catchup: np.ndarray         # [depth + 2, 2]: index k = rows
+    draft: np.ndarray           # [depth + 1, 2]: index m = MTP decodes in the call (0: none)
+    ngram: np.ndarray           # [2]
+    fresh_ns: float
+    cold_ns: float
+    warm_ns: float
+    sample_ns: float
+    sample_plain_ns: float
+    sample_row_ns: float
+    rollback_ns: float
+    samples: dict[str, Any]     # how many measurements each number rests on
+    telemetry: bool = True
+
+    @property
+    def depth(self) -> int:
+        return len(self.draft) - 1
+
+    @staticmethod
+    def _at(table: np.ndarray, idx, pos):
+        row = table[idx]
+        return row[..., 0] + row[..., 1] * pos
+
+    def verify_ns(self, k, pos, fresh=True, cold=False):
+        k = np.clip(np.asarray(k), 1, len(self.verify) - 1)
+        return (self._at(self.verify, k, pos) + np.where(fresh, self.fresh_ns, 0.0)
+                + np.where(cold, self.cold_ns, self.warm_ns))
+
+    def step_ns(self, mode: str, drafting, n_cap_pos, k, decodes, rows_sampled, rollback, ngram_asked=None,
+                pos=0.0, fresh=True):
+        """Predicted phase times of steps (numpy arrays broadcast together).
+
+        ``drafting``: the MTP head drafts (n_max > 0 and not the n-gram mode); ``n_cap_pos``: the
+        draft cap was > 0; ``k``: verified rows (drafts + 1); ``decodes``: MTP decodes of the draft
+        call; ``rows_sampled``: target rows argmaxed; ``rollback``: rejected drafts;
+        ``ngram_asked``: the n-gram drafter was asked; ``pos``: n_past at the step; ``fresh``: the
+        previous step verified another number of tokens. Returns ``(catchup, draft, verify, sample)``.
+        """
+        k = np.asarray(k)
+        pos = np.asarray(pos, dtype=np.float64)
+        drafting = np.asarray(drafting, dtype=bool) & (mode != "ngram")
+        catchup = np.where(drafting, self._at(self.catchup, np.clip(k, 1, len(self.catchup) - 1), pos), 0.0)
+        draft = np.where(drafting & np.asarray(n_cap_pos, bool),
+                         self._at(self.draft, np.clip(np.asarray(decodes), 0, self.depth), pos), 0.0)
+        if ngram_asked is not None:
+            draft = draft + np.where(np.asarray(ngram_asked, bool), self.ngram[0] + self.ngram[1] * pos, 0.0)
+        verify = self.verify_ns(k, pos, fresh, drafting)
+        sample = (np.where(drafting, self.sample_ns, self.sample_plain_ns)
+                  + self.sample_row_ns * (np.asarray(rows_sampled) - 1)
+                  + np.where(np.asarray(rollback) > 0, self.rollback_ns, 0.0))
+        return catchup, draft, verify, sample
+
+    def ceiling_step_ns(self, n_max: int, mode: str = "mtp", pos: float = 0.0) -> float:
+        """Time of a step at ``pos`` that drafts ``n_max`` tokens and has all of them accepted (every
+        step alike, so the verify graph is reused)."""
+        if n_max <= 0:
+            parts = self.step_ns(mode, False, False, 1, 0, 1, 0, pos=pos, fresh=False)
+        else:
+            parts = self.step_ns(mode, True, True, n_max + 1, n_max, n_max + 1, 0,
+                                 None if mode == "mtp" else True, pos=pos, fresh=False)
+        return float(sum(np.asarray(p) for p in parts))
+
+    def to_dict(self) -> dict:
+        return {
+            "verify": self.verify.tolist(), "catchup": self.catchup.tolist(), "draft": self.draft.tolist(),
+            "ngram": self.ngram.tolist(), "fresh_ns": self.fresh_ns, "cold_ns": self.cold_ns,
+            "warm_ns": self.warm_ns,
+            "sample_ns": self.sample_ns, "sample_plain_ns": self.sample_plain_ns,
+            "sample_row_ns": self.sample_row_ns, "rollback_ns": self.rollback_ns, "samples": self.samples,
+            "telemetry": self.telemetry,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        d = dict(d)
+        for name in ("verify", "catchup", "draft", "ngram"):
+            d[name] = np.asarray(d[name], dtype=np.float64)
+        return cls(**d)
+
+    @classmethod
+    def from_columns(cls, c: dict[str, np.ndarray], depth: int, telemetry: bool = True) -> "CostModel":
+        """Fit the model from an oracle's timing columns (see :mod:`mtp_explorer.oracle`)."""
+        N = depth
+        pos = c["pos"].astype(np.float64)
+        samples: dict[str, Any] = {}
+
+        def table(points: list[tuple[np.ndarray, np.ndarray] | None], name: str) -> np.ndarray:
+            out = np.full((len(points), 2), np.nan)
+            counts = [0] * len(points)
+            for i, pt in enumerate(points):
+                if pt is not None:
+                    a, b, n = _line(*pt)
+                    if n >= 2:
+                        out[i], counts[i] = (a, b), n
+            known = ~np.isnan(out[:, 0])
+            idx = np.arange(len(points))
+            if known.any():
+                # sizes without measurements (short generations, probe=False): linear in the size
+                # between the measured ones, flat beyond them
+                for j in (0, 1):
+                    out[:, j] = np.interp(idx, idx[known], out[known, j])
+            else:
+                out[:] = 0.0
+            samples[name] = counts
+            return out
+
+        def med(x: np.ndarray) -> float:
+            x = x[np.isfinite(x)]
+            return float(np.median(x)) if x.size else 0.0
+
+        va = c["verify_after"]
+        t_verify = c["t_verify_ns"].astype(np.float64)
+        probe_k = c["probe_k"]
+        p1 = c["probe_verify_ns"].astype(np.float64)
+        p2 = c["probe_verify_reuse_ns"].astype(np.float64)
+        hot_reused_1 = va == 1
+        verify_pts = [None, (pos[hot_reused_1], t_verify[hot_reused_1])]
+        catch = [None, (pos, c["t_catchup_ns"].astype(np.float64))]
+        for k in range(2, N + 2):
+            sel = probe_k == k
+            verify_pts.append((pos[sel], p2[sel]) if sel.any() else None)
+            catch.append((pos[sel], c["probe_catchup_ns"][sel]) if sel.any() else None)
+        verify = table(verify_pts, "verify")
+        catchup = table(catch, "catchup")
+        verify[0] = catchup[0] = 0.0
+        # the same decode after the MTP chain minus right after a target decode: cold caches;
+        # a k >= 2 batch after the chain (new graph, cold) minus again at once (reused, warm)
+        one = probe_k == 1
+        cold_ns = med(p1[one] - t_verify[one])
+        many = probe_k >= 2
+        fresh_ns = med(p1[many] - p2[many]) - cold_ns
+        samples["cold"] = int(one.sum())
+        samples["fresh"] = int(many.sum())
+        # plain decodes in a row (the tail after the generation) against the single-token line
+        tail_pos = c.get("tail_pos", np.zeros(0)).astype(np.float64)
+        tail = c.get("tail_verify_ns", np.zeros(0)).astype(np.float64)
+        warm_ns = med(tail - (verify[1, 0] + verify[1, 1] * tail_pos)) if tail.size else 0.0
+        samples["warm"] = int(tail.size)
+
+        cum = c["t_draft_cum_ns"].astype(np.float64)
+        total = c["t_draft_ns"].astype(np.float64)
+        lens = c["chain_len"]
+        has = lens > 0
+        tail_ns = med(total[has] - cum[has, lens[has] - 1]) if has.any() else 0.0
+        drafts: list[tuple[np.ndarray, np.ndarray] | None] = [None]
+        for m in range(1, N + 1):
+            sel = lens >= m
+            drafts.append((pos[sel], cum[sel, m - 1] + tail_ns) if sel.any() else None)
+        draft = table(drafts, "draft")
+        draft[0] = 0.0
+        if not has.any():
+            draft[:] = 0.0
+
+        asked = c["cap"] > 0
+        a, b, n = _line(pos[asked], c["t_ngram_ns"][asked].astype(np.float64))
+        ngram = np.array([a, b]) if n >= 2 else np.zeros(2)
+        samples["ngram"] = n
+
+        row = (c["probe_argmax_ns"][many] / probe_k[many]).astype(np.float64)
+        samples["sample"] = int(c["t_sample_ns"].size)
+        return cls(
+            verify=verify, catchup=catchup, draft=draft, ngram=ngram, fresh_ns=fresh_ns, cold_ns=cold_ns,
+            warm_ns=warm_ns,
+            sample_ns=med(c["t_sample_ns"].astype(np.float64)),
+            sample_plain_ns=med(c["t_argmax_ns"].astype(np.float64)),
+            sample_row_ns=med(row),
+            rollback_ns=med(c["probe_rollback_ns"][many].astype(np.float64)),
+            samples=samples, telemetry=telemetry,
+        )
+
+
+@dataclasses.dataclass
+class OracleTrace:
+    """A greedy generation with, at every position, the drafts the engine would propose there and
+    the measured cost model. Replay policies with :func:`mtp_explorer.simulate`.
+
+    Per-position columns (``T`` positions: position ``g`` is where the step starting after ``g``
+    generated tokens begins): ``pos`` (n_past), ``token`` (the greedy token emitted there),
+    ``token_eog``, ``target_margin`` (target top-1 minus top-2 logit), ``cap`` (draft cap there:
+    min(depth, budget, context)), ``chain`` / ``chain_prob`` / ``chain_margin`` [T, depth] (MTP draft
+    ids, confidences, top-1 minus top-2 draft logit), ``chain_len``, ``chain_eos``, ``topk_ids`` /
+    ``topk_probs`` [T, depth, K], ``ngram`` [T, depth], ``ngram_len``, ``ngram_eos``, and the timing
+    columns (``t_*_ns``, ``probe_*``) the :class:`CostModel` is fitted from.
+    """
+
+    prompt: str
+    prompt_tokens: list[int]
+    tokens: list[int]
+    pieces: list[str]
+    text: str
+    columns: dict[str, np.ndarray]
+    finish_reason: str
+    settings: dict[str, Any]
+    model: dict[str, Any]
+    wall_seconds: float = 0.0
+    cost_model: CostModel | None = None
+    """When set, used instead of the model fitted from this recording's own timings (e.g. one cost
+    model for every prompt of a sweep)."""
+
+    @property
+    def depth(self) -> int:
+        return int(self.settings["depth"])
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.columns["pos"].shape[0])
+
+    def __len__(self) -> int:
+        return self.n_positions
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.settings["max_tokens"])
+
+    @property
+    def has_mtp(self) -> bool:
+        return bool(self.settings["has_mtp"])
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model: :attr:`cost_model` if set, else fitted from this recording's timings."""
+        return self.cost_model if self.cost_model is not None else self.fitted_cost
+
+    @cached_property
+    def fitted_cost(self) -> CostModel:
+        return CostModel.from_columns(self.columns, self.depth, bool(self.settings.get("telemetry", True)))
+
+    def with_cost(self, cost: CostModel | None) -> "OracleTrace":
+        """The same recording predicting times with ``cost``."""
+        return dataclasses.replace(self, cost_model=cost)
+
+    @cached_property
+    def match_len(self) -> np.ndarray:
+        """Per position: how many leading MTP chain tokens the target accepts (greedy tokens equal,
+        not end-of-generation)."""
+        return _match_len(self.columns["chain"], self.columns["chain_len"], self._accept_tokens)
+
+    @cached_property
+    def ngram_match_len(self) -> np.ndarray:
+        """Per position: how many leading n-gram draft tokens the target accepts."""
+        return _match_len(self.columns["ngram"], self.columns["ngram_len"], self._accept_tokens)
+
+    @cached_property
+    def _accept_tokens(self) -> np.ndarray:
+        tok = np.asarray(self.columns["token"], dtype=np.int64).copy()
+        tok[self.columns["token_eog"].astype(bool)] = -2  # never equal to a draft: not accepted
+        return tok
+
+    def summary(self) -> dict[str, Any]:
+        cm = self.cost
+        return {
+            "n_positions": self.n_positions, "depth": self.depth, "finish_reason": self.finish_reason,
+            "mtp_match_rate_depth1": float((self.match_len[self.columns["chain_len"] > 0] >= 1).mean())
+            if (self.columns["chain_len"] > 0).any() else math.nan,
+            "plain_tokens_per_second": 1e9 / cm.ceiling_step_ns(0, pos=float(np.mean(self.columns["pos"]))),
+            "cost_model": cm.to_dict(),
+            "record_seconds": self.wall_seconds,
+        }
+
+    # -- serialisation ---------------------------------------------------------------------------
+    def to_json(self) -> str:
+        cols = {}
+        for name, arr in self.columns.items():
+            data = arr.tolist()
+            if arr.dtype.kind == "f":
+                data = _nan_to_none(data)
+            cols[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("columns", "cost_model")}
+        doc["columns"] = cols
+        doc["cost_model"] = self.cost_model.to_dict() if self.cost_model is not None else None
+        doc["format"] = ORACLE_FORMAT
+        return json.dumps(doc, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "OracleTrace":
+        doc = json.loads(text)
+        if doc.pop("format", None) != ORACLE_FORMAT:
+            raise ValueError("not an mtp-explorer oracle trace")
+        cols = {}
+        for name, spec in doc.pop("columns").items():
+            data = spec["data"]
+            if np.dtype(spec["dtype"]).kind == "f":
+                data = _none_to_nan(data)
+            cols[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
+        cost = doc.pop("cost_model", None)
+        return cls(columns=cols, cost_model=CostModel.from_dict(cost) if cost else None, **doc)
+
+    def __getstate__(self):
+        # pickling (e.g. to Dask workers) carries the data, not the cached derived arrays
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def _match_len(chain: np.ndarray, chain_len: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:
+    T, N = chain.shape
+    idx = np.arange(T)[:, None] + np.arange(N)[None, :]
+    target = np.where(idx < T, accept_tokens[np.minimum(idx, T - 1)], -3)
+    ok = (chain == target) & (np.arange(N)[None, :] < chain_len[:, None])
+    # length of the all-true prefix per row
+    return np.where(ok.all(axis=1), N, np.argmin(ok, axis=1)).astype(np.int32)
+
+
+def _nan_to_none(x):
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _none_to_nan(x):
+    if isinstance(x, list):
+        return [_none_to_nan(v) for v in x]
+    return math.nan if x is None else x

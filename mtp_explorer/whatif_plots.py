@@ -1,0 +1,179 @@
+"""Figures of the what-if analysis: reliability diagram per depth, sweep heatmaps, speedup ceiling,
+and predicted vs measured. Each function returns a ``plotly.graph_objects.Figure``."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .calibration import Calibration, calibrate
+from .oracle import OracleTrace
+
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+
+
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=60, r=20, t=60, b=50),
+                      legend=dict(orientation="v"))
+    return fig
+
+
+def reliability_diagram(source: Calibration | OracleTrace | Sequence, *, n_bins: int = 10,
+                        depths: Sequence[int] | None = None) -> go.Figure:
+    """Draft confidence (x) against conditional acceptance (y), one line per depth, marker area by
+    the number of draft tokens in the bin; the diagonal is perfect calibration. The legend gives
+    each depth's expected calibration error, the title the best ``p_min`` the simulator found."""
+    cal = source if isinstance(source, Calibration) else calibrate(source, n_bins=n_bins)
+    t = cal.table
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated",
+                             line=dict(color="#999", dash="dash"), hoverinfo="skip"))
+    if t.empty:
+        fig.add_annotation(text="no draft tokens", showarrow=False, x=0.5, y=0.5)
+    total = float(t["count"].max()) if not t.empty else 1.0
+    for d, grp in t.groupby("depth"):
+        if depths is not None and int(d) not in depths:
+            continue
+        color = _COLORS[(int(d) - 1) % len(_COLORS)]
+        fig.add_trace(go.Scatter(
+            x=grp["confidence"], y=grp["acceptance"], mode="lines+markers",
+            name=f"depth {int(d)} (ECE {cal.ece_by_depth[int(d)]:.3f})",
+            marker=dict(size=6 + 18 * np.sqrt(grp["count"] / total), color=color), line=dict(color=color),
+            customdata=np.stack([grp["count"], grp["lo"], grp["hi"]], axis=1),
+            hovertemplate=("depth " + str(int(d)) + "<br>confidence %{x:.3f}<br>acceptance %{y:.3f}"
+                           "<br>bin [%{customdata[1]:.1f}, %{customdata[2]:.1f})<br>%{customdata[0]} tokens"
+                           "<extra></extra>"),
+        ))
+    title = f"Draft confidence vs acceptance (ECE {cal.ece:.3f})"
+    if cal.best_setting:
+        b = cal.best_setting
+        title += f" · simulator's best: n_max={b['n_max']}, p_min={b['p_min']:.2f}"
+    fig.update_xaxes(title="draft confidence (top-10 renormalised)", range=[0, 1.02])
+    fig.update_yaxes(title="accepted, given the tokens before it were", range=[0, 1.02])
+    return _layout(fig, title)
+
+
+def _aggregate(df, value: str):
+    d = df.copy()
+    d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
+    keys = ["n_max", "p_min"]
+    if value == "tokens_per_second":
+        agg = d.groupby(keys, as_index=False).agg(n_tokens=("n_tokens", "sum"), seconds=("_sec", "sum"))
+        agg[value] = agg["n_tokens"] / agg["seconds"]
+    else:
+        agg = d.groupby(keys, as_index=False)[value].mean()
+    return agg
+
+
+def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None = None) -> go.Figure:
+    """A sweep (see :func:`mtp_explorer.sweep`) as an ``n_max`` × ``p_min`` heatmap of ``value``
+    over its prompts (tokens/s: total tokens / total seconds; other columns: mean); the best cell
+    is marked."""
+    if drafter is not None:
+        df = df[df["drafter"] == drafter]
+    agg = _aggregate(df, value)
+    n_max = sorted(agg["n_max"].unique())
+    p_min = sorted(agg["p_min"].unique())
+    z = np.full((len(n_max), len(p_min)), np.nan)
+    for r in agg.itertuples(index=False):
+        z[n_max.index(r.n_max), p_min.index(r.p_min)] = getattr(r, value)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"{p:.2f}" for p in p_min], y=[str(n) for n in n_max], colorscale="Viridis",
+        colorbar=dict(title=value.replace("_", " ")),
+        hovertemplate="n_max %{y}<br>p_min %{x}<br>" + value + " %{z:.4g}<extra></extra>",
+    ))
+    if np.isfinite(z).any():
+        i, j = np.unravel_index(np.nanargmax(z), z.shape)
+        fig.add_trace(go.Scatter(x=[f"{p_min[j]:.2f}"], y=[str(n_max[i])], mode="markers+text", text=["best"],
+                                 textposition="top center", marker=dict(symbol="star", size=16, color="white",
+                                                                        line=dict(color="black", width=1)),
+                                 showlegend=False, hoverinfo="skip"))
+    mode = ", ".join(sorted(df["mode"].unique())) if "mode" in df and len(df) else ""
+    fig.update_xaxes(title="p_min", type="category")
+    fig.update_yaxes(title="n_max", type="category")
+    return _layout(fig, f"{value.replace('_', ' ')} by setting ({mode}, {df['prompt'].nunique()} prompts)")
+
+
+def speedup_ceiling(df, *, p_min: float | None = None) -> go.Figure:
+    """For each ``n_max``: the tokens/s reached (at ``p_min``, default the best per ``n_max``) beside
+    the ceiling with every draft accepted, from the measured cost model, and plain decoding."""
+    d = df.copy()
+    d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
+    d["_csec"] = d["n_tokens"] / d["ceiling_tokens_per_second"]
+    d["_psec"] = d["n_tokens"] / d["plain_tokens_per_second"]
+    agg = d.groupby(["n_max", "p_min"], as_index=False).agg(n=("n_tokens", "sum"), s=("_sec", "sum"),
+                                                           c=("_csec", "sum"), p=("_psec", "sum"))
+    agg["actual"] = agg["n"] / agg["s"]
+    agg["ceiling"] = agg["n"] / agg["c"]
+    agg["plain"] = agg["n"] / agg["p"]
+    if p_min is not None:
+        pick = agg[np.isclose(agg["p_min"], p_min)]
+    else:
+        pick = agg.sort_values("actual", ascending=False).groupby("n_max", as_index=False).head(1)
+    pick = pick.sort_values("n_max")
+    x = [str(n) for n in pick["n_max"]]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=pick["actual"], name="reached", marker_color="#1f77b4",
+                         customdata=np.stack([pick["p_min"]], axis=1),
+                         hovertemplate="n_max %{x}, p_min %{customdata[0]:.2f}<br>%{y:.0f} tok/s<extra></extra>"))
+    fig.add_trace(go.Bar(x=x, y=pick["ceiling"], name="every draft accepted", marker_color="#aec7e8",
+                         hovertemplate="n_max %{x}<br>ceiling %{y:.0f} tok/s<extra></extra>"))
+    plain = float(pick["plain"].median()) if len(pick) else math.nan
+    if math.isfinite(plain):
+        fig.add_hline(y=plain, line=dict(color="#d62728", dash="dot"), annotation_text=f"plain {plain:.0f} tok/s")
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="n_max", type="category")
+    fig.update_yaxes(title="tokens / s")
+    return _layout(fig, "Speedup ceiling: reached vs every draft accepted")
+
+
+def predicted_vs_measured(rows: Sequence[dict]) -> go.Figure:
+    """Predicted against measured tokens/s, one marker per setting (``rows``: dicts with ``label``,
+    ``predicted`` and ``measured``), with the ±10% band."""
+    pred = np.array([r["predicted"] for r in rows], dtype=float)
+    meas = np.array([r["measured"] for r in rows], dtype=float)
+    lo = float(np.nanmin(np.concatenate([pred, meas]))) * 0.8 if len(rows) else 0
+    hi = float(np.nanmax(np.concatenate([pred, meas]))) * 1.2 if len(rows) else 1
+    fig = go.Figure()
+    xs = np.array([lo, hi])
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", line=dict(color="#999"), name="equal"))
+    fig.add_trace(go.Scatter(x=np.r_[xs, xs[::-1]], y=np.r_[xs * 1.1, xs[::-1] * 0.9], fill="toself",
+                             line=dict(width=0), fillcolor="rgba(150,150,150,0.2)", name="±10%", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=meas, y=pred, mode="markers+text", text=[r["label"] for r in rows],
+                             textposition="top center", name="settings"))
+    fig.update_xaxes(title="measured tokens/s")
+    fig.update_yaxes(title="predicted tokens/s")
+    return _layout(fig, "Simulator: predicted vs measured")
+
+
+def drafter_comparison(df, *, by: str = "prompt", value: str = "tokens_per_second") -> go.Figure:
+    """Drafters side by side: ``value`` (tokens/s: total tokens / total seconds; other columns:
+    mean) per drafter for each group of ``by`` (e.g. a prompt, or a ``kind`` column such as
+    code-like / prose-like), from sweeps concatenated over ``drafter="mtp"|"ngram"|"chain"``; each
+    drafter at its best setting per group."""
+    d = df.copy()
+    d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
+    keys = [by, "drafter", "n_max", "p_min"]
+    agg = d.groupby(keys, as_index=False).agg(n_tokens=("n_tokens", "sum"), seconds=("_sec", "sum"),
+                                              acceptance_rate=("acceptance_rate", "mean"))
+    agg["tokens_per_second"] = agg["n_tokens"] / agg["seconds"]
+    best = agg.sort_values("tokens_per_second", ascending=False).groupby([by, "drafter"], as_index=False).head(1)
+    groups = list(dict.fromkeys(df[by]))
+    fig = go.Figure()
+    for i, drafter in enumerate(sorted(best["drafter"].unique(), key=lambda s: ("mtp", "ngram", "chain").index(s)
+                                       if s in ("mtp", "ngram", "chain") else 9)):
+        rows = best[best["drafter"] == drafter].set_index(by).reindex(groups)
+        fig.add_trace(go.Bar(
+            x=[str(g) for g in groups], y=rows[value], name=drafter, marker_color=_COLORS[i % len(_COLORS)],
+            customdata=np.stack([rows["n_max"], rows["p_min"], rows["acceptance_rate"]], axis=1),
+            hovertemplate=(drafter + "<br>%{x}<br>" + value + " %{y:.4g}<br>n_max %{customdata[0]}, "
+                           "p_min %{customdata[1]:.2f}<br>acceptance %{customdata[2]:.2f}<extra></extra>"),
+        ))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title=by)
+    fig.update_yaxes(title=value.replace("_", " "))
+    return _layout(fig, f"Drafters compared ({value.replace('_', ' ')}, best setting each)")

@@ -1,0 +1,52 @@
+// The n-gram prompt-lookup drafter: llama.cpp's `ngram-simple` (common/ngram-map.cpp,
+// common_ngram_simple_draft): match the last `size_n` tokens (ending with the last sampled token)
+// earlier in the context and propose the `size_m` tokens that followed the most recent match.
+// No model, no confidence. Its explicit state is only the running per-depth acceptance it needs to
+// estimate its expected accepted length (used by the chain mode).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "llama.h"
+#include "mtp_drafter.h"
+
+struct NgramConfig {
+    int32_t size_n = 3;   // n-gram looked up (llama.cpp: --spec-ngram-simple-size-n)
+    int32_t size_m = 8;   // m-gram proposed after the match (llama.cpp: --spec-ngram-simple-size-m)
+};
+
+// Exactly llama.cpp's common_ngram_simple_draft: `tokens[0, cur_len)` is the history before the
+// last sampled token `sampled`. Returns the draft (empty: no match).
+std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama_token * tokens, size_t cur_len,
+                                            llama_token sampled);
+
+struct NgramDrafter {
+    explicit NgramDrafter(const llama_vocab * vocab) : vocab(vocab) {}
+
+    NgramConfig config;
+
+    // Forget the acceptance statistics (a new generation).
+    void reset();
+
+    // Draft after `sampled` given the history `tokens[0, cur_len)`, truncated to n_cap tokens and
+    // after an end-of-generation token. Stop reason: cap_reason when the draft reached n_cap, `eos`
+    // at an end-of-generation token, `exhausted` when the look-up had no (more) tokens to give.
+    // Drafts shorter than n_min are marked dropped.
+    void draft(const llama_token * tokens, size_t cur_len, llama_token sampled, int32_t n_cap, StopReason cap_reason,
+               int32_t n_min, Draft & out) const;
+
+    // Expected accepted length of a draft of n tokens: sum over k of prod_{j<=k} a_j, with a_j the
+    // conditional acceptance at depth j observed so far, (accepted_j + 1) / (tested_j + 2).
+    double expected_accepted(int32_t n) const;
+
+    // After a verify step: `proposal` (this step's draft, verified or not) against the tokens the
+    // step emitted (n_emitted = accepted + 1; the ones the target confirmed). Depth j counts as
+    // tested when the first j-1 proposal tokens matched and the emitted tokens reach depth j.
+    void observe(const std::vector<llama_token> & proposal, const llama_token * emitted, int32_t n_emitted);
+
+    std::vector<int64_t> tested, accepted;  // per depth (index 0 = depth 1)
+
+  private:
+    const llama_vocab * vocab;
+};

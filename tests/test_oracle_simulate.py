@@ -1,0 +1,329 @@
+"""Oracle traces and the replay simulator: the oracle is plain greedy decoding, the simulator's
+per-step counts equal real engine runs over a grid of settings (floating-point argmax ties between
+the real run's batched numerics and the oracle's are detected, classified and reported), and the
+cost model is consistent with the engine's measured step times."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from conftest import check_accounting
+from mtp_explorer.simulate import compare, cost_consistency, simulate
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
+N_MAX = (1, 2, 3, 4, 6, 8)
+P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
+TOKENS = 80
+STEP_COLUMNS = ("pos", "n_drafted", "n_accepted", "drafted", "stop_reason", "correction", "rollback", "rs_slot",
+                "drafter")
+
+
+@pytest.fixture(scope="module")
+def session(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=1024, threads=1, n_rs_seq=8) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oracles(session):
+    return {p: session.record_oracle(p, max_tokens=TOKENS, depth=8) for p in PROMPTS}
+
+
+def test_oracle_is_plain_greedy_decoding(session, oracles):
+    for prompt, o in oracles.items():
+        plain = session.generate(prompt, max_tokens=TOKENS, n_max=0)
+        assert o.tokens == plain.tokens, prompt
+        assert o.text == plain.text
+        c = o.columns
+        T = o.n_positions
+        assert T == len(o.tokens) == TOKENS
+        assert (c["pos"] == len(o.prompt_tokens) - 1 + np.arange(T)).all()
+        assert (c["token"] == np.asarray(o.tokens)).all()
+        assert (c["cap"] == np.minimum(8, TOKENS - 1 - np.arange(T))).all()
+        # the chain is as long as the cap (no end-of-generation token in these runs)
+        assert (c["chain_len"] == c["cap"]).all()
+        real = np.arange(8)[None, :] < c["chain_len"][:, None]
+        assert ((c["chain"] >= 0) == real).all()
+        probs = c["chain_prob"][real]
+        assert ((probs > 0) & (probs <= 1)).all()
+        assert (c["topk_ids"][..., 0][real] == c["chain"][real]).all()
+        assert np.array_equal(c["topk_probs"][..., 0][real], probs)
+        assert (c["chain_margin"][real] >= 0).all() and (c["target_margin"] >= 0).all()
+        # the probes: every verify batch size 1 .. depth + 1 measured, fresh and reused
+        assert set(np.unique(c["probe_k"])) == set(range(0, 10)) - ({0} if (c["probe_k"] > 0).all() else set())
+        assert (c["probe_verify_ns"][c["probe_k"] > 0] > 0).all()
+        assert (c["probe_verify_reuse_ns"][c["probe_k"] > 1] > 0).all()
+        cm = o.cost
+        assert cm.verify.shape == (10, 2) and cm.draft.shape == (9, 2)
+        assert all(n > 0 for n in cm.samples["verify"][1:]) and all(n > 0 for n in cm.samples["draft"][1:])
+        assert (cm.verify[1:, 0] + cm.verify[1:, 1] * c["pos"].mean() > 0).all()
+
+
+def test_oracle_chain_is_what_the_engine_drafts(session, oracles):
+    """At every step of real runs, the draft equals the oracle's chain cut where the engine cut it."""
+    o = oracles["def fib(n):"]
+    t = session.generate("def fib(n):", max_tokens=TOKENS, n_max=8, p_min=0.0)
+    g = 0
+    for s in t.steps:
+        assert s.drafted == o.columns["chain"][g, : s.n_drafted].tolist()
+        np.testing.assert_allclose(s.draft_prob, o.columns["chain_prob"][g, : s.n_drafted], rtol=1e-4)
+        g += s.n_accepted + 1
+
+
+def _report(name: str, doc: dict) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / name).write_text(json.dumps(doc, indent=1, default=str))
+
+
+def _check_case(session, o, prompt, n_max, p_min, n_min, drafter, found):
+    real = session.generate(prompt, max_tokens=TOKENS, n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter)
+    check_accounting(real)
+    sim = simulate(o, n_max, p_min, n_min, drafter=drafter)
+    check_accounting(sim)
+    cmp = compare(o, real)
+    case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min, "drafter": drafter}
+    for m in cmp.mismatches:
+        found["ties" if m["kind"] == "tie" else "unexplained"].append(case | m)
+    if cmp.exact:
+        # nothing differed step by step, so the free-running replay is the real run
+        assert sim.n_steps == real.n_steps, case
+        for name in STEP_COLUMNS:
+            assert np.array_equal(sim.columns[name], real.columns[name]), (case, name)
+        np.testing.assert_allclose(sim.draft_prob, real.draft_prob, rtol=1e-4, equal_nan=True)
+        assert np.array_equal(sim.candidate_len, real.candidate_len), case
+        for name in ("candidate_expected", "expected_accepted"):
+            np.testing.assert_allclose(sim.columns[name], real.columns[name], rtol=1e-4, equal_nan=True)
+        assert sim.tokens == real.tokens
+        assert sim.summary()["acceptance_by_depth"] == pytest.approx(real.summary()["acceptance_by_depth"], nan_ok=True)
+        found["exact"] += 1
+    found["cases"] += 1
+    return cmp
+
+
+def test_simulator_equals_engine_over_grid(session, oracles):
+    found = {"cases": 0, "exact": 0, "ties": [], "unexplained": []}
+    for prompt, o in oracles.items():
+        for n_max in N_MAX:
+            for p_min in P_MIN:
+                _check_case(session, o, prompt, n_max, p_min, 0, "mtp", found)
+        for n_max, p_min, n_min in ((3, 0.5, 2), (4, 0.7, 3), (8, 0.3, 4), (2, 0.9, 1)):
+            _check_case(session, o, prompt, n_max, p_min, n_min, "mtp", found)
+        # thresholds exactly at recorded confidences: the engine's float32 test at the boundary
+        c = o.columns
+        for j in (0, 1, 2):
+            p_edge = float(c["chain_prob"][j + 5, j])
+            _check_case(session, o, prompt, 4, p_edge, 0, "mtp", found)
+    _report("oracle_exactness.json", found)
+    assert found["cases"] == len(PROMPTS) * (len(N_MAX) * len(P_MIN) + 7)
+    assert not found["unexplained"], found["unexplained"][:3]
+    if found["ties"]:
+        warnings.warn(f"{len(found['ties'])} floating-point argmax ties between real runs and the oracle "
+                      f"(see tests/artifacts/oracle_exactness.json): {found['ties'][:2]}")
+    # ties are rare: nearly every case replays exactly
+    assert found["exact"] >= 0.9 * found["cases"]
+
+
+def test_simulator_equals_engine_for_every_drafter(session):
+    prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repetitive: the n-gram look-up finds matches
+    o = session.record_oracle(prompt, max_tokens=TOKENS, depth=6)
+    found = {"cases": 0, "exact": 0, "ties": [], "unexplained": []}
+    for drafter in ("ngram", "chain"):
+        for n_max in (1, 3, 6):
+            for p_min in (0.0, 0.5):
+                _check_case(session, o, prompt, n_max, p_min, 0, drafter, found)
+        _check_case(session, o, prompt, 4, 0.0, 2, drafter, found)
+    assert not found["unexplained"], found["unexplained"][:3]
+    assert found["exact"] >= found["cases"] - 1
+    chain = simulate(o, 6, 0.0, drafter="chain")
+    assert set(np.unique(chain.drafter)) >= {0, 1}  # both drafters win some steps
+
+
+def test_simulator_budget_and_validation(session, oracles):
+    o = oracles["import os"]
+    for budget in (1, 2, 7, 33):
+        real = session.generate("import os", max_tokens=budget, n_max=5, p_min=0.3)
+        sim = simulate(o, 5, 0.3, max_tokens=budget)
+        assert sim.tokens == real.tokens and len(sim.tokens) == budget
+        for name in STEP_COLUMNS:
+            assert np.array_equal(sim.columns[name], real.columns[name]), (budget, name)
+        assert compare(o, real).exact
+    with pytest.raises(ValueError, match="depth"):
+        simulate(o.with_cost(None), 9)
+    with pytest.raises(ValueError, match="p_min"):
+        simulate(o, 3, 1.5)
+    with pytest.raises(ValueError, match="n_min"):
+        simulate(o, 2, 0.0, 3)
+    with pytest.raises(ValueError, match="max_tokens"):
+        simulate(o, 2, max_tokens=TOKENS + 1)
+    with pytest.raises(ValueError, match="drafter"):
+        simulate(o, 2, drafter="eagle")
+    with pytest.raises(mx.ParameterError):
+        session.record_oracle("import os", max_tokens=8, depth=9)  # over the capacity
+
+
+def test_compare_classifies_what_differs(session, oracles):
+    o = oracles["class Stack:"]
+    real = session.generate("class Stack:", max_tokens=TOKENS, n_max=3, p_min=0.0)
+    assert compare(o, real).exact
+    # an accepted count the oracle cannot explain
+    bad = mx.Trace.from_json(real.to_json())
+    i = int(np.flatnonzero(bad.n_accepted < bad.n_drafted)[0])
+    bad.columns["n_accepted"][i] += 1
+    cmp = compare(o, bad)
+    assert not cmp.exact and cmp.unexplained and cmp.unexplained[0]["step"] == i
+    # a different draft token: an MTP argmax tie only if the head's top-2 were (nearly) level
+    bad = mx.Trace.from_json(real.to_json())
+    i = int(np.flatnonzero(bad.n_drafted >= 2)[0])
+    bad.columns["drafted"][i, 1] = (int(bad.columns["drafted"][i, 1]) + 1) % 100
+    g = int(bad.pos[i] - bad.pos[0])
+    margin = float(o.columns["chain_margin"][g, 1])
+    strict = compare(o, bad, tol_logit=margin / 2, tol_prob=0.0)
+    lenient = compare(o, bad, tol_logit=margin * 2, tol_prob=0.0)
+    assert strict.mismatches[0]["cause"] == lenient.mismatches[0]["cause"] == "draft_argmax"
+    assert strict.mismatches[0]["kind"] == "unexplained" and lenient.mismatches[0]["kind"] == "tie"
+    # a greedy token that differs: a target argmax tie only where the target's top-2 were level
+    bad = mx.Trace.from_json(real.to_json())
+    j = 10
+    bad.tokens[j] = (bad.tokens[j] + 1) % 100
+    m = float(o.columns["target_margin"][j])
+    tie = compare(o, bad, tol_logit=m * 2)
+    assert tie.mismatches[-1]["cause"] == "target_argmax" and tie.mismatches[-1]["kind"] == "tie"
+    assert tie.mismatches[-1]["position"] == j
+    assert compare(o, bad, tol_logit=m / 2).mismatches[-1]["kind"] == "unexplained"
+
+
+def test_sim_trace_is_trace_like(oracles):
+    o = oracles["for i in range(10):"]
+    sim = simulate(o, 4, 0.3)
+    s = sim.summary()
+    for key in ("acceptance_rate", "mean_accepted_length", "acceptance_by_depth", "tokens_per_second", "n_steps",
+                "phase_seconds"):
+        assert key in s
+    assert s["tokens_per_second"] == pytest.approx(sim.predicted_tokens_per_second)
+    assert set(sim.columns) == set(mx.trace.COLUMNS)
+    assert sim.depth == 8 and len(sim.steps) == sim.n_steps
+    assert sim.ceiling_tokens_per_second() > 0
+    back = mx.Trace.from_json(sim.to_json())
+    assert back.tokens == sim.tokens and np.array_equal(back.n_accepted, sim.n_accepted)
+    plain = simulate(o, 0)
+    assert (plain.n_drafted == 0).all() and plain.n_steps == len(plain.tokens)
+
+
+def test_oracle_json_round_trip_replays_identically(oracles):
+    o = oracles["def fib(n):"]
+    back = mx.OracleTrace.from_json(o.to_json())
+    assert back.tokens == o.tokens and back.settings == o.settings
+    a, b = simulate(o, 3, 0.5), simulate(back, 3, 0.5)
+    for name in sim_columns(a):
+        assert np.array_equal(a.columns[name], b.columns[name], equal_nan=a.columns[name].dtype.kind == "f"), name
+    fixed = o.with_cost(o.cost)
+    again = mx.OracleTrace.from_json(fixed.to_json())
+    assert again.cost_model is not None and np.array_equal(again.cost.verify, o.cost.verify)
+
+
+def sim_columns(t):
+    return [k for k in t.columns if not k.startswith("h_norm") and k != "draft_target_cos"]
+
+
+def test_oracle_on_non_recurrent_mtp_model(models_dir):
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+
+    path = write_synthetic_glm4moe(models_dir / "glm_oracle.gguf")
+    with mx.Session.open(path, n_ctx=512, threads=1, n_rs_seq=6) as s:
+        o = s.record_oracle("def fib(n):", max_tokens=48, depth=6)
+        assert o.tokens == s.generate("def fib(n):", max_tokens=48, n_max=0).tokens
+        for n_max, p_min in ((1, 0.0), (3, 0.5), (6, 0.0)):
+            real = s.generate("def fib(n):", max_tokens=48, n_max=n_max, p_min=p_min)
+            assert compare(o, real).exact
+            assert (simulate(o, n_max, p_min).rs_slot == -1).all()
+
+
+def test_cost_model_is_consistent_with_engine_runs(model_mixed):
+    """The cost model predicts the engine's step times: for each setting, an oracle and a real run
+    back to back on one session, the model's prediction of each phase compared with the typical
+    (median) measured step of the same shape; within 10% (median of 5 pairs), retried once. Spikes
+    of other processes on a shared machine are outside the model and outside this check; the raw
+    wall-clock comparison is in benchmarks/simulate.py."""
+    settings = [(0, 0.0, "mtp"), (1, 0.0, "mtp"), (3, 0.0, "mtp"), (4, 0.5, "mtp"), (3, 0.0, "ngram"), (3, 0.0, "chain")]
+    prompt = "def fib(n):"
+
+    def measure(which):
+        out = {}
+        with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4) as s:
+            s.generate(prompt, max_tokens=32, n_max=2)  # warm-up
+            for key in which:
+                ratios = []
+                for _ in range(5):
+                    o = s.record_oracle(prompt, max_tokens=128, depth=4)
+                    t = s.generate(prompt, max_tokens=128, n_max=key[0], p_min=key[1], drafter=key[2])
+                    assert compare(o, t).exact
+                    cc = cost_consistency(o, t)
+                    assert cc["predicted_seconds"] > 0 and cc["measured_seconds"] > 0
+                    ratios.append(cc["ratio_robust"])
+                out[key] = statistics.median(ratios)
+        return out
+
+    ratios = measure(settings)
+    off = [k for k, r in ratios.items() if not 0.9 <= r <= 1.1]
+    if off:  # the machine is shared: measure the ones outside once more
+        again = measure(off)
+        ratios.update(again)
+        off = [k for k, r in again.items() if not 0.9 <= r <= 1.1]
+    assert not off, {k: round(ratios[k], 3) for k in off}
+    assert all(not math.isnan(r) for r in ratios.values())
+
+
+def test_cpu_clock_option(model_mixed):
+    with pytest.raises(mx.ParameterError, match="threads=1"):
+        mx.Session.open(model_mixed, n_ctx=256, threads=2, clock="cpu")
+    with pytest.raises(mx.ParameterError, match="clock"):
+        mx.Session.open(model_mixed, n_ctx=256, threads=1, clock="tsc")
+    with mx.Session.open(model_mixed, n_ctx=256, threads=1, clock="cpu") as s:
+        assert s.clock == "cpu"
+        t = s.generate("def fib(n):", max_tokens=24, n_max=3)
+        assert t.settings["clock"] == "cpu"
+        assert (t.t_verify_ns > 0).all() and (t.t_draft_ns[t.n_drafted > 0] > 0).all()
+        o = s.record_oracle("def fib(n):", max_tokens=24, depth=3)
+        assert o.settings["clock"] == "cpu" and (o.columns["t_verify_ns"] > 0).all()
+        # the thread's CPU time never exceeds the wall time it spans
+        import time
+
+        t0 = time.perf_counter_ns()
+        t = s.generate("def fib(n):", max_tokens=24, n_max=3)
+        wall = time.perf_counter_ns() - t0
+        phases = sum(int(t.columns[f"t_{p}_ns"].sum()) for p in ("catchup", "draft", "verify", "sample"))
+        assert 0 < phases <= wall
+
+
+def test_oracle_recording_can_be_cancelled(model_mixed):
+    import threading
+    import time
+
+    with mx.Session.open(model_mixed, n_ctx=4096, threads=1, n_rs_seq=4) as s:
+        out = {}
+
+        def record():
+            try:
+                s.record_oracle("import os", max_tokens=4000, depth=4)
+            except mx.MtpExplorerError as exc:
+                out["error"] = exc
+
+        worker = threading.Thread(target=record)
+        worker.start()
+        time.sleep(0.3)
+        with pytest.raises(mx.SessionBusyError):
+            s.generate("x", max_tokens=2)
+        s.cancel()
+        worker.join(timeout=60)
+        assert not worker.is_alive() and "cancelled" in str(out["error"])
+        o = s.record_oracle("import os", max_tokens=16, depth=4)  # still usable
+        assert o.tokens == s.generate("import os", max_tokens=16, n_max=0).tokens

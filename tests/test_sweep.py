@@ -1,0 +1,142 @@
+"""Sweeps (simulate and measure, local and on a Dask LocalCluster) and recommend()."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.sweep import COLUMNS
+
+PROMPTS = ["def fib(n):", "import os", "class Stack:", "x = [1, 2, 3]\nx = [1, 2"]
+N_MAX = [0, 1, 2, 4]
+P_MIN = [0.0, 0.5, 0.8]
+TOKENS = 48
+TOKEN_COLUMNS = ["prompt", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_steps", "n_drafted", "n_accepted",
+                 "acceptance_rate", "mean_accepted_length", "tokens_digest"]
+
+
+@pytest.fixture(scope="module")
+def session(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cost(session):
+    return session.record_oracle(PROMPTS[0], max_tokens=TOKENS, depth=4).fitted_cost
+
+
+@pytest.fixture(scope="module")
+def local_sim(session, cost):
+    return mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False)
+
+
+def test_simulate_sweep_shape_and_values(session, cost, local_sim):
+    df = local_sim
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == len(PROMPTS) * len(N_MAX) * len(P_MIN)
+    assert set(df["mode"]) == {"simulate"}
+    assert (df["n_tokens"] == TOKENS).all()
+    # greedy: the same tokens for every setting of a prompt
+    assert (df.groupby("prompt")["tokens_digest"].nunique() == 1).all()
+    # each row is the simulator's answer for that oracle and setting
+    o = session.record_oracle(PROMPTS[1], max_tokens=TOKENS, depth=4, probe=False).with_cost(cost)
+    for n_max, p_min in ((2, 0.5), (4, 0.0), (0, 0.8)):
+        sim = mx.simulate(o, n_max, p_min)
+        row = df[(df.prompt == PROMPTS[1]) & (df.n_max == n_max) & (df.p_min == p_min)].iloc[0]
+        s = sim.summary()
+        assert row.n_steps == s["n_steps"] and row.n_accepted == s["n_accepted"]
+        assert row.tokens_per_second == pytest.approx(s["tokens_per_second"], rel=1e-5)  # the trace rounds to ns
+    plain = df[df.n_max == 0]
+    assert (plain.n_drafted == 0).all() and (plain.n_steps == TOKENS).all()
+    assert (df.ceiling_tokens_per_second > 0).all() and (df.plain_tokens_per_second > 0).all()
+
+
+def test_measure_sweep_agrees_with_simulation(session, local_sim):
+    df = mx.sweep(session, PROMPTS[:2], n_max=[0, 2, 4], p_min=[0.0, 0.8], mode="measure", max_tokens=TOKENS,
+                  progress=False)
+    assert list(df.columns) == list(COLUMNS) and len(df) == 2 * 3 * 2
+    assert set(df["mode"]) == {"measure"}
+    assert (df.tokens_per_second > 0).all()
+    sim = local_sim.set_index(["prompt", "n_max", "p_min"])
+    for row in df.itertuples():
+        expect = sim.loc[(row.prompt, row.n_max, row.p_min)]
+        # greedy output and, exactly, the accepted counts the simulator predicted
+        assert row.tokens_digest == expect.tokens_digest
+        assert (row.n_steps, row.n_drafted, row.n_accepted) == (expect.n_steps, expect.n_drafted, expect.n_accepted)
+
+
+def test_recommend(local_sim):
+    rec = mx.recommend(local_sim)
+    t = rec.table
+    assert t["tokens_per_second"].is_monotonic_decreasing
+    best = t.iloc[0]
+    assert (rec.n_max, rec.p_min) == (best.n_max, best.p_min)
+    # tokens/s over the prompts: total tokens over total time, by hand
+    rows = local_sim[(local_sim.n_max == rec.n_max) & (local_sim.p_min == rec.p_min)]
+    by_hand = rows.n_tokens.sum() / (rows.n_tokens / rows.tokens_per_second).sum()
+    assert rec.tokens_per_second == pytest.approx(by_hand)
+    assert rec.margin_over_runner_up == pytest.approx(rec.tokens_per_second / t.iloc[1].tokens_per_second - 1)
+    assert rec.margin_over_runner_up >= 0
+    plain_rows = local_sim[local_sim.n_max == 0]
+    plain = plain_rows.groupby("p_min").apply(
+        lambda r: r.n_tokens.sum() / (r.n_tokens / r.tokens_per_second).sum(), include_groups=False).max()
+    assert rec.plain_tokens_per_second == pytest.approx(plain)
+    assert rec.margin_over_plain == pytest.approx(rec.tokens_per_second / plain - 1)
+    assert set(rec.to_dict()) >= {"n_max", "p_min", "tokens_per_second", "margin_over_runner_up", "margin_over_plain"}
+    # a hand-made sweep: the best and the margins are what they must be
+    df = pd.DataFrame([
+        {"prompt": "a", "drafter": "mtp", "n_max": n, "p_min": 0.0, "n_min": 0, "n_tokens": 100,
+         "tokens_per_second": tps, "plain_tokens_per_second": 100.0, "acceptance_rate": 0.5}
+        for n, tps in ((0, 100.0), (1, 150.0), (2, 120.0))
+    ])
+    rec = mx.recommend(df)
+    assert (rec.n_max, rec.tokens_per_second) == (1, 150.0)
+    assert rec.margin_over_runner_up == pytest.approx(150 / 120 - 1)
+    assert rec.margin_over_plain == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        mx.recommend(df.iloc[0:0])
+
+
+def test_sweep_validation(session):
+    with pytest.raises(ValueError, match="mode"):
+        mx.sweep(session, PROMPTS, mode="guess", progress=False)
+    with pytest.raises(ValueError, match="capacity"):
+        mx.sweep(session, PROMPTS, n_max=[5], progress=False)
+    with pytest.raises(ValueError, match="prompts"):
+        mx.sweep(session, [], progress=False)
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def test_dask_sweep_equals_local(session, cost, local_sim, dask_client):
+    df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, client=dask_client,
+                  progress=False)
+    pd.testing.assert_frame_equal(df, local_sim)
+    # both workers took part (each opened its own session from the model path)
+    ran = dask_client.run(lambda: len(__import__("mtp_explorer.sweep", fromlist=["x"])._WORKER_SESSIONS))
+    assert sorted(ran.values()) == [1, 1]
+
+
+def test_dask_measure_sweep_matches_local_tokens(session, dask_client):
+    kw = dict(n_max=[0, 3], p_min=[0.0, 0.7], mode="measure", max_tokens=TOKENS, progress=False)
+    local = mx.sweep(session, PROMPTS, **kw)
+    remote = mx.sweep(session, PROMPTS, client=dask_client, **kw)
+    pd.testing.assert_frame_equal(remote[TOKEN_COLUMNS], local[TOKEN_COLUMNS])
+    assert (remote.tokens_per_second > 0).all() and not math.isnan(remote.tokens_per_second.sum())
+    # simulate mode without a given cost model: measured here once and sent to the workers
+    a = mx.sweep(session, PROMPTS[:2], n_max=[1, 2], p_min=[0.0], max_tokens=TOKENS, client=dask_client, progress=False)
+    assert list(a.columns) == list(COLUMNS) and len(a) == 4
+    assert np.isfinite(a.tokens_per_second).all()
