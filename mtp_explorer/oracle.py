@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from .trace import _nan_to_none, _none_to_nan
+
 ORACLE_FORMAT = "mtp-explorer-oracle/1"
 
 
@@ -384,15 +386,3 @@ def _match_len(chain: np.ndarray, chain_len: np.ndarray, accept_tokens: np.ndarr
     ok = (chain == target) & (np.arange(N)[None, :] < chain_len[:, None])
     # length of the all-true prefix per row
     return np.where(ok.all(axis=1), N, np.argmin(ok, axis=1)).astype(np.int32)
-
-
-def _nan_to_none(x):
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    return None if isinstance(x, float) and math.isnan(x) else x
-
-
-def _none_to_nan(x):
-    if isinstance(x, list):
-        return [_none_to_nan(v) for v in x]
-    return math.nan if x is None else x
