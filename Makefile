@@ -9,7 +9,7 @@ DEPS := $(VENV)/.deps-installed
 EXT := build/.ext-installed
 SOURCES := $(shell find native_ext mtp_explorer -name '*.py' -o -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
 
-.PHONY: all lab test headers reference parity bench clean
+.PHONY: all lab test headers reference parity bench bench-simulate clean
 
 all: $(EXT)
 
@@ -52,7 +52,8 @@ test: $(EXT) $(CHROMIUM)
 lab: $(EXT)
 	$(VENV)/bin/jupyter lab notebooks/01_quickstart.ipynb
 
-# llama.cpp's reference MTP driver, built from the same 0.3.36 sources (for benchmarks/parity.py).
+# llama.cpp's reference speculative driver, built from the same 0.3.36 sources (for benchmarks/parity.py:
+# draft-mtp and ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one).
 REFERENCE := build/reference/bin/llama-speculative-simple
 REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 $(REFERENCE): $(HEADERS)
@@ -64,10 +65,16 @@ $(REFERENCE): $(HEADERS)
 reference: $(REFERENCE)
 
 parity: $(EXT) $(REFERENCE)
-	$(VPY) benchmarks/parity.py --binary $(REFERENCE)
+	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)
 
+# Each benchmark prints its own JSON document; `bench` runs both, one after the other (in one recipe,
+# so that `make -j` never times them side by side); `bench-simulate` runs the simulator's alone.
 bench: $(EXT)
 	$(VPY) benchmarks/engine.py
+	$(VPY) benchmarks/simulate.py
+
+bench-simulate: $(EXT)
+	$(VPY) benchmarks/simulate.py
 
 clean:
 	rm -rf build $(VENV)

@@ -1,16 +1,37 @@
-"""Parity with llama.cpp's own MTP driver: for greedy decoding, the same prompt, n_max, p_min,
-n_min and budget, our generated text and totals of drafted/accepted tokens must equal what
-``llama-speculative-simple --spec-type draft-mtp`` (built from the same 0.3.36 sources) prints.
+"""Parity with llama.cpp's own speculative driver, ``llama-speculative-simple`` (built from the same
+0.3.36 sources): for greedy decoding, the same prompt, settings and budget, our generated text and
+totals of drafted/accepted tokens must equal what it prints. Two drafters are checked
+(``--spec-type``, default ``all``):
+
+- ``draft-mtp``: our MTP drafter against ``--spec-type draft-mtp``, on ``--model`` (default: the
+  bundled model), over prompts x n_max x p_min.
+- ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_m``) against
+  ``--spec-type ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``, over
+  prompts x (N, M) on three models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
+  model (both written to a temporary folder) and ``--model``/the bundled model.
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
-    .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple [--model PATH]
+    .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
+        [--spec-type draft-mtp|ngram-simple|all] [--model PATH] [--threads 2]
 
-Prints JSON with one record per case and an overall verdict; exits 1 on any mismatch. One known
-difference is accounted for, not hidden: our engine stops drafting at an end-of-generation token,
-the reference drafts on past it (nothing after it can be accepted). With p_min == 0 the reference's
-extra drafts are exactly the cap minus our draft length, so its totals are still checked exactly;
-with p_min > 0 such cases compare text and accepted totals and are counted as
-"unverifiable_drafted_total".
+Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
+``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records) and an overall
+``all_match``; exits 1 on any mismatch.
+
+Known differences are accounted for, not hidden:
+
+- our engine stops drafting at an end-of-generation token, the reference drafts on past it (nothing
+  after it can be accepted). With p_min == 0 the reference's extra MTP drafts are exactly the cap
+  minus our draft length, so its totals are still checked exactly; with p_min > 0 such cases
+  compare text and accepted totals and are counted as "unverifiable_drafted_total".
+- n-gram on a recurrent model (qwen35): the reference's target context then cannot remove part of
+  a sequence, so after a partial acceptance it restores a checkpoint and verifies the accepted
+  tokens and the correction again as its next draft, which also yields the token after them before
+  its budget is checked (our engine restores a snapshot slot instead). The replay reproduces this
+  (``checkpoint_rule: true``): a plain step is forced after each partial acceptance, and the
+  expected totals (``expected_reference``) count the re-verification as the reference does;
+  text and totals are then compared exactly. On the non-recurrent glm4moe model our totals are
+  the reference's as they are.
 """
 
 from __future__ import annotations
@@ -18,10 +39,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.reference import compare, replay_reference_budget, run_reference
+from mtp_explorer.reference import ReferenceRun, compare, parse_reference_output, replay_reference_budget, run_reference
 
 from _common import emit, machine, pick_model
 
@@ -30,32 +54,182 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
+SPEC_TYPES = ("draft-mtp", "ngram-simple")
+
+# n-gram: prompts that repeat themselves (so look-ups hit) and two that do not; (size_n, size_m) pairs.
+NGRAM_PROMPTS = [
+    "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+    "def fibonacci(n):", "import os\nimport sys\n",
+]
+NGRAM_SIZES = ((2, 4), (3, 6), (1, 8))
+N_CTX = 1024
+
+
+# -- draft-mtp ---------------------------------------------------------------------------------------
+def mtp_section(binary: str, path: Path, origin: str, tokens: int, threads: int) -> dict:
+    cases = []
+    with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
+        for prompt, n_max, p_min, n_min in itertools.product(PROMPTS, (1, 2, 3, 5), (0.0, 0.5), (0,)):
+            ref = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min,
+                                n_min=n_min, n_ctx=N_CTX, threads=threads)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min, n_min=n_min)
+            case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min} | compare(ref, ours, p_min)
+            cases.append(case)
+    return {"model": str(path), "model_origin": origin, "cases": len(cases),
+            "matches": sum(c["match"] for c in cases),
+            "explained_by_eos_rule": sum(c["explained_by_eos_rule"] for c in cases),
+            "unverifiable_drafted_total": sum(c["unverifiable_drafted_total"] for c in cases),
+            "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
+
+
+# -- ngram-simple ------------------------------------------------------------------------------------
+def run_reference_ngram(binary: str | Path, model: str | Path, prompt: str, *, max_tokens: int, size_n: int,
+                        size_m: int, n_ctx: int = N_CTX, threads: int = 2, timeout: float = 300,
+                        attempts: int = 8) -> ReferenceRun:
+    """llama-speculative-simple, greedy, with ngram-simple drafting (the command line
+    :func:`mtp_explorer.reference.run_reference` builds for draft-mtp, with the n-gram options)."""
+    cmd = [
+        str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
+        "--temp", "0", "--seed", "0", "--spec-type", "ngram-simple",
+        "--spec-ngram-simple-size-n", str(size_n), "--spec-ngram-simple-size-m", str(size_m),
+    ]
+    # as in run_reference: llama.cpp's log thread sometimes loses the tail at exit; the run is
+    # deterministic, so it is repeated until the output is complete.
+    error: Exception | None = None
+    for _ in range(attempts):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            with out.open("w") as fo, err.open("w") as fe:
+                proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout)
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+        try:
+            return parse_reference_output(stdout, stderr, prompt)
+        except ValueError as exc:
+            error = exc
+    raise RuntimeError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
+
+
+def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_tokens: int, size_n: int,
+                                  size_m: int, checkpoints: bool) -> mx.Trace:
+    """Our n-gram drafter under llama-speculative-simple's budget rule: the draft is capped at
+    ``n - n_predict - 1`` (and the context) only when that is positive, and the run stops once *more*
+    than ``n`` tokens were produced (see :mod:`mtp_explorer.reference`).
+
+    ``checkpoints`` (recurrent models) replays the reference's checkpoint rule too: after a partial
+    acceptance it restores the target state and verifies the accepted tokens and the correction again
+    as the next draft, which also yields the token after them (the bonus) before its budget is
+    checked. Here that bonus is one plain step (``n_max=0``) forced after each partial acceptance,
+    so the next n-gram look-up happens at the same position as the reference's;
+    :func:`reference_totals` counts the steps as the reference does.
+    """
+    n_prompt = len(session.tokenize(prompt))
+
+    def n_max_for(n_predict: int) -> int:
+        n_past = n_prompt - 1 + n_predict
+        cap = min(session.n_ctx - n_past - 2, max_tokens - n_predict - 1)
+        return min(size_m, cap) if cap > 0 else size_m
+
+    n_predict = 0
+    for step in session.stream(prompt, max_tokens=max_tokens + size_m + 2, n_max=n_max_for(0), drafter="ngram",
+                               ngram_n=size_n, ngram_m=size_m):
+        n_predict += step.n_accepted + 1
+        partial = checkpoints and step.n_accepted < step.n_drafted
+        if session._engine.is_eog(step.correction) or (n_predict > max_tokens and not partial):
+            session.cancel()
+            continue
+        nxt = 0 if partial else n_max_for(n_predict)
+        session.set_params(n_max=nxt, p_min=0.0, n_min=0)
+    return session.last_trace
+
+
+def reference_totals(trace: mx.Trace, *, checkpoints: bool) -> dict:
+    """The n_predict/n_drafted/n_accept totals the reference prints for the run ``trace`` replays:
+    with ``checkpoints``, a partially accepted draft is not counted, and its re-verification counts
+    the accepted tokens and the correction as drafted and accepted (the forced plain step after it,
+    the bonus, counts nothing). Not modelled: a partial acceptance whose correction ends the
+    generation (the reference's re-verification then counts one token past it): such a case would
+    show as a mismatch, n_predict one short. It did not occur in the cases here."""
+    drafted = accepted = 0
+    for st in trace.steps:
+        if checkpoints and st.n_accepted < st.n_drafted:
+            drafted += st.n_accepted + 1
+            accepted += st.n_accepted + 1
+        else:
+            drafted += st.n_drafted
+            accepted += st.n_accepted
+    return {"n_predict": len(trace.tokens), "n_drafted": drafted, "n_accept": accepted}
+
+
+def compare_ngram(ref: ReferenceRun, ours: mx.Trace, *, checkpoints: bool) -> dict:
+    """Text and the n_predict/n_drafted/n_accept totals (expected: :func:`reference_totals`)."""
+    mine = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
+    expected = reference_totals(ours, checkpoints=checkpoints)
+    reference = {"n_predict": ref.n_predict, "n_drafted": ref.n_drafted, "n_accept": ref.n_accept}
+    text_equal = "".join(ours.pieces) == ref.text
+    return {"reference": reference, "ours": mine, "expected_reference": expected, "text_equal": text_equal,
+            "checkpoint_rule": checkpoints,
+            "re_verified_steps": sum(st.n_accepted < st.n_drafted for st in ours.steps) if checkpoints else 0,
+            "eos_stopped_steps": sum(st.stop_reason == "eos" for st in ours.steps),
+            "match": text_equal and reference == expected}
+
+
+def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
+    from mtp_explorer.models.synthetic import write_synthetic_qwen35
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+
+    models = [
+        (write_synthetic_glm4moe(tmp / "glm4moe.gguf"), "synthetic glm4moe (random weights, KV rollback)"),
+        (write_synthetic_qwen35(tmp / "qwen35.gguf", context_mix=0.6, mtp_fidelity=1.0),
+         "synthetic qwen35 (random weights, context_mix=0.6, mtp_fidelity=1.0)"),
+        picked,
+    ]
+    cases, described = [], []
+    for path, origin in models:
+        info = mx.model_info(path)
+        checkpoints = bool(info.is_recurrent)
+        described.append({"model": str(path), "model_origin": origin, "arch": info.arch,
+                          "is_recurrent": info.is_recurrent, "checkpoint_rule": checkpoints})
+        with mx.Session.open(path, n_ctx=N_CTX, threads=threads, n_rs_seq=max(m for _, m in NGRAM_SIZES)) as s:
+            for prompt, (size_n, size_m) in itertools.product(NGRAM_PROMPTS, NGRAM_SIZES):
+                ref = run_reference_ngram(binary, path, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
+                                          threads=threads)
+                ours = replay_reference_budget_ngram(s, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
+                                                     checkpoints=checkpoints)
+                cases.append({"model": info.arch + (" (bundled)" if origin == "bundled" else ""),
+                              "model_path": str(path), "prompt": prompt, "size_n": size_n, "size_m": size_m}
+                             | compare_ngram(ref, ours, checkpoints=checkpoints))
+    return {"models": described, "sizes": [list(p) for p in NGRAM_SIZES], "cases": len(cases),
+            "matches": sum(c["match"] for c in cases),
+            "cases_with_drafts": sum(c["ours"]["n_drafted"] > 0 for c in cases),
+            "cases_with_re_verified_steps": sum(c["re_verified_steps"] > 0 for c in cases),
+            "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", default=os.environ.get("LLAMA_SPECULATIVE_SIMPLE"))
     ap.add_argument("--model")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="for our sessions and the reference alike")
+    ap.add_argument("--spec-type", choices=(*SPEC_TYPES, "all"), default="all",
+                    help="which drafter to check against the reference (default: all)")
     args = ap.parse_args()
     if not args.binary:
         ap.error("give --binary or set LLAMA_SPECULATIVE_SIMPLE")
+    spec_types = SPEC_TYPES if args.spec_type == "all" else (args.spec_type,)
     path, origin = pick_model(args.model)
-    cases = []
-    with mx.Session.open(path, n_ctx=1024, threads=2) as s:
-        for prompt, n_max, p_min, n_min in itertools.product(PROMPTS, (1, 2, 3, 5), (0.0, 0.5), (0,)):
-            ref = run_reference(args.binary, path, prompt, max_tokens=args.tokens, n_max=n_max, p_min=p_min,
-                                n_min=n_min, n_ctx=1024, threads=2)
-            ours = replay_reference_budget(s, prompt, max_tokens=args.tokens, n_max=n_max, p_min=p_min, n_min=n_min)
-            case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min} | compare(ref, ours, p_min)
-            cases.append(case)
-    ok = all(c["match"] for c in cases)
-    emit({"model": str(path), "model_origin": origin, "binary": args.binary, "tokens": args.tokens,
-          "machine": machine(), "cases": len(cases), "matches": sum(c["match"] for c in cases),
-          "explained_by_eos_rule": sum(c["explained_by_eos_rule"] for c in cases),
-          "unverifiable_drafted_total": sum(c["unverifiable_drafted_total"] for c in cases),
-          "all_match": ok, "mismatches": [c for c in cases if not c["match"]]})
-    return 0 if ok else 1
+    doc = {"binary": args.binary, "tokens": args.tokens, "threads": args.threads, "machine": machine(),
+           "spec_types": list(spec_types)}
+    if "draft-mtp" in spec_types:
+        doc["draft-mtp"] = mtp_section(args.binary, path, origin, args.tokens, args.threads)
+    if "ngram-simple" in spec_types:
+        with tempfile.TemporaryDirectory(prefix="mtp-explorer-parity-") as tmp:
+            doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+    doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
+    emit(doc)
+    return 0 if doc["all_match"] else 1
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 They need no widgets (the Explorer shows the same figures live) and export with :func:`export`.
 Step-indexed figures mark the steps where ``n_max``, ``p_min`` or ``n_min`` changed (``set_params``
 during a run); aggregate figures split their bars by settings segment when settings changed.
+
+The what-if figures of :mod:`mtp_explorer.whatif_plots` (built from oracle traces, calibrations and
+sweep/simulator tables rather than one trace) are re-exported here, so every figure is found in
+``plots``: :func:`reliability_diagram`, :func:`sweep_heatmap`, :func:`speedup_ceiling`,
+:func:`predicted_vs_measured` and :func:`drafter_comparison`. They are not in :data:`FIGURES`,
+which holds the per-trace figures only.
 """
 
 from __future__ import annotations
@@ -19,11 +25,20 @@ from plotly.subplots import make_subplots
 
 from .errors import MtpExplorerError
 from .trace import PHASES, STOP_REASONS, Trace
+from .whatif_plots import (  # re-exported (whatif_plots imports calibration/oracle, never this module)
+    drafter_comparison,
+    predicted_vs_measured,
+    reliability_diagram,
+    speedup_ceiling,
+    sweep_heatmap,
+)
 
 __all__ = [
     "ORIGIN_COLORS", "ExportError", "SettingsChange", "settings_changes", "settings_segments",
     "token_timeline", "acceptance_by_depth", "accepted_length_histogram", "hidden_norms", "rs_slots",
     "throughput", "export", "FIGURES", "slot_states", "step_seconds", "speedup",
+    # what-if figures, from whatif_plots
+    "reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
 ]
 
 SETTINGS: tuple[str, ...] = ("n_max", "p_min", "n_min")

@@ -50,3 +50,72 @@ def test_run_command_bad_parameter(model_mixed):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and "capacity" in proc.stdout
+
+
+REPEAT = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repeats itself: the n-gram drafter finds matches
+
+
+def test_run_command_drafter_options_parse():
+    import pytest
+
+    from mtp_explorer.cli import _parser
+    from mtp_explorer.session import DEFAULT_NGRAM_M, DEFAULT_NGRAM_N
+
+    args = _parser().parse_args(["run"])
+    assert (args.drafter, args.ngram_n, args.ngram_m) == ("mtp", DEFAULT_NGRAM_N, DEFAULT_NGRAM_M)
+    args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])
+    assert (args.drafter, args.ngram_n, args.ngram_m) == ("chain", 2, 5)
+    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"]):
+        with pytest.raises(SystemExit) as exc:
+            _parser().parse_args(["run", *bad])
+        assert exc.value.code == 2
+
+
+def test_run_command_bad_drafter_option_is_an_argparse_error(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "x", "--drafter", "eagle"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'eagle'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "x", "--ngram-m", "-1"])
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_run_command_ngram_without_mtp_head(model_no_mtp, tmp_path, capsys):
+    out_json = tmp_path / "ngram.json"
+    assert main(["run", REPEAT, "-m", str(model_no_mtp), "-n", "32", "--n-max", "4", "--n-ctx", "256",
+                 "--threads", "1", "--drafter", "ngram", "--ngram-n", "2", "--ngram-m", "4",
+                 "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "drafter" in out and "ngram" in out and "acceptance rate" in out
+    t = mx.Trace.from_json(out_json.read_text())
+    assert len(t.tokens) == 32
+    assert (t.settings["drafter"], t.settings["ngram_n"], t.settings["ngram_m"]) == ("ngram", 2, 4)
+    won = t.steps_by_drafter()
+    assert won["mtp"] == 0 and won["ngram"] > 0  # the repeated line is looked up
+
+
+def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
+    out_json = tmp_path / "chain.json"
+    assert main(["run", REPEAT, "-m", str(model_mixed), "-n", "32", "--n-max", "3", "--n-ctx", "256",
+                 "--threads", "1", "--drafter", "chain", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    t = mx.Trace.from_json(out_json.read_text())
+    assert t.settings["drafter"] == "chain"
+    won = t.steps_by_drafter()
+    assert sum(won.values()) == t.n_steps
+    assert "steps won by drafter" in out
+    assert f"mtp {won['mtp']}  ngram {won['ngram']}  (no draft {won['none']})" in out
+
+
+def test_run_command_mtp_drafters_need_an_mtp_head(model_no_mtp, capsys):
+    for drafter in ("mtp", "chain"):
+        assert main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1",
+                     "--drafter", drafter]) == 2
+        out = capsys.readouterr()
+        assert "no MTP layers" in out.out and "Traceback" not in out.out + out.err
+    # plain decoding needs no drafter at all
+    assert main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1",
+                 "--n-max", "0"]) == 0

@@ -229,3 +229,26 @@ def test_nan_free_layout_numbers(changed):
     for name, make in plots.FIGURES.items():
         fig = make(changed)
         assert "nan" not in fig.layout.title.text.lower(), name
+
+
+def test_whatif_figures_are_reexported(session):
+    """plots re-exports the what-if figures of whatif_plots (the same functions), and each builds."""
+    import pandas as pd
+
+    from mtp_explorer import whatif_plots
+
+    names = ("reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison")
+    for name in names:
+        assert getattr(plots, name) is getattr(whatif_plots, name) and name in plots.__all__
+        assert name not in plots.FIGURES  # FIGURES stays the per-trace figures the Explorer shows
+    oracle = session.record_oracle(PROMPT, max_tokens=32, depth=3)
+    grids = [mx.simulate_grid([oracle], [1, 2], [0.0, 0.5], drafter=d) for d in ("mtp", "ngram")]
+    figs = [
+        plots.reliability_diagram([oracle], n_bins=5),
+        plots.sweep_heatmap(grids[0]),
+        plots.speedup_ceiling(grids[0]),
+        plots.predicted_vs_measured([{"label": "n_max=2", "predicted": 100.0, "measured": 90.0}]),
+        plots.drafter_comparison(pd.concat(grids)),
+    ]
+    for fig in figs:
+        assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.data
