@@ -7,7 +7,8 @@ during a run); aggregate figures split their bars by settings segment when setti
 The what-if figures of :mod:`mtp_explorer.whatif_plots` (built from oracle traces, calibrations and
 sweep/simulator tables rather than one trace) are re-exported here, so every figure is found in
 ``plots``: :func:`reliability_diagram`, :func:`sweep_heatmap`, :func:`speedup_ceiling`,
-:func:`predicted_vs_measured` and :func:`drafter_comparison`. They are not in :data:`FIGURES`,
+:func:`predicted_vs_measured`, :func:`drafter_comparison`, and the Explorer's what-if figures
+:func:`predicted_acceptance_by_depth` and :func:`predicted_speed_by_n_max`. They are not in :data:`FIGURES`,
 which holds the per-trace figures only.
 """
 
@@ -27,6 +28,8 @@ from .errors import MtpExplorerError
 from .trace import PHASES, STOP_REASONS, Trace
 from .whatif_plots import (  # re-exported (whatif_plots imports calibration/oracle, never this module)
     drafter_comparison,
+    predicted_acceptance_by_depth,
+    predicted_speed_by_n_max,
     predicted_vs_measured,
     reliability_diagram,
     speedup_ceiling,
@@ -39,6 +42,7 @@ __all__ = [
     "throughput", "export", "FIGURES", "slot_states", "step_seconds", "speedup",
     # what-if figures, from whatif_plots
     "reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
+    "predicted_acceptance_by_depth", "predicted_speed_by_n_max",
 ]
 
 SETTINGS: tuple[str, ...] = ("n_max", "p_min", "n_min")

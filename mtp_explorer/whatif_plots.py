@@ -177,3 +177,64 @@ def drafter_comparison(df, *, by: str = "prompt", value: str = "tokens_per_secon
     fig.update_xaxes(title=by)
     fig.update_yaxes(title=value.replace("_", " "))
     return _layout(fig, f"Drafters compared ({value.replace('_', ' ')}, best setting each)")
+
+
+def predicted_acceptance_by_depth(prediction, measured=None) -> go.Figure:
+    """Bars: the predicted fraction of the steps drafting depth *d* in which the target accepts it
+    (``prediction``: a :class:`~mtp_explorer.simulate.SimTrace`), up to its ``n_max``; diamonds: the
+    same fraction in a measured run (a :class:`~mtp_explorer.trace.Trace`), when given."""
+    n_max = int(prediction.policy["n_max"])
+    s = prediction.summary()
+    depths = list(range(1, n_max + 1))
+    rate = [float(v) for v in s["acceptance_by_depth"][:n_max]]
+    fig = go.Figure(go.Bar(
+        x=depths, y=rate, name="predicted", marker_color="#4c78a8",
+        text=[("" if math.isnan(v) else f"{v:.2f}") for v in rate], textposition="outside",
+        hovertemplate="depth %{x}: predicted %{y:.3f}<extra></extra>",
+    ))
+    if measured is not None:
+        m = [float(v) for v in measured.summary()["acceptance_by_depth"][:n_max]]
+        m += [math.nan] * (n_max - len(m))
+        fig.add_trace(go.Scatter(x=depths, y=m, mode="markers", name="measured",
+                                 marker=dict(symbol="diamond", size=11, color="#e45756",
+                                             line=dict(color="black", width=1)),
+                                 hovertemplate="depth %{x}: measured %{y:.3f}<extra></extra>"))
+    rate_all = s["acceptance_rate"]
+    title = "predicted acceptance by depth" + ("" if math.isnan(rate_all) else f" — overall {rate_all:.2f}")
+    fig.update_xaxes(title="draft depth", dtick=1)
+    fig.update_yaxes(title="accepted / reached", range=[0, 1.1])
+    _layout(fig, title, height=340)
+    fig.update_layout(showlegend=measured is not None)
+    return fig
+
+
+def predicted_speed_by_n_max(rows: Sequence[dict], *, n_max: int, plain: float, p_min: float, n_min: int,
+                             measured: dict | None = None) -> go.Figure:
+    """Predicted tokens/s against ``n_max`` at one ``p_min`` / ``n_min`` (``rows``: dicts with ``n_max``,
+    ``tokens_per_second`` and ``ceiling_tokens_per_second``), the ceiling with every draft accepted,
+    plain decoding (``plain`` tokens/s), the setting ``n_max`` marked with a star and, when given, a
+    measured run (``measured``: ``n_max`` and ``tokens_per_second``) with a diamond."""
+    x = [int(r["n_max"]) for r in rows]
+    y = [float(r["tokens_per_second"]) for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[float(r["ceiling_tokens_per_second"]) for r in rows], mode="lines",
+                             name="every draft accepted", line=dict(color="#aec7e8", dash="dash"),
+                             hovertemplate="n_max %{x}<br>ceiling %{y:.0f} tok/s<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="predicted", line=dict(color="#1f77b4"),
+                             hovertemplate="n_max %{x}<br>predicted %{y:.0f} tok/s<extra></extra>"))
+    cur = [r for r in rows if int(r["n_max"]) == n_max]
+    if cur:
+        fig.add_trace(go.Scatter(x=[n_max], y=[float(cur[0]["tokens_per_second"])], mode="markers",
+                                 name="this setting", marker=dict(symbol="star", size=16, color="#f58518",
+                                                                  line=dict(color="black", width=1)),
+                                 hovertemplate="n_max %{x} (this setting)<br>predicted %{y:.0f} tok/s<extra></extra>"))
+    if measured is not None:
+        fig.add_trace(go.Scatter(x=[int(measured["n_max"])], y=[float(measured["tokens_per_second"])], mode="markers",
+                                 name="measured", marker=dict(symbol="diamond", size=12, color="#e45756",
+                                                              line=dict(color="black", width=1)),
+                                 hovertemplate="n_max %{x}<br>measured %{y:.0f} tok/s<extra></extra>"))
+    if math.isfinite(plain):
+        fig.add_hline(y=plain, line=dict(color="#d62728", dash="dot"), annotation_text=f"plain {plain:.0f} tok/s")
+    fig.update_xaxes(title="n_max", dtick=1)
+    fig.update_yaxes(title="tokens / s", rangemode="tozero")
+    return _layout(fig, f"predicted tokens/s by n_max (p_min {p_min:.2f}, n_min {n_min})", height=340)

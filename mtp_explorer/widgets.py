@@ -7,6 +7,17 @@ tokens; Run / Step / Stop), a progress bar with tokens/s, an error area, and the
 Moving a slider during a run calls ``Session.set_params`` (it applies from the next step) and the
 step-indexed figures mark the change. The plain baseline (``n_max=0``) used for the speedup is run once
 per (prompt, max tokens, temperature, seed) and cached.
+
+What-if mode (:class:`WhatIfPanel`): *Record oracle* records, in the background, the greedy generation of
+the prompt and max tokens once with the MTP draft chain at every position
+(:meth:`Session.record_oracle`, depth = the session's capacity). From then on, for that prompt and max
+tokens, every move of ``n_max`` / ``p_min`` / ``n_min`` replays the setting on the oracle
+(:func:`mtp_explorer.simulate`, about a millisecond) and shows at once the predicted acceptance, mean
+accepted length, tokens/s, the ceiling with every draft accepted and the speedup over predicted plain
+decoding, beside the measured numbers of the last greedy Run of the same prompt and max tokens; two
+figures show the predicted acceptance by depth and the predicted tokens/s against ``n_max``. Under greedy
+decoding a Run with the same settings accepts exactly the predicted counts; tokens/s come from the
+oracle's measured cost model. Oracles are cached per (prompt, max tokens).
 """
 
 from __future__ import annotations
@@ -24,12 +35,15 @@ import numpy as np
 import plotly.graph_objects as go
 import traitlets as T
 
-from . import plots
-from .errors import MtpExplorerError
+from . import plots, whatif_plots
+from .errors import MtpExplorerError, MtpUnavailableError, ParameterError
+from .oracle import OracleTrace
 from .session import Session
+from .simulate import SimTrace, simulate
 from .trace import STOP_REASONS, Step, Trace
 
-__all__ = ["Explorer", "LiveTrace", "RunRequest", "Controls", "ProgressView", "ErrorArea", "LiveViews"]
+__all__ = ["Explorer", "LiveTrace", "RunRequest", "Controls", "ProgressView", "ErrorArea", "LiveViews",
+           "WhatIfPanel"]
 
 #: Least time between two redraws of the live views while a generation streams (about 10 per second).
 MIN_REDRAW_INTERVAL = 0.1
@@ -143,6 +157,11 @@ class RunRequest:
     def baseline_key(self) -> tuple:
         """The plain baseline depends on these only (not on the drafting settings)."""
         return (self.prompt, self.max_tokens, self.temperature, self.seed)
+
+    @property
+    def oracle_key(self) -> tuple:
+        """An oracle (greedy, any drafting settings) depends on these only."""
+        return (self.prompt, self.max_tokens)
 
 
 def readable_error(exc: BaseException) -> str:
@@ -290,14 +309,119 @@ class LiveViews(W.VBox):
                 sync_figure(self.figures[name], fig)
 
 
+# -- the what-if mode ------------------------------------------------------------------------------
+WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_speed_by_n_max")
+
+NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
+             "move n_max / p_min / n_min to see the predicted acceptance and speed at once.</i>")
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:{spec}}{suffix}"
+
+
+def _setting_text(n_max: int, p_min: float, n_min: int) -> str:
+    return f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}"
+
+
+def whatif_table(numbers: dict) -> str:
+    """The what-if numbers (:attr:`Explorer.whatif`) as an HTML table: predicted, measured and their
+    ratio, with a note on what the measured column is."""
+    m = numbers.get("measured")
+    rows = (("acceptance rate", "acceptance_rate", ".3f", ""),
+            ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
+            ("tokens/s", "tokens_per_second", ".0f", ""),
+            ("speedup vs plain", "speedup", ".2f", "×"),
+            ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
+            ("plain tokens/s", "plain_tokens_per_second", ".0f", ""))
+    ratio = m is not None and m["same_settings"]
+    head = "<th></th><th>predicted</th>"
+    if m is not None:
+        head += "<th>measured</th>" + ("<th>measured / predicted</th>" if ratio else "")
+    body = []
+    for label, key, spec, suffix in rows:
+        cells = f"<td>{label}</td><td>{_fmt(numbers.get(key), spec, suffix)}</td>"
+        if m is not None:
+            cells += f"<td>{_fmt(m.get(key), spec, suffix)}</td>"
+            if ratio:
+                pred, meas = numbers.get(key), m.get(key)
+                r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
+                cells += f"<td>{_fmt(r, '.3f')}</td>"
+        body.append(f"<tr>{cells}</tr>")
+    style = 'style="border-collapse:collapse;font-size:13px" cellpadding="3"'
+    table = f'<table class="mtpx-whatif-numbers" {style}><tr>{head}</tr>{"".join(body)}</table>'
+    note = numbers.get("note", "")
+    return table + (f'<div class="mtpx-whatif-note" style="font-size:12px;color:#555">{html.escape(note)}</div>'
+                    if note else "")
+
+
+class WhatIfPanel(W.VBox):
+    """The what-if mode's part of the Explorer: the Record oracle button, a status line and, once an
+    oracle exists, the predicted numbers beside the measured run's and the figures of the prediction
+    (``figures``: :data:`WHATIF_NAMES`)."""
+
+    def __init__(self, width: int = 960) -> None:
+        self.width = width
+        self.record = W.Button(description="Record oracle", icon="database",
+                               tooltip="record the greedy generation once; the sliders then predict at once",
+                               layout=W.Layout(width="150px", flex="none"))
+        self.status = W.HTML(value=NO_ORACLE)
+        self.status.add_class("mtpx-whatif-status")
+        self.table = W.HTML()
+        self.table.add_class("mtpx-whatif-table")
+        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in WHATIF_NAMES}
+        self._header = W.HBox([self.record, self.status])
+        self._figure_row = W.HBox([self.figures[name] for name in WHATIF_NAMES])
+        super().__init__([self._header])
+        self.add_class("mtpx-whatif")
+        self._lock = threading.Lock()
+
+    @property
+    def showing(self) -> bool:
+        """Whether the numbers and figures of a prediction are shown."""
+        return len(self.children) > 1
+
+    def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
+        """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
+        with self._lock:
+            self.status.value = status
+            self.table.value = table
+            for name, fig in figs.items():
+                fig.update_layout(width=self.width // 2)
+                sync_figure(self.figures[name], fig)
+            if not self.showing:
+                # the figures join the page only now: until then the Explorer shows no empty plots
+                self.children = [self._header, self.table, self._figure_row]
+
+    def clear(self, status: str) -> None:
+        """No prediction: the button and the ``status`` line (HTML) only."""
+        with self._lock:
+            self.status.value = status
+            self.table.value = ""
+            self.children = [self._header]
+
+
 # -- the Explorer ----------------------------------------------------------------------------------
 class Explorer(W.VBox):
     """Run, step and tune MTP speculative decoding on ``session`` and watch it live.
 
-    ``run()``, ``step()`` and ``stop()`` are what the buttons call; ``wait()`` blocks until the current
-    generation (and its baseline) is done; ``width`` is the figures' width in pixels. The state is in
-    traitlets: ``state`` (idle / running / stepping / busy), ``trace`` (the latest trace, partial while
-    streaming), ``baseline``, ``n_steps``, ``n_tokens``, ``tokens_per_second``, ``finish_reason``, ``error``.
+    ``run()``, ``step()``, ``stop()`` and ``record_oracle()`` are what the buttons call; ``wait()`` blocks
+    until the background work (a generation and its baseline, or an oracle recording) is done; ``width``
+    is the figures' width in pixels. The state is in traitlets: ``state`` (idle / running / stepping /
+    busy), ``trace`` (the latest trace, partial while streaming), ``baseline``, ``n_steps``, ``n_tokens``,
+    ``tokens_per_second``, ``finish_reason``, ``error``.
+
+    What-if mode: ``oracle`` (the :class:`OracleTrace` of the controls' prompt and max tokens, or None;
+    recorded ones are kept in ``oracles`` by (prompt, max tokens)), ``prediction`` (the :class:`SimTrace`
+    of the sliders' setting, redone on every slider move) and ``whatif`` (its numbers: ``n_max``,
+    ``p_min``, ``n_min``, ``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_depth``,
+    ``tokens_per_second``, ``ceiling_tokens_per_second``, ``plain_tokens_per_second``, ``speedup``,
+    ``note``, and ``measured``: the same numbers of the last greedy run of this prompt and max tokens
+    with its ``n_max`` / ``p_min`` / ``n_min`` (None when it changed them mid-run), ``same_settings``
+    and ``tokens_per_second_ratio`` (measured / predicted, with the same settings), or None).
+    ``predict()`` replays any setting; ``update_prediction()`` redraws the what-if panel.
     """
 
     state = T.Unicode("idle")
@@ -308,6 +432,9 @@ class Explorer(W.VBox):
     tokens_per_second = T.Float(math.nan)
     finish_reason = T.Unicode("")
     error = T.Unicode("")
+    oracle = T.Any(None, allow_none=True)
+    prediction = T.Any(None, allow_none=True)
+    whatif = T.Dict()
 
     def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
@@ -319,7 +446,9 @@ class Explorer(W.VBox):
         self.progress = ProgressView()
         self.error_area = ErrorArea()
         self.views = LiveViews(self.piece, width)
+        self.whatif_panel = WhatIfPanel(width)
         self.baselines: dict[tuple, Trace] = {}
+        self.oracles: dict[tuple, OracleTrace] = {}
         self._request: RunRequest | None = None
         self._live: LiveTrace | None = None
         self._stepper: Iterator[Step] | None = None
@@ -328,16 +457,25 @@ class Explorer(W.VBox):
         self._stop_requested = False
         self._interval = MIN_REDRAW_INTERVAL
         self._last_redraw = 0.0
+        self._activity = ""             # what the status line says while an oracle is recorded
+        self._whatif_lock = threading.Lock()
+        self._whatif_error = ""         # the error the last prediction showed, cleared by the next one
+        self._plain: tuple | None = None  # (oracle, predicted plain tokens/s)
+        self._curve: tuple | None = None  # (oracle, (p_min, n_min), predicted tokens/s by n_max)
         info = session.info
         title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
                        f"{info.n_params / 1e6:.1f} M parameters) · n_max up to {session.capacity}")
-        super().__init__([title, self.controls, self.progress, self.error_area, self.views])
+        super().__init__([title, self.controls, self.progress, self.error_area, self.whatif_panel, self.views])
         self.add_class("mtpx-explorer")
         self.controls.run.on_click(lambda _: self.run())
         self.controls.step.on_click(lambda _: self.step())
         self.controls.stop.on_click(lambda _: self.stop())
+        self.whatif_panel.record.on_click(lambda _: self.record_oracle())
         for name in ("n_max", "p_min", "n_min"):
             getattr(self.controls, name).observe(functools.partial(self._on_setting, name), names="value")
+        for name in ("prompt", "max_tokens", "temperature"):
+            getattr(self.controls, name).observe(self._on_whatif_input, names="value")
+        self.observe(self._on_oracle, names="oracle")
         self.observe(self._on_state, names="state")
         self.observe(lambda change: self.error_area.show(change["new"]), names="error")
         self.views.render(LiveTrace("", {}, info.to_dict(), session.capacity, self.piece).trace(), None)
@@ -370,8 +508,61 @@ class Explorer(W.VBox):
             self.state = "busy"
             self._spawn(self._advance_one)
 
+    def record_oracle(self) -> None:
+        """Record the oracle of the controls' prompt and max tokens (greedy decoding, depth = the
+        session's capacity) in a background thread; refused, with a message, at temperature > 0 or
+        without MTP layers. From then on the sliders predict at once."""
+        if self.state in ("running", "busy"):
+            return
+        req = self.controls.request()
+        refusal = self._oracle_refusal(req)
+        if refusal is not None:
+            self.error = readable_error(refusal)
+            return
+        self._close_stepper()
+        self._stop_requested = False
+        self.error = ""
+        self._activity = f"recording oracle · {req.max_tokens} tokens, depth {self.session.capacity} …"
+        self.whatif_panel.status.value = "<i>recording the oracle …</i>"
+        self.state = "busy"
+        self._spawn(functools.partial(self._record, req))
+
+    def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> SimTrace:
+        """The oracle's replay of a setting (default: the sliders'): the accepted counts a greedy run
+        would have, and the predicted timings."""
+        if self.oracle is None:
+            raise MtpExplorerError("no oracle for this prompt and max tokens: record one first")
+        c = self.controls
+        return simulate(self.oracle, int(c.n_max.value) if n_max is None else n_max,
+                        float(c.p_min.value) if p_min is None else p_min,
+                        int(c.n_min.value) if n_min is None else n_min)
+
+    def update_prediction(self) -> None:
+        """Predict the sliders' setting and show it beside the measured run (an error goes to the error
+        area); without an oracle, clear the what-if numbers."""
+        with self._whatif_lock:
+            if self.oracle is None:
+                self.prediction = None
+                self.whatif = {}
+                self.whatif_panel.clear("<i>recording the oracle …</i>" if self._activity else NO_ORACLE)
+                return
+            try:
+                sim = self.predict()
+                numbers = self._whatif_numbers(sim)
+                figs = self._whatif_figures(sim, numbers)
+            except Exception as exc:  # shown in the widget, never raised into the kernel
+                self._whatif_error = self.error = readable_error(exc)
+                return
+            if self._whatif_error and self.error == self._whatif_error:
+                self.error = ""
+            self._whatif_error = ""
+            self.prediction = sim
+            self.whatif = numbers
+            self.whatif_panel.show(self._oracle_status(numbers), whatif_table(numbers), figs)
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the background work (generation, then baseline) is done; False on timeout."""
+        """Block until the background work (generation then baseline, or an oracle recording) is done;
+        False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (thread := self._thread) is not None and thread.is_alive():
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -386,18 +577,26 @@ class Explorer(W.VBox):
 
     # -- callbacks ---------------------------------------------------------------------------------
     def _on_setting(self, name: str, change) -> None:
-        if not self._drafting:
-            return  # applies to the next Run
-        try:
-            self.session.set_params(**{name: change["new"]})
-        except MtpExplorerError as exc:
-            self.error = readable_error(exc)
+        if self._drafting:  # else it applies to the next Run
+            try:
+                self.session.set_params(**{name: change["new"]})
+            except MtpExplorerError as exc:
+                self.error = readable_error(exc)
+        if self.oracle is not None:
+            self.update_prediction()
+
+    def _on_whatif_input(self, change) -> None:
+        self._sync_oracle()
+
+    def _on_oracle(self, change) -> None:
+        self.update_prediction()
 
     def _on_state(self, change) -> None:
         busy = change["new"] in ("running", "busy")
         self.controls.run.disabled = busy
         self.controls.step.disabled = busy
         self.controls.stop.disabled = change["new"] == "idle"
+        self.whatif_panel.record.disabled = busy
         self._show_progress()
 
     # -- background work -------------------------------------------------------------------------
@@ -463,11 +662,15 @@ class Explorer(W.VBox):
             self.baseline = self.baselines.get(req.baseline_key)
             if self.baseline is not None:
                 self.views.render(final, self.baseline, names=("throughput",))
+        if self.oracle is not None:
+            self.update_prediction()  # the measured run beside the prediction
         self.state = "idle"
 
     def _failed(self, exc: BaseException) -> None:
         self._drafting = False
         self.error = readable_error(exc)
+        if self.oracle is not None:
+            self.update_prediction()
         self.state = "idle"
 
     def _close_stepper(self) -> None:
@@ -475,6 +678,145 @@ class Explorer(W.VBox):
             self._stepper.close()
             self._stepper = None
         self._drafting = False
+
+    def _record(self, req: RunRequest) -> None:
+        """Record the oracle of ``req``'s prompt and max tokens and take it if the controls still ask
+        for that prompt and max tokens."""
+        failure, oracle = None, None
+        try:
+            oracle = self.session.record_oracle(req.prompt, req.max_tokens, depth=self.session.capacity)
+        except Exception as exc:
+            failure = exc
+        cancelled = self._stop_requested  # Stop during the recording, even one the engine missed
+        self._activity = ""
+        if oracle is not None and not cancelled:
+            self.oracles[req.oracle_key] = oracle
+        self._sync_oracle()
+        if failure is not None and not cancelled:
+            self.error = readable_error(failure)
+        if cancelled and self.oracle is None:
+            self.whatif_panel.status.value = "<i>the oracle recording was cancelled</i>"
+        self.state = "idle"
+
+    def _oracle_refusal(self, req: RunRequest) -> MtpExplorerError | None:
+        """Why no oracle can be recorded for ``req`` (None: it can)."""
+        if req.temperature > 0:
+            return ParameterError(f"the oracle records greedy decoding: set temperature to 0 to record one "
+                                  f"(it is {req.temperature:g}); its predictions hold for greedy decoding only")
+        info = self.session.info
+        if not info.has_mtp:
+            return MtpUnavailableError(f"{info.name} has no MTP layers: the what-if mode replays MTP drafts")
+        return None
+
+    def _sync_oracle(self) -> None:
+        """Take the recorded oracle of the controls' prompt and max tokens (None: there is none)."""
+        oracle = self.oracles.get(self.controls.request().oracle_key)
+        if oracle is self.oracle:
+            self.update_prediction()  # the note on the temperature, or the panel without an oracle
+        else:
+            self.oracle = oracle  # _on_oracle predicts
+
+    # -- what-if numbers -------------------------------------------------------------------------
+    def _plain_tokens_per_second(self, oracle: OracleTrace) -> float:
+        if self._plain is None or self._plain[0] is not oracle:
+            self._plain = (oracle, simulate(oracle, 0).predicted_tokens_per_second)
+        return self._plain[1]
+
+    def _speed_curve(self, oracle: OracleTrace, p_min: float, n_min: int) -> list[dict]:
+        """Predicted and ceiling tokens/s for every ``n_max`` the oracle covers (``n_min`` capped by it)."""
+        if self._curve is None or self._curve[0] is not oracle or self._curve[1] != (p_min, n_min):
+            rows = []
+            for n in range(1, oracle.depth + 1):
+                sim = simulate(oracle, n, p_min, min(n_min, n))
+                rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
+                             "ceiling_tokens_per_second": sim.ceiling_tokens_per_second()})
+            self._curve = (oracle, (p_min, n_min), rows)
+        return self._curve[2]
+
+    def _measured_run(self, oracle: OracleTrace) -> Trace | None:
+        """The current trace if it is a finished greedy MTP run of the oracle's prompt and max tokens."""
+        t = self.trace
+        if t is None or t.finish_reason in ("running", "cancelled") or t.n_steps == 0:
+            return None
+        s = t.settings
+        if (t.prompt != oracle.prompt or s.get("max_tokens") != oracle.max_tokens
+                or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", "mtp") != "mtp"):
+            return None
+        return t
+
+    def _whatif_numbers(self, sim: SimTrace) -> dict:
+        oracle, pol = sim.oracle, sim.policy
+        n_max, p_min, n_min = int(pol["n_max"]), float(pol["p_min"]), int(pol["n_min"])
+        s = sim.summary()
+        plain = self._plain_tokens_per_second(oracle)
+        tps = s["tokens_per_second"]
+        numbers = {
+            "n_max": n_max, "p_min": p_min, "n_min": n_min,
+            "acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
+            "acceptance_by_depth": s["acceptance_by_depth"][:n_max],
+            "tokens_per_second": tps, "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
+            "plain_tokens_per_second": plain, "speedup": tps / plain if plain else math.nan,
+        }
+        measured = self._measured_run(oracle)
+        notes = []
+        if measured is None:
+            numbers["measured"] = None
+            notes.append("No measured run of this prompt and max tokens at temperature 0 yet: "
+                         "Run puts its numbers beside the prediction.")
+        else:
+            c = measured.columns
+            constant = len(plots.settings_segments(measured)) == 1
+            ms = measured.summary()
+            m_n_max, m_p_min, m_n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
+            same = bool(constant and m_n_max == n_max and m_n_min == n_min
+                        and np.float32(m_p_min) == np.float32(p_min))
+            base = self.baselines.get((measured.prompt, measured.settings.get("max_tokens"),
+                                       measured.settings.get("temperature"), measured.settings.get("seed")))
+            numbers["measured"] = {
+                "n_max": m_n_max if constant else None, "p_min": round(m_p_min, 6) if constant else None,
+                "n_min": m_n_min if constant else None, "same_settings": same,
+                "acceptance_rate": ms["acceptance_rate"], "mean_accepted_length": ms["mean_accepted_length"],
+                "acceptance_by_depth": ms["acceptance_by_depth"][:n_max],
+                "tokens_per_second": ms["tokens_per_second"],
+                "speedup": plots.speedup(measured, base) if base is not None else math.nan,
+                "plain_tokens_per_second": base.summary()["tokens_per_second"] if base is not None else math.nan,
+                "tokens_per_second_ratio": ms["tokens_per_second"] / tps if same and tps else math.nan,
+            }
+            if same:
+                notes.append("Measured: the last Run, with these settings.")
+            elif constant:
+                notes.append(f"The measured run used {_setting_text(m_n_max, m_p_min, m_n_min)}; "
+                             f"the prediction is for {_setting_text(n_max, p_min, n_min)}.")
+            else:
+                notes.append("The measured run changed its settings mid-run "
+                             f"(it started with {_setting_text(m_n_max, m_p_min, m_n_min)}).")
+        temperature = float(self.controls.temperature.value)
+        if temperature > 0:
+            notes.append(f"Predictions are for greedy decoding (temperature 0); the controls' temperature is "
+                         f"{temperature:g}.")
+        numbers["note"] = " ".join(notes)
+        return numbers
+
+    def _whatif_figures(self, sim: SimTrace, numbers: dict) -> dict[str, go.Figure]:
+        n_max, p_min, n_min = numbers["n_max"], numbers["p_min"], numbers["n_min"]
+        m = numbers["measured"]
+        point = None
+        if (m is not None and m["n_max"] is not None and np.float32(m["p_min"]) == np.float32(p_min)
+                and m["n_min"] == min(n_min, m["n_max"])):
+            point = {"n_max": m["n_max"], "tokens_per_second": m["tokens_per_second"]}
+        return {
+            "predicted_acceptance_by_depth": whatif_plots.predicted_acceptance_by_depth(
+                sim, self.trace if m is not None and m["same_settings"] else None),
+            "predicted_speed_by_n_max": whatif_plots.predicted_speed_by_n_max(
+                self._speed_curve(sim.oracle, p_min, n_min), n_max=n_max, plain=numbers["plain_tokens_per_second"],
+                p_min=p_min, n_min=n_min, measured=point),
+        }
+
+    def _oracle_status(self, numbers: dict) -> str:
+        o = self.oracle
+        setting = _setting_text(numbers["n_max"], numbers["p_min"], numbers["n_min"])
+        return (f"<b>what-if</b> · oracle: {o.n_positions} tokens of greedy decoding, depth {o.depth}, "
+                f"recorded in {o.wall_seconds:.2f} s · predicting {setting}")
 
     # -- drawing -----------------------------------------------------------------------------------
     def _redraw(self, trace: Trace | None, force: bool = False) -> None:
@@ -495,6 +837,9 @@ class Explorer(W.VBox):
         self._last_redraw = time.monotonic()
 
     def _show_progress(self) -> None:
+        if self._activity:
+            self.progress.label.value = self._activity
+            return
         req = self._request
         state = self.finish_reason if self.state == "idle" and self.finish_reason else self.state
         self.progress.show(self.n_tokens, req.max_tokens if req else 0, self.n_steps, self.tokens_per_second, state)

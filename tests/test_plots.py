@@ -237,7 +237,8 @@ def test_whatif_figures_are_reexported(session):
 
     from mtp_explorer import whatif_plots
 
-    names = ("reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison")
+    names = ("reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
+             "predicted_acceptance_by_depth", "predicted_speed_by_n_max")
     for name in names:
         assert getattr(plots, name) is getattr(whatif_plots, name) and name in plots.__all__
         assert name not in plots.FIGURES  # FIGURES stays the per-trace figures the Explorer shows
@@ -249,6 +250,10 @@ def test_whatif_figures_are_reexported(session):
         plots.speedup_ceiling(grids[0]),
         plots.predicted_vs_measured([{"label": "n_max=2", "predicted": 100.0, "measured": 90.0}]),
         plots.drafter_comparison(pd.concat(grids)),
+        plots.predicted_acceptance_by_depth(mx.simulate(oracle, 2, 0.0)),
+        plots.predicted_speed_by_n_max([{"n_max": 1, "tokens_per_second": 90.0, "ceiling_tokens_per_second": 120.0},
+                                        {"n_max": 2, "tokens_per_second": 95.0, "ceiling_tokens_per_second": 150.0}],
+                                       n_max=2, plain=80.0, p_min=0.0, n_min=0),
     ]
     for fig in figs:
         assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.data

@@ -1,15 +1,19 @@
 """The Explorer widget without a browser: runs stream in a background thread and fill the figures;
-Step, live settings, Stop, Run again, errors; the live trace equals the final one."""
+Step, live settings, Stop, Run again, errors; the live trace equals the final one; the what-if mode
+(an oracle recorded once, predictions that follow the sliders, beside the measured run)."""
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 import mtp_explorer as mx
 from mtp_explorer import plots
+from mtp_explorer import widgets
 from mtp_explorer.widgets import LIVE_COLUMNS, Explorer, LiveTrace
 
 PROMPT = "def fib(n):"
@@ -203,6 +207,198 @@ def test_live_trace_equals_the_final_trace(session):
         col = final.columns[name]
         assert partial.columns[name].dtype == col.dtype, name
         np.testing.assert_array_equal(partial.columns[name], col, err_msg=name)
+
+
+def _whatif_trace(ex: Explorer, figure: str, name: str):
+    return next(t for t in ex.whatif_panel.figures[figure].data if t.name == name)
+
+
+def test_whatif_follows_the_sliders_and_equals_the_run(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
+    assert ex.oracle is None and ex.prediction is None and ex.whatif == {}
+    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
+    ex.record_oracle()
+    assert ex.wait(60)
+    assert ex.state == "idle" and ex.error == ""
+    o = ex.oracle
+    assert isinstance(o, mx.OracleTrace) and ex.oracles == {(PROMPT, 64): o}
+    assert o.prompt == PROMPT and o.max_tokens == 64 and o.depth == session.capacity
+    assert ex.whatif_panel.showing and ex.prediction.policy["n_max"] == 3
+    assert "oracle: 64 tokens" in ex.whatif_panel.status.value
+    plain = mx.simulate(o, 0).predicted_tokens_per_second
+    seen = set()
+    c = ex.controls
+    for n_max, p_min, n_min in ((2, 0.3, 1), (5, 0.0, 0), (4, 0.6, 2)):
+        c.n_max.value, c.p_min.value, c.n_min.value = n_max, p_min, n_min
+        expected = mx.simulate(o, n_max, p_min, n_min)
+        es = expected.summary()
+        assert ex.prediction.policy == expected.policy
+        np.testing.assert_array_equal(ex.prediction.n_accepted, expected.n_accepted)
+        w = ex.whatif
+        assert (w["n_max"], w["p_min"], w["n_min"]) == (n_max, pytest.approx(p_min), n_min)
+        for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_second"):
+            assert w[key] == pytest.approx(es[key], nan_ok=True), key
+        assert w["acceptance_by_depth"] == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
+        assert w["ceiling_tokens_per_second"] == pytest.approx(expected.ceiling_tokens_per_second())
+        assert w["plain_tokens_per_second"] == pytest.approx(plain)
+        assert w["speedup"] == pytest.approx(es["tokens_per_second"] / plain)
+        assert w["measured"] is None and "No measured run" in w["note"]
+        table = ex.whatif_panel.table.value
+        for text in (f"{es['acceptance_rate']:.3f}", f"{es['mean_accepted_length']:.2f}",
+                     f"{es['tokens_per_second']:.0f}", f"{w['speedup']:.2f}×",
+                     f"{w['ceiling_tokens_per_second']:.0f}"):
+            assert text in table, text
+        assert f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}" in ex.whatif_panel.status.value
+        bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "predicted")
+        assert list(bars.x) == list(range(1, n_max + 1))
+        assert list(bars.y) == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
+        star = _whatif_trace(ex, "predicted_speed_by_n_max", "this setting")
+        assert list(star.x) == [n_max] and star.y[0] == pytest.approx(es["tokens_per_second"])
+        curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
+        assert list(curve.x) == list(range(1, o.depth + 1))
+        assert curve.y[0] == pytest.approx(mx.simulate(o, 1, p_min, min(n_min, 1)).predicted_tokens_per_second)
+        seen.add(round(w["tokens_per_second"], 6))
+    assert len(seen) == 3  # the prediction moved with the sliders
+
+    # a greedy Run with the same settings accepts exactly the predicted counts
+    ex.run()
+    assert ex.wait(60)
+    t, pred = ex.trace, ex.prediction
+    cmp = mx.compare(o, t)
+    assert not cmp.unexplained, cmp.unexplained[:2]
+    if cmp.exact:
+        np.testing.assert_array_equal(t.n_accepted, pred.n_accepted)
+        np.testing.assert_array_equal(t.n_drafted, pred.n_drafted)
+        assert t.tokens == pred.tokens
+    else:
+        warnings.warn(f"floating-point argmax ties between the run and the oracle: {cmp.ties[:2]}")
+    ts, w = t.summary(), ex.whatif
+    m = w["measured"]
+    assert m["same_settings"] is True and (m["n_max"], m["p_min"], m["n_min"]) == (4, pytest.approx(0.6), 2)
+    assert m["acceptance_rate"] == pytest.approx(ts["acceptance_rate"])
+    assert m["tokens_per_second"] == pytest.approx(ts["tokens_per_second"])
+    assert m["tokens_per_second_ratio"] == pytest.approx(ts["tokens_per_second"] / w["tokens_per_second"])
+    assert m["speedup"] == pytest.approx(plots.speedup(t, ex.baseline))
+    if cmp.exact:
+        assert m["acceptance_rate"] == pytest.approx(w["acceptance_rate"])
+        assert m["mean_accepted_length"] == pytest.approx(w["mean_accepted_length"])
+    table = ex.whatif_panel.table.value
+    assert "measured / predicted" in table and f"{ts['tokens_per_second']:.0f}" in table
+    assert f"{m['tokens_per_second_ratio']:.3f}" in table
+    measured_bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "measured")
+    assert list(measured_bars.y) == pytest.approx(ts["acceptance_by_depth"][:4], nan_ok=True)
+    point = _whatif_trace(ex, "predicted_speed_by_n_max", "measured")
+    assert list(point.x) == [4] and point.y[0] == pytest.approx(ts["tokens_per_second"])
+
+    # another setting: the measured run's settings are named, no ratio
+    c.n_max.value = 3
+    m = ex.whatif["measured"]
+    assert m["same_settings"] is False and ex.whatif["n_max"] == 3
+    assert "The measured run used n_max=4, p_min=0.60, n_min=2" in ex.whatif["note"]
+    assert "n_max=4, p_min=0.60, n_min=2" in ex.whatif_panel.table.value
+    assert "measured / predicted" not in ex.whatif_panel.table.value
+    assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
+
+
+def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=32)
+    gate = threading.Event()
+    record = session.record_oracle
+
+    def gated(*args, **kwargs):
+        assert gate.wait(30)
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(session, "record_oracle", gated)
+    t0 = time.monotonic()
+    ex.record_oracle()
+    assert time.monotonic() - t0 < 1.0  # the kernel is not blocked
+    assert ex.state == "busy" and ex.controls.run.disabled and ex.whatif_panel.record.disabled
+    assert not ex.controls.stop.disabled
+    assert ex.progress.label.value.startswith("recording oracle · 32 tokens")
+    assert "recording the oracle" in ex.whatif_panel.status.value
+    ex.run()  # refused while recording
+    assert ex.state == "busy" and ex.n_steps == 0
+    gate.set()
+    assert ex.wait(30)
+    assert ex.state == "idle" and ex.error == "" and ex.oracle is not None and ex.oracle.max_tokens == 32
+    assert not ex.whatif_panel.record.disabled and not ex.controls.run.disabled
+    assert "recording" not in ex.progress.label.value
+    # Stop during a recording: nothing is kept, no error
+    ex.controls.max_tokens.value = 40
+    gate.clear()
+    ex.record_oracle()
+    ex.stop()
+    gate.set()
+    assert ex.wait(30)
+    assert ex.state == "idle" and ex.error == "" and ex.oracle is None and (PROMPT, 40) not in ex.oracles
+    assert "cancelled" in ex.whatif_panel.status.value
+    assert session.generate(PROMPT, max_tokens=8).finish_reason == "budget"  # the session is usable
+
+
+def test_recording_is_refused_at_temperature_or_without_mtp(session, model_no_mtp):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=16, temperature=0.7)
+    ex.record_oracle()
+    assert ex.state == "idle" and ex.wait(1)
+    assert ex.error.startswith("ParameterError: the oracle records greedy decoding")
+    assert "temperature" in ex.error_area.value
+    assert ex.oracle is None and ex.oracles == {} and ex.prediction is None and not ex.whatif_panel.showing
+    ex.controls.temperature.value = 0.0
+    ex.record_oracle()
+    assert ex.wait(30)
+    assert ex.error == "" and ex.oracle is not None and ex.whatif_panel.showing
+    ex.controls.temperature.value = 0.7  # the prediction stays, with a note
+    assert "greedy decoding (temperature 0)" in ex.whatif["note"]
+    assert "temperature 0" in ex.whatif_panel.table.value
+    with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as plain:
+        ex_plain = Explorer(plain, prompt=PROMPT, max_tokens=16)
+        ex_plain.record_oracle()
+        assert ex_plain.state == "idle" and ex_plain.wait(1)
+        assert ex_plain.error.startswith("MtpUnavailableError:") and "no MTP layers" in ex_plain.error
+        assert ex_plain.oracle is None and ex_plain.oracles == {}
+
+
+def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=2)
+    ex.record_oracle()
+    assert ex.wait(30)
+    o = ex.oracle
+    assert o is not None and ex.whatif_panel.showing
+    ex.controls.prompt.value = "import os"
+    assert ex.oracle is None and ex.prediction is None and ex.whatif == {}
+    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
+    ex.controls.n_max.value = 3  # nothing to predict, no error
+    assert ex.error == "" and ex.prediction is None
+    with pytest.raises(mx.MtpExplorerError, match="no oracle"):
+        ex.predict()
+    ex.run()  # a run of another prompt
+    assert ex.wait(60)
+    ex.controls.prompt.value = PROMPT  # back: the recorded oracle again
+    assert ex.oracle is o and ex.prediction.policy["n_max"] == 3 and ex.whatif_panel.showing
+    assert ex.whatif["measured"] is None  # the run was of another prompt
+    ex.controls.max_tokens.value = 25
+    assert ex.oracle is None and ex.prediction is None
+    ex.record_oracle()
+    assert ex.wait(30)
+    assert ex.oracle is not o and ex.oracle.max_tokens == 25 and len(ex.oracles) == 2
+
+
+def test_a_failing_prediction_shows_an_error(session, monkeypatch):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=16, n_max=2)
+    ex.record_oracle()
+    assert ex.wait(30)
+    good = ex.prediction
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(widgets, "simulate", broken)
+    ex.controls.p_min.value = 0.5  # raises nothing into the caller
+    assert ex.error == "ValueError (unexpected): boom" and "boom" in ex.error_area.value
+    assert ex.prediction is good  # the last prediction stays
+    monkeypatch.undo()
+    ex.controls.p_min.value = 0.4
+    assert ex.error == "" and ex.prediction.policy["p_min"] == pytest.approx(0.4)
 
 
 def test_explorer_is_exposed_lazily():
