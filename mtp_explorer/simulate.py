@@ -55,22 +55,28 @@ class SimTrace(Trace):
 
 
 def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str = "mtp", max_tokens: int | None = None) -> float:
-    """Tokens/s if every draft were accepted: steps of ``n_max`` drafts, all kept, at the positions
-    they would reach (``n_max = 0``: plain decoding), from the oracle's cost model."""
-    T = min(oracle.n_positions, oracle.max_tokens if max_tokens is None else max_tokens)
+    """Tokens/s if every draft were accepted: each step drafts as many tokens as it may (``n_max``,
+    cut by the budget and the context as the engine cuts it) and keeps them all, at the positions
+    the steps reach (``n_max = 0``: plain decoding), from the oracle's cost model."""
+    max_tokens = oracle.max_tokens if max_tokens is None else int(max_tokens)
+    T = min(oracle.n_positions, max_tokens)
     if T == 0:
         return math.nan
-    g = np.arange(0, T, n_max + 1)
+    cap_at = _caps(oracle, n_max, max_tokens)[0]
+    steps, g = [], 0
+    while g < T:
+        steps.append(g)
+        g += int(cap_at[g]) + 1
+    g = np.asarray(steps)
+    cap = cap_at[g]
+    k = cap + 1
     pos = oracle.columns["pos"][g].astype(np.float64)
     mode = "mtp" if n_max == 0 else drafter
-    cm = oracle.cost
-    fresh = np.arange(len(g)) == 0
-    if n_max == 0:
-        parts = cm.step_ns(mode, False, False, 1, 0, 1, 0, pos=pos, fresh=fresh)
-    else:
-        parts = cm.step_ns(mode, True, True, n_max + 1, n_max, n_max + 1, 0, None if mode == "mtp" else True,
-                           pos=pos, fresh=fresh)
-    seconds = float(sum(np.asarray(p, dtype=np.float64).sum() for p in parts)) / 1e9
+    fresh = np.r_[True, k[1:] != k[:-1]]
+    drafting = np.full(len(g), n_max > 0)
+    parts = oracle.cost.step_ns(mode, drafting, cap > 0, k, cap, k, 0, None if mode == "mtp" else cap > 0,
+                                pos=pos, fresh=fresh)
+    seconds = float(sum(np.broadcast_to(np.asarray(p, dtype=np.float64), g.shape).sum() for p in parts)) / 1e9
     return T / seconds
 
 

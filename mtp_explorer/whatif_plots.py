@@ -92,10 +92,12 @@ def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None =
                                  textposition="top center", marker=dict(symbol="star", size=16, color="white",
                                                                         line=dict(color="black", width=1)),
                                  showlegend=False, hoverinfo="skip"))
-    mode = ", ".join(sorted(df["mode"].unique())) if "mode" in df and len(df) else ""
+    # a simulate_grid table has no mode column: it is simulated
+    mode = ", ".join(sorted(df["mode"].unique())) if "mode" in df and len(df) else "simulate"
     fig.update_xaxes(title="p_min", type="category")
     fig.update_yaxes(title="n_max", type="category")
-    return _layout(fig, f"{value.replace('_', ' ')} by setting ({mode}, {df['prompt'].nunique()} prompts)")
+    n = df["prompt"].nunique()
+    return _layout(fig, f"{value.replace('_', ' ')} by setting ({mode}, {n} prompt{'' if n == 1 else 's'})")
 
 
 def speedup_ceiling(df, *, p_min: float | None = None) -> go.Figure:

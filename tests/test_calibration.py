@@ -111,6 +111,19 @@ def test_ceiling_is_reached_when_every_draft_is_accepted(model_full):
     with mx.Session.open(model_full, n_ctx=512, threads=1, n_rs_seq=4) as s:
         o = s.record_oracle("def fib(n):", max_tokens=60, depth=4)
     for n_max in (1, 2, 4):
-        sim = mx.simulate(o, n_max, 0.0)
-        assert sim.summary()["acceptance_rate"] == 1.0
-        assert sim.predicted_tokens_per_second == pytest.approx(sim.ceiling_tokens_per_second(), rel=0.05)
+        for max_tokens in (60, 57):  # 57: the last step's draft is cut by the budget
+            sim = mx.simulate(o, n_max, 0.0, max_tokens=max_tokens)
+            assert sim.summary()["acceptance_rate"] == 1.0
+            # the same steps, so the same predicted time (every phase of every step counted once), up to
+            # the trace's whole-nanosecond timing columns
+            assert sim.predicted_tokens_per_second == pytest.approx(sim.ceiling_tokens_per_second(), rel=1e-5)
+
+
+def test_ceiling_bounds_every_prediction(model_mixed):
+    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4) as s:
+        o = s.record_oracle("def fib(n):", max_tokens=60, depth=4)
+    df = mx.simulate_grid(o, [0, 1, 2, 3, 4], [0.0, 0.5, 0.9])
+    assert (df.tokens_per_second <= df.ceiling_tokens_per_second * (1 + 1e-12)).all()
+    plain = df[df.n_max == 0]
+    assert np.allclose(plain.tokens_per_second, plain.ceiling_tokens_per_second, rtol=1e-12)
+    assert np.allclose(df.plain_tokens_per_second, plain.tokens_per_second.iloc[0], rtol=1e-12)

@@ -257,3 +257,4 @@ def test_whatif_figures_are_reexported(session):
     ]
     for fig in figs:
         assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.data
+    assert "(simulate, 1 prompt)" in figs[1].layout.title.text  # a simulate_grid table has no mode column
