@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -65,10 +64,8 @@ def _check_accounting(t) -> None:
     assert [tok for s in t.steps for tok in s.tokens] == t.tokens
 
 
-def test_write_is_fast_small_and_deterministic(tmp_path):
-    t0 = time.perf_counter()
+def test_write_is_small_and_deterministic(tmp_path):
     a = write_synthetic_glm4moe(tmp_path / "a.gguf", seed=3, context_mix=0.5, mtp_fidelity=0.7)
-    assert time.perf_counter() - t0 < 1.0
     assert a.stat().st_size < 2 * 1024 * 1024
     b = write_synthetic_glm4moe(tmp_path / "b.gguf", seed=3, context_mix=0.5, mtp_fidelity=0.7)
     c = write_synthetic_glm4moe(tmp_path / "c.gguf", seed=4, context_mix=0.5, mtp_fidelity=0.7)

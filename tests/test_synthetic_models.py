@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -25,10 +24,8 @@ def files(tmp_path_factory):
     }
 
 
-def test_write_is_fast_and_small(tmp_path):
-    t0 = time.perf_counter()
+def test_write_is_small(tmp_path):
     path = write_synthetic_qwen35(tmp_path / "m.gguf", seed=3, context_mix=0.5, mtp_fidelity=0.7)
-    assert time.perf_counter() - t0 < 1.0
     assert path.stat().st_size < 2 * 1024 * 1024
 
 

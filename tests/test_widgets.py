@@ -310,9 +310,9 @@ def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
         return record(*args, **kwargs)
 
     monkeypatch.setattr(session, "record_oracle", gated)
-    t0 = time.monotonic()
     ex.record_oracle()
-    assert time.monotonic() - t0 < 1.0  # the kernel is not blocked
+    # the kernel is not blocked: the call returned while the recording still waits on the gate
+    assert not gate.is_set() and ex._thread is not None and ex._thread.is_alive()
     assert ex.state == "busy" and ex.controls.run.disabled and ex.whatif_panel.record.disabled
     assert not ex.controls.stop.disabled
     assert ex.progress.label.value.startswith("recording oracle · 32 tokens")
