@@ -39,13 +39,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.reference import ReferenceRun, compare, parse_reference_output, replay_reference_budget, run_reference
+from mtp_explorer.reference import ReferenceRun, compare, replay_reference_budget, run_reference, run_reference_spec
 
 from _common import emit, machine, pick_model
 
@@ -84,31 +83,11 @@ def mtp_section(binary: str, path: Path, origin: str, tokens: int, threads: int)
 
 # -- ngram-simple ------------------------------------------------------------------------------------
 def run_reference_ngram(binary: str | Path, model: str | Path, prompt: str, *, max_tokens: int, size_n: int,
-                        size_m: int, n_ctx: int = N_CTX, threads: int = 2, timeout: float = 300,
-                        attempts: int = 8) -> ReferenceRun:
-    """llama-speculative-simple, greedy, with ngram-simple drafting (the command line
-    :func:`mtp_explorer.reference.run_reference` builds for draft-mtp, with the n-gram options)."""
-    cmd = [
-        str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
-        "--temp", "0", "--seed", "0", "--spec-type", "ngram-simple",
-        "--spec-ngram-simple-size-n", str(size_n), "--spec-ngram-simple-size-m", str(size_m),
-    ]
-    # as in run_reference: llama.cpp's log thread sometimes loses the tail at exit; the run is
-    # deterministic, so it is repeated until the output is complete.
-    error: Exception | None = None
-    for _ in range(attempts):
-        with tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-            with out.open("w") as fo, err.open("w") as fe:
-                proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout)
-            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
-        try:
-            return parse_reference_output(stdout, stderr, prompt)
-        except ValueError as exc:
-            error = exc
-    raise RuntimeError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
+                        size_m: int, n_ctx: int = N_CTX, threads: int = 2) -> ReferenceRun:
+    """llama-speculative-simple, greedy, with ngram-simple drafting."""
+    spec = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size_n),
+            "--spec-ngram-simple-size-m", str(size_m)]
+    return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads)
 
 
 def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_tokens: int, size_n: int,

@@ -70,10 +70,20 @@ def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tok
                   p_min: float = 0.0, n_min: int = 0, n_ctx: int = 4096, threads: int = 2,
                   timeout: float = 300, attempts: int = 8) -> ReferenceRun:
     """Run llama-speculative-simple greedily with MTP drafting and parse what it printed."""
+    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", str(n_min),
+            "--spec-draft-p-min", str(p_min)]
+    return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads,
+                              timeout=timeout, attempts=attempts)
+
+
+def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
+                       max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
+                       attempts: int = 8) -> ReferenceRun:
+    """Run llama-speculative-simple greedily with the drafting options ``spec_args`` (``--spec-type ...``)
+    and parse what it printed."""
     cmd = [
         str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
-        "--temp", "0", "--seed", "0", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max),
-        "--spec-draft-n-min", str(n_min), "--spec-draft-p-min", str(p_min),
+        "--temp", "0", "--seed", "0", *spec_args,
     ]
     # llama.cpp's log is written by a worker thread that sometimes loses its tail when the program
     # exits; the run is deterministic, so it is repeated until the output is complete.
