@@ -8,16 +8,10 @@ Moving a slider during a run calls ``Session.set_params`` (it applies from the n
 step-indexed figures mark the change. The plain baseline (``n_max=0``) used for the speedup is run once
 per (prompt, max tokens, temperature, seed) and cached.
 
-What-if mode (:class:`WhatIfPanel`): *Record oracle* records, in the background, the greedy generation of
-the prompt and max tokens once with the MTP draft chain at every position
-(:meth:`Session.record_oracle`, depth = the session's capacity). From then on, for that prompt and max
-tokens, every move of ``n_max`` / ``p_min`` / ``n_min`` replays the setting on the oracle
-(:func:`mtp_explorer.simulate`, about a millisecond) and shows at once the predicted acceptance, mean
-accepted length, tokens/s, the ceiling with every draft accepted and the speedup over predicted plain
-decoding, beside the measured numbers of the last greedy Run of the same prompt and max tokens; two
-figures show the predicted acceptance by depth and the predicted tokens/s against ``n_max``. Under greedy
-decoding a Run with the same settings accepts exactly the predicted counts; tokens/s come from the
-oracle's measured cost model. Oracles are cached per (prompt, max tokens).
+The what-if mode (*Record oracle*, then a prediction on every slider move) is in
+:mod:`mtp_explorer.whatif_panel`: its panel and the computations of its numbers and figures. The Explorer
+holds its state (oracles cached per (prompt, max tokens), the current prediction) and wires it to the
+controls; :class:`WhatIfPanel`, :func:`whatif_table` and :data:`WHATIF_NAMES` are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,12 +29,15 @@ import numpy as np
 import plotly.graph_objects as go
 import traitlets as T
 
-from . import plots, whatif_plots
+from . import plots
 from .errors import MtpExplorerError, MtpUnavailableError, ParameterError
+from .figure_sync import sync_figure
 from .oracle import OracleTrace
 from .session import Session
 from .simulate import SimTrace, simulate
 from .trace import STOP_REASONS, Step, Trace
+from .whatif_panel import (NO_ORACLE, WHATIF_NAMES, WhatIfPanel, measured_run, oracle_status,  # noqa: F401
+                           speed_curve, whatif_figures, whatif_numbers, whatif_table)  # WHATIF_NAMES: re-exported
 
 __all__ = ["Explorer", "LiveTrace", "RunRequest", "Controls", "ProgressView", "ErrorArea", "LiveViews",
            "WhatIfPanel"]
@@ -239,27 +236,6 @@ class ErrorArea(W.HTML):
                       f'padding:6px 10px;border-radius:4px;font-family:monospace;white-space:normal">{text}</div>')
 
 
-def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``widget`` show ``fig`` in one batched update (traces replaced when their kinds differ).
-
-    Annotations and shapes are always sent whole, so the ones ``fig`` lacks are removed in the browser too;
-    the template is sent once.
-    """
-    layout = fig.layout.to_plotly_json()
-    with widget.batch_update():
-        if [t.type for t in widget.data] == [t.type for t in fig.data]:
-            for old, new in zip(widget.data, fig.data):
-                old.update(new.to_plotly_json(), overwrite=True)
-        else:
-            widget.data = []
-            widget.add_traces(list(fig.data))
-        for key in ("annotations", "shapes"):
-            widget.layout[key] = layout.pop(key, [])
-        if widget.layout.template == fig.layout.template:
-            layout.pop("template", None)
-        widget.update_layout(layout, overwrite=True)
-
-
 NAMES: tuple[str, ...] = ("token_timeline", "acceptance_by_depth", "accepted_length_histogram", "hidden_norms",
                           "rs_slots", "throughput")
 
@@ -307,100 +283,6 @@ class LiveViews(W.VBox):
                 # a fixed width: a FigureWidget cannot follow its container's width when it is first shown
                 fig.update_layout(width=self.width // 2 if name in self.HALF else self.width)
                 sync_figure(self.figures[name], fig)
-
-
-# -- the what-if mode ------------------------------------------------------------------------------
-WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_speed_by_n_max")
-
-NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
-             "move n_max / p_min / n_min to see the predicted acceptance and speed at once.</i>")
-
-
-def _fmt(value, spec: str, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:{spec}}{suffix}"
-
-
-def _setting_text(n_max: int, p_min: float, n_min: int) -> str:
-    return f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}"
-
-
-def whatif_table(numbers: dict) -> str:
-    """The what-if numbers (:attr:`Explorer.whatif`) as an HTML table: predicted, measured and their
-    ratio, with a note on what the measured column is."""
-    m = numbers.get("measured")
-    rows = (("acceptance rate", "acceptance_rate", ".3f", ""),
-            ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
-            ("tokens/s", "tokens_per_second", ".0f", ""),
-            ("speedup vs plain", "speedup", ".2f", "×"),
-            ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
-            ("plain tokens/s", "plain_tokens_per_second", ".0f", ""))
-    ratio = m is not None and m["same_settings"]
-    head = "<th></th><th>predicted</th>"
-    if m is not None:
-        head += "<th>measured</th>" + ("<th>measured / predicted</th>" if ratio else "")
-    body = []
-    for label, key, spec, suffix in rows:
-        cells = f"<td>{label}</td><td>{_fmt(numbers.get(key), spec, suffix)}</td>"
-        if m is not None:
-            cells += f"<td>{_fmt(m.get(key), spec, suffix)}</td>"
-            if ratio:
-                pred, meas = numbers.get(key), m.get(key)
-                r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
-                cells += f"<td>{_fmt(r, '.3f')}</td>"
-        body.append(f"<tr>{cells}</tr>")
-    style = 'style="border-collapse:collapse;font-size:13px" cellpadding="3"'
-    table = f'<table class="mtpx-whatif-numbers" {style}><tr>{head}</tr>{"".join(body)}</table>'
-    note = numbers.get("note", "")
-    return table + (f'<div class="mtpx-whatif-note" style="font-size:12px;color:#555">{html.escape(note)}</div>'
-                    if note else "")
-
-
-class WhatIfPanel(W.VBox):
-    """The what-if mode's part of the Explorer: the Record oracle button, a status line and, once an
-    oracle exists, the predicted numbers beside the measured run's and the figures of the prediction
-    (``figures``: :data:`WHATIF_NAMES`)."""
-
-    def __init__(self, width: int = 960) -> None:
-        self.width = width
-        self.record = W.Button(description="Record oracle", icon="database",
-                               tooltip="record the greedy generation once; the sliders then predict at once",
-                               layout=W.Layout(width="150px", flex="none"))
-        self.status = W.HTML(value=NO_ORACLE)
-        self.status.add_class("mtpx-whatif-status")
-        self.table = W.HTML()
-        self.table.add_class("mtpx-whatif-table")
-        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in WHATIF_NAMES}
-        self._header = W.HBox([self.record, self.status])
-        self._figure_row = W.HBox([self.figures[name] for name in WHATIF_NAMES])
-        super().__init__([self._header])
-        self.add_class("mtpx-whatif")
-        self._lock = threading.Lock()
-
-    @property
-    def showing(self) -> bool:
-        """Whether the numbers and figures of a prediction are shown."""
-        return len(self.children) > 1
-
-    def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
-        """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
-        with self._lock:
-            self.status.value = status
-            self.table.value = table
-            for name, fig in figs.items():
-                fig.update_layout(width=self.width // 2)
-                sync_figure(self.figures[name], fig)
-            if not self.showing:
-                # the figures join the page only now: until then the Explorer shows no empty plots
-                self.children = [self._header, self.table, self._figure_row]
-
-    def clear(self, status: str) -> None:
-        """No prediction: the button and the ``status`` line (HTML) only."""
-        with self._lock:
-            self.status.value = status
-            self.table.value = ""
-            self.children = [self._header]
 
 
 # -- the Explorer ----------------------------------------------------------------------------------
@@ -548,8 +430,7 @@ class Explorer(W.VBox):
                 return
             try:
                 sim = self.predict()
-                numbers = self._whatif_numbers(sim)
-                figs = self._whatif_figures(sim, numbers)
+                numbers, figs = self._whatif(sim)
             except Exception as exc:  # shown in the widget, never raised into the kernel
                 self._whatif_error = self.error = readable_error(exc)
                 return
@@ -558,7 +439,7 @@ class Explorer(W.VBox):
             self._whatif_error = ""
             self.prediction = sim
             self.whatif = numbers
-            self.whatif_panel.show(self._oracle_status(numbers), whatif_table(numbers), figs)
+            self.whatif_panel.show(oracle_status(self.oracle, numbers), whatif_table(numbers), figs)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the background work (generation then baseline, or an oracle recording) is done;
@@ -716,107 +597,32 @@ class Explorer(W.VBox):
         else:
             self.oracle = oracle  # _on_oracle predicts
 
-    # -- what-if numbers -------------------------------------------------------------------------
+    # -- what-if numbers (computed by mtp_explorer.whatif_panel) ---------------------------------
     def _plain_tokens_per_second(self, oracle: OracleTrace) -> float:
         if self._plain is None or self._plain[0] is not oracle:
             self._plain = (oracle, simulate(oracle, 0).predicted_tokens_per_second)
         return self._plain[1]
 
     def _speed_curve(self, oracle: OracleTrace, p_min: float, n_min: int) -> list[dict]:
-        """Predicted and ceiling tokens/s for every ``n_max`` the oracle covers (``n_min`` capped by it)."""
+        """:func:`speed_curve`, cached for the last oracle, ``p_min`` and ``n_min``."""
         if self._curve is None or self._curve[0] is not oracle or self._curve[1] != (p_min, n_min):
-            rows = []
-            for n in range(1, oracle.depth + 1):
-                sim = simulate(oracle, n, p_min, min(n_min, n))
-                rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
-                             "ceiling_tokens_per_second": sim.ceiling_tokens_per_second()})
-            self._curve = (oracle, (p_min, n_min), rows)
+            self._curve = (oracle, (p_min, n_min), speed_curve(oracle, p_min, n_min))
         return self._curve[2]
 
-    def _measured_run(self, oracle: OracleTrace) -> Trace | None:
-        """The current trace if it is a finished greedy MTP run of the oracle's prompt and max tokens."""
-        t = self.trace
-        if t is None or t.finish_reason in ("running", "cancelled") or t.n_steps == 0:
-            return None
-        s = t.settings
-        if (t.prompt != oracle.prompt or s.get("max_tokens") != oracle.max_tokens
-                or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", "mtp") != "mtp"):
-            return None
-        return t
-
-    def _whatif_numbers(self, sim: SimTrace) -> dict:
-        oracle, pol = sim.oracle, sim.policy
-        n_max, p_min, n_min = int(pol["n_max"]), float(pol["p_min"]), int(pol["n_min"])
-        s = sim.summary()
+    def _whatif(self, sim: SimTrace) -> tuple[dict, dict[str, go.Figure]]:
+        """The what-if numbers and figures of ``sim``, beside the current trace if it is a measured run
+        of the oracle's prompt and max tokens."""
+        oracle = sim.oracle
         plain = self._plain_tokens_per_second(oracle)
-        tps = s["tokens_per_second"]
-        numbers = {
-            "n_max": n_max, "p_min": p_min, "n_min": n_min,
-            "acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
-            "acceptance_by_depth": s["acceptance_by_depth"][:n_max],
-            "tokens_per_second": tps, "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
-            "plain_tokens_per_second": plain, "speedup": tps / plain if plain else math.nan,
-        }
-        measured = self._measured_run(oracle)
-        notes = []
-        if measured is None:
-            numbers["measured"] = None
-            notes.append("No measured run of this prompt and max tokens at temperature 0 yet: "
-                         "Run puts its numbers beside the prediction.")
-        else:
-            c = measured.columns
-            constant = len(plots.settings_segments(measured)) == 1
-            ms = measured.summary()
-            m_n_max, m_p_min, m_n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
-            same = bool(constant and m_n_max == n_max and m_n_min == n_min
-                        and np.float32(m_p_min) == np.float32(p_min))
-            base = self.baselines.get((measured.prompt, measured.settings.get("max_tokens"),
-                                       measured.settings.get("temperature"), measured.settings.get("seed")))
-            numbers["measured"] = {
-                "n_max": m_n_max if constant else None, "p_min": round(m_p_min, 6) if constant else None,
-                "n_min": m_n_min if constant else None, "same_settings": same,
-                "acceptance_rate": ms["acceptance_rate"], "mean_accepted_length": ms["mean_accepted_length"],
-                "acceptance_by_depth": ms["acceptance_by_depth"][:n_max],
-                "tokens_per_second": ms["tokens_per_second"],
-                "speedup": plots.speedup(measured, base) if base is not None else math.nan,
-                "plain_tokens_per_second": base.summary()["tokens_per_second"] if base is not None else math.nan,
-                "tokens_per_second_ratio": ms["tokens_per_second"] / tps if same and tps else math.nan,
-            }
-            if same:
-                notes.append("Measured: the last Run, with these settings.")
-            elif constant:
-                notes.append(f"The measured run used {_setting_text(m_n_max, m_p_min, m_n_min)}; "
-                             f"the prediction is for {_setting_text(n_max, p_min, n_min)}.")
-            else:
-                notes.append("The measured run changed its settings mid-run "
-                             f"(it started with {_setting_text(m_n_max, m_p_min, m_n_min)}).")
-        temperature = float(self.controls.temperature.value)
-        if temperature > 0:
-            notes.append(f"Predictions are for greedy decoding (temperature 0); the controls' temperature is "
-                         f"{temperature:g}.")
-        numbers["note"] = " ".join(notes)
-        return numbers
-
-    def _whatif_figures(self, sim: SimTrace, numbers: dict) -> dict[str, go.Figure]:
-        n_max, p_min, n_min = numbers["n_max"], numbers["p_min"], numbers["n_min"]
-        m = numbers["measured"]
-        point = None
-        if (m is not None and m["n_max"] is not None and np.float32(m["p_min"]) == np.float32(p_min)
-                and m["n_min"] == min(n_min, m["n_max"])):
-            point = {"n_max": m["n_max"], "tokens_per_second": m["tokens_per_second"]}
-        return {
-            "predicted_acceptance_by_depth": whatif_plots.predicted_acceptance_by_depth(
-                sim, self.trace if m is not None and m["same_settings"] else None),
-            "predicted_speed_by_n_max": whatif_plots.predicted_speed_by_n_max(
-                self._speed_curve(sim.oracle, p_min, n_min), n_max=n_max, plain=numbers["plain_tokens_per_second"],
-                p_min=p_min, n_min=n_min, measured=point),
-        }
-
-    def _oracle_status(self, numbers: dict) -> str:
-        o = self.oracle
-        setting = _setting_text(numbers["n_max"], numbers["p_min"], numbers["n_min"])
-        return (f"<b>what-if</b> · oracle: {o.n_positions} tokens of greedy decoding, depth {o.depth}, "
-                f"recorded in {o.wall_seconds:.2f} s · predicting {setting}")
+        measured = measured_run(self.trace, oracle)
+        baseline = None if measured is None else self.baselines.get(
+            (measured.prompt, measured.settings.get("max_tokens"), measured.settings.get("temperature"),
+             measured.settings.get("seed")))
+        numbers = whatif_numbers(sim, plain_tokens_per_second=plain, measured=measured, baseline=baseline,
+                                 temperature=float(self.controls.temperature.value))
+        figs = whatif_figures(sim, numbers, measured_trace=measured,
+                              curve=self._speed_curve(oracle, numbers["p_min"], numbers["n_min"]))
+        return numbers, figs
 
     # -- drawing -----------------------------------------------------------------------------------
     def _redraw(self, trace: Trace | None, force: bool = False) -> None:

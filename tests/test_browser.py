@@ -163,8 +163,13 @@ def test_quickstart_in_jupyterlab(jupyterlab):
                 expect(explorer.locator(".widget-slider", has_text=label)).to_have_count(1)
             expect(explorer.locator("textarea")).to_have_count(1)
             expect(explorer.locator(".widget-text", has_text="max tokens")).to_have_count(1)
-            expect(explorer.locator(".js-plotly-plot")).to_have_count(6)
-            assert page.locator(".jp-OutputArea .js-plotly-plot").count() >= 8  # plus the plain figures
+            # six live views, and the what-if panel's two figures: the notebook recorded an oracle
+            expect(explorer.locator(".js-plotly-plot")).to_have_count(8)
+            whatif = explorer.locator(".mtpx-whatif")
+            expect(whatif.locator(".js-plotly-plot")).to_have_count(2)
+            expect(whatif.locator(".mtpx-whatif-table")).to_contain_text("predicted")
+            expect(whatif.locator(".mtpx-whatif-table")).to_contain_text("measured / predicted")
+            assert page.locator(".jp-OutputArea .js-plotly-plot").count() >= 10  # plus the plain figures
             timeline = explorer.locator(".mtpx-token-timeline .js-plotly-plot")
             expect(timeline.locator(".gtitle")).to_contain_text("token timeline")
             before = _timeline_counts([timeline.locator(".gtitle").text_content()])

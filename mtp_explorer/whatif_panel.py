@@ -1,0 +1,245 @@
+"""The what-if mode of the Explorer: its panel and the pure computations behind it.
+
+*Record oracle* records the greedy generation of the prompt and max tokens once, with the MTP draft chain
+at every position (:meth:`Session.record_oracle`). From then on every move of ``n_max`` / ``p_min`` /
+``n_min`` replays the setting on the oracle (:func:`mtp_explorer.simulate`, about a millisecond) and shows
+at once the predicted acceptance, mean accepted length, tokens/s, the ceiling with every draft accepted and
+the speedup over predicted plain decoding, beside the measured numbers of the last greedy Run of the same
+prompt and max tokens; two figures show the predicted acceptance by depth and the predicted tokens/s
+against ``n_max``. Under greedy decoding a Run with the same settings accepts exactly the predicted
+counts; tokens/s come from the oracle's measured cost model.
+
+This module holds:
+
+- :class:`WhatIfPanel`, the widget (Record oracle button, status line, numbers table, figures
+  :data:`WHATIF_NAMES`), and :func:`whatif_table`, the numbers as HTML;
+- the computations, each from explicit inputs: :func:`measured_run` (which run counts as measured),
+  :func:`whatif_numbers` (the numbers of :attr:`Explorer.whatif`), :func:`speed_curve`,
+  :func:`whatif_figures` and :func:`oracle_status`.
+
+The state (the oracles, the current prediction, the caches) and the wiring to the controls stay in
+:class:`mtp_explorer.widgets.Explorer`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+
+from . import plots, whatif_plots
+from .figure_sync import sync_figure
+from .oracle import OracleTrace
+from .simulate import SimTrace, simulate
+from .trace import Trace
+
+__all__ = ["WHATIF_NAMES", "NO_ORACLE", "WhatIfPanel", "whatif_table", "measured_run", "whatif_numbers",
+           "speed_curve", "whatif_figures", "oracle_status"]
+
+# -- the panel -------------------------------------------------------------------------------------
+#: The what-if figures, by name (:attr:`WhatIfPanel.figures`).
+WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_speed_by_n_max")
+
+NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
+             "move n_max / p_min / n_min to see the predicted acceptance and speed at once.</i>")
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:{spec}}{suffix}"
+
+
+def _setting_text(n_max: int, p_min: float, n_min: int) -> str:
+    return f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}"
+
+
+def whatif_table(numbers: dict) -> str:
+    """The what-if numbers (:attr:`Explorer.whatif`) as an HTML table: predicted, measured and their
+    ratio, with a note on what the measured column is."""
+    m = numbers.get("measured")
+    rows = (("acceptance rate", "acceptance_rate", ".3f", ""),
+            ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
+            ("tokens/s", "tokens_per_second", ".0f", ""),
+            ("speedup vs plain", "speedup", ".2f", "×"),
+            ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
+            ("plain tokens/s", "plain_tokens_per_second", ".0f", ""))
+    ratio = m is not None and m["same_settings"]
+    head = "<th></th><th>predicted</th>"
+    if m is not None:
+        head += "<th>measured</th>" + ("<th>measured / predicted</th>" if ratio else "")
+    body = []
+    for label, key, spec, suffix in rows:
+        cells = f"<td>{label}</td><td>{_fmt(numbers.get(key), spec, suffix)}</td>"
+        if m is not None:
+            cells += f"<td>{_fmt(m.get(key), spec, suffix)}</td>"
+            if ratio:
+                pred, meas = numbers.get(key), m.get(key)
+                r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
+                cells += f"<td>{_fmt(r, '.3f')}</td>"
+        body.append(f"<tr>{cells}</tr>")
+    style = 'style="border-collapse:collapse;font-size:13px" cellpadding="3"'
+    table = f'<table class="mtpx-whatif-numbers" {style}><tr>{head}</tr>{"".join(body)}</table>'
+    note = numbers.get("note", "")
+    return table + (f'<div class="mtpx-whatif-note" style="font-size:12px;color:#555">{html.escape(note)}</div>'
+                    if note else "")
+
+
+class WhatIfPanel(W.VBox):
+    """The what-if mode's part of the Explorer: the Record oracle button, a status line and, once an
+    oracle exists, the predicted numbers beside the measured run's and the figures of the prediction
+    (``figures``: :data:`WHATIF_NAMES`)."""
+
+    def __init__(self, width: int = 960) -> None:
+        self.width = width
+        self.record = W.Button(description="Record oracle", icon="database",
+                               tooltip="record the greedy generation once; the sliders then predict at once",
+                               layout=W.Layout(width="150px", flex="none"))
+        self.status = W.HTML(value=NO_ORACLE)
+        self.status.add_class("mtpx-whatif-status")
+        self.table = W.HTML()
+        self.table.add_class("mtpx-whatif-table")
+        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in WHATIF_NAMES}
+        self._header = W.HBox([self.record, self.status])
+        self._figure_row = W.HBox([self.figures[name] for name in WHATIF_NAMES])
+        super().__init__([self._header])
+        self.add_class("mtpx-whatif")
+        self._lock = threading.Lock()
+
+    @property
+    def showing(self) -> bool:
+        """Whether the numbers and figures of a prediction are shown."""
+        return len(self.children) > 1
+
+    def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
+        """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
+        with self._lock:
+            self.status.value = status
+            self.table.value = table
+            for name, fig in figs.items():
+                fig.update_layout(width=self.width // 2)
+                sync_figure(self.figures[name], fig)
+            if not self.showing:
+                # the figures join the page only now: until then the Explorer shows no empty plots
+                self.children = [self._header, self.table, self._figure_row]
+
+    def clear(self, status: str) -> None:
+        """No prediction: the button and the ``status`` line (HTML) only."""
+        with self._lock:
+            self.status.value = status
+            self.table.value = ""
+            self.children = [self._header]
+
+
+# -- the computations ------------------------------------------------------------------------------
+def measured_run(trace: Trace | None, oracle: OracleTrace) -> Trace | None:
+    """``trace`` if it is a finished greedy MTP run of the oracle's prompt and max tokens, else None."""
+    if trace is None or trace.finish_reason in ("running", "cancelled") or trace.n_steps == 0:
+        return None
+    s = trace.settings
+    if (trace.prompt != oracle.prompt or s.get("max_tokens") != oracle.max_tokens
+            or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", "mtp") != "mtp"):
+        return None
+    return trace
+
+
+def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: Trace | None,
+                   baseline: Trace | None, temperature: float) -> dict:
+    """The what-if numbers of the prediction ``sim`` (:attr:`Explorer.whatif`).
+
+    ``plain_tokens_per_second``: the oracle's predicted plain decoding speed (for the speedup);
+    ``measured``: the run to show beside the prediction (:func:`measured_run`), or None; ``baseline``:
+    that run's plain baseline, or None; ``temperature``: the controls' temperature (a note when > 0).
+    """
+    pol = sim.policy
+    n_max, p_min, n_min = int(pol["n_max"]), float(pol["p_min"]), int(pol["n_min"])
+    s = sim.summary()
+    plain, tps = plain_tokens_per_second, s["tokens_per_second"]
+    numbers = {
+        "n_max": n_max, "p_min": p_min, "n_min": n_min,
+        "acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
+        "acceptance_by_depth": s["acceptance_by_depth"][:n_max],
+        "tokens_per_second": tps, "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
+        "plain_tokens_per_second": plain, "speedup": tps / plain if plain else math.nan,
+    }
+    notes = []
+    if measured is None:
+        numbers["measured"] = None
+        notes.append("No measured run of this prompt and max tokens at temperature 0 yet: "
+                     "Run puts its numbers beside the prediction.")
+    else:
+        c = measured.columns
+        constant = len(plots.settings_segments(measured)) == 1
+        ms = measured.summary()
+        m_n_max, m_p_min, m_n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
+        same = bool(constant and m_n_max == n_max and m_n_min == n_min
+                    and np.float32(m_p_min) == np.float32(p_min))
+        numbers["measured"] = {
+            "n_max": m_n_max if constant else None, "p_min": round(m_p_min, 6) if constant else None,
+            "n_min": m_n_min if constant else None, "same_settings": same,
+            "acceptance_rate": ms["acceptance_rate"], "mean_accepted_length": ms["mean_accepted_length"],
+            "acceptance_by_depth": ms["acceptance_by_depth"][:n_max],
+            "tokens_per_second": ms["tokens_per_second"],
+            "speedup": plots.speedup(measured, baseline) if baseline is not None else math.nan,
+            "plain_tokens_per_second": (baseline.summary()["tokens_per_second"] if baseline is not None
+                                        else math.nan),
+            "tokens_per_second_ratio": ms["tokens_per_second"] / tps if same and tps else math.nan,
+        }
+        if same:
+            notes.append("Measured: the last Run, with these settings.")
+        elif constant:
+            notes.append(f"The measured run used {_setting_text(m_n_max, m_p_min, m_n_min)}; "
+                         f"the prediction is for {_setting_text(n_max, p_min, n_min)}.")
+        else:
+            notes.append("The measured run changed its settings mid-run "
+                         f"(it started with {_setting_text(m_n_max, m_p_min, m_n_min)}).")
+    if temperature > 0:
+        notes.append(f"Predictions are for greedy decoding (temperature 0); the controls' temperature is "
+                     f"{temperature:g}.")
+    numbers["note"] = " ".join(notes)
+    return numbers
+
+
+def speed_curve(oracle: OracleTrace, p_min: float, n_min: int) -> list[dict]:
+    """Predicted and ceiling tokens/s for every ``n_max`` the oracle covers (``n_min`` capped by it)."""
+    rows = []
+    for n in range(1, oracle.depth + 1):
+        sim = simulate(oracle, n, p_min, min(n_min, n))
+        rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
+                     "ceiling_tokens_per_second": sim.ceiling_tokens_per_second()})
+    return rows
+
+
+def whatif_figures(sim: SimTrace, numbers: dict, *, measured_trace: Trace | None,
+                   curve: list[dict]) -> dict[str, go.Figure]:
+    """The figures :data:`WHATIF_NAMES` of the prediction ``sim`` and its ``numbers``
+    (:func:`whatif_numbers`).
+
+    ``measured_trace``: the run ``numbers["measured"]`` describes (its acceptance is drawn beside the
+    prediction when it used the same settings); ``curve``: the :func:`speed_curve` of the oracle at the
+    numbers' ``p_min`` and ``n_min``.
+    """
+    n_max, p_min, n_min = numbers["n_max"], numbers["p_min"], numbers["n_min"]
+    m = numbers["measured"]
+    point = None
+    if (m is not None and m["n_max"] is not None and np.float32(m["p_min"]) == np.float32(p_min)
+            and m["n_min"] == min(n_min, m["n_max"])):
+        point = {"n_max": m["n_max"], "tokens_per_second": m["tokens_per_second"]}
+    return {
+        "predicted_acceptance_by_depth": whatif_plots.predicted_acceptance_by_depth(
+            sim, measured_trace if m is not None and m["same_settings"] else None),
+        "predicted_speed_by_n_max": whatif_plots.predicted_speed_by_n_max(
+            curve, n_max=n_max, plain=numbers["plain_tokens_per_second"],
+            p_min=p_min, n_min=n_min, measured=point),
+    }
+
+
+def oracle_status(oracle: OracleTrace, numbers: dict) -> str:
+    """The panel's status line (HTML): the oracle and the setting ``numbers`` predict."""
+    setting = _setting_text(numbers["n_max"], numbers["p_min"], numbers["n_min"])
+    return (f"<b>what-if</b> · oracle: {oracle.n_positions} tokens of greedy decoding, depth {oracle.depth}, "
+            f"recorded in {oracle.wall_seconds:.2f} s · predicting {setting}")
