@@ -366,18 +366,7 @@ bool Engine::step() {
     t = now_ns();
     verify_tokens.assign(1, id_last);
     verify_tokens.insert(verify_tokens.end(), chosen->tokens.begin(), chosen->tokens.begin() + n_d);
-    llama_batch_ext_clear(batch_tgt);
-    for (int32_t i = 0; i <= n_d; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, verify_tokens[i]);
-        const llama_pos pos = n_past + i;
-        llama_batch_ext_set_pos(batch_tgt, idx, &pos);
-        llama_batch_ext_set_output_logits(batch_tgt, idx, true);
-    }
-    if (tel_on) {
-        probe_tgt.start();
-    }
-    const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
-    probe_tgt.stop();
+    const int32_t rc = decode_target(verify_tokens.data(), n_d + 1, n_past);
     if (rc != 0) {
         throw std::runtime_error("target decode failed (llama_process returned " + std::to_string(rc) + ")");
     }
@@ -486,6 +475,22 @@ void Engine::run() {
     }
 }
 
+int32_t Engine::decode_target(const llama_token * tokens, int32_t n, llama_pos pos0) {
+    llama_batch_ext_clear(batch_tgt);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, tokens[i]);
+        const llama_pos pos = pos0 + i;
+        llama_batch_ext_set_pos(batch_tgt, idx, &pos);
+        llama_batch_ext_set_output_logits(batch_tgt, idx, true);
+    }
+    if (opts.telemetry) {
+        probe_tgt.start();
+    }
+    const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
+    probe_tgt.stop();
+    return rc;
+}
+
 bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
                            const NgramConfig & ngram_cfg, bool probe, OracleRecord & out) {
     check_open();
@@ -577,18 +582,7 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
             }
             for (int32_t rep = 0; rep < (even ? 2 : 1); ++rep) {
                 int64_t t = now_ns();
-                llama_batch_ext_clear(batch_tgt);
-                for (int32_t i = 0; i < k; ++i) {
-                    const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, probe_tokens[i]);
-                    const llama_pos pos = n_past + i;
-                    llama_batch_ext_set_pos(batch_tgt, idx, &pos);
-                    llama_batch_ext_set_output_logits(batch_tgt, idx, true);
-                }
-                if (tel_on) {
-                    probe_tgt.start();
-                }
-                const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
-                probe_tgt.stop();
+                const int32_t rc = decode_target(probe_tokens.data(), k, n_past);
                 if (rc != 0) {
                     throw std::runtime_error("oracle probe decode failed (llama_process returned " +
                                              std::to_string(rc) + ")");
@@ -634,18 +628,7 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
 
         // the plain step: the greedy truth, exactly as Engine::step with n_max = 0 (plus the catch-up)
         int64_t t = now_ns();
-        llama_batch_ext_clear(batch_tgt);
-        {
-            const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, id_last);
-            const llama_pos pos = n_past;
-            llama_batch_ext_set_pos(batch_tgt, idx, &pos);
-            llama_batch_ext_set_output_logits(batch_tgt, idx, true);
-        }
-        if (tel_on) {
-            probe_tgt.start();
-        }
-        const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
-        probe_tgt.stop();
+        const int32_t rc = decode_target(&id_last, 1, n_past);
         if (rc != 0) {
             throw std::runtime_error("target decode failed (llama_process returned " + std::to_string(rc) + ")");
         }
@@ -696,16 +679,7 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
     const int32_t n_tail = probe ? std::min(32, ctx_size - n_past - 1) : 0;
     for (int32_t i = 0; i < n_tail; ++i) {
         const int64_t t = now_ns();
-        llama_batch_ext_clear(batch_tgt);
-        const int32_t idx = llama_batch_ext_add_token(batch_tgt, 0, id_last);
-        const llama_pos pos = n_past;
-        llama_batch_ext_set_pos(batch_tgt, idx, &pos);
-        llama_batch_ext_set_output_logits(batch_tgt, idx, true);
-        if (tel_on) {
-            probe_tgt.start();
-        }
-        const int32_t rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch_tgt);
-        probe_tgt.stop();
+        const int32_t rc = decode_target(&id_last, 1, n_past);
         if (rc != 0) {
             break;
         }

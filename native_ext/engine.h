@@ -121,6 +121,9 @@ struct Engine {
     void check_open() const;
     void validate(const DraftParams & p) const;
     llama_token sample(int32_t row);
+    // Decodes tokens[0 .. n) on the target at positions pos0 .., with logits for every row and, while
+    // telemetry is on, the hidden probe observing; returns llama_process's code.
+    int32_t decode_target(const llama_token * tokens, int32_t n, llama_pos pos0);
     void finish_with(FinishReason r) { finish = r; }
     void validate_mode(DrafterMode mode, const DraftParams & p) const;
     void check_finish(llama_token last);
