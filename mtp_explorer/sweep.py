@@ -52,8 +52,10 @@ def _settings(n_max: Sequence[int], p_min: Sequence[float], n_min) -> list[tuple
 
 
 # -- one prompt (runs here or on a worker) -------------------------------------------------------------
-def _simulate_prompt(session: Session, prompt, settings, drafter: str, max_tokens: int, depth: int,
+def _simulate_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int, depth: int,
                      cost: CostModel | None, ngram: tuple[int, int]) -> list[dict]:
+    """One oracle of ``prompt`` (it holds both the MTP and the n-gram drafts), replayed for every
+    drafter and setting."""
     oracle = session.record_oracle(prompt, max_tokens=max_tokens, depth=depth, ngram_n=ngram[0], ngram_m=ngram[1],
                                    probe=cost is None)
     if cost is not None:
@@ -61,26 +63,28 @@ def _simulate_prompt(session: Session, prompt, settings, drafter: str, max_token
     n_max = sorted({s[0] for s in settings})
     p_min = sorted({s[1] for s in settings})
     n_min = max(s[2] for s in settings)
-    df = simulate_grid(oracle, n_max, p_min, n_min, drafter=drafter, labels=[prompt])
     wanted = set(settings)
     rows = []
     digest = _digest(oracle.tokens)
-    for rec in df.to_dict("records"):
-        if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
-            rec["mode"] = "simulate"
-            rec["tokens_digest"] = digest
-            rows.append(rec)
+    for drafter in drafters:
+        df = simulate_grid(oracle, n_max, p_min, n_min, drafter=drafter, labels=[prompt])
+        for rec in df.to_dict("records"):
+            if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
+                rec["mode"] = "simulate"
+                rec["tokens_digest"] = digest
+                rows.append(rec)
     return rows
 
 
-def _measure_prompt(session: Session, prompt, settings, drafter: str, max_tokens: int,
+def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int,
                     ngram: tuple[int, int], repeats: int) -> list[dict]:
+    """Real runs of ``prompt``: one plain baseline, then every drafter and setting."""
     plain_tps = []
     for _ in range(repeats):
         plain_tps.append(session.generate(prompt, max_tokens=max_tokens, n_max=0).summary()["tokens_per_second"])
     plain = float(np.median(plain_tps))
     rows = []
-    for n_max, p_min, n_min in settings:
+    for drafter, (n_max, p_min, n_min) in ((d, st) for d in drafters for st in settings):
         tps, secs = [], []
         for _ in range(repeats):
             t = session.generate(prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min, n_min=n_min,
@@ -110,23 +114,26 @@ def _worker_session(path: str, open_kwargs: dict) -> Session:
     return s
 
 
-def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, settings, drafter: str, max_tokens: int,
+def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, settings, drafters: list[str], max_tokens: int,
                    depth: int, cost: dict | None, ngram: tuple[int, int], repeats: int) -> list[dict]:
     """A Dask task: one prompt on this worker's own session (opened from the model path)."""
     session = _worker_session(path, open_kwargs)
     if mode == "simulate":
-        return _simulate_prompt(session, prompt, settings, drafter, max_tokens, depth,
+        return _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth,
                                 CostModel.from_dict(cost) if cost else None, ngram)
-    return _measure_prompt(session, prompt, settings, drafter, max_tokens, ngram, repeats)
+    return _measure_prompt(session, prompt, settings, drafters, max_tokens, ngram, repeats)
 
 
 # -- sweep ----------------------------------------------------------------------------------------------
 def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFAULT_N_MAX,
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
-          max_tokens: int = 128, drafter: str = "mtp", cost: CostModel | None = None, repeats: int = 1,
-          ngram_n: int | None = None, ngram_m: int | None = None, progress: bool = True):
+          max_tokens: int = 128, drafter: str | Sequence[str] = "mtp", cost: CostModel | None = None,
+          repeats: int = 1, ngram_n: int | None = None, ngram_m: int | None = None, progress: bool = True):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
-    prompt and setting (columns :data:`COLUMNS`).
+    prompt, drafter and setting (columns :data:`COLUMNS`).
+
+    ``drafter``: ``"mtp"``, ``"ngram"``, ``"chain"`` or several of them (e.g. ``mx.DRAFTER_MODES``);
+    in simulate mode one oracle per prompt serves them all.
 
     ``mode="simulate"``: one oracle per prompt, replayed for each setting; times from ``cost`` or
     else one cost model measured here on the first prompt. ``mode="measure"``: real runs (``repeats``
@@ -140,8 +147,14 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
 
     if mode not in ("simulate", "measure"):
         raise ValueError(f"mode must be 'simulate' or 'measure', got {mode!r}")
-    if drafter not in DRAFTER_MODES:
-        raise ValueError(f"drafter must be one of {DRAFTER_MODES}, got {drafter!r}")
+    drafters = [drafter] if isinstance(drafter, str) else list(drafter)
+    if not drafters:
+        raise ValueError("no drafter")
+    for d in drafters:
+        if d not in DRAFTER_MODES:
+            raise ValueError(f"drafter must be one of {DRAFTER_MODES} (or several of them), got {d!r}")
+    if len(set(drafters)) != len(drafters):
+        raise ValueError(f"drafter lists one drafter twice: {drafters}")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ValueError("no prompts")
@@ -168,16 +181,16 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
         if client is None:
             for prompt in prompts:
                 if mode == "simulate":
-                    rows += _simulate_prompt(session, prompt, settings, drafter, max_tokens, depth, cost, ngram)
+                    rows += _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth, cost, ngram)
                 else:
-                    rows += _measure_prompt(session, prompt, settings, drafter, max_tokens, ngram, repeats)
+                    rows += _measure_prompt(session, prompt, settings, drafters, max_tokens, ngram, repeats)
                 bar.update(1)
         else:
             from distributed import as_completed
 
             open_kwargs = dict(session.open_kwargs)
             futures = {
-                client.submit(_run_on_worker, str(Path(session.path)), open_kwargs, mode, prompt, settings, drafter,
+                client.submit(_run_on_worker, str(Path(session.path)), open_kwargs, mode, prompt, settings, drafters,
                               max_tokens, depth, cost.to_dict() if cost is not None else None, ngram, repeats,
                               pure=False): i
                 for i, prompt in enumerate(prompts)

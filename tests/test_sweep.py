@@ -140,3 +140,36 @@ def test_dask_measure_sweep_matches_local_tokens(session, dask_client):
     a = mx.sweep(session, PROMPTS[:2], n_max=[1, 2], p_min=[0.0], max_tokens=TOKENS, client=dask_client, progress=False)
     assert list(a.columns) == list(COLUMNS) and len(a) == 4
     assert np.isfinite(a.tokens_per_second).all()
+
+
+def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, monkeypatch):
+    calls = []
+    record = session.record_oracle
+
+    def counted(*args, **kwargs):
+        calls.append(args[0] if args else kwargs["prompt"])
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(session, "record_oracle", counted)
+    df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
+                  drafter=mx.DRAFTER_MODES)
+    assert calls == PROMPTS  # one recording per prompt for all three drafters
+    assert list(df.columns) == list(COLUMNS) and len(df) == len(mx.DRAFTER_MODES) * len(local_sim)
+    # each drafter's rows are what a sweep of that drafter alone gives
+    mtp = df[df.drafter == "mtp"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(mtp, local_sim.reset_index(drop=True))
+    monkeypatch.setattr(session, "record_oracle", record)
+    for d in ("ngram", "chain"):
+        alone = mx.sweep(session, PROMPTS[:2], n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost,
+                         progress=False, drafter=d)
+        pd.testing.assert_frame_equal(df[(df.drafter == d) & df.prompt.isin(PROMPTS[:2])].reset_index(drop=True), alone)
+    # in measure mode too, every drafter's rows come from real runs of that drafter
+    m = mx.sweep(session, PROMPTS[:1], n_max=[2], p_min=[0.0], mode="measure", max_tokens=TOKENS, progress=False,
+                 drafter=("mtp", "ngram"))
+    assert list(m.drafter) == ["mtp", "ngram"] and m.tokens_digest.nunique() == 1
+    with pytest.raises(ValueError, match="drafter"):
+        mx.sweep(session, PROMPTS, drafter=("mtp", "beam"), progress=False)
+    with pytest.raises(ValueError, match="twice"):
+        mx.sweep(session, PROMPTS, drafter=("mtp", "mtp"), progress=False)
+    with pytest.raises(ValueError, match="no drafter"):
+        mx.sweep(session, PROMPTS, drafter=(), progress=False)
