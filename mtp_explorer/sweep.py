@@ -5,12 +5,12 @@ spread over Dask workers; and :func:`recommend`, the setting with the best token
 (:func:`mtp_explorer.simulate_grid`); the times come from one cost model for the whole sweep,
 measured once on this machine (the first prompt's oracle with its probes), so that the prompts
 differ by what they accept and not by when they ran. ``mode="measure"`` runs the engine for every
-prompt and setting.
+prompt and setting, and prices the ceiling (every draft accepted) with the same kind of cost model.
 
 With ``client`` (a ``dask.distributed.Client``) the prompts are spread over the workers. Each
 worker opens its own session from the model path with the options of ``session`` (no session is
-pickled; a worker keeps its session for the next prompts). In simulate mode the cost model is
-measured here and sent along, so the result equals the local sweep's.
+pickled; a worker keeps its session for the next prompts). The cost model is measured here and sent
+along, so a simulated sweep equals the local one.
 """
 
 from __future__ import annotations
@@ -76,9 +76,14 @@ def _simulate_prompt(session: Session, prompt, settings, drafters: Sequence[str]
     return rows
 
 
-def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int,
-                    ngram: tuple[int, int], repeats: int) -> list[dict]:
-    """Real runs of ``prompt``: one plain baseline, then every drafter and setting."""
+def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int, depth: int,
+                    cost: CostModel, ngram: tuple[int, int], repeats: int) -> list[dict]:
+    """Real runs of ``prompt``: one plain baseline, then every drafter and setting; the ceiling with
+    every draft accepted from ``cost`` at the positions of this prompt's generation (an oracle
+    recorded without probes)."""
+    oracle = session.record_oracle(prompt, max_tokens=max_tokens, depth=depth, ngram_n=ngram[0], ngram_m=ngram[1],
+                                   probe=False).with_cost(cost)
+    ceiling = {(d, n): ceiling_tokens_per_second(oracle, n, d) for d in drafters for n in {st[0] for st in settings}}
     plain_tps = []
     for _ in range(repeats):
         plain_tps.append(session.generate(prompt, max_tokens=max_tokens, n_max=0).summary()["tokens_per_second"])
@@ -97,7 +102,7 @@ def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str],
             "n_tokens": s["n_tokens"], "n_steps": s["n_steps"], "n_drafted": s["n_drafted"],
             "n_accepted": s["n_accepted"], "acceptance_rate": s["acceptance_rate"],
             "mean_accepted_length": s["mean_accepted_length"], "acceptance_by_depth": s["acceptance_by_depth"],
-            "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": math.nan,
+            "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": ceiling[drafter, n_max],
             "plain_tokens_per_second": plain, "seconds": float(np.median(secs)), "tokens_digest": _digest(t.tokens),
         })
     return rows
@@ -121,7 +126,8 @@ def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, settings, dr
     if mode == "simulate":
         return _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth,
                                 CostModel.from_dict(cost) if cost else None, ngram)
-    return _measure_prompt(session, prompt, settings, drafters, max_tokens, ngram, repeats)
+    return _measure_prompt(session, prompt, settings, drafters, max_tokens, depth, CostModel.from_dict(cost), ngram,
+                           repeats)
 
 
 # -- sweep ----------------------------------------------------------------------------------------------
@@ -137,7 +143,9 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
 
     ``mode="simulate"``: one oracle per prompt, replayed for each setting; times from ``cost`` or
     else one cost model measured here on the first prompt. ``mode="measure"``: real runs (``repeats``
-    each, median tokens/s), plus a plain run per prompt for ``plain_tokens_per_second``.
+    each, median tokens/s), plus a plain run per prompt for ``plain_tokens_per_second``; its
+    ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
+    the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
     """
     import pandas as pd
@@ -171,7 +179,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     settings = _settings(n_max, p_min, n_min)
     depth = max(1, max(n_max))
     ngram = (ngram_n or DEFAULT_NGRAM_N, ngram_m or DEFAULT_NGRAM_M)
-    if mode == "simulate" and cost is None:
+    if cost is None:
         cost = session.record_oracle(prompts[0], max_tokens=max_tokens, depth=depth, ngram_n=ngram[0],
                                      ngram_m=ngram[1]).fitted_cost
 
@@ -183,7 +191,8 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
                 if mode == "simulate":
                     rows += _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth, cost, ngram)
                 else:
-                    rows += _measure_prompt(session, prompt, settings, drafters, max_tokens, ngram, repeats)
+                    rows += _measure_prompt(session, prompt, settings, drafters, max_tokens, depth, cost, ngram,
+                                            repeats)
                 bar.update(1)
         else:
             from distributed import as_completed

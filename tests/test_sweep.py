@@ -56,9 +56,9 @@ def test_simulate_sweep_shape_and_values(session, cost, local_sim):
     assert (df.ceiling_tokens_per_second > 0).all() and (df.plain_tokens_per_second > 0).all()
 
 
-def test_measure_sweep_agrees_with_simulation(session, local_sim):
+def test_measure_sweep_agrees_with_simulation(session, cost, local_sim):
     df = mx.sweep(session, PROMPTS[:2], n_max=[0, 2, 4], p_min=[0.0, 0.8], mode="measure", max_tokens=TOKENS,
-                  progress=False)
+                  progress=False, cost=cost)
     assert list(df.columns) == list(COLUMNS) and len(df) == 2 * 3 * 2
     assert set(df["mode"]) == {"measure"}
     assert (df.tokens_per_second > 0).all()
@@ -68,6 +68,8 @@ def test_measure_sweep_agrees_with_simulation(session, local_sim):
         # greedy output and, exactly, the accepted counts the simulator predicted
         assert row.tokens_digest == expect.tokens_digest
         assert (row.n_steps, row.n_drafted, row.n_accepted) == (expect.n_steps, expect.n_drafted, expect.n_accepted)
+        # measured tokens/s beside the same cost model's ceiling the simulated sweep shows
+        assert row.ceiling_tokens_per_second == pytest.approx(expect.ceiling_tokens_per_second, rel=1e-12)
 
 
 def test_recommend(local_sim):
