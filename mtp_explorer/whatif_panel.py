@@ -1,13 +1,15 @@
 """The what-if mode of the Explorer: its panel and the pure computations behind it.
 
 *Record oracle* records the greedy generation of the prompt and max tokens once, with the MTP draft chain
-at every position (:meth:`Session.record_oracle`). From then on every move of ``n_max`` / ``p_min`` /
-``n_min`` replays the setting on the oracle (:func:`mtp_explorer.simulate`, about a millisecond) and shows
-at once the predicted acceptance, mean accepted length, tokens/s, the ceiling with every draft accepted and
+and the n-gram draft at every position (:meth:`Session.record_oracle`). From then on every move of
+``n_max`` / ``p_min`` / ``n_min`` or of the drafter selector (``mtp``, ``ngram`` or ``chain``) replays the
+setting on the oracle (:func:`mtp_explorer.simulate` with ``drafter=``, about a millisecond) and shows at
+once the predicted acceptance, mean accepted length, tokens/s, the ceiling with every draft accepted and
 the speedup over predicted plain decoding, beside the measured numbers of the last greedy Run of the same
-prompt and max tokens; two figures show the predicted acceptance by depth and the predicted tokens/s
-against ``n_max``. Under greedy decoding a Run with the same settings accepts exactly the predicted
-counts; tokens/s come from the oracle's measured cost model.
+prompt and max tokens with the same drafter; two figures show the predicted acceptance by depth and the
+predicted tokens/s against ``n_max``. Under greedy decoding a Run with the same settings accepts exactly
+the predicted counts; tokens/s come from the oracle's measured cost model. ``p_min`` does not apply to the
+``ngram`` drafter (it has no confidence): the note says so.
 
 This module holds:
 
@@ -45,7 +47,7 @@ __all__ = ["WHATIF_NAMES", "NO_ORACLE", "WhatIfPanel", "whatif_table", "measured
 WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_speed_by_n_max")
 
 NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
-             "move n_max / p_min / n_min to see the predicted acceptance and speed at once.</i>")
+             "move n_max / p_min / n_min or the drafter to see the predicted acceptance and speed at once.</i>")
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -62,7 +64,8 @@ def whatif_table(numbers: dict) -> str:
     """The what-if numbers (:attr:`Explorer.whatif`) as an HTML table: predicted, measured and their
     ratio, with a note on what the measured column is."""
     m = numbers.get("measured")
-    rows = (("acceptance rate", "acceptance_rate", ".3f", ""),
+    rows = (("drafter", "drafter", "s", ""),
+            ("acceptance rate", "acceptance_rate", ".3f", ""),
             ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
             ("tokens/s", "tokens_per_second", ".0f", ""),
             ("speedup vs plain", "speedup", ".2f", "×"),
@@ -79,6 +82,9 @@ def whatif_table(numbers: dict) -> str:
             cells += f"<td>{_fmt(m.get(key), spec, suffix)}</td>"
             if ratio:
                 pred, meas = numbers.get(key), m.get(key)
+                if key == "drafter":
+                    body.append(f"<tr>{cells}<td></td></tr>")
+                    continue
                 r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
                 cells += f"<td>{_fmt(r, '.3f')}</td>"
         body.append(f"<tr>{cells}</tr>")
@@ -136,15 +142,23 @@ class WhatIfPanel(W.VBox):
 
 
 # -- the computations ------------------------------------------------------------------------------
-def measured_run(trace: Trace | None, oracle: OracleTrace) -> Trace | None:
-    """``trace`` if it is a finished greedy MTP run of the oracle's prompt and max tokens, else None."""
+def measured_run(trace: Trace | None, oracle: OracleTrace, drafter: str = "mtp") -> Trace | None:
+    """``trace`` if it is a finished greedy run with ``drafter`` (``settings["drafter"]``) of the oracle's
+    prompt and max tokens (for ``ngram`` and ``chain``, with the oracle's n-gram sizes), else None."""
     if trace is None or trace.finish_reason in ("running", "cancelled") or trace.n_steps == 0:
         return None
     s = trace.settings
     if (trace.prompt != oracle.prompt or s.get("max_tokens") != oracle.max_tokens
-            or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", "mtp") != "mtp"):
+            or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", "mtp") != drafter):
+        return None
+    if drafter != "mtp" and any(s.get(k) != oracle.settings.get(k) for k in ("ngram_n", "ngram_m")):
         return None
     return trace
+
+
+def _same_p_min(drafter: str, a: float, b: float) -> bool:
+    """Whether two ``p_min`` behave alike: always for the n-gram drafter, which has no confidence."""
+    return drafter == "ngram" or np.float32(a) == np.float32(b)
 
 
 def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: Trace | None,
@@ -154,13 +168,16 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
     ``plain_tokens_per_second``: the oracle's predicted plain decoding speed (for the speedup);
     ``measured``: the run to show beside the prediction (:func:`measured_run`), or None; ``baseline``:
     that run's plain baseline, or None; ``temperature``: the controls' temperature (a note when > 0).
+    ``drafter`` is the prediction's (``sim.policy["drafter"]``); for ``ngram`` the note says that ``p_min``
+    does not apply, and a measured run counts as having the same settings whatever its ``p_min``.
     """
     pol = sim.policy
+    drafter = str(pol.get("drafter", "mtp"))
     n_max, p_min, n_min = int(pol["n_max"]), float(pol["p_min"]), int(pol["n_min"])
     s = sim.summary()
     plain, tps = plain_tokens_per_second, s["tokens_per_second"]
     numbers = {
-        "n_max": n_max, "p_min": p_min, "n_min": n_min,
+        "drafter": drafter, "n_max": n_max, "p_min": p_min, "n_min": n_min,
         "acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
         "acceptance_by_depth": s["acceptance_by_depth"][:n_max],
         "tokens_per_second": tps, "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
@@ -169,16 +186,16 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
     notes = []
     if measured is None:
         numbers["measured"] = None
-        notes.append("No measured run of this prompt and max tokens at temperature 0 yet: "
-                     "Run puts its numbers beside the prediction.")
+        notes.append(f"No measured run of this prompt and max tokens at temperature 0 with the {drafter} drafter "
+                     "yet: Run puts its numbers beside the prediction.")
     else:
         c = measured.columns
         constant = len(plots.settings_segments(measured)) == 1
         ms = measured.summary()
         m_n_max, m_p_min, m_n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
-        same = bool(constant and m_n_max == n_max and m_n_min == n_min
-                    and np.float32(m_p_min) == np.float32(p_min))
+        same = bool(constant and m_n_max == n_max and m_n_min == n_min and _same_p_min(drafter, m_p_min, p_min))
         numbers["measured"] = {
+            "drafter": str(measured.settings.get("drafter", "mtp")),
             "n_max": m_n_max if constant else None, "p_min": round(m_p_min, 6) if constant else None,
             "n_min": m_n_min if constant else None, "same_settings": same,
             "acceptance_rate": ms["acceptance_rate"], "mean_accepted_length": ms["mean_accepted_length"],
@@ -190,13 +207,15 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
             "tokens_per_second_ratio": ms["tokens_per_second"] / tps if same and tps else math.nan,
         }
         if same:
-            notes.append("Measured: the last Run, with these settings.")
+            notes.append(f"Measured: the last Run, with these settings and the {drafter} drafter.")
         elif constant:
             notes.append(f"The measured run used {_setting_text(m_n_max, m_p_min, m_n_min)}; "
                          f"the prediction is for {_setting_text(n_max, p_min, n_min)}.")
         else:
             notes.append("The measured run changed its settings mid-run "
                          f"(it started with {_setting_text(m_n_max, m_p_min, m_n_min)}).")
+    if drafter == "ngram":
+        notes.append("p_min does not apply to the ngram drafter: it has no confidence.")
     if temperature > 0:
         notes.append(f"Predictions are for greedy decoding (temperature 0); the controls' temperature is "
                      f"{temperature:g}.")
@@ -204,11 +223,12 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
     return numbers
 
 
-def speed_curve(oracle: OracleTrace, p_min: float, n_min: int) -> list[dict]:
-    """Predicted and ceiling tokens/s for every ``n_max`` the oracle covers (``n_min`` capped by it)."""
+def speed_curve(oracle: OracleTrace, p_min: float, n_min: int, drafter: str = "mtp") -> list[dict]:
+    """Predicted and ceiling tokens/s of ``drafter`` for every ``n_max`` the oracle covers (``n_min``
+    capped by it)."""
     rows = []
     for n in range(1, oracle.depth + 1):
-        sim = simulate(oracle, n, p_min, min(n_min, n))
+        sim = simulate(oracle, n, p_min, min(n_min, n), drafter=drafter)
         rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
                      "ceiling_tokens_per_second": sim.ceiling_tokens_per_second()})
     return rows
@@ -221,25 +241,30 @@ def whatif_figures(sim: SimTrace, numbers: dict, *, measured_trace: Trace | None
 
     ``measured_trace``: the run ``numbers["measured"]`` describes (its acceptance is drawn beside the
     prediction when it used the same settings); ``curve``: the :func:`speed_curve` of the oracle at the
-    numbers' ``p_min`` and ``n_min``.
+    numbers' ``p_min``, ``n_min`` and drafter. The titles name the drafter.
     """
     n_max, p_min, n_min = numbers["n_max"], numbers["p_min"], numbers["n_min"]
+    drafter = numbers.get("drafter", "mtp")
     m = numbers["measured"]
     point = None
-    if (m is not None and m["n_max"] is not None and np.float32(m["p_min"]) == np.float32(p_min)
+    if (m is not None and m["n_max"] is not None and _same_p_min(drafter, m["p_min"], p_min)
             and m["n_min"] == min(n_min, m["n_max"])):
         point = {"n_max": m["n_max"], "tokens_per_second": m["tokens_per_second"]}
-    return {
+    figs = {
         "predicted_acceptance_by_depth": whatif_plots.predicted_acceptance_by_depth(
             sim, measured_trace if m is not None and m["same_settings"] else None),
         "predicted_speed_by_n_max": whatif_plots.predicted_speed_by_n_max(
             curve, n_max=n_max, plain=numbers["plain_tokens_per_second"],
             p_min=p_min, n_min=n_min, measured=point),
     }
+    for fig in figs.values():
+        fig.update_layout(title_text=f"{drafter} · {fig.layout.title.text}")
+    return figs
 
 
 def oracle_status(oracle: OracleTrace, numbers: dict) -> str:
-    """The panel's status line (HTML): the oracle and the setting ``numbers`` predict."""
+    """The panel's status line (HTML): the oracle and the drafter and setting ``numbers`` predict."""
     setting = _setting_text(numbers["n_max"], numbers["p_min"], numbers["n_min"])
+    drafter = html.escape(str(numbers.get("drafter", "mtp")))
     return (f"<b>what-if</b> · oracle: {oracle.n_positions} tokens of greedy decoding, depth {oracle.depth}, "
-            f"recorded in {oracle.wall_seconds:.2f} s · predicting {setting}")
+            f"recorded in {oracle.wall_seconds:.2f} s · predicting the {drafter} drafter, {setting}")

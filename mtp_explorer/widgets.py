@@ -1,14 +1,18 @@
 """The Explorer: a JupyterLab widget that runs MTP speculative decoding and shows it live.
 
-``Explorer(session)`` holds controls (prompt, ``n_max``, ``p_min``, ``n_min``, temperature, seed, max
-tokens; Run / Step / Stop), a progress bar with tokens/s, an error area, and the figures of
+``Explorer(session)`` holds controls (prompt, drafter, ``n_max``, ``p_min``, ``n_min``, temperature, seed,
+max tokens; Run / Step / Stop), a progress bar with tokens/s, an error area, and the figures of
 :mod:`mtp_explorer.plots` as plotly ``FigureWidget``s. A generation streams in a background thread
 (``Session.stream``); the views are redrawn from the trace so far at most about ten times per second.
 Moving a slider during a run calls ``Session.set_params`` (it applies from the next step) and the
-step-indexed figures mark the change. The plain baseline (``n_max=0``) used for the speedup is run once
-per (prompt, max tokens, temperature, seed) and cached.
+step-indexed figures mark the change. The drafter (:data:`DRAFTER_MODES`: ``mtp``, ``ngram`` or ``chain``,
+``Session.stream(drafter=...)``) cannot change mid-generation: a new choice applies to the next Run or
+Step, while the what-if prediction follows it at once. On a model without MTP layers it defaults to
+``ngram``; a Run with ``mtp`` or ``chain`` there shows the session's ``MtpUnavailableError``. The plain
+baseline (``n_max=0``) used for the speedup is run once per (prompt, max tokens, temperature, seed) and
+cached.
 
-The what-if mode (*Record oracle*, then a prediction on every slider move) is in
+The what-if mode (*Record oracle*, then a prediction on every slider or drafter move) is in
 :mod:`mtp_explorer.whatif_panel`: its panel and the computations of its numbers and figures. The Explorer
 holds its state (oracles cached per (prompt, max tokens), the current prediction) and wires it to the
 controls; :class:`WhatIfPanel`, :func:`whatif_table` and :data:`WHATIF_NAMES` are re-exported here.
@@ -35,7 +39,7 @@ from .figure_sync import sync_figure
 from .oracle import OracleTrace
 from .session import Session
 from .simulate import SimTrace, simulate
-from .trace import STOP_REASONS, Step, Trace
+from .trace import DRAFTER_MODES, STOP_REASONS, Step, Trace
 from .whatif_panel import (NO_ORACLE, WHATIF_NAMES, WhatIfPanel, measured_run, oracle_status,  # noqa: F401
                            speed_curve, whatif_figures, whatif_numbers, whatif_table)  # WHATIF_NAMES: re-exported
 
@@ -146,18 +150,19 @@ class RunRequest:
     n_min: int
     temperature: float
     seed: int
+    drafter: str = "mtp"
 
     def stream_kwargs(self) -> dict:
         return dataclasses.asdict(self)
 
     @property
     def baseline_key(self) -> tuple:
-        """The plain baseline depends on these only (not on the drafting settings)."""
+        """The plain baseline depends on these only (not on the drafting settings or the drafter)."""
         return (self.prompt, self.max_tokens, self.temperature, self.seed)
 
     @property
     def oracle_key(self) -> tuple:
-        """An oracle (greedy, any drafting settings) depends on these only."""
+        """An oracle (greedy, any drafting settings, the drafts of every drafter) depends on these only."""
         return (self.prompt, self.max_tokens)
 
 
@@ -170,14 +175,34 @@ def readable_error(exc: BaseException) -> str:
 
 
 # -- parts of the widget ---------------------------------------------------------------------------
+#: The drafter selector's tooltips, by option.
+DRAFTER_TOOLTIPS: dict[str, str] = {
+    "mtp": "the model's MTP head drafts",
+    "ngram": "prompt look-up: the n-gram drafter (p_min does not apply: it has no confidence)",
+    "chain": "both drafters asked every step; the draft with the highest expected accepted length is verified",
+}
+_NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
+
+
 class Controls(W.VBox):
-    """Prompt, drafting settings, sampling settings and the Run / Step / Stop buttons."""
+    """Prompt, drafter, drafting settings, sampling settings and the Run / Step / Stop buttons.
+
+    ``drafter`` (options :data:`DRAFTER_MODES`) is read when a generation starts: the engine cannot change
+    drafter mid-generation. ``has_mtp=False`` (a model without MTP layers) notes in the tooltips that
+    ``mtp`` and ``chain`` are unavailable (a Run with them shows the session's error)."""
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
-                 temperature: float, seed: int) -> None:
+                 temperature: float, seed: int, drafter: str = "mtp", has_mtp: bool = True) -> None:
         style = {"description_width": "90px"}
         self.prompt = W.Textarea(value=prompt, placeholder="prompt", description="prompt",
                                  layout=W.Layout(width="98%", height="60px"), style=style)
+        if drafter not in DRAFTER_MODES:
+            raise ParameterError(f"drafter must be one of {DRAFTER_MODES}, got {drafter!r}")
+        unavailable = "" if has_mtp else " (unavailable: this model has no MTP layers)"
+        self.drafter = W.ToggleButtons(
+            options=DRAFTER_MODES, value=drafter, description="drafter", style=style | {"button_width": "80px"},
+            tooltips=[DRAFTER_TOOLTIPS[d] + ("" if d == "ngram" else unavailable) + _NEXT_RUN
+                      for d in DRAFTER_MODES])
         self.n_max = W.IntSlider(value=min(n_max, capacity), min=1, max=capacity, step=1, description="n_max",
                                  continuous_update=False, style=style)
         self.p_min = W.FloatSlider(value=p_min, min=0.0, max=1.0, step=0.01, description="p_min",
@@ -197,6 +222,7 @@ class Controls(W.VBox):
         T.dlink((self.n_max, "value"), (self.n_min, "max"))
         super().__init__([
             self.prompt,
+            self.drafter,
             W.HBox([self.n_max, self.p_min, self.n_min]),
             W.HBox([self.temperature, self.seed, self.max_tokens]),
             W.HBox([self.run, self.step, self.stop]),
@@ -205,7 +231,8 @@ class Controls(W.VBox):
     def request(self) -> RunRequest:
         return RunRequest(prompt=self.prompt.value, max_tokens=int(self.max_tokens.value), n_max=int(self.n_max.value),
                           p_min=float(self.p_min.value), n_min=int(self.n_min.value),
-                          temperature=float(self.temperature.value), seed=int(self.seed.value))
+                          temperature=float(self.temperature.value), seed=int(self.seed.value),
+                          drafter=str(self.drafter.value))
 
 
 class ProgressView(W.HBox):
@@ -293,17 +320,22 @@ class Explorer(W.VBox):
     until the background work (a generation and its baseline, or an oracle recording) is done; ``width``
     is the figures' width in pixels. The state is in traitlets: ``state`` (idle / running / stepping /
     busy), ``trace`` (the latest trace, partial while streaming), ``baseline``, ``n_steps``, ``n_tokens``,
-    ``tokens_per_second``, ``finish_reason``, ``error``.
+    ``tokens_per_second``, ``finish_reason``, ``error``; the drafter is ``controls.drafter.value``
+    (``drafter=``: the initial choice, default ``mtp``, or ``ngram`` on a model without MTP layers). A
+    generation keeps the drafter it started with; a new choice applies to the next Run or Step.
 
     What-if mode: ``oracle`` (the :class:`OracleTrace` of the controls' prompt and max tokens, or None;
-    recorded ones are kept in ``oracles`` by (prompt, max tokens)), ``prediction`` (the :class:`SimTrace`
-    of the sliders' setting, redone on every slider move) and ``whatif`` (its numbers: ``n_max``,
-    ``p_min``, ``n_min``, ``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_depth``,
+    recorded ones are kept in ``oracles`` by (prompt, max tokens); it holds the drafts of every drafter,
+    and can be recorded on a model without MTP layers with the ``ngram`` drafter selected),
+    ``prediction`` (the :class:`SimTrace` of the sliders' setting and the selected drafter, redone on
+    every slider or drafter move) and ``whatif`` (its numbers: ``drafter``, ``n_max``, ``p_min``,
+    ``n_min``, ``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_depth``,
     ``tokens_per_second``, ``ceiling_tokens_per_second``, ``plain_tokens_per_second``, ``speedup``,
     ``note``, and ``measured``: the same numbers of the last greedy run of this prompt and max tokens
-    with its ``n_max`` / ``p_min`` / ``n_min`` (None when it changed them mid-run), ``same_settings``
-    and ``tokens_per_second_ratio`` (measured / predicted, with the same settings), or None).
-    ``predict()`` replays any setting; ``update_prediction()`` redraws the what-if panel.
+    with the selected drafter, with its ``drafter`` and ``n_max`` / ``p_min`` / ``n_min`` (None when it
+    changed them mid-run), ``same_settings`` and ``tokens_per_second_ratio`` (measured / predicted, with
+    the same settings), or None). ``predict()`` replays any setting; ``update_prediction()`` redraws the
+    what-if panel.
     """
 
     state = T.Unicode("idle")
@@ -320,11 +352,15 @@ class Explorer(W.VBox):
 
     def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
-                 width: int = 960) -> None:
+                 drafter: str | None = None, width: int = 960) -> None:
         self.session = session
         self.piece = _cached_piece(session)
+        has_mtp = bool(session.info.has_mtp)
+        if drafter is None:
+            drafter = "mtp" if has_mtp else "ngram"
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
-                                 n_min=n_min, temperature=temperature, seed=seed)
+                                 n_min=n_min, temperature=temperature, seed=seed, drafter=drafter,
+                                 has_mtp=has_mtp)
         self.progress = ProgressView()
         self.error_area = ErrorArea()
         self.views = LiveViews(self.piece, width)
@@ -342,11 +378,12 @@ class Explorer(W.VBox):
         self._activity = ""             # what the status line says while an oracle is recorded
         self._whatif_lock = threading.Lock()
         self._whatif_error = ""         # the error the last prediction showed, cleared by the next one
-        self._plain: tuple | None = None  # (oracle, predicted plain tokens/s)
-        self._curve: tuple | None = None  # (oracle, (p_min, n_min), predicted tokens/s by n_max)
+        self._plain: tuple | None = None  # (oracle, drafter, predicted plain tokens/s)
+        self._curve: tuple | None = None  # (oracle, (p_min, n_min, drafter), predicted tokens/s by n_max)
         info = session.info
         title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
-                       f"{info.n_params / 1e6:.1f} M parameters) · n_max up to {session.capacity}")
+                       f"{info.n_params / 1e6:.1f} M parameters) · n_max up to {session.capacity}"
+                       + ("" if has_mtp else " · no MTP layers: n-gram drafting only"))
         super().__init__([title, self.controls, self.progress, self.error_area, self.whatif_panel, self.views])
         self.add_class("mtpx-explorer")
         self.controls.run.on_click(lambda _: self.run())
@@ -355,6 +392,7 @@ class Explorer(W.VBox):
         self.whatif_panel.record.on_click(lambda _: self.record_oracle())
         for name in ("n_max", "p_min", "n_min"):
             getattr(self.controls, name).observe(functools.partial(self._on_setting, name), names="value")
+        self.controls.drafter.observe(self._on_drafter, names="value")
         for name in ("prompt", "max_tokens", "temperature"):
             getattr(self.controls, name).observe(self._on_whatif_input, names="value")
         self.observe(self._on_oracle, names="oracle")
@@ -392,8 +430,9 @@ class Explorer(W.VBox):
 
     def record_oracle(self) -> None:
         """Record the oracle of the controls' prompt and max tokens (greedy decoding, depth = the
-        session's capacity) in a background thread; refused, with a message, at temperature > 0 or
-        without MTP layers. From then on the sliders predict at once."""
+        session's capacity, the drafts of every drafter) in a background thread; refused, with a
+        message, at temperature > 0, or without MTP layers unless the ``ngram`` drafter is selected.
+        From then on the sliders and the drafter selector predict at once."""
         if self.state in ("running", "busy"):
             return
         req = self.controls.request()
@@ -409,15 +448,20 @@ class Explorer(W.VBox):
         self.state = "busy"
         self._spawn(functools.partial(self._record, req))
 
-    def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> SimTrace:
-        """The oracle's replay of a setting (default: the sliders'): the accepted counts a greedy run
-        would have, and the predicted timings."""
+    def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None,
+                drafter: str | None = None) -> SimTrace:
+        """The oracle's replay of a setting (default: the sliders' and the drafter selector's): the
+        accepted counts a greedy run would have, and the predicted timings."""
         if self.oracle is None:
             raise MtpExplorerError("no oracle for this prompt and max tokens: record one first")
         c = self.controls
+        drafter = str(c.drafter.value) if drafter is None else drafter
+        refusal = self._drafter_refusal(self.oracle, drafter)
+        if refusal is not None:
+            raise refusal
         return simulate(self.oracle, int(c.n_max.value) if n_max is None else n_max,
                         float(c.p_min.value) if p_min is None else p_min,
-                        int(c.n_min.value) if n_min is None else n_min)
+                        int(c.n_min.value) if n_min is None else n_min, drafter=drafter)
 
     def update_prediction(self) -> None:
         """Predict the sliders' setting and show it beside the measured run (an error goes to the error
@@ -427,6 +471,12 @@ class Explorer(W.VBox):
                 self.prediction = None
                 self.whatif = {}
                 self.whatif_panel.clear("<i>recording the oracle …</i>" if self._activity else NO_ORACLE)
+                return
+            refusal = self._drafter_refusal(self.oracle, str(self.controls.drafter.value))
+            if refusal is not None:  # not an error: the oracle stays, for the drafters it can replay
+                self.prediction = None
+                self.whatif = {}
+                self.whatif_panel.clear(f"<i>what-if: {html.escape(str(refusal))}</i>")
                 return
             try:
                 sim = self.predict()
@@ -463,6 +513,12 @@ class Explorer(W.VBox):
                 self.session.set_params(**{name: change["new"]})
             except MtpExplorerError as exc:
                 self.error = readable_error(exc)
+        if self.oracle is not None:
+            self.update_prediction()
+
+    def _on_drafter(self, change) -> None:
+        # a running generation keeps its drafter (Session.set_params cannot change it): the next Run
+        # reads the selector; the prediction follows at once
         if self.oracle is not None:
             self.update_prediction()
 
@@ -585,8 +641,17 @@ class Explorer(W.VBox):
             return ParameterError(f"the oracle records greedy decoding: set temperature to 0 to record one "
                                   f"(it is {req.temperature:g}); its predictions hold for greedy decoding only")
         info = self.session.info
-        if not info.has_mtp:
-            return MtpUnavailableError(f"{info.name} has no MTP layers: the what-if mode replays MTP drafts")
+        if not info.has_mtp and req.drafter != "ngram":
+            return MtpUnavailableError(f"{info.name} has no MTP layers: the what-if mode can replay n-gram drafts "
+                                       f"only; select the ngram drafter to record an oracle")
+        return None
+
+    @staticmethod
+    def _drafter_refusal(oracle: OracleTrace, drafter: str) -> MtpExplorerError | None:
+        """Why ``oracle`` cannot predict ``drafter`` (None: it can)."""
+        if drafter != "ngram" and not oracle.has_mtp:
+            return MtpUnavailableError(f"the oracle's model has no MTP layers: it predicts the ngram drafter only, "
+                                       f"not {drafter}")
         return None
 
     def _sync_oracle(self) -> None:
@@ -598,30 +663,32 @@ class Explorer(W.VBox):
             self.oracle = oracle  # _on_oracle predicts
 
     # -- what-if numbers (computed by mtp_explorer.whatif_panel) ---------------------------------
-    def _plain_tokens_per_second(self, oracle: OracleTrace) -> float:
-        if self._plain is None or self._plain[0] is not oracle:
-            self._plain = (oracle, simulate(oracle, 0).predicted_tokens_per_second)
-        return self._plain[1]
+    def _plain_tokens_per_second(self, oracle: OracleTrace, drafter: str) -> float:
+        """Predicted plain decoding (``n_max=0``), cached for the last oracle and drafter."""
+        if self._plain is None or self._plain[0] is not oracle or self._plain[1] != drafter:
+            self._plain = (oracle, drafter, simulate(oracle, 0, drafter=drafter).predicted_tokens_per_second)
+        return self._plain[2]
 
-    def _speed_curve(self, oracle: OracleTrace, p_min: float, n_min: int) -> list[dict]:
-        """:func:`speed_curve`, cached for the last oracle, ``p_min`` and ``n_min``."""
-        if self._curve is None or self._curve[0] is not oracle or self._curve[1] != (p_min, n_min):
-            self._curve = (oracle, (p_min, n_min), speed_curve(oracle, p_min, n_min))
+    def _speed_curve(self, oracle: OracleTrace, p_min: float, n_min: int, drafter: str) -> list[dict]:
+        """:func:`speed_curve`, cached for the last oracle, ``p_min``, ``n_min`` and drafter."""
+        key = (p_min, n_min, drafter)
+        if self._curve is None or self._curve[0] is not oracle or self._curve[1] != key:
+            self._curve = (oracle, key, speed_curve(oracle, p_min, n_min, drafter=drafter))
         return self._curve[2]
 
     def _whatif(self, sim: SimTrace) -> tuple[dict, dict[str, go.Figure]]:
         """The what-if numbers and figures of ``sim``, beside the current trace if it is a measured run
-        of the oracle's prompt and max tokens."""
-        oracle = sim.oracle
-        plain = self._plain_tokens_per_second(oracle)
-        measured = measured_run(self.trace, oracle)
+        of the oracle's prompt and max tokens with the prediction's drafter."""
+        oracle, drafter = sim.oracle, sim.policy["drafter"]
+        plain = self._plain_tokens_per_second(oracle, drafter)
+        measured = measured_run(self.trace, oracle, drafter=drafter)
         baseline = None if measured is None else self.baselines.get(
             (measured.prompt, measured.settings.get("max_tokens"), measured.settings.get("temperature"),
              measured.settings.get("seed")))
         numbers = whatif_numbers(sim, plain_tokens_per_second=plain, measured=measured, baseline=baseline,
                                  temperature=float(self.controls.temperature.value))
         figs = whatif_figures(sim, numbers, measured_trace=measured,
-                              curve=self._speed_curve(oracle, numbers["p_min"], numbers["n_min"]))
+                              curve=self._speed_curve(oracle, numbers["p_min"], numbers["n_min"], drafter))
         return numbers, figs
 
     # -- drawing -----------------------------------------------------------------------------------

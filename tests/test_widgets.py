@@ -1,6 +1,7 @@
 """The Explorer widget without a browser: runs stream in a background thread and fill the figures;
 Step, live settings, Stop, Run again, errors; the live trace equals the final one; the what-if mode
-(an oracle recorded once, predictions that follow the sliders, beside the measured run)."""
+(an oracle recorded once, predictions that follow the sliders, beside the measured run); the drafter
+selector (mtp / ngram / chain: the next Run's drafter, the prediction's at once; models without MTP)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer import plots
 from mtp_explorer import widgets
+from mtp_explorer.whatif_panel import speed_curve
 from mtp_explorer.widgets import LIVE_COLUMNS, Explorer, LiveTrace
 
 PROMPT = "def fib(n):"
@@ -351,7 +353,7 @@ def test_recording_is_refused_at_temperature_or_without_mtp(session, model_no_mt
     assert "greedy decoding (temperature 0)" in ex.whatif["note"]
     assert "temperature 0" in ex.whatif_panel.table.value
     with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as plain:
-        ex_plain = Explorer(plain, prompt=PROMPT, max_tokens=16)
+        ex_plain = Explorer(plain, prompt=PROMPT, max_tokens=16, drafter="mtp")  # ngram records: see below
         ex_plain.record_oracle()
         assert ex_plain.state == "idle" and ex_plain.wait(1)
         assert ex_plain.error.startswith("MtpUnavailableError:") and "no MTP layers" in ex_plain.error
@@ -413,3 +415,175 @@ def test_explorer_is_exposed_lazily():
 
     with pytest.raises(AttributeError):
         mx.NoSuchThing
+
+
+# -- the drafter selector --------------------------------------------------------------------------
+def test_drafter_selector_sets_the_next_run(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
+    d = ex.controls.drafter
+    assert tuple(d.options) == mx.DRAFTER_MODES and d.value == "mtp" and d.description == "drafter"
+    assert all("next Run" in tip for tip in d.tooltips)
+    assert ex.controls.request().drafter == "mtp"
+    ex.run()
+    assert ex.wait(60)
+    mtp_tokens = ex.trace.tokens
+    assert ex.trace.settings["drafter"] == "mtp" and ex.trace.steps_by_drafter()["ngram"] == 0
+    d.value = "ngram"
+    assert ex.controls.request().drafter == "ngram" and ex.controls.request().stream_kwargs()["drafter"] == "ngram"
+    ex.run()
+    assert ex.wait(60)
+    t = ex.trace
+    assert ex.error == "" and ex.finish_reason == "budget"
+    assert t.settings["drafter"] == "ngram"
+    assert t.tokens == mtp_tokens  # greedy: the drafter changes the speed, never the text
+    by = t.steps_by_drafter()
+    assert by["mtp"] == 0 and by["ngram"] > 0
+    assert ex.baseline is not None and len(ex.baselines) == 1  # the plain baseline does not depend on it
+    d.value = "chain"
+    ex.step()
+    assert ex.wait(30)
+    assert ex.state == "stepping" and ex.trace.settings["drafter"] == "chain"
+    ex.stop()
+    assert ex.wait(30)
+
+
+def test_drafter_change_during_a_run_applies_to_the_next_run(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=3000, n_max=3)
+    ex.run()
+    _wait_for(lambda: ex.n_steps >= 5)
+    assert ex.state == "running"
+    ex.controls.drafter.value = "ngram"  # the running generation keeps MTP
+    changed_at = ex.n_steps
+    _wait_for(lambda: ex.n_steps >= changed_at + 20)
+    ex.stop()
+    assert ex.wait(30)
+    t = ex.trace
+    assert ex.error == "" and t.finish_reason == "cancelled" and t.settings["drafter"] == "mtp"
+    assert t.steps_by_drafter()["ngram"] == 0 and t.steps_by_drafter()["mtp"] > 20
+    ex.controls.max_tokens.value = 32
+    ex.run()
+    assert ex.wait(60)
+    assert ex.trace.settings["drafter"] == "ngram" and ex.trace.steps_by_drafter()["mtp"] == 0
+
+
+def test_whatif_follows_the_drafter(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3, p_min=0.3, n_min=1)
+    ex.record_oracle()
+    assert ex.wait(60)
+    o, c = ex.oracle, ex.controls
+    assert o is not None and ex.whatif["drafter"] == "mtp" and ex.prediction.policy["drafter"] == "mtp"
+    seen = {}
+    for drafter in ("ngram", "chain", "mtp", "ngram"):
+        c.drafter.value = drafter
+        expected = mx.simulate(o, 3, 0.3, 1, drafter=drafter)
+        es = expected.summary()
+        w = ex.whatif
+        assert ex.prediction.policy == expected.policy and w["drafter"] == drafter
+        np.testing.assert_array_equal(ex.prediction.n_accepted, expected.n_accepted)
+        for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_second"):
+            assert w[key] == pytest.approx(es[key], nan_ok=True), (drafter, key)
+        assert w["acceptance_by_depth"] == pytest.approx(es["acceptance_by_depth"][:3], nan_ok=True)
+        assert w["ceiling_tokens_per_second"] == pytest.approx(expected.ceiling_tokens_per_second())
+        plain = mx.simulate(o, 0, drafter=drafter).predicted_tokens_per_second
+        assert w["plain_tokens_per_second"] == pytest.approx(plain)
+        assert w["speedup"] == pytest.approx(es["tokens_per_second"] / plain)
+        assert ("p_min does not apply" in w["note"]) == (drafter == "ngram")
+        assert f"predicting the {drafter} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status.value
+        assert f"<td>drafter</td><td>{drafter}</td>" in ex.whatif_panel.table.value
+        assert f"{es['tokens_per_second']:.0f}" in ex.whatif_panel.table.value
+        curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
+        assert list(curve.y) == pytest.approx([r["tokens_per_second"] for r in speed_curve(o, 0.3, 1, drafter)])
+        assert curve.y[2] == pytest.approx(es["tokens_per_second"])
+        for name in widgets.WHATIF_NAMES:
+            assert ex.whatif_panel.figures[name].layout.title.text.startswith(f"{drafter} · ")
+        seen[drafter] = w["tokens_per_second"]
+    assert len({round(v, 6) for v in seen.values()}) == 3  # the prediction moved with the drafter
+    # a prediction of any drafter on demand
+    assert ex.predict(drafter="chain").policy["drafter"] == "chain"
+    # the n-gram drafter has no confidence: p_min changes nothing
+    tps = ex.whatif["tokens_per_second"]
+    c.p_min.value = 0.8
+    assert ex.whatif["drafter"] == "ngram" and ex.whatif["tokens_per_second"] == pytest.approx(tps)
+
+
+def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=4, p_min=0.0, n_min=0)
+    ex.record_oracle()
+    assert ex.wait(60)
+    o = ex.oracle
+    ex.controls.drafter.value = "ngram"
+    ex.run()
+    assert ex.wait(60)
+    t = ex.trace
+    assert t.settings["drafter"] == "ngram" and ex.error == ""
+    m = ex.whatif["measured"]
+    assert m is not None and m["drafter"] == "ngram" and m["same_settings"] is True
+    ts = t.summary()
+    assert m["tokens_per_second"] == pytest.approx(ts["tokens_per_second"])
+    assert "measured / predicted" in ex.whatif_panel.table.value
+    assert "<td>drafter</td><td>ngram</td><td>ngram</td>" in ex.whatif_panel.table.value
+    cmp = mx.compare(o, t)
+    assert not cmp.unexplained, cmp.unexplained[:2]
+    if cmp.exact:
+        np.testing.assert_array_equal(t.n_accepted, ex.prediction.n_accepted)
+        assert m["acceptance_rate"] == pytest.approx(ex.whatif["acceptance_rate"], nan_ok=True)
+    # p_min does not apply to the n-gram drafter: still the same settings
+    ex.controls.p_min.value = 0.5
+    assert ex.whatif["measured"]["same_settings"] is True
+    # another drafter: the ngram run is not its measurement
+    for drafter in ("mtp", "chain"):
+        ex.controls.drafter.value = drafter
+        assert ex.whatif["drafter"] == drafter and ex.whatif["measured"] is None, drafter
+        assert f"with the {drafter} drafter" in ex.whatif["note"]
+        assert "measured" not in ex.whatif_panel.table.value.split("</tr>")[0]
+        assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
+    ex.controls.drafter.value = "ngram"
+    assert ex.whatif["measured"] is not None and ex.whatif["measured"]["drafter"] == "ngram"
+    # and an MTP run is measured for mtp only
+    ex.controls.drafter.value = "mtp"
+    ex.controls.p_min.value = 0.0
+    ex.run()
+    assert ex.wait(60)
+    assert ex.whatif["measured"]["drafter"] == "mtp" and ex.whatif["measured"]["same_settings"] is True
+    ex.controls.drafter.value = "ngram"
+    assert ex.whatif["measured"] is None
+
+
+def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
+    with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as plain:
+        assert not plain.info.has_mtp
+        ex = Explorer(plain, prompt=PROMPT, max_tokens=48, n_max=3)
+        d = ex.controls.drafter
+        assert d.value == "ngram" and "no MTP layers" in ex.children[0].value
+        assert all("no MTP layers" in tip for opt, tip in zip(d.options, d.tooltips) if opt != "ngram")
+        ex.run()
+        assert ex.wait(60)
+        assert ex.error == "" and ex.finish_reason == "budget" and ex.trace.settings["drafter"] == "ngram"
+        assert ex.trace.steps_by_drafter()["mtp"] == 0 and ex.baseline is not None
+        # mtp or chain: the session's error in the error area, nothing raised, the session usable
+        for drafter, action in (("mtp", ex.run), ("chain", ex.step)):
+            d.value = drafter
+            action()
+            assert ex.wait(30)
+            assert ex.state == "idle", drafter
+            assert ex.error.startswith("MtpUnavailableError:") and "no MTP layers" in ex.error, ex.error
+            assert "no MTP layers" in ex.error_area.value and "Traceback" not in ex.error_area.value
+        # the what-if mode: an oracle of n-gram drafts, recorded with the ngram drafter selected
+        d.value = "ngram"
+        ex.record_oracle()
+        assert ex.wait(60)
+        assert ex.error == "" and ex.oracle is not None and not ex.oracle.has_mtp
+        expected = mx.simulate(ex.oracle, 3, 0.0, 0, drafter="ngram")
+        assert ex.prediction.policy == expected.policy and ex.whatif["drafter"] == "ngram"
+        assert ex.whatif["tokens_per_second"] == pytest.approx(expected.summary()["tokens_per_second"])
+        ex.run()
+        assert ex.wait(60)
+        assert ex.whatif["measured"] is not None and ex.whatif["measured"]["drafter"] == "ngram"
+        # mtp cannot be predicted from it: said in the panel, not an error
+        d.value = "mtp"
+        assert ex.prediction is None and ex.whatif == {} and ex.error == ""
+        assert "no MTP layers" in ex.whatif_panel.status.value and not ex.whatif_panel.showing
+        with pytest.raises(mx.MtpUnavailableError):
+            ex.predict()
+        d.value = "ngram"
+        assert ex.prediction is not None and ex.whatif_panel.showing
