@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .errors import MtpExplorerError
-from .trace import PHASES, STOP_REASONS, Trace
+from .trace import DRAFTERS, PHASES, STOP_REASONS, Trace
 from .whatif_plots import (  # re-exported (whatif_plots imports calibration/oracle, never this module)
     drafter_comparison,
     predicted_acceptance_by_depth,
@@ -196,6 +196,25 @@ def _alternatives(trace: Trace, i: int, j: int, lookup: Piece) -> str:
     return "<br>".join(parts) if parts else "(not recorded)"
 
 
+_DRAFTER_LABELS = {"mtp": "MTP", "ngram": "n-gram"}
+
+
+def _drafter_of(c: dict, i: int) -> str | None:
+    """Whose draft step ``i`` verified (traces without the column: MTP)."""
+    if "drafter" not in c:
+        return "mtp"
+    d = int(c["drafter"][i])
+    return DRAFTERS[d] if d >= 0 else None
+
+
+def _confidence(trace: Trace, i: int, j: int, lookup: Piece) -> str:
+    """The hover lines on a draft token's confidence: the MTP head's, with its top-k, or none (n-gram)."""
+    p = float(trace.columns["draft_prob"][i, j])
+    if math.isnan(p):
+        return "no confidence (n-gram look-up: proposed what followed the matched n-gram)"
+    return f"draft confidence {p:.3f}<br>top-k:<br>{_alternatives(trace, i, j, lookup)}"
+
+
 # -- 1. token timeline -----------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Cell:
@@ -216,22 +235,21 @@ def _timeline_cells(trace: Trace, lookup: Piece) -> list[_Cell]:
         step = int(c["step"][i])
         n_d, n_a = int(c["n_drafted"][i]), int(c["n_accepted"][i])
         head = f"step {step} · pos {int(c['pos'][i]) + 1}"
+        who = _DRAFTER_LABELS.get(_drafter_of(c, i), "")
         for j in range(n_a):
             text = trace.pieces[g]
             cells.append(_Cell("accepted", _visible(text), (
-                f"<b>{_escape(repr(text))}</b> accepted draft<br>{head} · depth {j + 1}<br>"
-                f"draft confidence {float(c['draft_prob'][i, j]):.3f}<br>"
-                f"top-k:<br>{_alternatives(trace, i, j, lookup)}"), step, "\n" in text))
+                f"<b>{_escape(repr(text))}</b> accepted {who} draft<br>{head} · depth {j + 1}<br>"
+                f"{_confidence(trace, i, j, lookup)}"), step, "\n" in text))
             g += 1
         for j in range(n_a, n_d):
             tok = int(c["drafted"][i, j])
             text = lookup(tok)
             target = int(c["target_tokens"][i, j])
             cells.append(_Cell("rejected", _visible(text), (
-                f"<b>{_escape(repr(text))}</b> rejected draft (rolled back)<br>{head} · depth {j + 1}<br>"
-                f"draft confidence {float(c['draft_prob'][i, j]):.3f}<br>"
+                f"<b>{_escape(repr(text))}</b> rejected {who} draft (rolled back)<br>{head} · depth {j + 1}<br>"
                 f"target wanted {_escape(repr(lookup(target)))}<br>"
-                f"top-k:<br>{_alternatives(trace, i, j, lookup)}"), step, False))
+                f"{_confidence(trace, i, j, lookup)}"), step, False))
         text = trace.pieces[g]
         if n_d == 0:
             kind, what = "plain", "target token (no draft)"

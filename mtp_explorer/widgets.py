@@ -39,7 +39,7 @@ from .figure_sync import sync_figure
 from .oracle import OracleTrace
 from .session import Session
 from .simulate import SimTrace, simulate
-from .trace import DRAFTER_MODES, STOP_REASONS, Step, Trace
+from .trace import DRAFTER_MODES, DRAFTERS, STOP_REASONS, Step, Trace
 from .whatif_panel import (NO_ORACLE, WHATIF_NAMES, WhatIfPanel, measured_run, oracle_status,  # noqa: F401
                            speed_curve, whatif_figures, whatif_numbers, whatif_table)  # WHATIF_NAMES: re-exported
 
@@ -55,7 +55,7 @@ MIN_REDRAW_INTERVAL = 0.1
 LIVE_COLUMNS: tuple[str, ...] = (
     "step", "pos", "n_max", "p_min", "n_min", "drafted", "n_drafted", "n_accepted", "draft_prob", "topk_ids",
     "topk_probs", "target_tokens", "stop_reason", "correction", "rollback", "rs_slot", "h_norm_target",
-    "h_norm_draft", "draft_target_cos", "t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns",
+    "h_norm_draft", "draft_target_cos", "t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns", "drafter",
 )
 
 
@@ -118,6 +118,8 @@ class LiveTrace:
         }
         for phase in ("catchup", "draft", "verify", "sample"):
             columns[f"t_{phase}_ns"] = scalar(f"t_{phase}_ns", np.int64)
+        columns["drafter"] = np.array([-1 if s.drafter is None else DRAFTERS.index(s.drafter) for s in steps],
+                                      dtype=np.int8)
         return columns
 
     def trace(self) -> Trace:

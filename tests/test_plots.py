@@ -100,6 +100,18 @@ def test_token_timeline_hover_shows_alternatives_with_probabilities(session, ste
     assert f"{float(steady.columns['topk_probs'][i, 0, 0]):.2f}" in hover
 
 
+def test_token_timeline_hover_names_the_drafter(session, steady):
+    accepted = _trace(plots.token_timeline(steady, session.piece), plots.ORIGIN_LABELS["accepted"])
+    assert all("accepted MTP draft" in h for h in accepted.hovertext)
+    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram")
+    assert (t.columns["n_accepted"] > 0).any(), "the repeated prompt should get n-gram drafts accepted"
+    fig = plots.token_timeline(t, session.piece)
+    accepted = _trace(fig, plots.ORIGIN_LABELS["accepted"])
+    assert accepted.hovertext and all("accepted n-gram draft" in h for h in accepted.hovertext)
+    # an n-gram draft has no confidence: the hover says so instead of printing nan
+    assert all("no confidence" in h and "nan" not in h for h in accepted.hovertext)
+
+
 def test_token_timeline_without_piece_names_unknown_ids(changed):
     fig = plots.token_timeline(changed)
     rejected = _trace(fig, plots.ORIGIN_LABELS["rejected"])
