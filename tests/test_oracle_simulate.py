@@ -320,11 +320,15 @@ def test_oracle_recording_can_be_cancelled(model_mixed):
 
         worker = threading.Thread(target=record)
         worker.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while not s._busy.locked():  # the recording holds the session
+            assert time.monotonic() < deadline and worker.is_alive(), out
+            time.sleep(0.005)
         with pytest.raises(mx.SessionBusyError):
             s.generate("x", max_tokens=2)
-        s.cancel()
-        worker.join(timeout=60)
+        while worker.is_alive() and time.monotonic() < deadline:  # a cancel before the engine begins is reset
+            s.cancel()
+            worker.join(0.05)
         assert not worker.is_alive() and "cancelled" in str(out["error"])
         o = s.record_oracle("import os", max_tokens=16, depth=4)  # still usable
         assert o.tokens == s.generate("import os", max_tokens=16, n_max=0).tokens

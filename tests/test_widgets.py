@@ -52,11 +52,20 @@ def test_controls_follow_the_session(session):
     assert set(ex.figures) == set(plots.FIGURES)
 
 
-def test_run_fills_the_figures_and_caches_the_baseline(session):
+def test_run_fills_the_figures_and_caches_the_baseline(session, monkeypatch):
     ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
-    t0 = time.monotonic()
+    gate = threading.Event()
+    stream = session.stream
+
+    def gated(*args, **kwargs):
+        assert gate.wait(30)
+        yield from stream(*args, **kwargs)
+
+    monkeypatch.setattr(session, "stream", gated)
     ex.run()
-    assert time.monotonic() - t0 < 1.0  # the kernel is not blocked
+    # the kernel is not blocked: run() returned while the generation still waits on the gate
+    assert ex.state == "running" and ex._thread.is_alive() and not gate.is_set()
+    gate.set()
     assert ex.wait(60)
     assert ex.state == "idle" and ex.error == "" and ex.finish_reason == "budget"
     expected = session.generate(PROMPT, max_tokens=64, n_max=3)
