@@ -1,6 +1,7 @@
 """The what-if simulator: replay speed, exactness against real runs, predicted vs measured tokens/s.
 
     .venv/bin/python benchmarks/simulate.py [--model PATH] [--tokens 512] [--prompts 10] [--repeats 5]
+                                            [--threads 1] [--clock wall|cpu] [--skip speed exactness timing]
 
 Prints JSON:
 
@@ -123,13 +124,16 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="time phases with the wall clock or the thread's CPU time (one thread: other processes' load left out)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "exactness", "timing"])
     args = ap.parse_args()
     path, origin = pick_model(args.model)
     out: dict = {"model": str(path), "model_origin": origin, "machine": machine()}
     prompts = (PROMPTS * ((args.prompts + len(PROMPTS) - 1) // len(PROMPTS)))[: args.prompts]
-    with mx.Session.open(path, n_ctx=max(2048, args.tokens + 64), threads=args.threads, n_rs_seq=8) as s:
-        out["threads"] = s.threads
+    with mx.Session.open(path, n_ctx=max(2048, args.tokens + 64), threads=args.threads, n_rs_seq=8,
+                         clock=args.clock) as s:
+        out["threads"], out["clock"] = s.threads, s.clock
         s.generate(prompts[0], max_tokens=16, n_max=2)  # warm-up
         if "speed" not in args.skip:
             out["speed"] = bench_speed(s, prompts, args.tokens)
