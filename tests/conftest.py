@@ -16,6 +16,12 @@ from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
 
 @pytest.fixture(scope="session")
+def bundled_model() -> Path:
+    """The shipped demo model (part of the repository: missing means a broken checkout)."""
+    return mx.default_model_path()
+
+
+@pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")
 

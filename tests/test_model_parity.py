@@ -4,8 +4,7 @@ The PyTorch model is rebuilt from the shipped GGUF (``training.export.model_from
 exact inverse of the exporter), so no training checkpoint is needed: an F32 re-export run with an
 F32 KV cache must match llama.cpp to 2e-3 in every logit (measured: ~4e-5 trunk, ~2e-5 MTP), and
 the shipped F16 file, run with llama.cpp's default settings (F16 KV cache), must agree on >= 99.5%
-of top-1 tokens (measured: 99.9% trunk, 100% MTP); when a training checkpoint is present the
-shipped file is compared with it as well.
+of top-1 tokens (measured: 99.9% trunk, 100% MTP).
 """
 
 from __future__ import annotations
@@ -15,26 +14,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
 
-from training import llama_ref  # noqa: E402
-from training.corpus import load_corpus, split_corpus  # noqa: E402
-from training.export import export_model, model_from_gguf  # noqa: E402
-from training.tokenizer import vocab_from_gguf  # noqa: E402
+from training import llama_ref
+from training.corpus import load_corpus, split_corpus
+from training.export import export_model, model_from_gguf
+from training.tokenizer import vocab_from_gguf
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "mtp_explorer" / "models" / "pystdlib-qwen35-mtp.gguf"
 SEQ = 256
 N_SEQ = 6
 TOL_F32 = 2e-3
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    if not MODEL.exists():
-        pytest.skip(f"{MODEL.name} has not been built (python -m training.train; python -m training.export)")
-    return MODEL
+def model_path(bundled_model) -> Path:
+    return bundled_model
 
 
 @pytest.fixture(scope="module")

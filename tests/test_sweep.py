@@ -115,7 +115,8 @@ def test_sweep_validation(session):
 
 @pytest.fixture(scope="module")
 def dask_client():
-    distributed = pytest.importorskip("distributed")
+    import distributed
+
     cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
     client = distributed.Client(cluster)
     yield client
