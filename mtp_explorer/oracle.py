@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .trace import _nan_to_none, _none_to_nan
+from .trace import columns_from_json, columns_to_json
 
 ORACLE_FORMAT = "mtp-explorer-oracle/1"
 
@@ -345,14 +345,8 @@ class OracleTrace:
 
     # -- serialisation ---------------------------------------------------------------------------
     def to_json(self) -> str:
-        cols = {}
-        for name, arr in self.columns.items():
-            data = arr.tolist()
-            if arr.dtype.kind == "f":
-                data = _nan_to_none(data)
-            cols[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("columns", "cost_model")}
-        doc["columns"] = cols
+        doc["columns"] = columns_to_json(self.columns)
         doc["cost_model"] = self.cost_model.to_dict() if self.cost_model is not None else None
         doc["format"] = ORACLE_FORMAT
         return json.dumps(doc, allow_nan=False)
@@ -362,14 +356,9 @@ class OracleTrace:
         doc = json.loads(text)
         if doc.pop("format", None) != ORACLE_FORMAT:
             raise ValueError("not an mtp-explorer oracle trace")
-        cols = {}
-        for name, spec in doc.pop("columns").items():
-            data = spec["data"]
-            if np.dtype(spec["dtype"]).kind == "f":
-                data = _none_to_nan(data)
-            cols[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
         cost = doc.pop("cost_model", None)
-        return cls(columns=cols, cost_model=CostModel.from_dict(cost) if cost else None, **doc)
+        return cls(columns=columns_from_json(doc.pop("columns")), cost_model=CostModel.from_dict(cost) if cost else None,
+                   **doc)
 
     def __getstate__(self):
         # pickling (e.g. to Dask workers) carries the data, not the cached derived arrays

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .errors import MtpExplorerError
-from .trace import DRAFTERS, PHASES, STOP_REASONS, Trace
+from .trace import PHASES, STOP_REASONS, Trace, drafter_name
 from .whatif_plots import (  # re-exported (whatif_plots imports calibration/oracle, never this module)
     drafter_comparison,
     predicted_acceptance_by_depth,
@@ -199,14 +199,6 @@ def _alternatives(trace: Trace, i: int, j: int, lookup: Piece) -> str:
 _DRAFTER_LABELS = {"mtp": "MTP", "ngram": "n-gram"}
 
 
-def _drafter_of(c: dict, i: int) -> str | None:
-    """Whose draft step ``i`` verified (traces without the column: MTP)."""
-    if "drafter" not in c:
-        return "mtp"
-    d = int(c["drafter"][i])
-    return DRAFTERS[d] if d >= 0 else None
-
-
 def _confidence(trace: Trace, i: int, j: int, lookup: Piece) -> str:
     """The hover lines on a draft token's confidence: the MTP head's, with its top-k, or none (n-gram)."""
     p = float(trace.columns["draft_prob"][i, j])
@@ -235,7 +227,7 @@ def _timeline_cells(trace: Trace, lookup: Piece) -> list[_Cell]:
         step = int(c["step"][i])
         n_d, n_a = int(c["n_drafted"][i]), int(c["n_accepted"][i])
         head = f"step {step} · pos {int(c['pos'][i]) + 1}"
-        who = _DRAFTER_LABELS.get(_drafter_of(c, i), "")
+        who = _DRAFTER_LABELS.get(drafter_name(c, i), "")
         for j in range(n_a):
             text = trace.pieces[g]
             cells.append(_Cell("accepted", _visible(text), (

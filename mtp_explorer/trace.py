@@ -105,7 +105,7 @@ class Step:
             t_draft_ns=int(cols["t_draft_ns"][i]),
             t_verify_ns=int(cols["t_verify_ns"][i]),
             t_sample_ns=int(cols["t_sample_ns"][i]),
-            drafter=_drafter_name(cols, i),
+            drafter=drafter_name(cols, i),
             expected_accepted=float(cols["expected_accepted"][i]) if "expected_accepted" in cols else math.nan,
         )
 
@@ -208,14 +208,8 @@ class Trace:
 
     # -- serialisation ---------------------------------------------------------------------------
     def to_json(self) -> str:
-        cols = {}
-        for name, arr in self.columns.items():
-            data = arr.tolist()
-            if arr.dtype.kind == "f":
-                data = _nan_to_none(data)
-            cols[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "columns"}
-        doc["columns"] = cols
+        doc["columns"] = columns_to_json(self.columns)
         doc["format"] = "mtp-explorer-trace/1"
         return json.dumps(doc, allow_nan=False)
 
@@ -224,16 +218,33 @@ class Trace:
         doc = json.loads(text)
         if doc.pop("format", None) != "mtp-explorer-trace/1":
             raise ValueError("not an mtp-explorer trace")
-        cols = {}
-        for name, spec in doc.pop("columns").items():
-            data = spec["data"]
-            if np.dtype(spec["dtype"]).kind == "f":
-                data = _none_to_nan(data)
-            cols[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
-        return cls(columns=cols, **doc)
+        return cls(columns=columns_from_json(doc.pop("columns")), **doc)
 
 
-def _drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:
+def columns_to_json(columns: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Numpy columns as JSON-ready dicts (dtype, shape, data; NaN as null)."""
+    out = {}
+    for name, arr in columns.items():
+        data = arr.tolist()
+        if arr.dtype.kind == "f":
+            data = _nan_to_none(data)
+        out[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
+    return out
+
+
+def columns_from_json(specs: dict[str, dict]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`columns_to_json`."""
+    out = {}
+    for name, spec in specs.items():
+        data = spec["data"]
+        if np.dtype(spec["dtype"]).kind == "f":
+            data = _none_to_nan(data)
+        out[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
+    return out
+
+
+def drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:
+    """Whose draft step ``i`` verified (``None``: no draft; traces without the column: MTP)."""
     if "drafter" in cols:
         d = int(cols["drafter"][i])
         return DRAFTERS[d] if d >= 0 else None
