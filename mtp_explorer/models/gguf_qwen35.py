@@ -66,7 +66,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -359,6 +359,55 @@ def _keep_f32(name: str, arr: np.ndarray) -> bool:
     return arr.ndim <= 1 or name.endswith("ssm_conv1d.weight")
 
 
+def check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+                  vocab: ByteBPEVocab, n_vocab: int) -> None:
+    """Raise ``ValueError`` for a vocabulary of the wrong size, unknown tensor names, missing required
+    tensors and shapes other than ``shapes`` (name -> (shape, required))."""
+    if len(vocab.tokens) != n_vocab:
+        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={n_vocab}")
+    unknown = sorted(set(tensors) - set(shapes))
+    if unknown:
+        raise ValueError(f"unknown tensors: {unknown[:8]}")
+    for tname, (shape, required) in shapes.items():
+        if tname not in tensors:
+            if required:
+                raise ValueError(f"missing tensor {tname} {shape}")
+        elif tuple(tensors[tname].shape) != shape:
+            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
+
+
+def open_writer(path: str | Path, arch: str, *, name: str, description: str | None, license: str | None,
+                file_type) -> tuple["gguf.GGUFWriter", Path]:
+    """A GGUF writer for ``arch`` at ``path`` (folders created) with the general keys written."""
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    if description:
+        w.add_description(description)
+    if license:
+        w.add_license(license)
+    w.add_file_type(file_type)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    return w, path
+
+
+def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[str, str | int | float | bool],
+                  arrays: Iterable[tuple[str, np.ndarray]]) -> None:
+    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array), then write the file."""
+    add_tokenizer(w, vocab)
+    add_metadata(w, metadata)
+    for tname, arr in arrays:
+        w.add_tensor(tname, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_qwen35_gguf(
     path: str | Path,
     cfg: Qwen35Config,
@@ -383,31 +432,10 @@ def write_qwen35_gguf(
 
     if dtype not in ("f32", "f16"):
         raise ValueError("dtype must be 'f32' or 'f16'")
-    if len(vocab.tokens) != cfg.n_vocab:
-        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={cfg.n_vocab}")
     shapes = expected_tensor_shapes(cfg)
-    unknown = sorted(set(tensors) - set(shapes))
-    if unknown:
-        raise ValueError(f"unknown tensors: {unknown[:8]}")
-    for tname, (shape, required) in shapes.items():
-        if tname not in tensors:
-            if required:
-                raise ValueError(f"missing tensor {tname} {shape}")
-            continue
-        if tuple(tensors[tname].shape) != shape:
-            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), ARCH)
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name)
-    if description:
-        w.add_description(description)
-    if license:
-        w.add_license(license)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
+    w, path = open_writer(path, ARCH, name=name, description=description, license=license,
+                          file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
     w.add_context_length(cfg.n_ctx_train)
     w.add_embedding_length(cfg.n_embd)
@@ -429,21 +457,13 @@ def write_qwen35_gguf(
     w.add_full_attention_interval(cfg.full_attention_interval)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
-    add_tokenizer(w, vocab)
-    add_metadata(w, {**vocab.extra, **(extra_metadata or {})})
+    def arrays():
+        for tname in shapes:
+            if tname in tensors:
+                arr = np.ascontiguousarray(tensors[tname], dtype=np.float32)
+                yield tname, arr.astype(np.float16) if dtype == "f16" and not _keep_f32(tname, arr) else arr
 
-    for tname in shapes:
-        if tname not in tensors:
-            continue
-        arr = np.ascontiguousarray(tensors[tname], dtype=np.float32)
-        if dtype == "f16" and not _keep_f32(tname, arr):
-            arr = arr.astype(np.float16)
-        w.add_tensor(tname, arr)
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})}, arrays())
     return path
 
 

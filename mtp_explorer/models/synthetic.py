@@ -146,6 +146,23 @@ def printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
     return mask
 
 
+def embeddings_and_head(rng: np.random.Generator, vocab: ByteBPEVocab, n_vocab: int, n_embd: int,
+                        logit_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Random token embeddings and an output head that only lets printable tokens win."""
+    embd = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    head = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) * (logit_scale / np.sqrt(n_embd))
+    head[~printable_mask(vocab)] = 0.0
+    return embd, head
+
+
+def mtp_input_projection(rng: np.random.Generator, n_embd: int, mtp_fidelity: float) -> np.ndarray:
+    """The MTP block's ``eh_proj``: ``mtp_fidelity`` blends "pass the token embedding through" (1),
+    which makes the head reproduce the trunk's token -> token function, with random (0)."""
+    select = np.concatenate([np.eye(n_embd), np.zeros((n_embd, n_embd))], axis=1)
+    random_proj = rng.standard_normal((n_embd, 2 * n_embd)) / np.sqrt(2 * n_embd)
+    return (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
+
+
 def synthetic_tensors(
     cfg: Qwen35Config,
     vocab: ByteBPEVocab,
@@ -168,10 +185,7 @@ def synthetic_tensors(
             fan_in = shape[-1]
             out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
 
-    out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
-    head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
-    head[~printable_mask(vocab)] = 0.0
-    out["output.weight"] = head
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, logit_scale)
 
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -189,9 +203,7 @@ def synthetic_tensors(
         out[p + "ffn_down.weight"] *= CONTEXT_SCALE * context_mix
 
     m = f"blk.{cfg.n_layer}."
-    select = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1)
-    random_proj = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
-    out[m + "nextn.eh_proj.weight"] = (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
+    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, mtp_fidelity)
     out[m + "attn_output.weight"] *= 1e-3
     out[m + "ffn_down.weight"] *= 1e-3
     out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()

@@ -68,8 +68,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import ByteBPEVocab, add_metadata, add_tokenizer
-from .synthetic import printable_mask, synthetic_vocab
+from .gguf_qwen35 import ByteBPEVocab, check_tensors, finish_writer, open_writer
+from .synthetic import embeddings_and_head, mtp_input_projection, synthetic_vocab
 
 ARCH = "glm4moe"
 
@@ -214,10 +214,7 @@ def synthetic_glm4moe_tensors(
         else:
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
-    out["token_embd.weight"] = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32)
-    head = rng.standard_normal((cfg.n_vocab, e)).astype(np.float32) * (logit_scale / np.sqrt(e))
-    head[~printable_mask(vocab)] = 0.0
-    out["output.weight"] = head
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, logit_scale)
 
     down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
     for il in range(cfg.block_count):
@@ -228,9 +225,7 @@ def synthetic_glm4moe_tensors(
                 out[name] *= scale
 
     m = f"blk.{cfg.n_layer}."
-    select = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1)
-    random_proj = rng.standard_normal((e, 2 * e)) / np.sqrt(2 * e)
-    out[m + "nextn.eh_proj.weight"] = (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
+    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, mtp_fidelity)
     out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
     return out
 
@@ -252,28 +247,10 @@ def write_glm4moe_gguf(
     """
     import gguf
 
-    if len(vocab.tokens) != cfg.n_vocab:
-        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={cfg.n_vocab}")
     shapes = glm4moe_expected_tensor_shapes(cfg)
-    unknown = sorted(set(tensors) - set(shapes))
-    if unknown:
-        raise ValueError(f"unknown tensors: {unknown[:8]}")
-    for tname, (shape, required) in shapes.items():
-        if tname not in tensors:
-            if required:
-                raise ValueError(f"missing tensor {tname} {shape}")
-        elif tuple(tensors[tname].shape) != shape:
-            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), ARCH)
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name)
-    if description:
-        w.add_description(description)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
+    w, path = open_writer(path, ARCH, name=name, description=description, license=None,
+                          file_type=gguf.LlamaFileType.ALL_F32)
 
     w.add_context_length(cfg.n_ctx_train)
     w.add_embedding_length(cfg.n_embd)
@@ -296,17 +273,8 @@ def write_glm4moe_gguf(
     w.add_expert_weights_norm(cfg.expert_weights_norm)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
-    add_tokenizer(w, vocab)
-    add_metadata(w, {**vocab.extra, **(extra_metadata or {})})
-
-    for tname in shapes:
-        if tname in tensors:
-            w.add_tensor(tname, np.ascontiguousarray(tensors[tname], dtype=np.float32))
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})},
+                  ((t, np.ascontiguousarray(tensors[t], dtype=np.float32)) for t in shapes if t in tensors))
     return path
 
 
