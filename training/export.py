@@ -54,57 +54,107 @@ def _reorder_v_heads(t: np.ndarray, axis: int, n_k: int, n_v: int, head_dim: int
     return np.moveaxis(t, 0, axis)
 
 
+# (HF name under a layer prefix, GGUF name under blk.N., transform); transforms: "copy"; "norm"
+# (zero-centred RMS norm, stored as 1 + w); ("v", axis, head_dim): value heads reordered along
+# axis; "qkv" / "conv": the V part of the rows reordered (the conv kernel also squeezed);
+# "A_log": ssm_a = -exp(A_log), value heads reordered.
+_LAYER = (
+    ("input_layernorm.weight", "attn_norm.weight", "norm"),
+    ("post_attention_layernorm.weight", "post_attention_norm.weight", "norm"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight", "copy"),
+    ("mlp.up_proj.weight", "ffn_up.weight", "copy"),
+    ("mlp.down_proj.weight", "ffn_down.weight", "copy"),
+)
+_LINEAR_ATTENTION = (
+    ("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", "qkv"),
+    ("linear_attn.in_proj_z.weight", "attn_gate.weight", ("v", 0, "dk")),
+    ("linear_attn.in_proj_b.weight", "ssm_beta.weight", ("v", 0, 1)),
+    ("linear_attn.in_proj_a.weight", "ssm_alpha.weight", ("v", 0, 1)),
+    ("linear_attn.conv1d.weight", "ssm_conv1d.weight", "conv"),
+    ("linear_attn.dt_bias", "ssm_dt.bias", ("v", 0, 1)),
+    ("linear_attn.A_log", "ssm_a", "A_log"),
+    ("linear_attn.norm.weight", "ssm_norm.weight", "copy"),
+    ("linear_attn.out_proj.weight", "ssm_out.weight", ("v", 1, "dk")),
+)
+_FULL_ATTENTION = (
+    ("self_attn.q_proj.weight", "attn_q.weight", "copy"),
+    ("self_attn.k_proj.weight", "attn_k.weight", "copy"),
+    ("self_attn.v_proj.weight", "attn_v.weight", "copy"),
+    ("self_attn.o_proj.weight", "attn_output.weight", "copy"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight", "norm"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight", "norm"),
+)
+# outside the layers: (HF name, GGUF name, transform); {m} is the MTP block's index
+_GLOBAL = (
+    ("trunk.model.embed_tokens.weight", "token_embd.weight", "copy"),
+    ("trunk.model.norm.weight", "output_norm.weight", "norm"),
+    ("mtp.fc.weight", "blk.{m}.nextn.eh_proj.weight", "copy"),
+    ("mtp.pre_fc_norm_embedding.weight", "blk.{m}.nextn.enorm.weight", "norm"),
+    ("mtp.pre_fc_norm_hidden.weight", "blk.{m}.nextn.hnorm.weight", "norm"),
+    ("mtp.norm.weight", "blk.{m}.nextn.shared_head_norm.weight", "norm"),
+)
+
+
+class _Transforms:
+    """The HF -> llama.cpp value transforms of one model (``forward``) and their inverses."""
+
+    def __init__(self, mc) -> None:
+        self.nk, self.nv, self.dk = mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim
+        self.key_dim = self.nk * self.dk
+
+    def _v(self, x: np.ndarray, axis: int, hd, inverse: bool) -> np.ndarray:
+        return _reorder_v_heads(x, axis, self.nk, self.nv, self.dk if hd == "dk" else hd, inverse=inverse)
+
+    def _v_rows(self, x: np.ndarray, inverse: bool) -> np.ndarray:
+        kd = self.key_dim
+        return np.concatenate([x[: 2 * kd], self._v(x[2 * kd :], 0, "dk", inverse)], axis=0)
+
+    def forward(self, kind, x: np.ndarray) -> np.ndarray:
+        if kind == "copy":
+            return x
+        if kind == "norm":
+            return (1.0 + x.astype(np.float64)).astype(np.float32)
+        if kind == "qkv":
+            return self._v_rows(x, False)
+        if kind == "conv":
+            return self._v_rows(x.reshape(x.shape[0], -1), False)
+        if kind == "A_log":
+            return -np.exp(self._v(x.astype(np.float64), 0, 1, False)).astype(np.float32)
+        return self._v(x, kind[1], kind[2], False)
+
+    def inverse(self, kind, x: np.ndarray) -> np.ndarray:
+        if kind == "copy":
+            return x
+        if kind == "norm":
+            return (x.astype(np.float64) - 1.0).astype(np.float32)
+        if kind == "qkv":
+            return self._v_rows(x, True)
+        if kind == "conv":
+            x = self._v_rows(x, True)
+            return x.reshape(x.shape[0], 1, x.shape[1])
+        if kind == "A_log":
+            return np.log(-self._v(x, 0, 1, True).astype(np.float64)).astype(np.float32)
+        return self._v(x, kind[1], kind[2], True)
+
+
+def _layers(mc):
+    """(HF prefix, GGUF prefix, tensor table) of every decoder layer, the MTP block's last."""
+    n = mc.num_hidden_layers
+    for il in range(n):
+        attention = _LINEAR_ATTENTION if mc.layer_types[il] == "linear_attention" else _FULL_ATTENTION
+        yield f"trunk.model.layers.{il}.", f"blk.{il}.", _LAYER + attention
+    yield "mtp.layers.0.", f"blk.{n}.", _LAYER + _FULL_ATTENTION
+
+
 def convert_state_dict(sd: dict[str, np.ndarray], mc) -> dict[str, np.ndarray]:
     """Map a :class:`training.model.DemoModel` state dict to llama.cpp tensors (GGUF names)."""
-    n_layer = mc.num_hidden_layers
-    nk, nv, dk = mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim
-    key_dim = nk * dk
+    tf = _Transforms(mc)
     out: dict[str, np.ndarray] = {}
-
-    def norm(w: np.ndarray) -> np.ndarray:
-        return (1.0 + w.astype(np.float64)).astype(np.float32)
-
-    def block(prefix: str, il: int, recurrent: bool) -> None:
-        p = f"blk.{il}."
-        out[p + "attn_norm.weight"] = norm(sd[prefix + "input_layernorm.weight"])
-        out[p + "post_attention_norm.weight"] = norm(sd[prefix + "post_attention_layernorm.weight"])
-        out[p + "ffn_gate.weight"] = sd[prefix + "mlp.gate_proj.weight"]
-        out[p + "ffn_up.weight"] = sd[prefix + "mlp.up_proj.weight"]
-        out[p + "ffn_down.weight"] = sd[prefix + "mlp.down_proj.weight"]
-        if recurrent:
-            a = prefix + "linear_attn."
-            qkv = sd[a + "in_proj_qkv.weight"]
-            qkv = np.concatenate([qkv[: 2 * key_dim], _reorder_v_heads(qkv[2 * key_dim :], 0, nk, nv, dk)], axis=0)
-            conv = sd[a + "conv1d.weight"].reshape(sd[a + "conv1d.weight"].shape[0], -1)
-            conv = np.concatenate([conv[: 2 * key_dim], _reorder_v_heads(conv[2 * key_dim :], 0, nk, nv, dk)], axis=0)
-            out[p + "attn_qkv.weight"] = qkv
-            out[p + "attn_gate.weight"] = _reorder_v_heads(sd[a + "in_proj_z.weight"], 0, nk, nv, dk)
-            out[p + "ssm_beta.weight"] = _reorder_v_heads(sd[a + "in_proj_b.weight"], 0, nk, nv, 1)
-            out[p + "ssm_alpha.weight"] = _reorder_v_heads(sd[a + "in_proj_a.weight"], 0, nk, nv, 1)
-            out[p + "ssm_conv1d.weight"] = conv
-            out[p + "ssm_dt.bias"] = _reorder_v_heads(sd[a + "dt_bias"], 0, nk, nv, 1)
-            out[p + "ssm_a"] = -np.exp(_reorder_v_heads(sd[a + "A_log"].astype(np.float64), 0, nk, nv, 1)).astype(np.float32)
-            out[p + "ssm_norm.weight"] = sd[a + "norm.weight"]
-            out[p + "ssm_out.weight"] = _reorder_v_heads(sd[a + "out_proj.weight"], 1, nk, nv, dk)
-        else:
-            a = prefix + "self_attn."
-            out[p + "attn_q.weight"] = sd[a + "q_proj.weight"]
-            out[p + "attn_k.weight"] = sd[a + "k_proj.weight"]
-            out[p + "attn_v.weight"] = sd[a + "v_proj.weight"]
-            out[p + "attn_output.weight"] = sd[a + "o_proj.weight"]
-            out[p + "attn_q_norm.weight"] = norm(sd[a + "q_norm.weight"])
-            out[p + "attn_k_norm.weight"] = norm(sd[a + "k_norm.weight"])
-
-    out["token_embd.weight"] = sd["trunk.model.embed_tokens.weight"]
-    out["output_norm.weight"] = norm(sd["trunk.model.norm.weight"])
-    for il in range(n_layer):
-        block(f"trunk.model.layers.{il}.", il, mc.layer_types[il] == "linear_attention")
-    m = n_layer
-    block("mtp.layers.0.", m, False)
-    out[f"blk.{m}.nextn.eh_proj.weight"] = sd["mtp.fc.weight"]
-    out[f"blk.{m}.nextn.enorm.weight"] = norm(sd["mtp.pre_fc_norm_embedding.weight"])
-    out[f"blk.{m}.nextn.hnorm.weight"] = norm(sd["mtp.pre_fc_norm_hidden.weight"])
-    out[f"blk.{m}.nextn.shared_head_norm.weight"] = norm(sd["mtp.norm.weight"])
+    for hf, gg, kind in _GLOBAL:
+        out[gg.format(m=mc.num_hidden_layers)] = tf.forward(kind, sd[hf])
+    for hf_prefix, gg_prefix, table in _layers(mc):
+        for hf, gg, kind in table:
+            out[gg_prefix + gg] = tf.forward(kind, sd[hf_prefix + hf])
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
@@ -151,55 +201,18 @@ def state_dict_from_gguf(path: str | Path):
         eos_token_id=int(field("tokenizer.ggml.eos_token_id")),
     )
     t = {x.name: np.array(x.data, dtype=np.float32) for x in reader.tensors}
-    nk, nv, dk = mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim
-    key_dim = nk * dk
+    tf = _Transforms(mc)
     sd: dict[str, np.ndarray] = {}
-
-    def unnorm(w: np.ndarray) -> np.ndarray:
-        return (w.astype(np.float64) - 1.0).astype(np.float32)
-
-    def unreorder(x: np.ndarray, axis: int, hd: int) -> np.ndarray:
-        return _reorder_v_heads(x, axis, nk, nv, hd, inverse=True)
-
-    def block(prefix: str, il: int, recurrent: bool) -> None:
-        p = f"blk.{il}."
-        sd[prefix + "input_layernorm.weight"] = unnorm(t[p + "attn_norm.weight"])
-        sd[prefix + "post_attention_layernorm.weight"] = unnorm(t[p + "post_attention_norm.weight"])
-        sd[prefix + "mlp.gate_proj.weight"] = t[p + "ffn_gate.weight"]
-        sd[prefix + "mlp.up_proj.weight"] = t[p + "ffn_up.weight"]
-        sd[prefix + "mlp.down_proj.weight"] = t[p + "ffn_down.weight"]
-        if recurrent:
-            a = prefix + "linear_attn."
-            qkv, conv = t[p + "attn_qkv.weight"], t[p + "ssm_conv1d.weight"]
-            sd[a + "in_proj_qkv.weight"] = np.concatenate([qkv[: 2 * key_dim], unreorder(qkv[2 * key_dim :], 0, dk)])
-            conv = np.concatenate([conv[: 2 * key_dim], unreorder(conv[2 * key_dim :], 0, dk)])
-            sd[a + "conv1d.weight"] = conv.reshape(conv.shape[0], 1, conv.shape[1])
-            sd[a + "in_proj_z.weight"] = unreorder(t[p + "attn_gate.weight"], 0, dk)
-            sd[a + "in_proj_b.weight"] = unreorder(t[p + "ssm_beta.weight"], 0, 1)
-            sd[a + "in_proj_a.weight"] = unreorder(t[p + "ssm_alpha.weight"], 0, 1)
-            sd[a + "dt_bias"] = unreorder(t[p + "ssm_dt.bias"], 0, 1)
-            sd[a + "A_log"] = np.log(-unreorder(t[p + "ssm_a"], 0, 1).astype(np.float64)).astype(np.float32)
-            sd[a + "norm.weight"] = t[p + "ssm_norm.weight"]
-            sd[a + "out_proj.weight"] = unreorder(t[p + "ssm_out.weight"], 1, dk)
-        else:
-            a = prefix + "self_attn."
-            sd[a + "q_proj.weight"] = t[p + "attn_q.weight"]
-            sd[a + "k_proj.weight"] = t[p + "attn_k.weight"]
-            sd[a + "v_proj.weight"] = t[p + "attn_v.weight"]
-            sd[a + "o_proj.weight"] = t[p + "attn_output.weight"]
-            sd[a + "q_norm.weight"] = unnorm(t[p + "attn_q_norm.weight"])
-            sd[a + "k_norm.weight"] = unnorm(t[p + "attn_k_norm.weight"])
-
-    sd["trunk.model.embed_tokens.weight"] = t["token_embd.weight"]
+    m = n_layer
+    for hf, gg, kind in _GLOBAL:
+        gg = gg.format(m=m)
+        if gg.endswith("shared_head_norm.weight") and gg not in t:
+            gg = "output_norm.weight"  # llama.cpp's fallback when the MTP block has no head norm
+        sd[hf] = tf.inverse(kind, t[gg])
     sd["trunk.lm_head.weight"] = t.get("output.weight", t["token_embd.weight"])
-    sd["trunk.model.norm.weight"] = unnorm(t["output_norm.weight"])
-    for il in range(n_layer):
-        block(f"trunk.model.layers.{il}.", il, mc.layer_types[il] == "linear_attention")
-    block("mtp.layers.0.", n_layer, False)
-    sd["mtp.fc.weight"] = t[f"blk.{n_layer}.nextn.eh_proj.weight"]
-    sd["mtp.pre_fc_norm_embedding.weight"] = unnorm(t[f"blk.{n_layer}.nextn.enorm.weight"])
-    sd["mtp.pre_fc_norm_hidden.weight"] = unnorm(t[f"blk.{n_layer}.nextn.hnorm.weight"])
-    sd["mtp.norm.weight"] = unnorm(t.get(f"blk.{n_layer}.nextn.shared_head_norm.weight", t["output_norm.weight"]))
+    for hf_prefix, gg_prefix, table in _layers(mc):
+        for hf, gg, kind in table:
+            sd[hf_prefix + hf] = tf.inverse(kind, t[gg_prefix + gg])
     return mc, {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
 
 
