@@ -44,7 +44,8 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.reference import ReferenceRun, compare, replay_reference_budget, run_reference, run_reference_spec
+from mtp_explorer.reference import (ReferenceRun, compare, draft_cap_rule, replay_reference_budget, run_reference,
+                                    run_reference_spec)
 
 from _common import emit, machine, pick_model
 
@@ -103,13 +104,7 @@ def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_token
     so the next n-gram look-up happens at the same position as the reference's;
     :func:`reference_totals` counts the steps as the reference does.
     """
-    n_prompt = len(session.tokenize(prompt))
-
-    def n_max_for(n_predict: int) -> int:
-        n_past = n_prompt - 1 + n_predict
-        cap = min(session.n_ctx - n_past - 2, max_tokens - n_predict - 1)
-        return min(size_m, cap) if cap > 0 else size_m
-
+    n_max_for = draft_cap_rule(session, prompt, max_tokens, size_m)
     n_predict = 0
     for step in session.stream(prompt, max_tokens=max_tokens + size_m + 2, n_max=n_max_for(0), drafter="ngram",
                                ngram_n=size_n, ngram_m=size_m):

@@ -103,6 +103,20 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
     raise RuntimeError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
 
 
+def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
+    """llama-speculative-simple's draft cap after ``n_predict`` generated tokens, as a function of
+    ``n_predict``: ``limit`` cut to the budget left (``max_tokens - n_predict - 1``) and the context,
+    but only when that is positive (otherwise ``limit`` as is)."""
+    n_prompt = len(session.tokenize(prompt))
+
+    def n_max_for(n_predict: int) -> int:
+        n_past = n_prompt - 1 + n_predict
+        cap = min(session.n_ctx - n_past - 2, max_tokens - n_predict - 1)
+        return min(limit, cap) if cap > 0 else limit
+
+    return n_max_for
+
+
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
                             n_min: int = 0) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
@@ -111,13 +125,7 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
     truncation, which a shorter n_max cannot reproduce at the very last steps.
     """
 
-    n_prompt = len(session.tokenize(prompt))
-
-    def n_max_for(n_predict: int) -> int:
-        n_past = n_prompt - 1 + n_predict
-        cap = min(session.n_ctx - n_past - 2, max_tokens - n_predict - 1)
-        return min(n_max, cap) if cap > 0 else n_max
-
+    n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     n_predict = 0
     stream = session.stream(prompt, max_tokens=max_tokens + n_max + 1, n_max=n_max_for(0), p_min=p_min,
                             n_min=min(n_min, n_max_for(0)))
