@@ -1,4 +1,10 @@
-// Python bindings: the Engine, its telemetry as numpy columns, and llama.cpp log capture.
+// Python bindings: the config structs, the Engine, its telemetry as numpy columns (generated from
+// the schemas in telemetry.h and oracle.h), the name tables, and llama.cpp log capture.
+//
+// Errors: every EngineError (errors.h) becomes the Python exception `_native.EngineError`, a
+// RuntimeError subclass whose args are (kind, message): `kind` is one of ENGINE_ERROR_KINDS
+// (also the attribute `.kind`; `.message` and str() give the message). Python code may raise it
+// the same way: `_native.EngineError("decode", "...")`.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -10,13 +16,16 @@
 #include <mutex>
 
 #include "engine.h"
+#include "errors.h"
+#include "names.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
 
-// llama.cpp log lines: kept (the last 200) for error messages, printed only with MTP_EXPLORER_VERBOSE=1
+// ---- llama.cpp log lines: kept (the last 200) for error messages, printed only with MTP_EXPLORER_VERBOSE=1
+
 std::mutex log_mutex;
 std::deque<std::string> log_lines;
 std::string log_partial;
@@ -48,9 +57,30 @@ std::vector<std::string> take_log() {
     return out;
 }
 
-// rows [row0, n_rows) of a column with `inner` values per row, copied into a numpy array
+// ---- tables and columns -------------------------------------------------------------------------
+
+template <size_t N>
+nb::tuple names_tuple(const char * const (&table)[N]) {
+    nb::list out;
+    for (const char * name : table) {
+        out.append(nb::str(name));
+    }
+    return nb::tuple(out);
+}
+
+// ((name, dtype, width kind), ...) of a column schema
+template <size_t N>
+nb::tuple schema_tuple(const ColumnInfo (&schema)[N]) {
+    nb::list out;
+    for (const ColumnInfo & c : schema) {
+        out.append(nb::make_tuple(c.name, c.dtype, WIDTH_NAMES[(int) c.width]));
+    }
+    return nb::tuple(out);
+}
+
+// rows [row0, row0 + n_rows) of a column with `inner` values per row, copied into a numpy array
 template <typename T>
-nb::object column(const std::vector<T> & v, size_t row0, size_t n_rows, std::initializer_list<size_t> inner) {
+nb::object column(const std::vector<T> & v, size_t row0, size_t n_rows, const std::vector<size_t> & inner) {
     size_t per_row = 1;
     for (size_t d : inner) {
         per_row *= d;
@@ -62,113 +92,168 @@ nb::object column(const std::vector<T> & v, size_t row0, size_t n_rows, std::ini
     return nb::cast(nb::ndarray<nb::numpy, T>(data->data(), shape.size(), shape.data(), owner));
 }
 
-nb::dict columns(const Engine & e, size_t row0) {
-    const Telemetry & t = e.tel;
+// {name: array} of a Telemetry or OracleRecord from row0 on, in schema order (tail columns whole)
+template <typename Table>
+nb::dict columns_dict(const Table & t, size_t row0) {
+    const ColumnDims dims = t.dims();
     const size_t n = t.rows() > row0 ? t.rows() - row0 : 0;
-    const size_t D = (size_t) t.depth, K = (size_t) t.topk;
     nb::dict d;
-    d["step"] = column(t.step, row0, n, {});
-    d["pos"] = column(t.pos, row0, n, {});
-    d["n_max"] = column(t.n_max, row0, n, {});
-    d["p_min"] = column(t.p_min, row0, n, {});
-    d["n_min"] = column(t.n_min, row0, n, {});
-    d["drafted"] = column(t.drafted, row0, n, {D});
-    d["n_drafted"] = column(t.n_drafted, row0, n, {});
-    d["n_accepted"] = column(t.n_accepted, row0, n, {});
-    d["draft_prob"] = column(t.draft_prob, row0, n, {D});
-    d["topk_ids"] = column(t.topk_ids, row0, n, {D, K});
-    d["topk_probs"] = column(t.topk_probs, row0, n, {D, K});
-    d["target_tokens"] = column(t.target_tokens, row0, n, {D + 1});
-    d["stop_reason"] = column(t.stop_reason, row0, n, {});
-    d["correction"] = column(t.correction, row0, n, {});
-    d["rollback"] = column(t.rollback, row0, n, {});
-    d["rs_slot"] = column(t.rs_slot, row0, n, {});
-    d["h_norm_target"] = column(t.h_norm_target, row0, n, {D + 1});
-    d["h_norm_draft"] = column(t.h_norm_draft, row0, n, {D});
-    d["draft_target_cos"] = column(t.draft_target_cos, row0, n, {D});
-    d["t_catchup_ns"] = column(t.t_catchup_ns, row0, n, {});
-    d["t_draft_ns"] = column(t.t_draft_ns, row0, n, {});
-    d["t_verify_ns"] = column(t.t_verify_ns, row0, n, {});
-    d["t_sample_ns"] = column(t.t_sample_ns, row0, n, {});
-    const size_t S = (size_t) Telemetry::n_sources;
-    d["drafter"] = column(t.drafter, row0, n, {});
-    d["expected_accepted"] = column(t.expected_accepted, row0, n, {});
-    d["candidate_len"] = column(t.candidate_len, row0, n, {S});
-    d["candidate_expected"] = column(t.candidate_expected, row0, n, {S});
+    t.for_each_column([&](const char * name, const auto & v, Width w) {
+        d[name] = w == Width::TAIL ? column(v, 0, v.size(), {}) : column(v, row0, n, dims.inner(w));
+    });
     return d;
 }
 
-nb::dict oracle_columns(const OracleRecord & o) {
-    const size_t n = o.rows(), N = (size_t) o.depth, K = (size_t) o.topk;
-    nb::dict d;
-    d["pos"] = column(o.pos, 0, n, {});
-    d["token"] = column(o.token, 0, n, {});
-    d["target_margin"] = column(o.target_margin, 0, n, {});
-    d["cap"] = column(o.cap, 0, n, {});
-    d["chain_len"] = column(o.chain_len, 0, n, {});
-    d["chain_eos"] = column(o.chain_eos, 0, n, {});
-    d["ngram_len"] = column(o.ngram_len, 0, n, {});
-    d["ngram_eos"] = column(o.ngram_eos, 0, n, {});
-    d["chain"] = column(o.chain, 0, n, {N});
-    d["chain_prob"] = column(o.chain_prob, 0, n, {N});
-    d["chain_margin"] = column(o.chain_margin, 0, n, {N});
-    d["ngram"] = column(o.ngram, 0, n, {N});
-    d["topk_ids"] = column(o.topk_ids, 0, n, {N, K});
-    d["topk_probs"] = column(o.topk_probs, 0, n, {N, K});
-    d["t_verify_ns"] = column(o.t_verify_ns, 0, n, {});
-    d["t_catchup_ns"] = column(o.t_catchup_ns, 0, n, {});
-    d["t_sample_ns"] = column(o.t_sample_ns, 0, n, {});
-    d["t_argmax_ns"] = column(o.t_argmax_ns, 0, n, {});
-    d["t_draft_ns"] = column(o.t_draft_ns, 0, n, {});
-    d["t_draft_cum_ns"] = column(o.t_draft_cum_ns, 0, n, {N});
-    d["t_ngram_ns"] = column(o.t_ngram_ns, 0, n, {});
-    d["probe_k"] = column(o.probe_k, 0, n, {});
-    d["verify_after"] = column(o.verify_after, 0, n, {});
-    d["probe_verify_ns"] = column(o.probe_verify_ns, 0, n, {});
-    d["probe_verify_reuse_ns"] = column(o.probe_verify_reuse_ns, 0, n, {});
-    d["probe_catchup_ns"] = column(o.probe_catchup_ns, 0, n, {});
-    d["probe_argmax_ns"] = column(o.probe_argmax_ns, 0, n, {});
-    d["probe_rollback_ns"] = column(o.probe_rollback_ns, 0, n, {});
-    d["tail_pos"] = column(o.tail_pos, 0, o.tail_pos.size(), {});
-    d["tail_verify_ns"] = column(o.tail_verify_ns, 0, o.tail_verify_ns.size(), {});
-    return d;
+nb::list drafter_stats(const Engine & e) {
+    nb::list out;
+    for (const auto & d : e.chain_drafters()) {
+        const DrafterStats & s = d->stats;
+        nb::dict row;
+        row["name"] = d->name();
+        row["n_call_begin"] = s.n_call_begin;
+        row["n_call_draft"] = s.n_call_draft;
+        row["n_proposals"] = s.n_proposals;
+        row["n_gen_drafts"] = s.n_gen_drafts;
+        row["n_drafted_tokens"] = s.n_drafted_tokens;
+        row["n_acc_drafts"] = s.n_acc_drafts;
+        row["n_acc_tokens"] = s.n_acc_tokens;
+        row["acc_by_pos"] = nb::cast(s.acc_by_pos);
+        out.append(row);
+    }
+    return out;
 }
 
-}  // namespace
+// ---- errors -------------------------------------------------------------------------------------
 
-NB_MODULE(_native, m) {
-    m.doc() = "mtp-explorer native engine: llama.cpp MTP speculative decoding with per-step telemetry";
-    llama_log_set(log_callback, nullptr);
-    llama_backend_init();
+PyObject * engine_error_type = nullptr;  // _native.EngineError (a strong reference, kept for the process)
 
+nb::object make_engine_error_type() {
+    nb::dict ns;
+    ns["__module__"] = "mtp_explorer._native";
+    ns["__doc__"] = "An error of the native engine: args are (kind, message), kind one of ENGINE_ERROR_KINDS.";
+    auto arg = [](size_t i) {
+        return nb::cpp_function([i](nb::handle self) -> nb::object {
+            nb::tuple args = nb::borrow<nb::tuple>(self.attr("args"));
+            return args.size() == 2 ? nb::borrow(args[i]) : nb::none();
+        }, nb::is_method());
+    };
+    nb::handle property = nb::handle((PyObject *) &PyProperty_Type);
+    ns["kind"] = property(arg(0));
+    ns["message"] = property(arg(1));
+    ns["__str__"] = nb::cpp_function([](nb::handle self) -> nb::str {
+        nb::tuple args = nb::borrow<nb::tuple>(self.attr("args"));
+        return args.size() == 2 ? nb::str(args[1]) : nb::str(args);
+    }, nb::is_method());
+    nb::handle type_type = nb::handle((PyObject *) &PyType_Type);
+    return type_type("EngineError", nb::make_tuple(nb::handle(PyExc_RuntimeError)), ns);
+}
+
+void translate_engine_error(const std::exception_ptr & p, void *) {
+    try {
+        std::rethrow_exception(p);
+    } catch (const EngineError & e) {
+        nb::tuple args = nb::make_tuple(e.kind_name(), e.what());
+        PyErr_SetObject(engine_error_type, args.ptr());
+    }
+}
+
+void bind_errors(nb::module_ & m) {
+    nb::object type = make_engine_error_type();
+    engine_error_type = type.release().ptr();
+    m.attr("EngineError") = nb::handle(engine_error_type);
+    m.attr("ENGINE_ERROR_KINDS") = names_tuple(ERROR_KIND_NAMES);
+    nb::register_exception_translator(translate_engine_error);
+}
+
+// ---- module ---------------------------------------------------------------------------------------
+
+void bind_functions(nb::module_ & m) {
     m.def("take_log", &take_log, "llama.cpp log lines (info and above) since the last call.");
     m.def("missing_nextn_symbols", [](const std::string & path) { return NextnApi{}.load(path); }, "path"_a = "",
           "Names of the nextn API functions that the libllama at `path` (default: the linked one) lacks.");
     m.def("libllama_path", &linked_libllama_path, "Path of the libllama this module is linked against.");
-    m.attr("STOP_REASONS") = nb::make_tuple("n_max", "p_min", "eos", "budget", "context", "exhausted");
-    m.attr("DRAFTERS") = nb::make_tuple("mtp", "ngram");
-    m.attr("DRAFTER_MODES") = nb::make_tuple("mtp", "ngram", "chain");
-    m.attr("FINISH_REASONS") = nb::make_tuple("budget", "eos", "context", "cancelled");
-    m.attr("DRAFT_N_CANDIDATES") = DRAFT_N_CANDIDATES;
+}
 
-    nb::class_<Engine>(m, "Engine")
+void bind_tables(nb::module_ & m) {
+    m.attr("STOP_REASONS") = names_tuple(STOP_REASON_NAMES);
+    m.attr("DRAFTERS") = names_tuple(DRAFTER_NAMES);
+    m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
+    m.attr("FINISH_REASONS") = names_tuple(FINISH_REASON_NAMES);
+    m.attr("WIDTH_KINDS") = names_tuple(WIDTH_NAMES);
+    m.attr("TRACE_COLUMNS") = schema_tuple(Telemetry::schema);
+    m.attr("ORACLE_COLUMNS") = schema_tuple(OracleRecord::schema);
+    m.attr("DRAFT_N_CANDIDATES") = DRAFT_N_CANDIDATES;
+}
+
+std::string repr_params(const DraftParams & p) {
+    return "DraftParams(n_max=" + std::to_string(p.n_max) + ", p_min=" + std::to_string(p.p_min) +
+           ", n_min=" + std::to_string(p.n_min) + ")";
+}
+
+void bind_draft_configs(nb::module_ & m) {
+    const DraftParams dp;
+    nb::class_<DraftParams>(m, "DraftParams", "Live-tunable drafting parameters.")
+        .def("__init__", [](DraftParams * self, int32_t n_max, float p_min, int32_t n_min) {
+                 new (self) DraftParams{n_max, p_min, n_min};
+             }, "n_max"_a = dp.n_max, "p_min"_a = dp.p_min, "n_min"_a = dp.n_min)
+        .def_rw("n_max", &DraftParams::n_max)
+        .def_rw("p_min", &DraftParams::p_min)
+        .def_rw("n_min", &DraftParams::n_min)
+        .def("__repr__", &repr_params);
+
+    const NgramConfig ng;
+    nb::class_<NgramConfig>(m, "NgramConfig", "llama.cpp ngram-simple sizes (--spec-ngram-simple-size-n/-m).")
+        .def("__init__", [](NgramConfig * self, int32_t size_n, int32_t size_m) {
+                 new (self) NgramConfig{size_n, size_m};
+             }, "size_n"_a = ng.size_n, "size_m"_a = ng.size_m)
+        .def_rw("size_n", &NgramConfig::size_n)
+        .def_rw("size_m", &NgramConfig::size_m)
+        .def("__repr__", [](const NgramConfig & c) {
+            return "NgramConfig(size_n=" + std::to_string(c.size_n) + ", size_m=" + std::to_string(c.size_m) + ")";
+        });
+}
+
+void bind_generation_config(nb::module_ & m) {
+    const GenerationConfig gc;
+    nb::class_<GenerationConfig>(m, "GenerationConfig",
+                                 "One generation: budget, sampling, the drafter chain (names of DRAFTERS) and its policy.")
         .def("__init__",
-             [](Engine * self, const std::string & path, int32_t n_ctx, int32_t n_threads, int32_t n_rs_seq,
-                int32_t topk, bool telemetry, bool cpu_clock) {
-                 EngineOptions o;
-                 o.cpu_clock = cpu_clock;
-                 o.path = path;
-                 o.n_ctx = n_ctx;
-                 o.n_threads = n_threads;
-                 o.n_rs_seq = n_rs_seq;
-                 o.topk = topk;
-                 o.telemetry = telemetry;
-                 nb::gil_scoped_release release;
-                 new (self) Engine(o);
+             [](GenerationConfig * self, int32_t max_tokens, float temperature, uint32_t seed,
+                std::vector<std::string> drafters, std::string chain_policy, const NgramConfig & ngram) {
+                 new (self) GenerationConfig{max_tokens, temperature, seed, std::move(drafters), std::move(chain_policy), ngram};
              },
-             "path"_a, "n_ctx"_a, "n_threads"_a, "n_rs_seq"_a, "topk"_a, "telemetry"_a, "cpu_clock"_a = false)
-        .def("close", [](Engine & e) { nb::gil_scoped_release r; e.close(); })
-        .def_prop_ro("closed", &Engine::closed)
+             "max_tokens"_a = gc.max_tokens, "temperature"_a = gc.temperature, "seed"_a = gc.seed,
+             "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "ngram"_a = gc.ngram)
+        .def_rw("max_tokens", &GenerationConfig::max_tokens)
+        .def_rw("temperature", &GenerationConfig::temperature)
+        .def_rw("seed", &GenerationConfig::seed)
+        .def_rw("drafters", &GenerationConfig::drafters)
+        .def_rw("chain_policy", &GenerationConfig::chain_policy)
+        .def_rw("ngram", &GenerationConfig::ngram);
+}
+
+void bind_engine_options(nb::module_ & m) {
+    const EngineOptions eo;
+    nb::class_<EngineOptions>(m, "EngineOptions", "How the Engine opens a model.")
+        .def("__init__",
+             [](EngineOptions * self, std::string path, int32_t n_ctx, int32_t n_threads, int32_t n_rs_seq,
+                int32_t topk, bool telemetry, bool cpu_clock) {
+                 new (self) EngineOptions{std::move(path), n_ctx, n_threads, n_rs_seq, topk, telemetry, cpu_clock};
+             },
+             "path"_a = eo.path, "n_ctx"_a = eo.n_ctx, "n_threads"_a = eo.n_threads, "n_rs_seq"_a = eo.n_rs_seq,
+             "topk"_a = eo.topk, "telemetry"_a = eo.telemetry, "cpu_clock"_a = eo.cpu_clock)
+        .def_rw("path", &EngineOptions::path)
+        .def_rw("n_ctx", &EngineOptions::n_ctx)
+        .def_rw("n_threads", &EngineOptions::n_threads)
+        .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
+        .def_rw("topk", &EngineOptions::topk)
+        .def_rw("telemetry", &EngineOptions::telemetry)
+        .def_rw("cpu_clock", &EngineOptions::cpu_clock);
+}
+
+// model facts and tokens
+void bind_engine_facts(nb::class_<Engine> & c) {
+    c.def_prop_ro("closed", &Engine::closed)
         .def_prop_ro("n_vocab", &Engine::n_vocab)
         .def_prop_ro("n_embd", &Engine::n_embd)
         .def_prop_ro("n_ctx", &Engine::n_ctx)
@@ -185,50 +270,85 @@ NB_MODULE(_native, m) {
         .def("is_eog", &Engine::is_eog)
         .def("tokenize", &Engine::tokenize, "text"_a, "add_special"_a = false)
         .def("detokenize", &Engine::detokenize)
-        .def("piece", &Engine::piece)
+        .def("piece", &Engine::piece);
+}
+
+// generation: the long calls release the GIL (their arguments copied first)
+void bind_engine_generation(nb::class_<Engine> & c) {
+    c.def("close", [](Engine & e) { nb::gil_scoped_release r; e.close(); })
         .def("begin",
-             [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, float temperature,
-                uint32_t seed, int32_t n_max, float p_min, int32_t n_min, int32_t mode, int32_t ngram_n,
-                int32_t ngram_m) {
-                 if (mode < MODE_MTP || mode > MODE_CHAIN) {
-                     throw std::invalid_argument("unknown drafter mode " + std::to_string(mode));
-                 }
-                 GenerationConfig c{max_tokens, temperature, seed, (DrafterMode) mode, NgramConfig{ngram_n, ngram_m}};
+             [](Engine & e, const std::vector<llama_token> & prompt, const GenerationConfig & config,
+                const DraftParams & params) {
+                 const GenerationConfig cfg = config;
+                 const DraftParams p = params;
                  nb::gil_scoped_release r;
-                 e.begin(prompt, c, DraftParams{n_max, p_min, n_min});
+                 e.begin(prompt, cfg, p);
              },
-             "prompt"_a, "max_tokens"_a, "temperature"_a, "seed"_a, "n_max"_a, "p_min"_a, "n_min"_a,
-             "mode"_a = 0, "ngram_n"_a = 3, "ngram_m"_a = 8)
+             "prompt"_a, "config"_a, "params"_a)
+        .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })
+        .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
         .def("record_oracle",
-             [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth, int32_t ngram_n,
-                int32_t ngram_m, bool probe) {
+             [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
+                const NgramConfig & ngram, bool probe) {
+                 const NgramConfig ng = ngram;
                  OracleRecord rec;
                  bool done;
                  {
                      nb::gil_scoped_release r;
-                     done = e.record_oracle(prompt, max_tokens, depth, NgramConfig{ngram_n, ngram_m}, probe, rec);
+                     done = e.record_oracle(prompt, max_tokens, depth, ng, probe, rec);
                  }
-                 return nb::make_tuple(done, oracle_columns(rec));
+                 return nb::make_tuple(done, columns_dict(rec, 0));
              },
-             "prompt"_a, "max_tokens"_a, "depth"_a, "ngram_n"_a, "ngram_m"_a, "probe"_a = true)
-        .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })
-        .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
-        .def("set_params",
-             [](Engine & e, int32_t n_max, float p_min, int32_t n_min) { e.set_params(DraftParams{n_max, p_min, n_min}); },
-             "n_max"_a, "p_min"_a, "n_min"_a)
-        .def("params", [](const Engine & e) { const auto p = e.params(); return nb::make_tuple(p.n_max, p.p_min, p.n_min); })
-        .def("cancel", &Engine::cancel)
-        .def("columns", [](const Engine & e, size_t row0) {
-                 std::lock_guard<std::mutex> lk(e.run_mutex);
-                 return columns(e, row0);
-             }, "row0"_a = 0)
+             "prompt"_a, "max_tokens"_a, "depth"_a, "ngram"_a, "probe"_a = true)
+        .def("set_params", &Engine::set_params, "params"_a)
+        .def("params", &Engine::params)
+        .def("cancel", &Engine::cancel);
+}
+
+// results: the trace, the tokens, the drafters' statistics
+void bind_engine_results(nb::class_<Engine> & c) {
+    c.def("columns", [](const Engine & e, size_t row0) {
+             std::lock_guard<std::mutex> lk(e.run_mutex);
+             return columns_dict(e.tel, row0);
+         }, "row0"_a = 0)
         .def_prop_ro("n_rows", [](const Engine & e) { return e.tel.rows(); })
         .def("generated", [](const Engine & e, size_t from) {
                  std::lock_guard<std::mutex> lk(e.run_mutex);
                  return std::vector<llama_token>(e.generated.begin() + std::min(from, e.generated.size()), e.generated.end());
              }, "from"_a = 0)
+        .def("drafter_stats", [](const Engine & e) {
+                 std::lock_guard<std::mutex> lk(e.run_mutex);
+                 return drafter_stats(e);
+             })
         .def_prop_ro("n_generated", [](const Engine & e) { return e.generated.size(); })
         .def_prop_ro("finish", [](const Engine & e) { return (int) e.finish; })
         .def_prop_ro("t_prefill_ns", [](const Engine & e) { return e.t_prefill_ns; })
         .def_prop_ro("n_prompt", [](const Engine & e) { return e.n_prompt; });
+}
+
+void bind_engine(nb::module_ & m) {
+    nb::class_<Engine> c(m, "Engine");
+    c.def("__init__", [](Engine * self, const EngineOptions & options) {
+        const EngineOptions o = options;
+        nb::gil_scoped_release release;
+        new (self) Engine(o);
+    }, "options"_a);
+    bind_engine_facts(c);
+    bind_engine_generation(c);
+    bind_engine_results(c);
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+    m.doc() = "mtp-explorer native engine: llama.cpp MTP speculative decoding with per-step telemetry";
+    llama_log_set(log_callback, nullptr);
+    llama_backend_init();
+    bind_errors(m);
+    bind_functions(m);
+    bind_tables(m);
+    bind_draft_configs(m);
+    bind_generation_config(m);
+    bind_engine_options(m);
+    bind_engine(m);
 }

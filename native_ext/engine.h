@@ -1,5 +1,6 @@
-// The MTP speculative-decoding engine: one model, a target context and an MTP draft context,
-// a single sequence, and per-step telemetry.
+// The speculative-decoding engine: one model, a target context and (if the model has MTP layers)
+// an MTP draft context, a single sequence, an ordered chain of drafters per generation and
+// per-step telemetry.
 #pragma once
 
 #include <atomic>
@@ -9,13 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "draft.h"
+#include "drafter.h"
 #include "hidden_probe.h"
+#include "llama-cpp.h"
 #include "llama.h"
 #include "mtp_drafter.h"
 #include "nextn_api.h"
 #include "ngram_drafter.h"
 #include "oracle.h"
 #include "telemetry.h"
+
+// The index of the largest of n_vocab logits (greedy sampling).
+llama_token argmax(const float * logits, int32_t n_vocab);
 
 struct EngineOptions {
     std::string path;
@@ -27,36 +34,25 @@ struct EngineOptions {
     bool cpu_clock = false;     // time phases with the thread's CPU time instead of the wall clock
 };
 
-// Live-tunable drafting parameters: set_params() takes effect at the next step.
-struct DraftParams {
-    int32_t n_max = 3;
-    float p_min = 0.0f;
-    int32_t n_min = 0;
-};
-
-// Which drafter proposes: the MTP head, the n-gram prompt look-up, or both asked every step and
-// the draft with the highest expected accepted length verified (chain).
-enum DrafterMode : int8_t {
-    MODE_MTP = 0,
-    MODE_NGRAM = 1,
-    MODE_CHAIN = 2,
-};
-
-// The per-step `drafter` column: whose draft was verified (-1: none).
-enum DraftSource : int8_t {
-    SOURCE_NONE = -1,
-    SOURCE_MTP = 0,
-    SOURCE_NGRAM = 1,
-    N_SOURCES = 2,
-};
-
 struct GenerationConfig {
     int32_t max_tokens = 128;
     float temperature = 0.0f;
     uint32_t seed = 0;
-    DrafterMode mode = MODE_MTP;
+    // DRAFTER_NAMES, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
+    std::vector<std::string> drafters{DRAFTER_NAMES[DRAFTER_MTP]};
+    std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::BEST];
     NgramConfig ngram;
 };
+
+// A GenerationConfig's drafter list and policy, parsed (parse_chain throws a parameter error on
+// an unknown or repeated name, or an empty list).
+struct DrafterChain {
+    std::vector<DrafterId> ids{DRAFTER_MTP};
+    ChainPolicy policy = ChainPolicy::BEST;
+
+    bool has(DrafterId id) const;
+};
+DrafterChain parse_chain(const GenerationConfig & cfg);
 
 enum FinishReason : int8_t {
     FINISH_NONE = -1,       // still running
@@ -64,6 +60,29 @@ enum FinishReason : int8_t {
     FINISH_EOS = 1,
     FINISH_CONTEXT = 2,
     FINISH_CANCELLED = 3,
+};
+constexpr const char * FINISH_REASON_NAMES[] = {"budget", "eos", "context", "cancelled"};
+static_assert(count_of(FINISH_REASON_NAMES) == FINISH_CANCELLED + 1, "one name per FinishReason");
+
+// One step of Engine::step, handed from phase to phase.
+struct StepState {
+    // cap
+    DraftParams p;
+    int32_t n_cap = 0;                   // how far this step may draft
+    StopReason cap_reason = STOP_N_MAX;
+    bool drafting_mtp = false;           // the MTP head drafts (and catches up) this step
+    // choose
+    const Draft * chosen = nullptr;      // the draft verified (an empty one when none is usable)
+    DrafterId source = DRAFTER_NONE;
+    double expected = 0.0;               // the source's expected accepted length
+    int32_t n_d = 0;                     // tokens verified
+    // accept / rollback
+    int32_t n_acc = 0;
+    llama_token correction = -1;
+    int32_t n_rollback = 0;
+    llama_pos keep_until = 0;
+    // timings
+    int64_t t_draft0 = 0, t_catchup_ns = 0, t_draft_ns = 0, t_verify_ns = 0, t_sample_ns = 0;
 };
 
 struct Engine {
@@ -109,6 +128,8 @@ struct Engine {
     bool telemetry() const { return opts.telemetry; }
 
     const EngineOptions & options() const { return opts; }
+    // the drafters of the current (or last) generation, in chain order
+    const std::vector<std::unique_ptr<Drafter>> & chain_drafters() const { return drafters; }
 
     Telemetry tel;
     std::vector<llama_token> generated;
@@ -118,27 +139,57 @@ struct Engine {
     mutable std::mutex run_mutex;  // held by begin, step, close and the telemetry readers
 
   private:
+    // set-up (engine.cpp)
+    void load_model();
+    void create_target_context();
+    void create_mtp_context();
     void check_open() const;
     void validate(const DraftParams & p) const;
+    void validate_chain(const DrafterChain & c, const DraftParams & p) const;
+    void validate_generation(const std::vector<llama_token> & prompt, const GenerationConfig & c) const;
+    void build_drafters(const GenerationConfig & c);
+    void build_sampler();
+    void prefill(const std::vector<llama_token> & prompt, const DraftParams & p);
+
+    // the phases of step() (step.cpp)
+    StepState cap() const;
+    DraftRequest request(const StepState & s, bool oracle) const;
+    void propose(StepState & s);
+    void choose(StepState & s);
+    void choose_best(StepState & s) const;
+    void verify(StepState & s);
+    void accept_or_rollback(StepState & s);
+    void sample_verified(StepState & s);
+    void tell_drafters(const StepState & s);
+    void record(const StepState & s);
+    void record_draft(const StepState & s, size_t r);
+    void check_finish(llama_token last);
     llama_token sample(int32_t row);
     // Decodes tokens[0 .. n) on the target at positions pos0 .., with logits for every row and, while
     // telemetry is on, the hidden probe observing; returns llama_process's code.
     int32_t decode_target(const llama_token * tokens, int32_t n, llama_pos pos0);
-    void finish_with(FinishReason r) { finish = r; }
-    void validate_mode(DrafterMode mode, const DraftParams & p) const;
-    void check_finish(llama_token last);
+
+    // the phases of record_oracle() (oracle.cpp)
+    void record_chain(OracleRecord & out, size_t r, int32_t n_cap);
+    void record_ngram(OracleRecord & out, size_t r, int32_t n_cap);
+    void probe_costs(OracleRecord & out, size_t r, bool probe);
+    void probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep);
+    void plain_step(OracleRecord & out, size_t r);
+    void tail(OracleRecord & out);
 
     EngineOptions opts;
     NextnApi api;
-    llama_model * model = nullptr;
-    llama_context * ctx_tgt = nullptr;
-    llama_context * ctx_mtp = nullptr;
+    HiddenProbe probe_tgt, probe_mtp;   // observed by the contexts: declared (so destroyed) around them
+    // owned llama.cpp objects, released in reverse order: drafters, sampler, batch, contexts, model
+    llama_model_ptr model;
+    llama_context_ptr ctx_tgt;
+    llama_context_ptr ctx_mtp;          // null if the model has no MTP layers
+    llama_batch_ext_ptr batch_tgt;
+    llama_sampler_ptr smpl;             // temperature > 0 only
+    std::vector<std::unique_ptr<Drafter>> drafters;  // this generation's chain, in order
+    MtpDrafter * mtp = nullptr;         // the chain's MTP drafter, if any: it follows the target
+    Drafter * ngram = nullptr;          // the chain's n-gram drafter, if any (the oracle asks it)
     const llama_vocab * vocab = nullptr;
-    llama_batch_ext * batch_tgt = nullptr;
-    llama_sampler * smpl = nullptr;   // temperature > 0 only
-    std::unique_ptr<MtpDrafter> drafter;
-    std::unique_ptr<NgramDrafter> ngram;
-    HiddenProbe probe_tgt, probe_mtp;
     int32_t layer_nextn = 0;
     bool recurrent = false;
 
@@ -147,11 +198,22 @@ struct Engine {
     std::atomic<bool> cancel_requested{false};
 
     GenerationConfig cfg;
+    DrafterChain chain;
     llama_token id_last = -1;
     llama_pos n_past = 0;
     int32_t n_step = 0;
-    Draft draft_buf, ngram_buf;
-    std::vector<llama_token> verify_tokens;
     std::vector<llama_token> tokens_all;   // prompt + generated: the history the n-gram drafter searches
-    std::vector<float> probe_rows;         // oracle: scratch for the probe's nextn rows
+
+    // step scratch
+    Draft candidates[N_DRAFTERS];          // each drafter's proposal this step, by DrafterId
+    bool asked[N_DRAFTERS] = {};           // it took part
+    double expected[N_DRAFTERS] = {};      // its expected accepted length
+    std::vector<llama_token> verify_tokens;
+    std::vector<llama_token> target_row;   // the target's token at each verified row
+
+    // oracle scratch
+    Draft oracle_chain, oracle_ngram;
+    std::vector<uint8_t> saved_state;      // the target's recurrent state, restored after each probe
+    std::vector<llama_token> probe_tokens;
+    std::vector<float> probe_rows;         // the probe's nextn rows
 };

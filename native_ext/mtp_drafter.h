@@ -1,56 +1,33 @@
 // The MTP drafter: feeds the target's nextn hidden states to the MTP head (catch-up) and drafts
 // tokens autoregressively on an LLAMA_CONTEXT_TYPE_MTP context. Same algorithm as llama.cpp's
 // common_speculative_impl_draft_mtp (single sequence, single head).
+//
+// Besides the Drafter interface it follows the target: the engine calls observe_target() after
+// every target decode, catch_up() to decode the queued rows on the MTP context and commit() once
+// the step's outcome is known (the Drafter::accept of this drafter), whether or not it drafts.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "drafter.h"
 #include "hidden_probe.h"
+#include "llama-cpp.h"
 #include "llama.h"
 #include "nextn_api.h"
 
-enum StopReason : int8_t {
-    STOP_N_MAX = 0,    // the draft reached n_max
-    STOP_P_MIN = 1,    // the next draft token's confidence fell below p_min
-    STOP_EOS = 2,      // the draft reached an end-of-generation token
-    STOP_BUDGET = 3,   // the token budget left no room for more
-    STOP_CONTEXT = 4,  // the context window left no room for more
-    STOP_EXHAUSTED = 5,  // the drafter had no (more) tokens to propose (n-gram: no match, or its continuation ended)
-};
-
-// llama.cpp's MTP draft sampler keeps the 10 most likely tokens and renormalises over them;
-// the draft confidence compared with p_min is that renormalised probability.
-constexpr int DRAFT_N_CANDIDATES = 10;
-
-struct Draft {
-    std::vector<llama_token> tokens;
-    std::vector<float> prob;             // confidence of each drafted token
-    std::vector<llama_token> topk_ids;   // [depth][topk]
-    std::vector<float> topk_probs;       // [depth][topk]
-    std::vector<float> h_norm;           // pre-norm residual L2 norm of each draft row
-    std::vector<float> hidden;           // post-norm h_nextn of each draft row, [depth][n_embd]
-    std::vector<float> margin;           // oracle only: top-1 minus top-2 draft logit per depth
-    std::vector<int64_t> t_decode_ns;    // oracle only: time from the start of draft() to the end of each decode
-    StopReason stop = STOP_N_MAX;
-    bool dropped = false;                // shorter than n_min, so not verified
-    int64_t n_decodes = 0;
-
-    // requests (kept by clear()): record top-k even with telemetry off, and the oracle's extras
-    bool want_topk = false;
-    bool want_oracle = false;
-
-    void clear();
-};
-
-struct MtpDrafter {
+struct MtpDrafter final : Drafter {
+    // ctx_tgt must expose its nextn rows and ctx_mtp take them (llama_set_embeddings_nextn, set by the engine).
     MtpDrafter(const NextnApi & api, llama_context * ctx_tgt, llama_context * ctx_mtp, HiddenProbe & probe);
-    ~MtpDrafter();
-    MtpDrafter(const MtpDrafter &) = delete;
-    MtpDrafter & operator=(const MtpDrafter &) = delete;
 
-    // Forget everything: MTP memory cleared, pending hidden state zeroed.
-    void reset();
+    // Drafter: begin() forgets everything (MTP memory cleared, pending hidden state zeroed);
+    // draft() drafts up to req.n_cap tokens after req.id_last (throws on a decode failure);
+    // the expected accepted length is the sum over k of the product of the first k confidences;
+    // accept() commits the verified rows.
+    void begin(const std::vector<llama_token> & prompt) override;
+    bool draft(const DraftRequest & req, Draft & out) override;
+    double expected_accepted(const Draft & d) const override;
+    void accept(const DraftOutcome & outcome) override { commit(outcome.n_accepted, outcome.keep_until); }
 
     // After a target decode of n rows (toks[i] at pos0 + i): keep their h_nextn rows and queue the
     // catch-up rows (token i paired with the target hidden state of the position before it).
@@ -60,12 +37,9 @@ struct MtpDrafter {
     int32_t catch_up();
     bool has_queue() const { return !queue_tok.empty(); }
 
-    // Draft up to n_cap tokens after id_last (at pos0). Throws on a decode failure.
-    void draft(llama_token id_last, llama_pos pos0, int32_t n_cap, StopReason cap_reason, float p_min,
-               int32_t n_min, int32_t topk, bool telemetry, Draft & out);
-
-    // n_accepted drafts were accepted; MTP memory keeps positions < keep_until.
-    void accept(int32_t n_accepted, llama_pos keep_until);
+    // Rows 0 .. n_accepted of the last observed decode stand (the next draft starts from row
+    // n_accepted's hidden state); MTP memory keeps positions < keep_until.
+    void commit(int32_t n_accepted, llama_pos keep_until);
 
     // Oracle cost probe, leaving the drafter untouched: copy the target's first n h_nextn rows into
     // rows (what observe_target does), and decode n catch-up rows (toks[i] at pos0 + i, with
@@ -79,12 +53,21 @@ struct MtpDrafter {
     int32_t n_embd = 0;
 
   private:
+    // One draft candidate ranking: the DRAFT_N_CANDIDATES most likely tokens into order[0 .. n_cand)
+    // and their probabilities renormalised over them into probs.
+    void rank(const float * logits, int32_t n_vocab, int32_t n_cand, float * probs);
+    // Appends the drafted token order[0] (and what the request records about it) to out.
+    void record(const DraftRequest & req, const float * logits, const float * probs, int32_t n_cand,
+                const float * h_row, int64_t t_start, Draft & out) const;
+    // Puts the single row (tok at pos, hidden state h) with logits into the batch.
+    void set_row(llama_token tok, llama_pos pos, const float * h);
+
     const NextnApi & api;
     llama_context * ctx_tgt;
     llama_context * ctx_mtp;
     const llama_vocab * vocab;
     HiddenProbe & probe;
-    llama_batch_ext * batch = nullptr;
+    llama_batch_ext_ptr batch;
 
     std::vector<float> pending_h;         // target h_nextn at the position before id_last
     std::vector<llama_token> queue_tok;   // catch-up rows not yet decoded on the MTP context

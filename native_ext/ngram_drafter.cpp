@@ -46,19 +46,17 @@ std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama
     return draft_tokens;
 }
 
-void NgramDrafter::reset() {
+void NgramSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
     tested.clear();
     accepted.clear();
 }
 
-void NgramDrafter::draft(const llama_token * tokens, size_t cur_len, llama_token sampled, int32_t n_cap,
-                         StopReason cap_reason, int32_t n_min, Draft & out) const {
-    out.clear();
-    if (n_cap <= 0) {
-        out.stop = cap_reason;
-        return;
+bool NgramSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
+    if (req.n_cap <= 0) {
+        return false;
     }
-    const std::vector<llama_token> found = ngram_simple_draft(config, tokens, cur_len, sampled);
+    out.clear();
+    const std::vector<llama_token> found = ngram_simple_draft(config, req.history, req.n_history, req.id_last);
     out.stop = STOP_EXHAUSTED;
     for (const llama_token t : found) {
         out.tokens.push_back(t);
@@ -66,17 +64,19 @@ void NgramDrafter::draft(const llama_token * tokens, size_t cur_len, llama_token
             out.stop = STOP_EOS;
             break;
         }
-        if ((int32_t) out.tokens.size() >= n_cap) {
-            out.stop = cap_reason;
+        if ((int32_t) out.tokens.size() >= req.n_cap) {
+            out.stop = req.cap_reason;
             break;
         }
     }
-    if ((int32_t) out.tokens.size() < n_min) {
+    if ((int32_t) out.tokens.size() < req.params.n_min) {
         out.dropped = true;
     }
+    return true;
 }
 
-double NgramDrafter::expected_accepted(int32_t n) const {
+double NgramSimpleDrafter::expected_accepted(const Draft & d) const {
+    const int32_t n = (int32_t) d.tokens.size();
     double expected = 0.0, p_reach = 1.0;
     for (int32_t j = 0; j < n; ++j) {
         const double t = j < (int32_t) tested.size() ? (double) tested[j] : 0.0;
@@ -87,15 +87,19 @@ double NgramDrafter::expected_accepted(int32_t n) const {
     return expected;
 }
 
-void NgramDrafter::observe(const std::vector<llama_token> & proposal, const llama_token * emitted, int32_t n_emitted) {
-    const int32_t n = std::min((int32_t) proposal.size(), n_emitted);
+void NgramSimpleDrafter::accept(const DraftOutcome & outcome) {
+    if (outcome.proposal == nullptr) {
+        return;
+    }
+    const std::vector<llama_token> & proposal = outcome.proposal->tokens;
+    const int32_t n = std::min((int32_t) proposal.size(), outcome.n_emitted);
     if ((int32_t) tested.size() < n) {
         tested.resize(n, 0);
         accepted.resize(n, 0);
     }
     for (int32_t j = 0; j < n; ++j) {
         ++tested[j];
-        if (proposal[j] != emitted[j] || llama_vocab_is_eog(vocab, emitted[j])) {
+        if (proposal[j] != outcome.emitted[j] || llama_vocab_is_eog(vocab, outcome.emitted[j])) {
             break;
         }
         ++accepted[j];

@@ -2,14 +2,14 @@
 // common_ngram_simple_draft): match the last `size_n` tokens (ending with the last sampled token)
 // earlier in the context and propose the `size_m` tokens that followed the most recent match.
 // No model, no confidence. Its explicit state is only the running per-depth acceptance it needs to
-// estimate its expected accepted length (used by the chain mode).
+// estimate its expected accepted length (used by the chain's BEST policy).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "drafter.h"
 #include "llama.h"
-#include "mtp_drafter.h"
 
 struct NgramConfig {
     int32_t size_n = 3;   // n-gram looked up (llama.cpp: --spec-ngram-simple-size-n)
@@ -21,30 +21,28 @@ struct NgramConfig {
 std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama_token * tokens, size_t cur_len,
                                             llama_token sampled);
 
-struct NgramDrafter {
-    explicit NgramDrafter(const llama_vocab * vocab) : vocab(vocab) {}
+struct NgramSimpleDrafter final : Drafter {
+    NgramSimpleDrafter(const llama_vocab * vocab, const NgramConfig & config)
+        : Drafter(DRAFTER_NGRAM), config(config), vocab(vocab) {}
 
-    NgramConfig config;
+    // Forgets the acceptance statistics.
+    void begin(const std::vector<llama_token> & prompt) override;
 
-    // Forget the acceptance statistics (a new generation).
-    void reset();
+    // The look-up after req.id_last in req.history, truncated to req.n_cap tokens and after an
+    // end-of-generation token. Stop reason: cap_reason when the draft reached n_cap, `eos` at an
+    // end-of-generation token, `exhausted` when the look-up had no (more) tokens to give. Drafts
+    // shorter than n_min are marked dropped. Takes no part when n_cap is 0.
+    bool draft(const DraftRequest & req, Draft & out) override;
 
-    // Draft after `sampled` given the history `tokens[0, cur_len)`, truncated to n_cap tokens and
-    // after an end-of-generation token. Stop reason: cap_reason when the draft reached n_cap, `eos`
-    // at an end-of-generation token, `exhausted` when the look-up had no (more) tokens to give.
-    // Drafts shorter than n_min are marked dropped.
-    void draft(const llama_token * tokens, size_t cur_len, llama_token sampled, int32_t n_cap, StopReason cap_reason,
-               int32_t n_min, Draft & out) const;
+    // Sum over k of prod_{j<=k} a_j, with a_j the conditional acceptance at depth j observed so
+    // far, (accepted_j + 1) / (tested_j + 2).
+    double expected_accepted(const Draft & d) const override;
 
-    // Expected accepted length of a draft of n tokens: sum over k of prod_{j<=k} a_j, with a_j the
-    // conditional acceptance at depth j observed so far, (accepted_j + 1) / (tested_j + 2).
-    double expected_accepted(int32_t n) const;
+    // Its proposal (verified or not) against the tokens the step emitted: depth j counts as tested
+    // when the first j-1 proposal tokens matched and the emitted tokens reach depth j.
+    void accept(const DraftOutcome & outcome) override;
 
-    // After a verify step: `proposal` (this step's draft, verified or not) against the tokens the
-    // step emitted (n_emitted = accepted + 1; the ones the target confirmed). Depth j counts as
-    // tested when the first j-1 proposal tokens matched and the emitted tokens reach depth j.
-    void observe(const std::vector<llama_token> & proposal, const llama_token * emitted, int32_t n_emitted);
-
+    const NgramConfig config;
     std::vector<int64_t> tested, accepted;  // per depth (index 0 = depth 1)
 
   private:

@@ -2,56 +2,63 @@
 // to the session's depth capacity (-1 for ids, NaN for floats).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
+
+#include "columns.h"
+#include "drafter.h"
+
+// The trace schema, in the order Python sees it (_native.TRACE_COLUMNS, Engine.columns()):
+// X(name, element type, width kind, fill value of a padded entry).
+#define MTP_TRACE_COLUMNS(X)                                                                         \
+    X(step, int32_t, SCALAR, 0)                   /* step index */                                   \
+    X(pos, int32_t, SCALAR, 0)                    /* n_past at the step start */                     \
+    X(n_max, int32_t, SCALAR, 0)                  /* the live parameters of the step */              \
+    X(p_min, float, SCALAR, 0.0f)                                                                    \
+    X(n_min, int32_t, SCALAR, 0)                                                                     \
+    X(drafted, int32_t, DEPTH, -1)                /* the verified draft */                           \
+    X(n_drafted, int32_t, SCALAR, 0)                                                                 \
+    X(n_accepted, int32_t, SCALAR, 0)                                                                \
+    X(draft_prob, float, DEPTH, NAN_F)            /* MTP confidence of each drafted token */         \
+    X(topk_ids, int32_t, DEPTH_TOPK, -1)          /* MTP top-k per depth (telemetry on) */           \
+    X(topk_probs, float, DEPTH_TOPK, NAN_F)                                                          \
+    X(target_tokens, int32_t, DEPTH1, -1)         /* the target's token at each verified row */      \
+    X(stop_reason, int8_t, SCALAR, 0)             /* STOP_REASON_NAMES */                            \
+    X(correction, int32_t, SCALAR, -1)            /* the token the target emitted after the drafts */\
+    X(rollback, int32_t, SCALAR, 0)               /* rejected drafts removed from the memory */      \
+    X(rs_slot, int32_t, SCALAR, -1)               /* recurrent snapshot used (-1: none) */           \
+    X(h_norm_target, float, DEPTH1, NAN_F)        /* pre-norm residual norm of each target row */    \
+    X(h_norm_draft, float, DEPTH, NAN_F)          /* the same for each MTP draft row */              \
+    X(draft_target_cos, float, DEPTH, NAN_F)      /* cosine of draft and target h_nextn rows */      \
+    X(t_catchup_ns, int64_t, SCALAR, 0)                                                              \
+    X(t_draft_ns, int64_t, SCALAR, 0)                                                                \
+    X(t_verify_ns, int64_t, SCALAR, 0)                                                               \
+    X(t_sample_ns, int64_t, SCALAR, 0)                                                               \
+    X(drafter, int8_t, SCALAR, -1)                /* whose draft was verified: DRAFTER_NAMES, -1 none */ \
+    X(expected_accepted, float, SCALAR, NAN_F)    /* its expected accepted length */                 \
+    X(candidate_len, int32_t, SOURCES, -1)        /* each drafter's proposal length (-1: not asked) */ \
+    X(candidate_expected, float, SOURCES, NAN_F)  /* its expected accepted length (NaN: not asked) */
 
 struct Telemetry {
     int32_t depth = 0;  // D: the session's n_max capacity
     int32_t topk = 0;   // K
 
-    std::vector<int32_t> step, pos, n_drafted, n_accepted, correction, rollback, rs_slot;
-    std::vector<int32_t> n_max, n_min;
-    std::vector<float> p_min;
-    std::vector<int8_t> stop_reason;
-    std::vector<int32_t> drafted;          // [row][D]
-    std::vector<float> draft_prob;         // [row][D]
-    std::vector<int32_t> topk_ids;         // [row][D][K]
-    std::vector<float> topk_probs;         // [row][D][K]
-    std::vector<int32_t> target_tokens;    // [row][D + 1]
-    std::vector<float> h_norm_target;      // [row][D + 1]
-    std::vector<float> h_norm_draft;       // [row][D]
-    std::vector<float> draft_target_cos;   // [row][D]
-    std::vector<int64_t> t_catchup_ns, t_draft_ns, t_verify_ns, t_sample_ns;
-    std::vector<int8_t> drafter;           // whose draft was verified: 0 mtp, 1 ngram, -1 none
-    std::vector<float> expected_accepted;  // that drafter's expected accepted length for its draft
-    std::vector<int32_t> candidate_len;    // [row][N_SOURCES]: each drafter's proposal length (-1: not asked)
-    std::vector<float> candidate_expected; // [row][N_SOURCES]: its expected accepted length (NaN: not asked)
+    MTP_COLUMN_TABLE(MTP_TRACE_COLUMNS)
 
-    static constexpr int32_t n_sources = 2;
-
+    ColumnDims dims() const { return {(size_t) depth, (size_t) topk, (size_t) N_DRAFTERS}; }
     size_t rows() const { return step.size(); }
+    // Drops every row, keeping the widths.
+    void clear() {
+        Telemetry fresh;
+        fresh.depth = depth;
+        fresh.topk = topk;
+        *this = std::move(fresh);
+    }
 
-    void clear() { *this = Telemetry{depth, topk}; }
-
-    // Appends a row with every depth-indexed column padded; returns its index.
+    // Appends a row with every column padded; returns its index.
     size_t add_row() {
-        const size_t D = (size_t) depth, K = (size_t) topk;
-        step.push_back(0); pos.push_back(0); n_drafted.push_back(0); n_accepted.push_back(0);
-        correction.push_back(-1); rollback.push_back(0); rs_slot.push_back(-1);
-        n_max.push_back(0); n_min.push_back(0); p_min.push_back(0.0f); stop_reason.push_back(0);
-        drafted.insert(drafted.end(), D, -1);
-        draft_prob.insert(draft_prob.end(), D, NAN);
-        topk_ids.insert(topk_ids.end(), D * K, -1);
-        topk_probs.insert(topk_probs.end(), D * K, NAN);
-        target_tokens.insert(target_tokens.end(), D + 1, -1);
-        h_norm_target.insert(h_norm_target.end(), D + 1, NAN);
-        h_norm_draft.insert(h_norm_draft.end(), D, NAN);
-        draft_target_cos.insert(draft_target_cos.end(), D, NAN);
-        t_catchup_ns.push_back(0); t_draft_ns.push_back(0); t_verify_ns.push_back(0); t_sample_ns.push_back(0);
-        drafter.push_back(-1); expected_accepted.push_back(NAN);
-        candidate_len.insert(candidate_len.end(), n_sources, -1);
-        candidate_expected.insert(candidate_expected.end(), n_sources, NAN);
+        add_padded_row();
         return rows() - 1;
     }
 };

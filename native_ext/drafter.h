@@ -1,0 +1,111 @@
+// The drafter interface, after llama.cpp's common_speculative_impl (common/speculative.cpp): one
+// struct per drafter with its own explicit state, the engine asks each one for a draft every
+// step, verifies one of them (the chain policy picks it) and then tells every drafter the outcome.
+// Statistics live in the base and are counted by the engine, as common_speculative_draft/_accept
+// count them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "draft.h"
+#include "llama.h"
+#include "names.h"
+
+// Who drafts. The per-step `drafter` column is a DrafterId (-1: no draft verified) and the
+// `candidate_*` columns have one entry per DrafterId.
+enum DrafterId : int8_t {
+    DRAFTER_NONE = -1,
+    DRAFTER_MTP = 0,    // the model's MTP head (MtpDrafter)
+    DRAFTER_NGRAM = 1,  // llama.cpp's ngram-simple prompt look-up (NgramSimpleDrafter)
+};
+constexpr const char * DRAFTER_NAMES[] = {"mtp", "ngram"};
+constexpr int32_t N_DRAFTERS = (int32_t) count_of(DRAFTER_NAMES);
+static_assert(N_DRAFTERS == DRAFTER_NGRAM + 1, "one name per DrafterId");
+
+// How the draft to verify is chosen when more than one drafter is asked.
+enum class ChainPolicy : int8_t {
+    BEST = 0,  // every drafter drafts; the usable draft with the highest expected accepted length wins (earlier on a tie)
+};
+constexpr const char * CHAIN_POLICY_NAMES[] = {"best"};
+static_assert(count_of(CHAIN_POLICY_NAMES) == (size_t) ChainPolicy::BEST + 1, "one name per ChainPolicy");
+
+// What a drafter is asked for at one step.
+struct DraftRequest {
+    llama_token id_last = -1;               // the last sampled token: the draft continues it
+    llama_pos n_past = 0;                   // the position of id_last
+    const llama_token * history = nullptr;  // the tokens before id_last (prompt, then generated)
+    size_t n_history = 0;
+    int32_t n_cap = 0;                      // the longest draft this step allows
+    StopReason cap_reason = STOP_N_MAX;     // the stop reason of a draft that reaches n_cap
+    DraftParams params;
+    int32_t topk = 0;                       // alternatives recorded per depth
+    bool telemetry = false;                 // record top-k, hidden rows and their norms
+    bool oracle = false;                    // record top-k, margins and decode timings (record_oracle)
+};
+
+// What the verification decided, told to every drafter after each step.
+struct DraftOutcome {
+    const Draft * proposal = nullptr;       // this drafter's proposal (nullptr: it took no part)
+    bool verified = false;                  // that proposal was the draft verified
+    int32_t n_drafted = 0;                  // tokens verified (whoever drafted them)
+    int32_t n_accepted = 0;                 // of those, accepted by the target
+    const llama_token * emitted = nullptr;  // the tokens the step emitted: the accepted drafts, then the correction
+    int32_t n_emitted = 0;
+    llama_pos keep_until = 0;               // the target memory keeps the positions before this
+};
+
+// Per-drafter counters for one generation (llama.cpp: common_speculative_print_stats).
+struct DrafterStats {
+    int64_t n_call_begin = 0;       // generations begun
+    int64_t n_call_draft = 0;       // steps it was asked to draft
+    int64_t n_proposals = 0;        // usable (non-empty, not dropped) drafts proposed
+    int64_t n_gen_drafts = 0;       // its drafts verified
+    int64_t n_drafted_tokens = 0;   // tokens in those drafts
+    int64_t n_acc_drafts = 0;       // verified drafts with at least one token accepted
+    int64_t n_acc_tokens = 0;       // tokens accepted
+    std::vector<int64_t> acc_by_pos;  // [j]: verified drafts whose token j was accepted
+
+    void on_draft(const Draft & d) {
+        ++n_call_draft;
+        n_proposals += d.usable() ? 1 : 0;
+    }
+
+    void on_verified(int32_t n_drafted, int32_t n_accepted) {
+        ++n_gen_drafts;
+        n_drafted_tokens += n_drafted;
+        n_acc_drafts += n_accepted > 0 ? 1 : 0;
+        n_acc_tokens += n_accepted;
+        if ((int32_t) acc_by_pos.size() < n_accepted) {
+            acc_by_pos.resize(n_accepted, 0);
+        }
+        for (int32_t j = 0; j < n_accepted; ++j) {
+            ++acc_by_pos[j];
+        }
+    }
+};
+
+struct Drafter {
+    explicit Drafter(DrafterId id) : id(id) {}
+    virtual ~Drafter() = default;
+    Drafter(const Drafter &) = delete;
+    Drafter & operator=(const Drafter &) = delete;
+
+    const char * name() const { return DRAFTER_NAMES[id]; }
+
+    // A new generation over `prompt`: forget the previous one.
+    virtual void begin(const std::vector<llama_token> & prompt) = 0;
+
+    // Drafts after req.id_last into `out` (cleared by the caller, its stop set to req.cap_reason).
+    // Returns false when the drafter takes no part in this step (no candidate, no outcome).
+    virtual bool draft(const DraftRequest & req, Draft & out) = 0;
+
+    // The expected accepted length of `d`, one of this drafter's drafts (the BEST policy compares them).
+    virtual double expected_accepted(const Draft & d) const = 0;
+
+    // After the verification, told to every drafter in the chain.
+    virtual void accept(const DraftOutcome & outcome) = 0;
+
+    const DrafterId id;
+    DrafterStats stats;
+};

@@ -1,0 +1,241 @@
+// Engine::record_oracle, in named phases per position: record_chain (the MTP draft chain),
+// record_ngram (the n-gram draft), probe_costs (verify-batch cost probes, the target restored
+// after each), plain_step (the greedy truth); then tail (plain decodes after the generation).
+#include <algorithm>
+#include <cmath>
+
+#include "engine.h"
+#include "errors.h"
+#include "timing.h"
+
+bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
+                           const NgramConfig & ngram_cfg, bool probe, OracleRecord & out) {
+    check_open();
+    if (depth < 1 || depth > opts.n_rs_seq) {
+        fail(ErrorKind::PARAMETER, "the oracle depth must be between 1 and the session's capacity n_rs_seq=" +
+                                       std::to_string(opts.n_rs_seq) + ", got " + std::to_string(depth));
+    }
+    GenerationConfig c;
+    c.max_tokens = max_tokens;
+    c.drafters = {DRAFTER_NAMES[DRAFTER_NGRAM]};
+    if (has_mtp()) {  // the MTP head follows the generation
+        c.drafters.insert(c.drafters.begin(), DRAFTER_NAMES[DRAFTER_MTP]);
+    }
+    c.ngram = ngram_cfg;
+    begin(prompt, c, DraftParams{depth, 0.0f, 0});
+
+    std::lock_guard<std::mutex> lk(run_mutex);
+    ClockScope clock(opts.cpu_clock);
+    out.depth = depth;
+    out.topk = opts.topk;
+    out.clear();
+    oracle_chain.clear();
+    const int32_t ctx_size = n_ctx();
+    while (finish == FINISH_NONE) {
+        if (cancel_requested.exchange(false)) {
+            finish = FINISH_CANCELLED;
+            return false;
+        }
+        const int32_t g = (int32_t) generated.size();
+        const size_t r = out.add_row();
+        const int32_t n_cap = std::max(0, std::min({depth, max_tokens - g - 1, ctx_size - n_past - 2}));
+        out.pos[r] = n_past;
+        out.cap[r] = n_cap;
+        record_chain(out, r, n_cap);
+        record_ngram(out, r, n_cap);
+        probe_costs(out, r, probe);
+        plain_step(out, r);
+    }
+    if (probe) {
+        tail(out);
+    }
+    return true;
+}
+
+namespace {
+
+// What the oracle asks the drafters for: a draft of up to n_cap tokens with p_min = 0 and n_min =
+// 0 (every later cut of the MTP chain is a prefix of it).
+StepState oracle_cap(int32_t n_cap, int32_t depth) {
+    StepState s;
+    s.p = DraftParams{depth, 0.0f, 0};
+    s.n_cap = n_cap;
+    s.cap_reason = STOP_N_MAX;
+    return s;
+}
+
+}  // namespace
+
+// the MTP chain the engine would draft here
+void Engine::record_chain(OracleRecord & out, size_t r, int32_t n_cap) {
+    if (mtp == nullptr || n_cap <= 0) {
+        return;  // oracle_chain keeps the last chain (the probe tokens reuse it)
+    }
+    const int32_t N = out.depth, K = out.topk;
+    const int64_t t = now_ns();
+    mtp->draft(request(oracle_cap(n_cap, N), /*oracle*/ true), oracle_chain);
+    out.t_draft_ns[r] = now_ns() - t;
+    const Draft & d = oracle_chain;
+    const int32_t L = (int32_t) d.tokens.size();
+    out.chain_len[r] = L;
+    out.chain_eos[r] = d.stop == STOP_EOS;
+    for (int32_t j = 0; j < L; ++j) {
+        out.chain[r * N + j] = d.tokens[j];
+        out.chain_prob[r * N + j] = d.prob[j];
+        out.chain_margin[r * N + j] = d.margin[j];
+        out.t_draft_cum_ns[r * N + j] = d.t_decode_ns[j];
+        for (int32_t k = 0; k < K; ++k) {
+            out.topk_ids[(r * N + j) * K + k] = d.topk_ids[j * K + k];
+            out.topk_probs[(r * N + j) * K + k] = d.topk_probs[j * K + k];
+        }
+    }
+}
+
+// the n-gram draft the engine would propose here
+void Engine::record_ngram(OracleRecord & out, size_t r, int32_t n_cap) {
+    if (n_cap <= 0) {
+        return;
+    }
+    const int32_t N = out.depth;
+    const int64_t t = now_ns();
+    ngram->draft(request(oracle_cap(n_cap, N), /*oracle*/ true), oracle_ngram);
+    out.t_ngram_ns[r] = now_ns() - t;
+    out.ngram_len[r] = (int32_t) oracle_ngram.tokens.size();
+    out.ngram_eos[r] = oracle_ngram.stop == STOP_EOS;
+    for (size_t j = 0; j < oracle_ngram.tokens.size(); ++j) {
+        out.ngram[r * N + j] = oracle_ngram.tokens[j];
+    }
+}
+
+// Cost probes. Even positions: a verify batch of k = 2 .. N + 1 tokens (round robin) decoded
+// twice: first right after the MTP chain (llama.cpp builds the graph anew, caches hold the MTP
+// head's data: "fresh, cold"), then again at once (graph reused, caches warm: "reused, hot"); its
+// MTP catch-up, the argmax of its rows and the engine's rollback of k - 1 tokens are timed. Odd
+// positions: the plain step's token decoded once after the chain ("reused, cold"; the plain verify
+// that follows is "reused, hot", the one after an even probe "fresh, hot"). After each probe
+// decode the target state is restored exactly.
+void Engine::probe_costs(OracleRecord & out, size_t r, bool probe) {
+    const int32_t g = (int32_t) generated.size(), N = out.depth;
+    const bool even = g % 2 == 0;
+    const int32_t k = even ? 2 + (g / 2) % N : 1;
+    int32_t verify_after = g == 0 ? -1 : 1;  // size of the target batch before the plain verify
+    if (probe && n_past > 0 && n_past + k <= n_ctx()) {
+        probe_tokens.assign(1, id_last);
+        for (int32_t j = 0; j + 1 < k; ++j) {
+            const bool from_chain = mtp != nullptr && j < (int32_t) oracle_chain.tokens.size();
+            probe_tokens.push_back(from_chain ? oracle_chain.tokens[j] : id_last);
+        }
+        if (recurrent) {
+            saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+            llama_state_seq_get_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), 0,
+                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        }
+        for (int32_t rep = 0; rep < (even ? 2 : 1); ++rep) {
+            probe_once(out, r, k, rep);
+        }
+        out.probe_k[r] = k;
+        verify_after = k;
+    }
+    out.verify_after[r] = verify_after;
+}
+
+// One probe decode of probe_tokens[0 .. k) (rep 0: with its argmax, catch-up and rollback timed),
+// then the target memory and recurrent state restored to before it.
+void Engine::probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep) {
+    llama_memory_t mem = llama_get_memory(ctx_tgt.get());
+    int64_t t = now_ns();
+    check_decode(decode_target(probe_tokens.data(), k, n_past), "oracle probe decode");
+    if (mtp) {
+        mtp->copy_target_rows(k, probe_rows);
+    }
+    (rep == 0 ? out.probe_verify_ns : out.probe_verify_reuse_ns)[r] = now_ns() - t;
+    const bool timed = rep == 0 && k > 1;
+    if (timed) {
+        const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
+        t = now_ns();
+        llama_token sink = 0;
+        for (int32_t i = 0; i < k; ++i) {
+            sink ^= argmax(llama_get_logits_ith(ctx_tgt.get(), i), n_vocab_);
+        }
+        out.probe_argmax_ns[r] = now_ns() - t + (sink == -12345 ? 1 : 0);
+        if (mtp) {
+            t = now_ns();
+            const int32_t rc_mtp = mtp->probe_catch_up(probe_tokens.data(), k, n_past, probe_rows);
+            out.probe_catchup_ns[r] = now_ns() - t;
+            check_decode(rc_mtp, "oracle probe catch-up");
+        }
+    }
+    t = now_ns();
+    const bool rolled = llama_memory_seq_rm(mem, 0, n_past + 1, -1);
+    if (timed) {
+        out.probe_rollback_ns[r] = now_ns() - t;
+    }
+    if (recurrent) {
+        llama_state_seq_set_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), 0,
+                                     LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    }
+    if (!rolled || !llama_memory_seq_rm(mem, 0, n_past, -1)) {
+        fail(ErrorKind::ROLLBACK, "oracle probe: the target memory could not be restored");
+    }
+}
+
+// the plain step: the greedy truth, exactly as Engine::step with n_max = 0 (plus the catch-up)
+void Engine::plain_step(OracleRecord & out, size_t r) {
+    int64_t t = now_ns();
+    check_decode(decode_target(&id_last, 1, n_past), "target decode");
+    if (mtp) {
+        mtp->observe_target(&id_last, 1, n_past);
+    }
+    out.t_verify_ns[r] = now_ns() - t;
+    if (mtp) {
+        t = now_ns();
+        const int32_t rc_mtp = mtp->catch_up();
+        out.t_catchup_ns[r] = now_ns() - t;
+        check_decode(rc_mtp, "MTP catch-up");
+    }
+    const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
+    t = now_ns();
+    const float * logits = llama_get_logits_ith(ctx_tgt.get(), 0);
+    const llama_token tok = argmax(logits, n_vocab_);
+    out.t_argmax_ns[r] = now_ns() - t;
+    if (mtp) {
+        mtp->commit(0, n_past + 1);
+    }
+    out.t_sample_ns[r] = now_ns() - t;
+    float second = -INFINITY;
+    for (int32_t v = 0; v < n_vocab_; ++v) {
+        if (v != tok && logits[v] > second) {
+            second = logits[v];
+        }
+    }
+    out.token[r] = tok;
+    out.target_margin[r] = logits[tok] - second;
+
+    generated.push_back(tok);
+    tokens_all.push_back(tok);
+    n_past += 1;
+    id_last = tok;
+    ++n_step;
+    check_finish(tok);
+}
+
+// A plain tail after the generation: target decodes one after another with nothing between them
+// (no MTP head, no probe, no restore), as in plain decoding and the n-gram mode; the memory past
+// the generation is not used afterwards (the next generation clears it).
+void Engine::tail(OracleRecord & out) {
+    const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
+    const int32_t n_tail = std::min(32, n_ctx() - n_past - 1);
+    for (int32_t i = 0; i < n_tail; ++i) {
+        const int64_t t = now_ns();
+        if (decode_target(&id_last, 1, n_past) != 0) {
+            break;
+        }
+        if (mtp) {
+            mtp->copy_target_rows(1, probe_rows);
+        }
+        out.tail_verify_ns.push_back(now_ns() - t);
+        out.tail_pos.push_back(n_past);
+        id_last = argmax(llama_get_logits_ith(ctx_tgt.get(), 0), n_vocab_);
+        ++n_past;
+    }
+}
