@@ -19,7 +19,7 @@ def pick_model(path: str | None) -> tuple[Path, str]:
     try:
         return mx.default_model_path(), "bundled"
     except mx.ModelNotFoundError:
-        from mtp_explorer.models.synthetic import write_synthetic_qwen35
+        from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
 
         out = Path(tempfile.gettempdir()) / "mtp-explorer-bench-synthetic.gguf"
         write_synthetic_qwen35(out, context_mix=0.6, mtp_fidelity=1.0)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import mtp_explorer as mx
-from mtp_explorer.reference import compare, replay_reference_budget, run_reference
+from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
 
 from _common import emit, machine, pick_model
 
@@ -144,7 +144,7 @@ def main() -> None:
                                       threads=s.threads)
                     ref_rates.append(r.tokens_per_second)
                     t = replay_reference_budget(s, prompt, max_tokens=args.tokens, n_max=n_max)
-                    parity &= compare(r, t, 0.0)["match"]
+                    parity &= compare_with_reference(r, t, 0.0)["match"]
                     secs, t = decode_seconds(s, prompt, args.tokens, n_max)
                     ours_rates.append(len(t.tokens) / secs)
                 ref[n_max] = {"reference_tokens_per_second": statistics.mean(ref_rates),

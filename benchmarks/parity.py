@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.reference import (ReferenceRun, compare, draft_cap_rule, replay_reference_budget, run_reference,
+from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, replay_reference_budget, run_reference,
                                     run_reference_spec)
 
 from _common import emit, machine, pick_model
@@ -73,7 +73,7 @@ def mtp_section(binary: str, path: Path, origin: str, tokens: int, threads: int)
             ref = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min,
                                 n_min=n_min, n_ctx=N_CTX, threads=threads)
             ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min, n_min=n_min)
-            case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min} | compare(ref, ours, p_min)
+            case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min} | compare_with_reference(ref, ours, p_min)
             cases.append(case)
     return {"model": str(path), "model_origin": origin, "cases": len(cases),
             "matches": sum(c["match"] for c in cases),
@@ -95,7 +95,7 @@ def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_token
                                   size_m: int, checkpoints: bool) -> mx.Trace:
     """Our n-gram drafter under llama-speculative-simple's budget rule: the draft is capped at
     ``n - n_predict - 1`` (and the context) only when that is positive, and the run stops once *more*
-    than ``n`` tokens were produced (see :mod:`mtp_explorer.reference`).
+    than ``n`` tokens were produced (see :mod:`mtp_explorer.devtools.reference`).
 
     ``checkpoints`` (recurrent models) replays the reference's checkpoint rule too: after a partial
     acceptance it restores the target state and verifies the accepted tokens and the correction again
@@ -110,7 +110,7 @@ def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_token
                                ngram_n=size_n, ngram_m=size_m):
         n_predict += step.n_accepted + 1
         partial = checkpoints and step.n_accepted < step.n_drafted
-        if session._engine.is_eog(step.correction) or (n_predict > max_tokens and not partial):
+        if session.is_eog(step.correction) or (n_predict > max_tokens and not partial):
             session.cancel()
             continue
         nxt = 0 if partial else n_max_for(n_predict)
@@ -150,8 +150,8 @@ def compare_ngram(ref: ReferenceRun, ours: mx.Trace, *, checkpoints: bool) -> di
 
 
 def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
-    from mtp_explorer.models.synthetic import write_synthetic_qwen35
-    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
     models = [
         (write_synthetic_glm4moe(tmp / "glm4moe.gguf"), "synthetic glm4moe (random weights, KV rollback)"),

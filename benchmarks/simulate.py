@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 import mtp_explorer as mx
-from mtp_explorer.simulate import compare, cost_consistency, simulate, simulate_grid
+from mtp_explorer.analysis.simulate import compare, cost_consistency, simulate, simulate_grid
 
 from _common import emit, machine, pick_model
 

@@ -8,41 +8,60 @@
 
 from __future__ import annotations
 
-from .errors import (
+from .core.errors import (
+    CancelledError,
     ContextOverflowError,
+    DecodeError,
+    EngineError,
     LibraryError,
     ModelLoadError,
     ModelNotFoundError,
     MtpExplorerError,
     MtpUnavailableError,
     ParameterError,
+    RollbackError,
     SessionBusyError,
     SessionClosedError,
 )
-from .info import ModelInfo, model_info
+from .core.info import ModelInfo, model_info
 from .models import default_model_path
-from .session import Session
-from .trace import DRAFTER_MODES, DRAFTERS, FINISH_REASONS, STOP_REASONS, Step, Trace
-from .oracle import CostModel, OracleTrace
-from .simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
-from .sweep import Recommendation, recommend, sweep
-from .calibration import Calibration, best_p_min, calibrate
+from .core.session import Session
+from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
+from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
+from .core.trace import Step, Trace
+from .analysis.oracle import CostModel, OracleTrace
+from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
+from .analysis.sweep import Recommendation, recommend, sweep
+from .analysis.calibration import Calibration, best_p_min, calibrate
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ContextOverflowError", "LibraryError", "ModelInfo", "ModelLoadError", "ModelNotFoundError",
-    "MtpExplorerError", "MtpUnavailableError", "ParameterError", "Session", "SessionBusyError",
-    "SessionClosedError", "Step", "STOP_REASONS", "FINISH_REASONS", "Trace", "default_model_path",
-    "model_info", "DRAFTERS", "DRAFTER_MODES", "CostModel", "OracleTrace", "SimTrace", "compare", "cost_consistency",
-    "simulate", "simulate_grid", "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
+    # errors
+    "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "LibraryError",
+    "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
+    "SessionBusyError", "SessionClosedError",
+    # core
+    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "STOP_REASONS", "FINISH_REASONS",
+    "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
+    # analysis
+    "CostModel", "OracleTrace", "SimTrace", "compare", "cost_consistency", "simulate", "simulate_grid",
+    "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
+    # lazily imported
+    "plots", "widgets", "Explorer",
 ]
 
 
-def __getattr__(name: str):
-    """``mtp_explorer.Explorer`` without importing ipywidgets and plotly on ``import mtp_explorer``."""
-    if name == "Explorer":
-        from .widgets import Explorer
+_LAZY_MODULES = ("plots", "widgets")
 
-        return Explorer
+
+def __getattr__(name: str):
+    """``mx.plots``, ``mx.widgets`` and ``mx.Explorer``, imported on first use (``import mtp_explorer``
+    loads neither plotly nor ipywidgets)."""
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name == "Explorer":
+        return importlib.import_module(".widgets", __name__).Explorer
     raise AttributeError(f"module 'mtp_explorer' has no attribute {name!r}")

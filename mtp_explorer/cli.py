@@ -13,9 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .errors import MtpExplorerError
-from .session import DEFAULT_NGRAM_M, DEFAULT_NGRAM_N  # (``import mtp_explorer`` loads session anyway)
-from .trace import DRAFTER_MODES
+from .core import drafters
+from .core.drafters import DrafterOption
+from .core.errors import MtpExplorerError
 
 STYLE = {"accepted": "bold cyan", "correction": "yellow", "plain": ""}
 
@@ -29,14 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", "-m", default=None, help="GGUF model (default: the bundled demo model)")
     run.add_argument("--max-tokens", "-n", type=int, default=128)
     run.add_argument("--n-max", type=int, default=3, help="draft length (0: plain decoding)")
-    run.add_argument("--drafter", choices=DRAFTER_MODES, default="mtp",
-                     help="mtp: the model's MTP head; ngram: prompt look-up (needs no MTP head); "
-                          "chain: both each step, the more promising draft verified (default: mtp)")
-    run.add_argument("--ngram-n", type=_positive_int, default=DEFAULT_NGRAM_N,
-                     help=f"n-gram drafter: length of the n-gram looked up (default: {DEFAULT_NGRAM_N})")
-    run.add_argument("--ngram-m", type=_positive_int, default=DEFAULT_NGRAM_M,
-                     help=f"n-gram drafter: continuation length proposed, cut to --n-max (default: {DEFAULT_NGRAM_M})")
-    run.add_argument("--p-min", type=float, default=0.0, help="draft confidence floor (MTP drafts)")
+    run.add_argument("--drafter", choices=drafters.DRAFTER_MODES, default=drafters.DEFAULT_MODE,
+                     help=_escape("; ".join(f"{m.name}: {m.description}" for m in drafters.MODES.values()))
+                     + f" (default: {drafters.DEFAULT_MODE})")
+    for option in drafters.all_options():
+        _add_option(run, option)
+    confident = ", ".join(s.label for s in drafters.DRAFTER_SPECS.values() if s.has_confidence)
+    run.add_argument("--p-min", type=float, default=0.0, help=f"draft confidence floor ({confident} drafts)")
     run.add_argument("--n-min", type=int, default=0, help="drafts shorter than this are dropped")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--seed", type=int, default=0)
@@ -51,29 +50,54 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _escape(text: str) -> str:
+    """Registry text as an argparse help string (which %-formats it)."""
+    return text.replace("%", "%%")
 
 
-def _summary_table(summary: dict, drafter: str = "mtp") -> Table:
+def _option_owner(option: DrafterOption) -> str:
+    return next(s.label for s in drafters.DRAFTER_SPECS.values() if option in s.options)
+
+
+def _add_option(parser: argparse.ArgumentParser, option: DrafterOption) -> None:
+    """A drafter option as a flag: ``--<name>`` (``_`` as ``-``) and llama.cpp's own flag."""
+    parser.add_argument(f"--{option.name.replace('_', '-')}", option.flag, dest=option.name, type=_int_in(option),
+                        default=option.default, metavar="N",
+                        help=_escape(f"{_option_owner(option)} drafter: {option.help} (llama.cpp {option.flag}; "
+                                     f"default: {option.default})"))
+
+
+def _int_in(option: DrafterOption):
+    """An argparse type: an integer in the option's range."""
+    def parse(text: str) -> int:
+        what = (f"a positive integer (at most {option.hi})" if option.lo == 1
+                else f"an integer in [{option.lo}, {option.hi}]")
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not option.lo <= value <= option.hi:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    parse.__name__ = option.name
+    return parse
+
+
+def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table:
+    mode = drafters.mode(drafter)
     table = Table(title="summary", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value", justify="right")
     table.add_row("tokens", str(summary["n_tokens"]))
     table.add_row("steps", str(summary["n_steps"]))
-    if drafter != "mtp":
-        table.add_row("drafter", drafter)
+    if mode.name != drafters.DEFAULT_MODE:
+        table.add_row("drafter", mode.name)
     table.add_row("drafted / accepted", f"{summary['n_drafted']} / {summary['n_accepted']}")
-    if drafter == "chain":
+    if mode.is_chain:
         won = summary.get("steps_by_drafter") or {}
         table.add_row("steps won by drafter",
-                      "  ".join(f"{name} {n}" for name, n in won.items() if name != "none")
+                      "  ".join(f"{spec.name} {won.get(spec.name, 0)}" for spec in mode.drafters)
                       + f"  (no draft {won.get('none', 0)})")
     rate = summary["acceptance_rate"]
     table.add_row("acceptance rate", "n/a" if rate != rate else f"{rate:.1%}")
@@ -90,7 +114,7 @@ def _summary_table(summary: dict, drafter: str = "mtp") -> Table:
 
 
 def _run(args, console: Console) -> int:
-    from .session import Session
+    from .core.session import Session
 
     with Session.open(args.model, n_ctx=args.n_ctx, threads=args.threads, seed=args.seed, n_rs_seq=args.n_rs_seq) as s:
         text = Text()
@@ -101,9 +125,9 @@ def _run(args, console: Console) -> int:
         n_done = 0
         with Live(Group(Panel(text, title="accepted drafts in cyan, corrections in yellow"), progress),
                   console=console, refresh_per_second=10, transient=not console.is_terminal):
+            options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
             for step in s.stream(args.prompt, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
-                                 n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
-                                 ngram_n=args.ngram_n, ngram_m=args.ngram_m):
+                                 n_min=args.n_min, temperature=args.temperature, drafter=args.drafter, **options):
                 for tok in step.drafted[: step.n_accepted]:
                     text.append(s.piece(tok), style=STYLE["accepted"])
                 text.append(s.piece(step.correction), style=STYLE["correction" if step.drafted else "plain"])
@@ -121,7 +145,7 @@ def _run(args, console: Console) -> int:
 
 
 def _info(args, console: Console) -> int:
-    from .info import model_info
+    from .core.info import model_info
     from .models import default_model_path
 
     info = model_info(args.model or default_model_path())

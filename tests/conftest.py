@@ -1,5 +1,5 @@
 """Shared fixtures: SYNTHETIC random-weight models whose MTP acceptance is set by construction
-(see mtp_explorer.models.synthetic), written once per test run."""
+(see mtp_explorer.devtools.synthetic), written once per test run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.models.synthetic import write_synthetic_qwen35
+from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
 
 
 @pytest.fixture(scope="session")

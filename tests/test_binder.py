@@ -100,7 +100,7 @@ def test_postbuild_in_a_fresh_virtualenv(tmp_path):
         import mtp_explorer as mx
         from mtp_explorer import plots
         from mtp_explorer.widgets import Explorer
-        from mtp_explorer.models.synthetic import write_synthetic_qwen35
+        from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
         path = write_synthetic_qwen35({str(tmp_path / 'm.gguf')!r}, context_mix=0.6, mtp_fidelity=1.0)
         assert mx.__file__.startswith({str(repo)!r}), mx.__file__
         with mx.Session.open(path, n_ctx=256, threads=1) as s:

@@ -8,8 +8,8 @@ import plotly.graph_objects as go
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer import whatif_plots
-from mtp_explorer.calibration import draft_outcomes, expected_calibration_error, reliability
+from mtp_explorer import plots
+from mtp_explorer.analysis.calibration import draft_outcomes, expected_calibration_error, reliability
 
 PROMPTS = ["def fib(n):", "import os", "class Stack:"]
 
@@ -69,9 +69,44 @@ def test_calibrate_and_best_p_min(oracles):
     assert perfect["acceptance"].tolist() == [1.0]
 
 
+def test_calibration_is_for_drafters_with_a_confidence(model_mixed, oracles):
+    from mtp_explorer.analysis.calibration import best_p_min, confident_drafters
+    from mtp_explorer.core import drafters
+
+    for name, mode in drafters.MODES.items():
+        if mode.has_confidence:
+            assert all(d.has_confidence for d in confident_drafters(name))
+        else:
+            for call in (lambda: mx.calibrate(oracles, drafter=name), lambda: best_p_min(oracles, drafter=name),
+                         lambda: draft_outcomes(oracles, drafter=name)):
+                with pytest.raises(mx.ParameterError, match="no confidence to calibrate"):
+                    call()
+    # a chain calibrates the confidence of its drafters that have one, on the drafts they verified
+    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=6) as s:
+        t = s.generate("x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", max_tokens=48, n_max=4, drafter="chain")
+    d, c, a = draft_outcomes(t, drafter="chain")
+    confident = np.isin(t.drafter, [spec.index for spec in confident_drafters("chain")])
+    assert (d == 1).sum() == int((confident & (t.n_drafted > 0)).sum())
+    assert np.isfinite(c).all()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda o: mx.calibrate([]), "nothing to calibrate"),
+    (lambda o: mx.calibrate(o, n_bins=0), "n_bins must be a positive integer"),
+    (lambda o: mx.calibrate([o[0], "trace.json"]), "expected oracle traces or traces, got str"),
+    (lambda o: mx.best_p_min([]), "one or more oracle traces"),
+    (lambda o: mx.best_p_min(o, p_min=[1.5]), "p_min must be in"),
+    (lambda o: mx.best_p_min(o, n_max=[7]), "n_max must be between 0 and the oracle's depth 6"),
+    (lambda o: mx.calibrate(o, drafter="beam"), "drafter must be one of"),
+])
+def test_calibration_parameter_errors(oracles, call, match):
+    with pytest.raises(mx.ParameterError, match=match):
+        call(oracles)
+
+
 def test_figures(oracles):
     cal = mx.calibrate(oracles, p_min=(0.0, 0.5))
-    fig = whatif_plots.reliability_diagram(cal)
+    fig = plots.reliability_diagram(cal)
     assert isinstance(fig, go.Figure)
     names = [tr.name for tr in fig.data]
     assert names[0] == "calibrated" and len(names) == 1 + len(cal.ece_by_depth)
@@ -79,26 +114,28 @@ def test_figures(oracles):
 
     df = mx.simulate_grid(oracles, [0, 1, 2, 4], [0.0, 0.3, 0.6])
     df["mode"] = "simulate"
-    heat = whatif_plots.sweep_heatmap(df)
+    heat = plots.sweep_heatmap(df)
     z = np.asarray(heat.data[0].z, dtype=float)
     assert z.shape == (4, 3) and np.isfinite(z).all()
     best = heat.data[1]
     i, j = np.unravel_index(np.argmax(z), z.shape)
     assert best.y[0] == str([0, 1, 2, 4][i]) and best.x[0] == f"{[0.0, 0.3, 0.6][j]:.2f}"
 
-    ceil = whatif_plots.speedup_ceiling(df)
+    ceil = plots.speedup_ceiling(df)
     reached = np.asarray(ceil.data[0].y, dtype=float)
     bound = np.asarray(ceil.data[1].y, dtype=float)
     assert len(reached) == 4 and (bound >= reached * 0.999).all()
 
-    pv = whatif_plots.predicted_vs_measured([{"label": "a", "predicted": 100.0, "measured": 95.0}])
+    pv = plots.predicted_vs_measured([{"label": "a", "predicted": 100.0, "measured": 95.0}])
     assert isinstance(pv, go.Figure) and len(pv.data) == 3
 
     both = [mx.simulate_grid(oracles, [1, 3], [0.0, 0.5], drafter=d) for d in ("mtp", "ngram", "chain")]
     import pandas as pd
 
-    cmp = whatif_plots.drafter_comparison(pd.concat(both))
-    assert [tr.name for tr in cmp.data] == ["mtp", "ngram", "chain"]
+    cmp = plots.drafter_comparison(pd.concat(both))
+    from mtp_explorer.core import drafters
+
+    assert [tr.name for tr in cmp.data] == [drafters.mode(d).label for d in ("mtp", "ngram", "chain")]  # registry labels
     for tr, d in zip(cmp.data, both):
         d["sec"] = d.n_tokens / d.tokens_per_second
         per = d.groupby(["prompt", "n_max", "p_min"]).apply(lambda r: r.n_tokens.sum() / r.sec.sum(),

@@ -59,16 +59,44 @@ def test_run_command_drafter_options_parse():
     import pytest
 
     from mtp_explorer.cli import _parser
-    from mtp_explorer.session import DEFAULT_NGRAM_M, DEFAULT_NGRAM_N
+    from mtp_explorer.core import drafters
 
+    defaults = {o.name: o.default for o in drafters.all_options()}
     args = _parser().parse_args(["run"])
-    assert (args.drafter, args.ngram_n, args.ngram_m) == ("mtp", DEFAULT_NGRAM_N, DEFAULT_NGRAM_M)
+    assert (args.drafter, args.ngram_n, args.ngram_m) == ("mtp", defaults["ngram_n"], defaults["ngram_m"])
+    assert (defaults["ngram_n"], defaults["ngram_m"]) == (3, 8)  # llama.cpp's defaults
     args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])
     assert (args.drafter, args.ngram_n, args.ngram_m) == ("chain", 2, 5)
-    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"]):
+    # llama.cpp's own flag names work too
+    args = _parser().parse_args(["run", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "6"])
+    assert (args.ngram_n, args.ngram_m) == (4, 6)
+    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"], ["--ngram-n", "1025"]):
         with pytest.raises(SystemExit) as exc:
             _parser().parse_args(["run", *bad])
         assert exc.value.code == 2
+
+
+def test_run_command_flags_come_from_the_registry(capsys):
+    """--drafter's choices are the registry's modes, and every drafter option is a flag under both spellings."""
+    import pytest
+
+    from mtp_explorer.cli import _parser
+    from mtp_explorer.core import drafters
+
+    parser = _parser()
+    run = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    by_dest = {a.dest: a for a in run._actions}
+    assert tuple(by_dest["drafter"].choices) == drafters.DRAFTER_MODES
+    assert by_dest["drafter"].default == drafters.DEFAULT_MODE
+    for option in drafters.all_options():
+        action = by_dest[option.name]
+        assert set(action.option_strings) == {"--" + option.name.replace("_", "-"), option.flag}
+        assert action.default == option.default
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--help"])
+    help_text = capsys.readouterr().out
+    for mode in drafters.MODES.values():
+        assert f"{mode.name}:" in help_text
 
 
 def test_run_command_bad_drafter_option_is_an_argparse_error(capsys):

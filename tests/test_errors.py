@@ -70,7 +70,7 @@ def test_model_without_mtp_layers(model_no_mtp):
 
 def test_library_without_nextn_api(model_mixed):
     from mtp_explorer import _native
-    from mtp_explorer.session import check_nextn_api
+    from mtp_explorer.core.handle import check_nextn_api
 
     ggml_base = _native.libllama_path().replace("libllama", "libggml-base")
     assert _native.missing_nextn_symbols(ggml_base) == [
@@ -81,8 +81,8 @@ def test_library_without_nextn_api(model_mixed):
     check_nextn_api()  # the installed libllama has it
     proc = run_isolated(f"""
         import mtp_explorer as mx
-        import mtp_explorer.session as session
-        session._libllama_path = lambda: {ggml_base!r}
+        import mtp_explorer.core.handle as handle
+        handle._libllama_path = lambda: {ggml_base!r}
         try:
             mx.Session.open({str(model_mixed)!r})
         except mx.LibraryError as exc:
@@ -182,13 +182,14 @@ def test_use_after_close_in_subprocess(model_mixed):
                 call()
             except mx.SessionClosedError:
                 print("closed-ok")
+        from mtp_explorer import _native
         try:
-            engine.step()   # the native object itself refuses too
-        except RuntimeError as exc:
-            print("native-ok", exc)
+            engine.step()   # the native object itself refuses too, with a typed error
+        except _native.EngineError as exc:
+            print("native-ok", exc.args[0], exc.args[1])
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("closed-ok") == 3 and "native-ok the session is closed" in proc.stdout
+    assert proc.stdout.count("closed-ok") == 3 and "native-ok closed the session is closed" in proc.stdout
 
 
 def test_small_n_ctx_is_padded_like_llama_cpp(model_mixed):

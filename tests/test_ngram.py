@@ -159,7 +159,7 @@ def test_ngram_runs_without_mtp_layers(model_no_mtp):
 
 
 def test_ngram_on_non_recurrent_model(models_dir):
-    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
     path = write_synthetic_glm4moe(models_dir / "glm_ngram.gguf")
     with mx.Session.open(path, n_ctx=512, threads=1) as s:

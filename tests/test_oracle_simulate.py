@@ -5,6 +5,7 @@ cost model is consistent with the engine's measured step times."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -16,7 +17,9 @@ import pytest
 
 import mtp_explorer as mx
 from conftest import check_accounting
-from mtp_explorer.simulate import compare, cost_consistency, simulate
+from mtp_explorer.analysis.oracle import ORACLE_SCHEMA
+from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, compare, cost_consistency, simulate, simulate_grid
+from mtp_explorer.core import schema
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
@@ -89,6 +92,7 @@ def _check_case(session, o, prompt, n_max, p_min, n_min, drafter, found):
     check_accounting(real)
     sim = simulate(o, n_max, p_min, n_min, drafter=drafter)
     check_accounting(sim)
+    schema.check_columns(sim.columns, dims=schema.dims_of(real.columns))  # the engine's schema, widths and dtypes
     cmp = compare(o, real)
     case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min, "drafter": drafter}
     for m in cmp.mismatches:
@@ -170,6 +174,45 @@ def test_simulator_budget_and_validation(session, oracles):
         session.record_oracle("import os", max_tokens=8, depth=9)  # over the capacity
 
 
+@pytest.mark.parametrize("call,match", [
+    (lambda o: simulate(o, 2, drafter="eagle"), "drafter must be one of"),
+    (lambda o: simulate(o, -1), "n_max must be between 0 and the oracle's depth 8"),
+    (lambda o: simulate(o, 2.5), "n_max"),
+    (lambda o: simulate(o, True), "n_max"),
+    (lambda o: simulate(o, 2, float("nan")), "p_min must be in"),
+    (lambda o: simulate(o, 2, 0.0, -1), "n_min must be between 0 and n_max"),
+    (lambda o: simulate(o, 2, max_tokens=0), "max_tokens must be between 1"),
+    (lambda o: simulate(o, 2, max_tokens="8"), "max_tokens"),
+    (lambda o: simulate(o.to_json(), 2), "expected an OracleTrace"),
+    (lambda o: simulate_grid([], [1], [0.0]), "at least one oracle"),
+    (lambda o: simulate_grid(o, [], [0.0]), "at least one value"),
+    (lambda o: simulate_grid(o, [1], ["high"]), "sequences of numbers"),
+    (lambda o: simulate_grid(o, [1, 9], [0.0]), "depth"),
+    (lambda o: simulate_grid(o, [1, 2], [0.0], n_min=[0, 1, 2]), "n_min must be an integer or one per setting"),
+    (lambda o: simulate_grid(o, [1], [0.0], labels=["a", "b"]), "2 labels for 1 oracle"),
+    (lambda o: simulate_grid(o, [1], [0.0], drafter="beam"), "drafter must be one of"),
+    (lambda o: ceiling_tokens_per_second(o, 2, "beam"), "drafter must be one of"),
+])
+def test_simulator_parameter_errors(oracles, call, match):
+    """Bad input is a ParameterError (a ValueError) that names the problem, like Session's."""
+    with pytest.raises(mx.ParameterError, match=match):
+        call(oracles["import os"])
+
+
+def test_simulator_needs_an_mtp_head_only_for_modes_that_use_it(oracles):
+    from mtp_explorer.core import drafters
+
+    o = oracles["import os"]
+    headless = dataclasses.replace(o, settings=o.settings | {"has_mtp": False})
+    for name, mode in drafters.MODES.items():
+        if mode.needs_mtp:
+            with pytest.raises(mx.ParameterError, match="no MTP head: use drafter="):
+                simulate(headless, 2, drafter=name)
+            assert simulate(headless, 0, drafter=name).n_steps == TOKENS  # plain decoding needs no head
+        else:
+            assert simulate(headless, 2, drafter=name).tokens == o.tokens
+
+
 def test_compare_classifies_what_differs(session, oracles):
     o = oracles["class Stack:"]
     real = session.generate("class Stack:", max_tokens=TOKENS, n_max=3, p_min=0.0)
@@ -209,7 +252,9 @@ def test_sim_trace_is_trace_like(oracles):
                 "phase_seconds"):
         assert key in s
     assert s["tokens_per_second"] == pytest.approx(sim.predicted_tokens_per_second)
-    assert set(sim.columns) == set(mx.trace.COLUMNS)
+    assert list(sim.columns) == list(schema.TRACE_COLUMN_NAMES)  # built from the schema, in the engine's order
+    schema.check_columns(sim.columns, dims=schema.Dims(depth=8, topk=o.dims.topk))
+    assert sim.settings["drafter"] == "mtp" and sim.settings["simulated"]
     assert sim.depth == 8 and len(sim.steps) == sim.n_steps
     assert sim.ceiling_tokens_per_second() > 0
     back = mx.Trace.from_json(sim.to_json())
@@ -220,6 +265,7 @@ def test_sim_trace_is_trace_like(oracles):
 
 def test_oracle_json_round_trip_replays_identically(oracles):
     o = oracles["def fib(n):"]
+    schema.check_columns(o.columns, ORACLE_SCHEMA, o.dims)  # the engine's oracle schema (and token_eog)
     back = mx.OracleTrace.from_json(o.to_json())
     assert back.tokens == o.tokens and back.settings == o.settings
     a, b = simulate(o, 3, 0.5), simulate(back, 3, 0.5)
@@ -228,6 +274,12 @@ def test_oracle_json_round_trip_replays_identically(oracles):
     fixed = o.with_cost(o.cost)
     again = mx.OracleTrace.from_json(fixed.to_json())
     assert again.cost_model is not None and np.array_equal(again.cost.verify, o.cost.verify)
+    assert again.cost.to_dict() == o.cost.to_dict()
+    # a recording whose columns are off the schema is refused on load
+    doc = json.loads(o.to_json())
+    del doc["columns"]["chain_prob"]
+    with pytest.raises(ValueError, match="chain_prob"):
+        mx.OracleTrace.from_json(json.dumps(doc))
 
 
 def sim_columns(t):
@@ -235,7 +287,7 @@ def sim_columns(t):
 
 
 def test_oracle_on_non_recurrent_mtp_model(models_dir):
-    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
     path = write_synthetic_glm4moe(models_dir / "glm_oracle.gguf")
     with mx.Session.open(path, n_ctx=512, threads=1, n_rs_seq=6) as s:

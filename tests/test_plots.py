@@ -11,7 +11,10 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer import plots
-from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+from mtp_explorer.core.drafters import MODES
+from mtp_explorer.core.schema import PHASES
+from mtp_explorer.viz import trace_figures, whatif_figures
+from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 from mtp_explorer.widgets import LiveTrace
 
 PROMPT = "def fib(n):"
@@ -76,7 +79,7 @@ def test_token_timeline_marks_every_token(session, changed):
     # read in order (line, column), the non-rejected cells spell the generated text
     cells = sorted((y, b, t) for bar in (accepted, correction, plain_) for y, b, t in zip(bar.y, bar.base, bar.text))
     shown = "".join(t for _, _, t in cells).replace("\u00a0", " ")
-    expected = "".join(plots._escape(plots._visible(p)) for p in changed.pieces).replace("\u00a0", " ")
+    expected = "".join(trace_figures._escape(trace_figures._visible(p)) for p in changed.pieces).replace("\u00a0", " ")
     assert shown == expected
     # no two cells overlap on a line
     spans = sorted((y, b, b + w) for bar in (accepted, correction, plain_, rejected)
@@ -244,15 +247,13 @@ def test_nan_free_layout_numbers(changed):
 
 
 def test_whatif_figures_are_reexported(session):
-    """plots re-exports the what-if figures of whatif_plots (the same functions), and each builds."""
+    """plots re-exports the what-if figures of viz.whatif_figures (the same functions), and each builds."""
     import pandas as pd
-
-    from mtp_explorer import whatif_plots
 
     names = ("reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
              "predicted_acceptance_by_depth", "predicted_speed_by_n_max")
     for name in names:
-        assert getattr(plots, name) is getattr(whatif_plots, name) and name in plots.__all__
+        assert getattr(plots, name) is getattr(whatif_figures, name) and name in plots.__all__
         assert name not in plots.FIGURES  # FIGURES stays the per-trace figures the Explorer shows
     oracle = session.record_oracle(PROMPT, max_tokens=32, depth=3)
     grids = [mx.simulate_grid([oracle], [1, 2], [0.0, 0.5], drafter=d) for d in ("mtp", "ngram")]
@@ -270,3 +271,85 @@ def test_whatif_figures_are_reexported(session):
     for fig in figs:
         assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.data
     assert "(simulate, 1 prompt)" in figs[1].layout.title.text  # a simulate_grid table has no mode column
+
+
+def test_whatif_figures_live_in_their_own_module():
+    """plots exports both modules; trace_figures holds the per-trace figures only."""
+    for name in whatif_figures.__all__:
+        assert not hasattr(trace_figures, name), name
+    assert set(plots.__all__) == set(trace_figures.__all__) | set(whatif_figures.__all__)
+
+
+def test_metrics_come_from_one_module(changed, plain):
+    from mtp_explorer.analysis import metrics
+
+    assert plots.settings_changes is metrics.settings_changes and plots.SettingsChange is metrics.SettingsChange
+    assert plots.settings_segments is metrics.settings_segments and plots.SettingsSegment is metrics.SettingsSegment
+    np.testing.assert_array_equal(plots.step_seconds(changed), metrics.step_seconds(changed.columns))
+    assert plots.speedup(changed, plain) == metrics.trace_speedup(changed, plain)
+    assert set(plots.PHASE_LABELS) == set(plots.PHASE_COLORS) == set(PHASES)  # the engine's phases, each drawn
+
+
+def _wrong_inputs(session):
+    """Per public figure: a call with the wrong kind of input, and the words the TypeError must hold."""
+    import pandas as pd
+
+    trace = session.generate(PROMPT, max_tokens=16, n_max=2)
+    grid = mx.simulate_grid([session.record_oracle(PROMPT, max_tokens=16, depth=2)], [1, 2], [0.0])
+    rows = [{"n_max": 1, "tokens_per_second": 1.0, "ceiling_tokens_per_second": 2.0}]
+    return {
+        "token_timeline": (lambda: plots.token_timeline(grid), "takes a Trace", "got DataFrame"),
+        "acceptance_by_depth": (lambda: plots.acceptance_by_depth(trace.to_json()), "takes a Trace", "got str"),
+        "accepted_length_histogram": (lambda: plots.accepted_length_histogram(None), "takes a Trace", "got None"),
+        "hidden_norms": (lambda: plots.hidden_norms(trace.columns), "takes a Trace", "got dict"),
+        "rs_slots": (lambda: plots.rs_slots([trace]), "takes a Trace", "got list"),
+        "slot_states": (lambda: plots.slot_states(grid), "takes a Trace", "got DataFrame"),
+        "throughput": (lambda: plots.throughput(trace, grid), "baseline must be a Trace", "got DataFrame"),
+        "export": (lambda: plots.export(trace, "x.html"), "takes a plotly Figure", "got Trace"),
+        "sweep_heatmap": (lambda: plots.sweep_heatmap(trace), "takes a sweep/simulate_grid DataFrame", "got Trace"),
+        "speedup_ceiling": (lambda: plots.speedup_ceiling(grid.drop(columns="ceiling_tokens_per_second")),
+                            "takes a sweep/simulate_grid DataFrame",
+                            "without the column(s) ['ceiling_tokens_per_second']"),
+        "drafter_comparison": (lambda: plots.drafter_comparison(trace), "takes a sweep/simulate_grid DataFrame over "
+                               "drafters", "got Trace"),
+        "reliability_diagram": (lambda: plots.reliability_diagram(grid), "takes a Calibration", "got DataFrame"),
+        "predicted_vs_measured": (lambda: plots.predicted_vs_measured(pd.DataFrame(rows)), "takes a sequence of dicts",
+                                  "got DataFrame"),
+        "predicted_acceptance_by_depth": (lambda: plots.predicted_acceptance_by_depth(trace),
+                                          "takes a SimTrace", "got Trace"),
+        "predicted_speed_by_n_max": (lambda: plots.predicted_speed_by_n_max([{"n_max": 1}], n_max=1, plain=1.0,
+                                                                            p_min=0.0, n_min=0),
+                                     "takes a sequence of dicts", "lacks ['tokens_per_second'"),
+    }
+
+
+def test_a_figure_given_the_wrong_input_says_what_it_takes(session):
+    cases = _wrong_inputs(session)
+    public = {n for n in plots.__all__ if callable(getattr(plots, n)) and n[0].islower()} - {
+        "settings_changes", "settings_segments", "step_seconds", "speedup"}
+    assert public == set(cases)  # every public figure function is checked
+    for name, (call, takes, got) in cases.items():
+        with pytest.raises(TypeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(name) and takes in message and got in message, message
+    with pytest.raises(TypeError, match=r"measured must be a dict .* got list"):
+        plots.predicted_speed_by_n_max([], n_max=1, plain=1.0, p_min=0.0, n_min=0, measured=[1])
+
+
+def test_drafter_labels_and_colours_come_from_the_registry(session):
+    import pandas as pd
+
+    from mtp_explorer.viz import style
+
+    oracle = session.record_oracle(PROMPT, max_tokens=24, depth=2)
+    df = pd.concat([mx.simulate_grid([oracle], [1, 2], [0.0], drafter=d) for d in reversed(mx.DRAFTER_MODES)])
+    fig = plots.drafter_comparison(df)
+    assert [t.name for t in fig.data] == [MODES[d].label for d in mx.DRAFTER_MODES]
+    assert [t.marker.color for t in fig.data] == [style.DRAFTER_COLORS[d] for d in mx.DRAFTER_MODES]
+    # the token timeline names the drafter of each draft by its registry label
+    t = session.generate(PROMPT, max_tokens=24, n_max=3, drafter="chain")
+    fig = plots.token_timeline(t, session.piece)
+    hovers = [h for name in ("accepted", "rejected") for h in (_trace(fig, plots.ORIGIN_LABELS[name]).hovertext or ())]
+    labels = {MODES[n].label for n in mx.DRAFTERS}
+    assert hovers and all(any(f"{lab} draft" in h for lab in labels) for h in hovers)

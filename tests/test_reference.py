@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.models.synthetic import write_synthetic_qwen35
-from mtp_explorer.reference import parse_reference_output, replay_reference_budget
+from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+from mtp_explorer.devtools.reference import parse_reference_output, replay_reference_budget
 
 DATA = Path(__file__).parent / "data"
 

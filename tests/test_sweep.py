@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.sweep import COLUMNS
+from mtp_explorer.analysis.sweep import COLUMNS
 
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "x = [1, 2, 3]\nx = [1, 2"]
 N_MAX = [0, 1, 2, 4]
@@ -113,6 +113,57 @@ def test_sweep_validation(session):
         mx.sweep(session, [], progress=False)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    ({"mode": "guess"}, "mode must be one of"),
+    ({"n_max": [5]}, "n_max=5 is outside this session's capacity 0..4"),
+    ({"n_max": []}, "at least one value"),
+    ({"p_min": [1.5]}, r"p_min=1.5 is outside \[0, 1\]"),
+    ({"p_min": ["high"]}, "sequences of numbers"),
+    ({"n_min": -1}, "n_min must be a non-negative integer"),
+    ({"repeats": 0}, "repeats must be a positive integer"),
+    ({"drafter": "beam"}, "drafter must be one of"),
+    ({"drafter": ()}, "no drafter"),
+    ({"ngram_q": 3}, "unknown drafter option"),
+    ({"ngram_n": 0}, "--spec-ngram-simple-size-n"),
+])
+def test_sweep_parameter_errors(session, kwargs, match):
+    """Bad input is a ParameterError (a ValueError) naming the problem, raised before anything runs."""
+    with pytest.raises(mx.ParameterError, match=match):
+        mx.sweep(session, PROMPTS, progress=False, **kwargs)
+
+
+def test_recommend_parameter_errors(local_sim):
+    with pytest.raises(mx.ParameterError, match="empty sweep"):
+        mx.recommend(local_sim.iloc[0:0])
+    with pytest.raises(mx.ParameterError, match="lacks the columns"):
+        mx.recommend(local_sim.drop(columns=["tokens_per_second"]))
+    with pytest.raises(mx.ParameterError, match="lacks the columns"):
+        mx.recommend([1, 2, 3])
+
+
+def test_drafter_options_reach_the_oracles_and_the_runs(session, cost):
+    """The drafters' options (here the n-gram sizes) are keyword arguments of sweep, as of Session.generate."""
+    seen = []
+    record = session.record_oracle
+
+    def spy(*args, **kwargs):
+        seen.append({k: v for k, v in kwargs.items() if k.startswith("ngram")})
+        return record(*args, **kwargs)
+
+    session.record_oracle = spy
+    try:
+        df = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost, progress=False,
+                      drafter="ngram", ngram_n=2, ngram_m=4)
+        default = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost,
+                           progress=False, drafter="ngram", ngram_n=None)
+    finally:
+        session.record_oracle = record
+    assert seen == [{"ngram_n": 2, "ngram_m": 4}, {"ngram_n": 3, "ngram_m": 8}]  # None: llama.cpp's default
+    o = session.record_oracle(PROMPTS[3], max_tokens=TOKENS, depth=2, probe=False, ngram_n=2, ngram_m=4)
+    assert df.n_accepted.iloc[0] == mx.simulate(o.with_cost(cost), 2, drafter="ngram").summary()["n_accepted"]
+    assert len(default) == 1
+
+
 @pytest.fixture(scope="module")
 def dask_client():
     import distributed
@@ -129,7 +180,7 @@ def test_dask_sweep_equals_local(session, cost, local_sim, dask_client):
                   progress=False)
     pd.testing.assert_frame_equal(df, local_sim)
     # both workers took part (each opened its own session from the model path)
-    ran = dask_client.run(lambda: len(__import__("mtp_explorer.sweep", fromlist=["x"])._WORKER_SESSIONS))
+    ran = dask_client.run(lambda: len(__import__("mtp_explorer.analysis.sweep", fromlist=["x"])._WORKER_SESSIONS))
     assert sorted(ran.values()) == [1, 1]
 
 

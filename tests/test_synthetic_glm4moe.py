@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from mtp_explorer.models.synthetic_glm4moe import (
+from mtp_explorer.devtools.synthetic_glm4moe import (
     glm4moe_config,
     glm4moe_expected_tensor_shapes,
     write_synthetic_glm4moe,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtp_explorer.models.gguf_qwen35 import Qwen35Config, expected_tensor_shapes, read_qwen35_metadata
-from mtp_explorer.models.synthetic import synthetic_config, synthetic_vocab, write_synthetic_qwen35
+from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config, expected_tensor_shapes, read_qwen35_metadata
+from mtp_explorer.devtools.synthetic import synthetic_config, synthetic_vocab, write_synthetic_qwen35
 from training import llama_ref
 
 PROMPTS = ["def main():\n    return 1\n", "import os\n", "class A:\n    pass\n"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.trace import COLUMNS
+from mtp_explorer.core.trace import COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,14 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer import plots
 from mtp_explorer import widgets
-from mtp_explorer.whatif_panel import speed_curve
+from mtp_explorer.core.drafters import option_values
+from mtp_explorer.ui import whatif as whatif_controller
+from mtp_explorer.ui.whatif_panel import speed_curve
 from mtp_explorer.widgets import LIVE_COLUMNS, Explorer, LiveTrace
 
 PROMPT = "def fib(n):"
+#: The drafter options of a default Explorer, as its oracle keys hold them.
+OPTIONS = tuple(sorted(option_values().items()))
 
 
 @pytest.fixture(scope="module")
@@ -207,17 +211,38 @@ def test_redraws_are_throttled(session, monkeypatch):
     assert len(gaps) == 0 or gaps.min() >= 0.1 - 0.01
 
 
-def test_live_trace_equals_the_final_trace(session):
-    live = LiveTrace(PROMPT, {}, session.info.to_dict(), session.capacity, session.piece)
-    for step in session.stream(PROMPT, max_tokens=60, n_max=4, p_min=0.1):
-        live.add(step)
-    final, partial = session.last_trace, live.trace()
-    assert partial.tokens == final.tokens and partial.pieces == final.pieces
-    assert set(partial.columns) == set(LIVE_COLUMNS) <= set(final.columns)
+def _assert_same_columns(partial: mx.Trace, final: mx.Trace) -> None:
+    """Every column of the finished trace, with its dtype, shape and values."""
+    assert set(partial.columns) == set(final.columns) == set(LIVE_COLUMNS) == set(mx.Trace.from_json(
+        final.to_json()).columns)
     for name in LIVE_COLUMNS:
         col = final.columns[name]
         assert partial.columns[name].dtype == col.dtype, name
         np.testing.assert_array_equal(partial.columns[name], col, err_msg=name)
+
+
+def test_live_trace_equals_the_final_trace(session):
+    live = LiveTrace(PROMPT, {}, session.info.to_dict(), session.capacity, session.piece)
+    for i, step in enumerate(session.stream(PROMPT, max_tokens=60, n_max=4, p_min=0.1)):
+        live.add(step)
+        if i % 7 == 0:
+            live.columns()  # built in pieces while the generation streams
+    final, partial = session.last_trace, live.trace()
+    assert partial.tokens == final.tokens and partial.pieces == final.pieces
+    _assert_same_columns(partial, final)
+
+
+@pytest.mark.parametrize("drafter", mx.DRAFTER_MODES)
+def test_live_trace_holds_every_column_of_every_drafter(session, drafter):
+    """The live trace is built from the schema: all columns, those of the chain's candidates included."""
+    live = LiveTrace.of(session, PROMPT)
+    assert live.trace().columns.keys() == set(LIVE_COLUMNS) and live.trace().n_steps == 0
+    prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2"
+    for step in session.stream(prompt, max_tokens=40, n_max=4, p_min=0.1, drafter=drafter):
+        live.add(step)
+    final = session.last_trace
+    assert final.settings["drafter"] == drafter
+    _assert_same_columns(live.trace(), final)
 
 
 def _whatif_trace(ex: Explorer, figure: str, name: str):
@@ -226,13 +251,13 @@ def _whatif_trace(ex: Explorer, figure: str, name: str):
 
 def test_whatif_follows_the_sliders_and_equals_the_run(session):
     ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
-    assert ex.oracle is None and ex.prediction is None and ex.whatif == {}
+    assert ex.oracle is None and ex.prediction is None and ex.whatif is None
     assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
     ex.record_oracle()
     assert ex.wait(60)
     assert ex.state == "idle" and ex.error == ""
     o = ex.oracle
-    assert isinstance(o, mx.OracleTrace) and ex.oracles == {(PROMPT, 64): o}
+    assert isinstance(o, mx.OracleTrace) and ex.oracles == {(PROMPT, 64, OPTIONS): o}
     assert o.prompt == PROMPT and o.max_tokens == 64 and o.depth == session.capacity
     assert ex.whatif_panel.showing and ex.prediction.policy["n_max"] == 3
     assert "oracle: 64 tokens" in ex.whatif_panel.status.value
@@ -246,18 +271,18 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert ex.prediction.policy == expected.policy
         np.testing.assert_array_equal(ex.prediction.n_accepted, expected.n_accepted)
         w = ex.whatif
-        assert (w["n_max"], w["p_min"], w["n_min"]) == (n_max, pytest.approx(p_min), n_min)
+        assert (w.n_max, w.p_min, w.n_min) == (n_max, pytest.approx(p_min), n_min)
         for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_second"):
-            assert w[key] == pytest.approx(es[key], nan_ok=True), key
-        assert w["acceptance_by_depth"] == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
-        assert w["ceiling_tokens_per_second"] == pytest.approx(expected.ceiling_tokens_per_second())
-        assert w["plain_tokens_per_second"] == pytest.approx(plain)
-        assert w["speedup"] == pytest.approx(es["tokens_per_second"] / plain)
-        assert w["measured"] is None and "No measured run" in w["note"]
+            assert getattr(w, key) == pytest.approx(es[key], nan_ok=True), key
+        assert w.acceptance_by_depth == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
+        assert w.ceiling_tokens_per_second == pytest.approx(expected.ceiling_tokens_per_second())
+        assert w.plain_tokens_per_second == pytest.approx(plain)
+        assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
+        assert w.measured is None and "No measured run" in w.note
         table = ex.whatif_panel.table.value
         for text in (f"{es['acceptance_rate']:.3f}", f"{es['mean_accepted_length']:.2f}",
-                     f"{es['tokens_per_second']:.0f}", f"{w['speedup']:.2f}×",
-                     f"{w['ceiling_tokens_per_second']:.0f}"):
+                     f"{es['tokens_per_second']:.0f}", f"{w.speedup:.2f}×",
+                     f"{w.ceiling_tokens_per_second:.0f}"):
             assert text in table, text
         assert f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}" in ex.whatif_panel.status.value
         bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "predicted")
@@ -268,7 +293,7 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
         assert list(curve.x) == list(range(1, o.depth + 1))
         assert curve.y[0] == pytest.approx(mx.simulate(o, 1, p_min, min(n_min, 1)).predicted_tokens_per_second)
-        seen.add(round(w["tokens_per_second"], 6))
+        seen.add(round(w.tokens_per_second, 6))
     assert len(seen) == 3  # the prediction moved with the sliders
 
     # a greedy Run with the same settings accepts exactly the predicted counts
@@ -284,18 +309,18 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     else:
         warnings.warn(f"floating-point argmax ties between the run and the oracle: {cmp.ties[:2]}")
     ts, w = t.summary(), ex.whatif
-    m = w["measured"]
-    assert m["same_settings"] is True and (m["n_max"], m["p_min"], m["n_min"]) == (4, pytest.approx(0.6), 2)
-    assert m["acceptance_rate"] == pytest.approx(ts["acceptance_rate"])
-    assert m["tokens_per_second"] == pytest.approx(ts["tokens_per_second"])
-    assert m["tokens_per_second_ratio"] == pytest.approx(ts["tokens_per_second"] / w["tokens_per_second"])
-    assert m["speedup"] == pytest.approx(plots.speedup(t, ex.baseline))
+    m = w.measured
+    assert m.same_settings is True and (m.n_max, m.p_min, m.n_min) == (4, pytest.approx(0.6), 2)
+    assert m.acceptance_rate == pytest.approx(ts["acceptance_rate"])
+    assert m.tokens_per_second == pytest.approx(ts["tokens_per_second"])
+    assert m.tokens_per_second_ratio == pytest.approx(ts["tokens_per_second"] / w.tokens_per_second)
+    assert m.speedup == pytest.approx(plots.speedup(t, ex.baseline))
     if cmp.exact:
-        assert m["acceptance_rate"] == pytest.approx(w["acceptance_rate"])
-        assert m["mean_accepted_length"] == pytest.approx(w["mean_accepted_length"])
+        assert m.acceptance_rate == pytest.approx(w.acceptance_rate)
+        assert m.mean_accepted_length == pytest.approx(w.mean_accepted_length)
     table = ex.whatif_panel.table.value
     assert "measured / predicted" in table and f"{ts['tokens_per_second']:.0f}" in table
-    assert f"{m['tokens_per_second_ratio']:.3f}" in table
+    assert f"{m.tokens_per_second_ratio:.3f}" in table
     measured_bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "measured")
     assert list(measured_bars.y) == pytest.approx(ts["acceptance_by_depth"][:4], nan_ok=True)
     point = _whatif_trace(ex, "predicted_speed_by_n_max", "measured")
@@ -303,9 +328,9 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
 
     # another setting: the measured run's settings are named, no ratio
     c.n_max.value = 3
-    m = ex.whatif["measured"]
-    assert m["same_settings"] is False and ex.whatif["n_max"] == 3
-    assert "The measured run used n_max=4, p_min=0.60, n_min=2" in ex.whatif["note"]
+    m = ex.whatif.measured
+    assert m.same_settings is False and ex.whatif.n_max == 3
+    assert "The measured run used n_max=4, p_min=0.60, n_min=2" in ex.whatif.note
     assert "n_max=4, p_min=0.60, n_min=2" in ex.whatif_panel.table.value
     assert "measured / predicted" not in ex.whatif_panel.table.value
     assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
@@ -342,7 +367,8 @@ def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
     ex.stop()
     gate.set()
     assert ex.wait(30)
-    assert ex.state == "idle" and ex.error == "" and ex.oracle is None and (PROMPT, 40) not in ex.oracles
+    assert ex.state == "idle" and ex.error == "" and ex.oracle is None and (PROMPT, 40, OPTIONS) not in ex.oracles
+    assert list(ex.oracles) == [(PROMPT, 32, OPTIONS)]
     assert "cancelled" in ex.whatif_panel.status.value
     assert session.generate(PROMPT, max_tokens=8).finish_reason == "budget"  # the session is usable
 
@@ -359,7 +385,7 @@ def test_recording_is_refused_at_temperature_or_without_mtp(session, model_no_mt
     assert ex.wait(30)
     assert ex.error == "" and ex.oracle is not None and ex.whatif_panel.showing
     ex.controls.temperature.value = 0.7  # the prediction stays, with a note
-    assert "greedy decoding (temperature 0)" in ex.whatif["note"]
+    assert "greedy decoding (temperature 0)" in ex.whatif.note
     assert "temperature 0" in ex.whatif_panel.table.value
     with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as plain:
         ex_plain = Explorer(plain, prompt=PROMPT, max_tokens=16, drafter="mtp")  # ngram records: see below
@@ -376,7 +402,7 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     o = ex.oracle
     assert o is not None and ex.whatif_panel.showing
     ex.controls.prompt.value = "import os"
-    assert ex.oracle is None and ex.prediction is None and ex.whatif == {}
+    assert ex.oracle is None and ex.prediction is None and ex.whatif is None
     assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
     ex.controls.n_max.value = 3  # nothing to predict, no error
     assert ex.error == "" and ex.prediction is None
@@ -386,7 +412,7 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     assert ex.wait(60)
     ex.controls.prompt.value = PROMPT  # back: the recorded oracle again
     assert ex.oracle is o and ex.prediction.policy["n_max"] == 3 and ex.whatif_panel.showing
-    assert ex.whatif["measured"] is None  # the run was of another prompt
+    assert ex.whatif.measured is None  # the run was of another prompt
     ex.controls.max_tokens.value = 25
     assert ex.oracle is None and ex.prediction is None
     ex.record_oracle()
@@ -403,7 +429,7 @@ def test_a_failing_prediction_shows_an_error(session, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("boom")
 
-    monkeypatch.setattr(widgets, "simulate", broken)
+    monkeypatch.setattr(whatif_controller, "simulate", broken)
     ex.controls.p_min.value = 0.5  # raises nothing into the caller
     assert ex.error == "ValueError (unexpected): boom" and "boom" in ex.error_area.value
     assert ex.prediction is good  # the last prediction stays
@@ -480,23 +506,23 @@ def test_whatif_follows_the_drafter(session):
     ex.record_oracle()
     assert ex.wait(60)
     o, c = ex.oracle, ex.controls
-    assert o is not None and ex.whatif["drafter"] == "mtp" and ex.prediction.policy["drafter"] == "mtp"
+    assert o is not None and ex.whatif.drafter == "mtp" and ex.prediction.policy["drafter"] == "mtp"
     seen = {}
     for drafter in ("ngram", "chain", "mtp", "ngram"):
         c.drafter.value = drafter
         expected = mx.simulate(o, 3, 0.3, 1, drafter=drafter)
         es = expected.summary()
         w = ex.whatif
-        assert ex.prediction.policy == expected.policy and w["drafter"] == drafter
+        assert ex.prediction.policy == expected.policy and w.drafter == drafter
         np.testing.assert_array_equal(ex.prediction.n_accepted, expected.n_accepted)
         for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_second"):
-            assert w[key] == pytest.approx(es[key], nan_ok=True), (drafter, key)
-        assert w["acceptance_by_depth"] == pytest.approx(es["acceptance_by_depth"][:3], nan_ok=True)
-        assert w["ceiling_tokens_per_second"] == pytest.approx(expected.ceiling_tokens_per_second())
+            assert getattr(w, key) == pytest.approx(es[key], nan_ok=True), (drafter, key)
+        assert w.acceptance_by_depth == pytest.approx(es["acceptance_by_depth"][:3], nan_ok=True)
+        assert w.ceiling_tokens_per_second == pytest.approx(expected.ceiling_tokens_per_second())
         plain = mx.simulate(o, 0, drafter=drafter).predicted_tokens_per_second
-        assert w["plain_tokens_per_second"] == pytest.approx(plain)
-        assert w["speedup"] == pytest.approx(es["tokens_per_second"] / plain)
-        assert ("p_min does not apply" in w["note"]) == (drafter == "ngram")
+        assert w.plain_tokens_per_second == pytest.approx(plain)
+        assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
+        assert ("p_min does not apply" in w.note) == (drafter == "ngram")
         assert f"predicting the {drafter} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status.value
         assert f"<td>drafter</td><td>{drafter}</td>" in ex.whatif_panel.table.value
         assert f"{es['tokens_per_second']:.0f}" in ex.whatif_panel.table.value
@@ -505,14 +531,14 @@ def test_whatif_follows_the_drafter(session):
         assert curve.y[2] == pytest.approx(es["tokens_per_second"])
         for name in widgets.WHATIF_NAMES:
             assert ex.whatif_panel.figures[name].layout.title.text.startswith(f"{drafter} · ")
-        seen[drafter] = w["tokens_per_second"]
+        seen[drafter] = w.tokens_per_second
     assert len({round(v, 6) for v in seen.values()}) == 3  # the prediction moved with the drafter
     # a prediction of any drafter on demand
     assert ex.predict(drafter="chain").policy["drafter"] == "chain"
     # the n-gram drafter has no confidence: p_min changes nothing
-    tps = ex.whatif["tokens_per_second"]
+    tps = ex.whatif.tokens_per_second
     c.p_min.value = 0.8
-    assert ex.whatif["drafter"] == "ngram" and ex.whatif["tokens_per_second"] == pytest.approx(tps)
+    assert ex.whatif.drafter == "ngram" and ex.whatif.tokens_per_second == pytest.approx(tps)
 
 
 def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
@@ -525,37 +551,37 @@ def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
     assert ex.wait(60)
     t = ex.trace
     assert t.settings["drafter"] == "ngram" and ex.error == ""
-    m = ex.whatif["measured"]
-    assert m is not None and m["drafter"] == "ngram" and m["same_settings"] is True
+    m = ex.whatif.measured
+    assert m is not None and m.drafter == "ngram" and m.same_settings is True
     ts = t.summary()
-    assert m["tokens_per_second"] == pytest.approx(ts["tokens_per_second"])
+    assert m.tokens_per_second == pytest.approx(ts["tokens_per_second"])
     assert "measured / predicted" in ex.whatif_panel.table.value
     assert "<td>drafter</td><td>ngram</td><td>ngram</td>" in ex.whatif_panel.table.value
     cmp = mx.compare(o, t)
     assert not cmp.unexplained, cmp.unexplained[:2]
     if cmp.exact:
         np.testing.assert_array_equal(t.n_accepted, ex.prediction.n_accepted)
-        assert m["acceptance_rate"] == pytest.approx(ex.whatif["acceptance_rate"], nan_ok=True)
+        assert m.acceptance_rate == pytest.approx(ex.whatif.acceptance_rate, nan_ok=True)
     # p_min does not apply to the n-gram drafter: still the same settings
     ex.controls.p_min.value = 0.5
-    assert ex.whatif["measured"]["same_settings"] is True
+    assert ex.whatif.measured.same_settings is True
     # another drafter: the ngram run is not its measurement
     for drafter in ("mtp", "chain"):
         ex.controls.drafter.value = drafter
-        assert ex.whatif["drafter"] == drafter and ex.whatif["measured"] is None, drafter
-        assert f"with the {drafter} drafter" in ex.whatif["note"]
+        assert ex.whatif.drafter == drafter and ex.whatif.measured is None, drafter
+        assert f"with the {drafter} drafter" in ex.whatif.note
         assert "measured" not in ex.whatif_panel.table.value.split("</tr>")[0]
         assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
     ex.controls.drafter.value = "ngram"
-    assert ex.whatif["measured"] is not None and ex.whatif["measured"]["drafter"] == "ngram"
+    assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram"
     # and an MTP run is measured for mtp only
     ex.controls.drafter.value = "mtp"
     ex.controls.p_min.value = 0.0
     ex.run()
     assert ex.wait(60)
-    assert ex.whatif["measured"]["drafter"] == "mtp" and ex.whatif["measured"]["same_settings"] is True
+    assert ex.whatif.measured.drafter == "mtp" and ex.whatif.measured.same_settings is True
     ex.controls.drafter.value = "ngram"
-    assert ex.whatif["measured"] is None
+    assert ex.whatif.measured is None
 
 
 def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
@@ -583,16 +609,118 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         assert ex.wait(60)
         assert ex.error == "" and ex.oracle is not None and not ex.oracle.has_mtp
         expected = mx.simulate(ex.oracle, 3, 0.0, 0, drafter="ngram")
-        assert ex.prediction.policy == expected.policy and ex.whatif["drafter"] == "ngram"
-        assert ex.whatif["tokens_per_second"] == pytest.approx(expected.summary()["tokens_per_second"])
+        assert ex.prediction.policy == expected.policy and ex.whatif.drafter == "ngram"
+        assert ex.whatif.tokens_per_second == pytest.approx(expected.summary()["tokens_per_second"])
         ex.run()
         assert ex.wait(60)
-        assert ex.whatif["measured"] is not None and ex.whatif["measured"]["drafter"] == "ngram"
+        assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram"
         # mtp cannot be predicted from it: said in the panel, not an error
         d.value = "mtp"
-        assert ex.prediction is None and ex.whatif == {} and ex.error == ""
+        assert ex.prediction is None and ex.whatif is None and ex.error == ""
         assert "no MTP layers" in ex.whatif_panel.status.value and not ex.whatif_panel.showing
         with pytest.raises(mx.MtpUnavailableError):
             ex.predict()
         d.value = "ngram"
         assert ex.prediction is not None and ex.whatif_panel.showing
+
+
+# -- the refactored parts: lazy facades, typed traits, the view registry, the what-if numbers, options --
+def test_plots_and_widgets_are_reachable_right_after_import():
+    import subprocess
+    import sys
+
+    code = ("import sys, mtp_explorer as mx\n"
+            "assert not {'plotly', 'ipywidgets'} & set(sys.modules), 'import mtp_explorer loads no figures/widgets'\n"
+            "assert callable(mx.plots.token_timeline) and callable(mx.plots.sweep_heatmap)\n"
+            "assert isinstance(mx.widgets.Explorer, type) and mx.Explorer is mx.widgets.Explorer\n"
+            "assert 'plotly' in sys.modules and 'ipywidgets' in sys.modules\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_traits_are_typed_and_documented(session):
+    import traitlets as T
+
+    for cls in (Explorer, widgets.GenerationRunner, widgets.WhatIfController):
+        own = {name: t for name, t in cls.class_traits().items() if name in cls.__dict__}
+        assert own, cls
+        for name, trait in own.items():
+            assert trait.help, f"{cls.__name__}.{name} has no help="
+            assert not isinstance(trait, T.Any), f"{cls.__name__}.{name} is untyped"
+    assert tuple(Explorer.class_traits()["state"].values) == widgets.STATES
+    ex = Explorer(session, max_tokens=8)
+    with pytest.raises(T.TraitError):
+        ex.state = "sleeping"
+    with pytest.raises(T.TraitError):
+        ex.trace = "not a trace"
+
+
+def test_whatif_holds_the_typed_numbers(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=2)
+    ctl = ex.whatif_controller
+    assert ctl.numbers is None and ex.whatif is None
+    ex.record_oracle()
+    assert ex.wait(30) and ex.error == ""
+    w = ctl.numbers
+    assert isinstance(w, widgets.WhatIf) and w.measured is None
+    assert ex.whatif is w and (w.drafter, w.n_max) == ("mtp", 2)
+    ex.run()
+    assert ex.wait(60)
+    m = ctl.numbers.measured
+    assert isinstance(m, widgets.MeasuredRun) and m.same_settings
+    assert ex.whatif is ctl.numbers and ex.whatif.measured is m
+    assert ex.prediction is ctl.prediction and ex.oracle is ctl.oracle
+
+
+def test_a_registered_view_is_shown_by_every_new_explorer(session):
+    import plotly.graph_objects as go
+
+    names = tuple(widgets.VIEWS)
+    assert names == tuple(plots.FIGURES)  # the per-trace figures, in the Explorer's order
+    seen = []
+
+    @widgets.register_view(width="half")
+    def drafted_per_step(trace, baseline):
+        seen.append(baseline)
+        return go.Figure(go.Bar(y=trace.columns["n_drafted"].tolist()), layout={"title": {"text": "drafted"}})
+
+    try:
+        with pytest.raises(ValueError, match="registered already"):
+            widgets.register_view(drafted_per_step)
+        ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=3)
+        assert ex.views.names == (*names, "drafted_per_step")
+        assert ex.views.half == ("acceptance_by_depth", "accepted_length_histogram", "drafted_per_step")
+        ex.run()
+        assert ex.wait(60)
+        fig = ex.figures["drafted_per_step"]
+        assert list(fig.data[0].y) == ex.trace.columns["n_drafted"].tolist()
+        assert fig.layout.width == 960 // 2
+        assert seen[-1] is ex.baseline is not None  # it takes the baseline: redrawn when the baseline arrives
+        only = Explorer(session, views=["token_timeline", "drafted_per_step"])
+        assert set(only.figures) == {"token_timeline", "drafted_per_step"}
+    finally:
+        widgets.unregister_view("drafted_per_step")
+    assert tuple(widgets.VIEWS) == names
+    with pytest.raises(ValueError, match="width"):
+        widgets.View("x", plots.rs_slots, width="wide")
+
+
+def test_drafter_options_are_controls_and_key_the_oracle(session):
+    ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=3, drafter="ngram", ngram_n=2)
+    fields = ex.controls.option_fields
+    assert set(fields) == {o for o, _ in OPTIONS} and fields["ngram_n"].value == 2
+    assert dict(ex.controls.request().options)["ngram_n"] == 2
+    ex.run()
+    assert ex.wait(60) and ex.error == ""
+    assert ex.trace.settings["ngram_n"] == 2 and ex.trace.settings["drafter"] == "ngram"
+    ex.record_oracle()
+    assert ex.wait(60) and ex.error == ""
+    o = ex.oracle
+    assert o.settings["ngram_n"] == 2 and ex.whatif.measured is not None  # the run used the oracle's sizes
+    fields["ngram_n"].value = 3  # another oracle: none recorded yet
+    assert ex.oracle is None and ex.whatif is None
+    fields["ngram_n"].value = 2
+    assert ex.oracle is o and ex.whatif.drafter == "ngram"
+    with pytest.raises(mx.ParameterError, match="unknown drafter option"):
+        Explorer(session, ngram_x=1)

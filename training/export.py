@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtp_explorer.models.gguf_qwen35 import write_qwen35_gguf
+from mtp_explorer.devtools.gguf_qwen35 import write_qwen35_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = ROOT / "training" / "checkpoints" / "last.pt"

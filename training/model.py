@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
 
-from mtp_explorer.models.gguf_qwen35 import Qwen35Config
+from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from mtp_explorer.models.gguf_qwen35 import PRE_TOKENIZER_REGEX, ByteBPEVocab
+from mtp_explorer.devtools.gguf_qwen35 import PRE_TOKENIZER_REGEX, ByteBPEVocab
 
 VOCAB_SIZE = 4096
 EOS_TOKEN = "<|endoftext|>"

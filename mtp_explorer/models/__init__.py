@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ModelNotFoundError
+from ..core.errors import ModelNotFoundError
 
 MODELS_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"

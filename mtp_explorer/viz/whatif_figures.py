@@ -1,5 +1,7 @@
 """Figures of the what-if analysis: reliability diagram per depth, sweep heatmaps, speedup ceiling,
-and predicted vs measured. Each function returns a ``plotly.graph_objects.Figure``."""
+predicted vs measured, drafters compared, and the Explorer's predicted acceptance and speed. Each function
+returns a ``plotly.graph_objects.Figure``; each checks its input first (:mod:`mtp_explorer.viz.inputs`) and
+raises a ``TypeError`` naming what it takes. The look comes from :mod:`mtp_explorer.viz.style`."""
 
 from __future__ import annotations
 
@@ -9,36 +11,46 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .calibration import Calibration, calibrate
-from .oracle import OracleTrace
+from ..analysis.calibration import Calibration, calibrate
+from ..analysis.oracle import OracleTrace
+from .inputs import (CALIBRATION_SOURCE, CEILING_TABLE, COMPARISON_ROWS, DRAFTER_TABLE, OPTIONAL_TRACE, SIM_TRACE,
+                     SPEED_POINT, SPEED_ROWS, SWEEP_TABLE, takes)
+from .style import (CEILING, GUIDE, HIGHLIGHT, MEASURED, PALETTE, PLAIN, PRIMARY, base_layout, drafter_color,
+                    drafter_label, drafter_order, empty, marker_outline)
 
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+__all__ = ["reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
+           "predicted_acceptance_by_depth", "predicted_speed_by_n_max"]
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
-    fig.update_layout(title=title, height=height, template="plotly_white", margin=dict(l=60, r=20, t=60, b=50),
-                      legend=dict(orientation="v"))
-    return fig
+    return base_layout(fig, title, height, legend="right")
 
 
+def _plain_line(fig: go.Figure, plain: float) -> None:
+    """The plain-decoding reference line, when known."""
+    if math.isfinite(plain):
+        fig.add_hline(y=plain, line=dict(color=PLAIN, dash="dot"), annotation_text=f"plain {plain:.0f} tok/s")
+
+
+@takes(CALIBRATION_SOURCE)
 def reliability_diagram(source: Calibration | OracleTrace | Sequence, *, n_bins: int = 10,
                         depths: Sequence[int] | None = None) -> go.Figure:
     """Draft confidence (x) against conditional acceptance (y), one line per depth, marker area by
     the number of draft tokens in the bin; the diagonal is perfect calibration. The legend gives
-    each depth's expected calibration error, the title the best ``p_min`` the simulator found."""
+    each depth's expected calibration error, the title the best ``p_min`` the simulator found.
+    ``source``: a :class:`Calibration`, or what :func:`mtp_explorer.calibrate` takes."""
     cal = source if isinstance(source, Calibration) else calibrate(source, n_bins=n_bins)
     t = cal.table
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated",
-                             line=dict(color="#999", dash="dash"), hoverinfo="skip"))
+                             line=dict(color=GUIDE, dash="dash"), hoverinfo="skip"))
     if t.empty:
-        fig.add_annotation(text="no draft tokens", showarrow=False, x=0.5, y=0.5)
+        empty(fig, "no draft tokens")
     total = float(t["count"].max()) if not t.empty else 1.0
     for d, grp in t.groupby("depth"):
         if depths is not None and int(d) not in depths:
             continue
-        color = _COLORS[(int(d) - 1) % len(_COLORS)]
+        color = PALETTE[(int(d) - 1) % len(PALETTE)]
         fig.add_trace(go.Scatter(
             x=grp["confidence"], y=grp["acceptance"], mode="lines+markers",
             name=f"depth {int(d)} (ECE {cal.ece_by_depth[int(d)]:.3f})",
@@ -69,8 +81,9 @@ def _aggregate(df, value: str):
     return agg
 
 
+@takes(SWEEP_TABLE)
 def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None = None) -> go.Figure:
-    """A sweep (see :func:`mtp_explorer.sweep`) as an ``n_max`` × ``p_min`` heatmap of ``value``
+    """A sweep (see :func:`mtp_explorer.analysis.sweep`) as an ``n_max`` × ``p_min`` heatmap of ``value``
     over its prompts (tokens/s: total tokens / total seconds; other columns: mean); the best cell
     is marked."""
     if drafter is not None:
@@ -89,8 +102,7 @@ def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None =
     if np.isfinite(z).any():
         i, j = np.unravel_index(np.nanargmax(z), z.shape)
         fig.add_trace(go.Scatter(x=[f"{p_min[j]:.2f}"], y=[str(n_max[i])], mode="markers+text", text=["best"],
-                                 textposition="top center", marker=dict(symbol="star", size=16, color="white",
-                                                                        line=dict(color="black", width=1)),
+                                 textposition="top center", marker=marker_outline("star", 16, "white"),
                                  showlegend=False, hoverinfo="skip"))
     # a simulate_grid table has no mode column: it is simulated
     mode = ", ".join(sorted(df["mode"].unique())) if "mode" in df and len(df) else "simulate"
@@ -100,6 +112,7 @@ def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None =
     return _layout(fig, f"{value.replace('_', ' ')} by setting ({mode}, {n} prompt{'' if n == 1 else 's'})")
 
 
+@takes(CEILING_TABLE)
 def speedup_ceiling(df, *, p_min: float | None = None) -> go.Figure:
     """For each ``n_max``: the tokens/s reached (at ``p_min``, default the best per ``n_max``) beside
     the ceiling with every draft accepted, from the measured cost model, and plain decoding."""
@@ -119,20 +132,19 @@ def speedup_ceiling(df, *, p_min: float | None = None) -> go.Figure:
     pick = pick.sort_values("n_max")
     x = [str(n) for n in pick["n_max"]]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=x, y=pick["actual"], name="reached", marker_color="#1f77b4",
+    fig.add_trace(go.Bar(x=x, y=pick["actual"], name="reached", marker_color=PALETTE[0],
                          customdata=np.stack([pick["p_min"]], axis=1),
                          hovertemplate="n_max %{x}, p_min %{customdata[0]:.2f}<br>%{y:.0f} tok/s<extra></extra>"))
-    fig.add_trace(go.Bar(x=x, y=pick["ceiling"], name="every draft accepted", marker_color="#aec7e8",
+    fig.add_trace(go.Bar(x=x, y=pick["ceiling"], name="every draft accepted", marker_color=CEILING,
                          hovertemplate="n_max %{x}<br>ceiling %{y:.0f} tok/s<extra></extra>"))
-    plain = float(pick["plain"].median()) if len(pick) else math.nan
-    if math.isfinite(plain):
-        fig.add_hline(y=plain, line=dict(color="#d62728", dash="dot"), annotation_text=f"plain {plain:.0f} tok/s")
+    _plain_line(fig, float(pick["plain"].median()) if len(pick) else math.nan)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="n_max", type="category")
     fig.update_yaxes(title="tokens / s")
     return _layout(fig, "Speedup ceiling: reached vs every draft accepted")
 
 
+@takes(COMPARISON_ROWS)
 def predicted_vs_measured(rows: Sequence[dict]) -> go.Figure:
     """Predicted against measured tokens/s, one marker per setting (``rows``: dicts with ``label``,
     ``predicted`` and ``measured``), with the ±10% band."""
@@ -142,7 +154,7 @@ def predicted_vs_measured(rows: Sequence[dict]) -> go.Figure:
     hi = float(np.nanmax(np.concatenate([pred, meas]))) * 1.2 if len(rows) else 1
     fig = go.Figure()
     xs = np.array([lo, hi])
-    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", line=dict(color="#999"), name="equal"))
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", line=dict(color=GUIDE), name="equal"))
     fig.add_trace(go.Scatter(x=np.r_[xs, xs[::-1]], y=np.r_[xs * 1.1, xs[::-1] * 0.9], fill="toself",
                              line=dict(width=0), fillcolor="rgba(150,150,150,0.2)", name="±10%", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=meas, y=pred, mode="markers+text", text=[r["label"] for r in rows],
@@ -152,11 +164,13 @@ def predicted_vs_measured(rows: Sequence[dict]) -> go.Figure:
     return _layout(fig, "Simulator: predicted vs measured")
 
 
+@takes(DRAFTER_TABLE)
 def drafter_comparison(df, *, by: str = "prompt", value: str = "tokens_per_second") -> go.Figure:
     """Drafters side by side: ``value`` (tokens/s: total tokens / total seconds; other columns:
     mean) per drafter for each group of ``by`` (e.g. a prompt, or a ``kind`` column such as
-    code-like / prose-like), from sweeps concatenated over ``drafter="mtp"|"ngram"|"chain"``; each
-    drafter at its best setting per group."""
+    code-like / prose-like), from sweeps over several drafters (``mx.sweep(..., drafter=mx.DRAFTER_MODES)``
+    or concatenated ``simulate_grid`` tables); each drafter at its best setting per group, in the
+    registry's order and colours."""
     d = df.copy()
     d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
     keys = [by, "drafter", "n_max", "p_min"]
@@ -166,13 +180,13 @@ def drafter_comparison(df, *, by: str = "prompt", value: str = "tokens_per_secon
     best = agg.sort_values("tokens_per_second", ascending=False).groupby([by, "drafter"], as_index=False).head(1)
     groups = list(dict.fromkeys(df[by]))
     fig = go.Figure()
-    for i, drafter in enumerate(sorted(best["drafter"].unique(), key=lambda s: ("mtp", "ngram", "chain").index(s)
-                                       if s in ("mtp", "ngram", "chain") else 9)):
+    for i, drafter in enumerate(sorted(best["drafter"].unique(), key=drafter_order)):
         rows = best[best["drafter"] == drafter].set_index(by).reindex(groups)
+        label = drafter_label(drafter)
         fig.add_trace(go.Bar(
-            x=[str(g) for g in groups], y=rows[value], name=drafter, marker_color=_COLORS[i % len(_COLORS)],
+            x=[str(g) for g in groups], y=rows[value], name=label, marker_color=drafter_color(drafter, i),
             customdata=np.stack([rows["n_max"], rows["p_min"], rows["acceptance_rate"]], axis=1),
-            hovertemplate=(drafter + "<br>%{x}<br>" + value + " %{y:.4g}<br>n_max %{customdata[0]}, "
+            hovertemplate=(label + "<br>%{x}<br>" + value + " %{y:.4g}<br>n_max %{customdata[0]}, "
                            "p_min %{customdata[1]:.2f}<br>acceptance %{customdata[2]:.2f}<extra></extra>"),
         ))
     fig.update_layout(barmode="group")
@@ -181,16 +195,17 @@ def drafter_comparison(df, *, by: str = "prompt", value: str = "tokens_per_secon
     return _layout(fig, f"Drafters compared ({value.replace('_', ' ')}, best setting each)")
 
 
+@takes(SIM_TRACE, measured=OPTIONAL_TRACE)
 def predicted_acceptance_by_depth(prediction, measured=None) -> go.Figure:
     """Bars: the predicted fraction of the steps drafting depth *d* in which the target accepts it
-    (``prediction``: a :class:`~mtp_explorer.simulate.SimTrace`), up to its ``n_max``; diamonds: the
-    same fraction in a measured run (a :class:`~mtp_explorer.trace.Trace`), when given."""
+    (``prediction``: a :class:`~mtp_explorer.analysis.simulate.SimTrace`), up to its ``n_max``; diamonds: the
+    same fraction in a measured run (a :class:`~mtp_explorer.core.trace.Trace`), when given."""
     n_max = int(prediction.policy["n_max"])
     s = prediction.summary()
     depths = list(range(1, n_max + 1))
     rate = [float(v) for v in s["acceptance_by_depth"][:n_max]]
     fig = go.Figure(go.Bar(
-        x=depths, y=rate, name="predicted", marker_color="#4c78a8",
+        x=depths, y=rate, name="predicted", marker_color=PRIMARY,
         text=[("" if math.isnan(v) else f"{v:.2f}") for v in rate], textposition="outside",
         hovertemplate="depth %{x}: predicted %{y:.3f}<extra></extra>",
     ))
@@ -198,8 +213,7 @@ def predicted_acceptance_by_depth(prediction, measured=None) -> go.Figure:
         m = [float(v) for v in measured.summary()["acceptance_by_depth"][:n_max]]
         m += [math.nan] * (n_max - len(m))
         fig.add_trace(go.Scatter(x=depths, y=m, mode="markers", name="measured",
-                                 marker=dict(symbol="diamond", size=11, color="#e45756",
-                                             line=dict(color="black", width=1)),
+                                 marker=marker_outline("diamond", 11, MEASURED),
                                  hovertemplate="depth %{x}: measured %{y:.3f}<extra></extra>"))
     rate_all = s["acceptance_rate"]
     title = "predicted acceptance by depth" + ("" if math.isnan(rate_all) else f" — overall {rate_all:.2f}")
@@ -210,6 +224,7 @@ def predicted_acceptance_by_depth(prediction, measured=None) -> go.Figure:
     return fig
 
 
+@takes(SPEED_ROWS, measured=SPEED_POINT)
 def predicted_speed_by_n_max(rows: Sequence[dict], *, n_max: int, plain: float, p_min: float, n_min: int,
                              measured: dict | None = None) -> go.Figure:
     """Predicted tokens/s against ``n_max`` at one ``p_min`` / ``n_min`` (``rows``: dicts with ``n_max``,
@@ -220,23 +235,20 @@ def predicted_speed_by_n_max(rows: Sequence[dict], *, n_max: int, plain: float, 
     y = [float(r["tokens_per_second"]) for r in rows]
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=[float(r["ceiling_tokens_per_second"]) for r in rows], mode="lines",
-                             name="every draft accepted", line=dict(color="#aec7e8", dash="dash"),
+                             name="every draft accepted", line=dict(color=CEILING, dash="dash"),
                              hovertemplate="n_max %{x}<br>ceiling %{y:.0f} tok/s<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="predicted", line=dict(color="#1f77b4"),
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="predicted", line=dict(color=PALETTE[0]),
                              hovertemplate="n_max %{x}<br>predicted %{y:.0f} tok/s<extra></extra>"))
     cur = [r for r in rows if int(r["n_max"]) == n_max]
     if cur:
         fig.add_trace(go.Scatter(x=[n_max], y=[float(cur[0]["tokens_per_second"])], mode="markers",
-                                 name="this setting", marker=dict(symbol="star", size=16, color="#f58518",
-                                                                  line=dict(color="black", width=1)),
+                                 name="this setting", marker=marker_outline("star", 16, HIGHLIGHT),
                                  hovertemplate="n_max %{x} (this setting)<br>predicted %{y:.0f} tok/s<extra></extra>"))
     if measured is not None:
         fig.add_trace(go.Scatter(x=[int(measured["n_max"])], y=[float(measured["tokens_per_second"])], mode="markers",
-                                 name="measured", marker=dict(symbol="diamond", size=12, color="#e45756",
-                                                              line=dict(color="black", width=1)),
+                                 name="measured", marker=marker_outline("diamond", 12, MEASURED),
                                  hovertemplate="n_max %{x}<br>measured %{y:.0f} tok/s<extra></extra>"))
-    if math.isfinite(plain):
-        fig.add_hline(y=plain, line=dict(color="#d62728", dash="dot"), annotation_text=f"plain {plain:.0f} tok/s")
+    _plain_line(fig, plain)
     fig.update_xaxes(title="n_max", dtick=1)
     fig.update_yaxes(title="tokens / s", rangemode="tozero")
     return _layout(fig, f"predicted tokens/s by n_max (p_min {p_min:.2f}, n_min {n_min})", height=340)

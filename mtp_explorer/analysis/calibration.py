@@ -3,12 +3,12 @@
 The confidence at depth ``j`` is the head's probability of its token *given* the tokens drafted
 before it, so it is compared with the conditional acceptance: among draft tokens at depth ``j``
 whose ``j - 1`` predecessors were accepted, the fraction accepted. A calibrated head has points on
-the diagonal of :func:`mtp_explorer.whatif_plots.reliability_diagram`; ``p_min`` then cuts drafts
+the diagonal of :func:`mtp_explorer.plots.reliability_diagram`; ``p_min`` then cuts drafts
 where the expected gain stops paying for the verify cost, which :func:`best_p_min` finds by
 replaying every threshold on the oracle traces.
 
-Sources: :class:`~mtp_explorer.oracle.OracleTrace` (every position's chain, independent of any
-policy: the most data) or real :class:`~mtp_explorer.trace.Trace` runs (the tokens they verified).
+Sources: :class:`~mtp_explorer.analysis.oracle.OracleTrace` (every position's chain, independent of any
+policy: the most data) or real :class:`~mtp_explorer.core.trace.Trace` runs (the tokens they verified).
 """
 
 from __future__ import annotations
@@ -20,38 +20,75 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .oracle import OracleTrace
-from .trace import Trace
+from ..core import drafters
+from ..core.drafters import DrafterMode, DrafterSpec
+from ..core.errors import ParameterError
+from ..core.trace import Trace
+
+DEFAULT_P_MIN: tuple[float, ...] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))
+"""The ``p_min`` thresholds :func:`best_p_min` and :func:`calibrate` try by default."""
 
 
-def draft_outcomes(source: OracleTrace | Trace | Iterable[OracleTrace | Trace]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(depth, confidence, accepted)`` of every MTP draft token that was put to the test (its
-    predecessors accepted). ``depth`` counts from 1."""
+def confident_drafters(drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> tuple[DrafterSpec, ...]:
+    """The drafters of a ``drafter=`` mode whose drafts carry a confidence (the ones calibration is about); a
+    mode without any is a :class:`ParameterError`."""
+    mode = drafters.mode(drafter)
+    specs = tuple(d for d in mode.drafters if d.has_confidence)
+    if not specs:
+        usable = [m.name for m in drafters.MODES.values() if m.has_confidence]
+        raise ParameterError(f"drafter {mode.name!r} has no confidence to calibrate (p_min does not apply to it); "
+                             f"use one of {usable}")
+    return specs
+
+
+def _sources(source) -> list:
     items = [source] if isinstance(source, (OracleTrace, Trace)) else list(source)
+    bad = [type(i).__name__ for i in items if not isinstance(i, (OracleTrace, Trace))]
+    if bad:
+        raise ParameterError(f"expected oracle traces or traces, got {', '.join(sorted(set(bad)))}")
+    return items
+
+
+def draft_outcomes(source: OracleTrace | Trace | Iterable[OracleTrace | Trace],
+                   drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(depth, confidence, accepted)`` of every draft token of ``drafter``'s confident drafters that was put to
+    the test (its predecessors accepted). ``depth`` counts from 1."""
+    specs = confident_drafters(drafter)
     depth, conf, acc = [], [], []
-    for item in items:
-        if isinstance(item, OracleTrace):
-            c = item.columns
-            L = c["chain_len"]
-            match = item.match_len
-            N = c["chain"].shape[1]
-            j = np.arange(N)[None, :]
-            tested = (j < L[:, None]) & (j <= match[:, None])
-            depth.append(np.broadcast_to(j + 1, tested.shape)[tested])
-            conf.append(c["chain_prob"][tested].astype(np.float64))
-            acc.append((j < match[:, None])[tested])
-        else:
-            c = item.columns
-            n_d, n_a = c["n_drafted"], c["n_accepted"]
-            D = c["drafted"].shape[1]
-            j = np.arange(D)[None, :]
-            mtp = (c["drafter"] == 0)[:, None] if "drafter" in c else np.ones((len(n_d), 1), bool)
-            tested = (j < n_d[:, None]) & (j <= n_a[:, None]) & mtp
-            depth.append(np.broadcast_to(j + 1, tested.shape)[tested])
-            conf.append(c["draft_prob"][tested].astype(np.float64))
-            acc.append((j < n_a[:, None])[tested])
+    for item in _sources(source):
+        parts = (_oracle_outcomes(item, specs) if isinstance(item, OracleTrace)
+                 else [_trace_outcomes(item, specs)])
+        for d, p, a in parts:
+            depth.append(d)
+            conf.append(p)
+            acc.append(a)
     if not depth:
         return np.zeros(0, int), np.zeros(0), np.zeros(0, bool)
     return np.concatenate(depth), np.concatenate(conf), np.concatenate(acc).astype(bool)
+
+
+def _oracle_outcomes(oracle: OracleTrace, specs: Sequence[DrafterSpec]) -> list[tuple]:
+    """Every position's draft of each drafter (its chain drafted with ``p_min = 0``)."""
+    out = []
+    for spec in specs:
+        replay = oracle.replay(spec)
+        match = replay.match_len
+        j = np.arange(replay.tokens.shape[1])[None, :]
+        tested = (j < replay.length[:, None]) & (j <= match[:, None])
+        out.append((np.broadcast_to(j + 1, tested.shape)[tested], replay.confidence[tested].astype(np.float64),
+                    (j < match[:, None])[tested]))
+    return out
+
+
+def _trace_outcomes(trace: Trace, specs: Sequence[DrafterSpec]) -> tuple:
+    """The drafts a run verified from those drafters."""
+    c = trace.columns
+    n_d, n_a = c["n_drafted"], c["n_accepted"]
+    j = np.arange(c["drafted"].shape[1])[None, :]
+    theirs = np.isin(c["drafter"], [s.index for s in specs])[:, None]
+    tested = (j < n_d[:, None]) & (j <= n_a[:, None]) & theirs
+    return (np.broadcast_to(j + 1, tested.shape)[tested], c["draft_prob"][tested].astype(np.float64),
+            (j < n_a[:, None])[tested])
 
 
 def reliability(depth: np.ndarray, confidence: np.ndarray, accepted: np.ndarray, n_bins: int = 10):
@@ -85,12 +122,16 @@ def expected_calibration_error(table) -> float:
 
 
 def best_p_min(oracles: OracleTrace | Sequence[OracleTrace], n_max: Sequence[int] | None = None,
-               p_min: Sequence[float] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2)), drafter: str = "mtp"):
+               p_min: Sequence[float] = DEFAULT_P_MIN, drafter: str | DrafterMode = drafters.DEFAULT_MODE):
     """The ``p_min`` with the best simulated tokens/s over the oracles, for each ``n_max`` and
-    overall. Returns ``(best_by_n_max: dict[n_max, p_min], overall: dict, table: DataFrame)``."""
+    overall. Returns ``(best_by_n_max: dict[n_max, p_min], overall: dict, table: DataFrame)``. Only for drafter
+    modes with a confidence; bad input raises :class:`~mtp_explorer.ParameterError`."""
     from .simulate import simulate_grid
 
+    confident_drafters(drafter)
     oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
+    if not oracles or not all(isinstance(o, OracleTrace) for o in oracles):
+        raise ParameterError("best_p_min needs one or more oracle traces (Session.record_oracle)")
     depth = min(o.depth for o in oracles)
     n_max = list(range(1, depth + 1)) if n_max is None else [int(n) for n in n_max]
     df = simulate_grid(oracles, n_max, p_min, drafter=drafter)
@@ -128,11 +169,16 @@ class Calibration:
 
 
 def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bins: int = 10,
-              p_min: Sequence[float] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))) -> Calibration:
+              p_min: Sequence[float] = DEFAULT_P_MIN, *, drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> Calibration:
     """Reliability diagram data, ECE per depth and overall, and (for oracle sources) the best
-    ``p_min`` found by the simulator."""
-    items = [source] if isinstance(source, (OracleTrace, Trace)) else list(source)
-    depth, conf, acc = draft_outcomes(items)
+    ``p_min`` found by the simulator, for the confidence of ``drafter``'s drafts (a mode with a confidence).
+    Bad input raises :class:`~mtp_explorer.ParameterError`."""
+    if not isinstance(n_bins, int) or isinstance(n_bins, bool) or n_bins < 1:
+        raise ParameterError(f"n_bins must be a positive integer, got {n_bins!r}")
+    items = _sources(source)
+    if not items:
+        raise ParameterError("nothing to calibrate: give one or more oracle traces or traces")
+    depth, conf, acc = draft_outcomes(items, drafter)
     table = reliability(depth, conf, acc, n_bins)
     ece_by = {int(d): expected_calibration_error(g) for d, g in table.groupby("depth")}
     mean_conf = {int(d): float(conf[depth == d].mean()) for d in np.unique(depth)}
@@ -140,7 +186,7 @@ def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bin
     oracles = [o for o in items if isinstance(o, OracleTrace)]
     best = overall = ptab = None
     if oracles:
-        best, overall, ptab = best_p_min(oracles, p_min=p_min)
+        best, overall, ptab = best_p_min(oracles, p_min=p_min, drafter=drafter)
     return Calibration(table=table, ece_by_depth=ece_by, ece=expected_calibration_error(table),
                        mean_confidence_by_depth=mean_conf, acceptance_by_depth=acc_by, best_p_min=best,
                        best_setting=overall, p_min_table=ptab)

@@ -28,7 +28,9 @@ one-token loop at once.  Files are ~1 MB (F32) and written in well under a secon
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -44,7 +46,7 @@ from .gguf_qwen35 import (
 #: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
 CONTEXT_SCALE = 0.25
 
-__all__ = ["CONTEXT_SCALE", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
+__all__ = ["CONTEXT_SCALE", "Knobs", "random_tensors", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
 
 _BPE_TEXT = '''
 def tokenize(text, vocab):
@@ -163,29 +165,41 @@ def mtp_input_projection(rng: np.random.Generator, n_embd: int, mtp_fidelity: fl
     return (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
 
 
-def synthetic_tensors(
-    cfg: Qwen35Config,
-    vocab: ByteBPEVocab,
-    *,
-    seed: int = 0,
-    context_mix: float = 0.0,
-    mtp_fidelity: float = 1.0,
-    logit_scale: float = 4.0,
-) -> dict[str, np.ndarray]:
-    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
-    rng = np.random.default_rng(seed)
-    e = cfg.n_embd
-    out: dict[str, np.ndarray] = {}
-    for name, (shape, required) in expected_tensor_shapes(cfg).items():
-        if not required and name != "output.weight" and not name.endswith("shared_head_norm.weight"):
-            continue
-        if len(shape) == 1:
-            out[name] = np.ones(shape, dtype=np.float32)
-        else:
-            fan_in = shape[-1]
-            out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """What sets a SYNTHETIC model's behaviour: its random seed, how much context its trunk mixes in,
+    how faithfully its MTP head copies the trunk (acceptance), and the scale of its logits."""
 
-    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, logit_scale)
+    seed: int = 0
+    context_mix: float = 0.0
+    mtp_fidelity: float = 1.0
+    logit_scale: float = 4.0
+
+
+Init = Callable[[str, tuple[int, ...], np.random.Generator], np.ndarray]
+
+
+def random_tensors(shapes: Mapping[str, tuple[tuple[int, ...], bool]], keep: Callable[[str], bool], init: Init,
+                   rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A random tensor (``init(name, shape, rng)``) for every required name of ``shapes`` and every optional
+    one ``keep`` keeps, in the shapes' order (which fixes the random stream)."""
+    return {name: init(name, shape, rng) for name, (shape, required) in shapes.items() if required or keep(name)}
+
+
+def _qwen35_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if len(shape) == 1:
+        return np.ones(shape, dtype=np.float32)
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def synthetic_tensors(cfg: Qwen35Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
+    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
+    rng = np.random.default_rng(knobs.seed)
+    e, context_mix, mtp_fidelity = cfg.n_embd, knobs.context_mix, knobs.mtp_fidelity
+    keep = lambda name: name == "output.weight" or name.endswith("shared_head_norm.weight")  # noqa: E731
+    out = random_tensors(expected_tensor_shapes(cfg), keep, _qwen35_init, rng)
+
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, knobs.logit_scale)
 
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -236,7 +250,7 @@ def write_synthetic_qwen35(
         raise ValueError("mtp_fidelity must be in [0, 1]")
     cfg = synthetic_config(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer)
     vocab = synthetic_vocab(n_vocab)
-    tensors = synthetic_tensors(cfg, vocab, seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity)
+    tensors = synthetic_tensors(cfg, vocab, Knobs(seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity))
     return write_qwen35_gguf(
         path,
         cfg,

@@ -395,6 +395,21 @@ def open_writer(path: str | Path, arch: str, *, name: str, description: str | No
     return w, path
 
 
+def add_keys(w: "gguf.GGUFWriter", keys: Mapping[str, object]) -> None:
+    """Write hyperparameters by the name of the writer's ``add_<key>`` method."""
+    for key, value in keys.items():
+        getattr(w, f"add_{key}")(value)
+
+
+def transformer_keys(cfg, *, rope_dim: int) -> dict[str, object]:
+    """The hyperparameters every transformer architecture writes alike: context, widths, block count,
+    heads and key/value lengths, rope base and dimensions (``cfg`` has the fields of :class:`Qwen35Config`)."""
+    return {"context_length": cfg.n_ctx_train, "embedding_length": cfg.n_embd, "block_count": cfg.block_count,
+            "feed_forward_length": cfg.n_ff, "head_count": cfg.n_head, "head_count_kv": cfg.n_head_kv,
+            "key_length": cfg.head_dim, "value_length": cfg.head_dim, "rope_freq_base": cfg.rope_freq_base,
+            "rope_dimension_count": rope_dim}
+
+
 def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[str, str | int | float | bool],
                   arrays: Iterable[tuple[str, np.ndarray]]) -> None:
     """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array), then write the file."""
@@ -437,24 +452,12 @@ def write_qwen35_gguf(
     w, path = open_writer(path, ARCH, name=name, description=description, license=license,
                           file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.block_count)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_freq_base)
-    w.add_rope_dimension_count(cfg.n_rot)
-    w.add_rope_dimension_sections(list(cfg.sections))
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_ssm_conv_kernel(cfg.ssm_conv_kernel)
-    w.add_ssm_inner_size(cfg.ssm_inner_size)
-    w.add_ssm_state_size(cfg.ssm_state_size)
-    w.add_ssm_time_step_rank(cfg.ssm_time_step_rank)
-    w.add_ssm_group_count(cfg.ssm_group_count)
-    w.add_full_attention_interval(cfg.full_attention_interval)
+    add_keys(w, transformer_keys(cfg, rope_dim=cfg.n_rot) | {
+        "rope_dimension_sections": list(cfg.sections), "layer_norm_rms_eps": cfg.rms_eps,
+        "ssm_conv_kernel": cfg.ssm_conv_kernel, "ssm_inner_size": cfg.ssm_inner_size,
+        "ssm_state_size": cfg.ssm_state_size, "ssm_time_step_rank": cfg.ssm_time_step_rank,
+        "ssm_group_count": cfg.ssm_group_count, "full_attention_interval": cfg.full_attention_interval,
+    })
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
     def arrays():

@@ -68,8 +68,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import ByteBPEVocab, check_tensors, finish_writer, open_writer
-from .synthetic import embeddings_and_head, mtp_input_projection, synthetic_vocab
+from .gguf_qwen35 import ByteBPEVocab, add_keys, check_tensors, finish_writer, open_writer, transformer_keys
+from .synthetic import Knobs, embeddings_and_head, mtp_input_projection, random_tensors, synthetic_vocab
 
 ARCH = "glm4moe"
 
@@ -190,42 +190,33 @@ def glm4moe_expected_tensor_shapes(cfg: Glm4MoeConfig) -> dict[str, tuple[tuple[
     return shapes
 
 
-def synthetic_glm4moe_tensors(
-    cfg: Glm4MoeConfig,
-    vocab: ByteBPEVocab,
-    *,
-    seed: int = 0,
-    context_mix: float = 0.0,
-    mtp_fidelity: float = 1.0,
-    logit_scale: float = 4.0,
-) -> dict[str, np.ndarray]:
-    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
-    rng = np.random.default_rng(seed)
-    e = cfg.n_embd
-    out: dict[str, np.ndarray] = {}
-    for name, (shape, required) in glm4moe_expected_tensor_shapes(cfg).items():
-        keep_optional = name == "output.weight" or name.endswith(("shared_head_norm.weight", ".bias"))
-        if not (required or keep_optional):
-            continue
-        if name.endswith("norm.weight"):
-            out[name] = np.ones(shape, dtype=np.float32)
-        elif name.endswith(".bias"):
-            out[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+def _glm4moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("norm.weight"):
+        return np.ones(shape, dtype=np.float32)
+    if name.endswith(".bias"):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
-    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, logit_scale)
+
+def synthetic_glm4moe_tensors(cfg: Glm4MoeConfig, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
+    """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
+    rng = np.random.default_rng(knobs.seed)
+    e = cfg.n_embd
+    keep = lambda name: name == "output.weight" or name.endswith(("shared_head_norm.weight", ".bias"))  # noqa: E731
+    out = random_tensors(glm4moe_expected_tensor_shapes(cfg), keep, _glm4moe_init, rng)
+
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, knobs.logit_scale)
 
     down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
     for il in range(cfg.block_count):
-        scale = CONTEXT_SCALE * context_mix if il < cfg.n_layer else 1e-3
+        scale = CONTEXT_SCALE * knobs.context_mix if il < cfg.n_layer else 1e-3
         for suffix in down:
             name = f"blk.{il}.{suffix}"
             if name in out:
                 out[name] *= scale
 
     m = f"blk.{cfg.n_layer}."
-    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, mtp_fidelity)
+    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, knobs.mtp_fidelity)
     out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
     return out
 
@@ -252,25 +243,12 @@ def write_glm4moe_gguf(
     w, path = open_writer(path, ARCH, name=name, description=description, license=None,
                           file_type=gguf.LlamaFileType.ALL_F32)
 
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.block_count)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_freq_base)
-    w.add_rope_dimension_count(cfg.rope_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_expert_count(cfg.n_expert)
-    w.add_expert_used_count(cfg.n_expert_used)
-    w.add_expert_shared_count(cfg.n_expert_shared)
-    w.add_expert_feed_forward_length(cfg.n_ff_exp)
-    w.add_leading_dense_block_count(cfg.n_layer_dense_lead)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(cfg.expert_weights_scale)
-    w.add_expert_weights_norm(cfg.expert_weights_norm)
+    add_keys(w, transformer_keys(cfg, rope_dim=cfg.rope_dim) | {
+        "layer_norm_rms_eps": cfg.rms_eps, "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
+        "expert_shared_count": cfg.n_expert_shared, "expert_feed_forward_length": cfg.n_ff_exp,
+        "leading_dense_block_count": cfg.n_layer_dense_lead, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        "expert_weights_scale": cfg.expert_weights_scale, "expert_weights_norm": cfg.expert_weights_norm,
+    })
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
     finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})},
@@ -302,7 +280,7 @@ def write_synthetic_glm4moe(
         raise ValueError("mtp_fidelity must be in [0, 1]")
     cfg = glm4moe_config()
     vocab = synthetic_vocab(cfg.n_vocab)
-    tensors = synthetic_glm4moe_tensors(cfg, vocab, seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity)
+    tensors = synthetic_glm4moe_tensors(cfg, vocab, Knobs(seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity))
     return write_glm4moe_gguf(
         path,
         cfg,

@@ -16,8 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .session import Session
-from .trace import Trace
+from ..core.session import Session
+from ..core.trace import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +131,7 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
                             n_min=min(n_min, n_max_for(0)))
     for step in stream:
         n_predict += step.n_accepted + 1
-        if n_predict > max_tokens or session._engine.is_eog(step.correction):
+        if n_predict > max_tokens or session.is_eog(step.correction):
             session.cancel()
             continue
         nxt = n_max_for(n_predict)
@@ -139,7 +139,7 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
     return session.last_trace
 
 
-def compare(ref: ReferenceRun, ours: Trace, p_min: float) -> dict:
+def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float) -> dict:
     """Parity of one run: text and drafted/accepted totals, with our end-of-generation rule accounted for.
 
     We stop drafting at an end-of-generation token; the reference drafts on past it. With

@@ -24,11 +24,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .oracle import CostModel, OracleTrace
-from .session import Session
 from .simulate import ceiling_tokens_per_second, simulate_grid
+from ..core import drafters
+from ..core.drafters import DrafterMode
+from ..core.errors import ParameterError
+from ..core.session import Session
 
 DEFAULT_N_MAX = (0, 1, 2, 3, 4)
 DEFAULT_P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
+SWEEP_MODES = ("simulate", "measure")
+"""How a sweep gets its numbers: replayed on oracle traces, or measured with real runs."""
 
 COLUMNS = (
     "prompt", "mode", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_steps", "n_drafted", "n_accepted",
@@ -51,22 +56,35 @@ def _settings(n_max: Sequence[int], p_min: Sequence[float], n_min) -> list[tuple
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every prompt of a sweep runs (sent to Dask workers as is)."""
+
+    settings: list[tuple[int, float, int]]
+    modes: list[str]      #: the ``drafter=`` modes, by name
+    max_tokens: int
+    depth: int
+    options: dict[str, int]  #: every drafter option's value
+    repeats: int = 1
+
+    def record(self, session: Session, prompt, probe: bool) -> OracleTrace:
+        return session.record_oracle(prompt, max_tokens=self.max_tokens, depth=self.depth, probe=probe,
+                                     **self.options)
+
+
 # -- one prompt (runs here or on a worker) -------------------------------------------------------------
-def _simulate_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int, depth: int,
-                     cost: CostModel | None, ngram: tuple[int, int]) -> list[dict]:
-    """One oracle of ``prompt`` (it holds both the MTP and the n-gram drafts), replayed for every
-    drafter and setting."""
-    oracle = session.record_oracle(prompt, max_tokens=max_tokens, depth=depth, ngram_n=ngram[0], ngram_m=ngram[1],
-                                   probe=cost is None)
+def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None) -> list[dict]:
+    """One oracle of ``prompt`` (it holds every drafter's drafts), replayed for every drafter and setting."""
+    oracle = job.record(session, prompt, probe=cost is None)
     if cost is not None:
         oracle = oracle.with_cost(cost)
-    n_max = sorted({s[0] for s in settings})
-    p_min = sorted({s[1] for s in settings})
-    n_min = max(s[2] for s in settings)
-    wanted = set(settings)
+    n_max = sorted({s[0] for s in job.settings})
+    p_min = sorted({s[1] for s in job.settings})
+    n_min = max(s[2] for s in job.settings)
+    wanted = set(job.settings)
     rows = []
     digest = _digest(oracle.tokens)
-    for drafter in drafters:
+    for drafter in job.modes:
         df = simulate_grid(oracle, n_max, p_min, n_min, drafter=drafter, labels=[prompt])
         for rec in df.to_dict("records"):
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
@@ -76,24 +94,22 @@ def _simulate_prompt(session: Session, prompt, settings, drafters: Sequence[str]
     return rows
 
 
-def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str], max_tokens: int, depth: int,
-                    cost: CostModel, ngram: tuple[int, int], repeats: int) -> list[dict]:
+def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> list[dict]:
     """Real runs of ``prompt``: one plain baseline, then every drafter and setting; the ceiling with
     every draft accepted from ``cost`` at the positions of this prompt's generation (an oracle
     recorded without probes)."""
-    oracle = session.record_oracle(prompt, max_tokens=max_tokens, depth=depth, ngram_n=ngram[0], ngram_m=ngram[1],
-                                   probe=False).with_cost(cost)
-    ceiling = {(d, n): ceiling_tokens_per_second(oracle, n, d) for d in drafters for n in {st[0] for st in settings}}
-    plain_tps = []
-    for _ in range(repeats):
-        plain_tps.append(session.generate(prompt, max_tokens=max_tokens, n_max=0).summary()["tokens_per_second"])
+    oracle = job.record(session, prompt, probe=False).with_cost(cost)
+    n_maxes = {st[0] for st in job.settings}
+    ceiling = {(d, n): ceiling_tokens_per_second(oracle, n, d) for d in job.modes for n in n_maxes}
+    plain_tps = [session.generate(prompt, max_tokens=job.max_tokens, n_max=0).summary()["tokens_per_second"]
+                 for _ in range(job.repeats)]
     plain = float(np.median(plain_tps))
     rows = []
-    for drafter, (n_max, p_min, n_min) in ((d, st) for d in drafters for st in settings):
+    for drafter, (n_max, p_min, n_min) in ((d, st) for d in job.modes for st in job.settings):
         tps, secs = [], []
-        for _ in range(repeats):
-            t = session.generate(prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min, n_min=n_min,
-                                 drafter=drafter, ngram_n=ngram[0], ngram_m=ngram[1])
+        for _ in range(job.repeats):
+            t = session.generate(prompt, max_tokens=job.max_tokens, n_max=n_max, p_min=p_min, n_min=n_min,
+                                 drafter=drafter, **job.options)
             s = t.summary()
             tps.append(s["tokens_per_second"])
             secs.append(sum(s["phase_seconds"].values()))
@@ -108,6 +124,12 @@ def _measure_prompt(session: Session, prompt, settings, drafters: Sequence[str],
     return rows
 
 
+def _run_prompt(session: Session, mode: str, prompt, job: _Job, cost: CostModel | None) -> list[dict]:
+    if mode == "simulate":
+        return _simulate_prompt(session, prompt, job, cost)
+    return _measure_prompt(session, prompt, job, cost)
+
+
 _WORKER_SESSIONS: dict[tuple, Session] = {}
 
 
@@ -119,27 +141,24 @@ def _worker_session(path: str, open_kwargs: dict) -> Session:
     return s
 
 
-def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, settings, drafters: list[str], max_tokens: int,
-                   depth: int, cost: dict | None, ngram: tuple[int, int], repeats: int) -> list[dict]:
+def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, job: _Job, cost: dict | None) -> list[dict]:
     """A Dask task: one prompt on this worker's own session (opened from the model path)."""
-    session = _worker_session(path, open_kwargs)
-    if mode == "simulate":
-        return _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth,
-                                CostModel.from_dict(cost) if cost else None, ngram)
-    return _measure_prompt(session, prompt, settings, drafters, max_tokens, depth, CostModel.from_dict(cost), ngram,
-                           repeats)
+    return _run_prompt(_worker_session(path, open_kwargs), mode, prompt, job,
+                       CostModel.from_dict(cost) if cost else None)
 
 
 # -- sweep ----------------------------------------------------------------------------------------------
 def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFAULT_N_MAX,
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
-          max_tokens: int = 128, drafter: str | Sequence[str] = "mtp", cost: CostModel | None = None,
-          repeats: int = 1, ngram_n: int | None = None, ngram_m: int | None = None, progress: bool = True):
+          max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
+          cost: CostModel | None = None, repeats: int = 1, progress: bool = True, **options: int | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
-    ``drafter``: ``"mtp"``, ``"ngram"``, ``"chain"`` or several of them (e.g. ``mx.DRAFTER_MODES``);
-    in simulate mode one oracle per prompt serves them all.
+    ``drafter``: one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES` or several of them (e.g.
+    ``mx.DRAFTER_MODES``); in simulate mode one oracle per prompt serves them all. ``options``: the
+    drafters' options (``ngram_n=...``: see :func:`~mtp_explorer.core.drafters.all_options`; ``None`` or
+    not given: llama.cpp's default).
 
     ``mode="simulate"``: one oracle per prompt, replayed for each setting; times from ``cost`` or
     else one cost model measured here on the first prompt. ``mode="measure"``: real runs (``repeats``
@@ -147,73 +166,81 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
+    Bad input raises :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
 
-    from .session import DEFAULT_NGRAM_M, DEFAULT_NGRAM_N
-    from .trace import DRAFTER_MODES
-
-    if mode not in ("simulate", "measure"):
-        raise ValueError(f"mode must be 'simulate' or 'measure', got {mode!r}")
-    drafters = [drafter] if isinstance(drafter, str) else list(drafter)
-    if not drafters:
-        raise ValueError("no drafter")
-    for d in drafters:
-        if d not in DRAFTER_MODES:
-            raise ValueError(f"drafter must be one of {DRAFTER_MODES} (or several of them), got {d!r}")
-    if len(set(drafters)) != len(drafters):
-        raise ValueError(f"drafter lists one drafter twice: {drafters}")
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not prompts:
-        raise ValueError("no prompts")
-    n_max = [int(n) for n in n_max]
-    p_min = [float(p) for p in p_min]
-    if not n_max or not p_min:
-        raise ValueError("n_max and p_min need at least one value each")
-    for n in n_max:
-        if not 0 <= n <= session.capacity:
-            raise ValueError(f"n_max={n} is outside this session's capacity 0..{session.capacity}")
-    for p in p_min:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p_min={p} is outside [0, 1]")
-    settings = _settings(n_max, p_min, n_min)
-    depth = max(1, max(n_max))
-    ngram = (ngram_n or DEFAULT_NGRAM_N, ngram_m or DEFAULT_NGRAM_M)
+    prompts, job = _check_sweep(session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options)
     if cost is None:
-        cost = session.record_oracle(prompts[0], max_tokens=max_tokens, depth=depth, ngram_n=ngram[0],
-                                     ngram_m=ngram[1]).fitted_cost
-
+        cost = job.record(session, prompts[0], probe=True).fitted_cost
     rows: list[dict] = []
     bar = _progress(len(prompts), f"sweep ({mode})", progress)
     try:
         if client is None:
             for prompt in prompts:
-                if mode == "simulate":
-                    rows += _simulate_prompt(session, prompt, settings, drafters, max_tokens, depth, cost, ngram)
-                else:
-                    rows += _measure_prompt(session, prompt, settings, drafters, max_tokens, depth, cost, ngram,
-                                            repeats)
+                rows += _run_prompt(session, mode, prompt, job, cost)
                 bar.update(1)
         else:
-            from distributed import as_completed
-
-            open_kwargs = dict(session.open_kwargs)
-            futures = {
-                client.submit(_run_on_worker, str(Path(session.path)), open_kwargs, mode, prompt, settings, drafters,
-                              max_tokens, depth, cost.to_dict() if cost is not None else None, ngram, repeats,
-                              pure=False): i
-                for i, prompt in enumerate(prompts)
-            }
-            by_prompt: dict[int, list[dict]] = {}
-            for fut in as_completed(futures):
-                by_prompt[futures[fut]] = fut.result()
-                bar.update(1)
-            for i in range(len(prompts)):
-                rows += by_prompt[i]
+            rows = _run_distributed(client, session, mode, prompts, job, cost, bar)
     finally:
         bar.close()
     df = pd.DataFrame(rows)
     return df[list(COLUMNS)]
+
+
+def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats,
+                 options) -> tuple[list, _Job]:
+    """The prompts and the job, or a :class:`ParameterError` naming what is wrong."""
+    if mode not in SWEEP_MODES:
+        raise ParameterError(f"mode must be one of {SWEEP_MODES}, got {mode!r}")
+    given = [drafter] if isinstance(drafter, (str, DrafterMode)) else list(drafter)
+    if not given:
+        raise ParameterError("no drafter: give one of the drafter modes or several of them")
+    try:
+        names = [drafters.mode(d).name for d in given]
+    except ParameterError as exc:
+        raise ParameterError(f"{exc} (or several of them)") from None
+    if len(set(names)) != len(names):
+        raise ParameterError(f"drafter lists one drafter twice: {names}")
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ParameterError("no prompts")
+    try:
+        n_max, p_min = [int(n) for n in n_max], [float(p) for p in p_min]
+    except (TypeError, ValueError) as exc:
+        raise ParameterError(f"n_max and p_min must be sequences of numbers ({exc})") from None
+    if not n_max or not p_min:
+        raise ParameterError("n_max and p_min need at least one value each")
+    for n in n_max:
+        if not 0 <= n <= session.capacity:
+            raise ParameterError(f"n_max={n} is outside this session's capacity 0..{session.capacity}")
+    for p in p_min:
+        if not 0.0 <= p <= 1.0:
+            raise ParameterError(f"p_min={p} is outside [0, 1]")
+    if not isinstance(n_min, (int, np.integer)) or isinstance(n_min, bool) or n_min < 0:
+        raise ParameterError(f"n_min must be a non-negative integer, got {n_min!r}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ParameterError(f"repeats must be a positive integer, got {repeats!r}")
+    values = drafters.option_values({k: v for k, v in options.items() if v is not None})
+    job = _Job(_settings(n_max, p_min, n_min), names, max_tokens, max(1, max(n_max)), values, repeats)
+    return prompts, job
+
+
+def _run_distributed(client, session: Session, mode: str, prompts: list, job: _Job, cost: CostModel, bar) -> list:
+    """The prompts spread over the Dask workers; rows in the prompts' order."""
+    from distributed import as_completed
+
+    open_kwargs = dict(session.open_kwargs)
+    futures = {
+        client.submit(_run_on_worker, str(Path(session.path)), open_kwargs, mode, prompt, job,
+                      cost.to_dict() if cost is not None else None, pure=False): i
+        for i, prompt in enumerate(prompts)
+    }
+    by_prompt: dict[int, list[dict]] = {}
+    for fut in as_completed(futures):
+        by_prompt[futures[fut]] = fut.result()
+        bar.update(1)
+    return [row for i in range(len(prompts)) for row in by_prompt[i]]
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -244,13 +271,19 @@ class Recommendation:
         return d
 
 
+_RECOMMEND_NEEDS = ["prompt", "n_tokens", "tokens_per_second", "plain_tokens_per_second", "acceptance_rate"]
+
+
 def recommend(df) -> Recommendation:
     """Pick the setting with the best tokens/s over all prompts of a sweep and say by how much it
     beats the runner-up and plain decoding (the ``n_max = 0`` rows, else the cost model's plain
-    rate)."""
-    if df.empty:
-        raise ValueError("empty sweep")
+    rate). A table without rows or without those columns raises :class:`~mtp_explorer.ParameterError`."""
     keys = ["drafter", "n_max", "p_min", "n_min"]
+    missing = [c for c in keys + _RECOMMEND_NEEDS if c not in getattr(df, "columns", ())]
+    if missing:
+        raise ParameterError(f"recommend needs a sweep's DataFrame; it lacks the columns {missing}")
+    if df.empty:
+        raise ParameterError("empty sweep: no setting to recommend")
     d = df.copy()
     d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
     d["_plain_sec"] = d["n_tokens"] / d["plain_tokens_per_second"]

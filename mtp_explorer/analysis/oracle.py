@@ -5,7 +5,7 @@ drafter, and the draft the engine proposes at a position depends only on the tok
 (the MTP head is always caught up on the verified rows; the n-gram look-up reads the history). So
 one recording that keeps, for every position, the greedy token, the MTP draft chain of length
 ``depth`` (drafted with ``p_min = 0``: any ``p_min`` cut is a prefix of it) and the n-gram draft,
-lets :func:`mtp_explorer.simulate` replay any policy with ``n_max <= depth`` without the model.
+lets :func:`mtp_explorer.analysis.simulate` replay any policy with ``n_max <= depth`` without the model.
 
 :meth:`Session.record_oracle` records it natively: plain decoding, one token per step, and at every
 position the chain, the n-gram draft, and timing probes of every operation a speculative step is
@@ -34,13 +34,22 @@ import dataclasses
 import json
 import math
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .trace import columns_from_json, columns_to_json
+from ..core import drafters
+from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
+from ..core.schema import ORACLE_COLUMNS, Column, Dims, check_columns, columns_from_json, columns_to_json
+
+if TYPE_CHECKING:
+    from .replay import DrafterReplay
 
 ORACLE_FORMAT = "mtp-explorer-oracle/1"
+
+#: An oracle recording's columns: the engine's (:data:`~mtp_explorer.core.schema.ORACLE_COLUMNS`) and
+#: ``token_eog`` (the greedy token ends the generation), which the session adds.
+ORACLE_SCHEMA: tuple[Column, ...] = ORACLE_COLUMNS + (Column("token_eog", np.dtype(bool), ""),)
 
 
 def _line(x: np.ndarray, y: np.ndarray, max_points: int = 160) -> tuple[float, float, int]:
@@ -87,7 +96,7 @@ class CostModel:
     verify: np.ndarray          # [depth + 2, 2]: index k = batch size (0 unused)
     catchup: np.ndarray         # [depth + 2, 2]: index k = rows
     draft: np.ndarray           # [depth + 1, 2]: index m = MTP decodes in the call (0: none)
-    ngram: np.ndarray           # [2]
+    ngram: np.ndarray           # [2]: one look-up
     fresh_ns: float
     cold_ns: float
     warm_ns: float
@@ -95,7 +104,7 @@ class CostModel:
     sample_plain_ns: float
     sample_row_ns: float
     rollback_ns: float
-    samples: dict[str, Any]     # how many measurements each number rests on
+    samples: dict[str, Any]     # how many measurements each number rests on (``lookup``: the ngram line)
     telemetry: bool = True
 
     @property
@@ -107,158 +116,195 @@ class CostModel:
         row = table[idx]
         return row[..., 0] + row[..., 1] * pos
 
+    # -- one operation ---------------------------------------------------------------------------
     def verify_ns(self, k, pos, fresh=True, cold=False):
+        """A target decode of ``k`` tokens (``fresh``: its graph built anew; ``cold``: the MTP head ran since)."""
         k = np.clip(np.asarray(k), 1, len(self.verify) - 1)
         return (self._at(self.verify, k, pos) + np.where(fresh, self.fresh_ns, 0.0)
                 + np.where(cold, self.cold_ns, self.warm_ns))
 
-    def step_ns(self, mode: str, drafting, n_cap_pos, k, decodes, rows_sampled, rollback, ngram_asked=None,
-                pos=0.0, fresh=True):
-        """Predicted phase times of steps (numpy arrays broadcast together).
+    def catchup_ns(self, k, pos):
+        """The MTP head's catch-up on ``k`` verified rows."""
+        return self._at(self.catchup, np.clip(np.asarray(k), 1, len(self.catchup) - 1), pos)
 
-        ``drafting``: the MTP head drafts (n_max > 0 and not the n-gram mode); ``n_cap_pos``: the
-        draft cap was > 0; ``k``: verified rows (drafts + 1); ``decodes``: MTP decodes of the draft
-        call; ``rows_sampled``: target rows argmaxed; ``rollback``: rejected drafts;
-        ``ngram_asked``: the n-gram drafter was asked; ``pos``: n_past at the step; ``fresh``: the
-        previous step verified another number of tokens. Returns ``(catchup, draft, verify, sample)``.
+    def head_draft_ns(self, decodes, pos):
+        """An MTP draft call of ``decodes`` decodes."""
+        return self._at(self.draft, np.clip(np.asarray(decodes), 0, self.depth), pos)
+
+    def lookup_ns(self, pos):
+        """One look-up of a drafter without a model (the n-gram look-up)."""
+        return self.ngram[0] + self.ngram[1] * pos
+
+    # -- one step --------------------------------------------------------------------------------
+    def phase_ns(self, head, k, draft, rows_sampled, rollback, pos=0.0, fresh=True) -> dict[str, Any]:
+        """Predicted phase times of steps whose draft phase takes ``draft`` (numpy arrays broadcast together).
+
+        ``head``: the MTP head follows the generation (catch-up, cold caches, its bookkeeping); ``k``: verified
+        rows; ``rows_sampled``: target rows argmaxed; ``rollback``: rejected drafts; ``pos``: n_past at the step;
+        ``fresh``: the previous step verified another number of tokens. Keys: the phases, in the engine's order.
         """
         k = np.asarray(k)
         pos = np.asarray(pos, dtype=np.float64)
-        drafting = np.asarray(drafting, dtype=bool) & (mode != "ngram")
-        catchup = np.where(drafting, self._at(self.catchup, np.clip(k, 1, len(self.catchup) - 1), pos), 0.0)
-        draft = np.where(drafting & np.asarray(n_cap_pos, bool),
-                         self._at(self.draft, np.clip(np.asarray(decodes), 0, self.depth), pos), 0.0)
-        if ngram_asked is not None:
-            draft = draft + np.where(np.asarray(ngram_asked, bool), self.ngram[0] + self.ngram[1] * pos, 0.0)
-        verify = self.verify_ns(k, pos, fresh, drafting)
-        sample = (np.where(drafting, self.sample_ns, self.sample_plain_ns)
-                  + self.sample_row_ns * (np.asarray(rows_sampled) - 1)
-                  + np.where(np.asarray(rollback) > 0, self.rollback_ns, 0.0))
-        return catchup, draft, verify, sample
+        head = np.asarray(head, dtype=bool)
+        return {
+            "catchup": np.where(head, self.catchup_ns(k, pos), 0.0),
+            "draft": draft,
+            "verify": self.verify_ns(k, pos, fresh, head),
+            "sample": (np.where(head, self.sample_ns, self.sample_plain_ns)
+                       + self.sample_row_ns * (np.asarray(rows_sampled) - 1)
+                       + np.where(np.asarray(rollback) > 0, self.rollback_ns, 0.0)),
+        }
 
-    def ceiling_step_ns(self, n_max: int, mode: str = "mtp", pos: float = 0.0) -> float:
+    def step_ns(self, mode: DrafterMode | str, drafting, n_cap_pos, k, decodes, rows_sampled, rollback,
+                ngram_asked=None, pos=0.0, fresh=True):
+        """Predicted phase times of steps of a ``drafter=`` mode (numpy arrays broadcast together).
+
+        ``drafting``: n_max > 0 (the MTP head drafts if the mode uses it); ``n_cap_pos``: the draft cap was > 0;
+        ``k``: verified rows (drafts + 1); ``decodes``: MTP decodes of the draft call; ``rows_sampled``: target
+        rows argmaxed; ``rollback``: rejected drafts; ``ngram_asked``: the look-up was asked (priced if the mode
+        has a drafter without the MTP head); ``pos``: n_past at the step; ``fresh``: the previous step verified
+        another number of tokens. Returns ``(catchup, draft, verify, sample)``. (The simulator prices each
+        drafter's draft call with its replay and calls :meth:`phase_ns`.)
+        """
+        mode = drafters.mode(mode)
+        pos = np.asarray(pos, dtype=np.float64)
+        head = np.asarray(drafting, dtype=bool) & mode.needs_mtp
+        draft = np.where(head & np.asarray(n_cap_pos, bool), self.head_draft_ns(decodes, pos), 0.0)
+        if ngram_asked is not None and not all(d.needs_mtp for d in mode.drafters):
+            draft = draft + np.where(np.asarray(ngram_asked, bool), self.lookup_ns(pos), 0.0)
+        return tuple(self.phase_ns(head, k, draft, rows_sampled, rollback, pos, fresh).values())
+
+    def ceiling_step_ns(self, n_max: int, mode: DrafterMode | str = drafters.DEFAULT_MODE, pos: float = 0.0) -> float:
         """Time of a step at ``pos`` that drafts ``n_max`` tokens and has all of them accepted (every
         step alike, so the verify graph is reused)."""
         if n_max <= 0:
             parts = self.step_ns(mode, False, False, 1, 0, 1, 0, pos=pos, fresh=False)
         else:
-            parts = self.step_ns(mode, True, True, n_max + 1, n_max, n_max + 1, 0,
-                                 None if mode == "mtp" else True, pos=pos, fresh=False)
+            parts = self.step_ns(mode, True, True, n_max + 1, n_max, n_max + 1, 0, True, pos=pos, fresh=False)
         return float(sum(np.asarray(p) for p in parts))
 
+    # -- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
-            "verify": self.verify.tolist(), "catchup": self.catchup.tolist(), "draft": self.draft.tolist(),
-            "ngram": self.ngram.tolist(), "fresh_ns": self.fresh_ns, "cold_ns": self.cold_ns,
-            "warm_ns": self.warm_ns,
-            "sample_ns": self.sample_ns, "sample_plain_ns": self.sample_plain_ns,
-            "sample_row_ns": self.sample_row_ns, "rollback_ns": self.rollback_ns, "samples": self.samples,
-            "telemetry": self.telemetry,
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         d = dict(d)
-        for name in ("verify", "catchup", "draft", "ngram"):
-            d[name] = np.asarray(d[name], dtype=np.float64)
+        for f in dataclasses.fields(cls):
+            if f.type == "np.ndarray":
+                d[f.name] = np.asarray(d[f.name], dtype=np.float64)
         return cls(**d)
 
     @classmethod
     def from_columns(cls, c: dict[str, np.ndarray], depth: int, telemetry: bool = True) -> "CostModel":
-        """Fit the model from an oracle's timing columns (see :mod:`mtp_explorer.oracle`)."""
-        N = depth
-        pos = c["pos"].astype(np.float64)
+        """Fit the model from an oracle's timing columns (see :mod:`mtp_explorer.analysis.oracle`)."""
         samples: dict[str, Any] = {}
-
-        def table(points: list[tuple[np.ndarray, np.ndarray] | None], name: str) -> np.ndarray:
-            out = np.full((len(points), 2), np.nan)
-            counts = [0] * len(points)
-            for i, pt in enumerate(points):
-                if pt is not None:
-                    a, b, n = _line(*pt)
-                    if n >= 2:
-                        out[i], counts[i] = (a, b), n
-            known = ~np.isnan(out[:, 0])
-            idx = np.arange(len(points))
-            if known.any():
-                # sizes without measurements (short generations, probe=False): linear in the size
-                # between the measured ones, flat beyond them
-                for j in (0, 1):
-                    out[:, j] = np.interp(idx, idx[known], out[known, j])
-            else:
-                out[:] = 0.0
-            samples[name] = counts
-            return out
-
-        def med(x: np.ndarray) -> float:
-            x = x[np.isfinite(x)]
-            return float(np.median(x)) if x.size else 0.0
-
-        va = c["verify_after"]
-        t_verify = c["t_verify_ns"].astype(np.float64)
-        probe_k = c["probe_k"]
-        p1 = c["probe_verify_ns"].astype(np.float64)
-        p2 = c["probe_verify_reuse_ns"].astype(np.float64)
-        hot_reused_1 = va == 1
-        verify_pts = [None, (pos[hot_reused_1], t_verify[hot_reused_1])]
-        catch = [None, (pos, c["t_catchup_ns"].astype(np.float64))]
-        for k in range(2, N + 2):
-            sel = probe_k == k
-            verify_pts.append((pos[sel], p2[sel]) if sel.any() else None)
-            catch.append((pos[sel], c["probe_catchup_ns"][sel]) if sel.any() else None)
-        verify = table(verify_pts, "verify")
-        catchup = table(catch, "catchup")
-        verify[0] = catchup[0] = 0.0
-        # the same decode after the MTP chain minus right after a target decode: cold caches;
-        # a k >= 2 batch after the chain (new graph, cold) minus again at once (reused, warm)
-        one = probe_k == 1
-        cold_ns = med(p1[one] - t_verify[one])
-        many = probe_k >= 2
-        fresh_ns = med(p1[many] - p2[many]) - cold_ns
-        samples["cold"] = int(one.sum())
-        samples["fresh"] = int(many.sum())
-        # plain decodes in a row (the tail after the generation) against the single-token line
-        tail_pos = c.get("tail_pos", np.zeros(0)).astype(np.float64)
-        tail = c.get("tail_verify_ns", np.zeros(0)).astype(np.float64)
-        warm_ns = med(tail - (verify[1, 0] + verify[1, 1] * tail_pos)) if tail.size else 0.0
-        samples["warm"] = int(tail.size)
-
-        cum = c["t_draft_cum_ns"].astype(np.float64)
-        total = c["t_draft_ns"].astype(np.float64)
-        lens = c["chain_len"]
-        has = lens > 0
-        tail_ns = med(total[has] - cum[has, lens[has] - 1]) if has.any() else 0.0
-        drafts: list[tuple[np.ndarray, np.ndarray] | None] = [None]
-        for m in range(1, N + 1):
-            sel = lens >= m
-            drafts.append((pos[sel], cum[sel, m - 1] + tail_ns) if sel.any() else None)
-        draft = table(drafts, "draft")
-        draft[0] = 0.0
-        if not has.any():
-            draft[:] = 0.0
-
+        pos = c["pos"].astype(np.float64)
+        verify, catchup, cold_ns, fresh_ns, warm_ns = _fit_target(c, pos, depth, samples)
+        draft = _fit_draft(c, pos, depth, samples)
         asked = c["cap"] > 0
         a, b, n = _line(pos[asked], c["t_ngram_ns"][asked].astype(np.float64))
         ngram = np.array([a, b]) if n >= 2 else np.zeros(2)
-        samples["ngram"] = n
-
-        row = (c["probe_argmax_ns"][many] / probe_k[many]).astype(np.float64)
+        samples["lookup"] = n
+        many = c["probe_k"] >= 2
+        row = (c["probe_argmax_ns"][many] / c["probe_k"][many]).astype(np.float64)
         samples["sample"] = int(c["t_sample_ns"].size)
         return cls(
             verify=verify, catchup=catchup, draft=draft, ngram=ngram, fresh_ns=fresh_ns, cold_ns=cold_ns,
             warm_ns=warm_ns,
-            sample_ns=med(c["t_sample_ns"].astype(np.float64)),
-            sample_plain_ns=med(c["t_argmax_ns"].astype(np.float64)),
-            sample_row_ns=med(row),
-            rollback_ns=med(c["probe_rollback_ns"][many].astype(np.float64)),
+            sample_ns=_med(c["t_sample_ns"].astype(np.float64)),
+            sample_plain_ns=_med(c["t_argmax_ns"].astype(np.float64)),
+            sample_row_ns=_med(row),
+            rollback_ns=_med(c["probe_rollback_ns"][many].astype(np.float64)),
             samples=samples, telemetry=telemetry,
         )
+
+
+def _plain(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def _med(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else 0.0
+
+
+def _table(points: list[tuple[np.ndarray, np.ndarray] | None], name: str, samples: dict) -> np.ndarray:
+    """Robust lines per size; sizes without measurements (short generations, probe=False) linear in the size
+    between the measured ones, flat beyond them. Records the sample counts under ``name``."""
+    out = np.full((len(points), 2), np.nan)
+    counts = [0] * len(points)
+    for i, pt in enumerate(points):
+        if pt is not None:
+            a, b, n = _line(*pt)
+            if n >= 2:
+                out[i], counts[i] = (a, b), n
+    known = ~np.isnan(out[:, 0])
+    idx = np.arange(len(points))
+    if known.any():
+        for j in (0, 1):
+            out[:, j] = np.interp(idx, idx[known], out[known, j])
+    else:
+        out[:] = 0.0
+    samples[name] = counts
+    return out
+
+
+def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict):
+    """The verify and catch-up tables and the cold / fresh / warm corrections."""
+    va = c["verify_after"]
+    t_verify = c["t_verify_ns"].astype(np.float64)
+    probe_k = c["probe_k"]
+    p1 = c["probe_verify_ns"].astype(np.float64)
+    p2 = c["probe_verify_reuse_ns"].astype(np.float64)
+    hot_reused_1 = va == 1
+    verify_pts = [None, (pos[hot_reused_1], t_verify[hot_reused_1])]
+    catch = [None, (pos, c["t_catchup_ns"].astype(np.float64))]
+    for k in range(2, N + 2):
+        sel = probe_k == k
+        verify_pts.append((pos[sel], p2[sel]) if sel.any() else None)
+        catch.append((pos[sel], c["probe_catchup_ns"][sel]) if sel.any() else None)
+    verify = _table(verify_pts, "verify", samples)
+    catchup = _table(catch, "catchup", samples)
+    verify[0] = catchup[0] = 0.0
+    # the same decode after the MTP chain minus right after a target decode: cold caches;
+    # a k >= 2 batch after the chain (new graph, cold) minus again at once (reused, warm)
+    one = probe_k == 1
+    cold_ns = _med(p1[one] - t_verify[one])
+    many = probe_k >= 2
+    fresh_ns = _med(p1[many] - p2[many]) - cold_ns
+    samples["cold"] = int(one.sum())
+    samples["fresh"] = int(many.sum())
+    # plain decodes in a row (the tail after the generation) against the single-token line
+    tail_pos = c.get("tail_pos", np.zeros(0)).astype(np.float64)
+    tail = c.get("tail_verify_ns", np.zeros(0)).astype(np.float64)
+    warm_ns = _med(tail - (verify[1, 0] + verify[1, 1] * tail_pos)) if tail.size else 0.0
+    samples["warm"] = int(tail.size)
+    return verify, catchup, cold_ns, fresh_ns, warm_ns
+
+
+def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict) -> np.ndarray:
+    """The MTP draft-call table: the chain's cumulative decode times plus the call's fixed tail."""
+    cum = c["t_draft_cum_ns"].astype(np.float64)
+    total = c["t_draft_ns"].astype(np.float64)
+    lens = c["chain_len"]
+    has = lens > 0
+    tail_ns = _med(total[has] - cum[has, lens[has] - 1]) if has.any() else 0.0
+    drafts: list[tuple[np.ndarray, np.ndarray] | None] = [None]
+    for m in range(1, N + 1):
+        sel = lens >= m
+        drafts.append((pos[sel], cum[sel, m - 1] + tail_ns) if sel.any() else None)
+    draft = _table(drafts, "draft", samples)
+    draft[0] = 0.0
+    if not has.any():
+        draft[:] = 0.0
+    return draft
 
 
 @dataclasses.dataclass
 class OracleTrace:
     """A greedy generation with, at every position, the drafts the engine would propose there and
-    the measured cost model. Replay policies with :func:`mtp_explorer.simulate`.
+    the measured cost model. Replay policies with :func:`mtp_explorer.analysis.simulate`.
 
     Per-position columns (``T`` positions: position ``g`` is where the step starting after ``g``
     generated tokens begins): ``pos`` (n_past), ``token`` (the greedy token emitted there),
@@ -315,16 +361,29 @@ class OracleTrace:
         """The same recording predicting times with ``cost``."""
         return dataclasses.replace(self, cost_model=cost)
 
-    @cached_property
-    def match_len(self) -> np.ndarray:
-        """Per position: how many leading MTP chain tokens the target accepts (greedy tokens equal,
-        not end-of-generation)."""
-        return _match_len(self.columns["chain"], self.columns["chain_len"], self._accept_tokens)
+    @property
+    def dims(self) -> Dims:
+        """The widths of the per-depth columns."""
+        return Dims(depth=self.depth, topk=int(self.columns["topk_ids"].shape[2]))
 
-    @cached_property
-    def ngram_match_len(self) -> np.ndarray:
-        """Per position: how many leading n-gram draft tokens the target accepts."""
-        return _match_len(self.columns["ngram"], self.columns["ngram_len"], self._accept_tokens)
+    # -- the drafts -------------------------------------------------------------------------------
+    def replay(self, spec: DrafterSpec | str) -> "DrafterReplay":
+        """The simulator's replay of a drafter (a registry record or its name) on this recording, built once."""
+        spec = drafters.drafter(spec) if isinstance(spec, str) else spec
+        cache = self.__dict__.setdefault("_replays", {})
+        if spec.name not in cache:
+            cache[spec.name] = spec.load_replay()(self, spec)
+        return cache[spec.name]
+
+    def accepted_prefix(self, tokens: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """Per position: how many leading tokens of a draft (``tokens`` [T, depth], ``length`` [T]) the target
+        accepts (the greedy path's tokens, not end-of-generation)."""
+        return _match_len(tokens, length, self._accept_tokens)
+
+    @property
+    def match_len(self) -> np.ndarray:
+        """Per position: how many leading tokens of the MTP head's chain the target accepts."""
+        return self.replay(_head_drafter()).match_len
 
     @cached_property
     def _accept_tokens(self) -> np.ndarray:
@@ -334,10 +393,11 @@ class OracleTrace:
 
     def summary(self) -> dict[str, Any]:
         cm = self.cost
+        head = self.replay(_head_drafter())
+        drafted = head.length > 0
         return {
             "n_positions": self.n_positions, "depth": self.depth, "finish_reason": self.finish_reason,
-            "mtp_match_rate_depth1": float((self.match_len[self.columns["chain_len"] > 0] >= 1).mean())
-            if (self.columns["chain_len"] > 0).any() else math.nan,
+            "mtp_match_rate_depth1": float((head.match_len[drafted] >= 1).mean()) if drafted.any() else math.nan,
             "plain_tokens_per_second": 1e9 / cm.ceiling_step_ns(0, pos=float(np.mean(self.columns["pos"]))),
             "cost_model": cm.to_dict(),
             "record_seconds": self.wall_seconds,
@@ -357,8 +417,10 @@ class OracleTrace:
         if doc.pop("format", None) != ORACLE_FORMAT:
             raise ValueError("not an mtp-explorer oracle trace")
         cost = doc.pop("cost_model", None)
-        return cls(columns=columns_from_json(doc.pop("columns")), cost_model=CostModel.from_dict(cost) if cost else None,
-                   **doc)
+        oracle = cls(columns=columns_from_json(doc.pop("columns")),
+                     cost_model=CostModel.from_dict(cost) if cost else None, **doc)
+        check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
+        return oracle
 
     def __getstate__(self):
         # pickling (e.g. to Dask workers) carries the data, not the cached derived arrays
@@ -366,6 +428,11 @@ class OracleTrace:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+
+def _head_drafter() -> DrafterSpec:
+    """The drafter of the MTP head (whose chain :attr:`OracleTrace.match_len` describes)."""
+    return next(s for s in DRAFTER_SPECS.values() if s.needs_mtp)
 
 
 def _match_len(chain: np.ndarray, chain_len: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:

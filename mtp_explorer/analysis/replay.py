@@ -1,0 +1,303 @@
+"""The simulator's replay of each drafter on an oracle recording.
+
+A replay answers, for one drafter and every position of an :class:`~mtp_explorer.analysis.oracle.OracleTrace`:
+what it would propose there under a policy (:meth:`DrafterReplay.candidate`), how long a prefix of that the
+target accepts (:attr:`DrafterReplay.match_len`), its expected accepted length as the engine estimates it
+(:meth:`DrafterReplay.expectation`, the chain policy compares these) and what its draft call costs
+(:meth:`DrafterReplay.draft_ns`). The simulator (:mod:`~mtp_explorer.analysis.simulate`) asks the replays of
+a mode's drafters and applies the mode's chain policy; it never names a drafter.
+
+Each drafter's registry record names its replay (:attr:`DrafterSpec.replay
+<mtp_explorer.core.drafters.DrafterSpec.replay>`) and where the oracle keeps its drafts
+(:attr:`~mtp_explorer.core.drafters.DrafterSpec.oracle_prefix`: columns ``<prefix>`` [T, depth] ids,
+``<prefix>_len``, ``<prefix>_eos``). :meth:`OracleTrace.replay <mtp_explorer.analysis.oracle.OracleTrace.replay>`
+builds each replay once per recording.
+
+To replay a new drafter: subclass :class:`DrafterReplay`, implement :meth:`~DrafterReplay.candidate`,
+:meth:`~DrafterReplay.expectation` and :meth:`~DrafterReplay.draft_ns` (and :meth:`~DrafterReplay.full` if its
+draft call costs decodes), and name the class in the drafter's record.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from ..core.drafters import DrafterSpec
+from ..core.errors import ParameterError
+from ..core.schema import STOP_REASONS
+
+if TYPE_CHECKING:
+    from .oracle import CostModel, OracleTrace
+
+#: Stop-reason codes (indices into :data:`~mtp_explorer.core.schema.STOP_REASONS`) the replays set.
+STOP: dict[str, int] = {name: i for i, name in enumerate(STOP_REASONS)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One drafter's proposal at every position, as arrays ``[..., T]`` (leading axes: settings of a grid)."""
+
+    n_raw: np.ndarray    #: tokens proposed, before the ``n_min`` drop (0 where not asked)
+    stop: np.ndarray     #: why the proposal stopped (int8 index into STOP_REASONS)
+    dropped: np.ndarray  #: shorter than ``n_min``: nothing of it is verified
+    asked: np.ndarray    #: the drafter took part (the trace's ``candidate_*`` columns are set); may be ``[..., 1]``
+    decodes: np.ndarray  #: model decodes of the draft call (0 for a look-up)
+
+    @cached_property
+    def n_drafted(self) -> np.ndarray:
+        """Tokens verified if this proposal is chosen."""
+        return np.where(self.dropped, 0, self.n_raw)
+
+    @cached_property
+    def usable(self) -> np.ndarray:
+        """A non-empty proposal that was not dropped: the chain policy may choose it."""
+        return self.asked & ~self.dropped & (self.n_raw > 0)
+
+    def take(self, idx: np.ndarray) -> "Candidate":
+        """The proposals at positions ``idx`` (the steps of a path)."""
+        shape = np.shape(self.n_raw)
+        return Candidate(*(np.broadcast_to(getattr(self, f.name), shape)[..., idx] for f in dataclasses.fields(self)))
+
+
+class Expectation:
+    """A drafter's estimate of its expected accepted length over one replayed generation (what the engine's
+    ``expected_accepted`` computes); stateful estimators learn from every step's outcome."""
+
+    #: The estimate depends only on the position and the proposal, not on earlier steps (:meth:`per_position`).
+    stateless: ClassVar[bool] = False
+
+    def per_position(self, n_raw: np.ndarray) -> np.ndarray:
+        """A stateless estimate at every position for proposals of ``n_raw`` tokens ([T])."""
+        raise NotImplementedError
+
+    def expected(self, g: int, n: int) -> float:
+        """The expected accepted length of the first ``n`` tokens of the proposal at position ``g``."""
+        raise NotImplementedError
+
+    def observe(self, g: int, n_proposed: int, n_match: int, n_emitted: int) -> None:
+        """A step at ``g`` ended: the proposal had ``n_proposed`` tokens of which the first ``n_match`` equal the
+        greedy path, and the step emitted ``n_emitted`` tokens (whoever drafted them)."""
+
+    def along(self, path: np.ndarray, n_raw: np.ndarray, match: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+        """The expected lengths at the steps of ``path`` (positions), each step observed in turn."""
+        n_raw_l, match_l = n_raw.tolist(), match.tolist()
+        out = np.empty(len(path))
+        for i, (g, a) in enumerate(zip(path.tolist(), accepted.tolist())):
+            out[i] = self.expected(g, n_raw_l[g])
+            self.observe(g, n_raw_l[g], match_l[g], a + 1)
+        return out
+
+
+class DrafterReplay(abc.ABC):
+    """The replay of one drafter on one oracle recording (see the module docstring)."""
+
+    #: Columns of the oracle it reads besides ``<prefix>``, ``<prefix>_len`` and ``<prefix>_eos``.
+    extra_columns: ClassVar[tuple[str, ...]] = ()
+    #: Its model catches up on every verified row (the MTP head): the catch-up phase runs, the target's caches
+    #: are cold at the verify, and the sample phase carries the head's bookkeeping.
+    follows_target: ClassVar[bool] = False
+
+    def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
+        self.oracle = oracle
+        self.spec = spec
+        self.prefix = spec.oracle_prefix
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The oracle columns this replay reads."""
+        p = self.prefix
+        return (p, f"{p}_len", f"{p}_eos") + tuple(c.format(prefix=p) for c in self.extra_columns)
+
+    @property
+    def available(self) -> bool:
+        """The recorded model can run this drafter."""
+        return True
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """[T, depth]: the draft ids at every position (-1 past its length)."""
+        return self.oracle.columns[self.prefix]
+
+    @cached_property
+    def length(self) -> np.ndarray:
+        """[T]: the draft's length at every position."""
+        return self.oracle.columns[f"{self.prefix}_len"].astype(np.int64)
+
+    @cached_property
+    def eos(self) -> np.ndarray:
+        """[T]: the draft ends with an end-of-generation token."""
+        return self.oracle.columns[f"{self.prefix}_eos"].astype(bool)
+
+    @cached_property
+    def match_len(self) -> np.ndarray:
+        """[T]: how many leading draft tokens the target accepts (the greedy path's tokens, not end-of-generation)."""
+        return self.oracle.accepted_prefix(self.tokens, self.length)
+
+    # what trace rows show of a verified draft (None: the drafter has no such thing)
+    confidence: np.ndarray | None = None     #: [T, depth] float32: the value compared with p_min
+    margins: np.ndarray | None = None        #: [T, depth]: top-1 minus top-2 draft logit (argmax ties)
+    alternatives: tuple[np.ndarray, np.ndarray] | None = None  #: ([T, depth, K] ids, probs)
+
+    @abc.abstractmethod
+    def candidate(self, cap: np.ndarray, reason: np.ndarray, p_min, n_min, active) -> Candidate:
+        """The proposal at every position under a policy: ``cap`` / ``reason`` the draft cap and the stop reason of
+        a draft that reaches it (``[..., T]``), ``p_min`` / ``n_min`` / ``active`` (``n_max > 0``) per setting
+        (scalars or arrays of the leading axes)."""
+
+    def full(self, cap: np.ndarray, active) -> Candidate:
+        """The proposal if it always ran to the cap (the ceiling with every draft accepted)."""
+        asked = np.asarray(active)[..., None] & (cap > 0)
+        n_raw = np.where(asked, cap, 0)
+        zero = np.zeros_like(n_raw)
+        return Candidate(n_raw, zero.astype(np.int8), zero.astype(bool), asked, zero)
+
+    @abc.abstractmethod
+    def expectation(self) -> Expectation:
+        """A fresh estimator of its expected accepted length for one replayed generation."""
+
+    @abc.abstractmethod
+    def draft_ns(self, cost: "CostModel", proposal: Candidate, cap_pos: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Predicted time of its draft calls (``cap_pos``: the step's cap was > 0; ``pos``: n_past)."""
+
+
+# -- the MTP head ---------------------------------------------------------------------------------------
+class PrefixProducts(Expectation):
+    """Expected accepted length of a draft with confidences: the sum of the prefix products of its first ``n``
+    confidences (stateless; a table ``[T, depth + 1]`` in float64, like the engine)."""
+
+    stateless = True
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table
+
+    def per_position(self, n_raw: np.ndarray) -> np.ndarray:
+        return self.table[np.arange(len(n_raw)), n_raw]
+
+    def expected(self, g: int, n: int) -> float:
+        return float(self.table[g, n])
+
+    def along(self, path, n_raw, match, accepted) -> np.ndarray:
+        return self.table[path, n_raw[path]]
+
+
+class MtpReplay(DrafterReplay):
+    """The MTP head: the oracle's chain drafted with ``p_min = 0``, cut where a confidence falls below ``p_min``,
+    at an end-of-generation token or at the cap; its confidence gives the expected accepted length."""
+
+    extra_columns = ("{prefix}_prob", "{prefix}_margin", "topk_ids", "topk_probs")
+    follows_target = True
+
+    @property
+    def available(self) -> bool:
+        return self.oracle.has_mtp
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.oracle.columns[f"{self.prefix}_prob"]
+
+    @property
+    def margins(self) -> np.ndarray:
+        return self.oracle.columns[f"{self.prefix}_margin"]
+
+    @property
+    def alternatives(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.oracle.columns["topk_ids"], self.oracle.columns["topk_probs"]
+
+    @cached_property
+    def expected_table(self) -> np.ndarray:
+        """[T, depth + 1]: expected accepted length of the first n chain tokens."""
+        prob = np.nan_to_num(self.confidence.astype(np.float64), nan=0.0)
+        cum = np.cumsum(np.cumprod(prob, axis=1), axis=1)
+        return np.concatenate([np.zeros((prob.shape[0], 1)), cum], axis=1)
+
+    def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
+        L, eos, prob = self.length, self.eos, self.confidence
+        N = prob.shape[1]
+        valid = np.arange(N)[None, :] < L[:, None]
+        # prefix length with every confidence >= p_min (the engine compares float32 values)
+        ok = np.where(valid, prob >= np.asarray(p_min, dtype=np.float32)[..., None, None], False)
+        d_pmin = np.minimum(np.where(ok.all(axis=-1), N, np.argmin(ok, axis=-1)), L)
+        running = np.asarray(active) & self.available
+        drafting = running[..., None] & (cap > 0)
+        pstop = d_pmin < np.minimum(cap, L)
+        eosstop = ~pstop & eos & (L <= cap)
+        n_raw = np.where(pstop, d_pmin, np.where(eosstop, L, cap))
+        if (~pstop & ~eosstop & (L < cap) & drafting).any():
+            raise ParameterError("the oracle's chains are shorter than this policy drafts (depth too small?)")
+        stop = np.where(pstop, STOP["p_min"], np.where(eosstop, STOP["eos"], reason))
+        decodes = np.where(drafting, np.where(pstop, d_pmin + 1, n_raw), 0)
+        n_raw = np.where(drafting, n_raw, 0)
+        stop = np.where(drafting, stop, reason).astype(np.int8)
+        # asked wherever it runs, even where the cap is 0 (the engine's candidate_len is then 0)
+        return Candidate(n_raw, stop, n_raw < np.asarray(n_min)[..., None], running[..., None], decodes)
+
+    def full(self, cap, active) -> Candidate:
+        asked = np.broadcast_to(np.asarray(active)[..., None], cap.shape)
+        n_raw = np.where(asked, cap, 0)
+        return Candidate(n_raw, np.zeros(n_raw.shape, np.int8), np.zeros(n_raw.shape, bool), asked, n_raw)
+
+    def expectation(self) -> Expectation:
+        return PrefixProducts(self.expected_table)
+
+    def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
+        return np.where(proposal.asked & np.asarray(cap_pos, bool), cost.head_draft_ns(proposal.decodes, pos), 0.0)
+
+
+# -- llama.cpp's ngram-simple ---------------------------------------------------------------------------
+class RunningAcceptance(Expectation):
+    """The engine's running acceptance of a drafter without confidence (``NgramDrafter::observe`` /
+    ``expected_accepted``): per depth j, how often token j was tested and accepted so far; the expected length
+    is the sum over depths of the products of (accepted + 1) / (tested + 2)."""
+
+    def __init__(self) -> None:
+        self.tested: list[int] = []
+        self.accepted: list[int] = []
+
+    def expected(self, g: int, n: int) -> float:
+        tested, accepted = self.tested, self.accepted
+        seen = min(n, len(tested))
+        e, reach = 0.0, 1.0
+        for j in range(seen):
+            reach *= (accepted[j] + 1.0) / (tested[j] + 2.0)
+            e += reach
+        for _ in range(seen, n):  # depths never tested: (0 + 1) / (0 + 2)
+            reach *= 0.5
+            e += reach
+        return e
+
+    def observe(self, g: int, n_proposed: int, n_match: int, n_emitted: int) -> None:
+        tested, accepted = self.tested, self.accepted
+        n = n_proposed if n_proposed < n_emitted else n_emitted
+        if len(tested) < n:
+            tested.extend([0] * (n - len(tested)))
+            accepted.extend([0] * (n - len(accepted)))
+        for j in range(n):
+            tested[j] += 1
+            if j >= n_match:
+                break
+            accepted[j] += 1
+
+
+class NgramSimpleReplay(DrafterReplay):
+    """llama.cpp's ngram-simple prompt look-up: the oracle's look-up at every position, cut to the cap; no
+    confidence (``p_min`` does not apply), a running acceptance for its expected accepted length."""
+
+    def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
+        L, eos = self.length, self.eos
+        asked = np.asarray(active)[..., None] & (cap > 0)
+        n_raw = np.where(asked, np.minimum(L, cap), 0)
+        stop = np.where(eos & (L <= cap), STOP["eos"], np.where(L >= cap, reason, STOP["exhausted"]))
+        stop = np.where(asked, stop, reason).astype(np.int8)
+        return Candidate(n_raw, stop, n_raw < np.asarray(n_min)[..., None], asked, np.zeros_like(n_raw))
+
+    def expectation(self) -> Expectation:
+        return RunningAcceptance()
+
+    def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
+        return np.where(np.asarray(proposal.asked, bool), cost.lookup_ns(pos), 0.0)
+

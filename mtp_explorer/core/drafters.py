@@ -1,0 +1,195 @@
+"""The drafter registry: one record per drafter the engine has, and the ``drafter=`` choices built from them.
+
+A :class:`DrafterSpec` says everything the rest of the package asks about a drafter: its engine name
+(the ``drafter`` column indexes :data:`~mtp_explorer.core.schema.DRAFTERS`), its llama.cpp
+``--spec-type`` name, a label for views, whether it has a confidence (``p_min`` applies) and needs an
+MTP head, its options with llama.cpp's flags and defaults, and the name of its replay in the simulator.
+A :class:`DrafterMode` is what ``Session.generate(drafter=...)`` takes: one drafter, or a chain of them
+with a policy. Views, the what-if panel, sweeps, calibration and the CLI read these records instead of
+comparing names; adding a drafter means adding its record here (and its class in ``native_ext/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Mapping
+
+from .errors import ParameterError
+from .schema import CHAIN_POLICIES, DRAFTERS
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterOption:
+    """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range."""
+
+    name: str      #: keyword argument of Session.generate / sweep, e.g. ``ngram_n``
+    flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
+    native: str    #: field of the engine's config struct that takes it
+    default: int
+    lo: int
+    hi: int
+    help: str
+
+    def check(self, value: Any) -> int:
+        """``value`` if it is an integer in range, else a :class:`ParameterError` naming the range."""
+        if not isinstance(value, int) or isinstance(value, bool) or not self.lo <= value <= self.hi:
+            raise ParameterError(f"{self.name} ({self.flag}) must be an integer in [{self.lo}, {self.hi}], "
+                                 f"got {value!r}")
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    """What the package knows of one drafter."""
+
+    name: str             #: the engine's name (an entry of DRAFTERS)
+    spec_type: str        #: llama.cpp's ``--spec-type`` value
+    label: str            #: how views name it
+    has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
+    needs_mtp: bool       #: it needs a model with MTP (nextn) layers
+    options: tuple[DrafterOption, ...] = ()
+    config_field: str = ""  #: field of the engine's GenerationConfig holding its options (a struct)
+    replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
+    oracle_prefix: str = ""  #: its draft in an oracle recording: columns ``<prefix>``, ``<prefix>_len``, ``<prefix>_eos``
+    description: str = ""
+
+    @property
+    def index(self) -> int:
+        """Its index in the ``drafter`` column."""
+        return DRAFTERS.index(self.name)
+
+    def load_replay(self) -> Any:
+        """The simulator's replay of this drafter (imported on first use: the analysis layer sits above)."""
+        module, _, attr = self.replay.partition(":")
+        return getattr(importlib.import_module(module, __package__), attr)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterMode:
+    """A ``drafter=`` choice: one drafter, or a chain of them verified under ``policy``."""
+
+    name: str
+    drafters: tuple[DrafterSpec, ...]
+    policy: str = CHAIN_POLICIES[0]
+    label: str = ""
+    description: str = ""
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.drafters) > 1
+
+    @property
+    def needs_mtp(self) -> bool:
+        """Some drafter of the mode drafts with the MTP head, so it cannot run on a model without one."""
+        return any(d.needs_mtp for d in self.drafters)
+
+    @property
+    def has_confidence(self) -> bool:
+        """``p_min`` applies to some drafter of the mode."""
+        return any(d.has_confidence for d in self.drafters)
+
+    @property
+    def options(self) -> tuple[DrafterOption, ...]:
+        return tuple(o for d in self.drafters for o in d.options)
+
+
+_NGRAM_OPTIONS = (
+    DrafterOption("ngram_n", "--spec-ngram-simple-size-n", "size_n", 3, 1, 1024,
+                  "length of the n-gram looked up (ending with the last token)"),
+    DrafterOption("ngram_m", "--spec-ngram-simple-size-m", "size_m", 8, 1, 1024,
+                  "length of the continuation proposed after a match (cut to n_max)"),
+)
+
+#: Every drafter of the engine, in the engine's order.
+DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
+    DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
+                replay="..analysis.replay:MtpReplay", oracle_prefix="chain",
+                description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
+    DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs_mtp=False,
+                options=_NGRAM_OPTIONS, config_field="ngram", replay="..analysis.replay:NgramSimpleReplay",
+                oracle_prefix="ngram",
+                description="prompt look-up: the last ngram_n tokens matched earlier in the context, the "
+                            "ngram_m tokens that followed proposed"),
+)}
+
+if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
+    raise ImportError(f"drafter registry {tuple(DRAFTER_SPECS)} differs from the engine's {DRAFTERS}")
+
+#: The ``drafter=`` choices, by name.
+MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
+    DrafterMode("mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
+    DrafterMode("ngram", (DRAFTER_SPECS["ngram"],), label="n-gram", description=DRAFTER_SPECS["ngram"].description),
+    DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
+                description="both drafters every step; the draft with the higher expected accepted length is verified"),
+)}
+
+DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
+"""The ``drafter=`` choices of :meth:`Session.generate`."""
+
+DEFAULT_MODE = "mtp"
+
+
+def drafter(name: str) -> DrafterSpec:
+    """The record of an engine drafter by name."""
+    try:
+        return DRAFTER_SPECS[name]
+    except KeyError:
+        raise ParameterError(f"unknown drafter {name!r}; the engine has {', '.join(DRAFTERS)}") from None
+
+
+def mode(name: str | DrafterMode) -> DrafterMode:
+    """The ``drafter=`` choice by name (a :class:`DrafterMode` passes through)."""
+    if isinstance(name, DrafterMode):
+        return name
+    try:
+        return MODES[name]
+    except (KeyError, TypeError):
+        raise ParameterError(f"drafter must be one of {DRAFTER_MODES}, got {name!r}") from None
+
+
+def default_mode(has_mtp: bool) -> str:
+    """The mode a model starts with: MTP where it has the head, else the first that needs none."""
+    return DEFAULT_MODE if has_mtp else next(m.name for m in MODES.values() if not m.needs_mtp)
+
+
+def available_modes(has_mtp: bool) -> tuple[str, ...]:
+    """The modes that can draft on a model with (or without) an MTP head."""
+    return tuple(m.name for m in MODES.values() if has_mtp or not m.needs_mtp)
+
+
+def recording_mode(has_mtp: bool) -> DrafterMode:
+    """The mode an oracle recording runs: every drafter the model can use, asked at every position."""
+    return max((m for m in MODES.values() if has_mtp or not m.needs_mtp), key=lambda m: len(m.drafters))
+
+
+def all_options() -> tuple[DrafterOption, ...]:
+    """Every drafter option, once each."""
+    seen: dict[str, DrafterOption] = {}
+    for spec in DRAFTER_SPECS.values():
+        for o in spec.options:
+            seen.setdefault(o.name, o)
+    return tuple(seen.values())
+
+
+def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Every option's value: ``given`` where named (checked), llama.cpp's default elsewhere. Unknown
+    names are a :class:`ParameterError`."""
+    given = dict(given or {})
+    known = {o.name: o for o in all_options()}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ParameterError(f"unknown drafter option(s) {unknown}; known: {sorted(known)}")
+    return {name: o.check(given.get(name, o.default)) for name, o in known.items()}
+
+
+def configure(config: Any, values: Mapping[str, int]) -> Any:
+    """Set every drafter's option struct on the engine's ``config`` (a GenerationConfig) from option
+    values; returns ``config``."""
+    for spec in DRAFTER_SPECS.values():
+        if spec.options:
+            struct = getattr(config, spec.config_field)
+            for o in spec.options:
+                setattr(struct, o.native, values[o.name])
+            setattr(config, spec.config_field, struct)
+    return config

@@ -1,0 +1,213 @@
+"""The owning handle of one native engine: its life cycle, the model's facts, tokenization and the
+one-generation-at-a-time guard. :class:`~mtp_explorer.core.session.Session` generates on top of it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this one instance)
+
+from .. import _native
+from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
+                     SessionClosedError, engine_errors)
+from .info import ModelInfo, model_info
+from .options import DEFAULT_N_RS_SEQ, SessionOptions
+from .schema import FINISH_REASONS
+from .trace import Trace
+
+Prompt = str | Sequence[int]
+
+
+def _libllama_path() -> str:
+    """The libllama whose nextn API is checked (the one the extension is linked against)."""
+    return _native.libllama_path()
+
+
+def check_nextn_api(path: str | None = None) -> None:
+    """Raise :class:`LibraryError` if the libllama at ``path`` lacks the nextn (MTP) API."""
+    lib = path or _libllama_path()
+    missing = _native.missing_nextn_symbols(lib)
+    if missing:
+        raise LibraryError(
+            f"{lib} lacks the nextn API that MTP drafting needs ({', '.join(missing)}); "
+            "install llama-cpp-python==0.3.36"
+        )
+
+
+def _engine_fact(name: str, doc: str) -> property:
+    """A read-only property answered by the live engine's attribute ``name``."""
+    return property(lambda self: getattr(self._live(), name), doc=doc)
+
+
+class EngineHandle:
+    """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
+    frees it."""
+
+    def __init__(self, engine: "_native.Engine", info: ModelInfo, *, seed: int) -> None:
+        self._engine = engine
+        self.info = info
+        self.seed = seed
+        self._busy = threading.Lock()
+        self._closed = False
+        self.last_trace: Trace | None = None
+        self.open_kwargs: dict = {}
+        """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
+
+    # -- life cycle ------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        seed: int = 0,
+        n_rs_seq: int = DEFAULT_N_RS_SEQ,
+        topk: int = 5,
+        telemetry: bool = True,
+        clock: str = "wall",
+    ) -> "EngineHandle":
+        """Load a GGUF model (``None``: the bundled demo model).
+
+        ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
+        the session accepts; ``topk`` is how many draft alternatives are recorded per depth.
+        ``clock="cpu"`` times the phases with the calling thread's CPU time instead of the wall
+        clock (needs ``threads=1``, where llama.cpp computes on that thread): the work, without the
+        time a busy machine kept the thread waiting. Tokens/s are then work-rate figures.
+        """
+        if path is None:
+            from ..models import default_model_path
+
+            path = default_model_path()
+        path = Path(path)
+        info = model_info(path)
+        options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
+                                 telemetry=telemetry, clock=clock)
+        check_nextn_api(_libllama_path())
+        _native.take_log()
+        try:
+            with engine_errors():
+                engine = _native.Engine(options.to_native(str(path)))
+        except ModelLoadError as exc:
+            log = [line for line in _native.take_log() if line.strip()]
+            detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""
+            raise ModelLoadError(f"cannot load {path}: {exc}{detail}") from exc
+        session = cls(engine, info, seed=options.seed)
+        session.open_kwargs = options.as_kwargs()
+        return session
+
+    def close(self) -> None:
+        """Free the model and contexts. A running generation is cancelled first."""
+        if not self._closed:
+            self._closed = True
+            self._engine.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "EngineHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"n_ctx={self.n_ctx}, capacity={self.capacity}"
+        return f"<Session {self.info.name!r} ({self.info.arch}) {state}>"
+
+    # -- facts -----------------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self.info.path
+
+    n_ctx = _engine_fact("n_ctx", "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it).")
+    capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (its ``n_rs_seq`` snapshot slots).")
+    threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
+
+    @property
+    def telemetry(self) -> bool:
+        return self._live().telemetry
+
+    @property
+    def clock(self) -> str:
+        """``wall`` or ``cpu``: the clock of the per-phase timings."""
+        return "cpu" if self._live().cpu_clock else "wall"
+
+    @telemetry.setter
+    def telemetry(self, on: bool) -> None:
+        self._live().telemetry = bool(on)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self._live().tokenize(text, add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._live().detokenize(list(tokens))
+
+    def piece(self, token: int) -> str:
+        return self._live().piece(int(token))
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends a generation (end of sequence, end of turn, ...)."""
+        return self._live().is_eog(int(token))
+
+    # -- internals -------------------------------------------------------------------------------
+    def _live(self) -> "_native.Engine":
+        if self._closed:
+            raise SessionClosedError("the session is closed")
+        return self._engine
+
+    @contextlib.contextmanager
+    def _run(self) -> Iterator[None]:
+        """Hold the session for one generation (a second one at the same time is a SessionBusyError)."""
+        self._live()
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusyError("a generation is already running on this session")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ParameterError("the prompt is empty")
+            tokens = self.tokenize(prompt)
+        else:
+            tokens = [int(t) for t in prompt]
+            n_vocab = self._engine.n_vocab
+            bad = [t for t in tokens if not 0 <= t < n_vocab]
+            if bad:
+                raise ParameterError(f"prompt token ids out of range [0, {n_vocab}): {bad[:5]}")
+        if not tokens:
+            raise ParameterError("the prompt is empty (it tokenizes to no tokens)")
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                "shorten it or open the session with a larger n_ctx"
+            )
+        return tokens
+
+    def _output(self, prompt: Prompt, prompt_tokens: list[int]) -> dict:
+        """The last generation's prompt and output, as the fields a Trace and an OracleTrace share."""
+        engine = self._engine
+        tokens = engine.generated()
+        return {"prompt": prompt if isinstance(prompt, str) else self.detokenize(prompt_tokens),
+                "prompt_tokens": prompt_tokens, "tokens": tokens, "text": engine.detokenize(tokens),
+                "pieces": [engine.piece(t) for t in tokens], "finish_reason": FINISH_REASONS[engine.finish],
+                "model": self.info.to_dict()}
+
+    def _session_settings(self) -> dict:
+        """The session's settings a trace records."""
+        return {"n_ctx": self.n_ctx, "capacity": self.capacity, "threads": self.threads,
+                "telemetry": self.telemetry, "clock": self.clock}

@@ -1,0 +1,201 @@
+"""The per-step and per-position column schemas, read once from the native engine.
+
+The engine declares every telemetry column (name, dtype, width) in one table (``native_ext/telemetry.h``)
+and every oracle column in another (``native_ext/oracle.h``); ``_native.TRACE_COLUMNS`` and
+``_native.ORACLE_COLUMNS`` export them. Everything in Python that holds columns derives from these:
+:class:`~mtp_explorer.core.trace.Trace` and its :class:`~mtp_explorer.core.trace.Step` records, the
+Explorer's live trace, the simulator's traces and the JSON codec. The names the enum columns index
+(``STOP_REASONS``, ``DRAFTERS``, ``FINISH_REASONS``) come from the engine too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .. import _native
+
+STOP_REASONS: tuple[str, ...] = tuple(_native.STOP_REASONS)
+"""Why drafting stopped in a step, indexed by the ``stop_reason`` column (``exhausted``: the drafter had no
+(more) tokens to propose, e.g. the n-gram look-up found no match)."""
+
+DRAFTERS: tuple[str, ...] = tuple(_native.DRAFTERS)
+"""The engine's drafters, indexed by the ``drafter`` column (-1: no draft was verified)."""
+
+FINISH_REASONS: tuple[str, ...] = tuple(_native.FINISH_REASONS)
+"""Why a generation ended."""
+
+CHAIN_POLICIES: tuple[str, ...] = tuple(_native.CHAIN_POLICIES)
+"""How a chain of drafters picks the draft it verifies."""
+
+PHASES: tuple[str, ...] = tuple(c[len("t_"):-len("_ns")] for c, _, w in _native.TRACE_COLUMNS
+                                if c.startswith("t_") and c.endswith("_ns") and w == "")
+"""The timed phases of a step, in the engine's order (a ``t_<phase>_ns`` column each)."""
+
+#: Columns whose integer values index a name table (shown as names in :class:`Step` records).
+ENUM_COLUMNS: Mapping[str, tuple[str, ...]] = {"stop_reason": STOP_REASONS, "drafter": DRAFTERS}
+
+#: Columns whose -1 means "none" (``None`` in :class:`Step` records).
+OPTIONAL_COLUMNS: frozenset[str] = frozenset({"rs_slot"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """The widths of a trace's indexed columns."""
+
+    depth: int        #: D: the session's n_max capacity
+    topk: int         #: K: alternatives recorded per draft depth
+    sources: int = len(DRAFTERS)  #: S: the engine's drafters
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column: its name, numpy dtype and width kind (``""`` scalar per row, ``depth``, ``depth+1``,
+    ``depth*topk``, ``sources``; oracle columns also ``tail``: a column of its own length)."""
+
+    name: str
+    dtype: np.dtype
+    width: str
+
+    def inner_shape(self, dims: Dims) -> tuple[int, ...]:
+        """The shape of one row."""
+        return {
+            "": (), "tail": (), "depth": (dims.depth,), "depth+1": (dims.depth + 1,),
+            "depth*topk": (dims.depth, dims.topk), "sources": (dims.sources,),
+        }[self.width]
+
+    @property
+    def fill(self) -> float | int:
+        """The padding value: -1 for integers, NaN for floats."""
+        return math.nan if self.dtype.kind == "f" else -1
+
+    @property
+    def per_depth(self) -> bool:
+        """Indexed by draft depth (padded past the drafted tokens)."""
+        return self.width.startswith("depth")
+
+    def empty(self, n_rows: int, dims: Dims) -> np.ndarray:
+        return np.full((n_rows, *self.inner_shape(dims)), self.fill, dtype=self.dtype)
+
+
+def _read(table) -> tuple[Column, ...]:
+    return tuple(Column(str(name), np.dtype(dtype), str(width)) for name, dtype, width in table)
+
+
+TRACE_COLUMNS: tuple[Column, ...] = _read(_native.TRACE_COLUMNS)
+"""The per-step columns of a trace, in the engine's order."""
+
+ORACLE_COLUMNS: tuple[Column, ...] = _read(_native.ORACLE_COLUMNS)
+"""The per-position columns of an oracle recording, in the engine's order."""
+
+TRACE_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in TRACE_COLUMNS)
+TRACE_SCHEMA: Mapping[str, Column] = {c.name: c for c in TRACE_COLUMNS}
+
+
+def dims_of(columns: Mapping[str, np.ndarray]) -> Dims:
+    """The widths of a trace's columns."""
+    topk = columns["topk_ids"]
+    return Dims(depth=int(topk.shape[1]), topk=int(topk.shape[2]), sources=int(columns["candidate_len"].shape[1]))
+
+
+def empty_columns(n_rows: int, dims: Dims, schema: Iterable[Column] = TRACE_COLUMNS) -> dict[str, np.ndarray]:
+    """Every column of ``schema`` with ``n_rows`` rows, padded (-1 / NaN)."""
+    return {c.name: c.empty(n_rows, dims) for c in schema}
+
+
+def check_columns(columns: Mapping[str, np.ndarray], schema: Iterable[Column] = TRACE_COLUMNS,
+                  dims: Dims | None = None) -> None:
+    """Raise ``ValueError`` unless ``columns`` has exactly the schema's columns with its dtypes and widths."""
+    schema = tuple(schema)
+    names = [c.name for c in schema]
+    if set(columns) != set(names):
+        missing, extra = sorted(set(names) - set(columns)), sorted(set(columns) - set(names))
+        raise ValueError(f"columns differ from the schema: missing {missing}, unexpected {extra}")
+    dims = dims or dims_of(columns)
+    rows = {int(columns[c.name].shape[0]) for c in schema if c.width != "tail"}
+    if len(rows) > 1:
+        raise ValueError(f"columns have different row counts: {sorted(rows)}")
+    for c in schema:
+        arr = columns[c.name]
+        if arr.dtype != c.dtype or tuple(arr.shape[1:]) != c.inner_shape(dims):
+            raise ValueError(f"column {c.name!r}: {arr.dtype}{list(arr.shape[1:])}, "
+                             f"the schema says {c.dtype}{list(c.inner_shape(dims))}")
+
+
+def concat_columns(parts: Iterable[Mapping[str, np.ndarray]], dims: Dims) -> dict[str, np.ndarray]:
+    """Rows of several column chunks, in order (no chunk: zero rows)."""
+    parts = list(parts)
+    if not parts:
+        return empty_columns(0, dims)
+    return {c.name: np.concatenate([p[c.name] for p in parts]) for c in TRACE_COLUMNS}
+
+
+# -- one row as a record ---------------------------------------------------------------------------
+def row_value(column: Column, cols: Mapping[str, np.ndarray], i: int, n_drafted: int) -> Any:
+    """Row ``i`` of a column as a plain Python value: depth-indexed columns cut to the real entries
+    (``n_drafted``, one more for ``depth+1``), enum columns as names, optional ones ``None`` for -1."""
+    value = cols[column.name][i]
+    if column.width == "depth" or column.width == "depth*topk":
+        return value[:n_drafted].tolist()
+    if column.width == "depth+1":
+        return value[: n_drafted + 1].tolist()
+    if column.width:
+        return value.tolist()
+    value = value.item()
+    if column.name in ENUM_COLUMNS:
+        return ENUM_COLUMNS[column.name][value] if value >= 0 else None
+    if column.name in OPTIONAL_COLUMNS:
+        return None if value < 0 else value
+    return value
+
+
+def set_row(column: Column, cols: dict[str, np.ndarray], i: int, value: Any) -> None:
+    """The inverse of :func:`row_value`: write a record's value into padded row ``i``."""
+    if column.per_depth or column.width == "sources":
+        arr = np.asarray(value, dtype=column.dtype)
+        if arr.size:  # an empty value (a step without a draft) leaves the padding
+            cols[column.name][i][tuple(slice(0, n) for n in arr.shape)] = arr
+        return
+    if column.name in ENUM_COLUMNS:
+        value = -1 if value is None else ENUM_COLUMNS[column.name].index(value)
+    elif column.name in OPTIONAL_COLUMNS and value is None:
+        value = -1
+    cols[column.name][i] = value
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+def columns_to_json(columns: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """Numpy columns as JSON-ready dicts (dtype, shape, data; NaN as null)."""
+    out = {}
+    for name, arr in columns.items():
+        data = arr.tolist()
+        if arr.dtype.kind == "f":
+            data = _nan_to_none(data)
+        out[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
+    return out
+
+
+def columns_from_json(specs: Mapping[str, dict]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`columns_to_json`."""
+    out = {}
+    for name, spec in specs.items():
+        data = spec["data"]
+        if np.dtype(spec["dtype"]).kind == "f":
+            data = _none_to_nan(data)
+        out[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
+    return out
+
+
+def _nan_to_none(x):
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _none_to_nan(x):
+    if isinstance(x, list):
+        return [_none_to_nan(v) for v in x]
+    return math.nan if x is None else x

@@ -1,0 +1,170 @@
+"""Traces: what one generation did, step by step, as columnar numpy arrays.
+
+One row per verify step. Depth-indexed columns have the session's capacity as their width and are
+padded with -1 (ids) or NaN (floats) past ``n_drafted`` (``target_tokens`` and ``h_norm_target``
+have one more entry: the verified position of the token preceding the draft).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..analysis import metrics
+from .schema import (
+    DRAFTERS,
+    TRACE_COLUMN_NAMES,
+    TRACE_COLUMNS,
+    ENUM_COLUMNS,
+    OPTIONAL_COLUMNS,
+    Column,
+    check_columns,
+    columns_from_json,
+    columns_to_json,
+    row_value,
+)
+
+COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
+"""The per-step column names, in the engine's order (:data:`~mtp_explorer.core.schema.TRACE_COLUMNS`)."""
+
+
+def _field_type(c: Column) -> type:
+    item = float if c.dtype.kind == "f" else int
+    if c.name in ENUM_COLUMNS:
+        return str | None
+    if c.name in OPTIONAL_COLUMNS:
+        return int | None
+    if c.width == "depth*topk":
+        return list[list[item]]
+    return list[item] if c.width else item
+
+
+class _StepMethods:
+    """What a :class:`Step` record adds to its fields."""
+
+    @property
+    def tokens(self) -> list[int]:
+        """Tokens this step emitted: the accepted drafts, then the target's correction (or bonus) token."""
+        return self.drafted[: self.n_accepted] + [self.correction]
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, np.ndarray], i: int) -> "Step":
+        """Row ``i`` of trace columns as a record."""
+        n = int(cols["n_drafted"][i])
+        return cls(**{c.name: row_value(c, cols, i, n) for c in TRACE_COLUMNS})
+
+
+Step = dataclasses.make_dataclass(
+    "Step", [(c.name, _field_type(c)) for c in TRACE_COLUMNS], bases=(_StepMethods,), frozen=True,
+    namespace={"__doc__": "One draft + verify step: a field per trace column (see :data:`COLUMNS`). Depth-indexed "
+                          "fields hold only the real entries (no padding); ``stop_reason`` and ``drafter`` are names "
+                          "(``drafter`` ``None``: no draft), ``rs_slot`` is ``None`` without a rollback.",
+               "__module__": __name__},
+)
+
+
+@dataclasses.dataclass
+class Trace:
+    """A generation's output and per-step telemetry."""
+
+    prompt: str
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    pieces: list[str]
+    columns: dict[str, np.ndarray]
+    finish_reason: str
+    settings: dict[str, Any]
+    model: dict[str, Any]
+    t_prefill_ns: int = 0
+
+    # -- views -----------------------------------------------------------------------------------
+    @property
+    def n_steps(self) -> int:
+        return int(self.columns["step"].shape[0])
+
+    def __len__(self) -> int:
+        return self.n_steps
+
+    @property
+    def steps(self) -> list[Step]:
+        return [Step.from_columns(self.columns, i) for i in range(self.n_steps)]
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        columns = self.__dict__.get("columns")
+        if columns is not None and name in columns:
+            return columns[name]
+        raise AttributeError(name)
+
+    @property
+    def depth(self) -> int:
+        """Width of the depth-indexed columns (the session's n_max capacity)."""
+        return int(self.columns["drafted"].shape[1])
+
+    @property
+    def token_origin(self) -> np.ndarray:
+        """Per generated token: 'accepted' (a verified draft), 'correction' (the target's token after
+        a draft), or 'plain' (the target's token in a step without a draft)."""
+        out = []
+        for n_d, n_a in zip(self.columns["n_drafted"], self.columns["n_accepted"]):
+            out += ["accepted"] * int(n_a) + ["correction" if n_d > 0 else "plain"]
+        return np.array(out, dtype=object)
+
+    # -- numbers ---------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Acceptance, throughput and time split of the generation (prompt processing excluded)."""
+        c = self.columns
+        phases = metrics.phase_seconds(c)
+        return {
+            "acceptance_rate": metrics.acceptance_rate(c["n_drafted"], c["n_accepted"]),
+            "mean_accepted_length": metrics.mean_accepted_length(c["n_accepted"]),
+            "acceptance_by_depth": metrics.acceptance_by_depth(c["n_drafted"], c["n_accepted"], self.depth).rate,
+            "tokens_per_second": metrics.tokens_per_second(len(self.tokens), sum(phases.values())),
+            "n_steps": self.n_steps,
+            "n_tokens": len(self.tokens),
+            "n_drafted": int(c["n_drafted"].sum()),
+            "n_accepted": int(c["n_accepted"].sum()),
+            "phase_seconds": phases,
+            "prefill_seconds": self.t_prefill_ns / 1e9,
+            "rs_slot_bytes": int(self.model.get("rs_slot_bytes", 0)),
+            "finish_reason": self.finish_reason,
+            "steps_by_drafter": self.steps_by_drafter(),
+        }
+
+    def steps_by_drafter(self) -> dict[str, int]:
+        """Verified drafts per drafter (``none``: steps without a draft)."""
+        return metrics.steps_by_drafter(self.columns["drafter"], DRAFTERS)
+
+    def to_pandas(self):
+        """One row per step; depth-indexed columns become lists without padding."""
+        import pandas as pd
+
+        return pd.DataFrame([dataclasses.asdict(s) for s in self.steps], columns=list(COLUMNS))
+
+    # -- serialisation ---------------------------------------------------------------------------
+    def to_json(self) -> str:
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "columns"}
+        doc["columns"] = columns_to_json(self.columns)
+        doc["format"] = "mtp-explorer-trace/1"
+        return json.dumps(doc, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        doc = json.loads(text)
+        if doc.pop("format", None) != "mtp-explorer-trace/1":
+            raise ValueError("not an mtp-explorer trace")
+        columns = columns_from_json(doc.pop("columns"))
+        check_columns(columns)
+        return cls(columns=columns, **doc)
+
+
+def drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:
+    """Whose draft step ``i`` verified (``None``: no draft)."""
+    d = int(cols["drafter"][i])
+    return DRAFTERS[d] if d >= 0 else None

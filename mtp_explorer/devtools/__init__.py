@@ -1,0 +1,2 @@
+"""Development tools, not part of the runtime API: the llama.cpp reference harness (parity checks) and the
+GGUF writers that make the bundled model and the SYNTHETIC test and benchmark models."""

@@ -1,0 +1,1 @@
+"""The figure layer: plotly figures of traces, oracles and sweeps (no widgets)."""

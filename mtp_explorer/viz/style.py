@@ -1,0 +1,126 @@
+"""The look every figure shares: colours, labels and layout helpers.
+
+Per-trace figures (:mod:`~mtp_explorer.viz.trace_figures`) and what-if figures
+(:mod:`~mtp_explorer.viz.whatif_figures`) take their colours, names and layout from here. Drafter labels come
+from the drafter registry (:mod:`mtp_explorer.core.drafters`), phase names from the engine's schema
+(:data:`~mtp_explorer.core.schema.PHASES`); the colour tables below are keyed by those names.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..core.drafters import DEFAULT_MODE, DRAFTER_MODES, DRAFTER_SPECS, MODES
+from ..core.schema import PHASES
+
+# -- palettes --------------------------------------------------------------------------------------
+#: A categorical palette (plotly's D3): one colour per series, cycled.
+PALETTE: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                            "#7f7f7f", "#bcbd22", "#17becf")
+
+#: One colour per draft depth (or settings segment), cycled.
+DEPTH_COLORS: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                                 "#bcbd22")
+
+#: The marks of settings changes (``set_params`` during a run).
+CHANGE_COLOR = "#d62728"
+#: The main series of a single-series figure, and its companions.
+PRIMARY = "#4c78a8"
+MEASURED = "#e45756"      #: measured runs shown beside predictions
+HIGHLIGHT = "#f58518"     #: the current setting
+CEILING = "#aec7e8"       #: the bound with every draft accepted
+PLAIN = "#d62728"         #: plain decoding (n_max = 0) reference lines
+MUTED = "#868e96"         #: secondary reference lines
+GUIDE = "#999"            #: diagonals and other guides
+
+# -- token origins -----------------------------------------------------------------------------------
+#: Background colours of tokens in the timeline, by origin (``Trace.token_origin``) plus rejected drafts.
+ORIGIN_COLORS: dict[str, str] = {
+    "accepted": "#b7e4c7",    # a verified draft
+    "correction": "#ffd8a8",  # the target's token after a draft (correction, or bonus after a full accept)
+    "plain": "#e9ecef",       # the target's token in a step without a draft
+    "rejected": "#f5c2c7",    # a draft the target disagreed with (rolled back)
+}
+ORIGIN_LABELS: dict[str, str] = {
+    "accepted": "accepted draft",
+    "correction": "target correction / bonus",
+    "plain": "plain (no draft)",
+    "rejected": "rejected draft",
+}
+
+# -- phases ----------------------------------------------------------------------------------------
+_PHASE_STYLE: dict[str, tuple[str, str]] = {  # phase -> (colour, label), in the order bars stack
+    "draft": ("#4c78a8", "draft"), "verify": ("#f58518", "verify"), "catchup": ("#54a24b", "catch-up"),
+    "sample": ("#b279a2", "sample"),
+}
+#: The engine's phases (:data:`~mtp_explorer.core.schema.PHASES`) in the order the time bars stack them.
+PHASE_ORDER: tuple[str, ...] = tuple(sorted(PHASES, key=lambda p: list(_PHASE_STYLE).index(p)
+                                            if p in _PHASE_STYLE else len(_PHASE_STYLE)))
+PHASE_COLORS: dict[str, str] = {p: _PHASE_STYLE.get(p, (PALETTE[i % len(PALETTE)], ""))[0]
+                                for i, p in enumerate(PHASE_ORDER)}
+PHASE_LABELS: dict[str, str] = {p: _PHASE_STYLE.get(p, ("", p))[1] for p in PHASE_ORDER}
+
+# -- recurrent snapshot slots ------------------------------------------------------------------------
+SLOT_STATES: tuple[str, ...] = ("not written", "written (snapshot)", "restored (rollback)")
+SLOT_COLORS: tuple[str, ...] = ("#f1f3f5", "#a5d8ff", "#e8590c")
+
+# -- drafters --------------------------------------------------------------------------------------
+#: One colour per ``drafter=`` choice (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`), in registry order.
+DRAFTER_COLORS: dict[str, str] = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(DRAFTER_MODES)}
+
+
+def drafter_label(name: str | None) -> str:
+    """How views name a drafter: the label of the ``drafter=`` choice of that name (a single engine
+    drafter's mode is named after it), else the engine drafter's label; ``""`` for ``None`` (no draft)."""
+    if name is None:
+        return ""
+    if name in MODES:
+        return MODES[name].label
+    if name in DRAFTER_SPECS:
+        return DRAFTER_SPECS[name].label
+    return str(name)
+
+
+def drafter_color(name: str, index: int = 0) -> str:
+    """A drafter's colour; names outside the registry take the palette's ``index``-th colour."""
+    return DRAFTER_COLORS.get(name, PALETTE[index % len(PALETTE)])
+
+
+def drafter_order(name: str) -> int:
+    """Sort key: the registry's order of the ``drafter=`` choices, unknown names last."""
+    return DRAFTER_MODES.index(name) if name in DRAFTER_MODES else len(DRAFTER_MODES)
+
+
+def run_label(settings: dict) -> str:
+    """The label of a speculative run in throughput views: its drafter's (the default drafter's when
+    the settings do not say)."""
+    return drafter_label(settings.get("drafter") or DEFAULT_MODE)
+
+
+# -- layout ----------------------------------------------------------------------------------------
+def base_layout(fig: go.Figure, title: str, height: int, *, legend: str = "below") -> go.Figure:
+    """Title, height and the common look (``plotly_white``). ``legend="below"``: a horizontal legend under
+    the x-axis titles (the per-trace figures); ``"right"``: a vertical legend beside the plot (the
+    what-if figures)."""
+    if legend == "below":
+        fig.update_layout(title={"text": title, "font": {"size": 14}}, height=height, template="plotly_white",
+                          margin={"l": 55, "r": 20, "t": 70, "b": 90},
+                          legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0})
+    elif legend == "right":
+        fig.update_layout(title={"text": title}, height=height, template="plotly_white",
+                          margin={"l": 60, "r": 20, "t": 60, "b": 50}, legend={"orientation": "v"})
+    else:
+        raise ValueError(f"legend must be 'below' or 'right', got {legend!r}")
+    return fig
+
+
+def empty(fig: go.Figure, text: str, **kw) -> go.Figure:
+    """A grey note in the middle of a figure that has nothing (yet) to show."""
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font={"size": 13, "color": "#666"}, **kw)
+    return fig
+
+
+def marker_outline(symbol: str, size: int, color: str) -> dict:
+    """A marker with a thin black outline (stars, diamonds: single points that must stand out)."""
+    return {"symbol": symbol, "size": size, "color": color, "line": {"color": "black", "width": 1}}

@@ -1,0 +1,179 @@
+"""The shape of the code: one schema and one drafter registry shared by the native engine and Python,
+drafter names spelled only in the registry, small classes and functions, engine errors typed."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer import _native
+from mtp_explorer.core import drafters, schema
+from mtp_explorer.core.errors import ENGINE_ERROR_KINDS, from_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mtp_explorer"
+NATIVE = ROOT / "native_ext"
+#: The only Python files allowed to spell a drafter's name.
+REGISTRY = {PACKAGE / "core" / "drafters.py"}
+MAX_CLASS_LINES = 200
+MAX_CPP_FUNCTION_LINES = 80
+
+
+# -- one schema ------------------------------------------------------------------------------------
+def test_native_columns_match_the_python_schema(session_mixed):
+    """A generation's native columns are exactly the schema's, with its dtypes and widths."""
+    trace = session_mixed.generate("def fib(n):", max_tokens=24, n_max=3)
+    schema.check_columns(trace.columns, dims=schema.Dims(depth=session_mixed.capacity, topk=5))
+    assert list(trace.columns) == list(schema.TRACE_COLUMN_NAMES)  # the engine's order
+    step_fields = [f.name for f in dataclasses.fields(mx.Step)]
+    assert step_fields == list(schema.TRACE_COLUMN_NAMES)
+
+
+def test_native_oracle_columns_match_the_schema(session_mixed):
+    oracle = session_mixed.record_oracle("def fib(n):", max_tokens=12, depth=3)
+    native = {c.name for c in schema.ORACLE_COLUMNS}
+    assert native <= set(oracle.columns)
+    dims = schema.Dims(depth=3, topk=5)
+    for c in schema.ORACLE_COLUMNS:
+        arr = oracle.columns[c.name]
+        assert arr.dtype == c.dtype and arr.shape[1:] == c.inner_shape(dims), c.name
+
+
+def test_a_column_off_the_schema_is_refused():
+    cols = schema.empty_columns(2, schema.Dims(depth=3, topk=2))
+    schema.check_columns(cols)
+    cols["drafted"] = cols["drafted"].astype(np.int64)
+    with pytest.raises(ValueError, match="drafted"):
+        schema.check_columns(cols)
+    del cols["drafted"]
+    with pytest.raises(ValueError, match="missing"):
+        schema.check_columns(cols)
+
+
+@pytest.mark.parametrize("n_max, p_min", [(4, 0.2), (0, 0.0), (3, 0.97)])
+def test_step_records_round_trip_through_padded_columns(session_mixed, n_max, p_min):
+    """Records (with steps that drafted nothing too) written back into padded columns give the columns."""
+    trace = session_mixed.generate("import os\n", max_tokens=20, n_max=n_max, p_min=p_min)
+    cols = schema.empty_columns(trace.n_steps, schema.dims_of(trace.columns))
+    for i, step in enumerate(trace.steps):
+        for c in schema.TRACE_COLUMNS:
+            schema.set_row(c, cols, i, getattr(step, c.name))
+    for name, arr in trace.columns.items():
+        np.testing.assert_array_equal(cols[name], arr, err_msg=name)
+
+
+# -- one registry ----------------------------------------------------------------------------------
+def test_registry_names_the_engines_drafters_and_policies():
+    assert tuple(drafters.DRAFTER_SPECS) == tuple(_native.DRAFTERS) == mx.DRAFTERS
+    for mode in drafters.MODES.values():
+        assert mode.policy in _native.CHAIN_POLICIES
+        assert all(d.name in _native.DRAFTERS for d in mode.drafters)
+    for spec in drafters.DRAFTER_SPECS.values():
+        assert spec.spec_type and spec.label and spec.replay
+        spec.load_replay()  # the simulator has a replay for every drafter
+        for option in spec.options:  # each option maps onto a field of the engine's config struct
+            assert hasattr(getattr(_native.GenerationConfig(), spec.config_field), option.native)
+            assert option.flag.startswith("--spec-")
+
+
+def test_unknown_drafters_and_options_are_parameter_errors(session_mixed):
+    with pytest.raises(mx.ParameterError, match="drafter must be one of"):
+        session_mixed.generate("x", max_tokens=2, drafter="eagle")
+    with pytest.raises(mx.ParameterError, match="unknown drafter option"):
+        session_mixed.generate("x", max_tokens=2, drafter="ngram", ngram_q=3)
+    with pytest.raises(mx.ParameterError, match="--spec-ngram-simple-size-n"):
+        session_mixed.generate("x", max_tokens=2, drafter="ngram", ngram_n=0)
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """String constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_no_drafter_name_literals_outside_the_registry():
+    names = set(drafters.DRAFTER_MODES) | set(drafters.DRAFTER_SPECS)
+    found = [f"{path.relative_to(ROOT)}:{line}: {value!r}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path not in REGISTRY
+             for line, value in _code_strings(path) if value in names]
+    assert not found, "drafter names spelled outside core/drafters.py:\n" + "\n".join(found)
+
+
+# -- small pieces ----------------------------------------------------------------------------------
+def test_no_class_is_over_200_lines():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
+
+
+def _cpp_functions(text: str):
+    """(name, first line, line count) of every brace-delimited function body at namespace or class scope."""
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    head = re.compile(r"([A-Za-z_~][\w:~<>]*)\s*\([^;{}]*\)\s*(?:const\s*)?(?:noexcept\s*)?(?:override\s*)?"
+                      r"(?::[^;{]*)?\{$")
+    out, i, depth_stack = [], 0, []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            before = text[max(0, m.start() - 400): m.end()]
+            fn = head.search(before.replace("\n", " "))
+            depth_stack.append((fn.group(1) if fn and fn.group(1) not in ("if", "for", "while", "switch", "catch")
+                                else None, m.start()))
+        else:
+            name, start = depth_stack.pop()
+            if name and not any(n for n, _ in depth_stack):  # outermost function body only
+                first = text.count("\n", 0, start) + 1
+                out.append((name, first, text.count("\n", start, m.start()) + 1))
+        i += 1
+    return out
+
+
+def test_no_cpp_function_is_over_80_lines():
+    long = [f"{path.name}:{line} {name} ({n} lines)"
+            for path in sorted(NATIVE.glob("*.[ch]*"))
+            for name, line, n in _cpp_functions(path.read_text()) if n > MAX_CPP_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_the_function_length_check_sees_functions():
+    text = "int f(int a) {\n" + "  a++;\n" * 90 + "}\nstruct S { void g() const {\n  return;\n } };\n"
+    found = {name: n for name, _, n in _cpp_functions(text)}
+    assert found["f"] == 92 and found["g"] == 3
+
+
+# -- engine errors ---------------------------------------------------------------------------------
+def test_every_native_throw_is_a_typed_engine_error():
+    kinds = set(_native.ENGINE_ERROR_KINDS)
+    assert kinds == set(ENGINE_ERROR_KINDS)
+    for path in sorted(NATIVE.glob("*.[ch]*")):
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bthrow\b", line) and "EngineError" not in line and not line.strip().startswith("//"):
+                pytest.fail(f"{path.name}:{line_no} throws something other than EngineError: {line.strip()}")
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_ERROR_KINDS))
+def test_engine_error_kinds_map_to_package_exceptions(kind):
+    err = from_engine(_native.EngineError(kind, f"{kind} failed (llama_process returned -3)"))
+    assert isinstance(err, ENGINE_ERROR_KINDS[kind]) and isinstance(err, mx.MtpExplorerError)
+    assert "failed" in str(err)
+
+
+def test_a_decode_failure_is_a_decode_error():
+    err = from_engine(_native.EngineError("decode", "target decode failed (llama_process returned 1)"))
+    assert isinstance(err, mx.DecodeError) and isinstance(err, mx.EngineError)
+    assert "target decode failed" in str(err)
