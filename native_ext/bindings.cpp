@@ -7,6 +7,7 @@
 // the same way: `_native.EngineError("decode", "...")`.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -64,6 +65,15 @@ nb::tuple names_tuple(const char * const (&table)[N]) {
     nb::list out;
     for (const char * name : table) {
         out.append(nb::str(name));
+    }
+    return nb::tuple(out);
+}
+
+// the drafter table's names, in DrafterId order
+nb::tuple drafters_tuple() {
+    nb::list out;
+    for (int32_t i = 0; i < N_DRAFTERS; ++i) {
+        out.append(nb::str(drafter_name(i)));
     }
     return nb::tuple(out);
 }
@@ -176,7 +186,7 @@ void bind_functions(nb::module_ & m) {
 
 void bind_tables(nb::module_ & m) {
     m.attr("STOP_REASONS") = names_tuple(STOP_REASON_NAMES);
-    m.attr("DRAFTERS") = names_tuple(DRAFTER_NAMES);
+    m.attr("DRAFTERS") = drafters_tuple();
     m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
     m.attr("FINISH_REASONS") = names_tuple(FINISH_REASON_NAMES);
     m.attr("WIDTH_KINDS") = names_tuple(WIDTH_NAMES);
@@ -200,17 +210,6 @@ void bind_draft_configs(nb::module_ & m) {
         .def_rw("p_min", &DraftParams::p_min)
         .def_rw("n_min", &DraftParams::n_min)
         .def("__repr__", &repr_params);
-
-    const NgramConfig ng;
-    nb::class_<NgramConfig>(m, "NgramConfig", "llama.cpp ngram-simple sizes (--spec-ngram-simple-size-n/-m).")
-        .def("__init__", [](NgramConfig * self, int32_t size_n, int32_t size_m) {
-                 new (self) NgramConfig{size_n, size_m};
-             }, "size_n"_a = ng.size_n, "size_m"_a = ng.size_m)
-        .def_rw("size_n", &NgramConfig::size_n)
-        .def_rw("size_m", &NgramConfig::size_m)
-        .def("__repr__", [](const NgramConfig & c) {
-            return "NgramConfig(size_n=" + std::to_string(c.size_n) + ", size_m=" + std::to_string(c.size_m) + ")";
-        });
 }
 
 void bind_generation_config(nb::module_ & m) {
@@ -219,17 +218,20 @@ void bind_generation_config(nb::module_ & m) {
                                  "One generation: budget, sampling, the drafter chain (names of DRAFTERS) and its policy.")
         .def("__init__",
              [](GenerationConfig * self, int32_t max_tokens, float temperature, uint32_t seed,
-                std::vector<std::string> drafters, std::string chain_policy, const NgramConfig & ngram) {
-                 new (self) GenerationConfig{max_tokens, temperature, seed, std::move(drafters), std::move(chain_policy), ngram};
+                std::vector<std::string> drafters, std::string chain_policy, DrafterOptions options) {
+                 new (self) GenerationConfig{max_tokens, temperature, seed, std::move(drafters), std::move(chain_policy),
+                                             std::move(options)};
              },
              "max_tokens"_a = gc.max_tokens, "temperature"_a = gc.temperature, "seed"_a = gc.seed,
-             "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "ngram"_a = gc.ngram)
+             "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "options"_a = gc.options)
         .def_rw("max_tokens", &GenerationConfig::max_tokens)
         .def_rw("temperature", &GenerationConfig::temperature)
         .def_rw("seed", &GenerationConfig::seed)
         .def_rw("drafters", &GenerationConfig::drafters)
         .def_rw("chain_policy", &GenerationConfig::chain_policy)
-        .def_rw("ngram", &GenerationConfig::ngram);
+        .def_rw("options", &GenerationConfig::options,
+                "The drafters' options by keyword ({\"ngram_n\": 3, ...}): each drafter reads its own keys, "
+                "a missing key meaning its default; unknown keys are ignored.");
 }
 
 void bind_engine_options(nb::module_ & m) {
@@ -289,17 +291,17 @@ void bind_engine_generation(nb::class_<Engine> & c) {
         .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
         .def("record_oracle",
              [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
-                const NgramConfig & ngram, bool probe) {
-                 const NgramConfig ng = ngram;
+                const DrafterOptions & options, bool probe) {
+                 const DrafterOptions opts = options;
                  OracleRecord rec;
                  bool done;
                  {
                      nb::gil_scoped_release r;
-                     done = e.record_oracle(prompt, max_tokens, depth, ng, probe, rec);
+                     done = e.record_oracle(prompt, max_tokens, depth, opts, probe, rec);
                  }
                  return nb::make_tuple(done, columns_dict(rec, 0));
              },
-             "prompt"_a, "max_tokens"_a, "depth"_a, "ngram"_a, "probe"_a = true)
+             "prompt"_a, "max_tokens"_a, "depth"_a, "options"_a, "probe"_a = true)
         .def("set_params", &Engine::set_params, "params"_a)
         .def("params", &Engine::params)
         .def("cancel", &Engine::cancel);

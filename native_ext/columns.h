@@ -16,11 +16,14 @@ enum class Width : int8_t {
     DEPTH = 1,       // D: one per draft depth
     DEPTH1 = 2,      // D + 1: one per verified row
     DEPTH_TOPK = 3,  // D x K: top-k per draft depth
-    SOURCES = 4,     // one per drafter (DRAFTER_NAMES)
+    SOURCES = 4,     // S: one per drafter (DRAFTER_TABLE)
     TAIL = 5,        // a column of its own length, not one entry per row
+    SOURCES_DEPTH = 6,       // S x D: per drafter, per draft depth
+    SOURCES_DEPTH_TOPK = 7,  // S x D x K: per drafter, top-k per draft depth
 };
-constexpr const char * WIDTH_NAMES[] = {"", "depth", "depth+1", "depth*topk", "sources", "tail"};
-static_assert(count_of(WIDTH_NAMES) == (size_t) Width::TAIL + 1, "one name per Width");
+constexpr const char * WIDTH_NAMES[] = {"", "depth", "depth+1", "depth*topk", "sources", "tail",
+                                        "sources*depth", "sources*depth*topk"};
+static_assert(count_of(WIDTH_NAMES) == (size_t) Width::SOURCES_DEPTH_TOPK + 1, "one name per Width");
 
 // The sizes the width kinds refer to.
 struct ColumnDims {
@@ -33,6 +36,8 @@ struct ColumnDims {
             case Width::DEPTH1: return {depth + 1};
             case Width::DEPTH_TOPK: return {depth, topk};
             case Width::SOURCES: return {sources};
+            case Width::SOURCES_DEPTH: return {sources, depth};
+            case Width::SOURCES_DEPTH_TOPK: return {sources, depth, topk};
             default: return {};
         }
     }

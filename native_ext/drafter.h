@@ -6,22 +6,66 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "draft.h"
 #include "llama.h"
 #include "names.h"
 
-// Who drafts. The per-step `drafter` column is a DrafterId (-1: no draft verified) and the
-// `candidate_*` columns have one entry per DrafterId.
+struct Drafter;
+struct HiddenProbe;
+struct NextnApi;
+
+// Who drafts: a drafter's index in DRAFTER_TABLE (drafters.cpp). The per-step `drafter` column is a
+// DrafterId (-1: no draft verified) and the per-source columns (`candidate_*`, the oracle's `draft*`)
+// have one entry per DrafterId. The MTP drafter is the table's first entry (the engine follows the
+// target with it); every other id is just its place in the table.
 enum DrafterId : int8_t {
     DRAFTER_NONE = -1,
     DRAFTER_MTP = 0,    // the model's MTP head (MtpDrafter)
-    DRAFTER_NGRAM = 1,  // llama.cpp's ngram-simple prompt look-up (NgramSimpleDrafter)
 };
-constexpr const char * DRAFTER_NAMES[] = {"mtp", "ngram"};
-constexpr int32_t N_DRAFTERS = (int32_t) count_of(DRAFTER_NAMES);
-static_assert(N_DRAFTERS == DRAFTER_NGRAM + 1, "one name per DrafterId");
+
+// The drafters' options, by their Python keyword (= llama.cpp's option name, e.g. "ngram_n"): each
+// drafter reads its own keys, a missing key meaning its default; unknown keys are ignored (Python
+// checks them).
+using DrafterOptions = std::map<std::string, int32_t>;
+
+// options[key], or `fallback` when the key is missing
+inline int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback) {
+    const auto it = options.find(key);
+    return it == options.end() ? fallback : it->second;
+}
+
+// What a drafter factory is given (the MTP members are null when the model has no MTP layers).
+struct DrafterSetup {
+    DrafterId id = DRAFTER_NONE;             // the drafter's index in DRAFTER_TABLE
+    const llama_vocab * vocab = nullptr;
+    const DrafterOptions * options = nullptr;
+    const NextnApi * api = nullptr;          // the MTP head: the nextn API, both contexts, its probe
+    llama_context * ctx_tgt = nullptr;
+    llama_context * ctx_mtp = nullptr;
+    HiddenProbe * probe_mtp = nullptr;
+};
+
+// One drafter the engine knows: its name (GenerationConfig.drafters, _native.DRAFTERS), whether it
+// needs the model's MTP layers (it is left out of the oracle and refused with n_max > 0 without
+// them) and its factory (throws a parameter error on a bad option).
+struct DrafterEntry {
+    const char * name;
+    bool needs_mtp;
+    std::unique_ptr<Drafter> (*make)(const DrafterSetup & setup);
+};
+
+// The drafter table (drafters.cpp), in DrafterId order: adding a drafter is its class and one entry.
+extern const DrafterEntry DRAFTER_TABLE[];
+extern const int32_t N_DRAFTERS;
+
+const char * drafter_name(int32_t id);          // DRAFTER_TABLE[id].name
+int32_t drafter_index(const std::string & name);  // the DrafterId of `name`, or -1
+std::string drafter_names_list();              // "mtp", "ngram", ... (for error messages)
 
 // How the draft to verify is chosen when more than one drafter is asked.
 enum class ChainPolicy : int8_t {
@@ -91,7 +135,7 @@ struct Drafter {
     Drafter(const Drafter &) = delete;
     Drafter & operator=(const Drafter &) = delete;
 
-    const char * name() const { return DRAFTER_NAMES[id]; }
+    const char * name() const { return drafter_name(id); }
 
     // A new generation over `prompt`: forget the previous one.
     virtual void begin(const std::vector<llama_token> & prompt) = 0;

@@ -14,14 +14,14 @@ bool DrafterChain::has(DrafterId id) const { return std::find(ids.begin(), ids.e
 
 DrafterChain parse_chain(const GenerationConfig & cfg) {
     if (cfg.drafters.empty()) {
-        fail(ErrorKind::PARAMETER, "the drafter list is empty: name one or more of " + names_list(DRAFTER_NAMES));
+        fail(ErrorKind::PARAMETER, "the drafter list is empty: name one or more of " + drafter_names_list());
     }
     DrafterChain chain;
     chain.ids.clear();
     for (const std::string & name : cfg.drafters) {
-        const int i = name_index(DRAFTER_NAMES, name);
+        const int i = drafter_index(name);
         if (i < 0) {
-            fail(ErrorKind::PARAMETER, "unknown drafter \"" + name + "\": expected one of " + names_list(DRAFTER_NAMES));
+            fail(ErrorKind::PARAMETER, "unknown drafter \"" + name + "\": expected one of " + drafter_names_list());
         }
         if (chain.has((DrafterId) i)) {
             fail(ErrorKind::PARAMETER, "the drafter \"" + name + "\" is listed twice");
@@ -58,6 +58,10 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
     }
     tel.depth = opts.n_rs_seq;
     tel.topk = opts.topk;
+    candidates.resize(N_DRAFTERS);
+    asked.assign(N_DRAFTERS, 0);
+    expected.assign(N_DRAFTERS, 0.0);
+    oracle_drafts.resize(N_DRAFTERS);
 }
 
 Engine::~Engine() { close(); }
@@ -122,7 +126,6 @@ void Engine::close() {
     cancel_requested.store(true);
     std::lock_guard<std::mutex> lk(run_mutex);
     mtp = nullptr;
-    ngram = nullptr;
     drafters.clear();
     smpl.reset();
     batch_tgt.reset();
@@ -206,8 +209,10 @@ void Engine::validate(const DraftParams & p) const {
 }
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
-    if (p.n_max > 0 && ctx_mtp == nullptr && c.has(DRAFTER_MTP)) {
-        fail(ErrorKind::PARAMETER, "the model has no MTP layers: use n_max=0 (or the n-gram drafter)");
+    for (const DrafterId id : c.ids) {
+        if (p.n_max > 0 && ctx_mtp == nullptr && DRAFTER_TABLE[id].needs_mtp) {
+            fail(ErrorKind::PARAMETER, "the model has no MTP layers: use n_max=0 (or the n-gram drafter)");
+        }
     }
 }
 
@@ -227,9 +232,6 @@ DraftParams Engine::params() const {
 // ---- the start of a generation ------------------------------------------------------------------
 
 void Engine::validate_generation(const std::vector<llama_token> & prompt, const GenerationConfig & c) const {
-    if (c.ngram.size_n < 1 || c.ngram.size_m < 1) {
-        fail(ErrorKind::PARAMETER, "the n-gram sizes must be at least 1");
-    }
     const int32_t N = (int32_t) prompt.size();
     if (N == 0) {
         fail(ErrorKind::PARAMETER, "the prompt is empty");
@@ -251,6 +253,7 @@ void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConf
     validate(p);
     validate_chain(parsed, p);
     validate_generation(prompt, c);
+    std::vector<std::unique_ptr<Drafter>> built = build_drafters(parsed, c.options);
     cfg = c;
     chain = parsed;
     set_params(p);
@@ -261,29 +264,40 @@ void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConf
     n_step = 0;
     n_prompt = (int32_t) prompt.size();
     tokens_all = prompt;
-    build_drafters(c);
+    install_drafters(std::move(built));
     build_sampler();
     prefill(prompt, p);
 }
 
-void Engine::build_drafters(const GenerationConfig & c) {
+std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain & c, const DrafterOptions & options) {
+    DrafterSetup setup;
+    setup.vocab = vocab;
+    setup.options = &options;
+    setup.api = &api;
+    setup.ctx_tgt = ctx_tgt.get();
+    setup.ctx_mtp = ctx_mtp.get();
+    setup.probe_mtp = &probe_mtp;
+    std::vector<std::unique_ptr<Drafter>> built;
+    for (const DrafterId id : c.ids) {
+        const DrafterEntry & entry = DRAFTER_TABLE[id];
+        if (entry.needs_mtp && ctx_mtp == nullptr) {
+            continue;  // n_max is 0 (validate_chain): nothing to draft, nothing to follow
+        }
+        setup.id = id;
+        built.push_back(entry.make(setup));
+        if (built.back() == nullptr || built.back()->id != id) {
+            fail(ErrorKind::PARAMETER, std::string("the drafter \"") + entry.name + "\" could not be made");
+        }
+    }
+    return built;
+}
+
+void Engine::install_drafters(std::vector<std::unique_ptr<Drafter>> built) {
+    drafters = std::move(built);
     mtp = nullptr;
-    ngram = nullptr;
-    drafters.clear();
-    for (const DrafterId id : chain.ids) {
-        switch (id) {
-            case DRAFTER_MTP:
-                if (ctx_mtp != nullptr) {  // else n_max is 0 (validate_chain): nothing to draft, nothing to follow
-                    drafters.push_back(std::make_unique<MtpDrafter>(api, ctx_tgt.get(), ctx_mtp.get(), probe_mtp));
-                    mtp = static_cast<MtpDrafter *>(drafters.back().get());
-                }
-                break;
-            case DRAFTER_NGRAM:
-                drafters.push_back(std::make_unique<NgramSimpleDrafter>(vocab, c.ngram));
-                ngram = drafters.back().get();
-                break;
-            default:
-                fail(ErrorKind::PARAMETER, "unknown drafter id " + std::to_string((int) id));
+    for (auto & d : drafters) {
+        if (d->id == DRAFTER_MTP) {
+            mtp = dynamic_cast<MtpDrafter *>(d.get());
         }
     }
 }

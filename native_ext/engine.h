@@ -17,7 +17,6 @@
 #include "llama.h"
 #include "mtp_drafter.h"
 #include "nextn_api.h"
-#include "ngram_drafter.h"
 #include "oracle.h"
 #include "telemetry.h"
 
@@ -38,10 +37,10 @@ struct GenerationConfig {
     int32_t max_tokens = 128;
     float temperature = 0.0f;
     uint32_t seed = 0;
-    // DRAFTER_NAMES, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
-    std::vector<std::string> drafters{DRAFTER_NAMES[DRAFTER_MTP]};
+    // names of DRAFTER_TABLE, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
+    std::vector<std::string> drafters{drafter_name(DRAFTER_MTP)};
     std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::BEST];
-    NgramConfig ngram;
+    DrafterOptions options;  // every drafter's options by keyword (each drafter reads its own keys)
 };
 
 // A GenerationConfig's drafter list and policy, parsed (parse_chain throws a parameter error on
@@ -116,11 +115,11 @@ struct Engine {
     void run();     // steps until finished or cancelled
 
     // Oracle mode (greedy, outside the normal path): plain decoding one token per step; at every
-    // position it also records the MTP draft chain of length `depth` (p_min = 0) and the n-gram
-    // draft the engine would propose there, and measures this machine's cost model (see oracle.h).
-    // Returns false if cancelled.
+    // position it also records the draft every drafter would propose there (up to `depth` tokens,
+    // p_min = 0; drafters that need MTP layers only on a model with them), and measures this
+    // machine's cost model (see oracle.h). Returns false if cancelled.
     bool record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
-                       const NgramConfig & ngram, bool probe, OracleRecord & out);
+                       const DrafterOptions & options, bool probe, OracleRecord & out);
     void set_params(const DraftParams & p);
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
@@ -147,7 +146,9 @@ struct Engine {
     void validate(const DraftParams & p) const;
     void validate_chain(const DrafterChain & c, const DraftParams & p) const;
     void validate_generation(const std::vector<llama_token> & prompt, const GenerationConfig & c) const;
-    void build_drafters(const GenerationConfig & c);
+    // the chain's drafters, made by their factories (throws on a bad option; the engine is untouched)
+    std::vector<std::unique_ptr<Drafter>> build_drafters(const DrafterChain & c, const DrafterOptions & options);
+    void install_drafters(std::vector<std::unique_ptr<Drafter>> built);
     void build_sampler();
     void prefill(const std::vector<llama_token> & prompt, const DraftParams & p);
 
@@ -170,8 +171,9 @@ struct Engine {
     int32_t decode_target(const llama_token * tokens, int32_t n, llama_pos pos0);
 
     // the phases of record_oracle() (oracle.cpp)
-    void record_chain(OracleRecord & out, size_t r, int32_t n_cap);
-    void record_ngram(OracleRecord & out, size_t r, int32_t n_cap);
+    std::vector<std::string> oracle_drafters() const;
+    void record_drafts(OracleRecord & out, size_t r, int32_t n_cap);
+    void record_draft(OracleRecord & out, size_t r, const Drafter & d, const Draft & draft, int64_t t_ns) const;
     void probe_costs(OracleRecord & out, size_t r, bool probe);
     void probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep);
     void plain_step(OracleRecord & out, size_t r);
@@ -188,7 +190,6 @@ struct Engine {
     llama_sampler_ptr smpl;             // temperature > 0 only
     std::vector<std::unique_ptr<Drafter>> drafters;  // this generation's chain, in order
     MtpDrafter * mtp = nullptr;         // the chain's MTP drafter, if any: it follows the target
-    Drafter * ngram = nullptr;          // the chain's n-gram drafter, if any (the oracle asks it)
     const llama_vocab * vocab = nullptr;
     int32_t layer_nextn = 0;
     bool recurrent = false;
@@ -204,15 +205,15 @@ struct Engine {
     int32_t n_step = 0;
     std::vector<llama_token> tokens_all;   // prompt + generated: the history the n-gram drafter searches
 
-    // step scratch
-    Draft candidates[N_DRAFTERS];          // each drafter's proposal this step, by DrafterId
-    bool asked[N_DRAFTERS] = {};           // it took part
-    double expected[N_DRAFTERS] = {};      // its expected accepted length
+    // step scratch, N_DRAFTERS entries each
+    std::vector<Draft> candidates;         // each drafter's proposal this step, by DrafterId
+    std::vector<uint8_t> asked;            // it took part
+    std::vector<double> expected;          // its expected accepted length
     std::vector<llama_token> verify_tokens;
     std::vector<llama_token> target_row;   // the target's token at each verified row
 
     // oracle scratch
-    Draft oracle_chain, oracle_ngram;
+    std::vector<Draft> oracle_drafts;      // each drafter's last oracle draft, by DrafterId (the probe uses the MTP chain)
     std::vector<uint8_t> saved_state;      // the target's recurrent state, restored after each probe
     std::vector<llama_token> probe_tokens;
     std::vector<float> probe_rows;         // the probe's nextn rows

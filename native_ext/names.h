@@ -1,6 +1,6 @@
 // Name tables: each enum the Python side sees has one `constexpr const char * X_NAMES[]` next to
-// it (StopReason, FinishReason, DrafterId, ChainPolicy, ErrorKind, column widths); these helpers
-// look names up in them.
+// it (StopReason, FinishReason, ChainPolicy, ErrorKind, column widths; the drafters' names are in
+// their table, drafters.cpp); these helpers look names up in them.
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,17 @@
 
 #include <algorithm>
 
+#include "errors.h"
+
+NgramConfig NgramConfig::from(const DrafterOptions & options) {
+    const NgramConfig defaults;
+    const NgramConfig c{option_or(options, "ngram_n", defaults.size_n), option_or(options, "ngram_m", defaults.size_m)};
+    if (c.size_n < 1 || c.size_m < 1) {
+        fail(ErrorKind::PARAMETER, "the n-gram sizes must be at least 1");
+    }
+    return c;
+}
+
 std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama_token * tokens, size_t cur_len,
                                             llama_token sampled) {
     // line by line the algorithm of llama.cpp 0.3.36 common/ngram-map.cpp: common_ngram_simple_draft

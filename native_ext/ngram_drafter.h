@@ -12,8 +12,12 @@
 #include "llama.h"
 
 struct NgramConfig {
-    int32_t size_n = 3;   // n-gram looked up (llama.cpp: --spec-ngram-simple-size-n)
-    int32_t size_m = 8;   // m-gram proposed after the match (llama.cpp: --spec-ngram-simple-size-m)
+    int32_t size_n = 3;   // n-gram looked up (option "ngram_n"; llama.cpp: --spec-ngram-simple-size-n)
+    int32_t size_m = 8;   // m-gram proposed after the match (option "ngram_m"; llama.cpp: --spec-ngram-simple-size-m)
+
+    // The sizes from the drafter options (missing keys: the defaults above); throws a parameter
+    // error when one is below 1.
+    static NgramConfig from(const DrafterOptions & options);
 };
 
 // Exactly llama.cpp's common_ngram_simple_draft: `tokens[0, cur_len)` is the history before the
@@ -22,8 +26,8 @@ std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama
                                             llama_token sampled);
 
 struct NgramSimpleDrafter final : Drafter {
-    NgramSimpleDrafter(const llama_vocab * vocab, const NgramConfig & config)
-        : Drafter(DRAFTER_NGRAM), config(config), vocab(vocab) {}
+    NgramSimpleDrafter(DrafterId id, const llama_vocab * vocab, const NgramConfig & config)
+        : Drafter(id), config(config), vocab(vocab) {}
 
     // Forgets the acceptance statistics.
     void begin(const std::vector<llama_token> & prompt) override;

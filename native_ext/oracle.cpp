@@ -1,6 +1,6 @@
-// Engine::record_oracle, in named phases per position: record_chain (the MTP draft chain),
-// record_ngram (the n-gram draft), probe_costs (verify-batch cost probes, the target restored
-// after each), plain_step (the greedy truth); then tail (plain decodes after the generation).
+// Engine::record_oracle, in named phases per position: record_drafts (every drafter's draft, the
+// MTP chain first), probe_costs (verify-batch cost probes, the target restored after each),
+// plain_step (the greedy truth); then tail (plain decodes after the generation).
 #include <algorithm>
 #include <cmath>
 
@@ -9,7 +9,7 @@
 #include "timing.h"
 
 bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
-                           const NgramConfig & ngram_cfg, bool probe, OracleRecord & out) {
+                           const DrafterOptions & options, bool probe, OracleRecord & out) {
     check_open();
     if (depth < 1 || depth > opts.n_rs_seq) {
         fail(ErrorKind::PARAMETER, "the oracle depth must be between 1 and the session's capacity n_rs_seq=" +
@@ -17,11 +17,8 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
     }
     GenerationConfig c;
     c.max_tokens = max_tokens;
-    c.drafters = {DRAFTER_NAMES[DRAFTER_NGRAM]};
-    if (has_mtp()) {  // the MTP head follows the generation
-        c.drafters.insert(c.drafters.begin(), DRAFTER_NAMES[DRAFTER_MTP]);
-    }
-    c.ngram = ngram_cfg;
+    c.drafters = oracle_drafters();
+    c.options = options;
     begin(prompt, c, DraftParams{depth, 0.0f, 0});
 
     std::lock_guard<std::mutex> lk(run_mutex);
@@ -29,7 +26,9 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
     out.depth = depth;
     out.topk = opts.topk;
     out.clear();
-    oracle_chain.clear();
+    for (Draft & d : oracle_drafts) {
+        d.clear();
+    }
     const int32_t ctx_size = n_ctx();
     while (finish == FINISH_NONE) {
         if (cancel_requested.exchange(false)) {
@@ -41,8 +40,7 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
         const int32_t n_cap = std::max(0, std::min({depth, max_tokens - g - 1, ctx_size - n_past - 2}));
         out.pos[r] = n_past;
         out.cap[r] = n_cap;
-        record_chain(out, r, n_cap);
-        record_ngram(out, r, n_cap);
+        record_drafts(out, r, n_cap);
         probe_costs(out, r, probe);
         plain_step(out, r);
     }
@@ -66,44 +64,54 @@ StepState oracle_cap(int32_t n_cap, int32_t depth) {
 
 }  // namespace
 
-// the MTP chain the engine would draft here
-void Engine::record_chain(OracleRecord & out, size_t r, int32_t n_cap) {
-    if (mtp == nullptr || n_cap <= 0) {
-        return;  // oracle_chain keeps the last chain (the probe tokens reuse it)
+// The recording list: every drafter of the table, but those needing MTP layers on a model without them.
+std::vector<std::string> Engine::oracle_drafters() const {
+    std::vector<std::string> names;
+    for (int32_t id = 0; id < N_DRAFTERS; ++id) {
+        if (!DRAFTER_TABLE[id].needs_mtp || has_mtp()) {
+            names.push_back(DRAFTER_TABLE[id].name);
+        }
     }
-    const int32_t N = out.depth, K = out.topk;
-    const int64_t t = now_ns();
-    mtp->draft(request(oracle_cap(n_cap, N), /*oracle*/ true), oracle_chain);
-    out.t_draft_ns[r] = now_ns() - t;
-    const Draft & d = oracle_chain;
-    const int32_t L = (int32_t) d.tokens.size();
-    out.chain_len[r] = L;
-    out.chain_eos[r] = d.stop == STOP_EOS;
-    for (int32_t j = 0; j < L; ++j) {
-        out.chain[r * N + j] = d.tokens[j];
-        out.chain_prob[r * N + j] = d.prob[j];
-        out.chain_margin[r * N + j] = d.margin[j];
-        out.t_draft_cum_ns[r * N + j] = d.t_decode_ns[j];
-        for (int32_t k = 0; k < K; ++k) {
-            out.topk_ids[(r * N + j) * K + k] = d.topk_ids[j * K + k];
-            out.topk_probs[(r * N + j) * K + k] = d.topk_probs[j * K + k];
+    return names;
+}
+
+// the draft every drafter would propose here, in chain (= table) order: the MTP chain first (the
+// MTP head keeps the last one when n_cap is 0: the probe tokens reuse it)
+void Engine::record_drafts(OracleRecord & out, size_t r, int32_t n_cap) {
+    if (n_cap <= 0) {
+        return;
+    }
+    const DraftRequest req = request(oracle_cap(n_cap, out.depth), /*oracle*/ true);
+    for (auto & d : drafters) {
+        Draft & draft = oracle_drafts[d->id];
+        draft.clear(req.cap_reason);
+        const int64_t t = now_ns();
+        const bool took_part = d->draft(req, draft);
+        const int64_t t_ns = now_ns() - t;
+        if (took_part) {
+            record_draft(out, r, *d, draft, t_ns);
         }
     }
 }
 
-// the n-gram draft the engine would propose here
-void Engine::record_ngram(OracleRecord & out, size_t r, int32_t n_cap) {
-    if (n_cap <= 0) {
-        return;
-    }
-    const int32_t N = out.depth;
-    const int64_t t = now_ns();
-    ngram->draft(request(oracle_cap(n_cap, N), /*oracle*/ true), oracle_ngram);
-    out.t_ngram_ns[r] = now_ns() - t;
-    out.ngram_len[r] = (int32_t) oracle_ngram.tokens.size();
-    out.ngram_eos[r] = oracle_ngram.stop == STOP_EOS;
-    for (size_t j = 0; j < oracle_ngram.tokens.size(); ++j) {
-        out.ngram[r * N + j] = oracle_ngram.tokens[j];
+// one drafter's draft into its `sources` entry of row r: what the drafter filled in, the rest padded
+void Engine::record_draft(OracleRecord & out, size_t r, const Drafter & d, const Draft & draft, int64_t t_ns) const {
+    const int32_t S = N_DRAFTERS, N = out.depth, K = out.topk, s = d.id;
+    const size_t rs = r * S + s;
+    const int32_t L = std::min((int32_t) draft.tokens.size(), N);
+    out.t_draft_ns[rs] = t_ns;
+    out.draft_len[rs] = (int32_t) draft.tokens.size();
+    out.draft_eos[rs] = draft.stop == STOP_EOS;
+    for (int32_t j = 0; j < L; ++j) {
+        const size_t rsj = rs * N + j;
+        out.draft[rsj] = draft.tokens[j];
+        if (j < (int32_t) draft.prob.size()) { out.draft_prob[rsj] = draft.prob[j]; }
+        if (j < (int32_t) draft.margin.size()) { out.draft_margin[rsj] = draft.margin[j]; }
+        if (j < (int32_t) draft.t_decode_ns.size()) { out.t_draft_cum_ns[rsj] = draft.t_decode_ns[j]; }
+        for (int32_t k = 0; k < K && (size_t) (j + 1) * K <= draft.topk_ids.size(); ++k) {
+            out.topk_ids[rsj * K + k] = draft.topk_ids[j * K + k];
+            out.topk_probs[rsj * K + k] = draft.topk_probs[j * K + k];
+        }
     }
 }
 
@@ -122,8 +130,9 @@ void Engine::probe_costs(OracleRecord & out, size_t r, bool probe) {
     if (probe && n_past > 0 && n_past + k <= n_ctx()) {
         probe_tokens.assign(1, id_last);
         for (int32_t j = 0; j + 1 < k; ++j) {
-            const bool from_chain = mtp != nullptr && j < (int32_t) oracle_chain.tokens.size();
-            probe_tokens.push_back(from_chain ? oracle_chain.tokens[j] : id_last);
+            const Draft & chain = oracle_drafts[DRAFTER_MTP];
+            const bool from_chain = mtp != nullptr && j < (int32_t) chain.tokens.size();
+            probe_tokens.push_back(from_chain ? chain.tokens[j] : id_last);
         }
         if (recurrent) {
             saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));

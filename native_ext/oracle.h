@@ -1,6 +1,7 @@
 // What Engine::record_oracle records: a greedy generation decoded one token per step and, at
-// every position g (the step that would start after g generated tokens), the drafts the engine
-// would propose there and timings of every operation a speculative step is made of.
+// every position g (the step that would start after g generated tokens), the draft every drafter
+// of the recording list would propose there (through the Drafter interface, by DrafterId: the
+// `sources` axis) and timings of every operation a speculative step is made of.
 //
 // Cost probes (oracle.cpp, Engine::record_oracle): at even positions a verify batch of k = 2 .. depth + 1
 // tokens [id_last, chain...] (round robin) is decoded on the target twice: right after the MTP
@@ -20,32 +21,32 @@
 #include <vector>
 
 #include "columns.h"
+#include "drafter.h"
 
 // The record's schema, in the order Python sees it (_native.ORACLE_COLUMNS, record_oracle()'s
 // dict): X(name, element type, width kind, fill). Per position [T] unless the width says
-// otherwise; "depth" is the oracle depth N, "depth*topk" [N][K]; timings in ns.
+// otherwise; "sources" is S = N_DRAFTERS (a drafter left out of the recording, e.g. the MTP head
+// of a model without one, keeps its entries padded), "depth" the oracle depth N, "topk" K;
+// timings in ns. A drafter fills what it records (Draft): the n-gram look-up has no confidence,
+// margin, top-k or per-decode times (NaN / -1).
 #define MTP_ORACLE_COLUMNS(X)                                                                        \
     X(pos, int32_t, SCALAR, 0)                  /* n_past at the step start */                       \
     X(token, int32_t, SCALAR, -1)               /* the greedy token emitted there */                 \
     X(target_margin, float, SCALAR, NAN_F)      /* target top-1 minus top-2 logit of that token */   \
     X(cap, int32_t, SCALAR, 0)                  /* draft cap there: min(depth, budget, context) */   \
-    X(chain_len, int32_t, SCALAR, 0)            /* MTP chain length (< cap only at an end-of-generation token) */ \
-    X(chain_eos, int8_t, SCALAR, 0)             /* the chain ends with an end-of-generation token */ \
-    X(ngram_len, int32_t, SCALAR, 0)            /* n-gram draft length (before truncation to cap) */ \
-    X(ngram_eos, int8_t, SCALAR, 0)             /* the n-gram draft ends with an end-of-generation token */ \
-    X(chain, int32_t, DEPTH, -1)                /* MTP draft ids */                                  \
-    X(chain_prob, float, DEPTH, NAN_F)          /* draft confidence (the value compared with p_min) */ \
-    X(chain_margin, float, DEPTH, NAN_F)        /* draft top-1 minus top-2 logit */                  \
-    X(ngram, int32_t, DEPTH, -1)                /* n-gram draft ids (truncated to cap) */            \
-    X(topk_ids, int32_t, DEPTH_TOPK, -1)                                                             \
-    X(topk_probs, float, DEPTH_TOPK, NAN_F)                                                          \
+    X(draft, int32_t, SOURCES_DEPTH, -1)        /* each drafter's draft ids (at most cap) */         \
+    X(draft_len, int32_t, SOURCES, 0)           /* its length (the MTP chain: < cap only at an end-of-generation token) */ \
+    X(draft_eos, int8_t, SOURCES, 0)            /* the draft ends with an end-of-generation token */ \
+    X(draft_prob, float, SOURCES_DEPTH, NAN_F)  /* draft confidence (MTP: the value compared with p_min) */ \
+    X(draft_margin, float, SOURCES_DEPTH, NAN_F) /* draft top-1 minus top-2 logit */                 \
+    X(topk_ids, int32_t, SOURCES_DEPTH_TOPK, -1)                                                     \
+    X(topk_probs, float, SOURCES_DEPTH_TOPK, NAN_F)                                                  \
     X(t_verify_ns, int64_t, SCALAR, 0)          /* plain step: 1-row target decode (+ nextn row copy) */ \
     X(t_catchup_ns, int64_t, SCALAR, 0)         /* plain step: 1-row MTP catch-up */                 \
     X(t_sample_ns, int64_t, SCALAR, 0)          /* plain step: argmax of 1 row, drafter bookkeeping */ \
     X(t_argmax_ns, int64_t, SCALAR, 0)          /* plain step: the argmax alone */                   \
-    X(t_draft_ns, int64_t, SCALAR, 0)           /* the whole MTP chain call */                       \
-    X(t_draft_cum_ns, int64_t, DEPTH, -1)       /* start of the chain call to the end of decode j */ \
-    X(t_ngram_ns, int64_t, SCALAR, 0)           /* the n-gram look-up */                             \
+    X(t_draft_ns, int64_t, SOURCES, 0)          /* the whole draft call of each drafter */           \
+    X(t_draft_cum_ns, int64_t, SOURCES_DEPTH, -1) /* start of the draft call to the end of decode j (-1: not measured) */ \
     X(probe_k, int32_t, SCALAR, 0)              /* verify batch size probed there (0: none) */       \
     X(verify_after, int32_t, SCALAR, 0)         /* target batch decoded before the plain verify (-1: the prompt) */ \
     X(probe_verify_ns, int64_t, SCALAR, 0)      /* k-row target decode (+ nextn rows copy), graph built anew */ \
@@ -57,12 +58,12 @@
     X(tail_verify_ns, int64_t, TAIL, 0)         /* after another (warm caches, reused graph) */
 
 struct OracleRecord {
-    int32_t depth = 0;  // N: chain length recorded per position
+    int32_t depth = 0;  // N: draft length recorded per position
     int32_t topk = 0;   // K
 
     MTP_COLUMN_TABLE(MTP_ORACLE_COLUMNS)
 
-    ColumnDims dims() const { return {(size_t) depth, (size_t) topk, 0}; }
+    ColumnDims dims() const { return {(size_t) depth, (size_t) topk, (size_t) N_DRAFTERS}; }
     size_t rows() const { return pos.size(); }
     // Drops every row, keeping the widths.
     void clear() {

@@ -35,7 +35,7 @@
     X(t_draft_ns, int64_t, SCALAR, 0)                                                                \
     X(t_verify_ns, int64_t, SCALAR, 0)                                                               \
     X(t_sample_ns, int64_t, SCALAR, 0)                                                               \
-    X(drafter, int8_t, SCALAR, -1)                /* whose draft was verified: DRAFTER_NAMES, -1 none */ \
+    X(drafter, int8_t, SCALAR, -1)                /* whose draft was verified: a DrafterId, -1 none */   \
     X(expected_accepted, float, SCALAR, NAN_F)    /* its expected accepted length */                 \
     X(candidate_len, int32_t, SOURCES, -1)        /* each drafter's proposal length (-1: not asked) */ \
     X(candidate_expected, float, SOURCES, NAN_F)  /* its expected accepted length (NaN: not asked) */

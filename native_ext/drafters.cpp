@@ -1,0 +1,52 @@
+// The drafter table: every drafter the engine knows, in DrafterId order, with its factory. The
+// names (_native.DRAFTERS), the count of per-source columns, the chain's parsing, the factory the
+// engine calls and the oracle's recording list all come from here.
+//
+// Adding a drafter: its class (a Drafter, in its own files; it reads its options from
+// DrafterSetup::options with its own defaults) and one entry below; CMake compiles every
+// native_ext/*.cpp. On the Python side: its record in core/drafters.py, its replay in
+// analysis/replay.py.
+#include <memory>
+
+#include "drafter.h"
+#include "mtp_drafter.h"
+#include "ngram_drafter.h"
+
+namespace {
+
+std::unique_ptr<Drafter> make_mtp(const DrafterSetup & s) {
+    return std::make_unique<MtpDrafter>(*s.api, s.ctx_tgt, s.ctx_mtp, *s.probe_mtp);
+}
+
+std::unique_ptr<Drafter> make_ngram_simple(const DrafterSetup & s) {
+    return std::make_unique<NgramSimpleDrafter>(s.id, s.vocab, NgramConfig::from(*s.options));
+}
+
+}  // namespace
+
+// (declared extern in drafter.h, so defined here with external linkage)
+constexpr DrafterEntry DRAFTER_TABLE[] = {
+    {"mtp", /*needs_mtp*/ true, make_mtp},              // the model's MTP head (DRAFTER_MTP)
+    {"ngram", /*needs_mtp*/ false, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
+};
+static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
+const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));
+
+const char * drafter_name(int32_t id) { return DRAFTER_TABLE[id].name; }
+
+int32_t drafter_index(const std::string & name) {
+    for (int32_t i = 0; i < N_DRAFTERS; ++i) {
+        if (name == DRAFTER_TABLE[i].name) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+std::string drafter_names_list() {
+    std::string out;
+    for (int32_t i = 0; i < N_DRAFTERS; ++i) {
+        out += (i ? ", \"" : "\"") + std::string(DRAFTER_TABLE[i].name) + "\"";
+    }
+    return out;
+}
