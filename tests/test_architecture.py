@@ -77,9 +77,34 @@ def test_registry_names_the_engines_drafters_and_policies():
     for spec in drafters.DRAFTER_SPECS.values():
         assert spec.spec_type and spec.label and spec.replay
         spec.load_replay()  # the simulator has a replay for every drafter
-        for option in spec.options:  # each option maps onto a field of the engine's config struct
-            assert hasattr(getattr(_native.GenerationConfig(), spec.config_field), option.native)
+        for option in spec.options:
             assert option.flag.startswith("--spec-")
+    # the engine takes every option by its keyword
+    config = drafters.configure(_native.GenerationConfig(), drafters.option_values())
+    assert config.options == {o.name: o.default for o in drafters.all_options()}
+
+
+def test_oracle_records_every_drafter_in_the_per_drafter_columns(session_mixed):
+    """A drafter needs no oracle column of its own: the oracle records one proposal per drafter of the recording
+    mode in the per-drafter columns (its slice, by its index), and every replay reads only those."""
+    oracle = session_mixed.record_oracle("x = [1, 2]\nx = [1, 2]\nx = [", max_tokens=16, depth=3, probe=False)
+    per_source = {c.name for c in schema.ORACLE_COLUMNS if c.per_source}
+    assert {"draft", "draft_len", "draft_eos", "draft_prob", "t_draft_ns"} <= per_source
+    recorded = oracle.columns["cap"] > 0
+    mode = drafters.recording_mode(oracle.has_mtp)
+    assert mode.drafters == tuple(drafters.DRAFTER_SPECS.values())  # the model has MTP: every drafter
+    for spec in drafters.DRAFTER_SPECS.values():
+        replay = oracle.replay(spec)
+        assert replay.extra_columns == () and set(replay.columns) <= per_source, spec.name
+        lengths = oracle.columns["draft_len"][:, spec.index]
+        assert (lengths[recorded] >= 0).all() and (lengths[recorded] <= oracle.columns["cap"][recorded]).all()
+        assert np.array_equal(replay.length, lengths) and np.array_equal(replay.tokens,
+                                                                         oracle.columns["draft"][:, spec.index])
+        drafted = np.arange(3)[None, :] < lengths[:, None]
+        assert ((replay.tokens >= 0) == drafted).all(), spec.name
+        assert (oracle.columns["t_draft_ns"][recorded, spec.index] >= 0).all(), spec.name
+        probs = oracle.columns["draft_prob"][:, spec.index][drafted]
+        assert drafted.any() and (~np.isnan(probs) if spec.has_confidence else np.isnan(probs)).all(), spec.name
 
 
 def test_unknown_drafters_and_options_are_parameter_errors(session_mixed):

@@ -11,6 +11,8 @@ import mtp_explorer as mx
 from conftest import check_accounting
 from test_greedy_equivalence import PROMPTS
 
+MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the oracle's draft columns
+
 REPETITIVE = [
     "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2",
     "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
@@ -57,7 +59,7 @@ def test_lookup_matches_llama_cpp_semantics(session, size_n, size_m):
             sampled = history[-1]
             assert len(cur) == c["pos"][g]
             want = ngram_simple_draft(cur, sampled, size_n, size_m)[: int(c["cap"][g])]
-            got = c["ngram"][g, : c["ngram_len"][g]].tolist()
+            got = c["draft"][g, NGRAM, : c["draft_len"][g, NGRAM]].tolist()
             assert got == want, (prompt, g)
             checked += 1
             with_draft += bool(want)
@@ -151,7 +153,7 @@ def test_ngram_runs_without_mtp_layers(model_no_mtp):
             with pytest.raises(mx.MtpUnavailableError, match="ngram"):
                 s.generate(REPETITIVE[0], max_tokens=8, n_max=2, drafter=drafter)
         o = s.record_oracle(REPETITIVE[0], max_tokens=48, depth=4)
-        assert o.tokens == base.tokens and (o.columns["chain_len"] == 0).all()
+        assert o.tokens == base.tokens and (o.columns["draft_len"][:, MTP] <= 0).all()
         sim = mx.simulate(o, 4, drafter="ngram")
         assert sim.tokens == t.tokens and np.array_equal(sim.n_accepted, t.n_accepted)
         with pytest.raises(ValueError, match="MTP"):

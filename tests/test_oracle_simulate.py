@@ -26,6 +26,7 @@ PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
 N_MAX = (1, 2, 3, 4, 6, 8)
 P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
 TOKENS = 80
+MTP = mx.DRAFTERS.index("mtp")  # the MTP head's slice of the oracle's per-drafter columns
 STEP_COLUMNS = ("pos", "n_drafted", "n_accepted", "drafted", "stop_reason", "correction", "rollback", "rs_slot",
                 "drafter")
 
@@ -47,20 +48,21 @@ def test_oracle_is_plain_greedy_decoding(session, oracles):
         assert o.tokens == plain.tokens, prompt
         assert o.text == plain.text
         c = o.columns
+        chain, chain_len, chain_prob = c["draft"][:, MTP], c["draft_len"][:, MTP], c["draft_prob"][:, MTP]
         T = o.n_positions
         assert T == len(o.tokens) == TOKENS
         assert (c["pos"] == len(o.prompt_tokens) - 1 + np.arange(T)).all()
         assert (c["token"] == np.asarray(o.tokens)).all()
         assert (c["cap"] == np.minimum(8, TOKENS - 1 - np.arange(T))).all()
         # the chain is as long as the cap (no end-of-generation token in these runs)
-        assert (c["chain_len"] == c["cap"]).all()
-        real = np.arange(8)[None, :] < c["chain_len"][:, None]
-        assert ((c["chain"] >= 0) == real).all()
-        probs = c["chain_prob"][real]
+        assert (chain_len == c["cap"]).all()
+        real = np.arange(8)[None, :] < chain_len[:, None]
+        assert ((chain >= 0) == real).all()
+        probs = chain_prob[real]
         assert ((probs > 0) & (probs <= 1)).all()
-        assert (c["topk_ids"][..., 0][real] == c["chain"][real]).all()
-        assert np.array_equal(c["topk_probs"][..., 0][real], probs)
-        assert (c["chain_margin"][real] >= 0).all() and (c["target_margin"] >= 0).all()
+        assert (c["topk_ids"][:, MTP, :, 0][real] == chain[real]).all()
+        assert np.array_equal(c["topk_probs"][:, MTP, :, 0][real], probs)
+        assert (c["draft_margin"][:, MTP][real] >= 0).all() and (c["target_margin"] >= 0).all()
         # the probes: every verify batch size 1 .. depth + 1 measured, fresh and reused
         assert set(np.unique(c["probe_k"])) == set(range(0, 10)) - ({0} if (c["probe_k"] > 0).all() else set())
         assert (c["probe_verify_ns"][c["probe_k"] > 0] > 0).all()
@@ -77,8 +79,8 @@ def test_oracle_chain_is_what_the_engine_drafts(session, oracles):
     t = session.generate("def fib(n):", max_tokens=TOKENS, n_max=8, p_min=0.0)
     g = 0
     for s in t.steps:
-        assert s.drafted == o.columns["chain"][g, : s.n_drafted].tolist()
-        np.testing.assert_allclose(s.draft_prob, o.columns["chain_prob"][g, : s.n_drafted], rtol=1e-4)
+        assert s.drafted == o.columns["draft"][g, MTP, : s.n_drafted].tolist()
+        np.testing.assert_allclose(s.draft_prob, o.columns["draft_prob"][g, MTP, : s.n_drafted], rtol=1e-4)
         g += s.n_accepted + 1
 
 
@@ -124,7 +126,7 @@ def test_simulator_equals_engine_over_grid(session, oracles):
         # thresholds exactly at recorded confidences: the engine's float32 test at the boundary
         c = o.columns
         for j in (0, 1, 2):
-            p_edge = float(c["chain_prob"][j + 5, j])
+            p_edge = float(c["draft_prob"][j + 5, MTP, j])
             _check_case(session, o, prompt, 4, p_edge, 0, "mtp", found)
     _report("oracle_exactness.json", found)
     assert found["cases"] == len(PROMPTS) * (len(N_MAX) * len(P_MIN) + 7)
@@ -228,7 +230,7 @@ def test_compare_classifies_what_differs(session, oracles):
     i = int(np.flatnonzero(bad.n_drafted >= 2)[0])
     bad.columns["drafted"][i, 1] = (int(bad.columns["drafted"][i, 1]) + 1) % 100
     g = int(bad.pos[i] - bad.pos[0])
-    margin = float(o.columns["chain_margin"][g, 1])
+    margin = float(o.columns["draft_margin"][g, MTP, 1])
     strict = compare(o, bad, tol_logit=margin / 2, tol_prob=0.0)
     lenient = compare(o, bad, tol_logit=margin * 2, tol_prob=0.0)
     assert strict.mismatches[0]["cause"] == lenient.mismatches[0]["cause"] == "draft_argmax"
@@ -277,8 +279,12 @@ def test_oracle_json_round_trip_replays_identically(oracles):
     assert again.cost.to_dict() == o.cost.to_dict()
     # a recording whose columns are off the schema is refused on load
     doc = json.loads(o.to_json())
-    del doc["columns"]["chain_prob"]
-    with pytest.raises(ValueError, match="chain_prob"):
+    del doc["columns"]["draft_prob"]
+    with pytest.raises(ValueError, match="draft_prob"):
+        mx.OracleTrace.from_json(json.dumps(doc))
+    # one recorded by an older version (one column per drafter and quantity) says so
+    doc = json.loads(o.to_json()) | {"format": "mtp-explorer-oracle/1"}
+    with pytest.raises(ValueError, match="older version"):
         mx.OracleTrace.from_json(json.dumps(doc))
 
 

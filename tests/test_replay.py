@@ -21,6 +21,7 @@ from mtp_explorer.analysis.replay import (
 )
 from mtp_explorer.core import drafters, schema
 
+MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the per-drafter columns
 PROMPT = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repeats itself: the n-gram look-up finds matches
 DEPTH = 6
 
@@ -43,6 +44,7 @@ def test_every_drafter_has_a_replay_of_its_own_columns(oracle):
         assert oracle.replay(spec.name) is replay  # built once per recording
         assert set(replay.columns) <= oracle_columns, spec.name
         assert replay.tokens.shape == (oracle.n_positions, DEPTH)
+        assert np.array_equal(replay.tokens, oracle.columns["draft"][:, spec.index])  # its slice
         assert (replay.match_len <= replay.length).all() and (replay.length <= oracle.columns["cap"]).all()
         assert (replay.confidence is not None) == spec.has_confidence
     assert MtpReplay.follows_target and not NgramSimpleReplay.follows_target  # the MTP head catches up, a look-up not
@@ -78,8 +80,8 @@ def test_mtp_candidate_by_hand(oracle):
     cand = replay.candidate(cap, reason, p_min, n_min, True)
     asked = np.broadcast_to(cand.asked, cand.n_raw.shape)  # asked wherever the head runs, even at a cap of 0
     for g in range(oracle.n_positions):
-        L = int(c["chain_len"][g])
-        probs = c["chain_prob"][g, :L]
+        L = int(c["draft_len"][g, MTP])
+        probs = c["draft_prob"][g, MTP, :L]
         below = [j for j in range(L) if probs[j] < np.float32(p_min)]
         n = min(below[0] if below else L, int(cap[g]))
         assert cand.n_raw[g] == n, g
@@ -98,20 +100,21 @@ def test_ngram_candidate_by_hand(oracle):
     c = oracle.columns
     cap, reason = sim._caps(oracle, 3, oracle.max_tokens)
     cand = replay.candidate(cap, reason, 0.9, 1, True)  # p_min does not apply to it
-    assert np.array_equal(cand.n_raw, np.where(cap > 0, np.minimum(c["ngram_len"], cap), 0))
+    ngram_len, ngram_eos = c["draft_len"][:, NGRAM], c["draft_eos"][:, NGRAM]
+    assert np.array_equal(cand.n_raw, np.where(cap > 0, np.minimum(ngram_len, cap), 0))
     assert np.array_equal(cand.asked, cap > 0) and (cand.decodes == 0).all()
-    exhausted = (cap > 0) & (c["ngram_len"] < cap) & ~c["ngram_eos"].astype(bool)
+    exhausted = (cap > 0) & (ngram_len < cap) & ~ngram_eos.astype(bool)
     assert (cand.stop[exhausted] == STOP["exhausted"]).all() and exhausted.any()
     assert (cand.usable == (cand.n_raw > 0)).any()
 
 
 def test_expectations_by_hand(oracle):
     replay = oracle.replay(_spec_of(MtpReplay))
-    prob = oracle.columns["chain_prob"].astype(np.float64)
+    prob = oracle.columns["draft_prob"][:, MTP].astype(np.float64)
     e = replay.expectation()
     assert isinstance(e, PrefixProducts)
     for g in (0, 5, 17):
-        for n in range(int(oracle.columns["chain_len"][g]) + 1):
+        for n in range(int(oracle.columns["draft_len"][g, MTP]) + 1):
             assert e.expected(g, n) == pytest.approx(np.cumprod(prob[g, :n]).sum(), rel=1e-12)
     # the running acceptance: (accepted + 1) / (tested + 2) per depth, multiplied along the draft
     r = RunningAcceptance()
@@ -141,18 +144,23 @@ def test_walk_equals_the_vectorised_path(oracle, drafter):
 
 
 def test_a_mode_reads_only_its_drafters_columns(oracle):
-    """Scrambling the drafts of a drafter outside the mode changes nothing of its replay."""
+    """Scrambling the drafts of a drafter outside the mode (its slice of the per-drafter columns, and any
+    column of its own) changes nothing of its replay."""
     rng = np.random.default_rng(0)
     fixed = oracle.with_cost(oracle.cost)
+    per_source = {c.name for c in schema.ORACLE_COLUMNS if c.per_source}
     for name, mode in drafters.MODES.items():
         if mode.is_chain:
             continue
         others = [s for s in drafters.DRAFTER_SPECS.values() if s not in mode.drafters]
-        cols = dict(fixed.columns)
+        cols = {k: v.copy() for k, v in fixed.columns.items()}
         for spec in others:
             for col in fixed.replay(spec).columns:
-                if col not in {c for d in mode.drafters for c in fixed.replay(d).columns}:
+                if col in per_source:
+                    cols[col][:, spec.index] = rng.permutation(cols[col][:, spec.index])
+                elif col not in {c for d in mode.drafters for c in fixed.replay(d).columns}:
                     cols[col] = rng.permutation(cols[col])
+        assert not np.array_equal(cols["draft"], fixed.columns["draft"]), name  # something was scrambled
         scrambled = dataclasses.replace(fixed, columns=cols)
         a, b = sim.simulate(fixed, 4, 0.3, drafter=name), sim.simulate(scrambled, 4, 0.3, drafter=name)
         for col in a.columns:

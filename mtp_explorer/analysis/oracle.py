@@ -8,7 +8,8 @@ one recording that keeps, for every position, the greedy token, the MTP draft ch
 lets :func:`mtp_explorer.analysis.simulate` replay any policy with ``n_max <= depth`` without the model.
 
 :meth:`Session.record_oracle` records it natively: plain decoding, one token per step, and at every
-position the chain, the n-gram draft, and timing probes of every operation a speculative step is
+position every drafter's draft (in per-drafter columns, indexed by the drafter: its replay in
+:mod:`~mtp_explorer.analysis.replay` reads its slice), and timing probes of every operation a speculative step is
 made of, from which :class:`CostModel` fits this machine's cost model: target verify of ``k``
 tokens (``k = 1 .. depth + 1``), MTP draft calls of ``m`` decodes, MTP catch-up of ``k`` rows, the
 sample phase and the n-gram look-up, each a robust line in the position (attention reads a KV cache
@@ -45,7 +46,9 @@ from ..core.schema import ORACLE_COLUMNS, Column, Dims, check_columns, columns_f
 if TYPE_CHECKING:
     from .replay import DrafterReplay
 
-ORACLE_FORMAT = "mtp-explorer-oracle/1"
+ORACLE_FORMAT = "mtp-explorer-oracle/2"
+#: Formats this version cannot read: their columns were laid out per drafter and quantity (``/1``).
+_OLD_FORMATS = ("mtp-explorer-oracle/1",)
 
 #: An oracle recording's columns: the engine's (:data:`~mtp_explorer.core.schema.ORACLE_COLUMNS`) and
 #: ``token_eog`` (the greedy token ends the generation), which the session adds.
@@ -83,8 +86,9 @@ class CostModel:
     cache that grows with it, are robust lines ``a + b * pos`` (rows ``[a, b]``):
     ``verify[k]``, a target decode of ``k`` tokens when llama.cpp reuses the compute graph of the
     previous target batch (same size) and the caches are warm from it; ``catchup[k]``, the MTP
-    catch-up of ``k`` rows; ``draft[m]``, an MTP draft call of ``m`` decodes; ``ngram``, one n-gram
-    look-up. A verify costs ``fresh_ns`` more when the previous target batch had another size (the
+    catch-up of ``k`` rows; ``draft[m]``, an MTP draft call of ``m`` decodes; ``ngram``, one look-up of a
+    drafter without a model (the n-gram look-up; fitted from the draft calls of the drafters that need no MTP
+    head). A verify costs ``fresh_ns`` more when the previous target batch had another size (the
     graph is built anew); ``cold_ns`` more when the MTP head ran since the last target decode (its
     data evicted the target's from the caches: every drafting step), and ``warm_ns`` more (usually
     less) when nothing but target decodes ran, as in plain decoding and the n-gram mode (measured
@@ -96,7 +100,7 @@ class CostModel:
     verify: np.ndarray          # [depth + 2, 2]: index k = batch size (0 unused)
     catchup: np.ndarray         # [depth + 2, 2]: index k = rows
     draft: np.ndarray           # [depth + 1, 2]: index m = MTP decodes in the call (0: none)
-    ngram: np.ndarray           # [2]: one look-up
+    ngram: np.ndarray           # [2]: one look-up (a drafter without a model)
     fresh_ns: float
     cold_ns: float
     warm_ns: float
@@ -104,7 +108,7 @@ class CostModel:
     sample_plain_ns: float
     sample_row_ns: float
     rollback_ns: float
-    samples: dict[str, Any]     # how many measurements each number rests on (``lookup``: the ngram line)
+    samples: dict[str, Any]     # how many measurements each number rests on (``lookup``: the look-up line)
     telemetry: bool = True
 
     @property
@@ -202,10 +206,7 @@ class CostModel:
         pos = c["pos"].astype(np.float64)
         verify, catchup, cold_ns, fresh_ns, warm_ns = _fit_target(c, pos, depth, samples)
         draft = _fit_draft(c, pos, depth, samples)
-        asked = c["cap"] > 0
-        a, b, n = _line(pos[asked], c["t_ngram_ns"][asked].astype(np.float64))
-        ngram = np.array([a, b]) if n >= 2 else np.zeros(2)
-        samples["lookup"] = n
+        ngram = _fit_lookup(c, pos, samples)
         many = c["probe_k"] >= 2
         row = (c["probe_argmax_ns"][many] / c["probe_k"][many]).astype(np.float64)
         samples["sample"] = int(c["t_sample_ns"].size)
@@ -284,10 +285,11 @@ def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict
 
 
 def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict) -> np.ndarray:
-    """The MTP draft-call table: the chain's cumulative decode times plus the call's fixed tail."""
-    cum = c["t_draft_cum_ns"].astype(np.float64)
-    total = c["t_draft_ns"].astype(np.float64)
-    lens = c["chain_len"]
+    """The MTP draft-call table: the head's chain's cumulative decode times plus the call's fixed tail."""
+    s = _head_drafter().index
+    cum = c["t_draft_cum_ns"][:, s].astype(np.float64)
+    total = c["t_draft_ns"][:, s].astype(np.float64)
+    lens = c["draft_len"][:, s]
     has = lens > 0
     tail_ns = _med(total[has] - cum[has, lens[has] - 1]) if has.any() else 0.0
     drafts: list[tuple[np.ndarray, np.ndarray] | None] = [None]
@@ -301,6 +303,17 @@ def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict)
     return draft
 
 
+def _fit_lookup(c: dict[str, np.ndarray], pos: np.ndarray, samples: dict) -> np.ndarray:
+    """The look-up line: the draft calls of the drafters without a model, wherever they were asked (cap > 0)."""
+    asked = c["cap"] > 0
+    specs = [s for s in DRAFTER_SPECS.values() if not s.needs_mtp]
+    x = np.concatenate([pos[asked]] * len(specs))
+    y = np.concatenate([c["t_draft_ns"][asked, s.index].astype(np.float64) for s in specs])
+    a, b, n = _line(x, y)
+    samples["lookup"] = n
+    return np.array([a, b]) if n >= 2 else np.zeros(2)
+
+
 @dataclasses.dataclass
 class OracleTrace:
     """A greedy generation with, at every position, the drafts the engine would propose there and
@@ -309,10 +322,14 @@ class OracleTrace:
     Per-position columns (``T`` positions: position ``g`` is where the step starting after ``g``
     generated tokens begins): ``pos`` (n_past), ``token`` (the greedy token emitted there),
     ``token_eog``, ``target_margin`` (target top-1 minus top-2 logit), ``cap`` (draft cap there:
-    min(depth, budget, context)), ``chain`` / ``chain_prob`` / ``chain_margin`` [T, depth] (MTP draft
-    ids, confidences, top-1 minus top-2 draft logit), ``chain_len``, ``chain_eos``, ``topk_ids`` /
-    ``topk_probs`` [T, depth, K], ``ngram`` [T, depth], ``ngram_len``, ``ngram_eos``, and the timing
-    columns (``t_*_ns``, ``probe_*``) the :class:`CostModel` is fitted from.
+    min(depth, budget, context)); per drafter ``s`` (its :attr:`DrafterSpec.index
+    <mtp_explorer.core.drafters.DrafterSpec.index>`, the ``S`` axis): ``draft`` [T, S, depth] (draft ids, -1
+    padded), ``draft_len`` [T, S] (0 where it was not asked), ``draft_eos`` [T, S], ``draft_prob`` /
+    ``draft_margin`` [T, S, depth] (confidences, top-1 minus top-2 draft logit; NaN for a drafter without a
+    confidence), ``topk_ids`` / ``topk_probs`` [T, S, depth, K], ``t_draft_ns`` [T, S] (its whole draft call),
+    ``t_draft_cum_ns`` [T, S, depth] (to the end of each model decode, -1 where not measured); and the other
+    timing columns (``t_*_ns``, ``probe_*``) the :class:`CostModel` is fitted from. :meth:`replay` reads a
+    drafter's drafts.
     """
 
     prompt: str
@@ -364,7 +381,7 @@ class OracleTrace:
     @property
     def dims(self) -> Dims:
         """The widths of the per-depth columns."""
-        return Dims(depth=self.depth, topk=int(self.columns["topk_ids"].shape[2]))
+        return Dims(depth=self.depth, topk=int(self.columns["topk_ids"].shape[-1]))
 
     # -- the drafts -------------------------------------------------------------------------------
     def replay(self, spec: DrafterSpec | str) -> "DrafterReplay":
@@ -382,7 +399,7 @@ class OracleTrace:
 
     @property
     def match_len(self) -> np.ndarray:
-        """Per position: how many leading tokens of the MTP head's chain the target accepts."""
+        """Per position: how many leading tokens of the MTP head's draft the target accepts."""
         return self.replay(_head_drafter()).match_len
 
     @cached_property
@@ -414,7 +431,11 @@ class OracleTrace:
     @classmethod
     def from_json(cls, text: str) -> "OracleTrace":
         doc = json.loads(text)
-        if doc.pop("format", None) != ORACLE_FORMAT:
+        fmt = doc.pop("format", None)
+        if fmt in _OLD_FORMATS:
+            raise ValueError(f"this oracle trace ({fmt}) was recorded by an older version of mtp-explorer, whose "
+                             "columns this version no longer reads; record it again (Session.record_oracle)")
+        if fmt != ORACLE_FORMAT:
             raise ValueError("not an mtp-explorer oracle trace")
         cost = doc.pop("cost_model", None)
         oracle = cls(columns=columns_from_json(doc.pop("columns")),
@@ -431,14 +452,14 @@ class OracleTrace:
 
 
 def _head_drafter() -> DrafterSpec:
-    """The drafter of the MTP head (whose chain :attr:`OracleTrace.match_len` describes)."""
+    """The drafter of the MTP head (whose draft :attr:`OracleTrace.match_len` describes)."""
     return next(s for s in DRAFTER_SPECS.values() if s.needs_mtp)
 
 
-def _match_len(chain: np.ndarray, chain_len: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:
-    T, N = chain.shape
+def _match_len(draft: np.ndarray, length: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:
+    T, N = draft.shape
     idx = np.arange(T)[:, None] + np.arange(N)[None, :]
     target = np.where(idx < T, accept_tokens[np.minimum(idx, T - 1)], -3)
-    ok = (chain == target) & (np.arange(N)[None, :] < chain_len[:, None])
+    ok = (draft == target) & (np.arange(N)[None, :] < length[:, None])
     # length of the all-true prefix per row
     return np.where(ok.all(axis=1), N, np.argmin(ok, axis=1)).astype(np.int32)

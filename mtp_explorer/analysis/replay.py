@@ -8,14 +8,16 @@ target accepts (:attr:`DrafterReplay.match_len`), its expected accepted length a
 a mode's drafters and applies the mode's chain policy; it never names a drafter.
 
 Each drafter's registry record names its replay (:attr:`DrafterSpec.replay
-<mtp_explorer.core.drafters.DrafterSpec.replay>`) and where the oracle keeps its drafts
-(:attr:`~mtp_explorer.core.drafters.DrafterSpec.oracle_prefix`: columns ``<prefix>`` [T, depth] ids,
-``<prefix>_len``, ``<prefix>_eos``). :meth:`OracleTrace.replay <mtp_explorer.analysis.oracle.OracleTrace.replay>`
-builds each replay once per recording.
+<mtp_explorer.core.drafters.DrafterSpec.replay>`). The oracle keeps every drafter's drafts in the same
+per-drafter columns (:data:`DRAFT_COLUMNS`: ``draft`` [T, S, depth] ids, ``draft_len``, ``draft_eos``, and for
+a drafter with a confidence :data:`CONFIDENCE_COLUMNS`), indexed by the drafter's :attr:`DrafterSpec.index
+<mtp_explorer.core.drafters.DrafterSpec.index>`; the base class reads its slice of them.
+:meth:`OracleTrace.replay <mtp_explorer.analysis.oracle.OracleTrace.replay>` builds each replay once per
+recording.
 
-To replay a new drafter: subclass :class:`DrafterReplay`, implement :meth:`~DrafterReplay.candidate`,
-:meth:`~DrafterReplay.expectation` and :meth:`~DrafterReplay.draft_ns` (and :meth:`~DrafterReplay.full` if its
-draft call costs decodes), and name the class in the drafter's record.
+To replay a new drafter: subclass :class:`DrafterReplay`, implement :meth:`~DrafterReplay.candidate` and
+:meth:`~DrafterReplay.expectation` (and :meth:`~DrafterReplay.draft_ns` and :meth:`~DrafterReplay.full` if its
+draft call costs model decodes rather than a look-up), and name the class in the drafter's record.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
 
 #: Stop-reason codes (indices into :data:`~mtp_explorer.core.schema.STOP_REASONS`) the replays set.
 STOP: dict[str, int] = {name: i for i, name in enumerate(STOP_REASONS)}
+
+#: The per-drafter oracle columns every replay reads (its slice ``[:, spec.index]``): draft ids [T, depth], length
+#: [T], ends with an end-of-generation token [T].
+DRAFT_COLUMNS: tuple[str, ...] = ("draft", "draft_len", "draft_eos")
+#: The per-drafter oracle columns a drafter with a confidence is read from besides: confidence and top-1 minus
+#: top-2 logit [T, depth], top-k alternatives (ids, probabilities) [T, depth, K].
+CONFIDENCE_COLUMNS: tuple[str, ...] = ("draft_prob", "draft_margin", "topk_ids", "topk_probs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +105,8 @@ class Expectation:
 class DrafterReplay(abc.ABC):
     """The replay of one drafter on one oracle recording (see the module docstring)."""
 
-    #: Columns of the oracle it reads besides ``<prefix>``, ``<prefix>_len`` and ``<prefix>_eos``.
+    #: Oracle columns of its own it reads besides the per-drafter ones (:data:`DRAFT_COLUMNS`, and
+    #: :data:`CONFIDENCE_COLUMNS` for a drafter with a confidence). Empty for every drafter the engine has.
     extra_columns: ClassVar[tuple[str, ...]] = ()
     #: Its model catches up on every verified row (the MTP head): the catch-up phase runs, the target's caches
     #: are cold at the verify, and the sample phase carries the head's bookkeeping.
@@ -105,43 +115,57 @@ class DrafterReplay(abc.ABC):
     def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
         self.oracle = oracle
         self.spec = spec
-        self.prefix = spec.oracle_prefix
+        self.index = spec.index
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """The oracle columns this replay reads."""
-        p = self.prefix
-        return (p, f"{p}_len", f"{p}_eos") + tuple(c.format(prefix=p) for c in self.extra_columns)
+        """The oracle columns this replay reads (of the per-drafter ones, only its slice)."""
+        return DRAFT_COLUMNS + (CONFIDENCE_COLUMNS if self.spec.has_confidence else ()) + self.extra_columns
+
+    def column(self, name: str) -> np.ndarray:
+        """Its slice of a per-drafter oracle column: ``columns[name][:, index]``."""
+        return self.oracle.columns[name][:, self.index]
 
     @property
     def available(self) -> bool:
         """The recorded model can run this drafter."""
-        return True
+        return self.oracle.has_mtp or not self.spec.needs_mtp
 
     @property
     def tokens(self) -> np.ndarray:
         """[T, depth]: the draft ids at every position (-1 past its length)."""
-        return self.oracle.columns[self.prefix]
+        return self.column("draft")
 
     @cached_property
     def length(self) -> np.ndarray:
         """[T]: the draft's length at every position."""
-        return self.oracle.columns[f"{self.prefix}_len"].astype(np.int64)
+        return self.column("draft_len").astype(np.int64)
 
     @cached_property
     def eos(self) -> np.ndarray:
         """[T]: the draft ends with an end-of-generation token."""
-        return self.oracle.columns[f"{self.prefix}_eos"].astype(bool)
+        return self.column("draft_eos").astype(bool)
 
     @cached_property
     def match_len(self) -> np.ndarray:
         """[T]: how many leading draft tokens the target accepts (the greedy path's tokens, not end-of-generation)."""
         return self.oracle.accepted_prefix(self.tokens, self.length)
 
-    # what trace rows show of a verified draft (None: the drafter has no such thing)
-    confidence: np.ndarray | None = None     #: [T, depth] float32: the value compared with p_min
-    margins: np.ndarray | None = None        #: [T, depth]: top-1 minus top-2 draft logit (argmax ties)
-    alternatives: tuple[np.ndarray, np.ndarray] | None = None  #: ([T, depth, K] ids, probs)
+    # what trace rows show of a verified draft (None: the drafter has no confidence, so no such thing)
+    @property
+    def confidence(self) -> np.ndarray | None:
+        """[T, depth] float32: the value compared with p_min."""
+        return self.column("draft_prob") if self.spec.has_confidence else None
+
+    @property
+    def margins(self) -> np.ndarray | None:
+        """[T, depth]: top-1 minus top-2 draft logit (argmax ties)."""
+        return self.column("draft_margin") if self.spec.has_confidence else None
+
+    @property
+    def alternatives(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """([T, depth, K] ids, probabilities): the draft's top-k alternatives."""
+        return (self.column("topk_ids"), self.column("topk_probs")) if self.spec.has_confidence else None
 
     @abc.abstractmethod
     def candidate(self, cap: np.ndarray, reason: np.ndarray, p_min, n_min, active) -> Candidate:
@@ -160,9 +184,10 @@ class DrafterReplay(abc.ABC):
     def expectation(self) -> Expectation:
         """A fresh estimator of its expected accepted length for one replayed generation."""
 
-    @abc.abstractmethod
     def draft_ns(self, cost: "CostModel", proposal: Candidate, cap_pos: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Predicted time of its draft calls (``cap_pos``: the step's cap was > 0; ``pos``: n_past)."""
+        """Predicted time of its draft calls (``cap_pos``: the step's cap was > 0; ``pos``: n_past): by default
+        one look-up wherever it was asked (a drafter without a model)."""
+        return np.where(np.asarray(proposal.asked, bool), cost.lookup_ns(pos), 0.0)
 
 
 # -- the MTP head ---------------------------------------------------------------------------------------
@@ -189,24 +214,7 @@ class MtpReplay(DrafterReplay):
     """The MTP head: the oracle's chain drafted with ``p_min = 0``, cut where a confidence falls below ``p_min``,
     at an end-of-generation token or at the cap; its confidence gives the expected accepted length."""
 
-    extra_columns = ("{prefix}_prob", "{prefix}_margin", "topk_ids", "topk_probs")
     follows_target = True
-
-    @property
-    def available(self) -> bool:
-        return self.oracle.has_mtp
-
-    @property
-    def confidence(self) -> np.ndarray:
-        return self.oracle.columns[f"{self.prefix}_prob"]
-
-    @property
-    def margins(self) -> np.ndarray:
-        return self.oracle.columns[f"{self.prefix}_margin"]
-
-    @property
-    def alternatives(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.oracle.columns["topk_ids"], self.oracle.columns["topk_probs"]
 
     @cached_property
     def expected_table(self) -> np.ndarray:
@@ -297,7 +305,3 @@ class NgramSimpleReplay(DrafterReplay):
 
     def expectation(self) -> Expectation:
         return RunningAcceptance()
-
-    def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
-        return np.where(np.asarray(proposal.asked, bool), cost.lookup_ns(pos), 0.0)
-

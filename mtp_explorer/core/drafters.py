@@ -1,9 +1,11 @@
 """The drafter registry: one record per drafter the engine has, and the ``drafter=`` choices built from them.
 
 A :class:`DrafterSpec` says everything the rest of the package asks about a drafter: its engine name
-(the ``drafter`` column indexes :data:`~mtp_explorer.core.schema.DRAFTERS`), its llama.cpp
-``--spec-type`` name, a label for views, whether it has a confidence (``p_min`` applies) and needs an
-MTP head, its options with llama.cpp's flags and defaults, and the name of its replay in the simulator.
+(the ``drafter`` column indexes :data:`~mtp_explorer.core.schema.DRAFTERS`, and so does the drafter axis of
+the per-drafter oracle columns ``draft``, ``draft_len``, ...), its llama.cpp ``--spec-type`` name, a label
+for views, whether it has a confidence (``p_min`` applies) and needs an MTP head, its options with llama.cpp's
+flags and defaults (the engine takes them by keyword, in ``GenerationConfig.options``), and the name of its
+replay in the simulator.
 A :class:`DrafterMode` is what ``Session.generate(drafter=...)`` takes: one drafter, or a chain of them
 with a policy. Views, the what-if panel, sweeps, calibration and the CLI read these records instead of
 comparing names; adding a drafter means adding its record here (and its class in ``native_ext/``).
@@ -23,9 +25,9 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 class DrafterOption:
     """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range."""
 
-    name: str      #: keyword argument of Session.generate / sweep, e.g. ``ngram_n``
+    name: str      #: keyword argument of Session.generate / sweep, e.g. ``ngram_n``; also its key in the
+                   #: engine's ``GenerationConfig.options``
     flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
-    native: str    #: field of the engine's config struct that takes it
     default: int
     lo: int
     hi: int
@@ -49,14 +51,12 @@ class DrafterSpec:
     has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
     needs_mtp: bool       #: it needs a model with MTP (nextn) layers
     options: tuple[DrafterOption, ...] = ()
-    config_field: str = ""  #: field of the engine's GenerationConfig holding its options (a struct)
     replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
-    oracle_prefix: str = ""  #: its draft in an oracle recording: columns ``<prefix>``, ``<prefix>_len``, ``<prefix>_eos``
     description: str = ""
 
     @property
     def index(self) -> int:
-        """Its index in the ``drafter`` column."""
+        """Its index in the ``drafter`` column and in the drafter axis of the per-drafter columns (``sources``)."""
         return DRAFTERS.index(self.name)
 
     def load_replay(self) -> Any:
@@ -95,20 +95,19 @@ class DrafterMode:
 
 
 _NGRAM_OPTIONS = (
-    DrafterOption("ngram_n", "--spec-ngram-simple-size-n", "size_n", 3, 1, 1024,
+    DrafterOption("ngram_n", "--spec-ngram-simple-size-n", 3, 1, 1024,
                   "length of the n-gram looked up (ending with the last token)"),
-    DrafterOption("ngram_m", "--spec-ngram-simple-size-m", "size_m", 8, 1, 1024,
+    DrafterOption("ngram_m", "--spec-ngram-simple-size-m", 8, 1, 1024,
                   "length of the continuation proposed after a match (cut to n_max)"),
 )
 
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
-                replay="..analysis.replay:MtpReplay", oracle_prefix="chain",
+                replay="..analysis.replay:MtpReplay",
                 description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
     DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs_mtp=False,
-                options=_NGRAM_OPTIONS, config_field="ngram", replay="..analysis.replay:NgramSimpleReplay",
-                oracle_prefix="ngram",
+                options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",
                 description="prompt look-up: the last ngram_n tokens matched earlier in the context, the "
                             "ngram_m tokens that followed proposed"),
 )}
@@ -183,13 +182,14 @@ def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
     return {name: o.check(given.get(name, o.default)) for name, o in known.items()}
 
 
+def engine_options(values: Mapping[str, int]) -> dict[str, int]:
+    """The drafters' options as the engine takes them (``GenerationConfig.options``, ``record_oracle``): every
+    option's value by its keyword (``values``: from :func:`option_values`)."""
+    return {o.name: int(values[o.name]) for o in all_options()}
+
+
 def configure(config: Any, values: Mapping[str, int]) -> Any:
-    """Set every drafter's option struct on the engine's ``config`` (a GenerationConfig) from option
-    values; returns ``config``."""
-    for spec in DRAFTER_SPECS.values():
-        if spec.options:
-            struct = getattr(config, spec.config_field)
-            for o in spec.options:
-                setattr(struct, o.native, values[o.name])
-            setattr(config, spec.config_field, struct)
+    """Set the drafters' options on the engine's ``config`` (a GenerationConfig) from option values; returns
+    ``config``."""
+    config.options = engine_options(values)
     return config

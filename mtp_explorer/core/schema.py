@@ -53,8 +53,10 @@ class Dims:
 
 @dataclasses.dataclass(frozen=True)
 class Column:
-    """One column: its name, numpy dtype and width kind (``""`` scalar per row, ``depth``, ``depth+1``,
-    ``depth*topk``, ``sources``; oracle columns also ``tail``: a column of its own length)."""
+    """One column: its name, numpy dtype and width kind: ``""`` (a scalar per row) or a product of the
+    :class:`Dims` sizes, ``depth``, ``depth+1``, ``depth*topk``, ``sources`` (one per drafter, indexed by
+    :data:`DRAFTERS`), ``sources*depth``, ``sources*depth*topk``; oracle columns also ``tail`` (a column of its
+    own length)."""
 
     name: str
     dtype: np.dtype
@@ -62,10 +64,10 @@ class Column:
 
     def inner_shape(self, dims: Dims) -> tuple[int, ...]:
         """The shape of one row."""
-        return {
-            "": (), "tail": (), "depth": (dims.depth,), "depth+1": (dims.depth + 1,),
-            "depth*topk": (dims.depth, dims.topk), "sources": (dims.sources,),
-        }[self.width]
+        if self.width in ("", "tail"):
+            return ()
+        sizes = {"depth": dims.depth, "depth+1": dims.depth + 1, "topk": dims.topk, "sources": dims.sources}
+        return tuple(sizes[axis] for axis in self.width.split("*"))
 
     @property
     def fill(self) -> float | int:
@@ -73,16 +75,28 @@ class Column:
         return math.nan if self.dtype.kind == "f" else -1
 
     @property
+    def per_source(self) -> bool:
+        """Indexed by drafter first (its index in :data:`DRAFTERS`)."""
+        return self.width.split("*")[0] == "sources"
+
+    @property
     def per_depth(self) -> bool:
-        """Indexed by draft depth (padded past the drafted tokens)."""
-        return self.width.startswith("depth")
+        """Indexed by draft depth (padded past the drafted tokens), after the drafter where it is also
+        :attr:`per_source`."""
+        return any(axis.startswith("depth") for axis in self.width.split("*"))
 
     def empty(self, n_rows: int, dims: Dims) -> np.ndarray:
         return np.full((n_rows, *self.inner_shape(dims)), self.fill, dtype=self.dtype)
 
 
 def _read(table) -> tuple[Column, ...]:
-    return tuple(Column(str(name), np.dtype(dtype), str(width)) for name, dtype, width in table)
+    columns = tuple(Column(str(name), np.dtype(dtype), str(width)) for name, dtype, width in table)
+    for c in columns:  # every width kind the engine uses is one this module can shape
+        try:
+            c.inner_shape(Dims(depth=1, topk=1))
+        except KeyError:
+            raise ImportError(f"column {c.name!r} has a width kind {c.width!r} this package does not know") from None
+    return columns
 
 
 TRACE_COLUMNS: tuple[Column, ...] = _read(_native.TRACE_COLUMNS)
@@ -154,7 +168,7 @@ def row_value(column: Column, cols: Mapping[str, np.ndarray], i: int, n_drafted:
 
 def set_row(column: Column, cols: dict[str, np.ndarray], i: int, value: Any) -> None:
     """The inverse of :func:`row_value`: write a record's value into padded row ``i``."""
-    if column.per_depth or column.width == "sources":
+    if column.per_depth or column.per_source:
         arr = np.asarray(value, dtype=column.dtype)
         if arr.size:  # an empty value (a step without a draft) leaves the padding
             cols[column.name][i][tuple(slice(0, n) for n in arr.shape)] = arr

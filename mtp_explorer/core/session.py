@@ -89,10 +89,10 @@ class Session(EngineHandle):
         probe: bool = True,
         **options: int,
     ) -> "OracleTrace":
-        """Record an oracle trace: the greedy generation decoded once, one token per step, with the
-        MTP draft chain of length ``depth`` (default: the session's capacity) and the n-gram draft
-        the engine would propose at every position (``options``: the drafters' options, as for
-        :meth:`generate`), and this machine's measured cost model (``probe=False`` skips the
+        """Record an oracle trace: the greedy generation decoded once, one token per step, with the draft
+        every drafter the model can run would propose at every position, up to ``depth`` tokens (default: the
+        session's capacity; the MTP head's drafted with ``p_min = 0``; ``options``: the drafters' options, as
+        for :meth:`generate`), and this machine's measured cost model (``probe=False`` skips the
         verify-batch probes; batch costs are then extrapolated from single-token steps). Replay any
         policy with ``n_max <= depth`` with :func:`mtp_explorer.simulate`. See
         :mod:`mtp_explorer.analysis.oracle`.
@@ -107,10 +107,10 @@ class Session(EngineHandle):
         with self._run():
             tokens = self._prompt_tokens(prompt)
             self._mode = drafters.recording_mode(self.info.has_mtp)
-            config = drafters.configure(_native.GenerationConfig(), values)
             t0 = time.perf_counter()
             with engine_errors():
-                done, cols = engine.record_oracle(tokens, max_tokens, depth, config.ngram, bool(probe))
+                done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
+                                                  bool(probe))
             wall = time.perf_counter() - t0
             if not done:
                 raise CancelledError("the oracle recording was cancelled")
@@ -167,9 +167,9 @@ class Session(EngineHandle):
             "max_tokens": max_tokens, "n_max": n_max, "p_min": float(p_min), "n_min": n_min,
             "temperature": temperature, "seed": seed, "drafter": mode.name, "chain_policy": mode.policy,
         } | self._session_settings() | values
-        config = drafters.configure(_native.GenerationConfig(
-            max_tokens=max_tokens, temperature=temperature, seed=seed,
-            drafters=[d.name for d in mode.drafters], chain_policy=mode.policy), values)
+        config = _native.GenerationConfig(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, drafters=[d.name for d in mode.drafters],
+            chain_policy=mode.policy, options=drafters.engine_options(values))
         with engine_errors():
             self._engine.begin(tokens, config, _native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
         return tokens
