@@ -8,8 +8,16 @@ HEADERS := $(HEADERS_DIR)/src/llama-ext.h
 DEPS := $(VENV)/.deps-installed
 EXT := build/.ext-installed
 SOURCES := $(shell find native_ext mtp_explorer -name '*.py' -o -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
+# llama.cpp's own tools (the reference driver, llama-quantize): one build directory, see `reference` below
+REF_DIR := build/reference
+REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+REF_CONFIGURED := $(REF_DIR)/CMakeCache.txt
+REFERENCE := $(REF_DIR)/bin/llama-speculative-simple
+QUANTIZE := $(REF_DIR)/bin/llama-quantize
+# one cmake --build at a time in the build directory, also under make -j
+REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.build.lock)
 
-.PHONY: all lab test headers reference parity bench bench-simulate clean
+.PHONY: all lab test headers reference quantize parity bench bench-simulate clean
 
 all: $(EXT)
 
@@ -46,23 +54,32 @@ CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
-test: $(EXT) $(CHROMIUM)
-	$(VPY) -m pytest -q --nbval-lax tests notebooks
+# tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize.
+test: $(EXT) $(CHROMIUM) $(QUANTIZE)
+	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
 	$(VENV)/bin/jupyter lab notebooks/01_quickstart.ipynb
 
-# llama.cpp's reference speculative driver, built from the same 0.3.36 sources (for benchmarks/parity.py:
-# draft-mtp and ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one).
-REFERENCE := build/reference/bin/llama-speculative-simple
-REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
-$(REFERENCE): $(HEADERS)
+# llama.cpp's own tools, built from the same 0.3.36 sources in one build directory with one configure, so
+# that they share libllama, ggml and the common library (built once, 7-10 min on 2 cores; each tool after
+# that is one or two files): the reference speculative driver (for benchmarks/parity.py: draft-mtp and
+# ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one) and llama-quantize (quantized copies of
+# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize).
+
+$(REF_CONFIGURED): $(HEADERS)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
-	cmake -S $(REF_SRC) -B build/reference -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
+	cmake -S $(REF_SRC) -B $(REF_DIR) -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
 	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-	cmake --build build/reference --target llama-speculative-simple -j$$(nproc)
+
+# touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
+$(REFERENCE) $(QUANTIZE): $(REF_CONFIGURED)
+	$(REF_LOCK) nice cmake --build $(REF_DIR) --target $(notdir $@) -j$$(nproc)
+	touch $@
 
 reference: $(REFERENCE)
+
+quantize: $(QUANTIZE)
 
 parity: $(EXT) $(REFERENCE)
 	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,21 @@ class ModelInfo:
     is_recurrent: bool
     rs_slot_bytes: int
     """Bytes of recurrent state in one rollback snapshot slot (0 for non-recurrent models)."""
+    file_type: str = "F32"
+    """The file's quantization as ``llama-quantize`` names it (``"F16"``, ``"Q8_0"``, ``"Q4_K_M"``, ...): GGUF
+    ``general.file_type``, or, where a file lacks that key, llama.cpp's guess from its most common tensor type
+    with ``" (guessed)"`` appended."""
+    tensor_types: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)
+    """Number of tensors of each ggml type (``{"Q8_0": 40, "F32": 30}``), most common first."""
+    n_expert: int = 0
+    """Routed experts per MoE block (GGUF ``<arch>.expert_count``; 0 for dense models)."""
+    n_expert_used: int = 0
+    """Experts each token is routed to (``<arch>.expert_used_count``; the largest where it is per layer)."""
+    n_ff_exp: int = 0
+    """Width of one routed expert (``<arch>.expert_feed_forward_length``; the largest where it is per layer)."""
+    moe_layers: tuple[int, ...] = ()
+    """Indices of the blocks with a MoE FFN (a router tensor ``blk.N.ffn_gate_inp``), MTP blocks included
+    (they are numbered from ``n_layer``)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,6 +84,44 @@ def _field(reader, key: str, default=None):
     return value
 
 
+# llama.h's llama_ftype (0.3.36), by the names llama-quantize takes: the gguf package's LlamaFileType less its
+# ALL_/MOSTLY_ prefix, plus the values that package does not know yet.
+_FTYPE_GUESSED = 1024
+_FTYPE_EXTRA = {41: "Q2_0"}
+# llama_model_loader's guess where general.file_type is missing: the most common tensor type decides.
+_GUESS = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
+          "Q5_1": "Q5_1", "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M",
+          "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
+          "IQ2_S": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ4_NL": "IQ4_NL",
+          "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "NVFP4": "NVFP4", "Q1_0": "Q1_0", "Q2_0": "Q2_0"}
+
+
+def file_type_name(ftype: int) -> str:
+    """llama.cpp's ``llama_ftype`` value as ``llama-quantize`` names it (``7`` -> ``"Q8_0"``)."""
+    from gguf import LlamaFileType
+
+    ftype = int(ftype)
+    guessed = bool(ftype & _FTYPE_GUESSED)
+    base = ftype & ~_FTYPE_GUESSED
+    try:
+        name = LlamaFileType(base).name.removeprefix("ALL_").removeprefix("MOSTLY_")
+    except ValueError:
+        name = _FTYPE_EXTRA.get(base, f"unknown ({base})")
+    return name + (" (guessed)" if guessed else "")
+
+
+def _file_type(path: Path, reader, tensor_types: Counter) -> str:
+    ftype = _field(reader, "general.file_type")
+    if ftype is not None:
+        if isinstance(ftype, bool) or not isinstance(ftype, (int, np.integer)):
+            # llama.cpp refuses such a file too (a key of the wrong type)
+            raise ModelLoadError(f"{path}: general.file_type is not an integer: {ftype!r}")
+        return file_type_name(int(ftype))
+    # as llama_model_loader: the type with the most tensors (on a tie, here the first in file order)
+    top = max(tensor_types.items(), key=lambda kv: kv[1], default=("F32", 0))[0]
+    return _GUESS.get(top, "F32") + " (guessed)"
+
+
 def model_info(path: str | Path) -> ModelInfo:
     """Read a GGUF file's metadata. Raises :class:`ModelLoadError` for missing, foreign or damaged files."""
     path = Path(path)
@@ -80,6 +134,7 @@ def model_info(path: str | Path) -> ModelInfo:
     n_nextn = int(_field(reader, f"{arch}.nextn_predict_layers", 0))
     tokens = _field(reader, "tokenizer.ggml.tokens", [])
     n_params = int(sum(int(np.prod(t.shape)) for t in reader.tensors))
+    tensor_types = Counter(t.tensor_type.name for t in reader.tensors)
     d_conv = _field(reader, f"{arch}.ssm.conv_kernel")
     is_recurrent = d_conv is not None
     rs_slot_bytes = 0
@@ -108,4 +163,26 @@ def model_info(path: str | Path) -> ModelInfo:
         has_mtp=n_nextn > 0,
         is_recurrent=is_recurrent,
         rs_slot_bytes=rs_slot_bytes,
+        file_type=_file_type(path, reader, tensor_types),
+        tensor_types=dict(tensor_types.most_common()),
+        n_expert=int(_field(reader, f"{arch}.expert_count", 0) or 0),
+        n_expert_used=_largest(_field(reader, f"{arch}.expert_used_count", 0)),
+        n_ff_exp=_largest(_field(reader, f"{arch}.expert_feed_forward_length", 0)),
+        moe_layers=_moe_layers(reader),
     )
+
+
+def _largest(value) -> int:
+    """A per-model or per-layer (array) count as one number: the largest."""
+    if isinstance(value, (list, tuple)):
+        return int(max(value, default=0))
+    return int(value or 0)
+
+
+def _moe_layers(reader) -> tuple[int, ...]:
+    found = set()
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] == "ffn_gate_inp" and parts[1].isdigit():
+            found.add(int(parts[1]))
+    return tuple(sorted(found))
