@@ -4,19 +4,23 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
 (``--spec-type``, default ``all``):
 
 - ``draft-mtp``: our MTP drafter against ``--spec-type draft-mtp``, on ``--model`` (default: the
-  bundled model), over prompts x n_max x p_min.
+  bundled model), over prompts x n_max x p_min; and on a SYNTHETIC qwen35moe model (the
+  Qwen3.6-35B-A3B architecture: hybrid recurrent trunk, MoE in every block and in the MTP block;
+  written to a temporary folder) over a smaller grid (``MOE_PROMPTS`` x ``MOE_N_MAX`` x p_min).
 - ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_m``) against
   ``--spec-type ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``, over
-  prompts x (N, M) on three models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
-  model (both written to a temporary folder) and ``--model``/the bundled model.
+  prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
+  model, the SYNTHETIC qwen35moe model (all written to a temporary folder) and ``--model``/the
+  bundled model.
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
         [--spec-type draft-mtp|ngram-simple|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
-``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records) and an overall
-``all_match``; exits 1 on any mismatch.
+``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
+draft-mtp section also ``per_model`` counts and acceptance) and an overall ``all_match``; exits 1 on
+any mismatch.
 
 Known differences are accounted for, not hidden:
 
@@ -55,6 +59,14 @@ PROMPTS = [
     "if __name__ == '__main__':",
 ]
 SPEC_TYPES = ("draft-mtp", "ngram-simple")
+N_MAX = (1, 2, 3, 5)
+P_MIN = (0.0, 0.5)
+
+# draft-mtp on the SYNTHETIC qwen35moe model: a smaller grid (the model is tiny; the reference is one
+# process per case). context_mix 0.5 gives partial acceptance, so rollbacks restore snapshot slots.
+MOE_PROMPTS = PROMPTS[:4]
+MOE_N_MAX = (1, 2, 3, 4)
+MOE_KNOBS = {"context_mix": 0.5, "mtp_fidelity": 1.0}
 
 # n-gram: prompts that repeat themselves (so look-ups hit) and two that do not; (size_n, size_m) pairs.
 NGRAM_PROMPTS = [
@@ -66,20 +78,53 @@ N_CTX = 1024
 
 
 # -- draft-mtp ---------------------------------------------------------------------------------------
-def mtp_section(binary: str, path: Path, origin: str, tokens: int, threads: int) -> dict:
+def mtp_cases(binary: str, path: Path, label: str, tokens: int, threads: int, prompts, n_maxes, p_mins) -> list[dict]:
+    """One record per prompt x n_max x p_min: the reference's and our text and totals (n_min 0)."""
     cases = []
     with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
-        for prompt, n_max, p_min, n_min in itertools.product(PROMPTS, (1, 2, 3, 5), (0.0, 0.5), (0,)):
+        for prompt, n_max, p_min, n_min in itertools.product(prompts, n_maxes, p_mins, (0,)):
             ref = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min,
                                 n_min=n_min, n_ctx=N_CTX, threads=threads)
             ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min, n_min=n_min)
-            case = {"prompt": prompt, "n_max": n_max, "p_min": p_min, "n_min": n_min} | compare_with_reference(ref, ours, p_min)
-            cases.append(case)
-    return {"model": str(path), "model_origin": origin, "cases": len(cases),
-            "matches": sum(c["match"] for c in cases),
+            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "n_max": n_max,
+                          "p_min": p_min, "n_min": n_min, "rollback_steps": int((ours.rollback > 0).sum())}
+                         | compare_with_reference(ref, ours, p_min))
+    return cases
+
+
+def _counts(cases: list[dict]) -> dict:
+    drafted = sum(c["ours"]["n_drafted"] for c in cases)
+    accepted = sum(c["ours"]["n_accept"] for c in cases)
+    return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
             "explained_by_eos_rule": sum(c["explained_by_eos_rule"] for c in cases),
             "unverifiable_drafted_total": sum(c["unverifiable_drafted_total"] for c in cases),
-            "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
+            "cases_with_rollback": sum(c["rollback_steps"] > 0 for c in cases),
+            "acceptance_rate": accepted / drafted if drafted else None}
+
+
+def mtp_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
+    from mtp_explorer.devtools.synthetic_qwen35moe import write_synthetic_qwen35moe
+
+    path, origin = picked
+    moe = write_synthetic_qwen35moe(tmp / "qwen35moe.gguf", **MOE_KNOBS)
+    runs = [
+        (path, origin, PROMPTS, N_MAX, P_MIN),
+        (moe, "synthetic qwen35moe (random weights, MoE + hybrid recurrent, "
+              f"context_mix={MOE_KNOBS['context_mix']}, mtp_fidelity={MOE_KNOBS['mtp_fidelity']})",
+         MOE_PROMPTS, MOE_N_MAX, P_MIN),
+    ]
+    cases, described, per_model = [], [], {}
+    for model_path, model_origin, prompts, n_maxes, p_mins in runs:
+        info = mx.model_info(model_path)
+        label = info.arch + (" (bundled)" if model_origin == "bundled" else "")
+        described.append({"model": str(model_path), "model_origin": model_origin, "arch": info.arch,
+                          "is_recurrent": info.is_recurrent, "n_expert": info.n_expert,
+                          "prompts": len(prompts), "n_max": list(n_maxes), "p_min": list(p_mins)})
+        mine = mtp_cases(binary, model_path, label, tokens, threads, prompts, n_maxes, p_mins)
+        per_model[label] = _counts(mine) | {"all_match": all(c["match"] for c in mine)}
+        cases += mine
+    return {"models": described, "per_model": per_model} | _counts(cases) | {
+        "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
 
 
 # -- ngram-simple ------------------------------------------------------------------------------------
@@ -152,11 +197,15 @@ def compare_ngram(ref: ReferenceRun, ours: mx.Trace, *, checkpoints: bool) -> di
 def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
     from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.synthetic_qwen35moe import write_synthetic_qwen35moe
 
     models = [
         (write_synthetic_glm4moe(tmp / "glm4moe.gguf"), "synthetic glm4moe (random weights, KV rollback)"),
         (write_synthetic_qwen35(tmp / "qwen35.gguf", context_mix=0.6, mtp_fidelity=1.0),
          "synthetic qwen35 (random weights, context_mix=0.6, mtp_fidelity=1.0)"),
+        (write_synthetic_qwen35moe(tmp / "qwen35moe-ngram.gguf", **MOE_KNOBS),
+         "synthetic qwen35moe (random weights, MoE + hybrid recurrent, "
+         f"context_mix={MOE_KNOBS['context_mix']}, mtp_fidelity={MOE_KNOBS['mtp_fidelity']})"),
         picked,
     ]
     cases, described = [], []
@@ -196,10 +245,10 @@ def main() -> int:
     path, origin = pick_model(args.model)
     doc = {"binary": args.binary, "tokens": args.tokens, "threads": args.threads, "machine": machine(),
            "spec_types": list(spec_types)}
-    if "draft-mtp" in spec_types:
-        doc["draft-mtp"] = mtp_section(args.binary, path, origin, args.tokens, args.threads)
-    if "ngram-simple" in spec_types:
-        with tempfile.TemporaryDirectory(prefix="mtp-explorer-parity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mtp-explorer-parity-") as tmp:
+        if "draft-mtp" in spec_types:
+            doc["draft-mtp"] = mtp_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+        if "ngram-simple" in spec_types:
             doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)

@@ -58,6 +58,11 @@ Expected tensors (``L`` = trunk layer index, ``M = n_layer`` = the MTP block ind
 
 with ``key_dim = ssm_state_size * ssm_group_count``, ``value_dim = ssm_state_size *
 ssm_time_step_rank`` (= ``ssm_inner_size``) and ``n_v_heads = ssm_time_step_rank``.
+
+The ``qwen35moe`` architecture (Qwen3.5/3.6 MoE) has the same layout with a mixture-of-experts FFN in
+place of ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` in every block, the MTP block included:
+:func:`hybrid_tensor_shapes` takes the FFN as a parameter and :func:`write_hybrid_gguf` writes either
+architecture (see :mod:`.synthetic_qwen35moe`).
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,6 +89,10 @@ __all__ = [
     "tensor_names",
     "PRE_TOKENIZER_REGEX",
     "ARCH",
+    "dense_ffn_shapes",
+    "hybrid_tensor_shapes",
+    "hybrid_keys",
+    "write_hybrid_gguf",
 ]
 
 ARCH = "qwen35"
@@ -268,9 +277,26 @@ def train_byte_bpe(text: str, n_merges: int, *, eos_token: str = "<|endoftext|>"
     return ByteBPEVocab(tokens=tokens, merges=merges, token_types=types, eos_id=eos, bos_id=eos, pre="gpt-2")
 
 
+Shapes = dict[str, tuple[tuple[int, ...], bool]]
+
+
+def dense_ffn_shapes(cfg: Qwen35Config, p: str) -> Shapes:
+    """The dense SwiGLU FFN of block prefix ``p`` (``"blk.N."``): gate, up, down."""
+    e, ff = cfg.n_embd, cfg.n_ff
+    return {p + "ffn_gate.weight": ((ff, e), True), p + "ffn_up.weight": ((ff, e), True),
+            p + "ffn_down.weight": ((e, ff), True)}
+
+
 def expected_tensor_shapes(cfg: Qwen35Config) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Every tensor name llama.cpp loads for ``cfg`` -> (numpy shape, required)."""
-    e, v, ff = cfg.n_embd, cfg.n_vocab, cfg.n_ff
+    return hybrid_tensor_shapes(cfg, dense_ffn_shapes)
+
+
+def hybrid_tensor_shapes(cfg: Qwen35Config, ffn: Callable[[Qwen35Config, str], Shapes]) -> Shapes:
+    """The tensors of the Qwen3.5 hybrid layout (gated-delta-net + full-attention trunk, one NextN block)
+    with the FFN of every block (trunk and MTP) given by ``ffn(cfg, prefix)``: dense for ``qwen35``,
+    routed + shared experts for ``qwen35moe``."""
+    e, v = cfg.n_embd, cfg.n_vocab
     hd = cfg.head_dim
     key_dim = cfg.ssm_state_size * cfg.ssm_group_count
     value_dim = cfg.ssm_inner_size
@@ -293,9 +319,7 @@ def expected_tensor_shapes(cfg: Qwen35Config) -> dict[str, tuple[tuple[int, ...]
     def common(p: str) -> None:
         shapes[p + "attn_norm.weight"] = ((e,), True)
         shapes[p + "post_attention_norm.weight"] = ((e,), True)
-        shapes[p + "ffn_gate.weight"] = ((ff, e), True)
-        shapes[p + "ffn_up.weight"] = ((ff, e), True)
-        shapes[p + "ffn_down.weight"] = ((e, ff), True)
+        shapes.update(ffn(cfg, p))
 
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -355,8 +379,9 @@ def add_metadata(w: "gguf.GGUFWriter", metadata: Mapping[str, str | int | float 
             w.add_string(key, str(value))
 
 def _keep_f32(name: str, arr: np.ndarray) -> bool:
-    # 1-D tensors (norms, ssm_a, dt bias) and the conv kernel stay F32, as convert_hf_to_gguf does.
-    return arr.ndim <= 1 or name.endswith("ssm_conv1d.weight")
+    # 1-D tensors (norms, ssm_a, dt bias, the shared-expert gate), the conv kernel and the MoE router
+    # stay F32, as convert_hf_to_gguf does.
+    return arr.ndim <= 1 or name.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight"))
 
 
 def check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[tuple[int, ...], bool]],
@@ -443,21 +468,48 @@ def write_qwen35_gguf(
     with ``"f16"`` matrix weights are stored as F16 and 1-D tensors and the conv kernel as F32.
     ``extra_metadata`` adds string/number/bool keys (e.g. ``"mtp_explorer.synthetic"``).
     """
-    import gguf
+    return write_hybrid_gguf(path, ARCH, cfg, expected_tensor_shapes(cfg), hybrid_keys(cfg), tensors, vocab,
+                             dtype=dtype, name=name, description=description, license=license,
+                             extra_metadata=extra_metadata)
 
-    if dtype not in ("f32", "f16"):
-        raise ValueError("dtype must be 'f32' or 'f16'")
-    shapes = expected_tensor_shapes(cfg)
-    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
-    w, path = open_writer(path, ARCH, name=name, description=description, license=license,
-                          file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
-    add_keys(w, transformer_keys(cfg, rope_dim=cfg.n_rot) | {
+def hybrid_keys(cfg: Qwen35Config) -> dict[str, object]:
+    """The hyperparameters of the Qwen3.5 hybrid layout (``add_<key>`` names of the GGUF writer)."""
+    return transformer_keys(cfg, rope_dim=cfg.n_rot) | {
         "rope_dimension_sections": list(cfg.sections), "layer_norm_rms_eps": cfg.rms_eps,
         "ssm_conv_kernel": cfg.ssm_conv_kernel, "ssm_inner_size": cfg.ssm_inner_size,
         "ssm_state_size": cfg.ssm_state_size, "ssm_time_step_rank": cfg.ssm_time_step_rank,
         "ssm_group_count": cfg.ssm_group_count, "full_attention_interval": cfg.full_attention_interval,
-    })
+    }
+
+
+def write_hybrid_gguf(
+    path: str | Path,
+    arch: str,
+    cfg: Qwen35Config,
+    shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+    keys: Mapping[str, object],
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    dtype: str = "f32",
+    name: str,
+    description: str | None = None,
+    license: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
+    """Write a GGUF of the Qwen3.5 hybrid family (``qwen35``, ``qwen35moe``): check ``tensors`` against
+    ``shapes``, write the hyperparameters ``keys`` and ``nextn_predict_layers``, the tokenizer, the metadata
+    and the tensors in the order of ``shapes`` (see :func:`write_qwen35_gguf` for ``dtype``)."""
+    import gguf
+
+    if dtype not in ("f32", "f16"):
+        raise ValueError("dtype must be 'f32' or 'f16'")
+    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
+    w, path = open_writer(path, arch, name=name, description=description, license=license,
+                          file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+
+    add_keys(w, keys)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
 
     def arrays():

@@ -46,7 +46,7 @@ from .gguf_qwen35 import (
 #: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
 CONTEXT_SCALE = 0.25
 
-__all__ = ["CONTEXT_SCALE", "Knobs", "random_tensors", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
+__all__ = ["CONTEXT_SCALE", "Knobs", "gated_delta_net_params", "random_tensors", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
 
 _BPE_TEXT = '''
 def tokenize(text, vocab):
@@ -175,6 +175,18 @@ class Knobs:
     mtp_fidelity: float = 1.0
     logit_scale: float = 4.0
 
+    def __post_init__(self) -> None:
+        if self.context_mix < 0:
+            raise ValueError("context_mix must be >= 0")
+        if not 0.0 <= self.mtp_fidelity <= 1.0:
+            raise ValueError("mtp_fidelity must be in [0, 1]")
+
+    def metadata(self) -> dict[str, bool | int | float]:
+        """The ``mtp_explorer.*`` GGUF keys a synthetic file records its knobs under."""
+        return {"mtp_explorer.synthetic": True, "mtp_explorer.seed": int(self.seed),
+                "mtp_explorer.context_mix": float(self.context_mix),
+                "mtp_explorer.mtp_fidelity": float(self.mtp_fidelity)}
+
 
 Init = Callable[[str, tuple[int, ...], np.random.Generator], np.ndarray]
 
@@ -186,42 +198,72 @@ def random_tensors(shapes: Mapping[str, tuple[tuple[int, ...], bool]], keep: Cal
     return {name: init(name, shape, rng) for name, (shape, required) in shapes.items() if required or keep(name)}
 
 
+def trunk_tensors(cfg, vocab: ByteBPEVocab, knobs: Knobs, shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+                  keep: Callable[[str], bool], init: Init) -> tuple[dict[str, np.ndarray], np.random.Generator]:
+    """The random tensors of ``shapes`` (:func:`random_tensors`) with the synthetic embedding and output head,
+    and the random generator to draw the rest from (in this order: the files depend on it)."""
+    rng = np.random.default_rng(knobs.seed)
+    out = random_tensors(shapes, keep, init, rng)
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, cfg.n_embd,
+                                                                         knobs.logit_scale)
+    return out, rng
+
+
+def write_synthetic(writer: Callable[..., Path], path: str | Path, cfg, vocab: ByteBPEVocab, tensors: Mapping[str, np.ndarray],
+                    knobs: Knobs, arch: str, *, name: str | None = None, **options) -> Path:
+    """Write a SYNTHETIC model with ``writer`` (an architecture's GGUF writer), labelled as such and with
+    its knobs in the metadata."""
+    return writer(path, cfg, tensors, vocab, name=name or f"mtp-explorer-synthetic-{arch}",
+                  description=f"SYNTHETIC random-weight {arch}+MTP model for tests; not trained.",
+                  extra_metadata=knobs.metadata(), **options)
+
+
+def finish_mtp_head(out: dict[str, np.ndarray], cfg, knobs: Knobs, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Make the MTP block copy the trunk by ``knobs.mtp_fidelity`` (its input projection) and share the trunk's
+    output norm; returns ``out``."""
+    m = f"blk.{cfg.n_layer}."
+    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, cfg.n_embd, knobs.mtp_fidelity)
+    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
+    return out
+
+
 def _qwen35_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if len(shape) == 1:
         return np.ones(shape, dtype=np.float32)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
 
+def gated_delta_net_params(out: dict[str, np.ndarray], cfg: Qwen35Config, p: str, rng: np.random.Generator) -> None:
+    """Stable decay (``ssm_a`` in [-8, -1]), a fixed ``dt`` bias and a random conv kernel for the
+    gated-delta-net layer of prefix ``p``, replacing the generic random values in ``out``."""
+    nv = cfg.ssm_time_step_rank
+    out[p + "ssm_a"] = -rng.uniform(1.0, 8.0, size=nv).astype(np.float32)
+    out[p + "ssm_dt.bias"] = np.full(nv, 0.5, dtype=np.float32)
+    out[p + "ssm_conv1d.weight"] = (
+        rng.standard_normal((2 * cfg.ssm_state_size * cfg.ssm_group_count + cfg.ssm_inner_size,
+                             cfg.ssm_conv_kernel)) / np.sqrt(cfg.ssm_conv_kernel)
+    ).astype(np.float32)
+
+
 def synthetic_tensors(cfg: Qwen35Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
     """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
-    rng = np.random.default_rng(knobs.seed)
-    e, context_mix, mtp_fidelity = cfg.n_embd, knobs.context_mix, knobs.mtp_fidelity
+    context_mix = knobs.context_mix
     keep = lambda name: name == "output.weight" or name.endswith("shared_head_norm.weight")  # noqa: E731
-    out = random_tensors(expected_tensor_shapes(cfg), keep, _qwen35_init, rng)
-
-    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, knobs.logit_scale)
+    out, rng = trunk_tensors(cfg, vocab, knobs, expected_tensor_shapes(cfg), keep, _qwen35_init)
 
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         if cfg.is_recurrent(il):
-            nv = cfg.ssm_time_step_rank
-            out[p + "ssm_a"] = -rng.uniform(1.0, 8.0, size=nv).astype(np.float32)
-            out[p + "ssm_dt.bias"] = np.full(nv, 0.5, dtype=np.float32)
-            out[p + "ssm_conv1d.weight"] = (
-                rng.standard_normal((2 * cfg.ssm_state_size * cfg.ssm_group_count + cfg.ssm_inner_size,
-                                     cfg.ssm_conv_kernel)) / np.sqrt(cfg.ssm_conv_kernel)
-            ).astype(np.float32)
+            gated_delta_net_params(out, cfg, p, rng)
             out[p + "ssm_out.weight"] *= CONTEXT_SCALE * context_mix
         else:
             out[p + "attn_output.weight"] *= CONTEXT_SCALE * context_mix
         out[p + "ffn_down.weight"] *= CONTEXT_SCALE * context_mix
 
     m = f"blk.{cfg.n_layer}."
-    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, mtp_fidelity)
     out[m + "attn_output.weight"] *= 1e-3
     out[m + "ffn_down.weight"] *= 1e-3
-    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
-    return out
+    return finish_mtp_head(out, cfg, knobs, rng)
 
 
 def write_synthetic_qwen35(
@@ -244,25 +286,9 @@ def write_synthetic_qwen35(
     ``"f32"`` or ``"f16"``.  The knobs and the seed are stored under ``mtp_explorer.*``
     metadata keys.  Returns the path.
     """
-    if context_mix < 0:
-        raise ValueError("context_mix must be >= 0")
-    if not 0.0 <= mtp_fidelity <= 1.0:
-        raise ValueError("mtp_fidelity must be in [0, 1]")
+    knobs = Knobs(seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity)
     cfg = synthetic_config(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer)
     vocab = synthetic_vocab(n_vocab)
-    tensors = synthetic_tensors(cfg, vocab, Knobs(seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity))
-    return write_qwen35_gguf(
-        path,
-        cfg,
-        tensors,
-        vocab,
-        dtype=dtype,
-        name="mtp-explorer-synthetic",
-        description="SYNTHETIC random-weight qwen35+MTP model for tests; not trained.",
-        extra_metadata={
-            "mtp_explorer.synthetic": True,
-            "mtp_explorer.seed": int(seed),
-            "mtp_explorer.context_mix": float(context_mix),
-            "mtp_explorer.mtp_fidelity": float(mtp_fidelity),
-        },
-    )
+    tensors = synthetic_tensors(cfg, vocab, knobs)
+    return write_synthetic(write_qwen35_gguf, path, cfg, vocab, tensors, knobs, "qwen35", dtype=dtype,
+                           name="mtp-explorer-synthetic")

@@ -33,25 +33,7 @@ Knobs (the same trick as :mod:`.synthetic`)
     ``shared_head_norm`` equals ``output_norm``, so with fidelity 1 the MTP logits for a
     draft token equal the trunk's ``f(token)``.
 
-Measured with the engine (``mx.Session``, greedy, ``p_min=0``, seed 0, 48 new tokens,
-mean over the prompts ``"def f(x):"``, ``"import os\\n"``, ``"class A:\\n    pass\\n"``,
-``"for i in range(10):"``); acceptance rate = accepted / drafted tokens, and greedy
-speculative output equalled greedy plain output in every case:
-
-=========================  =======  =======  =======
-knobs                      n_max=1  n_max=3  n_max=5
-=========================  =======  =======  =======
-mix 0,    fidelity 1       1.00     1.00     1.00
-mix 0.25, fidelity 1       0.90     0.81     0.76
-mix 0.5,  fidelity 1       0.85     0.75     0.58
-mix 0.75, fidelity 1       0.41     0.25     0.18
-mix 1,    fidelity 1       0.37     0.18     0.11
-mix 2,    fidelity 1       0.19     0.07     0.04
-mix 0,    fidelity 0.75    0.54     0.28     0.21
-mix 0,    fidelity 0.5     0.25     0.10     0.06
-mix 0,    fidelity 0       0.00     0.00     0.00
-=========================  =======  =======  =======
-
+The acceptance these knobs give, measured with the engine, is in ``SYNTHETIC.md`` beside this module.
 ``context_mix=0.5, mtp_fidelity=1`` gives a mix of fully accepted and partially rejected
 steps (at ``n_max=3``: 39 of 61 steps fully accepted, 21 with a rollback); the exact rate
 depends on the seed (seeds 0-3 at ``n_max=3, p_min=0.5``: 0.94, 0.60, 0.85, 0.61).  The
@@ -69,7 +51,7 @@ from typing import Mapping
 import numpy as np
 
 from .gguf_qwen35 import ByteBPEVocab, add_keys, check_tensors, finish_writer, open_writer, transformer_keys
-from .synthetic import Knobs, embeddings_and_head, mtp_input_projection, random_tensors, synthetic_vocab
+from .synthetic import Knobs, finish_mtp_head, synthetic_vocab, trunk_tensors, write_synthetic
 
 ARCH = "glm4moe"
 
@@ -200,12 +182,8 @@ def _glm4moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
 
 def synthetic_glm4moe_tensors(cfg: Glm4MoeConfig, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
     """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
-    rng = np.random.default_rng(knobs.seed)
-    e = cfg.n_embd
     keep = lambda name: name == "output.weight" or name.endswith(("shared_head_norm.weight", ".bias"))  # noqa: E731
-    out = random_tensors(glm4moe_expected_tensor_shapes(cfg), keep, _glm4moe_init, rng)
-
-    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, e, knobs.logit_scale)
+    out, rng = trunk_tensors(cfg, vocab, knobs, glm4moe_expected_tensor_shapes(cfg), keep, _glm4moe_init)
 
     down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
     for il in range(cfg.block_count):
@@ -215,10 +193,7 @@ def synthetic_glm4moe_tensors(cfg: Glm4MoeConfig, vocab: ByteBPEVocab, knobs: Kn
             if name in out:
                 out[name] *= scale
 
-    m = f"blk.{cfg.n_layer}."
-    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, e, knobs.mtp_fidelity)
-    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
-    return out
+    return finish_mtp_head(out, cfg, knobs, rng)
 
 
 def write_glm4moe_gguf(
@@ -256,42 +231,20 @@ def write_glm4moe_gguf(
     return path
 
 
-def write_synthetic_glm4moe(
-    path: str | Path,
-    *,
-    seed: int = 0,
-    context_mix: float = 0.0,
-    mtp_fidelity: float = 1.0,
-) -> Path:
+def write_synthetic_glm4moe(path: str | Path, **knobs: float) -> Path:
     """Write a SYNTHETIC (random-weight, untrained) ``glm4moe`` + MTP GGUF for tests; returns the path.
 
     A non-recurrent MTP model (dense lead layer + MoE layer + one MoE NextN block), see the
-    module docstring for the architecture and measured acceptance.  ``context_mix`` (>= 0)
-    scales the trunk's output projections by ``CONTEXT_SCALE * context_mix``: 0 makes the
-    next token a function of the current token only (~100% greedy acceptance with
-    ``mtp_fidelity=1``), 0.5 gives partial acceptance (~0.6-0.85, depending on ``n_max``).  ``mtp_fidelity`` in
-    [0, 1] blends the MTP input projection between "reproduce the trunk's token->token
-    function" (1) and random (0: ~0% acceptance).  The knobs and the seed are stored under
-    ``mtp_explorer.*`` metadata keys.
+    module docstring for the architecture.  ``knobs`` are the fields of
+    :class:`~.synthetic.Knobs` (``seed``, ``context_mix``, ``mtp_fidelity``, ``logit_scale``):
+    ``context_mix`` (>= 0) scales the trunk's output projections by ``CONTEXT_SCALE * context_mix``
+    (0: the next token is a function of the current token only, ~100% greedy acceptance with
+    ``mtp_fidelity=1``; 0.5: partial acceptance, ~0.6-0.85 depending on ``n_max``); ``mtp_fidelity``
+    in [0, 1] blends the MTP input projection between "reproduce the trunk's token->token function"
+    (1) and random (0: ~0% acceptance).  The knobs are stored under ``mtp_explorer.*`` metadata keys.
     """
-    if context_mix < 0:
-        raise ValueError("context_mix must be >= 0")
-    if not 0.0 <= mtp_fidelity <= 1.0:
-        raise ValueError("mtp_fidelity must be in [0, 1]")
+    knobs = Knobs(**knobs)
     cfg = glm4moe_config()
     vocab = synthetic_vocab(cfg.n_vocab)
-    tensors = synthetic_glm4moe_tensors(cfg, vocab, Knobs(seed=seed, context_mix=context_mix, mtp_fidelity=mtp_fidelity))
-    return write_glm4moe_gguf(
-        path,
-        cfg,
-        tensors,
-        vocab,
-        name="mtp-explorer-synthetic-glm4moe",
-        description="SYNTHETIC random-weight glm4moe+MTP model for tests; not trained.",
-        extra_metadata={
-            "mtp_explorer.synthetic": True,
-            "mtp_explorer.seed": int(seed),
-            "mtp_explorer.context_mix": float(context_mix),
-            "mtp_explorer.mtp_fidelity": float(mtp_fidelity),
-        },
-    )
+    tensors = synthetic_glm4moe_tensors(cfg, vocab, knobs)
+    return write_synthetic(write_glm4moe_gguf, path, cfg, vocab, tensors, knobs, "glm4moe")
