@@ -73,20 +73,17 @@ class Candidate:
         return Candidate(*(np.broadcast_to(getattr(self, f.name), shape)[..., idx] for f in dataclasses.fields(self)))
 
 
-class Expectation:
+class Expectation(abc.ABC):
     """A drafter's estimate of its expected accepted length over one replayed generation (what the engine's
     ``expected_accepted`` computes); stateful estimators learn from every step's outcome."""
 
-    #: The estimate depends only on the position and the proposal, not on earlier steps (:meth:`per_position`).
+    #: The estimate depends only on the position and the proposal, not on earlier steps (see
+    #: :class:`StatelessExpectation`).
     stateless: ClassVar[bool] = False
 
-    def per_position(self, n_raw: np.ndarray) -> np.ndarray:
-        """A stateless estimate at every position for proposals of ``n_raw`` tokens ([T])."""
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def expected(self, g: int, n: int) -> float:
         """The expected accepted length of the first ``n`` tokens of the proposal at position ``g``."""
-        raise NotImplementedError
 
     def observe(self, g: int, n_proposed: int, n_match: int, n_emitted: int) -> None:
         """A step at ``g`` ended: the proposal had ``n_proposed`` tokens of which the first ``n_match`` equal the
@@ -191,11 +188,19 @@ class DrafterReplay(abc.ABC):
 
 
 # -- the MTP head ---------------------------------------------------------------------------------------
-class PrefixProducts(Expectation):
-    """Expected accepted length of a draft with confidences: the sum of the prefix products of its first ``n``
-    confidences (stateless; a table ``[T, depth + 1]`` in float64, like the engine)."""
+class StatelessExpectation(Expectation):
+    """An estimate that depends only on the position and the proposal: known at every position at once."""
 
     stateless = True
+
+    @abc.abstractmethod
+    def per_position(self, n_raw: np.ndarray) -> np.ndarray:
+        """The estimate at every position for proposals of ``n_raw`` tokens ([T])."""
+
+
+class PrefixProducts(StatelessExpectation):
+    """Expected accepted length of a draft with confidences: the sum of the prefix products of its first ``n``
+    confidences (stateless; a table ``[T, depth + 1]`` in float64, like the engine)."""
 
     def __init__(self, table: np.ndarray) -> None:
         self.table = table
