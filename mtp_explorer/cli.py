@@ -1,4 +1,5 @@
-"""The ``mtp-explorer`` command: ``run`` streams a generation, ``info`` describes a model file."""
+"""The ``mtp-explorer`` command: ``run`` streams a generation, ``info`` describes a model file, ``profile``
+measures this machine's cost profile (``costs=`` of simulate and sweep)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,64 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--n-min", type=int, default=0, help="drafts shorter than this are dropped")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--n-ctx", type=int, default=4096)
-    run.add_argument("--threads", type=int, default=None)
-    run.add_argument("--n-rs-seq", type=int, default=8, help="recurrent snapshot slots (largest n_max)")
+    add_session_args(run)
     run.add_argument("--json", metavar="FILE", help="also write the trace as JSON")
 
     info = sub.add_parser("info", help="what a model file holds")
     info.add_argument("model", nargs="?", default=None, help="GGUF model (default: the bundled demo model)")
     info.add_argument("--json", action="store_true", help="print JSON")
+
+    prof = sub.add_parser("profile", help="measure this machine's cost profile for a model and save it (costs=)")
+    prof.add_argument("model", nargs="?", default=None, help="GGUF model (default: the bundled demo model)")
+    prof.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the profile (JSON)")
+    prof.add_argument("--max-tokens", "-n", type=int, default=128, help="tokens generated per built-in prompt")
+    prof.add_argument("--depth", type=int, default=None,
+                      help="deepest oracle the profile can price (default: --n-rs-seq)")
+    prof.add_argument("--n-ctx", type=int, default=4096)
+    prof.add_argument("--threads", type=int, default=None)
+    prof.add_argument("--n-rs-seq", type=int, default=8,
+                      help="recurrent snapshot slots (largest n_max)")
     return p
+
+
+def add_session_args(parser: argparse.ArgumentParser) -> None:
+    """The options of ``Session.open`` as flags, with llama.cpp's short names and defaults."""
+    from .core.options import FLASH_ATTN_VALUES, KV_CACHE_TYPES, LOAD_MODES
+
+    parser.add_argument("--n-ctx", "-c", "--ctx-size", dest="n_ctx", type=int, default=4096, help="context size")
+    parser.add_argument("--threads", "-t", type=int, default=None, help="generation threads (default: all cores)")
+    parser.add_argument("--threads-batch", "-tb", dest="threads_batch", type=int, default=None,
+                        help="threads for prompt batches (default: --threads)")
+    parser.add_argument("--n-rs-seq", type=int, default=8, help="recurrent snapshot slots (largest n_max)")
+    parser.add_argument("--n-gpu-layers", "-ngl", "--gpu-layers", dest="n_gpu_layers", default="auto", metavar="N",
+                        type=_gpu_layers, help="layers offloaded to the GPU: a number, 'auto' or 'all' (default: auto)")
+    parser.add_argument("--main-gpu", "-mg", dest="main_gpu", type=int, default=0, help="GPU index (default: 0)")
+    parser.add_argument("--flash-attn", "-fa", dest="flash_attn", choices=FLASH_ATTN_VALUES, default="auto",
+                        help="flash attention (default: auto)")
+    parser.add_argument("--cache-type-k", "-ctk", dest="type_k", choices=KV_CACHE_TYPES, default="f16",
+                        metavar="TYPE", help=f"K cache type: {', '.join(KV_CACHE_TYPES)} (default: f16)")
+    parser.add_argument("--cache-type-v", "-ctv", dest="type_v", choices=KV_CACHE_TYPES, default="f16",
+                        metavar="TYPE", help="V cache type, as -ctk (default: f16)")
+    parser.add_argument("--load-mode", "-lm", dest="load_mode", choices=LOAD_MODES, default="auto",
+                        help="how the model is loaded (default: auto, i.e. mmap)")
+
+
+SESSION_ARGS = ("n_ctx", "threads", "threads_batch", "n_rs_seq", "n_gpu_layers", "main_gpu", "flash_attn", "type_k",
+                "type_v", "load_mode")
+
+
+def session_kwargs(args: argparse.Namespace) -> dict:
+    """``Session.open``'s keyword arguments from the flags :func:`add_session_args` added."""
+    return {name: getattr(args, name) for name in SESSION_ARGS}
+
+
+def _gpu_layers(text: str) -> int | str:
+    if text in ("auto", "all"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of layers, 'auto' or 'all', got {text!r}") from None
 
 
 def _escape(text: str) -> str:
@@ -116,7 +166,7 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
 def _run(args, console: Console) -> int:
     from .core.session import Session
 
-    with Session.open(args.model, n_ctx=args.n_ctx, threads=args.threads, seed=args.seed, n_rs_seq=args.n_rs_seq) as s:
+    with Session.open(args.model, seed=args.seed, **session_kwargs(args)) as s:
         text = Text()
         progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[rate]}"), console=console)
@@ -162,11 +212,43 @@ def _info(args, console: Console) -> int:
     return 0
 
 
+def _profile(args, console: Console) -> int:
+    """Measure a cost profile (:func:`mtp_explorer.profile_costs`), save it, print its headline numbers."""
+    from .analysis.profile import profile_costs
+    from .models import default_model_path
+
+    progress = Progress(TextColumn("measuring the cost profile"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    with progress:
+        task = progress.add_task("profile", total=None)
+        profile = profile_costs(args.model or default_model_path(), max_tokens=args.max_tokens, depth=args.depth,
+                                progress=lambda done, total: progress.update(task, completed=done, total=total),
+                                n_ctx=args.n_ctx, threads=args.threads, n_rs_seq=args.n_rs_seq)
+    profile.save(args.output)
+    s = profile.summary()
+    table = Table(title=f"cost profile of {s['file']}", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("machine", f"{s['hostname']} ({profile.machine['cpu_count']} cpus)")
+    table.add_row("threads", str(s["threads"]))
+    table.add_row("depth", str(s["depth"]))
+    table.add_row("positions measured", f"{s['positions']} (mean n_past {s['mean_pos']:.0f})")
+    table.add_row("plain tokens/s", f"{s['plain_tokens_per_second']:.1f}")
+    if s["ceiling_tokens_per_second"]:
+        table.add_row("every draft accepted, tokens/s",
+                      "  ".join(f"n_max {n}: {v:.1f}" for n, v in s["ceiling_tokens_per_second"].items()))
+    table.add_row("verify of k tokens, ms", "  ".join(f"{k}: {v:.2f}" for k, v in s["verify_ms"].items()))
+    table.add_row("measured in", f"{s['seconds']:.1f} s")
+    console.print(table)
+    console.print(f"cost profile written to {args.output} (use it as costs= in simulate, simulate_grid, sweep)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console()
     try:
-        return {"run": _run, "info": _info}[args.command](args, console)
+        return {"run": _run, "info": _info, "profile": _profile}[args.command](args, console)
     except (MtpExplorerError, FileNotFoundError) as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return 2

@@ -235,22 +235,32 @@ void bind_generation_config(nb::module_ & m) {
 }
 
 void bind_engine_options(nb::module_ & m) {
-    const EngineOptions eo;
+    nb::class_<Placement>(m, "Placement",
+                          "Where the model's layers go and how its contexts compute (llama.cpp's -ngl, -mg, -lm, "
+                          "-fa, -ctk, -ctv, -tb).")
+        .def(nb::init<>())
+        .def_rw("n_gpu_layers", &Placement::n_gpu_layers)
+        .def_rw("main_gpu", &Placement::main_gpu)
+        .def_rw("load_mode", &Placement::load_mode)
+        .def_rw("flash_attn", &Placement::flash_attn)
+        .def_rw("type_k", &Placement::type_k)
+        .def_rw("type_v", &Placement::type_v)
+        .def_rw("n_threads_batch", &Placement::n_threads_batch);
     nb::class_<EngineOptions>(m, "EngineOptions", "How the Engine opens a model.")
-        .def("__init__",
-             [](EngineOptions * self, std::string path, int32_t n_ctx, int32_t n_threads, int32_t n_rs_seq,
-                int32_t topk, bool telemetry, bool cpu_clock) {
-                 new (self) EngineOptions{std::move(path), n_ctx, n_threads, n_rs_seq, topk, telemetry, cpu_clock};
-             },
-             "path"_a = eo.path, "n_ctx"_a = eo.n_ctx, "n_threads"_a = eo.n_threads, "n_rs_seq"_a = eo.n_rs_seq,
-             "topk"_a = eo.topk, "telemetry"_a = eo.telemetry, "cpu_clock"_a = eo.cpu_clock)
+        .def(nb::init<>())
         .def_rw("path", &EngineOptions::path)
         .def_rw("n_ctx", &EngineOptions::n_ctx)
         .def_rw("n_threads", &EngineOptions::n_threads)
         .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
         .def_rw("topk", &EngineOptions::topk)
         .def_rw("telemetry", &EngineOptions::telemetry)
-        .def_rw("cpu_clock", &EngineOptions::cpu_clock);
+        .def_rw("cpu_clock", &EngineOptions::cpu_clock)
+        .def_rw("placement", &EngineOptions::placement);
+    m.attr("FLASH_ATTN_VALUES") = names_tuple(FLASH_ATTN_NAMES);
+    m.attr("KV_CACHE_TYPES") = names_tuple(KV_CACHE_TYPE_NAMES);
+    m.attr("LOAD_MODES") = names_tuple(LOAD_MODE_NAMES);
+    m.def("backend_devices", &backend_devices, "The backend devices this build of llama.cpp sees (\"CPU\", \"CUDA0\", ...).");
+    m.def("supports_gpu_offload", &llama_supports_gpu_offload, "Whether this build of llama.cpp can offload layers.");
 }
 
 // model facts and tokens
@@ -266,6 +276,7 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("rs_slots", &Engine::rs_slots)
         .def_prop_ro("eos", &Engine::eos)
         .def_prop_ro("n_threads", [](const Engine & e) { return e.options().n_threads; })
+        .def_prop_ro("placement", [](const Engine & e) { return e.options().placement; })
         .def_prop_ro("topk", [](const Engine & e) { return e.options().topk; })
         .def_prop_ro("cpu_clock", [](const Engine & e) { return e.options().cpu_clock; })
         .def_prop_rw("telemetry", &Engine::telemetry, &Engine::set_telemetry)

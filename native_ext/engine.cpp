@@ -51,6 +51,7 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
     if (opts.n_threads <= 0) {
         opts.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     }
+    opts.placement.validate();
     load_model();
     create_target_context();
     if (layer_nextn > 0) {
@@ -69,6 +70,7 @@ Engine::~Engine() { close(); }
 void Engine::load_model() {
     llama_model_params mp = llama_model_default_params();
     mp.load_mtp = true;
+    opts.placement.apply(mp);
     model.reset(llama_model_load_from_file(opts.path.c_str(), mp));
     if (model == nullptr) {
         fail(ErrorKind::LOAD, "llama.cpp could not load the model");
@@ -87,7 +89,7 @@ llama_context_params context_params(const EngineOptions & opts, bool recurrent, 
     cp.n_ubatch = (uint32_t) std::min(opts.n_ctx, 512);
     cp.n_seq_max = 1;
     cp.n_threads = opts.n_threads;
-    cp.n_threads_batch = opts.n_threads;
+    opts.placement.apply(cp, opts.n_threads);
     cp.n_rs_seq = recurrent ? (uint32_t) opts.n_rs_seq : 0;
     cp.cb_eval = HiddenProbe::callback;
     cp.cb_eval_user_data = probe;

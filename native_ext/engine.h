@@ -18,6 +18,7 @@
 #include "mtp_drafter.h"
 #include "nextn_api.h"
 #include "oracle.h"
+#include "placement.h"
 #include "telemetry.h"
 
 // The index of the largest of n_vocab logits (greedy sampling).
@@ -31,6 +32,7 @@ struct EngineOptions {
     int32_t topk = 5;           // top-k alternatives recorded per draft depth
     bool telemetry = true;
     bool cpu_clock = false;     // time phases with the thread's CPU time instead of the wall clock
+    Placement placement;        // devices, load mode, attention and KV cache: both contexts share them
 };
 
 struct GenerationConfig {

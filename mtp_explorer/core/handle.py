@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this one instance)
 
@@ -70,8 +70,22 @@ class EngineHandle:
         topk: int = 5,
         telemetry: bool = True,
         clock: str = "wall",
+        n_gpu_layers: int | str = -1,
+        main_gpu: int = 0,
+        flash_attn: str | bool = "auto",
+        type_k: str = "f16",
+        type_v: str = "f16",
+        load_mode: str = "auto",
+        use_mmap: bool | None = None,
+        threads_batch: int | None = None,
     ) -> "EngineHandle":
         """Load a GGUF model (``None``: the bundled demo model).
+
+        Placement, shared by the target and MTP contexts, has llama.cpp's names and defaults: ``n_gpu_layers``
+        (``-ngl``; ``"auto"``/-1 offloads every layer on a GPU build, as ``"all"``/-2), ``main_gpu`` (``-mg``),
+        ``flash_attn`` (``-fa``: auto/on/off), ``type_k``/``type_v`` (``-ctk``/``-ctv``: f16, q8_0, ...),
+        ``load_mode`` (``-lm``: auto/mmap/none/...; ``use_mmap=True``/``False`` is llama-cpp-python's
+        ``"mmap"``/``"none"``) and ``threads_batch`` (``-tb``; ``None``: ``threads``).
 
         ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
         the session accepts; ``topk`` is how many draft alternatives are recorded per depth.
@@ -85,8 +99,15 @@ class EngineHandle:
             path = default_model_path()
         path = Path(path)
         info = model_info(path)
+        if use_mmap is not None:
+            if load_mode != "auto":
+                raise ParameterError("give use_mmap or load_mode, not both")
+            load_mode = "mmap" if use_mmap else "none"
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
-                                 telemetry=telemetry, clock=clock)
+                                 telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
+                                 flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
+                                 threads_batch=threads_batch)
+        options.check_model(info.n_embd_head_k)
         check_nextn_api(_libllama_path())
         _native.take_log()
         try:
@@ -134,6 +155,16 @@ class EngineHandle:
     n_ctx = _engine_fact("n_ctx", "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it).")
     capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (its ``n_rs_seq`` snapshot slots).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """Where the model is and how its contexts compute: the placement options as the engine holds them
+        (``threads_batch`` resolved) and the backend devices this build of llama.cpp sees."""
+        p = self._live().placement
+        return {"n_gpu_layers": p.n_gpu_layers, "main_gpu": p.main_gpu, "flash_attn": p.flash_attn,
+                "type_k": p.type_k, "type_v": p.type_v, "load_mode": p.load_mode,
+                "threads_batch": p.n_threads_batch or self.threads,
+                "devices": list(_native.backend_devices()), "gpu_offload": bool(_native.supports_gpu_offload())}
 
     @property
     def telemetry(self) -> bool:
@@ -210,4 +241,4 @@ class EngineHandle:
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""
         return {"n_ctx": self.n_ctx, "capacity": self.capacity, "threads": self.threads,
-                "telemetry": self.telemetry, "clock": self.clock}
+                "telemetry": self.telemetry, "clock": self.clock} | self.placement

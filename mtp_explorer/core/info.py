@@ -43,6 +43,9 @@ class ModelInfo:
     """Experts each token is routed to (``<arch>.expert_used_count``; the largest where it is per layer)."""
     n_ff_exp: int = 0
     """Width of one routed expert (``<arch>.expert_feed_forward_length``; the largest where it is per layer)."""
+    n_embd_head_k: int = 0
+    """Width of one attention key head (``<arch>.attention.key_length``, else ``n_embd / head_count``); a
+    quantized K cache needs it to be a multiple of the cache type's block."""
     moe_layers: tuple[int, ...] = ()
     """Indices of the blocks with a MoE FFN (a router tensor ``blk.N.ffn_gate_inp``), MTP blocks included
     (they are numbered from ``n_layer``)."""
@@ -169,7 +172,16 @@ def model_info(path: str | Path) -> ModelInfo:
         n_expert_used=_largest(_field(reader, f"{arch}.expert_used_count", 0)),
         n_ff_exp=_largest(_field(reader, f"{arch}.expert_feed_forward_length", 0)),
         moe_layers=_moe_layers(reader),
+        n_embd_head_k=_head_k(reader, arch),
     )
+
+
+def _head_k(reader, arch: str) -> int:
+    key_length = _field(reader, f"{arch}.attention.key_length")
+    if key_length is not None:
+        return int(key_length)
+    n_head = _largest(_field(reader, f"{arch}.attention.head_count", 0))
+    return int(_field(reader, f"{arch}.embedding_length", 0)) // n_head if n_head else 0
 
 
 def _largest(value) -> int:

@@ -12,6 +12,22 @@ from .errors import ParameterError
 DEFAULT_N_RS_SEQ = 8
 MAX_TOPK = _native.DRAFT_N_CANDIDATES
 CLOCKS = ("wall", "cpu")
+FLASH_ATTN_VALUES: tuple[str, ...] = _native.FLASH_ATTN_VALUES
+"""``flash_attn`` values (llama.cpp's ``-fa``); ``True``/``False`` mean ``"on"``/``"off"``."""
+KV_CACHE_TYPES: tuple[str, ...] = _native.KV_CACHE_TYPES
+"""``type_k``/``type_v`` values (llama.cpp's ``-ctk``/``-ctv``)."""
+LOAD_MODES: tuple[str, ...] = _native.LOAD_MODES
+"""``load_mode`` values (llama.cpp's ``-lm``)."""
+GPU_LAYERS_NAMES = {"auto": -1, "all": -2}
+"""``n_gpu_layers`` words, as llama.cpp's ``-ngl`` takes them."""
+_QUANTIZED_KV = frozenset(t for t in KV_CACHE_TYPES if t not in ("f32", "f16", "bf16"))
+KV_BLOCK = 32  # values per block of every quantized KV cache type (q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1)
+
+
+def _choice(name: str, value, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ParameterError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +35,9 @@ class SessionOptions:
     """The options of :meth:`Session.open <mtp_explorer.Session.open>` (see its docstring), checked.
 
     ``n_ctx`` is padded to a multiple of 256 as llama.cpp pads the context, so the batch is sized alike.
+    The placement options keep llama.cpp's names and defaults: ``n_gpu_layers`` (``-ngl``; -1 "auto",
+    -2 "all"), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``), ``type_k``/``type_v`` (``-ctk``/``-ctv``),
+    ``load_mode`` (``-lm``) and ``threads_batch`` (``-tb``; ``None``: the generation threads).
     """
 
     n_ctx: int = 4096
@@ -28,8 +47,16 @@ class SessionOptions:
     topk: int = 5
     telemetry: bool = True
     clock: str = "wall"
+    n_gpu_layers: int = -1
+    main_gpu: int = 0
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    load_mode: str = "auto"
+    threads_batch: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_placement()
         check_int("n_ctx", self.n_ctx, 8, None)
         object.__setattr__(self, "n_ctx", -(-self.n_ctx // 256) * 256)
         check_int("n_rs_seq", self.n_rs_seq, 1, 64)
@@ -42,10 +69,43 @@ class SessionOptions:
         if self.clock == "cpu" and self.threads != 1:
             raise ParameterError("clock='cpu' needs threads=1 (llama.cpp then computes on the calling thread)")
 
+    def _check_placement(self) -> None:
+        if isinstance(self.n_gpu_layers, str):
+            object.__setattr__(self, "n_gpu_layers", GPU_LAYERS_NAMES.get(self.n_gpu_layers, self.n_gpu_layers))
+        if isinstance(self.n_gpu_layers, str):
+            raise ParameterError(f"n_gpu_layers must be a number of layers, 'auto' (-1) or 'all' (-2); "
+                                 f"got {self.n_gpu_layers!r}")
+        check_int("n_gpu_layers", self.n_gpu_layers, -2, None)
+        check_int("main_gpu", self.main_gpu, 0, None)
+        if isinstance(self.flash_attn, bool):
+            object.__setattr__(self, "flash_attn", "on" if self.flash_attn else "off")
+        _choice("flash_attn", self.flash_attn, FLASH_ATTN_VALUES)
+        _choice("type_k", self.type_k, KV_CACHE_TYPES)
+        _choice("type_v", self.type_v, KV_CACHE_TYPES)
+        _choice("load_mode", self.load_mode, LOAD_MODES)
+        if self.type_v in _QUANTIZED_KV and self.flash_attn == "off":
+            raise ParameterError(f"type_v={self.type_v!r} (a quantized V cache) needs flash attention: "
+                                 "flash_attn='auto' or 'on' (llama.cpp refuses it otherwise)")
+        if self.threads_batch is not None:
+            check_int("threads_batch", self.threads_batch, 1, None)
+
+    def check_model(self, n_embd_head_k: int) -> None:
+        """The checks that need the model: a quantized K cache's block must divide the key head width when
+        flash attention may be on (llama.cpp refuses the context otherwise)."""
+        if self.type_k in _QUANTIZED_KV and self.flash_attn != "off" and n_embd_head_k % KV_BLOCK != 0:
+            raise ParameterError(f"type_k={self.type_k!r} stores blocks of {KV_BLOCK} values, which do not divide this "
+                                 f"model's key heads of {n_embd_head_k}; use type_k='f16', 'bf16' or 'f32'")
+
     def to_native(self, path: str) -> "_native.EngineOptions":
-        return _native.EngineOptions(path=path, n_ctx=self.n_ctx, n_threads=self.threads or 0,
-                                     n_rs_seq=self.n_rs_seq, topk=self.topk, telemetry=bool(self.telemetry),
-                                     cpu_clock=self.clock == "cpu")
+        eo = _native.EngineOptions()
+        eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
+        eo.topk, eo.telemetry, eo.cpu_clock = self.topk, bool(self.telemetry), self.clock == "cpu"
+        p = _native.Placement()
+        p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
+        p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = self.flash_attn, self.type_k, self.type_v, \
+            self.threads_batch or 0
+        eo.placement = p
+        return eo
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that re-open a session like this one (a Dask worker uses them)."""

@@ -99,7 +99,8 @@ class Explorer(W.VBox):
             session, self.whatif_panel, request=self.controls.request, trace=lambda: self.trace,
             baselines=self.runner.baselines, report=self.error_area.report)
         title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
-                       f"{info.n_params / 1e6:.1f} M parameters) · n_max up to {session.capacity}"
+                       f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}) · n_max up to {session.capacity}"
+                       f" · {html.escape(placement_label(session.placement))}"
                        + ("" if has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
                                              "drafting only"))
         super().__init__([title, self.controls, self.progress, self.error_area, self.whatif_panel, self.views])
@@ -233,3 +234,10 @@ class Explorer(W.VBox):
         req = self.runner.request
         state = self.finish_reason if self.state == "idle" and self.finish_reason else self.state
         self.progress.show(self.n_tokens, req.max_tokens if req else 0, self.n_steps, self.tokens_per_second, state)
+
+
+def placement_label(placement: dict) -> str:
+    """Where a session computes, in llama.cpp's words: ``CPU · fa auto · KV f16/f16`` (plus ``-ngl`` on a GPU build)."""
+    p = placement
+    gpu = f"ngl {p['n_gpu_layers']} · " if p["gpu_offload"] else ""
+    return f"{'+'.join(p['devices'])} · {gpu}fa {p['flash_attn']} · KV {p['type_k']}/{p['type_v']}"
