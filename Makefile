@@ -17,6 +17,14 @@ QUANTIZE := $(REF_DIR)/bin/llama-quantize
 # one cmake --build at a time in the build directory, also under make -j
 REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.build.lock)
 
+# Extra CMake arguments for llama.cpp, e.g. LLAMA_CMAKE_ARGS="-DGGML_CUDA=on" for an NVIDIA GPU: llama-cpp-python
+# is then built from source with them (pip's CMAKE_ARGS), the extension links that build, and llama.cpp's own
+# tools (the reference, llama-quantize) are configured with them too. Changing the value rebuilds both.
+LLAMA_CMAKE_ARGS ?=
+LLAMA_ARGS_STAMP := build/.llama-cmake-args
+$(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
+LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python,)
+
 .PHONY: all lab test headers reference quantize parity bench bench-simulate clean
 
 all: $(EXT)
@@ -26,9 +34,9 @@ $(VPY):
 	$(VPY) -m pip install --quiet --upgrade pip
 
 # llama-cpp-python builds from source once (~6 min on 2 cores); pip caches the wheel for re-runs.
-$(DEPS): $(VPY) pyproject.toml
+$(DEPS): $(VPY) pyproject.toml $(LLAMA_ARGS_STAMP)
 	@echo ">> installing llama-cpp-python==$(LLAMA_CPP_VERSION) (first time: a source build of several minutes)"
-	$(VPY) -m pip install --progress-bar off llama-cpp-python==$(LLAMA_CPP_VERSION)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(VPY) -m pip install --progress-bar off $(LLAMA_PIP_SOURCE) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(VPY) -m pip install --quiet scikit-build-core==0.11.6 nanobind==2.9.2
 	touch $@
 
@@ -44,7 +52,7 @@ $(HEADERS): | $(VPY)
 
 headers: $(HEADERS)
 
-$(EXT): $(DEPS) $(HEADERS) $(SOURCES)
+$(EXT): $(DEPS) $(HEADERS) $(SOURCES) $(LLAMA_ARGS_STAMP)
 	@echo ">> building mtp_explorer and its native extension"
 	$(VPY) -m pip install --progress-bar off --no-build-isolation -e '.[test,lab,train]'
 	touch $@
@@ -67,10 +75,10 @@ lab: $(EXT)
 # ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one) and llama-quantize (quantized copies of
 # a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize).
 
-$(REF_CONFIGURED): $(HEADERS)
+$(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
 	cmake -S $(REF_SRC) -B $(REF_DIR) -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
-	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
 
 # touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
 $(REFERENCE) $(QUANTIZE): $(REF_CONFIGURED)
