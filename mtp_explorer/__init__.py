@@ -30,6 +30,7 @@ from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpe
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
 from .analysis.oracle import CostModel, OracleTrace
+from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
 from .analysis.sweep import Recommendation, recommend, sweep
 from .analysis.calibration import Calibration, best_p_min, calibrate
@@ -45,7 +46,8 @@ __all__ = [
     "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "STOP_REASONS", "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis
-    "CostModel", "OracleTrace", "SimTrace", "compare", "cost_consistency", "simulate", "simulate_grid",
+    "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
+    "simulate", "simulate_grid",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
     # lazily imported
     "plots", "widgets", "Explorer",

@@ -53,10 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--max-tokens", "-n", type=int, default=128, help="tokens generated per built-in prompt")
     prof.add_argument("--depth", type=int, default=None,
                       help="deepest oracle the profile can price (default: --n-rs-seq)")
-    prof.add_argument("--n-ctx", type=int, default=4096)
-    prof.add_argument("--threads", type=int, default=None)
-    prof.add_argument("--n-rs-seq", type=int, default=8,
-                      help="recurrent snapshot slots (largest n_max)")
+    add_session_args(prof)
     return p
 
 
@@ -223,7 +220,7 @@ def _profile(args, console: Console) -> int:
         task = progress.add_task("profile", total=None)
         profile = profile_costs(args.model or default_model_path(), max_tokens=args.max_tokens, depth=args.depth,
                                 progress=lambda done, total: progress.update(task, completed=done, total=total),
-                                n_ctx=args.n_ctx, threads=args.threads, n_rs_seq=args.n_rs_seq)
+                                **session_kwargs(args))
     profile.save(args.output)
     s = profile.summary()
     table = Table(title=f"cost profile of {s['file']}", show_header=False)
@@ -231,6 +228,8 @@ def _profile(args, console: Console) -> int:
     table.add_column("value", justify="right")
     table.add_row("machine", f"{s['hostname']} ({profile.machine['cpu_count']} cpus)")
     table.add_row("threads", str(s["threads"]))
+    if s["devices"]:
+        table.add_row("devices", f"{', '.join(map(str, s['devices']))} (n_gpu_layers {s['n_gpu_layers']})")
     table.add_row("depth", str(s["depth"]))
     table.add_row("positions measured", f"{s['positions']} (mean n_past {s['mean_pos']:.0f})")
     table.add_row("plain tokens/s", f"{s['plain_tokens_per_second']:.1f}")

@@ -29,6 +29,7 @@ import numpy as np
 
 from . import metrics
 from .oracle import OracleTrace
+from .profile import Costs, resolve_costs, with_costs
 from .replay import STOP, Candidate, DrafterReplay
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
@@ -314,11 +315,13 @@ def _total_ns(phases: Mapping[str, np.ndarray]):
 
 
 def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
-                              max_tokens: int | None = None) -> float:
+                              max_tokens: int | None = None, *, costs: Costs | None = None) -> float:
     """Tokens/s if every draft were accepted: each step drafts as many tokens as it may (``n_max``,
     cut by the budget and the context as the engine cuts it) and keeps them all, at the positions
-    the steps reach (``n_max = 0``: plain decoding), from the oracle's cost model."""
+    the steps reach (``n_max = 0``: plain decoding), from the oracle's cost model (or ``costs``: a
+    :class:`~mtp_explorer.CostProfile`, the path of a saved one, or a :class:`~mtp_explorer.CostModel`)."""
     mode = drafters.mode(drafter)
+    oracle = with_costs(oracle, costs)
     max_tokens = oracle.max_tokens if max_tokens is None else int(max_tokens)
     T = min(oracle.n_positions, max_tokens)
     if T == 0:
@@ -342,15 +345,20 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
 
 # -- simulate -----------------------------------------------------------------------------------------
 def simulate(oracle: OracleTrace, n_max: int = 3, p_min: float = 0.0, n_min: int = 0, *,
-             drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None) -> SimTrace:
+             drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
+             costs: Costs | None = None) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
     ``n_max <= oracle.depth``; ``max_tokens`` defaults to (and may not exceed) the oracle's budget;
-    ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. Bad input raises
+    ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. The timings come from the
+    oracle's cost model, or from ``costs``: a :class:`~mtp_explorer.CostProfile` measured on the machine to
+    predict (:func:`~mtp_explorer.profile_costs`), the path of a saved one, or a :class:`~mtp_explorer.CostModel`.
+    Bad input (a profile of another model or shallower than the oracle included) raises
     :class:`~mtp_explorer.ParameterError`.
     """
     policy = _check_policy(oracle, n_max, p_min, n_min, drafter,
                            oracle.max_tokens if max_tokens is None and isinstance(oracle, OracleTrace) else max_tokens)
+    oracle = with_costs(oracle, costs)
     return _build_trace(oracle, _run_policy(oracle, policy), policy)
 
 
@@ -430,20 +438,24 @@ def _fill_candidates(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMo
 # -- grids ---------------------------------------------------------------------------------------------
 def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[int], p_min: Sequence[float],
                   n_min: int | Sequence[int] = 0, *, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
-                  labels: Sequence[Any] | None = None):
+                  labels: Sequence[Any] | None = None, costs: Costs | None = None):
     """Summary metrics of every (oracle, n_max, p_min) combination as a pandas DataFrame.
 
     Vectorised over settings for single-drafter modes (a chain replays each setting). Columns: ``prompt``
     (label), ``n_max``, ``p_min``, ``n_min``, ``drafter``, ``n_tokens``, ``n_steps``, ``n_drafted``,
     ``n_accepted``, ``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_depth`` (list),
     ``tokens_per_second`` (predicted), ``ceiling_tokens_per_second``, ``plain_tokens_per_second``,
-    ``seconds``. Bad input raises :class:`~mtp_explorer.ParameterError`.
+    ``seconds``. ``costs``: price every oracle with one :class:`~mtp_explorer.CostProfile` (or the path of a saved
+    one, or a :class:`~mtp_explorer.CostModel`) instead of its own cost model, as :func:`simulate`. Bad input raises
+    :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
 
     oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
     if not oracles:
         raise ParameterError("simulate_grid needs at least one oracle trace")
+    costs = resolve_costs(costs)
+    oracles = [with_costs(o, costs) for o in oracles]
     labels = list(labels) if labels is not None else [getattr(o, "prompt", None) for o in oracles]
     if len(labels) != len(oracles):
         raise ParameterError(f"{len(labels)} labels for {len(oracles)} oracle traces")
@@ -584,7 +596,7 @@ class Comparison:
 
 
 def _trace_mode(trace: Trace) -> DrafterMode:
-    return drafters.mode(trace.settings.get("drafter", drafters.DEFAULT_MODE))
+    return drafters.mode(trace.settings.get("drafter", drafters.DEFAULT_MODE), trace.settings.get("chain_policy"))
 
 
 def _step_starts(n_accepted: np.ndarray) -> list[int]:
@@ -723,8 +735,9 @@ def settings_grid(n_max: Sequence[int], p_min: Sequence[float]) -> list[tuple[in
 
 
 # -- cost model consistency ---------------------------------------------------------------------------
-def cost_consistency(oracle: OracleTrace, trace: Trace) -> dict[str, Any]:
-    """How well the oracle's cost model predicts a real run's step times.
+def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None = None) -> dict[str, Any]:
+    """How well the oracle's cost model (or ``costs``, as :func:`simulate` takes it) predicts a real run's step
+    times.
 
     The steps of ``trace`` are predicted where they happened (same positions, settings, draft
     sizes, graph reuse), then compared phase by phase. ``ratio_raw`` is measured / predicted time in
@@ -734,6 +747,7 @@ def cost_consistency(oracle: OracleTrace, trace: Trace) -> dict[str, Any]:
     group's predicted time: how far the model is from the typical step, spikes aside.
     """
     c = trace.columns
+    oracle = with_costs(oracle, costs)
     mode = _trace_mode(trace)
     n_max, p_min, n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
     if not ((c["n_max"] == n_max).all() and (c["p_min"] == c["p_min"][0]).all()):

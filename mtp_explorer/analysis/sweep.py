@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .oracle import CostModel, OracleTrace
+from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second, simulate_grid
 from ..core import drafters
 from ..core.drafters import DrafterMode
@@ -151,7 +152,8 @@ def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, job: _Job, c
 def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFAULT_N_MAX,
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
           max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
-          cost: CostModel | None = None, repeats: int = 1, progress: bool = True, **options: int | None):
+          cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
+          **options: int | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
@@ -161,7 +163,10 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     not given: llama.cpp's default).
 
     ``mode="simulate"``: one oracle per prompt, replayed for each setting; times from ``cost`` or
-    else one cost model measured here on the first prompt. ``mode="measure"``: real runs (``repeats``
+    else one cost model measured here on the first prompt. ``costs``: a :class:`~mtp_explorer.CostProfile`
+    measured on another machine (or the path of a saved one): the sweep predicts that machine's tokens/s from
+    the acceptance recorded here (the profile must be of this session's model, measured to a depth of at least
+    ``max(n_max)``). ``mode="measure"``: real runs (``repeats``
     each, median tokens/s), plus a plain run per prompt for ``plain_tokens_per_second``; its
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
@@ -171,6 +176,12 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     import pandas as pd
 
     prompts, job = _check_sweep(session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options)
+    if cost is not None and costs is not None:
+        raise ParameterError("give cost (a CostModel) or costs (a CostProfile), not both")
+    if cost is not None and not isinstance(cost, CostModel):  # a profile given as cost=
+        cost, costs = None, cost
+    if costs is not None:
+        cost = check_costs(resolve_costs(costs), session.info.to_dict(), job.depth, "the sweep")
     if cost is None:
         cost = job.record(session, prompts[0], probe=True).fitted_cost
     rows: list[dict] = []
