@@ -3,23 +3,14 @@
     python -m training.export                                   # shipped file (F16)
     python -m training.export --dtype f32 --out /tmp/model-f32.gguf
     python -m training.export --checkpoint path/to/last.pt --tokenizer path/to/tokenizer.json
+    python -m training.export --rewrite mtp_explorer/models/pystdlib-qwen35-mtp.gguf   # same tensors, current metadata
 
 The Hugging Face -> llama.cpp transforms are the ones llama.cpp's own converter applies to
-Qwen3.5 checkpoints (``conversion/qwen.py``):
-
-* zero-centred RMS norms (``Qwen3_5RMSNorm``: ``x * (1 + w)``) are written as ``1 + w``; the
-  gated norm of the linear attention (``linear_attn.norm``) is a plain multiplier and is
-  written as is;
-* ``A_log`` becomes ``ssm_a = -exp(A_log)``; ``dt_bias`` is ``ssm_dt.bias``;
-* the depthwise conv kernel ``(C, 1, K)`` is squeezed to ``(C, K)``;
-* with fewer key heads than value heads, value heads are reordered from HF's grouped order
-  to llama.cpp's tiled order (rows of ``in_proj_qkv``'s V part, ``in_proj_z``, ``in_proj_a``,
-  ``in_proj_b``, ``A_log``, ``dt_bias``, the V channels of ``conv1d``, columns of ``out_proj``);
-* the MTP block's ``fc`` / ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` / ``norm``
-  become ``blk.N.nextn.eh_proj`` / ``enorm`` / ``hnorm`` / ``shared_head_norm`` and its
-  decoder layer becomes the full-attention tensors of ``blk.N`` (``N`` = trunk layers);
-* embeddings are tied: no ``output.weight`` (llama.cpp then uses ``token_embd`` for the head,
-  for the MTP head too, and for the MTP block's token embedding).
+Qwen3.5 checkpoints (``conversion/qwen.py``); the table of tensors and transforms, used in both
+directions, is :mod:`mtp_explorer.devtools.qwen35_hf` (the demo model's trunk is a
+``Qwen3_5ForCausalLM`` under ``trunk.``, its MTP block the ``mtp.*`` tensors of Qwen3.5 checkpoints).
+:mod:`mtp_explorer.devtools.hf_export` writes the shipped file back as a Hugging Face checkpoint and
+converts that with llama.cpp's ``convert_hf_to_gguf.py``, which gives the same tensors.
 """
 
 from __future__ import annotations
@@ -31,131 +22,20 @@ from pathlib import Path
 import numpy as np
 
 from mtp_explorer.devtools.gguf_qwen35 import write_qwen35_gguf
+from mtp_explorer.devtools.qwen35_hf import gguf_to_hf, hf_to_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = ROOT / "training" / "checkpoints" / "last.pt"
 DEFAULT_TOKENIZER = ROOT / "training" / "checkpoints" / "tokenizer.json"
 SHIPPED_NAME = "pystdlib-qwen35-mtp.gguf"
 DEFAULT_OUT = ROOT / "mtp_explorer" / "models" / SHIPPED_NAME
-
-
-def _reorder_v_heads(t: np.ndarray, axis: int, n_k: int, n_v: int, head_dim: int, inverse: bool = False) -> np.ndarray:
-    """Grouped (by key head) -> tiled value-head order along ``axis``; ``inverse`` undoes it.
-
-    A no-op when ``n_k == n_v``.
-    """
-    if n_k == n_v:
-        return t
-    per = n_v // n_k
-    t = np.moveaxis(t, axis, 0)
-    shape = t.shape
-    outer = (per, n_k) if inverse else (n_k, per)
-    t = t.reshape(*outer, head_dim, *shape[1:]).swapaxes(0, 1).reshape(shape)
-    return np.moveaxis(t, 0, axis)
-
-
-# (HF name under a layer prefix, GGUF name under blk.N., transform); transforms: "copy"; "norm"
-# (zero-centred RMS norm, stored as 1 + w); ("v", axis, head_dim): value heads reordered along
-# axis; "qkv" / "conv": the V part of the rows reordered (the conv kernel also squeezed);
-# "A_log": ssm_a = -exp(A_log), value heads reordered.
-_LAYER = (
-    ("input_layernorm.weight", "attn_norm.weight", "norm"),
-    ("post_attention_layernorm.weight", "post_attention_norm.weight", "norm"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight", "copy"),
-    ("mlp.up_proj.weight", "ffn_up.weight", "copy"),
-    ("mlp.down_proj.weight", "ffn_down.weight", "copy"),
-)
-_LINEAR_ATTENTION = (
-    ("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", "qkv"),
-    ("linear_attn.in_proj_z.weight", "attn_gate.weight", ("v", 0, "dk")),
-    ("linear_attn.in_proj_b.weight", "ssm_beta.weight", ("v", 0, 1)),
-    ("linear_attn.in_proj_a.weight", "ssm_alpha.weight", ("v", 0, 1)),
-    ("linear_attn.conv1d.weight", "ssm_conv1d.weight", "conv"),
-    ("linear_attn.dt_bias", "ssm_dt.bias", ("v", 0, 1)),
-    ("linear_attn.A_log", "ssm_a", "A_log"),
-    ("linear_attn.norm.weight", "ssm_norm.weight", "copy"),
-    ("linear_attn.out_proj.weight", "ssm_out.weight", ("v", 1, "dk")),
-)
-_FULL_ATTENTION = (
-    ("self_attn.q_proj.weight", "attn_q.weight", "copy"),
-    ("self_attn.k_proj.weight", "attn_k.weight", "copy"),
-    ("self_attn.v_proj.weight", "attn_v.weight", "copy"),
-    ("self_attn.o_proj.weight", "attn_output.weight", "copy"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight", "norm"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight", "norm"),
-)
-# outside the layers: (HF name, GGUF name, transform); {m} is the MTP block's index
-_GLOBAL = (
-    ("trunk.model.embed_tokens.weight", "token_embd.weight", "copy"),
-    ("trunk.model.norm.weight", "output_norm.weight", "norm"),
-    ("mtp.fc.weight", "blk.{m}.nextn.eh_proj.weight", "copy"),
-    ("mtp.pre_fc_norm_embedding.weight", "blk.{m}.nextn.enorm.weight", "norm"),
-    ("mtp.pre_fc_norm_hidden.weight", "blk.{m}.nextn.hnorm.weight", "norm"),
-    ("mtp.norm.weight", "blk.{m}.nextn.shared_head_norm.weight", "norm"),
-)
-
-
-class _Transforms:
-    """The HF -> llama.cpp value transforms of one model (``forward``) and their inverses."""
-
-    def __init__(self, mc) -> None:
-        self.nk, self.nv, self.dk = mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim
-        self.key_dim = self.nk * self.dk
-
-    def _v(self, x: np.ndarray, axis: int, hd, inverse: bool) -> np.ndarray:
-        return _reorder_v_heads(x, axis, self.nk, self.nv, self.dk if hd == "dk" else hd, inverse=inverse)
-
-    def _v_rows(self, x: np.ndarray, inverse: bool) -> np.ndarray:
-        kd = self.key_dim
-        return np.concatenate([x[: 2 * kd], self._v(x[2 * kd :], 0, "dk", inverse)], axis=0)
-
-    def forward(self, kind, x: np.ndarray) -> np.ndarray:
-        if kind == "copy":
-            return x
-        if kind == "norm":
-            return (1.0 + x.astype(np.float64)).astype(np.float32)
-        if kind == "qkv":
-            return self._v_rows(x, False)
-        if kind == "conv":
-            return self._v_rows(x.reshape(x.shape[0], -1), False)
-        if kind == "A_log":
-            return -np.exp(self._v(x.astype(np.float64), 0, 1, False)).astype(np.float32)
-        return self._v(x, kind[1], kind[2], False)
-
-    def inverse(self, kind, x: np.ndarray) -> np.ndarray:
-        if kind == "copy":
-            return x
-        if kind == "norm":
-            return (x.astype(np.float64) - 1.0).astype(np.float32)
-        if kind == "qkv":
-            return self._v_rows(x, True)
-        if kind == "conv":
-            x = self._v_rows(x, True)
-            return x.reshape(x.shape[0], 1, x.shape[1])
-        if kind == "A_log":
-            return np.log(-self._v(x, 0, 1, True).astype(np.float64)).astype(np.float32)
-        return self._v(x, kind[1], kind[2], True)
-
-
-def _layers(mc):
-    """(HF prefix, GGUF prefix, tensor table) of every decoder layer, the MTP block's last."""
-    n = mc.num_hidden_layers
-    for il in range(n):
-        attention = _LINEAR_ATTENTION if mc.layer_types[il] == "linear_attention" else _FULL_ATTENTION
-        yield f"trunk.model.layers.{il}.", f"blk.{il}.", _LAYER + attention
-    yield "mtp.layers.0.", f"blk.{n}.", _LAYER + _FULL_ATTENTION
+#: where DemoModel keeps the Qwen3_5ForCausalLM trunk's decoder (a checkpoint of that class has "model.")
+TRUNK_PREFIX = "trunk.model."
 
 
 def convert_state_dict(sd: dict[str, np.ndarray], mc) -> dict[str, np.ndarray]:
     """Map a :class:`training.model.DemoModel` state dict to llama.cpp tensors (GGUF names)."""
-    tf = _Transforms(mc)
-    out: dict[str, np.ndarray] = {}
-    for hf, gg, kind in _GLOBAL:
-        out[gg.format(m=mc.num_hidden_layers)] = tf.forward(kind, sd[hf])
-    for hf_prefix, gg_prefix, table in _layers(mc):
-        for hf, gg, kind in table:
-            out[gg_prefix + gg] = tf.forward(kind, sd[hf_prefix + hf])
-    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+    return hf_to_gguf(sd, mc.gguf_config(n_ctx_train=mc.max_position_embeddings), trunk_prefix=TRUNK_PREFIX)
 
 
 def state_dict_from_gguf(path: str | Path):
@@ -201,18 +81,8 @@ def state_dict_from_gguf(path: str | Path):
         eos_token_id=int(field("tokenizer.ggml.eos_token_id")),
     )
     t = {x.name: np.array(x.data, dtype=np.float32) for x in reader.tensors}
-    tf = _Transforms(mc)
-    sd: dict[str, np.ndarray] = {}
-    m = n_layer
-    for hf, gg, kind in _GLOBAL:
-        gg = gg.format(m=m)
-        if gg.endswith("shared_head_norm.weight") and gg not in t:
-            gg = "output_norm.weight"  # llama.cpp's fallback when the MTP block has no head norm
-        sd[hf] = tf.inverse(kind, t[gg])
+    sd = gguf_to_hf(t, mc.gguf_config(n_ctx_train=mc.max_position_embeddings), trunk_prefix=TRUNK_PREFIX)
     sd["trunk.lm_head.weight"] = t.get("output.weight", t["token_embd.weight"])
-    for hf_prefix, gg_prefix, table in _layers(mc):
-        for hf, gg, kind in table:
-            sd[hf_prefix + hf] = tf.inverse(kind, t[gg_prefix + gg])
     return mc, {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
 
 
@@ -284,13 +154,47 @@ def _corpus_from_log(log: Path) -> dict | None:
     return None
 
 
+def rewrite(src: str | Path, out: str | Path) -> Path:
+    """Write the GGUF ``src`` (made by :func:`export`) again through the current writer: the same tensors bit
+    for bit (F16 stays F16: it is widened to F32 and narrowed back exactly), the same name, description,
+    licence and ``mtp_explorer.*`` metadata, plus whatever metadata the writer adds now. ``out`` may be ``src``."""
+    import gguf
+
+    from mtp_explorer.devtools.gguf_qwen35 import read_qwen35_metadata
+    from mtp_explorer.devtools.qwen35_hf import config_from_metadata
+    from training.tokenizer import vocab_from_gguf
+
+    meta = read_qwen35_metadata(src)
+    reader = gguf.GGUFReader(str(src))
+    types = {t.tensor_type.name for t in reader.tensors}
+    if not types <= {"F16", "F32"}:
+        raise ValueError(f"{src}: only F16/F32 files can be rewritten, not {sorted(types)}")
+    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    vocab = vocab_from_gguf(src)
+    extra = {k: v for k, v in meta.items() if k.startswith("mtp_explorer.")}
+    del reader  # the file is memory-mapped; out may be src, so write beside it and replace
+    out = Path(out)
+    tmp = write_qwen35_gguf(out.with_name(out.name + ".tmp"), config_from_metadata(meta), tensors, vocab,
+                            dtype="f16" if "F16" in types else "f32", name=str(meta["general.name"]),
+                            description=meta.get("general.description"), license=meta.get("general.license"),
+                            extra_metadata=extra)
+    return tmp.replace(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--tokenizer", type=Path, default=None, help="default: tokenizer.json beside the checkpoint")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--dtype", choices=("f16", "f32"), default="f16")
+    p.add_argument("--rewrite", type=Path, default=None, metavar="GGUF",
+                   help="instead of exporting a checkpoint, write this GGUF (made here) again with the current "
+                        "writer: same tensors, current metadata (see rewrite())")
     args = p.parse_args(argv)
+    if args.rewrite is not None:
+        path = rewrite(args.rewrite, args.out)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        return 0
     tok = args.tokenizer or args.checkpoint.parent / "tokenizer.json"
     path = export(args.checkpoint, tok, args.out, args.dtype)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
