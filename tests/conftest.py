@@ -73,6 +73,8 @@ def strip_mtp(src: Path, dst: Path) -> Path:
             value = n_block - n_nextn
         if key == f"{arch}.nextn_predict_layers":
             continue
+        if key == f"{arch}.attention.recurrent_layers":
+            value = value[: n_block - n_nextn]  # one flag per block: llama.cpp checks the length
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
             writer.add_key_value(key, value, vtype, sub_type=field.types[-1])

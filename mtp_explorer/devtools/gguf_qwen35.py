@@ -437,11 +437,17 @@ def transformer_keys(cfg, *, rope_dim: int) -> dict[str, object]:
 
 def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[str, str | int | float | bool],
                   arrays: Iterable[tuple[str, np.ndarray]]) -> None:
-    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array), then write the file."""
+    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array), then ``general.size_label`` from
+    the parameter count (as llama.cpp's ``convert_hf_to_gguf.py`` does: ``gguf.size_label``), and write the file."""
+    import gguf
+
     add_tokenizer(w, vocab)
     add_metadata(w, metadata)
     for tname, arr in arrays:
         w.add_tensor(tname, arr)
+    total, shared, expert, expert_count = w.get_total_parameter_count()
+    if total > 0:
+        w.add_size_label(gguf.size_label(total, shared, expert, expert_count))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -467,6 +473,10 @@ def write_qwen35_gguf(
     exactly that shape, and unknown names are rejected.  ``dtype`` is ``"f32"`` or ``"f16"``;
     with ``"f16"`` matrix weights are stored as F16 and 1-D tensors and the conv kernel as F32.
     ``extra_metadata`` adds string/number/bool keys (e.g. ``"mtp_explorer.synthetic"``).
+
+    The metadata and tensor types are what llama.cpp's ``convert_hf_to_gguf.py`` writes for the same model
+    converted from a Hugging Face checkpoint (``tests/test_converter.py`` checks it; the converter orders the
+    tensors as its checkpoint does, and names the file from its directory).
     """
     return write_hybrid_gguf(path, ARCH, cfg, expected_tensor_shapes(cfg), hybrid_keys(cfg), tensors, vocab,
                              dtype=dtype, name=name, description=description, license=license,
@@ -511,6 +521,9 @@ def write_hybrid_gguf(
 
     add_keys(w, keys)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
+    # which blocks are gated-delta-net layers (the MTP block is not), as convert_hf_to_gguf writes it from the
+    # checkpoint's layer_types; llama.cpp falls back to full_attention_interval without it
+    w.add_array(f"{arch}.attention.recurrent_layers", [cfg.is_recurrent(il) for il in range(cfg.block_count)])
 
     def arrays():
         for tname in shapes:
