@@ -55,6 +55,10 @@ class CancelledError(MtpExplorerError):
     """A long operation (an oracle recording, a sweep) was cancelled before it finished."""
 
 
+class ConverterError(MtpExplorerError, RuntimeError):
+    """llama.cpp's ``convert_hf_to_gguf.py`` (from the llama-cpp-python sdist) is missing, failed, or wrote nothing."""
+
+
 #: The engine's error kinds (``_native.EngineError(kind, message)``) and the exception each becomes.
 ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "parameter": ParameterError,
