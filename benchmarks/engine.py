@@ -2,7 +2,14 @@
 LLAMA_SPECULATIVE_SIMPLE set to a llama-speculative-simple binary) the reference beside ours.
 
     .venv/bin/python benchmarks/engine.py [--model PATH] [--tokens 256] [--repeats 3] [--threads N]
-                                          [--only throughput telemetry stream reference]
+                                          [--only throughput telemetry stream reference memory]
+    .venv/bin/python benchmarks/engine.py --scale      # on the SYNTHETIC 0.4 B Q8_0 model (scale_model.py)
+
+``--scale`` writes (once, into the temporary directory) a SYNTHETIC random-weight model shaped like a small
+real Qwen3.5 (see ``benchmarks/scale_model.py``), quantized to Q8_0 by ``llama-quantize``, and runs every
+section on it with fewer tokens and rounds; it adds ``memory``: load time, peak RSS against the file size
+(anonymous against file-backed pages, with llama.cpp's default mmap and with ``load_mode="none"``), and the
+recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot.
 
 Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). The
 telemetry overhead is the median over pairs of back-to-back runs in alternating order (see
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -23,7 +31,7 @@ from mtp_explorer.devtools.reference import compare_with_reference, replay_refer
 
 from _common import emit, machine, pick_model
 
-SECTIONS = ("throughput", "telemetry", "stream", "reference")
+SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
 
 
@@ -85,6 +93,54 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
     }
 
 
+_MEMORY_PROBE = r"""
+import json, sys, time
+import mtp_explorer as mx
+from mtp_explorer import _native
+
+def status():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
+
+path, load_mode, n_rs_seq, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+before = status()
+_native.take_log()
+t0 = time.perf_counter()
+s = mx.Session.open(path, n_ctx=1024, load_mode=load_mode, n_rs_seq=n_rs_seq, threads=threads)
+load = time.perf_counter() - t0
+rs = [l for l in _native.take_log() if "RS buffer size" in l]
+s.generate("def fibonacci(n):", max_tokens=16, n_max=min(3, n_rs_seq))
+print(json.dumps({"load_seconds": load, "before": before, "after": status(),
+                  "rs_buffer_mib": float(rs[0].split("=")[1].split()[0]) if rs else None}))
+"""
+
+
+def memory_section(path, threads: int) -> dict:
+    """Load time and memory of a fresh process per setting (peak RSS is per process)."""
+    import json
+    import subprocess
+    import sys
+
+    def probe(load_mode: str, n_rs_seq: int) -> dict:
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(path), load_mode, str(n_rs_seq), str(threads)],
+                             capture_output=True, text=True, check=True, timeout=900)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    size = os.path.getsize(path)
+    doc: dict = {"file_bytes": size, "slot_bytes_from_metadata": mx.model_info(path).rs_slot_bytes}
+    for mode in ("auto", "none"):
+        m = probe(mode, 8)
+        anon = m["after"]["RssAnon"] - m["before"]["RssAnon"]
+        doc[f"load_mode_{mode}"] = {
+            "load_seconds": m["load_seconds"], "peak_rss_bytes": m["after"]["VmHWM"],
+            "anon_growth_bytes": anon, "file_backed_bytes": m["after"]["RssFile"],
+            "anon_growth_over_file_size": anon / size}
+    rs = {n: probe("auto", n)["rs_buffer_mib"] for n in (1, 2, 4, 8)}
+    doc["rs_buffer_mib_by_n_rs_seq"] = rs
+    doc["rs_slot_mib_measured"] = (rs[8] - rs[1]) / 7
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -95,9 +151,24 @@ def main() -> None:
                     help="rounds of on/off pairs over the prompts for the telemetry overhead (default 20)")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                     help="run only these sections (default: all)")
+    ap.add_argument("--scale", action="store_true",
+                    help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
+                         "4 telemetry rounds unless given)")
     args = ap.parse_args()
+    if args.scale:
+        from scale_model import write_scale_model
+
+        args.model = str(write_scale_model(log=lambda msg: print(msg, file=sys.stderr)))
+        given = set(sys.argv)
+        args.tokens = args.tokens if "--tokens" in given else 64
+        args.repeats = args.repeats if "--repeats" in given else 2
+        args.telemetry_rounds = args.telemetry_rounds if "--telemetry-rounds" in given else 4
     path, origin = pick_model(args.model)
-    out: dict = {"model": str(path), "model_origin": origin, "tokens": args.tokens, "machine": machine()}
+    out: dict = {"model": str(path), "model_origin": "SYNTHETIC scale model (random weights)" if args.scale else origin,
+                 "model_info": {k: v for k, v in mx.model_info(path).to_dict().items() if k != "tensor_types"},
+                 "tokens": args.tokens, "machine": machine()}
+    if "memory" in args.only:
+        out["memory"] = memory_section(path, args.threads or 2)
 
     with mx.Session.open(path, n_ctx=2048, threads=args.threads) as s:
         s.generate(PROMPTS[0], max_tokens=16, n_max=2)  # warm-up

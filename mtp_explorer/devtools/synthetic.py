@@ -118,15 +118,17 @@ def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
         tokens, merges, types = vocab.tokens[:-1], list(vocab.merges), vocab.token_types[:-1]
         known = set(tokens)
         letters = "etaoinshrdlucmfwypvbgkjqxz"
-        for a in letters:
-            for b in letters:
-                if len(tokens) >= n_vocab - 1:
-                    break
-                if a + b not in known:
-                    tokens.append(a + b)
-                    known.add(a + b)
-                    merges.append(f"{a} {b}")
-                    types.append(1)
+        # letter pairs, then (for large vocabularies) a pair and a letter: each merge's parts exist already
+        candidates = [(a, b) for a in letters for b in letters]
+        candidates += [(a + b, c) for a in letters for b in letters for c in letters]
+        for a, b in candidates:
+            if len(tokens) >= n_vocab - 1:
+                break
+            if a + b not in known and a in known and b in known:
+                tokens.append(a + b)
+                known.add(a + b)
+                merges.append(f"{a} {b}")
+                types.append(1)
         tokens.append(vocab.tokens[-1])
         types.append(3)
         vocab = ByteBPEVocab(tokens=tokens, merges=merges, token_types=types,
