@@ -205,6 +205,7 @@ def _info(args, console: Console) -> int:
     for key, value in info.to_dict().items():
         if key != "path":
             table.add_row(key, f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value))
+    table.add_row("experts", info.experts_label())
     console.print(table)
     return 0
 

@@ -23,7 +23,8 @@ def test_info_command(model_mixed, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["arch"] == "qwen35" and doc["n_layer_nextn"] == 1
     assert main(["info", str(model_mixed)]) == 0
-    assert "rs_slot_bytes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rs_slot_bytes" in out and "experts" in out and "dense" in out
 
 
 def test_info_command_errors(tmp_path, capsys):

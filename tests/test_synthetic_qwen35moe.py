@@ -125,6 +125,11 @@ def test_model_info(files, sessions):
     assert info.has_mtp and info.is_recurrent and info.rs_slot_bytes > 0
     assert (info.n_expert, info.n_expert_used, info.n_ff_exp) == (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp)
     assert info.moe_layers == tuple(range(cfg.block_count))
+    assert info.experts_label() == "MoE 8 experts (2 used) in blocks 0-3, MTP block 4"
+    assert mx.model_info(mx.default_model_path()).experts_label() == "dense"
+    from mtp_explorer.ui.explorer import Explorer
+
+    assert "MoE 8 experts (2 used) in blocks 0-3, MTP block 4" in Explorer(sessions["partial"]).children[0].value
     s = sessions["partial"]
     assert s.info == info
     assert s.detokenize(s.tokenize("def f(x):\n")) == "def f(x):\n"

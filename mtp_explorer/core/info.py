@@ -53,6 +53,30 @@ class ModelInfo:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def experts_label(self) -> str:
+        """Which blocks route to experts, in words: ``"MoE 8 experts (2 used) in blocks 0-3, MTP block 4"``;
+        ``"dense"`` when none do."""
+        if not self.moe_layers:
+            return "dense"
+        trunk = [i for i in self.moe_layers if i < self.n_layer]
+        mtp = [i for i in self.moe_layers if i >= self.n_layer]
+        parts = ([f"blocks {_ranges(trunk)}"] if trunk else []) + ([f"MTP block {_ranges(mtp)}"] if mtp else [])
+        return f"MoE {self.n_expert} experts ({self.n_expert_used} used) in " + ", ".join(parts)
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    out: list[str] = []
+    start = prev = None
+    for i in indices + [None]:
+        if start is not None and (i is None or i != prev + 1):
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ", ".join(out)
+
 
 def _check_file(path: Path) -> None:
     if not path.exists():

@@ -99,7 +99,9 @@ class Explorer(W.VBox):
             session, self.whatif_panel, request=self.controls.request, trace=lambda: self.trace,
             baselines=self.runner.baselines, report=self.error_area.report)
         title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
-                       f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}) · n_max up to {session.capacity}"
+                       f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}"
+                       + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
+                       + f") · n_max up to {session.capacity}"
                        f" · {html.escape(placement_label(session.placement))}"
                        + ("" if has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
                                              "drafting only"))
