@@ -25,7 +25,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize parity bench bench-simulate clean
+.PHONY: all lab test headers reference quantize parity bench bench-simulate bench-scale clean
 
 all: $(EXT)
 
@@ -100,6 +100,12 @@ bench: $(EXT)
 
 bench-simulate: $(EXT)
 	$(VPY) benchmarks/simulate.py
+
+# benchmarks/engine.py --scale: a SYNTHETIC 0.4 B Q8_0 model (written once into the temporary directory by
+# benchmarks/scale_model.py with llama-quantize), beside the reference driver on the same settings.
+bench-scale: $(EXT) $(QUANTIZE) $(REFERENCE)
+	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) LLAMA_SPECULATIVE_SIMPLE=$(CURDIR)/$(REFERENCE) \
+	    $(VPY) benchmarks/engine.py --scale $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)
