@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .core import drafters
 from .core.drafters import DrafterOption
-from .core.errors import MtpExplorerError
+from .core.errors import MtpExplorerError, ParameterError
 
 STYLE = {"accepted": "bold cyan", "correction": "yellow", "plain": ""}
 
@@ -30,9 +30,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", "-m", default=None, help="GGUF model (default: the bundled demo model)")
     run.add_argument("--max-tokens", "-n", type=int, default=128)
     run.add_argument("--n-max", type=int, default=3, help="draft length (0: plain decoding)")
-    run.add_argument("--drafter", choices=drafters.DRAFTER_MODES, default=drafters.DEFAULT_MODE,
-                     help=_escape("; ".join(f"{m.name}: {m.description}" for m in drafters.MODES.values()))
+    run.add_argument("--drafter", "--spec-type", type=_drafter_choice, default=drafters.DEFAULT_MODE,
+                     help=_escape("llama.cpp's --spec-type value (comma-separated for a chain: "
+                                  + ", ".join(drafters.SPEC_TYPE_ORDER) + ", as far as the explorer has them) or "
+                                  + "; ".join(f"{m.name}: {m.description}" for m in drafters.MODES.values()))
                      + f" (default: {drafters.DEFAULT_MODE})")
+    run.add_argument("--chain-policy", choices=drafters.CHAIN_POLICIES, default=None,
+                     help="the draft a chain verifies: first (llama.cpp's, the default for --spec-type chains: the "
+                          "first drafter with a draft) or best (the highest expected accepted length)")
     for option in drafters.all_options():
         _add_option(run, option)
     confident = ", ".join(s.label for s in drafters.DRAFTER_SPECS.values() if s.has_confidence)
@@ -102,13 +107,23 @@ def _escape(text: str) -> str:
     return text.replace("%", "%%")
 
 
+def _drafter_choice(text: str) -> str:
+    """An argparse type: a ``drafter=`` choice (a listed mode or llama.cpp's --spec-type value), as given."""
+    try:
+        drafters.mode(text)
+    except ParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _option_owner(option: DrafterOption) -> str:
     return next(s.label for s in drafters.DRAFTER_SPECS.values() if option in s.options)
 
 
 def _add_option(parser: argparse.ArgumentParser, option: DrafterOption) -> None:
     """A drafter option as a flag: ``--<name>`` (``_`` as ``-``) and llama.cpp's own flag."""
-    parser.add_argument(f"--{option.name.replace('_', '-')}", option.flag, dest=option.name, type=_int_in(option),
+    aliases = [f"--{a.replace('_', '-')}" for a in option.aliases]
+    parser.add_argument(f"--{option.name.replace('_', '-')}", option.flag, *aliases, dest=option.name, type=_int_in(option),
                         default=option.default, metavar="N",
                         help=_escape(f"{_option_owner(option)} drafter: {option.help} (llama.cpp {option.flag}; "
                                      f"default: {option.default})"))
@@ -174,7 +189,8 @@ def _run(args, console: Console) -> int:
                   console=console, refresh_per_second=10, transient=not console.is_terminal):
             options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
             for step in s.stream(args.prompt, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
-                                 n_min=args.n_min, temperature=args.temperature, drafter=args.drafter, **options):
+                                 n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
+                                 chain_policy=args.chain_policy, **options):
                 for tok in step.drafted[: step.n_accepted]:
                     text.append(s.piece(tok), style=STYLE["accepted"])
                 text.append(s.piece(step.correction), style=STYLE["correction" if step.drafted else "plain"])
@@ -183,7 +199,7 @@ def _run(args, console: Console) -> int:
         trace = s.last_trace
         if not console.is_terminal:
             console.print(Panel(text))
-        console.print(_summary_table(trace.summary(), args.drafter))
+        console.print(_summary_table(trace.summary(), drafters.mode(args.drafter, args.chain_policy)))
         if args.json:
             with open(args.json, "w") as f:
                 f.write(trace.to_json())

@@ -122,9 +122,10 @@ nb::list drafter_stats(const Engine & e) {
         row["name"] = d->name();
         row["n_call_begin"] = s.n_call_begin;
         row["n_call_draft"] = s.n_call_draft;
+        row["n_call_accept"] = s.n_call_accept;
         row["n_proposals"] = s.n_proposals;
         row["n_gen_drafts"] = s.n_gen_drafts;
-        row["n_drafted_tokens"] = s.n_drafted_tokens;
+        row["n_gen_tokens"] = s.n_gen_tokens;
         row["n_acc_drafts"] = s.n_acc_drafts;
         row["n_acc_tokens"] = s.n_acc_tokens;
         row["acc_by_pos"] = nb::cast(s.acc_by_pos);
@@ -230,7 +231,7 @@ void bind_generation_config(nb::module_ & m) {
         .def_rw("drafters", &GenerationConfig::drafters)
         .def_rw("chain_policy", &GenerationConfig::chain_policy)
         .def_rw("options", &GenerationConfig::options,
-                "The drafters' options by keyword ({\"ngram_n\": 3, ...}): each drafter reads its own keys, "
+                "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, ...}): each drafter reads its own keys, "
                 "a missing key meaning its default; unknown keys are ignored.");
 }
 

@@ -28,7 +28,7 @@ enum DrafterId : int8_t {
     DRAFTER_MTP = 0,    // the model's MTP head (MtpDrafter)
 };
 
-// The drafters' options, by their Python keyword (= llama.cpp's option name, e.g. "ngram_n"): each
+// The drafters' options, by their Python keyword (= llama.cpp's option name, e.g. "ngram_simple_size_n"): each
 // drafter reads its own keys, a missing key meaning its default; unknown keys are ignored (Python
 // checks them).
 using DrafterOptions = std::map<std::string, int32_t>;
@@ -69,9 +69,11 @@ std::string drafter_names_list();              // "mtp", "ngram", ... (for error
 
 // How the draft to verify is chosen when more than one drafter is asked.
 enum class ChainPolicy : int8_t {
-    BEST = 0,  // every drafter drafts; the usable draft with the highest expected accepted length wins (earlier on a tie)
+    FIRST = 0,  // llama.cpp's (common_speculative_draft): the drafters are asked in chain order until one
+                // has a usable draft, which is verified; the later ones are not asked that step
+    BEST = 1,   // every drafter drafts; the usable draft with the highest expected accepted length wins (earlier on a tie)
 };
-constexpr const char * CHAIN_POLICY_NAMES[] = {"best"};
+constexpr const char * CHAIN_POLICY_NAMES[] = {"first", "best"};
 static_assert(count_of(CHAIN_POLICY_NAMES) == (size_t) ChainPolicy::BEST + 1, "one name per ChainPolicy");
 
 // What a drafter is asked for at one step.
@@ -92,6 +94,8 @@ struct DraftRequest {
 struct DraftOutcome {
     const Draft * proposal = nullptr;       // this drafter's proposal (nullptr: it took no part)
     bool verified = false;                  // that proposal was the draft verified
+    bool last = false;                      // its draft was the one verified last, at this step or before
+                                            // (llama.cpp's impl_last, told accept(n_accepted, is_other = false))
     int32_t n_drafted = 0;                  // tokens verified (whoever drafted them)
     int32_t n_accepted = 0;                 // of those, accepted by the target
     const llama_token * emitted = nullptr;  // the tokens the step emitted: the accepted drafts, then the correction
@@ -99,25 +103,33 @@ struct DraftOutcome {
     llama_pos keep_until = 0;               // the target memory keeps the positions before this
 };
 
-// Per-drafter counters for one generation (llama.cpp: common_speculative_print_stats).
+// Per-drafter counters for one generation, counted as llama.cpp's common_speculative_draft/_accept count
+// them (common_speculative_print_stats prints them): a drafter's draft counts when it is verified; every
+// step's outcome is told to the drafter whose draft was verified last (llama.cpp's impl_last), also at
+// steps without a draft (n_accepted 0), which is what n_call_accept counts.
 struct DrafterStats {
     int64_t n_call_begin = 0;       // generations begun
     int64_t n_call_draft = 0;       // steps it was asked to draft
+    int64_t n_call_accept = 0;      // step outcomes told to it as the drafter verified last
     int64_t n_proposals = 0;        // usable (non-empty, not dropped) drafts proposed
     int64_t n_gen_drafts = 0;       // its drafts verified
-    int64_t n_drafted_tokens = 0;   // tokens in those drafts
-    int64_t n_acc_drafts = 0;       // verified drafts with at least one token accepted
+    int64_t n_gen_tokens = 0;       // tokens in those drafts
+    int64_t n_acc_drafts = 0;       // step outcomes with at least one token accepted
     int64_t n_acc_tokens = 0;       // tokens accepted
-    std::vector<int64_t> acc_by_pos;  // [j]: verified drafts whose token j was accepted
+    std::vector<int64_t> acc_by_pos;  // [j]: step outcomes whose token j was accepted
 
     void on_draft(const Draft & d) {
         ++n_call_draft;
         n_proposals += d.usable() ? 1 : 0;
     }
 
-    void on_verified(int32_t n_drafted, int32_t n_accepted) {
+    void on_verified(int32_t n_drafted) {
         ++n_gen_drafts;
-        n_drafted_tokens += n_drafted;
+        n_gen_tokens += n_drafted;
+    }
+
+    void on_accept(int32_t n_accepted) {
+        ++n_call_accept;
         n_acc_drafts += n_accepted > 0 ? 1 : 0;
         n_acc_tokens += n_accepted;
         if ((int32_t) acc_by_pos.size() < n_accepted) {

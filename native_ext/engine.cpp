@@ -264,6 +264,7 @@ void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConf
     generated.clear();
     finish = FINISH_NONE;
     n_step = 0;
+    last_verified = DRAFTER_NONE;
     n_prompt = (int32_t) prompt.size();
     tokens_all = prompt;
     install_drafters(std::move(built));

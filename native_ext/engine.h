@@ -41,7 +41,7 @@ struct GenerationConfig {
     uint32_t seed = 0;
     // names of DRAFTER_TABLE, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
     std::vector<std::string> drafters{drafter_name(DRAFTER_MTP)};
-    std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::BEST];
+    std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::FIRST];
     DrafterOptions options;  // every drafter's options by keyword (each drafter reads its own keys)
 };
 
@@ -49,7 +49,7 @@ struct GenerationConfig {
 // an unknown or repeated name, or an empty list).
 struct DrafterChain {
     std::vector<DrafterId> ids{DRAFTER_MTP};
-    ChainPolicy policy = ChainPolicy::BEST;
+    ChainPolicy policy = ChainPolicy::FIRST;
 
     bool has(DrafterId id) const;
 };
@@ -159,6 +159,7 @@ struct Engine {
     DraftRequest request(const StepState & s, bool oracle) const;
     void propose(StepState & s);
     void choose(StepState & s);
+    void choose_first(StepState & s) const;
     void choose_best(StepState & s) const;
     void verify(StepState & s);
     void accept_or_rollback(StepState & s);
@@ -205,6 +206,7 @@ struct Engine {
     llama_token id_last = -1;
     llama_pos n_past = 0;
     int32_t n_step = 0;
+    DrafterId last_verified = DRAFTER_NONE;  // whose draft was verified last (llama.cpp's impl_last): told each outcome
     std::vector<llama_token> tokens_all;   // prompt + generated: the history the n-gram drafter searches
 
     // step scratch, N_DRAFTERS entries each

@@ -6,7 +6,8 @@
 
 NgramConfig NgramConfig::from(const DrafterOptions & options) {
     const NgramConfig defaults;
-    const NgramConfig c{option_or(options, "ngram_n", defaults.size_n), option_or(options, "ngram_m", defaults.size_m)};
+    const NgramConfig c{option_or(options, "ngram_simple_size_n", defaults.size_n),
+                        option_or(options, "ngram_simple_size_m", defaults.size_m)};
     if (c.size_n < 1 || c.size_m < 1) {
         fail(ErrorKind::PARAMETER, "the n-gram sizes must be at least 1");
     }

@@ -86,7 +86,8 @@ DraftRequest Engine::request(const StepState & s, bool oracle) const {
     return req;
 }
 
-// propose: the MTP head catches up (after steps with drafting off), then every drafter drafts
+// propose: the MTP head catches up (after steps with drafting off), then the drafters draft in chain
+// order: every one under BEST, under FIRST until one has a usable draft (the later ones are not asked)
 void Engine::propose(StepState & s) {
     for (int32_t i = 0; i < N_DRAFTERS; ++i) {
         candidates[i].clear(s.cap_reason);
@@ -109,6 +110,9 @@ void Engine::propose(StepState & s) {
         if (d->draft(req, out)) {
             asked[d->id] = true;
             d->stats.on_draft(out);
+            if (chain.policy == ChainPolicy::FIRST && out.usable()) {
+                break;
+            }
         }
     }
     for (auto & d : drafters) {
@@ -122,6 +126,9 @@ void Engine::propose(StepState & s) {
 // (empty or dropped) proposal stands for the step, and nothing is verified
 void Engine::choose(StepState & s) {
     switch (chain.policy) {
+        case ChainPolicy::FIRST:
+            choose_first(s);
+            break;
         case ChainPolicy::BEST:
             choose_best(s);
             break;
@@ -132,6 +139,19 @@ void Engine::choose(StepState & s) {
     }
     s.n_d = s.chosen->dropped ? 0 : (int32_t) s.chosen->tokens.size();
     s.t_draft_ns = now_ns() - s.t_draft0;
+}
+
+// FIRST: the first usable draft in chain order (propose asked no drafter after it)
+void Engine::choose_first(StepState & s) const {
+    for (const auto & d : drafters) {
+        const DrafterId id = d->id;
+        if (asked[id] && candidates[id].usable()) {
+            s.source = id;
+            s.expected = expected[id];
+            s.chosen = &candidates[id];
+            return;
+        }
+    }
 }
 
 // BEST: the usable draft with the highest expected accepted length, the earlier drafter on a tie
@@ -213,11 +233,18 @@ void Engine::tell_drafters(const StepState & s) {
     o.emitted = generated.data() + generated.size() - (s.n_acc + 1);
     o.n_emitted = s.n_acc + 1;
     o.keep_until = s.keep_until;
+    if (s.source != DRAFTER_NONE) {
+        last_verified = s.source;
+    }
     for (auto & d : drafters) {
         o.proposal = asked[d->id] ? &candidates[d->id] : nullptr;
         o.verified = d->id == s.source;
         if (o.verified) {
-            d->stats.on_verified(s.n_d, s.n_acc);
+            d->stats.on_verified(s.n_d);
+        }
+        o.last = d->id == last_verified;
+        if (o.last) {
+            d->stats.on_accept(s.n_acc);
         }
         d->accept(o);
     }

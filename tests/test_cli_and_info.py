@@ -64,14 +64,18 @@ def test_run_command_drafter_options_parse():
 
     defaults = {o.name: o.default for o in drafters.all_options()}
     args = _parser().parse_args(["run"])
-    assert (args.drafter, args.ngram_n, args.ngram_m) == ("mtp", defaults["ngram_n"], defaults["ngram_m"])
-    assert (defaults["ngram_n"], defaults["ngram_m"]) == (3, 8)  # llama.cpp's defaults
-    args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])
-    assert (args.drafter, args.ngram_n, args.ngram_m) == ("chain", 2, 5)
-    # llama.cpp's own flag names work too
-    args = _parser().parse_args(["run", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "6"])
-    assert (args.ngram_n, args.ngram_m) == (4, 6)
-    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"], ["--ngram-n", "1025"]):
+    assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == (
+        "mtp", defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"])
+    assert (defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"]) == (3, 8)  # this package's defaults
+    args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])  # earlier names
+    assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == ("chain", 2, 5)
+    # llama.cpp's own flag names work too, and its --spec-type values (a chain, its policy)
+    args = _parser().parse_args(["run", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "6",
+                                 "--spec-type", "draft-mtp,ngram-simple", "--chain-policy", "best"])
+    assert (args.ngram_simple_size_n, args.ngram_simple_size_m) == (4, 6)
+    assert drafters.mode(args.drafter, args.chain_policy).name == "ngram-simple,draft-mtp"
+    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"], ["--ngram-n", "1025"],
+                ["--spec-type", "draft-eagle3"], ["--chain-policy", "coin"]):
         with pytest.raises(SystemExit) as exc:
             _parser().parse_args(["run", *bad])
         assert exc.value.code == 2
@@ -87,11 +91,13 @@ def test_run_command_flags_come_from_the_registry(capsys):
     parser = _parser()
     run = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
     by_dest = {a.dest: a for a in run._actions}
-    assert tuple(by_dest["drafter"].choices) == drafters.DRAFTER_MODES
+    assert all(m in by_dest["drafter"].help for m in drafters.DRAFTER_MODES)  # listed; --spec-type values too
+    assert set(by_dest["drafter"].option_strings) == {"--drafter", "--spec-type"}
     assert by_dest["drafter"].default == drafters.DEFAULT_MODE
     for option in drafters.all_options():
         action = by_dest[option.name]
-        assert set(action.option_strings) == {"--" + option.name.replace("_", "-"), option.flag}
+        aliases = {"--" + a.replace("_", "-") for a in option.aliases}
+        assert set(action.option_strings) == {"--" + option.name.replace("_", "-"), option.flag} | aliases
         assert action.default == option.default
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "--help"])
@@ -106,7 +112,7 @@ def test_run_command_bad_drafter_option_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["run", "x", "--drafter", "eagle"])
     assert exc.value.code == 2
-    assert "invalid choice: 'eagle'" in capsys.readouterr().err
+    assert "unknown speculative type 'eagle'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "x", "--ngram-m", "-1"])
     assert "positive integer" in capsys.readouterr().err
@@ -121,7 +127,7 @@ def test_run_command_ngram_without_mtp_head(model_no_mtp, tmp_path, capsys):
     assert "drafter" in out and "ngram" in out and "acceptance rate" in out
     t = mx.Trace.from_json(out_json.read_text())
     assert len(t.tokens) == 32
-    assert (t.settings["drafter"], t.settings["ngram_n"], t.settings["ngram_m"]) == ("ngram", 2, 4)
+    assert (t.settings["drafter"], t.settings["ngram_simple_size_n"], t.settings["ngram_simple_size_m"]) == ("ngram", 2, 4)
     won = t.steps_by_drafter()
     assert won["mtp"] == 0 and won["ngram"] > 0  # the repeated line is looked up
 

@@ -96,3 +96,25 @@ def test_temperature_sampling_is_repeatable_and_matches_plain(session_mixed):
     assert other.tokens != plain.tokens
     assert plain.tokens != greedy.tokens
     check_accounting(a)
+
+
+#: every drafter and chain, as llama.cpp's --spec-type values, with small look-up sizes so that the n-gram
+#: drafters find matches in these short prompts
+SPEC_TYPES = ("ngram-simple", "ngram-simple,draft-mtp")
+SMALL_OPTIONS = {"ngram_simple_size_n": 2, "ngram_simple_size_m": 6}
+REPETITIVE = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n"]
+
+
+@pytest.mark.parametrize("spec", SPEC_TYPES)
+def test_every_drafter_and_chain_equals_plain(session_mixed, spec):
+    from mtp_explorer.core import drafters
+
+    options = {k: v for k, v in SMALL_OPTIONS.items() if k in {o.name for o in drafters.all_options()}}
+    for prompt in PROMPTS[:4] + REPETITIVE:
+        base = session_mixed.generate(prompt, max_tokens=40, n_max=0)
+        for n_max in (1, 3, 6):
+            for policy in ("first", "best"):
+                t = session_mixed.generate(prompt, max_tokens=40, n_max=n_max, drafter=spec, chain_policy=policy,
+                                           **options)
+                assert t.tokens == base.tokens, (prompt, n_max, policy)
+                check_accounting(t)

@@ -19,7 +19,7 @@ import mtp_explorer as mx
 from conftest import check_accounting
 from mtp_explorer.analysis.oracle import ORACLE_SCHEMA
 from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, compare, cost_consistency, simulate, simulate_grid
-from mtp_explorer.core import schema
+from mtp_explorer.core import drafters, schema
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
@@ -142,15 +142,20 @@ def test_simulator_equals_engine_for_every_drafter(session):
     prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repetitive: the n-gram look-up finds matches
     o = session.record_oracle(prompt, max_tokens=TOKENS, depth=6)
     found = {"cases": 0, "exact": 0, "ties": [], "unexplained": []}
-    for drafter in ("ngram", "chain"):
+    # single drafters, and chains under both policies (llama.cpp's "first" and "best") in both orders
+    chains = [drafters.mode(d, policy) for d in ("chain", "ngram-simple,draft-mtp") for policy in ("first", "best")]
+    for drafter in ("ngram", *chains):
         for n_max in (1, 3, 6):
             for p_min in (0.0, 0.5):
                 _check_case(session, o, prompt, n_max, p_min, 0, drafter, found)
         _check_case(session, o, prompt, 4, 0.0, 2, drafter, found)
     assert not found["unexplained"], found["unexplained"][:3]
     assert found["exact"] >= found["cases"] - 1
-    chain = simulate(o, 6, 0.0, drafter="chain")
-    assert set(np.unique(chain.drafter)) >= {0, 1}  # both drafters win some steps
+    for drafter in chains[1:]:
+        chain = simulate(o, 6, 0.0, drafter=drafter)
+        assert set(np.unique(chain.drafter)) >= {0, 1}, drafter  # both drafters win some steps
+    # "first" with the MTP head first: with p_min 0 it always has a draft, so the look-up is never asked
+    assert set(np.unique(simulate(o, 6, 0.0, drafter=chains[0]).drafter)) <= {MTP, -1}
 
 
 def test_simulator_budget_and_validation(session, oracles):

@@ -709,18 +709,18 @@ def test_a_registered_view_is_shown_by_every_new_explorer(session):
 def test_drafter_options_are_controls_and_key_the_oracle(session):
     ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=3, drafter="ngram", ngram_n=2)
     fields = ex.controls.option_fields
-    assert set(fields) == {o for o, _ in OPTIONS} and fields["ngram_n"].value == 2
-    assert dict(ex.controls.request().options)["ngram_n"] == 2
+    assert set(fields) == {o for o, _ in OPTIONS} and fields["ngram_simple_size_n"].value == 2
+    assert dict(ex.controls.request().options)["ngram_simple_size_n"] == 2
     ex.run()
     assert ex.wait(60) and ex.error == ""
-    assert ex.trace.settings["ngram_n"] == 2 and ex.trace.settings["drafter"] == "ngram"
+    assert ex.trace.settings["ngram_simple_size_n"] == 2 and ex.trace.settings["drafter"] == "ngram"
     ex.record_oracle()
     assert ex.wait(60) and ex.error == ""
     o = ex.oracle
-    assert o.settings["ngram_n"] == 2 and ex.whatif.measured is not None  # the run used the oracle's sizes
-    fields["ngram_n"].value = 3  # another oracle: none recorded yet
+    assert o.settings["ngram_simple_size_n"] == 2 and ex.whatif.measured is not None  # the run used the oracle's sizes
+    fields["ngram_simple_size_n"].value = 3  # another oracle: none recorded yet
     assert ex.oracle is None and ex.whatif is None
-    fields["ngram_n"].value = 2
+    fields["ngram_simple_size_n"].value = 2
     assert ex.oracle is o and ex.whatif.drafter == "ngram"
     with pytest.raises(mx.ParameterError, match="unknown drafter option"):
         Explorer(session, ngram_x=1)

@@ -119,13 +119,31 @@ def _best(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Call
     return pick
 
 
+def _first(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Callable[[int], int]:
+    """``first`` (llama.cpp's): the first usable draft in the mode's order (the first drafter's, unusable, if none
+    is); the drafters after it are not asked (:data:`CHAIN_POLICY_ASKS_ALL`)."""
+    order = range(len(usable))
+
+    def pick(g: int) -> int:
+        for i in order:
+            if usable[i][g]:
+                return i
+        return 0
+
+    return pick
+
+
 #: How each chain policy (:data:`~mtp_explorer.core.schema.CHAIN_POLICIES`) picks the draft to verify. Given
 #: every drafter's usable flags and expected accepted lengths per position (lists, indexed by drafter of the
 #: mode then position; the walk fills in the expectations of drafters that learn as it reaches a position), it
 #: returns the choice at a position: the index of the chosen drafter in the mode.
 CHAIN_POLICY_REPLAYS: Mapping[str, Callable[[Sequence[list[bool]], Sequence[list[float]]], Callable[[int], int]]] = {
+    "first": _first,
     "best": _best,
 }
+#: Whether a chain policy asks every drafter at every step (``best``), or stops at the chosen usable draft
+#: (``first``: the drafters after it neither draft, nor cost a draft call, nor learn from the step).
+CHAIN_POLICY_ASKS_ALL: Mapping[str, bool] = {"first": False, "best": True}
 
 
 def _choose(mode: DrafterMode) -> Callable:
@@ -200,9 +218,26 @@ def _run_policy(oracle: OracleTrace, policy: _Policy, start_steps: Sequence[int]
     else:
         # sequential: the policy's choice may read the drafters' running statistics
         walker = _Walk(cands, matches, [r.expectation() if on else None for r, on in zip(replays, running)],
-                       _choose(policy.mode))
+                       _choose(policy.mode), CHAIN_POLICY_ASKS_ALL[policy.mode.policy])
         path, chosen, expected = walker.run(T_end, start_steps)
     return _gather(policy.mode, replays, cands, matches, cap, path, chosen, expected)
+
+
+def _asked_along(mode: DrafterMode, cands: Sequence[Candidate], path: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """[drafters of the mode, steps]: the drafter was asked at the step by the policy (every one, or under a policy
+    that stops at the chosen usable draft, those up to it)."""
+    D = len(cands)
+    if D == 1 or CHAIN_POLICY_ASKS_ALL[mode.policy]:
+        return np.ones((D, len(path)), dtype=bool)
+    usable = np.stack([np.broadcast_to(c.usable, c.n_raw.shape)[path] for c in cands])
+    stopped = usable[chosen, np.arange(len(path))]
+    return (np.arange(D)[:, None] <= chosen[None, :]) | ~stopped[None, :]
+
+
+def _only_asked(cand: Candidate, asked: np.ndarray) -> Candidate:
+    """A proposal where the policy asked the drafter; nothing (not asked, no decodes) elsewhere."""
+    return Candidate(np.where(asked, cand.n_raw, 0), cand.stop, cand.dropped & asked, cand.asked & asked,
+                     np.where(asked, cand.decodes, 0))
 
 
 def _follow(cand: Candidate, match: np.ndarray, T_end: int) -> np.ndarray:
@@ -220,8 +255,11 @@ class _Walk:
     """Steps taken one by one: at each, the expected lengths of the drafters that learn, the policy's choice,
     then those drafters observe the outcome."""
 
-    def __init__(self, cands: Sequence[Candidate], matches: Sequence[np.ndarray], estimators: list, policy) -> None:
+    def __init__(self, cands: Sequence[Candidate], matches: Sequence[np.ndarray], estimators: list, policy,
+                 asks_all: bool = True) -> None:
         T = len(matches[0])
+        self.asks_all = asks_all
+        self.usable = [c.usable.tolist() for c in cands]
         self.n_raw = [c.n_raw.tolist() for c in cands]
         self.dropped = [c.dropped.tolist() for c in cands]
         self.match = [m.tolist() for m in matches]
@@ -230,14 +268,14 @@ class _Walk:
                       for e, c in zip(estimators, cands)]
         self.expected = [f.tolist() if f is not None else [math.nan] * T for f in self.fixed]
         self.learning = [(d, e) for d, e in enumerate(estimators) if e is not None and not e.stateless]
-        self.pick = policy([c.usable.tolist() for c in cands], self.expected)
+        self.pick = policy(self.usable, self.expected)
 
     def run(self, T_end: int, starts: Sequence[int] | None):
         path, chosen = [], []
         starts = list(starts) if starts is not None else None
         n_raw, dropped, match, pick = self.n_raw, self.dropped, self.match, self.pick
         expects = [(self.expected[d], est.expected, n_raw[d]) for d, est in self.learning]
-        observers = [(est.observe, n_raw[d], match[d]) for d, est in self.learning]
+        observers = [(d, est.observe, n_raw[d], match[d]) for d, est in self.learning]
         g, i = (starts[0] if starts else 0), 0
         while g < T_end:
             for out, expect, proposed in expects:
@@ -246,8 +284,10 @@ class _Walk:
             a = 0 if dropped[c][g] else n_raw[c][g]
             if match[c][g] < a:
                 a = match[c][g]
-            for observe, proposed, matched in observers:
-                observe(g, proposed[g], matched[g], a + 1)
+            last_asked = c if not self.asks_all and self.usable[c][g] else len(n_raw) - 1
+            for d, observe, proposed, matched in observers:
+                if d <= last_asked:  # a drafter the policy did not ask learns nothing from the step
+                    observe(g, proposed[g], matched[g], a + 1)
             path.append(g)
             chosen.append(c)
             i += 1
@@ -277,11 +317,14 @@ def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expec
     index = np.array([s.index for s in mode.drafters], dtype=np.int64)
     src = np.where(pick([c.usable for c in cands]), index[chosen], -1).astype(np.int8)
     proposals = tuple(c.take(path) for c in cands)
+    head = _head(replays, proposals, (len(path),))  # a model follows the target whether or not it is asked
+    asked = _asked_along(mode, cands, path, chosen)
+    proposals = tuple(_only_asked(p, a) for p, a in zip(proposals, asked))
     e = expected[chosen, np.arange(len(path))]
     return _Steps(
         g=path, chosen=chosen, n_drafted=n_d, n_accepted=acc, stop_reason=pick([c.stop for c in cands]).astype(np.int8),
         drafter=src, expected_accepted=np.where(src >= 0, e, np.nan), cap=cap[path],
-        head=_head(replays, proposals, (len(path),)), proposals=proposals, expected=expected,
+        head=head, proposals=proposals, expected=expected,
     )
 
 

@@ -25,6 +25,11 @@ def check_probability(name: str, value) -> float:
     return float(value)
 
 
+class PminNotApplicable(UserWarning):
+    """``p_min`` > 0 was given to a drafter (or chain) without a confidence: it does not apply (not an error, so a
+    grid over drafters keeps working)."""
+
+
 def check_draft_params(n_max, p_min, n_min, *, capacity: int, capacity_reason: str) -> None:
     """``n_max`` within the capacity, ``p_min`` a probability, ``0 <= n_min <= n_max``."""
     if not isinstance(n_max, int) or isinstance(n_max, bool) or n_max < 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import ParameterError
 from .schema import CHAIN_POLICIES, DRAFTERS
@@ -25,13 +25,14 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 class DrafterOption:
     """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range."""
 
-    name: str      #: keyword argument of Session.generate / sweep, e.g. ``ngram_n``; also its key in the
-                   #: engine's ``GenerationConfig.options``
+    name: str      #: keyword argument of Session.generate / sweep, llama.cpp's flag without ``--spec-`` (e.g.
+                   #: ``ngram_simple_size_n``); also its key in the engine's ``GenerationConfig.options``
     flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
     default: int
     lo: int
     hi: int
     help: str
+    aliases: tuple[str, ...] = ()  #: earlier keyword names that still work (e.g. ``ngram_n``)
 
     def check(self, value: Any) -> int:
         """``value`` if it is an integer in range, else a :class:`ParameterError` naming the range."""
@@ -67,7 +68,8 @@ class DrafterSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterMode:
-    """A ``drafter=`` choice: one drafter, or a chain of them verified under ``policy``."""
+    """A ``drafter=`` choice: one drafter, or a chain of them verified under ``policy`` (``first``, llama.cpp's:
+    the first drafter in chain order with a usable draft; ``best``: the highest expected accepted length)."""
 
     name: str
     drafters: tuple[DrafterSpec, ...]
@@ -93,12 +95,18 @@ class DrafterMode:
     def options(self) -> tuple[DrafterOption, ...]:
         return tuple(o for d in self.drafters for o in d.options)
 
+    @property
+    def spec_types(self) -> str:
+        """The chain as llama.cpp's ``--spec-type`` value (comma-separated, in its order)."""
+        return ",".join(d.spec_type for d in self.drafters)
 
+
+# ngram-simple's sizes keep this package's earlier defaults (3, 8); llama.cpp 0.3.36's common.h has 12 and 48
 _NGRAM_OPTIONS = (
-    DrafterOption("ngram_n", "--spec-ngram-simple-size-n", 3, 1, 1024,
-                  "length of the n-gram looked up (ending with the last token)"),
-    DrafterOption("ngram_m", "--spec-ngram-simple-size-m", 8, 1, 1024,
-                  "length of the continuation proposed after a match (cut to n_max)"),
+    DrafterOption("ngram_simple_size_n", "--spec-ngram-simple-size-n", 3, 1, 1024,
+                  "length of the n-gram looked up (ending with the last token)", aliases=("ngram_n",)),
+    DrafterOption("ngram_simple_size_m", "--spec-ngram-simple-size-m", 8, 1, 1024,
+                  "length of the continuation proposed after a match (cut to n_max)", aliases=("ngram_m",)),
 )
 
 #: Every drafter of the engine, in the engine's order.
@@ -108,8 +116,8 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
     DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs_mtp=False,
                 options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",
-                description="prompt look-up: the last ngram_n tokens matched earlier in the context, the "
-                            "ngram_m tokens that followed proposed"),
+                description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
+                            "the ngram_simple_size_m tokens that followed proposed"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -120,13 +128,26 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
     DrafterMode("ngram", (DRAFTER_SPECS["ngram"],), label="n-gram", description=DRAFTER_SPECS["ngram"].description),
     DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
-                description="both drafters every step; the draft with the higher expected accepted length is verified"),
+                description="both drafters every step; the draft with the higher expected accepted length is verified "
+                            "(= drafter=['draft-mtp', 'ngram-simple'], chain_policy='best')"),
+    DrafterMode("ngram-simple,draft-mtp", (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["mtp"]), policy="first",
+                label="n-gram, then MTP",
+                description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "
+                            "one, else the MTP head's"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
-"""The ``drafter=`` choices of :meth:`Session.generate`."""
+"""The listed ``drafter=`` choices of :meth:`Session.generate` (it also takes any ``--spec-type`` value)."""
 
 DEFAULT_MODE = "mtp"
+
+#: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's
+#: drafters are asked in this order whatever order the value names them in (common_speculative_init).
+SPEC_TYPE_ORDER: tuple[str, ...] = (
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+    "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+)
+_SPEC_TYPE_NONE = "none"
 
 
 def drafter(name: str) -> DrafterSpec:
@@ -137,14 +158,56 @@ def drafter(name: str) -> DrafterSpec:
         raise ParameterError(f"unknown drafter {name!r}; the engine has {', '.join(DRAFTERS)}") from None
 
 
-def mode(name: str | DrafterMode) -> DrafterMode:
-    """The ``drafter=`` choice by name (a :class:`DrafterMode` passes through)."""
+def mode(name: str | Sequence[str] | DrafterMode, policy: str | None = None) -> DrafterMode:
+    """The ``drafter=`` choice: a :class:`DrafterMode` (passes through), a listed name (:data:`DRAFTER_MODES`:
+    ``mtp``, ``ngram``, ``chain``, ...), llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-mod,draft-mtp"``,
+    parsed as llama.cpp parses it: comma-separated, asked in llama.cpp's order of preference, a name given twice
+    counted once) or a list of such values. ``policy`` (a chain policy) replaces the choice's own (``first`` for
+    ``--spec-type`` chains, as llama.cpp)."""
     if isinstance(name, DrafterMode):
-        return name
-    try:
-        return MODES[name]
-    except (KeyError, TypeError):
-        raise ParameterError(f"drafter must be one of {DRAFTER_MODES}, got {name!r}") from None
+        found = name
+    elif isinstance(name, str) and name in MODES:
+        found = MODES[name]
+    else:
+        found = _from_spec_types(name)
+    if policy is None or policy == found.policy:
+        return found
+    if policy not in CHAIN_POLICIES:
+        raise ParameterError(f"chain_policy must be one of {CHAIN_POLICIES}, got {policy!r}")
+    return dataclasses.replace(found, policy=policy)
+
+
+def _spec_type_names(value: str | Sequence[str]) -> list[str]:
+    """The ``--spec-type`` names of ``value``: a string split at commas (as llama.cpp's string_split), or a list
+    of such strings (as ``--spec-type`` given several times)."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return [n for v in value for n in v.split(",")]
+    raise ParameterError(f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
+                         f"({', '.join(SPEC_TYPE_ORDER)}; comma-separated or a list for a chain), got {value!r}")
+
+
+def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
+    """The mode of a ``--spec-type`` value (see :func:`mode`)."""
+    names = _spec_type_names(value)
+    by_type = {s.spec_type: s for s in DRAFTER_SPECS.values()}
+    for n in names:
+        if n == _SPEC_TYPE_NONE:
+            raise ParameterError("--spec-type none drafts nothing: use n_max=0 with any drafter")
+        if n not in SPEC_TYPE_ORDER:
+            raise ParameterError(f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
+                                 f"({', '.join(SPEC_TYPE_ORDER)}): unknown speculative type {n!r} in {value!r}")
+        if n not in by_type:
+            raise ParameterError(f"the speculative type {n!r} is not available in the explorer yet; it has "
+                                 f"{', '.join(by_type)}")
+    chain = tuple(by_type[t] for t in SPEC_TYPE_ORDER if t in names)
+    listed = next((m for m in MODES.values() if m.drafters == chain and m.policy == CHAIN_POLICIES[0]), None)
+    if listed is not None:
+        return listed
+    return DrafterMode(",".join(s.spec_type for s in chain), chain, policy=CHAIN_POLICIES[0],
+                       label=", then ".join(s.label for s in chain),
+                       description=f"llama.cpp's --spec-type {','.join(s.spec_type for s in chain)}")
 
 
 def default_mode(has_mtp: bool) -> str:
@@ -158,8 +221,11 @@ def available_modes(has_mtp: bool) -> tuple[str, ...]:
 
 
 def recording_mode(has_mtp: bool) -> DrafterMode:
-    """The mode an oracle recording runs: every drafter the model can use, asked at every position."""
-    return max((m for m in MODES.values() if has_mtp or not m.needs_mtp), key=lambda m: len(m.drafters))
+    """The mode an oracle recording runs: every drafter the model can use (in the engine's order), asked at every
+    position."""
+    specs = tuple(s for s in DRAFTER_SPECS.values() if has_mtp or not s.needs_mtp)
+    return DrafterMode("+".join(s.name for s in specs), specs, policy="best", label="every drafter",
+                       description="the oracle: every drafter asked at every position")
 
 
 def all_options() -> tuple[DrafterOption, ...]:
@@ -172,9 +238,15 @@ def all_options() -> tuple[DrafterOption, ...]:
 
 
 def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Every option's value: ``given`` where named (checked), llama.cpp's default elsewhere. Unknown
-    names are a :class:`ParameterError`."""
+    """Every option's value: ``given`` where named (checked; an alias counts as its option's name), llama.cpp's
+    default elsewhere. Unknown names, and an option given under two names, are a :class:`ParameterError`."""
     given = dict(given or {})
+    canonical = {a: o.name for o in all_options() for a in o.aliases}
+    for alias, name in canonical.items():
+        if alias in given:
+            if name in given:
+                raise ParameterError(f"{alias} is another name of {name}: give one of them")
+            given[name] = given.pop(alias)
     known = {o.name: o for o in all_options()}
     unknown = sorted(set(given) - set(known))
     if unknown:

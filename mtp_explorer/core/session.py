@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterator
+import warnings
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from .. import _native
 from . import drafters
-from .checks import check_draft_params, check_int, check_mtp_available, check_sampling
+from .checks import PminNotApplicable, check_draft_params, check_int, check_mtp_available, check_sampling
 from .errors import CancelledError, engine_errors
 from .handle import EngineHandle, Prompt
 from .schema import FINISH_REASONS
@@ -35,18 +36,24 @@ class Session(EngineHandle):
         n_min: int = 0,
         temperature: float = 0.0,
         seed: int | None = None,
-        drafter: str = drafters.DEFAULT_MODE,
+        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
+        chain_policy: str | None = None,
         **options: int,
     ) -> Trace:
         """Run one generation to the end (or until :meth:`cancel`) and return its trace.
 
-        ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`: ``"mtp"`` (the model's MTP
-        head), ``"ngram"`` (prompt look-up with llama.cpp's ngram-simple semantics; ``p_min`` does not
-        apply, it has no confidence) or ``"chain"`` (both asked every step, the draft with the highest
-        expected accepted length verified; the ``drafter`` column says whose). ``options`` are the
-        drafters' options by keyword (``ngram_n=3``, ``ngram_m=8``: see
-        :func:`~mtp_explorer.core.drafters.all_options`), llama.cpp's defaults where not given.
+        ``drafter`` is llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-simple"``, a chain such as
+        ``"ngram-simple,draft-mtp"`` or a list of names; see :func:`~mtp_explorer.core.drafters.mode`) or one of
+        :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`: ``"mtp"`` (= ``draft-mtp``, the model's MTP head),
+        ``"ngram"`` (= ``ngram-simple``, prompt look-up; ``p_min`` does not apply, it has no confidence) or
+        ``"chain"`` (both asked every step, the draft with the highest expected accepted length verified). A
+        chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
+        (llama.cpp's, the default for ``--spec-type`` chains: the first usable draft) or ``"best"``; the
+        ``drafter`` column says whose. ``options`` are the drafters' options by keyword, named after llama.cpp's
+        flags (``ngram_simple_size_n=3``, ...: see :func:`~mtp_explorer.core.drafters.all_options`), their
+        defaults where not given.
         """
+        drafter = drafters.mode(drafter, chain_policy)
         with self._run():
             prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
             with engine_errors():
@@ -62,11 +69,13 @@ class Session(EngineHandle):
         n_min: int = 0,
         temperature: float = 0.0,
         seed: int | None = None,
-        drafter: str = drafters.DEFAULT_MODE,
+        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
+        chain_policy: str | None = None,
         **options: int,
     ) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification (arguments as
         :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace."""
+        drafter = drafters.mode(drafter, chain_policy)
         with self._run():
             prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
             engine = self._engine
@@ -159,6 +168,9 @@ class Session(EngineHandle):
         mode = drafters.mode(drafter)
         values = drafters.option_values(options)
         self._validate_params(n_max, p_min, n_min, mode)
+        if p_min > 0 and not mode.has_confidence:
+            warnings.warn(f"p_min={p_min} does not apply to drafter={mode.name!r}: its drafts have no confidence",
+                          PminNotApplicable, stacklevel=4)
         check_int("max_tokens", max_tokens, 1, None)
         temperature, seed = check_sampling(temperature, self.seed if seed is None else seed)
         tokens = self._prompt_tokens(prompt)

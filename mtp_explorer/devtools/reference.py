@@ -118,17 +118,19 @@ def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
 
 
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
-                            n_min: int = 0) -> Trace:
+                            n_min: int = 0, drafter: str | None = None, **options: int) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
 
-    Exact for ``n_min == 0``; with ``n_min > 0`` the reference applies n_min before its budget
-    truncation, which a shorter n_max cannot reproduce at the very last steps.
+    ``drafter`` (default: the MTP head) and ``options`` as :meth:`Session.generate` takes them (a ``--spec-type``
+    chain runs under llama.cpp's ``first`` policy). Exact for ``n_min == 0``; with ``n_min > 0`` the reference
+    applies n_min before its budget truncation, which a shorter n_max cannot reproduce at the very last steps.
     """
 
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     n_predict = 0
+    chosen = {} if drafter is None else {"drafter": drafter}
     stream = session.stream(prompt, max_tokens=max_tokens + n_max + 1, n_max=n_max_for(0), p_min=p_min,
-                            n_min=min(n_min, n_max_for(0)))
+                            n_min=min(n_min, n_max_for(0)), **chosen, **options)
     for step in stream:
         n_predict += step.n_accepted + 1
         if n_predict > max_tokens or session.is_eog(step.correction):

@@ -23,7 +23,7 @@ __all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorAre
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
     """What one Run or Step generation (or an oracle recording) is asked to do, read from the controls
-    when it starts. ``options``: the drafters' options (``ngram_n``, ...) as sorted (name, value) pairs."""
+    when it starts. ``options``: the drafters' options (``ngram_simple_size_n``, ...) as sorted (name, value) pairs."""
 
     prompt: str
     max_tokens: int

@@ -51,7 +51,7 @@ class Explorer(W.VBox):
     ``run()``, ``step()``, ``stop()`` and ``record_oracle()`` are what the buttons call; ``wait()`` blocks
     until the background work (a generation and its baseline, or an oracle recording) is done; ``predict()``
     replays any setting on the oracle. ``drafter=``: the initial drafter (default: MTP, or a drafter that needs
-    no MTP head on a model without one); ``options``: the drafters' options (``ngram_n=``, ...); ``width``: the
+    no MTP head on a model without one); ``options``: the drafters' options (``ngram_simple_size_n=``, ...); ``width``: the
     figures' width in pixels; ``views``: the names of the views to show (default: every registered one).
     The state is in the traitlets below; the parts are ``controls``, ``progress``, ``error_area``,
     ``whatif_panel``, ``views``, and ``runner`` / ``whatif_controller``.

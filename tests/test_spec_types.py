@@ -1,0 +1,102 @@
+"""llama.cpp's names for the drafters: ``drafter=`` takes ``--spec-type`` values (comma-separated chains, lists),
+chains are asked in llama.cpp's order under its ``first`` policy by default (``best`` on request), options keep
+their earlier names as aliases, ``p_min`` on a drafter without confidence is a warning, and the per-drafter
+statistics are counted as ``common_speculative_print_stats`` counts them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.analysis import simulate as sim
+from mtp_explorer.core import drafters
+from mtp_explorer.core.checks import PminNotApplicable
+
+REPETITIVE = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"
+
+
+def test_spec_type_values_are_parsed_as_llama_cpp_parses_them():
+    assert drafters.mode("draft-mtp") is drafters.MODES["mtp"]
+    assert drafters.mode("ngram-simple") is drafters.MODES["ngram"]
+    chain = drafters.mode("draft-mtp,ngram-simple")
+    # llama.cpp asks its drafters in its own order of preference, whatever order the value names them in
+    assert chain.spec_types == "ngram-simple,draft-mtp" and chain.policy == "first"
+    assert drafters.mode(["draft-mtp", "ngram-simple"]) == chain == drafters.mode("ngram-simple,draft-mtp,draft-mtp")
+    best = drafters.mode("draft-mtp,ngram-simple", "best")
+    assert best.policy == "best" and best.drafters == chain.drafters
+    assert drafters.mode("chain").policy == "best" and drafters.mode("chain", "first").policy == "first"
+    for bad, match in (("eagle", "unknown speculative type 'eagle'"), ("ngram-simple,", "unknown speculative type ''"),
+                       ("draft-eagle3", "not available"), ("none", "n_max=0"), ([], "drafter must be one of"),
+                       (3, "drafter must be one of")):
+        with pytest.raises(mx.ParameterError, match=match):
+            drafters.mode(bad)
+    with pytest.raises(mx.ParameterError, match="chain_policy"):
+        drafters.mode("chain", "coin")
+
+
+def test_options_have_llama_cpp_names_and_keep_their_aliases():
+    assert drafters.option_values({"ngram_n": 2})["ngram_simple_size_n"] == 2
+    assert drafters.option_values({"ngram_simple_size_m": 5})["ngram_simple_size_m"] == 5
+    with pytest.raises(mx.ParameterError, match="another name"):
+        drafters.option_values({"ngram_n": 2, "ngram_simple_size_n": 2})
+    with pytest.raises(mx.ParameterError, match="--spec-ngram-simple-size-m"):
+        drafters.option_values({"ngram_m": 0})
+    for o in drafters.all_options():
+        assert o.flag == "--spec-" + o.name.replace("_", "-")
+
+
+def test_first_policy_by_hand():
+    def first(usable):
+        return sim.CHAIN_POLICY_REPLAYS["first"]([[u] for u in usable], [[0.0] for _ in usable])(0)
+
+    assert first([True, True]) == 0 and first([False, True]) == 1 and first([False, False]) == 0
+    assert sim.CHAIN_POLICY_ASKS_ALL == {"first": False, "best": True}
+
+
+def test_chain_policies_in_the_engine(session_mixed):
+    """``first`` verifies the first usable draft and asks no drafter after it; ``best`` asks every drafter."""
+    s = session_mixed
+    ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram"].drafters[0].name), mx.DRAFTERS.index("mtp")
+    first = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
+                       ngram_simple_size_n=2)
+    assert first.settings["chain_policy"] == "first" and first.settings["drafter"] == "ngram-simple,draft-mtp"
+    won_by_ngram = first.drafter == ngram
+    assert won_by_ngram.any() and (first.drafter == mtp).any()
+    # where the look-up had a draft, the MTP head was not asked
+    assert (first.candidate_len[won_by_ngram, mtp] == -1).all()
+    best = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter=["ngram-simple", "draft-mtp"], chain_policy="best",
+                      ngram_simple_size_n=2)
+    assert best.settings["chain_policy"] == "best"
+    assert (best.candidate_len[:, mtp] >= 0).all()  # every drafter every step
+    assert first.tokens == best.tokens  # greedy: the policy changes the speed, never the text
+
+
+def test_drafter_stats_are_llama_cpp_s(session_mixed):
+    """n_gen_drafts / n_gen_tokens count verified drafts; every step's outcome goes to the drafter verified last
+    (llama.cpp's impl_last), also at steps without a draft (n_call_accept)."""
+    t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
+                               ngram_simple_size_n=2)
+    stats = {row["name"]: row for row in session_mixed.drafter_stats()}
+    assert [row["name"] for row in session_mixed.drafter_stats()] == [d.name for d in drafters.mode(
+        "ngram-simple,draft-mtp").drafters]
+    for name, row in stats.items():
+        mine = t.drafter == mx.DRAFTERS.index(name)
+        assert row["n_gen_drafts"] == mine.sum() and row["n_gen_tokens"] == t.n_drafted[mine].sum()
+        assert row["n_call_begin"] == 1
+    # the outcome of each step goes to the drafter verified last
+    last = np.maximum.accumulate(np.where(t.drafter >= 0, np.arange(len(t.drafter)), -1))
+    owner = np.where(last >= 0, t.drafter[np.maximum(last, 0)], -1)
+    for name, row in stats.items():
+        mine = owner == mx.DRAFTERS.index(name)
+        assert row["n_call_accept"] == mine.sum()
+        assert row["n_acc_tokens"] == t.n_accepted[mine].sum()
+        assert row["n_acc_drafts"] == (t.n_accepted[mine] > 0).sum()
+        by_pos = [(t.n_accepted[mine] > j).sum() for j in range(len(row["acc_by_pos"]))]
+        assert row["acc_by_pos"] == by_pos
+
+
+def test_p_min_on_a_drafter_without_confidence_is_a_warning(session_mixed):
+    with pytest.warns(PminNotApplicable, match="does not apply"):
+        t = session_mixed.generate(REPETITIVE, max_tokens=8, n_max=2, p_min=0.5, drafter="ngram-simple")
+    assert len(t.tokens) == 8
