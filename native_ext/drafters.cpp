@@ -11,6 +11,7 @@
 #include "drafter.h"
 #include "mtp_drafter.h"
 #include "ngram_drafter.h"
+#include "ngram_mod_drafter.h"
 
 namespace {
 
@@ -22,12 +23,17 @@ std::unique_ptr<Drafter> make_ngram_simple(const DrafterSetup & s) {
     return std::make_unique<NgramSimpleDrafter>(s.id, s.vocab, NgramConfig::from(*s.options));
 }
 
+std::unique_ptr<Drafter> make_ngram_mod(const DrafterSetup & s) {
+    return std::make_unique<NgramModDrafter>(s.id, s.vocab, NgramModConfig::from(*s.options));
+}
+
 }  // namespace
 
 // (declared extern in drafter.h, so defined here with external linkage)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
     {"mtp", /*needs_mtp*/ true, make_mtp},              // the model's MTP head (DRAFTER_MTP)
     {"ngram", /*needs_mtp*/ false, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
+    {"ngram-mod", /*needs_mtp*/ false, make_ngram_mod}, // llama.cpp's ngram-mod hashed n-gram table
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

@@ -58,17 +58,8 @@ std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama
     return draft_tokens;
 }
 
-void NgramSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
-    tested.clear();
-    accepted.clear();
-}
-
-bool NgramSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
-    if (req.n_cap <= 0) {
-        return false;
-    }
-    out.clear();
-    const std::vector<llama_token> found = ngram_simple_draft(config, req.history, req.n_history, req.id_last);
+void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const llama_vocab * vocab,
+                       Draft & out) {
     out.stop = STOP_EXHAUSTED;
     for (const llama_token t : found) {
         out.tokens.push_back(t);
@@ -84,22 +75,25 @@ bool NgramSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
     if ((int32_t) out.tokens.size() < req.params.n_min) {
         out.dropped = true;
     }
-    return true;
 }
 
-double NgramSimpleDrafter::expected_accepted(const Draft & d) const {
-    const int32_t n = (int32_t) d.tokens.size();
-    double expected = 0.0, p_reach = 1.0;
+void RunningAcceptance::clear() {
+    tested.clear();
+    accepted.clear();
+}
+
+double RunningAcceptance::expected(int32_t n) const {
+    double e = 0.0, p_reach = 1.0;
     for (int32_t j = 0; j < n; ++j) {
         const double t = j < (int32_t) tested.size() ? (double) tested[j] : 0.0;
         const double a = j < (int32_t) accepted.size() ? (double) accepted[j] : 0.0;
         p_reach *= (a + 1.0) / (t + 2.0);
-        expected += p_reach;
+        e += p_reach;
     }
-    return expected;
+    return e;
 }
 
-void NgramSimpleDrafter::accept(const DraftOutcome & outcome) {
+void RunningAcceptance::observe(const DraftOutcome & outcome, const llama_vocab * vocab) {
     if (outcome.proposal == nullptr) {
         return;
     }
@@ -117,3 +111,20 @@ void NgramSimpleDrafter::accept(const DraftOutcome & outcome) {
         ++accepted[j];
     }
 }
+
+void NgramSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) { acceptance.clear(); }
+
+bool NgramSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
+    if (req.n_cap <= 0) {
+        return false;
+    }
+    out.clear();
+    fill_lookup_draft(ngram_simple_draft(config, req.history, req.n_history, req.id_last), req, vocab, out);
+    return true;
+}
+
+double NgramSimpleDrafter::expected_accepted(const Draft & d) const {
+    return acceptance.expected((int32_t) d.tokens.size());
+}
+
+void NgramSimpleDrafter::accept(const DraftOutcome & outcome) { acceptance.observe(outcome, vocab); }

@@ -25,6 +25,27 @@ struct NgramConfig {
 std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama_token * tokens, size_t cur_len,
                                             llama_token sampled);
 
+// What every look-up drafter (no model, no confidence) shares.
+//
+// fill_lookup_draft: the look-up's tokens `found` as the step's draft: cut after an end-of-generation
+// token and to req.n_cap; stop reason cap_reason at n_cap, `eos` at an end-of-generation token,
+// `exhausted` when the look-up had no (more) tokens; dropped when shorter than req.params.n_min.
+void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const llama_vocab * vocab,
+                       Draft & out);
+
+// The running acceptance per depth that estimates a look-up draft's expected accepted length (the chain's
+// BEST policy compares it): depth j counts as tested when the first j-1 proposal tokens matched and the
+// emitted tokens reach depth j.
+struct RunningAcceptance {
+    std::vector<int64_t> tested, accepted;  // per depth (index 0 = depth 1)
+
+    void clear();
+    // Sum over k of prod_{j<=k} a_j, with a_j = (accepted_j + 1) / (tested_j + 2), for a draft of n tokens.
+    double expected(int32_t n) const;
+    // The drafter's proposal (verified or not) against the tokens the step emitted.
+    void observe(const DraftOutcome & outcome, const llama_vocab * vocab);
+};
+
 struct NgramSimpleDrafter final : Drafter {
     NgramSimpleDrafter(DrafterId id, const llama_vocab * vocab, const NgramConfig & config)
         : Drafter(id), config(config), vocab(vocab) {}
@@ -38,16 +59,14 @@ struct NgramSimpleDrafter final : Drafter {
     // shorter than n_min are marked dropped. Takes no part when n_cap is 0.
     bool draft(const DraftRequest & req, Draft & out) override;
 
-    // Sum over k of prod_{j<=k} a_j, with a_j the conditional acceptance at depth j observed so
-    // far, (accepted_j + 1) / (tested_j + 2).
+    // Its running acceptance's estimate (RunningAcceptance::expected).
     double expected_accepted(const Draft & d) const override;
 
-    // Its proposal (verified or not) against the tokens the step emitted: depth j counts as tested
-    // when the first j-1 proposal tokens matched and the emitted tokens reach depth j.
+    // Its running acceptance observes the step.
     void accept(const DraftOutcome & outcome) override;
 
     const NgramConfig config;
-    std::vector<int64_t> tested, accepted;  // per depth (index 0 = depth 1)
+    RunningAcceptance acceptance;
 
   private:
     const llama_vocab * vocab;

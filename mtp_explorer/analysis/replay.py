@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ..core.drafters import DrafterSpec
+from ..core.drafters import DrafterSpec, option_values
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
 
@@ -108,6 +108,8 @@ class DrafterReplay(abc.ABC):
     #: Its model catches up on every verified row (the MTP head): the catch-up phase runs, the target's caches
     #: are cold at the verify, and the sample phase carries the head's bookkeeping.
     follows_target: ClassVar[bool] = False
+    #: Its proposals depend on its state along the path (:class:`StatefulReplay`): the simulator walks step by step.
+    stateful: ClassVar[bool] = False
 
     def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
         self.oracle = oracle
@@ -310,3 +312,230 @@ class NgramSimpleReplay(DrafterReplay):
 
     def expectation(self) -> Expectation:
         return RunningAcceptance()
+
+
+# -- stateful drafters ----------------------------------------------------------------------------------
+class DrafterState(abc.ABC):
+    """A stateful drafter's replay along one walk: asked position by position (:meth:`propose`), told each step's
+    outcome (:meth:`told`), it fills in its proposals' arrays (:meth:`candidate`) as the engine would have drafted
+    them on that path."""
+
+    @abc.abstractmethod
+    def propose(self, g: int) -> None:
+        """The drafter is asked at position ``g``: its proposal there, its state advanced as the engine's."""
+
+    @abc.abstractmethod
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
+        """The step at ``g`` ended: ``asked``: it drafted there; ``last``: its draft is the one verified last
+        (llama.cpp's impl_last, this step or before); ``n_accepted``: the step's accepted tokens."""
+
+    @abc.abstractmethod
+    def candidate(self) -> Candidate:
+        """Its proposals at the positions asked so far (the arrays of :class:`Candidate`)."""
+
+
+class StatefulReplay(DrafterReplay):
+    """A drafter whose proposals depend on what it saw along the path (a table that grows, resets on low
+    acceptance): the simulator walks step by step and asks :attr:`state` (a :class:`DrafterState`, made by
+    :meth:`candidate` for one setting) at each position. Its tokens, lengths and accepted prefixes are those of
+    the last walk (the oracle's recording, asked at every position, before any)."""
+
+    stateful = True
+
+    def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
+        super().__init__(oracle, spec)
+        self._tokens = np.array(self.column("draft"), dtype=np.int32)
+        self._length = self.column("draft_len").astype(np.int64)
+        self._eos = self.column("draft_eos").astype(bool)
+        self._match = self.oracle.accepted_prefix(self._tokens, self._length)
+        self.state: DrafterState | None = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._tokens
+
+    @property
+    def length(self) -> np.ndarray:  # type: ignore[override]
+        return self._length
+
+    @property
+    def eos(self) -> np.ndarray:  # type: ignore[override]
+        return self._eos
+
+    @property
+    def match_len(self) -> np.ndarray:  # type: ignore[override]
+        return self._match
+
+    @property
+    def path_tokens(self) -> list[int]:
+        """The prompt, then the greedy path: position g's history is ``path_tokens[: n_prompt - 1 + g]`` and its last
+        sampled token the one after."""
+        return list(self.oracle.prompt_tokens) + [int(t) for t in self.oracle.columns["token"]]
+
+    def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
+        if np.ndim(cap) != 1 or np.ndim(n_min) or np.ndim(active):
+            raise ParameterError(f"{self.spec.name} is replayed one setting at a time (its state follows the path)")
+        self.state = self.start(np.asarray(cap), np.asarray(reason), int(n_min), bool(active) and self.available)
+        return self.state.candidate()
+
+    @abc.abstractmethod
+    def start(self, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> DrafterState:
+        """A fresh state at the start of a generation (its begin), for one setting."""
+
+    def record(self, g: int, found: list[int], cap: int, cap_reason: int) -> tuple[int, int]:
+        """A look-up's tokens ``found`` at ``g`` as the engine cuts them (fill_lookup_draft: after an end-of-generation
+        token, at the cap) into the replay's arrays; returns (length, stop reason)."""
+        eog = self.oracle.columns["token_eog"]
+        accept = self.oracle._accept_tokens
+        n, stop = 0, STOP["exhausted"]
+        row = self._tokens[g]
+        row[:] = -1
+        for t in found:
+            row[n] = t
+            n += 1
+            if self._is_eog(t, eog):
+                stop = STOP["eos"]
+                break
+            if n >= cap:
+                stop = cap_reason
+                break
+        m = 0
+        while m < n and g + m < len(accept) and row[m] == accept[g + m]:
+            m += 1
+        self._length[g], self._eos[g], self._match[g] = n, stop == STOP["eos"], m
+        return n, stop
+
+    def _is_eog(self, t: int, eog: np.ndarray) -> bool:
+        """``t`` ends a generation (the oracle knows this of the tokens on its path; a drafted token off the path is
+        looked up in the model's end-of-generation ids the recording saw)."""
+        ids = self.__dict__.get("_eog_ids")
+        if ids is None:
+            tok = np.asarray(self.oracle.columns["token"])
+            ids = self.__dict__["_eog_ids"] = set(tok[eog.astype(bool)].tolist())
+        return t in ids
+
+    def expectation(self) -> Expectation:
+        return RunningAcceptance()
+
+
+class LookupState(DrafterState):
+    """The per-position arrays of a look-up drafter's proposals along one walk (shared by the n-gram tables)."""
+
+    def __init__(self, replay: StatefulReplay, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> None:
+        T = len(cap)
+        self.replay, self.cap, self.reason, self.n_min, self.active = replay, cap.tolist(), reason.tolist(), n_min, active
+        self.n_raw = np.zeros(T, dtype=np.int64)
+        self.stop = np.asarray(reason, dtype=np.int8).copy()
+        self.asked = np.zeros(T, dtype=bool)
+        self.history = replay.path_tokens
+        self.n_prompt = len(replay.oracle.prompt_tokens)
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.n_raw.copy(), self.stop.copy(), self.n_raw < self.n_min, self.asked.copy(),
+                         np.zeros_like(self.n_raw))
+
+    def propose(self, g: int) -> None:
+        if not self.active or self.cap[g] <= 0:  # the engine's look-up drafters take no part at a cap of 0
+            return
+        found = self.lookup(self.n_prompt - 1 + g)
+        n, stop = self.replay.record(g, found, self.cap[g], self.reason[g])
+        self.n_raw[g], self.stop[g], self.asked[g] = n, stop, True
+
+    @abc.abstractmethod
+    def lookup(self, cur_len: int) -> list[int]:
+        """The drafter's look-up after ``history[:cur_len]`` and the last sampled token ``history[cur_len]`` (its
+        state advanced as the engine's draft() advances it)."""
+
+
+# -- llama.cpp's ngram-mod ------------------------------------------------------------------------------
+class NgramModTable:
+    """common_ngram_mod's hash table (a dict of the filled entries): the index of n tokens is
+    ``sum(t_i * C^(n-1-i))`` modulo 2^64 then modulo the size; the size is a power of two dividing 2^64, so the
+    index is computed modulo the size throughout."""
+
+    SIZE = 4 * 1024 * 1024
+    MULT = 6364136223846793005 % SIZE
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.entries: dict[int, int] = {}
+
+    def idx(self, tokens: list[int], i: int) -> int:
+        res, mult, size = 0, self.MULT, self.SIZE
+        for t in tokens[i:i + self.n]:
+            res = (res * mult + t) % size
+        return res
+
+    def add(self, tokens: list[int], i: int) -> None:
+        self.entries[self.idx(tokens, i)] = tokens[i + self.n]
+
+    def get(self, tokens: list[int], i: int) -> int:
+        return self.entries.get(self.idx(tokens, i), -1)
+
+    def reset(self) -> None:
+        self.entries.clear()
+
+
+class NgramModState(LookupState):
+    """ngram-mod along one walk: the table, ``i_last``, the last draft's length and the low-acceptance streak,
+    exactly as NgramModDrafter (native_ext/ngram_mod_drafter.cpp) keeps them."""
+
+    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, options: dict) -> None:
+        super().__init__(replay, cap, reason, n_min, active)
+        self.n_match, self.mod_n_min, self.mod_n_max = (options["ngram_mod_n_match"], options["ngram_mod_n_min"],
+                                                        options["ngram_mod_n_max"])
+        self.table = NgramModTable(self.n_match)
+        self.i_last = self.n_draft_last = self.n_low = 0
+        self.n_resets = 0  # table resets on low acceptance along the walk
+        P, n = self.n_prompt - 1, self.n_match  # begin(): the prompt but its last token
+        if P >= n:
+            for i in range(P - n):
+                self.table.add(self.history, i)
+            self.i_last = P - n
+            if len(self.table.entries) / self.table.SIZE > 0.25:
+                self.table.reset()
+
+    def lookup(self, cur_len: int) -> list[int]:
+        n, hist = self.n_match, self.history
+        self.n_draft_last = 0
+        if cur_len < n:
+            return []
+        if self.i_last + 32 < cur_len:
+            for i in range(self.i_last, cur_len - n):
+                self.table.add(hist, i)
+            self.i_last = cur_len - n
+        window = hist[cur_len - n + 1:cur_len + 1]
+        for i in range(self.mod_n_max):
+            t = self.table.get(window, i)
+            if t == -1:
+                if i < self.mod_n_min:
+                    return []
+                break
+            window.append(t)
+        found = window[n:]
+        self.n_draft_last = len(found)
+        return found
+
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
+        if not asked:
+            self.n_draft_last = 0
+        if not last or self.n_draft_last == 0:
+            return
+        if n_accepted / self.n_draft_last < 0.25:
+            self.n_low += 1
+            if self.n_low >= 5:
+                self.table.reset()
+                self.n_low = self.i_last = 0
+                self.n_resets += 1
+        else:
+            self.n_low = 0
+
+
+class NgramModReplay(StatefulReplay):
+    """llama.cpp's ngram-mod: its table replayed along the walk (filled from the path's tokens in llama.cpp's chunks,
+    reset after five low-acceptance steps as the drafter verified last); no confidence, a running acceptance for
+    its expected accepted length."""
+
+    def start(self, cap, reason, n_min, active) -> DrafterState:
+        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        return NgramModState(self, cap, reason, n_min, active, option_values(recorded))

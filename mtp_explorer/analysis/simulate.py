@@ -30,7 +30,7 @@ import numpy as np
 from . import metrics
 from .oracle import OracleTrace
 from .profile import Costs, resolve_costs, with_costs
-from .replay import STOP, Candidate, DrafterReplay
+from .replay import STOP, Candidate, DrafterReplay, DrafterState
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
@@ -208,7 +208,8 @@ def _run_policy(oracle: OracleTrace, policy: _Policy, start_steps: Sequence[int]
     matches = [r.match_len for r in replays]
     running = [active and r.available for r in replays]
     T_end = min(oracle.n_positions, policy.max_tokens)
-    if len(replays) == 1 and start_steps is None:
+    stateful = [r.state if r.stateful else None for r in replays]
+    if len(replays) == 1 and start_steps is None and stateful[0] is None:
         # the choice does not depend on the history: vectorised, then follow the path
         path = _follow(cands[0], matches[0], T_end)
         chosen = np.zeros(len(path), dtype=np.int64)
@@ -218,8 +219,10 @@ def _run_policy(oracle: OracleTrace, policy: _Policy, start_steps: Sequence[int]
     else:
         # sequential: the policy's choice may read the drafters' running statistics
         walker = _Walk(cands, matches, [r.expectation() if on else None for r, on in zip(replays, running)],
-                       _choose(policy.mode), CHAIN_POLICY_ASKS_ALL[policy.mode.policy])
+                       _choose(policy.mode), CHAIN_POLICY_ASKS_ALL[policy.mode.policy], stateful)
         path, chosen, expected = walker.run(T_end, start_steps)
+        # a stateful drafter's proposals are those its state made along the walk
+        cands = [c if st is None else st.candidate() for c, st in zip(cands, stateful)]
     return _gather(policy.mode, replays, cands, matches, cap, path, chosen, expected)
 
 
@@ -256,9 +259,11 @@ class _Walk:
     then those drafters observe the outcome."""
 
     def __init__(self, cands: Sequence[Candidate], matches: Sequence[np.ndarray], estimators: list, policy,
-                 asks_all: bool = True) -> None:
+                 asks_all: bool = True, states: Sequence[DrafterState | None] = ()) -> None:
         T = len(matches[0])
         self.asks_all = asks_all
+        self.states = list(states) if any(st is not None for st in states) else []
+        self.matches = matches
         self.usable = [c.usable.tolist() for c in cands]
         self.n_raw = [c.n_raw.tolist() for c in cands]
         self.dropped = [c.dropped.tolist() for c in cands]
@@ -276,8 +281,10 @@ class _Walk:
         n_raw, dropped, match, pick = self.n_raw, self.dropped, self.match, self.pick
         expects = [(self.expected[d], est.expected, n_raw[d]) for d, est in self.learning]
         observers = [(d, est.observe, n_raw[d], match[d]) for d, est in self.learning]
-        g, i = (starts[0] if starts else 0), 0
+        g, i, last = (starts[0] if starts else 0), 0, -1
         while g < T_end:
+            if self.states:
+                self._ask(g)
             for out, expect, proposed in expects:
                 out[g] = expect(g, proposed[g])
             c = pick(g)
@@ -288,6 +295,11 @@ class _Walk:
             for d, observe, proposed, matched in observers:
                 if d <= last_asked:  # a drafter the policy did not ask learns nothing from the step
                     observe(g, proposed[g], matched[g], a + 1)
+            if self.usable[c][g]:
+                last = c
+            for d, st in enumerate(self.states):
+                if st is not None:
+                    st.told(g, bool(st.asked[g]), d == last, a)
             path.append(g)
             chosen.append(c)
             i += 1
@@ -301,6 +313,19 @@ class _Walk:
         expected = np.stack([(f if f is not None else np.asarray(e, dtype=np.float64))[P]
                              for f, e in zip(self.fixed, self.expected)]) if path else np.zeros((len(n_raw), 0))
         return P, np.asarray(chosen, dtype=np.int64), expected
+
+    def _ask(self, g: int) -> None:
+        """The stateful drafters propose at ``g`` in the mode's order (under a policy that stops at the first usable
+        draft, none after it is asked), and their proposals join the walk's lists."""
+        for d, st in enumerate(self.states):
+            if st is not None:
+                st.propose(g)
+                n = int(st.n_raw[g])
+                self.n_raw[d][g], self.dropped[d][g] = n, n < st.n_min
+                self.usable[d][g] = bool(st.asked[g]) and n >= st.n_min and n > 0
+                self.match[d][g] = int(self.matches[d][g])
+            if not self.asks_all and self.usable[d][g]:
+                break
 
 
 def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expected) -> _Steps:
@@ -508,7 +533,7 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     for label, oracle in zip(labels, oracles):
         policies = [_check_policy(oracle, n, p, m, mode, getattr(oracle, "max_tokens", 0))
                     for n, p, m in zip(grid_n.tolist(), grid_p.tolist(), grid_nmin.tolist())]
-        if mode.is_chain:
+        if mode.is_chain or any(oracle.replay(d).stateful for d in mode.drafters):
             stats = [_stats_of(oracle, _run_policy(oracle, pol), pol) for pol in policies]
         else:
             stats = _grid_stats(oracle, grid_n, grid_p, grid_nmin, mode)

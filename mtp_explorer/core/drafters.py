@@ -109,6 +109,15 @@ _NGRAM_OPTIONS = (
                   "length of the continuation proposed after a match (cut to n_max)", aliases=("ngram_m",)),
 )
 
+_NGRAM_MOD_OPTIONS = (
+    DrafterOption("ngram_mod_n_match", "--spec-ngram-mod-n-match", 24, 1, 1024,
+                  "length of the n-gram hashed into the table (ending with the last token)"),
+    DrafterOption("ngram_mod_n_min", "--spec-ngram-mod-n-min", 48, 0, 1024,
+                  "a draft that runs out of table entries before this many tokens is dropped"),
+    DrafterOption("ngram_mod_n_max", "--spec-ngram-mod-n-max", 64, 0, 1024,
+                  "longest draft (then cut to n_max)"),
+)
+
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
@@ -118,6 +127,10 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",
                 description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
                             "the ngram_simple_size_m tokens that followed proposed"),
+    DrafterSpec("ngram-mod", "ngram-mod", "n-gram table", has_confidence=False, needs_mtp=False,
+                options=_NGRAM_MOD_OPTIONS, replay="..analysis.replay:NgramModReplay",
+                description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
+                            "from the last tokens; reset after five steps of low acceptance"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -130,6 +143,12 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
                 description="both drafters every step; the draft with the higher expected accepted length is verified "
                             "(= drafter=['draft-mtp', 'ngram-simple'], chain_policy='best')"),
+    DrafterMode("ngram-mod", (DRAFTER_SPECS["ngram-mod"],), label="n-gram table",
+                description=DRAFTER_SPECS["ngram-mod"].description),
+    DrafterMode("ngram-mod,draft-mtp", (DRAFTER_SPECS["ngram-mod"], DRAFTER_SPECS["mtp"]), policy="first",
+                label="n-gram table, then MTP",
+                description="llama.cpp's --spec-type ngram-mod,draft-mtp: the n-gram table's draft where it has one, "
+                            "else the MTP head's"),
     DrafterMode("ngram-simple,draft-mtp", (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["mtp"]), policy="first",
                 label="n-gram, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "

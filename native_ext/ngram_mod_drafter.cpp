@@ -1,0 +1,122 @@
+#include "ngram_mod_drafter.h"
+
+#include <algorithm>
+
+#include "errors.h"
+
+NgramModConfig NgramModConfig::from(const DrafterOptions & options) {
+    const NgramModConfig d;
+    const NgramModConfig c{option_or(options, "ngram_mod_n_match", d.n_match), option_or(options, "ngram_mod_n_min", d.n_min),
+                           option_or(options, "ngram_mod_n_max", d.n_max)};
+    if (c.n_match < 1 || c.n_match > 1024 || c.n_min < 0 || c.n_min > 1024 || c.n_max < 0 || c.n_max > 1024) {
+        fail(ErrorKind::PARAMETER, "ngram-mod: n_match must be in [1, 1024], n_min and n_max in [0, 1024]");
+    }
+    return c;
+}
+
+NgramModTable::NgramModTable(size_t n) : n(n), entries(SIZE, EMPTY) {}
+
+size_t NgramModTable::idx(const llama_token * tokens) const {
+    size_t res = 0;
+    for (size_t i = 0; i < n; ++i) {
+        res = res * 6364136223846793005ULL + (size_t) tokens[i];
+    }
+    return res % entries.size();
+}
+
+void NgramModTable::add(const llama_token * tokens) {
+    int32_t & e = entries[idx(tokens)];
+    used += e == EMPTY ? 1 : 0;
+    e = tokens[n];
+}
+
+int32_t NgramModTable::get(const llama_token * tokens) const { return entries[idx(tokens)]; }
+
+void NgramModTable::reset() {
+    std::fill(entries.begin(), entries.end(), EMPTY);
+    used = 0;
+}
+
+NgramModDrafter::NgramModDrafter(DrafterId id, const llama_vocab * vocab, const NgramModConfig & config)
+    : Drafter(id), config(config), table((size_t) config.n_match), vocab(vocab) {}
+
+void NgramModDrafter::begin(const std::vector<llama_token> & prompt) {
+    acceptance.clear();
+    i_last = 0;
+    n_draft_last = 0;
+    n_low = 0;
+    n_resets = 0;
+    const size_t n = table.n, P = prompt.empty() ? 0 : prompt.size() - 1;  // without the last token
+    if (P < n) {
+        return;
+    }
+    for (size_t i = 0; i < P - n; ++i) {
+        table.add(prompt.data() + i);
+    }
+    i_last = P - n;
+    if ((double) table.used / (double) table.entries.size() > 0.25) {
+        table.reset();
+    }
+}
+
+std::vector<llama_token> NgramModDrafter::lookup(const llama_token * history, size_t cur_len, llama_token last) {
+    const size_t n = table.n;
+    std::vector<llama_token> found;
+    if (cur_len < n) {
+        return found;
+    }
+    if (i_last + 32 < cur_len) {
+        for (size_t i = i_last; i < cur_len - n; ++i) {
+            table.add(history + i);
+        }
+        i_last = cur_len - n;
+    }
+    window.assign(history + cur_len - n + 1, history + cur_len);
+    window.push_back(last);
+    for (int32_t i = 0; i < config.n_max; ++i) {
+        const int32_t t = table.get(window.data() + i);
+        if (t == NgramModTable::EMPTY) {
+            if (i < config.n_min) {
+                return found;
+            }
+            break;
+        }
+        window.push_back(t);
+    }
+    found.assign(window.begin() + (std::ptrdiff_t) n, window.end());
+    return found;
+}
+
+bool NgramModDrafter::draft(const DraftRequest & req, Draft & out) {
+    if (req.n_cap <= 0) {
+        return false;
+    }
+    out.clear();
+    n_draft_last = 0;
+    const std::vector<llama_token> found = lookup(req.history, req.n_history, req.id_last);
+    n_draft_last = found.size();
+    fill_lookup_draft(found, req, vocab, out);
+    return true;
+}
+
+double NgramModDrafter::expected_accepted(const Draft & d) const { return acceptance.expected((int32_t) d.tokens.size()); }
+
+void NgramModDrafter::accept(const DraftOutcome & outcome) {
+    acceptance.observe(outcome, vocab);
+    if (outcome.proposal == nullptr) {
+        n_draft_last = 0;  // not asked this step: no draft of its to judge
+    }
+    if (!outcome.last || n_draft_last == 0) {
+        return;
+    }
+    if ((double) outcome.n_accepted / (double) n_draft_last < 0.25) {
+        if (++n_low >= 5) {
+            table.reset();
+            n_low = 0;
+            i_last = 0;
+            ++n_resets;
+        }
+    } else {
+        n_low = 0;
+    }
+}

@@ -1,0 +1,65 @@
+"""llama.cpp's ngram-mod drafter (common/ngram-mod.cpp, common_speculative_impl_ngram_mod): the engine's drafter
+and the simulator's replay of its state (the hash table filled along the path in llama.cpp's chunks, reset after
+five low-acceptance steps) agree exactly, alone and chained with the MTP head under both chain policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from conftest import check_accounting
+from mtp_explorer.analysis.replay import NgramModTable
+from mtp_explorer.analysis.simulate import compare, simulate
+from mtp_explorer.core import drafters
+
+PROMPTS = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+           "def fibonacci(n):", "a b c d e f g a b c d e f g a b c"]
+SMALL = {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6}
+
+
+def test_table_hash_is_llama_cpp_s():
+    """idx() is the 64-bit polynomial hash modulo the size (computed modulo the size throughout)."""
+    t = NgramModTable(3)
+    tokens = [7, 123456, 42, 99]
+    res = 0
+    for x in tokens[:3]:
+        res = (res * 6364136223846793005 + x) % 2**64
+    assert t.idx(tokens, 0) == res % (4 * 1024 * 1024)
+    t.add(tokens, 0)
+    assert t.get(tokens, 0) == 99 and t.get(tokens, 1) == -1
+    t.reset()
+    assert t.get(tokens, 0) == -1
+
+
+def test_replay_equals_the_engine(session_mixed):
+    """Every step of real runs equals the simulator's replay, the table's resets included."""
+    resets = 0
+    modes = ["ngram-mod", *(drafters.mode("ngram-mod,draft-mtp", p) for p in ("first", "best"))]
+    for n_match in (2,):
+        options = SMALL | {"ngram_mod_n_match": n_match}
+        for prompt in PROMPTS:
+            o = session_mixed.record_oracle(prompt, max_tokens=100, depth=6, **options)
+            for drafter in modes:
+                for n_max in (2, 6):
+                    t = session_mixed.generate(prompt, max_tokens=100, n_max=n_max, drafter=drafter, **options)
+                    check_accounting(t)
+                    sim = simulate(o, n_max, drafter=drafter)
+                    assert compare(o, t).exact, (prompt, drafter, n_max)
+                    assert sim.tokens == t.tokens
+                    for name in ("n_drafted", "n_accepted", "drafter", "drafted", "candidate_len"):
+                        assert np.array_equal(sim.columns[name], t.columns[name]), (prompt, drafter, n_max, name)
+                    resets += o.replay("ngram-mod").state.n_resets
+    assert resets > 0  # the low-acceptance reset is exercised
+
+
+def test_defaults_and_bad_options(session_mixed):
+    values = drafters.option_values()
+    assert (values["ngram_mod_n_match"], values["ngram_mod_n_min"], values["ngram_mod_n_max"]) == (24, 48, 64)
+    for bad in ({"ngram_mod_n_match": 0}, {"ngram_mod_n_match": 1025}, {"ngram_mod_n_min": -1},
+                {"ngram_mod_n_max": 2000}):
+        with pytest.raises(mx.ParameterError, match="--spec-ngram-mod-n-"):
+            session_mixed.generate("x", max_tokens=4, n_max=2, drafter="ngram-mod", **bad)
+    # llama.cpp's defaults need 24 tokens of context before a draft: none in a short generation
+    t = session_mixed.generate(PROMPTS[0], max_tokens=24, n_max=4, drafter="ngram-mod")
+    assert t.n_drafted.sum() == 0
