@@ -23,7 +23,7 @@ REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.b
 LLAMA_CMAKE_ARGS ?=
 LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
-LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python,)
+LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
 .PHONY: all lab test headers reference quantize parity bench bench-simulate bench-scale clean
 
