@@ -12,10 +12,13 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
   prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
   model, the SYNTHETIC qwen35moe model (all written to a temporary folder) and ``--model``/the
   bundled model.
+- ``chains``: ``ngram-mod``, ``ngram-map-k``, ``ngram-map-k4v`` and llama.cpp's chains ``ngram-mod,draft-mtp``,
+  ``ngram-simple,draft-mtp`` and ``ngram-simple,ngram-map-k,draft-mtp`` (``drafter="<the same --spec-type
+  value>"``, llama.cpp's ``first`` policy), 12 prompts each (see :func:`chains_section`).
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
-        [--spec-type draft-mtp|ngram-simple|all] [--model PATH] [--threads 2]
+        [--spec-type draft-mtp|ngram-simple|chains|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
 ``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
@@ -48,8 +51,9 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
+from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, replay_reference_budget, run_reference,
-                                    run_reference_spec)
+                                    run_reference_spec, spec_type_args)
 
 from _common import emit, machine, pick_model
 
@@ -58,7 +62,7 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
-SPEC_TYPES = ("draft-mtp", "ngram-simple")
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains")
 N_MAX = (1, 2, 3, 5)
 P_MIN = (0.0, 0.5)
 
@@ -152,7 +156,7 @@ def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_token
     n_max_for = draft_cap_rule(session, prompt, max_tokens, size_m)
     n_predict = 0
     for step in session.stream(prompt, max_tokens=max_tokens + size_m + 2, n_max=n_max_for(0), drafter="ngram",
-                               ngram_n=size_n, ngram_m=size_m):
+                               ngram_simple_size_n=size_n, ngram_simple_size_m=size_m):
         n_predict += step.n_accepted + 1
         partial = checkpoints and step.n_accepted < step.n_drafted
         if session.is_eog(step.correction) or (n_predict > max_tokens and not partial):
@@ -230,6 +234,78 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
             "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
 
 
+# -- more --spec-type values: the n-gram table and llama.cpp's chains --------------------------------
+#: Checked besides draft-mtp and ngram-simple, each over CHAIN_PROMPTS (12) on the models below, n_max
+#: CHAIN_N_MAX (the MTP head's --spec-draft-n-max; the look-ups' own limits, --spec-ngram-simple-size-m and
+#: --spec-ngram-mod-n-max, set to the same), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
+#: draft in these short prompts. A chain runs under llama.cpp's policy (the first drafter, in its order, with a
+#: draft is verified).
+SPEC_CHAINS = ("ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp", "ngram-simple,draft-mtp",
+               "ngram-simple,ngram-map-k,draft-mtp")
+CHAIN_PROMPTS = NGRAM_PROMPTS + PROMPTS
+CHAIN_N_MAX = 3
+SPEC_SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
+              "ngram_map_k4v_size_n": 2, "ngram_map_k4v_min_hits": 1}
+
+
+def spec_options(spec: str, n_max: int) -> dict[str, int]:
+    """Our options for ``spec`` (keyword: value; llama.cpp's flag is ``--spec-`` + the keyword with dashes)."""
+    names = {o.name for o in drafters.mode(spec).options}
+    limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
+              "ngram_map_k4v_size_m": n_max}
+    return {k: v for k, v in (SPEC_SMALL | limits).items() if k in names}
+
+
+def spec_cases(binary: str, spec: str, path: Path, label: str, tokens: int, threads: int) -> list[dict]:
+    """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed)."""
+    options = spec_options(spec, CHAIN_N_MAX)
+    flags = spec_type_args(spec, CHAIN_N_MAX, options)
+    cases = []
+    with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
+        for prompt in CHAIN_PROMPTS:
+            ref = run_reference_spec(binary, path, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=CHAIN_N_MAX, drafter=spec, **options)
+            won = {name: int((ours.drafter == mx.DRAFTERS.index(name)).sum()) for name in mx.DRAFTERS}
+            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec,
+                          "options": options, "steps_by_drafter": {k: v for k, v in won.items() if v}}
+                         | compare_with_reference(ref, ours, 0.0))
+    return cases
+
+
+def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path,
+                   specs: tuple[str, ...] = SPEC_CHAINS) -> dict:
+    """The look-up drafters alone on the non-recurrent glm4moe model (on a recurrent model the reference's checkpoint
+    rule re-verifies partially accepted drafts and tells the stateful look-ups other acceptance counts than our
+    engine, which is not replayed); the chains with draft-mtp (the reference then removes rejected drafts itself) on the
+    SYNTHETIC qwen35 and qwen35moe models and ``--model``/the bundled model."""
+    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.synthetic_qwen35moe import write_synthetic_qwen35moe
+
+    with_mtp = [
+        (write_synthetic_qwen35(tmp / "qwen35-chain.gguf", context_mix=0.6, mtp_fidelity=1.0),
+         "synthetic qwen35 (random weights, context_mix=0.6, mtp_fidelity=1.0)"),
+        (write_synthetic_qwen35moe(tmp / "qwen35moe-chain.gguf", **MOE_KNOBS), "synthetic qwen35moe"),
+        picked,
+    ]
+    without = [(write_synthetic_glm4moe(tmp / "glm4moe-chain.gguf"), "synthetic glm4moe (random weights, KV rollback)")]
+    out: dict = {"n_max": CHAIN_N_MAX, "prompts": len(CHAIN_PROMPTS), "small_options": SPEC_SMALL}
+    for spec in specs:
+        models = with_mtp if drafters.mode(spec).needs_mtp else without
+        cases = []
+        for path, origin in models:
+            info = mx.model_info(path)
+            label = info.arch + (" (bundled)" if origin == "bundled" else "")
+            cases += spec_cases(binary, spec, path, label, tokens, threads)
+        out[spec] = {"models": [str(p) for p, _ in models], "cases": len(cases),
+                     "matches": sum(c["match"] for c in cases),
+                     "cases_with_drafts": sum(c["ours"]["n_drafted"] > 0 for c in cases),
+                     "all_match": all(c["match"] for c in cases),
+                     "mismatches": [c for c in cases if not c["match"]]}
+    out["all_match"] = all(out[spec]["all_match"] for spec in specs)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", default=os.environ.get("LLAMA_SPECULATIVE_SIMPLE"))
@@ -250,6 +326,8 @@ def main() -> int:
             doc["draft-mtp"] = mtp_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
         if "ngram-simple" in spec_types:
             doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+        if "chains" in spec_types:
+            doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)
     return 0 if doc["all_match"] else 1

@@ -11,6 +11,7 @@
 #include "drafter.h"
 #include "mtp_drafter.h"
 #include "ngram_drafter.h"
+#include "ngram_map_drafter.h"
 #include "ngram_mod_drafter.h"
 
 namespace {
@@ -27,6 +28,14 @@ std::unique_ptr<Drafter> make_ngram_mod(const DrafterSetup & s) {
     return std::make_unique<NgramModDrafter>(s.id, s.vocab, NgramModConfig::from(*s.options));
 }
 
+std::unique_ptr<Drafter> make_ngram_map_k(const DrafterSetup & s) {
+    return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k", true));
+}
+
+std::unique_ptr<Drafter> make_ngram_map_k4v(const DrafterSetup & s) {
+    return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k4v", false));
+}
+
 }  // namespace
 
 // (declared extern in drafter.h, so defined here with external linkage)
@@ -34,6 +43,8 @@ constexpr DrafterEntry DRAFTER_TABLE[] = {
     {"mtp", /*needs_mtp*/ true, make_mtp},              // the model's MTP head (DRAFTER_MTP)
     {"ngram", /*needs_mtp*/ false, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
     {"ngram-mod", /*needs_mtp*/ false, make_ngram_mod}, // llama.cpp's ngram-mod hashed n-gram table
+    {"ngram-map-k", /*needs_mtp*/ false, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
+    {"ngram-map-k4v", /*needs_mtp*/ false, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

@@ -114,3 +114,20 @@ def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess
     """Run Python code in a fresh interpreter (for cases that could take the process down)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout)
+
+
+def check_replay_exact(session: mx.Session, oracle, prompt: str, drafter, n_max: int, max_tokens: int,
+                       **options: int) -> mx.Trace:
+    """A real greedy run and the simulator's replay of it on ``oracle`` agree step by step (drafter, drafts,
+    acceptance, the candidates asked); returns the real run."""
+    from mtp_explorer.analysis.simulate import compare, simulate
+
+    t = session.generate(prompt, max_tokens=max_tokens, n_max=n_max, drafter=drafter, **options)
+    check_accounting(t)
+    sim = simulate(oracle, n_max, drafter=drafter)
+    case = (prompt, getattr(drafter, "name", drafter), n_max)
+    assert compare(oracle, t).exact, case
+    assert sim.tokens == t.tokens, case
+    for name in ("n_drafted", "n_accepted", "drafter", "drafted", "candidate_len"):
+        assert np.array_equal(sim.columns[name], t.columns[name]), (case, name)
+    return t

@@ -101,9 +101,9 @@ def test_run_command_flags_come_from_the_registry(capsys):
         assert action.default == option.default
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "--help"])
-    help_text = capsys.readouterr().out
-    for mode in drafters.MODES.values():
-        assert f"{mode.name}:" in help_text
+    assert "--spec-type" in capsys.readouterr().out
+    for mode in drafters.MODES.values():  # (argparse wraps the help text at hyphens too)
+        assert f"{mode.name}:" in by_dest["drafter"].help
 
 
 def test_run_command_bad_drafter_option_is_an_argparse_error(capsys):

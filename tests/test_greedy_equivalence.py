@@ -100,9 +100,11 @@ def test_temperature_sampling_is_repeatable_and_matches_plain(session_mixed):
 
 #: every drafter and chain, as llama.cpp's --spec-type values, with small look-up sizes so that the n-gram
 #: drafters find matches in these short prompts
-SPEC_TYPES = ("ngram-simple", "ngram-simple,draft-mtp", "ngram-mod", "ngram-mod,draft-mtp")
+SPEC_TYPES = ("ngram-simple", "ngram-simple,draft-mtp", "ngram-mod", "ngram-mod,draft-mtp", "ngram-map-k",
+              "ngram-map-k4v", "ngram-simple,ngram-map-k,draft-mtp")
 SMALL_OPTIONS = {"ngram_simple_size_n": 2, "ngram_simple_size_m": 6,
-                 "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6}
+                 "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6,
+                 "ngram_map_k_size_n": 2, "ngram_map_k_size_m": 6, "ngram_map_k4v_size_n": 2, "ngram_map_k4v_size_m": 4}
 REPETITIVE = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n"]
 
 

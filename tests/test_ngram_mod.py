@@ -4,13 +4,11 @@ five low-acceptance steps) agree exactly, alone and chained with the MTP head un
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_accounting
+from conftest import check_replay_exact
 from mtp_explorer.analysis.replay import NgramModTable
-from mtp_explorer.analysis.simulate import compare, simulate
 from mtp_explorer.core import drafters
 
 PROMPTS = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
@@ -42,13 +40,7 @@ def test_replay_equals_the_engine(session_mixed):
             o = session_mixed.record_oracle(prompt, max_tokens=100, depth=6, **options)
             for drafter in modes:
                 for n_max in (2, 6):
-                    t = session_mixed.generate(prompt, max_tokens=100, n_max=n_max, drafter=drafter, **options)
-                    check_accounting(t)
-                    sim = simulate(o, n_max, drafter=drafter)
-                    assert compare(o, t).exact, (prompt, drafter, n_max)
-                    assert sim.tokens == t.tokens
-                    for name in ("n_drafted", "n_accepted", "drafter", "drafted", "candidate_len"):
-                        assert np.array_equal(sim.columns[name], t.columns[name]), (prompt, drafter, n_max, name)
+                    check_replay_exact(session_mixed, o, prompt, drafter, n_max, 100, **options)
                     resets += o.replay("ngram-mod").state.n_resets
     assert resets > 0  # the low-acceptance reset is exercised
 

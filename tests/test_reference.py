@@ -39,3 +39,42 @@ def test_replay_matches_recorded_reference(tmp_path):
         t = replay_reference_budget(s, "def fib(n):", max_tokens=40, n_max=3)
     assert "".join(t.pieces) == ref.text
     assert (len(t.tokens), int(t.n_drafted.sum()), int(t.n_accepted.sum())) == (ref.n_predict, ref.n_drafted, ref.n_accept)
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-speculative-simple"
+# (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
+# non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models)
+CHAIN_CASES = [
+    ("ngram-mod,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
+    ("ngram-simple,ngram-map-k,draft-mtp", "qwen35", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print("),
+    ("ngram-mod", "glm4moe", "a b c d e f g a b c d e f g a b c"),
+    ("ngram-map-k4v", "glm4moe", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
+]
+SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
+         "ngram_map_k4v_size_n": 2}
+
+
+@pytest.mark.parametrize("spec, arch, prompt", CHAIN_CASES)
+def test_spec_types_match_the_reference(tmp_path, spec, arch, prompt):
+    """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
+    (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
+    from mtp_explorer.core import drafters
+    from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+
+    if not REFERENCE.is_file():
+        pytest.skip(f"{REFERENCE} is not built (make reference; make test builds it)")
+    n_max = 3
+    names = {o.name for o in drafters.mode(spec).options}
+    limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
+              "ngram_map_k4v_size_m": n_max}
+    options = {k: v for k, v in (SMALL | limits).items() if k in names}
+    path = (write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.6, mtp_fidelity=1.0) if arch == "qwen35"
+            else write_synthetic_glm4moe(tmp_path / "m.gguf"))
+    ref = run_reference_spec(REFERENCE, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48,
+                             n_ctx=1024, threads=1)
+    with mx.Session.open(path, n_ctx=1024, threads=1) as s:
+        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, drafter=spec, **options)
+    result = compare_with_reference(ref, ours, 0.0)
+    assert result["match"], result
+    assert result["ours"]["n_drafted"] > 0

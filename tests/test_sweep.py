@@ -147,7 +147,7 @@ def test_drafter_options_reach_the_oracles_and_the_runs(session, cost):
     record = session.record_oracle
 
     def spy(*args, **kwargs):
-        seen.append({k: v for k, v in kwargs.items() if k.startswith("ngram")})
+        seen.append({k: v for k, v in kwargs.items() if k.startswith("ngram_simple")})
         return record(*args, **kwargs)
 
     session.record_oracle = spy

@@ -539,3 +539,131 @@ class NgramModReplay(StatefulReplay):
     def start(self, cap, reason, n_min, active) -> DrafterState:
         recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
         return NgramModState(self, cap, reason, n_min, active, option_values(recorded))
+
+
+# -- llama.cpp's ngram-map-k / ngram-map-k4v ------------------------------------------------------------
+class NgramMapState(LookupState):
+    """common_ngram_map along one walk, exactly as NgramMap (native_ext/ngram_map_drafter.cpp) keeps it: the hash map
+    (2^18 slots of the 32-bit LCG hash, a slot keeps its first index), the key statistics (hits, up to four value
+    m-grams with their counts and last accepted lengths) and the last draft's key and value."""
+
+    HASH_SIZE = 262144
+    LCG = 2654435761
+    MAX_COUNT = 16380
+    N_VALUES = 4
+
+    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, size_n: int, size_m: int,
+                 min_hits: int, key_only: bool) -> None:
+        super().__init__(replay, cap, reason, n_min, active)
+        self.n, self.m, self.min_hits, self.key_only = size_n, size_m, min_hits, key_only
+        self.key_map: dict[int, int] = {}
+        self.key_map_last_idx = 0
+        self.size_last_begin = self.n_prompt - 1  # begin(): the prompt but its last token
+        self.keys: list[dict] = []  # key_idx, stat_idx, key_num, values: [[value_idx, value_num, n_accepted] x 4]
+        self.last: tuple[int, int] | None = None  # the last draft's (key, value), None: no draft created
+
+    def _hash(self, tokens: list[int], start: int) -> int:
+        h = 0
+        for t in tokens[start:start + self.n]:
+            h = (h * self.LCG + t) & 0xFFFFFFFF
+        return h % self.HASH_SIZE
+
+    def _key_at(self, j: int, key: list[int]) -> bool:
+        return self.history[j:j + self.n] == key
+
+    def _find(self, cur_len: int, key: list[int]) -> int:
+        n, m, begin, last_idx = self.n, self.m, self.size_last_begin, self.key_map_last_idx
+        idx = self.key_map.get(self._hash(key, 0), 0)
+        if idx != 0 and idx < cur_len - n - m - 1 and self._key_at(idx, key):
+            return idx
+        if begin > n + m + 1:
+            for j in range(begin - n - m - 1, last_idx, -1):
+                if self._key_at(j, key):
+                    return j
+        for j in range(cur_len - n - m - 1, max(begin, last_idx), -1):
+            if self._key_at(j, key):
+                return j
+        return 0
+
+    def _hash_new(self, cur_len: int) -> None:
+        n, m, begin, last_idx = self.n, self.m, self.size_last_begin, self.key_map_last_idx
+        ranges = [range(begin - n - m - 1, last_idx, -1)] if begin > n + m + 1 else []
+        ranges.append(range(cur_len - n - m - 1, max(begin, last_idx), -1))
+        for r in ranges:
+            for j in r:
+                self.key_map.setdefault(self._hash(self.history, j), j)
+        self.key_map_last_idx = max(cur_len - n - m - 1, last_idx)
+
+    def _entry(self, key: list[int], match_pos: int) -> int:
+        for i, k in enumerate(self.keys):
+            if self._key_at(k["key_idx"], key):
+                return i
+        self.keys.append({"key_idx": match_pos, "stat_idx": 0, "key_num": 0,
+                          "values": [[0, 0, self.m] for _ in range(self.N_VALUES)]})
+        return len(self.keys) - 1
+
+    def _count_values(self, k: dict, key: list[int], match_pos: int) -> int | None:
+        """ngram-map-k4v: the slot of the most frequent m-gram, None when it is not frequent enough to draft."""
+        hist, n, m, values = self.history, self.n, self.m, k["values"]
+        for i in range(k["stat_idx"], match_pos + 1):
+            if not self._key_at(i, key):
+                continue
+            begin = i + n
+            for v in values:
+                if v[0] == 0:
+                    v[0], v[1], v[2] = begin, 0, m
+                elif hist[begin:begin + m] != hist[v[0]:v[0] + m]:
+                    continue
+                v[1] = min(v[1] + 1, self.MAX_COUNT)
+                break
+        k["stat_idx"] = match_pos
+        slot, max_occur = 0, 0
+        for s, v in enumerate(values):
+            if v[1] > max_occur:
+                slot, max_occur = s, v[1]
+        others = sum(v[1] for s, v in enumerate(values) if s != slot)
+        return None if others > 0 and max_occur < 2 * others else slot
+
+    def lookup(self, cur_len: int) -> list[int]:
+        self.last = None
+        n, m = self.n, self.m
+        if cur_len < 2 * n + m:
+            return []
+        key = self.history[cur_len - n + 1:cur_len + 1]
+        match_pos = self._find(cur_len, key)
+        self._hash_new(cur_len)
+        if match_pos == 0:
+            return []
+        offset = self._entry(key, match_pos)
+        k = self.keys[offset]
+        k["key_num"] = min(k["key_num"] + 1, self.MAX_COUNT)
+        slot = 0
+        if not self.key_only:
+            if k["key_num"] < self.min_hits:
+                return []
+            slot = self._count_values(k, key, match_pos)
+            if slot is None:
+                return []
+        n_draft = min(m, k["values"][slot][2])
+        self.last = (offset, slot)
+        return self.history[match_pos + n:match_pos + n + max(n_draft, 0)]
+
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
+        if not asked:
+            self.last = None
+        if last and self.last is not None:
+            key, value = self.last
+            self.keys[key]["values"][value][2] = n_accepted
+
+
+class NgramMapReplay(StatefulReplay):
+    """llama.cpp's ngram-map-k and ngram-map-k4v: the map and its key statistics replayed along the walk (each
+    key's draft as long as its last verified draft's acceptance); no confidence, a running acceptance for its
+    expected accepted length."""
+
+    def start(self, cap, reason, n_min, active) -> DrafterState:
+        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        values = option_values(recorded)
+        size_n, size_m, min_hits = (values[o.name] for o in self.spec.options)
+        key_only = self.spec.options[0].name.startswith("ngram_map_k_")
+        return NgramMapState(self, cap, reason, n_min, active, size_n, size_m, min_hits, key_only)

@@ -118,6 +118,18 @@ _NGRAM_MOD_OPTIONS = (
                   "longest draft (then cut to n_max)"),
 )
 
+def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, ...]:
+    """The options of an ngram-map drafter, under its prefix (``ngram_map_k``, ``ngram_map_k4v``)."""
+    flag = "--spec-" + prefix.replace("_", "-")
+    return (
+        DrafterOption(f"{prefix}_size_n", f"{flag}-size-n", 12, 1, 1024,
+                      "length of the key n-gram looked up (ending with the last token)"),
+        DrafterOption(f"{prefix}_size_m", f"{flag}-size-m", 48, 1, 1024,
+                      "length of the m-gram after the key proposed (cut to n_max)"),
+        DrafterOption(f"{prefix}_min_hits", f"{flag}-min-hits", 1, 1, 65535, min_hits_help),
+    )
+
+
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
@@ -131,6 +143,16 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 options=_NGRAM_MOD_OPTIONS, replay="..analysis.replay:NgramModReplay",
                 description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
                             "from the last tokens; reset after five steps of low acceptance"),
+    DrafterSpec("ngram-map-k", "ngram-map-k", "n-gram key map", has_confidence=False, needs_mtp=False,
+                options=_ngram_map_options("ngram_map_k", "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)"),
+                replay="..analysis.replay:NgramMapReplay",
+                description="the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens "
+                            "after the match proposed, as many as were accepted the last time this key drafted"),
+    DrafterSpec("ngram-map-k4v", "ngram-map-k4v", "n-gram key/value map", has_confidence=False, needs_mtp=False,
+                options=_ngram_map_options("ngram_map_k4v", "key hits before a draft"),
+                replay="..analysis.replay:NgramMapReplay",
+                description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
+                            "frequent continuation (of up to 4) at least twice as often as the others together"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -149,6 +171,14 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
                 label="n-gram table, then MTP",
                 description="llama.cpp's --spec-type ngram-mod,draft-mtp: the n-gram table's draft where it has one, "
                             "else the MTP head's"),
+    DrafterMode("ngram-map-k", (DRAFTER_SPECS["ngram-map-k"],), label="n-gram key map",
+                description=DRAFTER_SPECS["ngram-map-k"].description),
+    DrafterMode("ngram-map-k4v", (DRAFTER_SPECS["ngram-map-k4v"],), label="n-gram key/value map",
+                description=DRAFTER_SPECS["ngram-map-k4v"].description),
+    DrafterMode("ngram-simple,ngram-map-k,draft-mtp",
+                (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]), policy="first",
+                label="n-gram, key map, then MTP",
+                description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft"),
     DrafterMode("ngram-simple,draft-mtp", (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["mtp"]), policy="first",
                 label="n-gram, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "

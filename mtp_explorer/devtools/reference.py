@@ -76,6 +76,15 @@ def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tok
                               timeout=timeout, attempts=attempts)
 
 
+def spec_type_args(spec: str, n_max: int, options: dict[str, int]) -> list[str]:
+    """llama-speculative-simple's arguments for ``--spec-type spec`` with our drafter ``options`` (each is llama.cpp's
+    flag: ``--spec-`` + the keyword with dashes) and ``n_max`` as the draft models' ``--spec-draft-n-max``."""
+    args = ["--spec-type", spec, "--spec-draft-n-max", str(n_max)]
+    for name, value in options.items():
+        args += ["--spec-" + name.replace("_", "-"), str(value)]
+    return args
+
+
 def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
                        max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
                        attempts: int = 8) -> ReferenceRun:
