@@ -7,7 +7,7 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
   bundled model), over prompts x n_max x p_min; and on a SYNTHETIC qwen35moe model (the
   Qwen3.6-35B-A3B architecture: hybrid recurrent trunk, MoE in every block and in the MTP block;
   written to a temporary folder) over a smaller grid (``MOE_PROMPTS`` x ``MOE_N_MAX`` x p_min).
-- ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_m``) against
+- ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_simple_size_m``) against
   ``--spec-type ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``, over
   prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
   model, the SYNTHETIC qwen35moe model (all written to a temporary folder) and ``--model``/the

@@ -159,7 +159,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
 
     ``drafter``: one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES` or several of them (e.g.
     ``mx.DRAFTER_MODES``); in simulate mode one oracle per prompt serves them all. ``options``: the
-    drafters' options (``ngram_n=...``: see :func:`~mtp_explorer.core.drafters.all_options`; ``None`` or
+    drafters' options (``ngram_simple_size_n=...``: see :func:`~mtp_explorer.core.drafters.all_options`; ``None`` or
     not given: llama.cpp's default).
 
     ``mode="simulate"``: one oracle per prompt, replayed for each setting; times from ``cost`` or
