@@ -100,3 +100,12 @@ def test_p_min_on_a_drafter_without_confidence_is_a_warning(session_mixed):
     with pytest.warns(PminNotApplicable, match="does not apply"):
         t = session_mixed.generate(REPETITIVE, max_tokens=8, n_max=2, p_min=0.5, drafter="ngram-simple")
     assert len(t.tokens) == 8
+
+
+def test_ceiling_prices_only_the_drafters_a_policy_asks(session_mixed):
+    """With every draft accepted, ``first`` verifies the first drafter's draft and asks no other: cheaper steps
+    than ``best``, which asks every drafter (here the MTP head's decodes as well)."""
+    o = session_mixed.record_oracle(REPETITIVE, max_tokens=32, depth=4, probe=True)
+    first, best = (sim.ceiling_tokens_per_second(o, 4, drafters.mode("ngram-simple,draft-mtp", p))
+                   for p in ("first", "best"))
+    assert first > best

@@ -405,7 +405,10 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
     pos = oracle.columns["pos"][g].astype(np.float64)
     replays = _replays(oracle, mode)
     full = [r.full(cap, n_max > 0) for r in replays]
-    parts = oracle.cost.phase_ns(_head(replays, full, g.shape), k, _draft_ns(oracle, replays, full, cap > 0, pos),
+    head = _head(replays, full, g.shape)
+    if not CHAIN_POLICY_ASKS_ALL[mode.policy]:  # the first drafter's full draft is verified, the others not asked
+        full = [f if i == 0 else _only_asked(f, np.zeros(g.shape, bool)) for i, f in enumerate(full)]
+    parts = oracle.cost.phase_ns(head, k, _draft_ns(oracle, replays, full, cap > 0, pos),
                                  k, 0, pos, np.r_[True, k[1:] != k[:-1]])
     seconds = float(sum(np.broadcast_to(np.asarray(p, dtype=np.float64), g.shape).sum() for p in parts.values())) / 1e9
     return T / seconds
