@@ -112,19 +112,23 @@ void RunningAcceptance::observe(const DraftOutcome & outcome, const llama_vocab 
     }
 }
 
-void NgramSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) { acceptance.clear(); }
+void LookupDrafter::begin(const std::vector<llama_token> & prompt) {
+    acceptance.clear();
+    on_begin(prompt);
+}
 
-bool NgramSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
+bool LookupDrafter::draft(const DraftRequest & req, Draft & out) {
     if (req.n_cap <= 0) {
         return false;
     }
     out.clear();
-    fill_lookup_draft(ngram_simple_draft(config, req.history, req.n_history, req.id_last), req, vocab, out);
+    fill_lookup_draft(lookup(req), req, vocab, out);
     return true;
 }
 
-double NgramSimpleDrafter::expected_accepted(const Draft & d) const {
-    return acceptance.expected((int32_t) d.tokens.size());
-}
+double LookupDrafter::expected_accepted(const Draft & d) const { return acceptance.expected((int32_t) d.tokens.size()); }
 
-void NgramSimpleDrafter::accept(const DraftOutcome & outcome) { acceptance.observe(outcome, vocab); }
+void LookupDrafter::accept(const DraftOutcome & outcome) {
+    acceptance.observe(outcome, vocab);
+    on_outcome(outcome);
+}

@@ -46,28 +46,38 @@ struct RunningAcceptance {
     void observe(const DraftOutcome & outcome, const llama_vocab * vocab);
 };
 
-struct NgramSimpleDrafter final : Drafter {
-    NgramSimpleDrafter(DrafterId id, const llama_vocab * vocab, const NgramConfig & config)
-        : Drafter(id), config(config), vocab(vocab) {}
+// A look-up drafter (no model, no confidence): the Drafter interface once for all of them. begin() forgets the
+// running acceptance and calls on_begin(); draft() takes no part when n_cap is 0, else cuts lookup()'s tokens
+// with fill_lookup_draft; the expected accepted length is the running acceptance's; accept() lets it observe
+// the step, then on_outcome() updates the drafter's own state.
+struct LookupDrafter : Drafter {
+    LookupDrafter(DrafterId id, const llama_vocab * vocab) : Drafter(id), vocab(vocab) {}
 
-    // Forgets the acceptance statistics.
-    void begin(const std::vector<llama_token> & prompt) override;
+    void begin(const std::vector<llama_token> & prompt) final;
+    bool draft(const DraftRequest & req, Draft & out) final;
+    double expected_accepted(const Draft & d) const final;
+    void accept(const DraftOutcome & outcome) final;
 
-    // The look-up after req.id_last in req.history, truncated to req.n_cap tokens and after an
-    // end-of-generation token. Stop reason: cap_reason when the draft reached n_cap, `eos` at an
-    // end-of-generation token, `exhausted` when the look-up had no (more) tokens to give. Drafts
-    // shorter than n_min are marked dropped. Takes no part when n_cap is 0.
-    bool draft(const DraftRequest & req, Draft & out) override;
-
-    // Its running acceptance's estimate (RunningAcceptance::expected).
-    double expected_accepted(const Draft & d) const override;
-
-    // Its running acceptance observes the step.
-    void accept(const DraftOutcome & outcome) override;
-
-    const NgramConfig config;
     RunningAcceptance acceptance;
 
-  private:
+  protected:
+    // The drafter's look-up after req.id_last in req.history (its state advanced as llama.cpp's draft advances it).
+    virtual std::vector<llama_token> lookup(const DraftRequest & req) = 0;
+    virtual void on_begin(const std::vector<llama_token> & /*prompt*/) {}
+    virtual void on_outcome(const DraftOutcome & /*outcome*/) {}
+
     const llama_vocab * vocab;
+};
+
+// llama.cpp's ngram-simple: stateless (ngram_simple_draft).
+struct NgramSimpleDrafter final : LookupDrafter {
+    NgramSimpleDrafter(DrafterId id, const llama_vocab * vocab, const NgramConfig & config)
+        : LookupDrafter(id, vocab), config(config) {}
+
+    const NgramConfig config;
+
+  protected:
+    std::vector<llama_token> lookup(const DraftRequest & req) override {
+        return ngram_simple_draft(config, req.history, req.n_history, req.id_last);
+    }
 };

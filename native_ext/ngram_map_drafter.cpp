@@ -179,24 +179,7 @@ void NgramMap::accept(int32_t n_accepted) {
     }
 }
 
-void NgramMapDrafter::begin(const std::vector<llama_token> & prompt) {
-    acceptance.clear();
-    map.begin(prompt.empty() ? 0 : prompt.size() - 1);
-}
-
-bool NgramMapDrafter::draft(const DraftRequest & req, Draft & out) {
-    if (req.n_cap <= 0) {
-        return false;
-    }
-    out.clear();
-    fill_lookup_draft(map.draft(req.history, req.n_history, req.id_last), req, vocab, out);
-    return true;
-}
-
-double NgramMapDrafter::expected_accepted(const Draft & d) const { return acceptance.expected((int32_t) d.tokens.size()); }
-
-void NgramMapDrafter::accept(const DraftOutcome & outcome) {
-    acceptance.observe(outcome, vocab);
+void NgramMapDrafter::on_outcome(const DraftOutcome & outcome) {
     if (outcome.proposal == nullptr) {
         map.last_draft_created = false;  // not asked this step: no draft of its to judge
     }

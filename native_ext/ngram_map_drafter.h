@@ -74,20 +74,17 @@ struct NgramMap {
     std::vector<llama_token> key;  // scratch: the current key n-gram
 };
 
-struct NgramMapDrafter final : Drafter {
+struct NgramMapDrafter final : LookupDrafter {
     NgramMapDrafter(DrafterId id, const llama_vocab * vocab, const NgramMapConfig & config)
-        : Drafter(id), map(config), vocab(vocab) {}
-
-    void begin(const std::vector<llama_token> & prompt) override;
-    // The map's draft, cut as every look-up draft (fill_lookup_draft); no part when n_cap is 0.
-    bool draft(const DraftRequest & req, Draft & out) override;
-    double expected_accepted(const Draft & d) const override;
-    // As the drafter verified last (llama.cpp's accept with is_other false): the map remembers n_accepted.
-    void accept(const DraftOutcome & outcome) override;
+        : LookupDrafter(id, vocab), map(config) {}
 
     NgramMap map;
-    RunningAcceptance acceptance;
 
-  private:
-    const llama_vocab * vocab;
+  protected:
+    void on_begin(const std::vector<llama_token> & prompt) override { map.begin(prompt.empty() ? 0 : prompt.size() - 1); }
+    std::vector<llama_token> lookup(const DraftRequest & req) override {
+        return map.draft(req.history, req.n_history, req.id_last);
+    }
+    // As the drafter verified last (llama.cpp's accept with is_other false): the map remembers n_accepted.
+    void on_outcome(const DraftOutcome & outcome) override;
 };

@@ -37,11 +37,7 @@ void NgramModTable::reset() {
     used = 0;
 }
 
-NgramModDrafter::NgramModDrafter(DrafterId id, const llama_vocab * vocab, const NgramModConfig & config)
-    : Drafter(id), config(config), table((size_t) config.n_match), vocab(vocab) {}
-
-void NgramModDrafter::begin(const std::vector<llama_token> & prompt) {
-    acceptance.clear();
+void NgramModDrafter::on_begin(const std::vector<llama_token> & prompt) {
     i_last = 0;
     n_draft_last = 0;
     n_low = 0;
@@ -59,9 +55,11 @@ void NgramModDrafter::begin(const std::vector<llama_token> & prompt) {
     }
 }
 
-std::vector<llama_token> NgramModDrafter::lookup(const llama_token * history, size_t cur_len, llama_token last) {
-    const size_t n = table.n;
+std::vector<llama_token> NgramModDrafter::lookup(const DraftRequest & req) {
+    const size_t n = table.n, cur_len = req.n_history;
+    const llama_token * history = req.history;
     std::vector<llama_token> found;
+    n_draft_last = 0;
     if (cur_len < n) {
         return found;
     }
@@ -72,7 +70,7 @@ std::vector<llama_token> NgramModDrafter::lookup(const llama_token * history, si
         i_last = cur_len - n;
     }
     window.assign(history + cur_len - n + 1, history + cur_len);
-    window.push_back(last);
+    window.push_back(req.id_last);
     for (int32_t i = 0; i < config.n_max; ++i) {
         const int32_t t = table.get(window.data() + i);
         if (t == NgramModTable::EMPTY) {
@@ -84,25 +82,11 @@ std::vector<llama_token> NgramModDrafter::lookup(const llama_token * history, si
         window.push_back(t);
     }
     found.assign(window.begin() + (std::ptrdiff_t) n, window.end());
+    n_draft_last = found.size();
     return found;
 }
 
-bool NgramModDrafter::draft(const DraftRequest & req, Draft & out) {
-    if (req.n_cap <= 0) {
-        return false;
-    }
-    out.clear();
-    n_draft_last = 0;
-    const std::vector<llama_token> found = lookup(req.history, req.n_history, req.id_last);
-    n_draft_last = found.size();
-    fill_lookup_draft(found, req, vocab, out);
-    return true;
-}
-
-double NgramModDrafter::expected_accepted(const Draft & d) const { return acceptance.expected((int32_t) d.tokens.size()); }
-
-void NgramModDrafter::accept(const DraftOutcome & outcome) {
-    acceptance.observe(outcome, vocab);
+void NgramModDrafter::on_outcome(const DraftOutcome & outcome) {
     if (outcome.proposal == nullptr) {
         n_draft_last = 0;  // not asked this step: no draft of its to judge
     }

@@ -40,23 +40,9 @@ struct NgramModTable {
     std::vector<int32_t> entries;
 };
 
-struct NgramModDrafter final : Drafter {
-    NgramModDrafter(DrafterId id, const llama_vocab * vocab, const NgramModConfig & config);
-
-    // common_speculative_impl_ngram_mod::begin over the prompt but its last token (llama.cpp's prompt_tgt):
-    // its n-grams enter the table, i_last after them; the table is reset past 25 % occupancy.
-    void begin(const std::vector<llama_token> & prompt) override;
-
-    // draft_one: new n-grams enter the table once more than 32 tokens are pending, then the look-up chain
-    // after the last n_match tokens (req.history, req.id_last), cut as every look-up draft (fill_lookup_draft).
-    // Takes no part when n_cap is 0.
-    bool draft(const DraftRequest & req, Draft & out) override;
-
-    double expected_accepted(const Draft & d) const override;
-
-    // As the drafter verified last (llama.cpp's accept with is_other false): its last draft's acceptance
-    // fraction below 0.25 five steps in a row resets the table (refilled from the start at its next draft).
-    void accept(const DraftOutcome & outcome) override;
+struct NgramModDrafter final : LookupDrafter {
+    NgramModDrafter(DrafterId id, const llama_vocab * vocab, const NgramModConfig & config)
+        : LookupDrafter(id, vocab), config(config), table((size_t) config.n_match) {}
 
     const NgramModConfig config;
     NgramModTable table;
@@ -64,12 +50,18 @@ struct NgramModDrafter final : Drafter {
     size_t n_draft_last = 0;  // length of its last draft (before the cap), 0: none
     int32_t n_low = 0;        // consecutive low-acceptance steps
     int64_t n_resets = 0;     // table resets on low acceptance (this generation)
-    RunningAcceptance acceptance;
+
+  protected:
+    // common_speculative_impl_ngram_mod::begin over the prompt but its last token (llama.cpp's prompt_tgt):
+    // its n-grams enter the table, i_last after them; the table is reset past 25 % occupancy.
+    void on_begin(const std::vector<llama_token> & prompt) override;
+    // draft_one: new n-grams enter the table once more than 32 tokens are pending, then the look-up chain
+    // after the last n_match tokens, empty when the table runs out before n_min.
+    std::vector<llama_token> lookup(const DraftRequest & req) override;
+    // As the drafter verified last (llama.cpp's accept with is_other false): its last draft's acceptance
+    // fraction below 0.25 five steps in a row resets the table (refilled from the start at its next draft).
+    void on_outcome(const DraftOutcome & outcome) override;
 
   private:
-    // The look-up chain of llama.cpp's draft_one over history[0 .. cur_len) then `last` (empty: none).
-    std::vector<llama_token> lookup(const llama_token * history, size_t cur_len, llama_token last);
-
-    const llama_vocab * vocab;
     std::vector<llama_token> window;  // scratch: the n_match tokens, then the draft
 };
