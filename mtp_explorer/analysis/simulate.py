@@ -710,7 +710,8 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float = 1e-3, tol_p
     """Check every step of a real greedy ``trace`` against the oracle's prediction for the same
     position and the settings in force at that step (live ``set_params`` changes included; in a
     chain mode the drafters' running statistics are then replayed per stretch of constant
-    settings, so a change mid-run can leave chain choices unexplained)."""
+    settings, so a change mid-run can leave chain choices unexplained; a stateful drafter, ngram-mod's table or
+    ngram-map's key statistics, likewise starts afresh at each such stretch)."""
     c = trace.columns
     replays = _replays(oracle, _trace_mode(trace))
     starts = _step_starts(c["n_accepted"])
