@@ -62,8 +62,9 @@ CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
-# tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize.
-test: $(EXT) $(CHROMIUM) $(QUANTIZE)
+# tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize;
+# tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure).
+test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
