@@ -2,14 +2,15 @@
 LLAMA_SPECULATIVE_SIMPLE set to a llama-speculative-simple binary) the reference beside ours.
 
     .venv/bin/python benchmarks/engine.py [--model PATH] [--tokens 256] [--repeats 3] [--threads N]
-                                          [--only throughput telemetry stream reference memory]
+                                          [--only throughput telemetry stream reference memory drafters]
     .venv/bin/python benchmarks/engine.py --scale      # on the SYNTHETIC 0.4 B Q8_0 model (scale_model.py)
 
 ``--scale`` writes (once, into the temporary directory) a SYNTHETIC random-weight model shaped like a small
 real Qwen3.5 (see ``benchmarks/scale_model.py``), quantized to Q8_0 by ``llama-quantize``, and runs every
 section on it with fewer tokens and rounds; it adds ``memory``: load time, peak RSS against the file size
 (anonymous against file-backed pages, with llama.cpp's default mmap and with ``load_mode="none"``), and the
-recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot.
+recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot. ``drafters`` measures every
+``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference.
 
 Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). The
 telemetry overhead is the median over pairs of back-to-back runs in alternating order (see
@@ -31,13 +32,13 @@ from mtp_explorer.devtools.reference import compare_with_reference, replay_refer
 
 from _common import emit, machine, pick_model
 
-SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory")
+SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
 
 
-def decode_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int) -> tuple[float, mx.Trace]:
+def decode_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int, **kwargs) -> tuple[float, mx.Trace]:
     t0 = time.perf_counter_ns()
-    trace = s.generate(prompt, max_tokens=tokens, n_max=n_max)
+    trace = s.generate(prompt, max_tokens=tokens, n_max=n_max, **kwargs)
     wall = time.perf_counter_ns() - t0
     return (wall - trace.t_prefill_ns) / 1e9, trace
 
@@ -91,6 +92,54 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
         "overhead_phase_time": statistics.median(phases) - 1,
         "target_overhead": 0.03,
     }
+
+
+# every --spec-type the engine runs, alone and in the chains issue 10 names, with llama.cpp's default options
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp",
+              "ngram-simple,ngram-map-k,draft-mtp")
+KIND_PROMPTS = {
+    "code": PROMPTS,
+    "prose": ["The cat sat on the mat. The dog sat on the rug. The cat sat on the",
+              "Please read the instructions carefully before you begin. Please read the",
+              "Once upon a time there was a little house in the woods, and in the house there lived"],
+}
+
+
+def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
+    """Tokens/s of every drafter and chain (llama.cpp's default options) on code-like and prose-like prompts,
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (back-to-back pairs, the
+    order alternating; the ratio is the median of the pairs' ratios)."""
+    from mtp_explorer.devtools.reference import run_reference_spec, spec_type_args
+
+    doc: dict = {"n_max": n_max}
+    for spec in SPEC_TYPES:
+        if "draft-mtp" in spec and not s.info.has_mtp:
+            continue
+        for kind, prompts in KIND_PROMPTS.items():
+            ours, ref, ratios, drafted, accepted = [], [], [], 0, 0
+            for prompt in prompts:
+                for r in range(repeats):
+                    order = ("ours", "ref") if r % 2 == 0 else ("ref", "ours")
+                    pair = {}
+                    for side in order:
+                        if side == "ours":
+                            secs, t = decode_seconds(s, prompt, tokens, n_max, drafter=spec)
+                            pair["ours"] = len(t.tokens) / secs
+                            drafted, accepted = drafted + int(t.n_drafted.sum()), accepted + int(t.n_accepted.sum())
+                        elif binary:
+                            run = run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}),
+                                                     max_tokens=tokens, n_ctx=2048, threads=s.threads)
+                            pair["ref"] = run.tokens_per_second
+                    ours.append(pair["ours"])
+                    if "ref" in pair:
+                        ref.append(pair["ref"])
+                        ratios.append(pair["ours"] / pair["ref"])
+            doc[f"{spec} / {kind}"] = {
+                "ours_tokens_per_second": statistics.median(ours),
+                "acceptance_rate": accepted / drafted if drafted else None, "drafted": drafted,
+                **({"reference_tokens_per_second": statistics.median(ref), "ratio": statistics.median(ratios)}
+                   if ratios else {})}
+    return doc
 
 
 def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: int) -> dict:
@@ -235,6 +284,8 @@ def main() -> None:
             }
 
         binary = os.environ.get("LLAMA_SPECULATIVE_SIMPLE")
+        if "drafters" in args.only:
+            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats)
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
     emit(out)
