@@ -12,8 +12,8 @@
 #include "llama.h"
 
 struct NgramConfig {
-    int32_t size_n = 3;   // n-gram looked up (option "ngram_simple_size_n"; llama.cpp: --spec-ngram-simple-size-n)
-    int32_t size_m = 8;   // m-gram proposed after the match (option "ngram_simple_size_m"; llama.cpp: --spec-ngram-simple-size-m)
+    int32_t size_n = 12;  // n-gram looked up (option "ngram_simple_size_n"; llama.cpp: --spec-ngram-simple-size-n)
+    int32_t size_m = 48;  // m-gram proposed after the match (option "ngram_simple_size_m"; llama.cpp: --spec-ngram-simple-size-m)
 
     // The sizes from the drafter options (missing keys: the defaults above); throws a parameter
     // error when one is below 1.

@@ -131,3 +131,7 @@ def check_replay_exact(session: mx.Session, oracle, prompt: str, drafter, n_max:
     for name in ("n_drafted", "n_accepted", "drafter", "drafted", "candidate_len"):
         assert np.array_equal(sim.columns[name], t.columns[name]), (case, name)
     return t
+
+
+SHORT_NGRAM = {"ngram_simple_size_n": 3, "ngram_simple_size_m": 8}
+"""ngram-simple sizes for the short test prompts: llama.cpp's defaults (12, 48) find no match in them."""

@@ -89,6 +89,7 @@ def test_oracle_records_every_drafter_in_the_per_drafter_columns(session_mixed):
     mode in the per-drafter columns (its slice, by its index), and every replay reads only those."""
     # small look-up sizes, so that every drafter drafts in this short recording
     oracle = session_mixed.record_oracle("x = [1, 2]\nx = [1, 2]\nx = [", max_tokens=16, depth=3, probe=False,
+                                         ngram_simple_size_n=1, ngram_simple_size_m=2,
                                          ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_map_k_size_n=1,
                                          ngram_map_k_size_m=2, ngram_map_k4v_size_n=1, ngram_map_k4v_size_m=2)
     per_source = {c.name for c in schema.ORACLE_COLUMNS if c.per_source}

@@ -66,7 +66,7 @@ def test_run_command_drafter_options_parse():
     args = _parser().parse_args(["run"])
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == (
         "mtp", defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"])
-    assert (defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"]) == (3, 8)  # this package's defaults
+    assert (defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"]) == (12, 48)  # llama.cpp's (common.h)
     args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])  # earlier names
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == ("chain", 2, 5)
     # llama.cpp's own flag names work too, and its --spec-type values (a chain, its policy)

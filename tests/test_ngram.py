@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_accounting
+from conftest import SHORT_NGRAM, check_accounting
 from test_greedy_equivalence import PROMPTS
 
 MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the oracle's draft columns
@@ -77,7 +77,8 @@ def test_greedy_equivalence_for_every_drafter(session):
         for drafter in ("ngram", "chain"):
             for n_max in (1, 2, 3, 5, 8):
                 for p_min in (0.0, 0.3, 0.9):
-                    t = session.generate(prompt, max_tokens=40, n_max=n_max, p_min=p_min, drafter=drafter)
+                    t = session.generate(prompt, max_tokens=40, n_max=n_max, p_min=p_min, drafter=drafter,
+                                         **SHORT_NGRAM)
                     assert t.tokens == base.tokens, (prompt, drafter, n_max, p_min)
                     check_accounting(t)
                     src = t.columns["drafter"]
@@ -91,12 +92,13 @@ def test_greedy_equivalence_for_every_drafter(session):
     # sampling: the n-gram drafter keeps the output distribution too (same seed, same tokens)
     plain = session.generate(REPETITIVE[0], max_tokens=40, n_max=0, temperature=0.8, seed=3)
     for drafter in ("ngram", "chain"):
-        t = session.generate(REPETITIVE[0], max_tokens=40, n_max=4, temperature=0.8, seed=3, drafter=drafter)
+        t = session.generate(REPETITIVE[0], max_tokens=40, n_max=4, temperature=0.8, seed=3, drafter=drafter,
+                             **SHORT_NGRAM)
         assert t.tokens == plain.tokens
 
 
 def test_ngram_telemetry_and_stop_reasons(session):
-    t = session.generate(REPETITIVE[1], max_tokens=64, n_max=4, drafter="ngram")
+    t = session.generate(REPETITIVE[1], max_tokens=64, n_max=4, drafter="ngram", **SHORT_NGRAM)
     check_accounting(t)
     reasons = {s.stop_reason for s in t.steps}
     assert "exhausted" in reasons  # no match at first
@@ -120,7 +122,7 @@ def test_ngram_telemetry_and_stop_reasons(session):
 def test_chain_verifies_the_highest_expected_accepted_length(session):
     won = {0: 0, 1: 0}
     for prompt in REPETITIVE:
-        t = session.generate(prompt, max_tokens=64, n_max=5, p_min=0.0, drafter="chain")
+        t = session.generate(prompt, max_tokens=64, n_max=5, p_min=0.0, drafter="chain", **SHORT_NGRAM)
         check_accounting(t)
         c = t.columns
         for i in range(t.n_steps):
@@ -145,14 +147,14 @@ def test_chain_verifies_the_highest_expected_accepted_length(session):
 def test_ngram_runs_without_mtp_layers(model_no_mtp):
     with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as s:
         base = s.generate(REPETITIVE[0], max_tokens=48, n_max=0)
-        t = s.generate(REPETITIVE[0], max_tokens=48, n_max=4, drafter="ngram")
+        t = s.generate(REPETITIVE[0], max_tokens=48, n_max=4, drafter="ngram", **SHORT_NGRAM)
         assert t.tokens == base.tokens
         check_accounting(t)
         assert (t.n_drafted > 0).any()
         for drafter in ("mtp", "chain"):
             with pytest.raises(mx.MtpUnavailableError, match="ngram"):
                 s.generate(REPETITIVE[0], max_tokens=8, n_max=2, drafter=drafter)
-        o = s.record_oracle(REPETITIVE[0], max_tokens=48, depth=4)
+        o = s.record_oracle(REPETITIVE[0], max_tokens=48, depth=4, **SHORT_NGRAM)
         assert o.tokens == base.tokens and (o.columns["draft_len"][:, MTP] <= 0).all()
         sim = mx.simulate(o, 4, drafter="ngram")
         assert sim.tokens == t.tokens and np.array_equal(sim.n_accepted, t.n_accepted)
@@ -168,6 +170,6 @@ def test_ngram_on_non_recurrent_model(models_dir):
         for prompt in REPETITIVE:
             base = s.generate(prompt, max_tokens=40, n_max=0)
             for drafter in ("ngram", "chain"):
-                t = s.generate(prompt, max_tokens=40, n_max=4, drafter=drafter)
+                t = s.generate(prompt, max_tokens=40, n_max=4, drafter=drafter, **SHORT_NGRAM)
                 assert t.tokens == base.tokens
                 check_accounting(t)

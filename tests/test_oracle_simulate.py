@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_accounting
+from conftest import SHORT_NGRAM, check_accounting
 from mtp_explorer.analysis.oracle import ORACLE_SCHEMA
 from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, compare, cost_consistency, simulate, simulate_grid
 from mtp_explorer.core import drafters, schema
@@ -89,8 +89,9 @@ def _report(name: str, doc: dict) -> None:
     (ARTIFACTS / name).write_text(json.dumps(doc, indent=1, default=str))
 
 
-def _check_case(session, o, prompt, n_max, p_min, n_min, drafter, found):
-    real = session.generate(prompt, max_tokens=TOKENS, n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter)
+def _check_case(session, o, prompt, n_max, p_min, n_min, drafter, found, **options):
+    real = session.generate(prompt, max_tokens=TOKENS, n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter,
+                            **options)
     check_accounting(real)
     sim = simulate(o, n_max, p_min, n_min, drafter=drafter)
     check_accounting(sim)
@@ -140,15 +141,15 @@ def test_simulator_equals_engine_over_grid(session, oracles):
 
 def test_simulator_equals_engine_for_every_drafter(session):
     prompt = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repetitive: the n-gram look-up finds matches
-    o = session.record_oracle(prompt, max_tokens=TOKENS, depth=6)
+    o = session.record_oracle(prompt, max_tokens=TOKENS, depth=6, **SHORT_NGRAM)
     found = {"cases": 0, "exact": 0, "ties": [], "unexplained": []}
     # single drafters, and chains under both policies (llama.cpp's "first" and "best") in both orders
     chains = [drafters.mode(d, policy) for d in ("chain", "ngram-simple,draft-mtp") for policy in ("first", "best")]
     for drafter in ("ngram", *chains):
         for n_max in (1, 3, 6):
             for p_min in (0.0, 0.5):
-                _check_case(session, o, prompt, n_max, p_min, 0, drafter, found)
-        _check_case(session, o, prompt, 4, 0.0, 2, drafter, found)
+                _check_case(session, o, prompt, n_max, p_min, 0, drafter, found, **SHORT_NGRAM)
+        _check_case(session, o, prompt, 4, 0.0, 2, drafter, found, **SHORT_NGRAM)
     assert not found["unexplained"], found["unexplained"][:3]
     assert found["exact"] >= found["cases"] - 1
     for drafter in chains[1:]:

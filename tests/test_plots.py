@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 import mtp_explorer as mx
+from conftest import SHORT_NGRAM
 from mtp_explorer import plots
 from mtp_explorer.core.drafters import MODES
 from mtp_explorer.core.schema import PHASES
@@ -106,7 +107,8 @@ def test_token_timeline_hover_shows_alternatives_with_probabilities(session, ste
 def test_token_timeline_hover_names_the_drafter(session, steady):
     accepted = _trace(plots.token_timeline(steady, session.piece), plots.ORIGIN_LABELS["accepted"])
     assert all("accepted MTP draft" in h for h in accepted.hovertext)
-    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram")
+    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram",
+                         **SHORT_NGRAM)
     assert (t.columns["n_accepted"] > 0).any(), "the repeated prompt should get n-gram drafts accepted"
     fig = plots.token_timeline(t, session.piece)
     accepted = _trace(fig, plots.ORIGIN_LABELS["accepted"])

@@ -159,7 +159,8 @@ def test_drafter_options_reach_the_oracles_and_the_runs(session, cost):
     finally:
         session.record_oracle = record
     # by llama.cpp's names (ngram_n / ngram_m are their earlier aliases); None: the default
-    assert seen == [{"ngram_simple_size_n": 2, "ngram_simple_size_m": 4}, {"ngram_simple_size_n": 3, "ngram_simple_size_m": 8}]
+    assert seen == [{"ngram_simple_size_n": 2, "ngram_simple_size_m": 4},
+                    {"ngram_simple_size_n": 12, "ngram_simple_size_m": 48}]
     o = session.record_oracle(PROMPTS[3], max_tokens=TOKENS, depth=2, probe=False, ngram_n=2, ngram_m=4)
     assert df.n_accepted.iloc[0] == mx.simulate(o.with_cost(cost), 2, drafter="ngram").summary()["n_accepted"]
     assert len(default) == 1

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
+from conftest import SHORT_NGRAM
 from mtp_explorer import plots
 from mtp_explorer import widgets
 from mtp_explorer.core.drafters import mode, option_values
@@ -454,7 +455,7 @@ def test_explorer_is_exposed_lazily():
 
 # -- the drafter selector --------------------------------------------------------------------------
 def test_drafter_selector_sets_the_next_run(session):
-    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3, **SHORT_NGRAM)
     d = ex.controls.drafter
     assert tuple(d.options) == mx.DRAFTER_MODES and d.value == "mtp" and d.description == "drafter"
     assert all("next Run" in tip for tip in d.tooltips)

@@ -101,11 +101,11 @@ class DrafterMode:
         return ",".join(d.spec_type for d in self.drafters)
 
 
-# ngram-simple's sizes keep this package's earlier defaults (3, 8); llama.cpp 0.3.36's common.h has 12 and 48
+# llama.cpp 0.3.36's defaults (common.h, common_params_speculative_ngram_map): 12 and 48
 _NGRAM_OPTIONS = (
-    DrafterOption("ngram_simple_size_n", "--spec-ngram-simple-size-n", 3, 1, 1024,
+    DrafterOption("ngram_simple_size_n", "--spec-ngram-simple-size-n", 12, 1, 1024,
                   "length of the n-gram looked up (ending with the last token)", aliases=("ngram_n",)),
-    DrafterOption("ngram_simple_size_m", "--spec-ngram-simple-size-m", 8, 1, 1024,
+    DrafterOption("ngram_simple_size_m", "--spec-ngram-simple-size-m", 48, 1, 1024,
                   "length of the continuation proposed after a match (cut to n_max)", aliases=("ngram_m",)),
 )
 
