@@ -1,6 +1,7 @@
 #include "ngram_mod_drafter.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "errors.h"
 
@@ -14,7 +15,34 @@ NgramModConfig NgramModConfig::from(const DrafterOptions & options) {
     return c;
 }
 
-NgramModTable::NgramModTable(size_t n) : n(n), entries(SIZE, EMPTY) {}
+namespace {
+
+// cleared tables ready for the next generation (at most two are kept)
+std::mutex pool_mutex;
+std::vector<std::vector<int32_t>> pool;
+
+}  // namespace
+
+NgramModTable::NgramModTable(size_t n) : n(n) {
+    {
+        std::lock_guard<std::mutex> lk(pool_mutex);
+        if (!pool.empty()) {
+            entries = std::move(pool.back());
+            pool.pop_back();
+        }
+    }
+    if (entries.size() != SIZE) {
+        entries.assign(SIZE, EMPTY);
+    }
+}
+
+NgramModTable::~NgramModTable() {
+    reset();
+    std::lock_guard<std::mutex> lk(pool_mutex);
+    if (pool.size() < 2) {
+        pool.push_back(std::move(entries));
+    }
+}
 
 size_t NgramModTable::idx(const llama_token * tokens) const {
     size_t res = 0;
@@ -25,15 +53,25 @@ size_t NgramModTable::idx(const llama_token * tokens) const {
 }
 
 void NgramModTable::add(const llama_token * tokens) {
-    int32_t & e = entries[idx(tokens)];
-    used += e == EMPTY ? 1 : 0;
-    e = tokens[n];
+    const size_t i = idx(tokens);
+    if (entries[i] == EMPTY) {
+        ++used;
+        filled.push_back((uint32_t) i);
+    }
+    entries[i] = tokens[n];
 }
 
 int32_t NgramModTable::get(const llama_token * tokens) const { return entries[idx(tokens)]; }
 
 void NgramModTable::reset() {
-    std::fill(entries.begin(), entries.end(), EMPTY);
+    if (filled.size() < entries.size() / 16) {
+        for (const uint32_t i : filled) {
+            entries[i] = EMPTY;
+        }
+    } else {
+        std::fill(entries.begin(), entries.end(), EMPTY);
+    }
+    filled.clear();
     used = 0;
 }
 

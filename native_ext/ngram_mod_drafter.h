@@ -25,11 +25,18 @@ struct NgramModConfig {
 
 // common_ngram_mod: the table. idx() hashes n tokens (res = res * 6364136223846793005 + token, modulo the
 // size, in size_t arithmetic); add() stores the token after them; get() reads it (EMPTY when none).
+// A table starts empty, as llama.cpp's does in a new process. Its 16 MB of entries come from a small
+// process-wide pool and go back to it cleared (only the entries it filled), so that a generation does not
+// pay for allocating and clearing the whole table.
 struct NgramModTable {
     static constexpr int32_t EMPTY = -1;
     static constexpr size_t SIZE = 4 * 1024 * 1024;  // llama.cpp's size
 
     explicit NgramModTable(size_t n);
+    ~NgramModTable();
+    NgramModTable(const NgramModTable &) = delete;
+    NgramModTable & operator=(const NgramModTable &) = delete;
+
     size_t idx(const llama_token * tokens) const;
     void add(const llama_token * tokens);       // tokens[0 .. n] (n + 1 tokens)
     int32_t get(const llama_token * tokens) const;
@@ -38,6 +45,7 @@ struct NgramModTable {
     const size_t n;
     size_t used = 0;
     std::vector<int32_t> entries;
+    std::vector<uint32_t> filled;  // the indices of the entries in use (used of them)
 };
 
 struct NgramModDrafter final : LookupDrafter {
