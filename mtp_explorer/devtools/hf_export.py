@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ import numpy as np
 from ..core.errors import ConverterError, ParameterError
 from .gguf_qwen35 import ARCH, PRE_TOKENIZER_REGEX, Qwen35Config, read_qwen35_metadata
 from .qwen35_hf import config_from_metadata, gguf_to_hf
+from .tool import run_tool
 
 __all__ = [
     "LLAMA_CPP_VERSION",
@@ -299,8 +299,6 @@ def convert_with_llama_cpp(hf_dir: str | Path, out_path: str | Path, *, converte
     if not (hf_dir / "config.json").is_file():
         raise ConverterError(f"{hf_dir} is not a Hugging Face checkpoint (no config.json)")
     pre = pre_tokenizer or pre_tokenizer_name(hf_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)
     cmd = [sys.executable, str(_LAUNCHER), str(script)]
     if pre is not None:
         cmd += ["--register-pre", f"{hf_dir.resolve()}={pre}"]
@@ -309,21 +307,7 @@ def convert_with_llama_cpp(hf_dir: str | Path, out_path: str | Path, *, converte
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(gguf_py), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("NO_LOCAL_GGUF", None)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as exc:
-        raise ConverterError(f"{script.name} ran past {timeout} s:\n{_tail(exc.stdout, exc.stderr)}") from exc
-    if proc.returncode != 0 or not out.is_file():
-        raise ConverterError(f"{' '.join(cmd)} exited with {proc.returncode}"
-                             f"{'' if out.is_file() else ' and wrote nothing'}:\n{_tail(proc.stdout, proc.stderr)}")
-    return out
-
-
-def _tail(stdout, stderr, n: int = 6000) -> str:
-    def text(x) -> str:
-        return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-
-    return (text(stdout) + "\n" + text(stderr)).strip()[-n:]
+    return run_tool(cmd, out, ConverterError, timeout=timeout, env=env)
 
 
 @dataclass

@@ -8,8 +8,9 @@ reference driver (``make quantize`` puts it in ``build/reference/bin``; ``make t
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+
+from .tool import run_tool
 
 ENV_VAR = "MTP_EXPLORER_QUANTIZE"
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "build" / "reference" / "bin" / "llama-quantize"
@@ -46,21 +47,4 @@ def quantize(src: str | Path, dst: str | Path, type: str, *, binary: str | Path 
         raise FileNotFoundError(f"model file not found: {src}")
     if dst.resolve() == src.resolve():
         raise ValueError(f"llama-quantize would overwrite its input: {src}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.unlink(missing_ok=True)
-    cmd = [str(exe), *args, str(src), str(dst), str(type), str(int(threads))]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise QuantizeError(f"{' '.join(cmd)} ran past {timeout} s:\n{_tail(exc.stdout, exc.stderr)}") from exc
-    if proc.returncode != 0 or not dst.is_file():
-        raise QuantizeError(f"{' '.join(cmd)} exited with {proc.returncode}"
-                            f"{'' if dst.is_file() else ' and wrote nothing'}:\n{_tail(proc.stdout, proc.stderr)}")
-    return dst
-
-
-def _tail(stdout, stderr, n: int = 4000) -> str:
-    def text(x) -> str:
-        return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-
-    return (text(stdout) + "\n" + text(stderr)).strip()[-n:]
+    return run_tool([exe, *args, src, dst, type, int(threads)], dst, QuantizeError, timeout=timeout, tail=4000)
