@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -135,3 +136,29 @@ def check_replay_exact(session: mx.Session, oracle, prompt: str, drafter, n_max:
 
 SHORT_NGRAM = {"ngram_simple_size_n": 3, "ngram_simple_size_m": 8}
 """ngram-simple sizes for the short test prompts: llama.cpp's defaults (12, 48) find no match in them."""
+
+
+@pytest.fixture(scope="session")
+def reference_binary() -> Path:
+    """llama.cpp's llama-speculative-simple: $LLAMA_SPECULATIVE_SIMPLE or build/reference/bin (``make test`` builds
+    it). Missing fails, never skips."""
+    path = Path(os.environ.get("LLAMA_SPECULATIVE_SIMPLE")
+                or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-speculative-simple")
+    if not path.is_file():
+        pytest.fail(f"{path} is not built: run `make reference` (`make test` builds it)", pytrace=False)
+    return path
+
+
+def heldout_sequences(llama, seq_len: int, n: int) -> list[list[int]]:
+    """``n`` token sequences of ``seq_len`` tokenized by ``llama`` (a training.llama_ref.LlamaMTP), from held-out
+    files spread evenly over the held-out split."""
+    from training.corpus import load_corpus, split_corpus
+
+    _, held = split_corpus(load_corpus())
+    seqs = []
+    for f in held[:: max(1, len(held) // n)]:
+        ids = llama.tokenize(f.text)
+        if len(ids) >= seq_len:
+            seqs.append(ids[:seq_len])
+    assert len(seqs) >= 3
+    return seqs[:n]

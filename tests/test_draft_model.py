@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from training import draft as D
-from training.corpus import load_corpus, split_corpus
+from conftest import heldout_sequences
 from training.tokenizer import vocab_from_gguf
 
 SEQ = 128
@@ -38,15 +38,8 @@ def sequences(bundled_model):
     """Held-out token sequences, tokenized by llama.cpp with the target's vocabulary."""
     from training.llama_ref import LlamaMTP
 
-    _, held = split_corpus(load_corpus())
-    seqs = []
     with LlamaMTP(bundled_model, n_ctx=SEQ) as m:
-        for f in held[:: max(1, len(held) // N_SEQ)]:
-            ids = m.tokenize(f.text)
-            if len(ids) >= SEQ:
-                seqs.append(ids[:SEQ])
-    assert len(seqs) >= 3
-    return seqs[:N_SEQ]
+        return heldout_sequences(m, SEQ, N_SEQ)
 
 
 def _llama_logits(path, seqs, *, f32_cache: bool) -> list[np.ndarray]:
@@ -123,9 +116,7 @@ def test_draft_rounds_counts_first_verifications():
     assert (r.drafted, r.accepted, r.rounds, r.partial) == (8, 3, 3, 2)
 
 
-def test_speculative_simple_gives_the_plain_greedy_text(draft_path, bundled_model):
-    if not D.reference_binary().is_file():
-        pytest.skip(f"{D.reference_binary()} is not built (make reference; make test builds it)")
+def test_speculative_simple_gives_the_plain_greedy_text(draft_path, bundled_model, reference_binary):
     from training.llama_ref import LlamaMTP
 
     with LlamaMTP(bundled_model, n_ctx=1024, n_threads=1) as m:
@@ -140,10 +131,8 @@ def test_speculative_simple_gives_the_plain_greedy_text(draft_path, bundled_mode
     assert drafted > 0 and accepted / drafted > 0.2, (accepted, drafted)
 
 
-def test_rounds_match_independent_simulation(draft_path, bundled_model):
+def test_rounds_match_independent_simulation(draft_path, bundled_model, reference_binary):
     """The draft rounds read from the binary's log are what a simulation with llama-cpp-python predicts."""
-    if not D.reference_binary().is_file():
-        pytest.skip(f"{D.reference_binary()} is not built (make reference; make test builds it)")
     from training.llama_ref import LlamaMTP
 
     prompt, n_max = PROMPTS[1], 3

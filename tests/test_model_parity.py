@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from training import llama_ref
-from training.corpus import load_corpus, split_corpus
+from conftest import heldout_sequences
 from training.export import export_model, model_from_gguf
 from training.tokenizer import vocab_from_gguf
 
@@ -40,15 +40,8 @@ def torch_model(model_path):
 @pytest.fixture(scope="module")
 def sequences(model_path):
     """Held-out token sequences (tokenized by llama.cpp), from evenly spread held-out files."""
-    _, held = split_corpus(load_corpus())
     with llama_ref.LlamaMTP(model_path, n_ctx=SEQ) as m:
-        seqs = []
-        for f in held[:: max(1, len(held) // N_SEQ)]:
-            ids = m.tokenize(f.text)
-            if len(ids) >= SEQ:
-                seqs.append(ids[:SEQ])
-    assert len(seqs) >= 3
-    return seqs[:N_SEQ]
+        return heldout_sequences(m, SEQ, N_SEQ)
 
 
 def _llama_outputs(path: Path, seqs, f32_cache: bool = False):

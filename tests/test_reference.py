@@ -41,7 +41,6 @@ def test_replay_matches_recorded_reference(tmp_path):
     assert (len(t.tokens), int(t.n_drafted.sum()), int(t.n_accepted.sum())) == (ref.n_predict, ref.n_drafted, ref.n_accept)
 
 
-REFERENCE = Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-speculative-simple"
 # (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
 # non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models)
 CHAIN_CASES = [
@@ -55,15 +54,13 @@ SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1,
 
 
 @pytest.mark.parametrize("spec, arch, prompt", CHAIN_CASES)
-def test_spec_types_match_the_reference(tmp_path, spec, arch, prompt):
+def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, prompt):
     """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
     (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
     from mtp_explorer.core import drafters
     from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
-    if not REFERENCE.is_file():
-        pytest.skip(f"{REFERENCE} is not built (make reference; make test builds it)")
     n_max = 3
     names = {o.name for o in drafters.mode(spec).options}
     limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
@@ -71,7 +68,7 @@ def test_spec_types_match_the_reference(tmp_path, spec, arch, prompt):
     options = {k: v for k, v in (SMALL | limits).items() if k in names}
     path = (write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.6, mtp_fidelity=1.0) if arch == "qwen35"
             else write_synthetic_glm4moe(tmp_path / "m.gguf"))
-    ref = run_reference_spec(REFERENCE, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48,
+    ref = run_reference_spec(reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48,
                              n_ctx=1024, threads=1)
     with mx.Session.open(path, n_ctx=1024, threads=1) as s:
         ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, drafter=spec, **options)
