@@ -20,10 +20,12 @@ telemetry overhead is the median over pairs of back-to-back runs in alternating 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -105,10 +107,34 @@ KIND_PROMPTS = {
 }
 
 
+def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[], float] | None = None) -> list[tuple]:
+    """``repeats`` back-to-back (ours, reference) tokens/s pairs, the order alternating so that load drift hits
+    both alike (``ref=None``: ours alone, the reference entry None)."""
+    pairs = []
+    for r in range(repeats):
+        pair = {"ref": None}
+        for side in (("ours", "ref") if r % 2 == 0 else ("ref", "ours")):
+            if side == "ours":
+                pair["ours"] = ours()
+            elif ref is not None:
+                pair["ref"] = ref()
+        pairs.append((pair["ours"], pair["ref"]))
+    return pairs
+
+
+def pairs_summary(pairs: list[tuple]) -> dict:
+    """Medians of the pairs' tokens/s and of their ratios (ours / reference)."""
+    with_ref = [(o, r) for o, r in pairs if r is not None]
+    doc = {"ours_tokens_per_second": statistics.median(o for o, _ in pairs), "pairs": len(pairs)}
+    if with_ref:
+        doc |= {"reference_tokens_per_second": statistics.median(r for _, r in with_ref),
+                "ratio": statistics.median(o / r for o, r in with_ref)}
+    return doc
+
+
 def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options) on code-like and prose-like prompts,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (back-to-back pairs, the
-    order alternating; the ratio is the median of the pairs' ratios)."""
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`)."""
     from mtp_explorer.devtools.reference import run_reference_spec, spec_type_args
 
     doc: dict = {"n_max": n_max}
@@ -116,58 +142,48 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
         if "draft-mtp" in spec and not s.info.has_mtp:
             continue
         for kind, prompts in KIND_PROMPTS.items():
-            ours, ref, ratios, drafted, accepted = [], [], [], 0, 0
+            pairs, counts = [], {"drafted": 0, "accepted": 0}
+
+            def ours(prompt: str) -> float:
+                secs, t = decode_seconds(s, prompt, tokens, n_max, drafter=spec)
+                counts["drafted"] += int(t.n_drafted.sum())
+                counts["accepted"] += int(t.n_accepted.sum())
+                return len(t.tokens) / secs
+
+            def ref(prompt: str) -> float:
+                return run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}), max_tokens=tokens,
+                                          n_ctx=2048, threads=s.threads).tokens_per_second
+
             for prompt in prompts:
-                for r in range(repeats):
-                    order = ("ours", "ref") if r % 2 == 0 else ("ref", "ours")
-                    pair = {}
-                    for side in order:
-                        if side == "ours":
-                            secs, t = decode_seconds(s, prompt, tokens, n_max, drafter=spec)
-                            pair["ours"] = len(t.tokens) / secs
-                            drafted, accepted = drafted + int(t.n_drafted.sum()), accepted + int(t.n_accepted.sum())
-                        elif binary:
-                            run = run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}),
-                                                     max_tokens=tokens, n_ctx=2048, threads=s.threads)
-                            pair["ref"] = run.tokens_per_second
-                    ours.append(pair["ours"])
-                    if "ref" in pair:
-                        ref.append(pair["ref"])
-                        ratios.append(pair["ours"] / pair["ref"])
-            doc[f"{spec} / {kind}"] = {
-                "ours_tokens_per_second": statistics.median(ours),
-                "acceptance_rate": accepted / drafted if drafted else None, "drafted": drafted,
-                **({"reference_tokens_per_second": statistics.median(ref), "ratio": statistics.median(ratios)}
-                   if ratios else {})}
+                pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
+                                           functools.partial(ref, prompt) if binary else None)
+            doc[f"{spec} / {kind}"] = pairs_summary(pairs) | {
+                "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+                "drafted": counts["drafted"]}
     return doc
 
 
 def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: int) -> dict:
-    """Ours against llama-speculative-simple on the same settings, in back-to-back pairs (the order alternating)
-    per prompt and repeat, so that load drift hits both alike; the ratio is the median of the pairs' ratios."""
+    """Ours against llama-speculative-simple on the same settings, in :func:`alternating_pairs` per prompt and
+    repeat; the ratio is the median of the pairs' ratios."""
     ref = {}
     for n_max in (1, 2, 3, 4):
-        ratios, ref_rates, ours_rates, parity = [], [], [], True
+        pairs, parity = [], []
         for prompt in PROMPTS:
             t = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max)
-            for r in range(repeats):
-                pair = {}
-                for side in (("ref", "ours") if r % 2 == 0 else ("ours", "ref")):
-                    if side == "ref":
-                        run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
-                                            threads=s.threads)
-                        pair["ref"] = run.tokens_per_second
-                        parity &= compare_with_reference(run, t, 0.0)["match"]
-                    else:
-                        secs, trace = decode_seconds(s, prompt, tokens, n_max)
-                        pair["ours"] = len(trace.tokens) / secs
-                ratios.append(pair["ours"] / pair["ref"])
-                ref_rates.append(pair["ref"])
-                ours_rates.append(pair["ours"])
-        ref[n_max] = {"reference_tokens_per_second": statistics.median(ref_rates),
-                      "ours_tokens_per_second": statistics.median(ours_rates),
-                      "ratio": statistics.median(ratios), "pairs": len(ratios),
-                      "parity_of_totals_and_text": parity}
+
+            def reference() -> float:
+                run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
+                                    threads=s.threads)
+                parity.append(compare_with_reference(run, t, 0.0)["match"])
+                return run.tokens_per_second
+
+            def ours() -> float:
+                secs, trace = decode_seconds(s, prompt, tokens, n_max)
+                return len(trace.tokens) / secs
+
+            pairs += alternating_pairs(repeats, ours, reference)
+        ref[n_max] = pairs_summary(pairs) | {"parity_of_totals_and_text": all(parity)}
     return {"binary": binary, "target_ratio": 1.0, "by_n_max": ref}
 
 
