@@ -162,3 +162,12 @@ def heldout_sequences(llama, seq_len: int, n: int) -> list[list[int]]:
             seqs.append(ids[:seq_len])
     assert len(seqs) >= 3
     return seqs[:n]
+
+
+def pooled_runs(session, prompts, max_tokens: int, n_max: int, columns: tuple[str, ...]) -> tuple:
+    """Greedy runs of every prompt at ``n_max``: the pooled acceptance rate, then each of ``columns``
+    concatenated over the runs."""
+    traces = [session.generate(p, max_tokens=max_tokens, n_max=n_max) for p in prompts]
+    drafted = sum(int(t.n_drafted.sum()) for t in traces)
+    accepted = sum(int(t.n_accepted.sum()) for t in traces)
+    return (accepted / drafted, *(np.concatenate([t.columns[c] for t in traces]) for c in columns))

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import pooled_runs
 
 from mtp_explorer.devtools.synthetic_glm4moe import (
     glm4moe_config,
@@ -141,13 +142,7 @@ def test_greedy_speculative_equals_plain(sessions, kind):
 
 
 def _pooled(s, n_max):
-    traces = [s.generate(p, max_tokens=MAX_TOKENS, n_max=n_max) for p in PROMPTS]
-    drafted = sum(int(t.n_drafted.sum()) for t in traces)
-    accepted = sum(int(t.n_accepted.sum()) for t in traces)
-    rollback = np.concatenate([t.rollback for t in traces])
-    n_drafted = np.concatenate([t.n_drafted for t in traces])
-    n_accepted = np.concatenate([t.n_accepted for t in traces])
-    return accepted / drafted, rollback, n_drafted, n_accepted
+    return pooled_runs(s, PROMPTS, MAX_TOKENS, n_max, ("rollback", "n_drafted", "n_accepted"))
 
 
 def test_acceptance_knobs(sessions):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_accounting, run_isolated
+from conftest import check_accounting, pooled_runs, run_isolated
 from mtp_explorer.devtools.synthetic_qwen35moe import (
     Qwen35MoeConfig,
     qwen35moe_config,
@@ -165,11 +165,7 @@ def test_greedy_speculative_equals_plain(sessions, kind):
 
 # -- acceptance by construction -----------------------------------------------------------------------
 def _pooled(s, n_max):
-    traces = [s.generate(p, max_tokens=MAX_TOKENS, n_max=n_max) for p in PROMPTS]
-    drafted = sum(int(t.n_drafted.sum()) for t in traces)
-    accepted = sum(int(t.n_accepted.sum()) for t in traces)
-    cat = lambda name: np.concatenate([t.columns[name] for t in traces])  # noqa: E731
-    return accepted / drafted, cat("rollback"), cat("n_drafted"), cat("n_accepted"), cat("rs_slot")
+    return pooled_runs(s, PROMPTS, MAX_TOKENS, n_max, ("rollback", "n_drafted", "n_accepted", "rs_slot"))
 
 
 def test_acceptance_knobs(sessions):
