@@ -98,7 +98,7 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
 
 # every --spec-type the engine runs, alone and in the chains issue 10 names, with llama.cpp's default options
 SPEC_TYPES = ("draft-mtp", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp",
-              "ngram-simple,ngram-map-k,draft-mtp")
+              "ngram-simple,ngram-map-k,draft-mtp", "draft-simple")
 KIND_PROMPTS = {
     "code": PROMPTS,
     "prose": ["The cat sat on the mat. The dog sat on the rug. The cat sat on the",
@@ -134,13 +134,17 @@ def pairs_summary(pairs: list[tuple]) -> dict:
 
 def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options) on code-like and prose-like prompts,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`)."""
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`);
+    draft-simple where the session has a draft model (the reference gets it as ``-md``)."""
+    from mtp_explorer.core import drafters
     from mtp_explorer.devtools.reference import run_reference_spec, spec_type_args
 
-    doc: dict = {"n_max": n_max}
+    doc: dict = {"n_max": n_max, "draft_model": None if s.draft_info is None else s.draft_info.path}
     for spec in SPEC_TYPES:
-        if "draft-mtp" in spec and not s.info.has_mtp:
+        mode = drafters.mode(spec)
+        if not mode.runs_with(s.info.has_mtp, s.has_draft_model):
             continue
+        extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
         for kind, prompts in KIND_PROMPTS.items():
             pairs, counts = [], {"drafted": 0, "accepted": 0}
 
@@ -151,8 +155,8 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                 return len(t.tokens) / secs
 
             def ref(prompt: str) -> float:
-                return run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}), max_tokens=tokens,
-                                          n_ctx=2048, threads=s.threads).tokens_per_second
+                return run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}) + extra,
+                                          max_tokens=tokens, n_ctx=2048, threads=s.threads).tokens_per_second
 
             for prompt in prompts:
                 pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
@@ -241,6 +245,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--draft-model", "-md", default=None,
+                    help="draft model for draft-simple (default: the bundled one with the bundled model, else none)")
     ap.add_argument("--telemetry-rounds", type=int, default=20,
                     help="rounds of on/off pairs over the prompts for the telemetry overhead (default 20)")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
@@ -264,7 +270,8 @@ def main() -> None:
     if "memory" in args.only:
         out["memory"] = memory_section(path, args.threads or 2)
 
-    with mx.Session.open(path, n_ctx=2048, threads=args.threads) as s:
+    draft = args.draft_model or (mx.draft_model_path() if origin == "bundled" and not args.scale else None)
+    with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=draft) as s:
         s.generate(PROMPTS[0], max_tokens=16, n_max=2)  # warm-up
         out["threads"] = s.threads
         if "throughput" in args.only:

@@ -12,13 +12,16 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
   prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
   model, the SYNTHETIC qwen35moe model (all written to a temporary folder) and ``--model``/the
   bundled model.
+- ``draft-simple``: a separate draft model (``Session.open(draft_model=...)``) against ``--spec-type draft-simple -md
+  DRAFT`` and ``ngram-simple,draft-simple``, 12 prompts x p_min {0, 0.5} on two target/draft pairs (see
+  :func:`draft_simple_section`).
 - ``chains``: ``ngram-mod``, ``ngram-map-k``, ``ngram-map-k4v`` and llama.cpp's chains ``ngram-mod,draft-mtp``,
   ``ngram-simple,draft-mtp`` and ``ngram-simple,ngram-map-k,draft-mtp`` (``drafter="<the same --spec-type
   value>"``, llama.cpp's ``first`` policy), 12 prompts each (see :func:`chains_section`).
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
-        [--spec-type draft-mtp|ngram-simple|chains|all] [--model PATH] [--threads 2]
+        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
 ``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
@@ -52,8 +55,8 @@ from pathlib import Path
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, replay_reference_budget, run_reference,
-                                    run_reference_spec, spec_type_args)
+from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, reference_totals,
+                                             replay_reference_budget, run_reference, run_reference_spec, spec_type_args)
 
 from _common import emit, machine, pick_model
 
@@ -62,7 +65,7 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains")
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple")
 N_MAX = (1, 2, 3, 5)
 P_MIN = (0.0, 0.5)
 
@@ -140,51 +143,6 @@ def run_reference_ngram(binary: str | Path, model: str | Path, prompt: str, *, m
     return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads)
 
 
-def replay_reference_budget_ngram(session: mx.Session, prompt: str, *, max_tokens: int, size_n: int,
-                                  size_m: int, checkpoints: bool) -> mx.Trace:
-    """Our n-gram drafter under llama-speculative-simple's budget rule: the draft is capped at
-    ``n - n_predict - 1`` (and the context) only when that is positive, and the run stops once *more*
-    than ``n`` tokens were produced (see :mod:`mtp_explorer.devtools.reference`).
-
-    ``checkpoints`` (recurrent models) replays the reference's checkpoint rule too: after a partial
-    acceptance it restores the target state and verifies the accepted tokens and the correction again
-    as the next draft, which also yields the token after them (the bonus) before its budget is
-    checked. Here that bonus is one plain step (``n_max=0``) forced after each partial acceptance,
-    so the next n-gram look-up happens at the same position as the reference's;
-    :func:`reference_totals` counts the steps as the reference does.
-    """
-    n_max_for = draft_cap_rule(session, prompt, max_tokens, size_m)
-    n_predict = 0
-    for step in session.stream(prompt, max_tokens=max_tokens + size_m + 2, n_max=n_max_for(0), drafter="ngram",
-                               ngram_simple_size_n=size_n, ngram_simple_size_m=size_m):
-        n_predict += step.n_accepted + 1
-        partial = checkpoints and step.n_accepted < step.n_drafted
-        if session.is_eog(step.correction) or (n_predict > max_tokens and not partial):
-            session.cancel()
-            continue
-        nxt = 0 if partial else n_max_for(n_predict)
-        session.set_params(n_max=nxt, p_min=0.0, n_min=0)
-    return session.last_trace
-
-
-def reference_totals(trace: mx.Trace, *, checkpoints: bool) -> dict:
-    """The n_predict/n_drafted/n_accept totals the reference prints for the run ``trace`` replays:
-    with ``checkpoints``, a partially accepted draft is not counted, and its re-verification counts
-    the accepted tokens and the correction as drafted and accepted (the forced plain step after it,
-    the bonus, counts nothing). Not modelled: a partial acceptance whose correction ends the
-    generation (the reference's re-verification then counts one token past it): such a case would
-    show as a mismatch, n_predict one short. It did not occur in the cases here."""
-    drafted = accepted = 0
-    for st in trace.steps:
-        if checkpoints and st.n_accepted < st.n_drafted:
-            drafted += st.n_accepted + 1
-            accepted += st.n_accepted + 1
-        else:
-            drafted += st.n_drafted
-            accepted += st.n_accepted
-    return {"n_predict": len(trace.tokens), "n_drafted": drafted, "n_accept": accepted}
-
-
 def compare_ngram(ref: ReferenceRun, ours: mx.Trace, *, checkpoints: bool) -> dict:
     """Text and the n_predict/n_drafted/n_accept totals (expected: :func:`reference_totals`)."""
     mine = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
@@ -222,8 +180,9 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
             for prompt, (size_n, size_m) in itertools.product(NGRAM_PROMPTS, NGRAM_SIZES):
                 ref = run_reference_ngram(binary, path, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
                                           threads=threads)
-                ours = replay_reference_budget_ngram(s, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
-                                                     checkpoints=checkpoints)
+                ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=size_m, drafter="ngram",
+                                               ngram_simple_size_n=size_n, ngram_simple_size_m=size_m,
+                                               checkpoints=checkpoints)
                 cases.append({"model": info.arch + (" (bundled)" if origin == "bundled" else ""),
                               "model_path": str(path), "prompt": prompt, "size_n": size_n, "size_m": size_m}
                              | compare_ngram(ref, ours, checkpoints=checkpoints))
@@ -306,6 +265,63 @@ def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: 
     return out
 
 
+# -- draft-simple: a separate draft model (-md) -------------------------------------------------------
+#: draft-simple alone and after a look-up, each over CHAIN_PROMPTS x DRAFT_P_MIN with n_max CHAIN_N_MAX, on two
+#: target/draft pairs with a shared vocabulary (see :func:`draft_simple_section`).
+DRAFT_SPECS = ("draft-simple", "ngram-simple,draft-simple")
+DRAFT_P_MIN = (0.0, 0.5)
+
+
+def draft_pairs(picked: tuple[Path, str], tmp: Path) -> list[tuple[Path, Path, str]]:
+    """(target, draft model, label) pairs: a SYNTHETIC non-recurrent glm4moe target drafted for by a glm4moe of the
+    same seed whose trunk mixes in no context (the target's token-to-token part: partial acceptance), and the
+    bundled model (or ``--model``) with the bundled draft model (its tokenizer)."""
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.models import draft_model_path
+
+    target = write_synthetic_glm4moe(tmp / "glm4moe-target.gguf", context_mix=0.5)
+    draft = write_synthetic_glm4moe(tmp / "glm4moe-draft.gguf", context_mix=0.0)
+    return [(target, draft, "synthetic glm4moe (context_mix=0.5) drafted by glm4moe (context_mix=0)"),
+            (picked[0], draft_model_path(), f"{picked[1]} model drafted by the bundled draft model")]
+
+
+def draft_cases(binary: str, spec: str, target: Path, draft: Path, label: str, tokens: int, threads: int) -> list[dict]:
+    """One record per prompt x p_min: ``--spec-type spec -md draft`` against ``drafter=spec`` in a session opened with
+    ``draft_model=draft`` (budget rule, and on a recurrent target the checkpoint rule, replayed)."""
+    options = spec_options(spec, CHAIN_N_MAX)
+    checkpoints = bool(mx.model_info(target).is_recurrent) and not drafters.mode(spec).needs_mtp
+    cases = []
+    with mx.Session.open(target, n_ctx=N_CTX, threads=threads, draft_model=draft) as s:
+        for prompt, p_min in itertools.product(CHAIN_PROMPTS, DRAFT_P_MIN):
+            flags = spec_type_args(spec, CHAIN_N_MAX, options) + ["-md", str(draft), "--spec-draft-p-min", str(p_min)]
+            ref = run_reference_spec(binary, target, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=CHAIN_N_MAX, p_min=p_min, drafter=spec,
+                                           checkpoints=checkpoints, **options)
+            cases.append({"model": label, "prompt": prompt, "spec_type": spec, "p_min": p_min, "options": options}
+                         | compare_with_reference(ref, ours, p_min, checkpoints=checkpoints))
+    return cases
+
+
+def draft_simple_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
+    """draft-simple (and a look-up chained before it) against the reference with ``-md``. On the recurrent bundled
+    model the reference has no snapshot slots without draft-mtp, so its checkpoint rule is replayed (and its
+    printed acceptance is 100% by construction: the re-verified tokens count as drafted and accepted)."""
+    pairs = draft_pairs(picked, tmp)
+    out: dict = {"n_max": CHAIN_N_MAX, "p_min": list(DRAFT_P_MIN), "prompts": len(CHAIN_PROMPTS),
+                 "pairs": [{"target": str(t), "draft_model": str(d), "label": lb,
+                            "checkpoint_rule": bool(mx.model_info(t).is_recurrent)} for t, d, lb in pairs]}
+    for spec in DRAFT_SPECS:
+        cases = [c for t, d, lb in pairs for c in draft_cases(binary, spec, t, d, lb, tokens, threads)]
+        out[spec] = {"cases": len(cases), "matches": sum(c["match"] for c in cases),
+                     "cases_with_re_verified_steps": sum(c["re_verified_steps"] > 0 for c in cases),
+                     "acceptance_rate": (sum(c["ours"]["n_accept"] for c in cases)
+                                         / max(1, sum(c["ours"]["n_drafted"] for c in cases))),
+                     "all_match": all(c["match"] for c in cases),
+                     "mismatches": [c for c in cases if not c["match"]]}
+    out["all_match"] = all(out[spec]["all_match"] for spec in DRAFT_SPECS)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", default=os.environ.get("LLAMA_SPECULATIVE_SIMPLE"))
@@ -328,6 +344,8 @@ def main() -> int:
             doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
         if "chains" in spec_types:
             doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+        if "draft-simple" in spec_types:
+            doc["draft-simple"] = draft_simple_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)
     return 0 if doc["all_match"] else 1

@@ -24,7 +24,7 @@ from .core.errors import (
     SessionClosedError,
 )
 from .core.info import ModelInfo, model_info
-from .models import default_model_path
+from .models import default_model_path, draft_model_path
 from .core.session import Session
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
@@ -43,7 +43,7 @@ __all__ = [
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError",
     # core
-    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "STOP_REASONS", "FINISH_REASONS",
+    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS", "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis
     "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",

@@ -78,6 +78,15 @@ nb::tuple drafters_tuple() {
     return nb::tuple(out);
 }
 
+// what each drafter of the table needs (DRAFTER_NEEDS_NAMES), in DrafterId order
+nb::tuple drafter_needs_tuple() {
+    nb::list out;
+    for (int32_t i = 0; i < N_DRAFTERS; ++i) {
+        out.append(nb::str(DRAFTER_NEEDS_NAMES[(int) DRAFTER_TABLE[i].needs]));
+    }
+    return nb::tuple(out);
+}
+
 // ((name, dtype, width kind), ...) of a column schema
 template <size_t N>
 nb::tuple schema_tuple(const ColumnInfo (&schema)[N]) {
@@ -129,6 +138,9 @@ nb::list drafter_stats(const Engine & e) {
         row["n_acc_drafts"] = s.n_acc_drafts;
         row["n_acc_tokens"] = s.n_acc_tokens;
         row["acc_by_pos"] = nb::cast(s.acc_by_pos);
+        row["t_begin_ns"] = s.t_begin_ns;
+        row["t_draft_ns"] = s.t_draft_ns;
+        row["t_accept_ns"] = s.t_accept_ns;
         out.append(row);
     }
     return out;
@@ -188,6 +200,7 @@ void bind_functions(nb::module_ & m) {
 void bind_tables(nb::module_ & m) {
     m.attr("STOP_REASONS") = names_tuple(STOP_REASON_NAMES);
     m.attr("DRAFTERS") = drafters_tuple();
+    m.attr("DRAFTER_NEEDS") = drafter_needs_tuple();
     m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
     m.attr("FINISH_REASONS") = names_tuple(FINISH_REASON_NAMES);
     m.attr("WIDTH_KINDS") = names_tuple(WIDTH_NAMES);
@@ -250,6 +263,7 @@ void bind_engine_options(nb::module_ & m) {
     nb::class_<EngineOptions>(m, "EngineOptions", "How the Engine opens a model.")
         .def(nb::init<>())
         .def_rw("path", &EngineOptions::path)
+        .def_rw("draft_path", &EngineOptions::draft_path)
         .def_rw("n_ctx", &EngineOptions::n_ctx)
         .def_rw("n_threads", &EngineOptions::n_threads)
         .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
@@ -272,6 +286,7 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("n_ctx", &Engine::n_ctx)
         .def_prop_ro("n_layer_nextn", &Engine::n_layer_nextn)
         .def_prop_ro("has_mtp", &Engine::has_mtp)
+        .def_prop_ro("has_draft_model", &Engine::has_draft_model)
         .def_prop_ro("is_recurrent", &Engine::is_recurrent)
         .def_prop_ro("capacity", &Engine::capacity)
         .def_prop_ro("rs_slots", &Engine::rs_slots)

@@ -39,7 +39,17 @@ inline int32_t option_or(const DrafterOptions & options, const char * key, int32
     return it == options.end() ? fallback : it->second;
 }
 
-// What a drafter factory is given (the MTP members are null when the model has no MTP layers).
+// What a drafter needs besides the target model (a drafter whose need is missing is not made).
+enum class DrafterNeeds : int8_t {
+    NOTHING = 0,      // the look-ups: the token history only
+    MTP = 1,          // the model's MTP (nextn) layers
+    DRAFT_MODEL = 2,  // a separate draft model (Session.open(draft_model=...), llama.cpp's -md)
+};
+constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model"};
+static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DRAFT_MODEL + 1, "one name per DrafterNeeds");
+
+// What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft
+// when the session has no draft model).
 struct DrafterSetup {
     DrafterId id = DRAFTER_NONE;             // the drafter's index in DRAFTER_TABLE
     const llama_vocab * vocab = nullptr;
@@ -48,14 +58,15 @@ struct DrafterSetup {
     llama_context * ctx_tgt = nullptr;
     llama_context * ctx_mtp = nullptr;
     HiddenProbe * probe_mtp = nullptr;
+    llama_context * ctx_dft = nullptr;       // the draft model's context
 };
 
-// One drafter the engine knows: its name (GenerationConfig.drafters, _native.DRAFTERS), whether it
-// needs the model's MTP layers (it is left out of the oracle and refused with n_max > 0 without
-// them) and its factory (throws a parameter error on a bad option).
+// One drafter the engine knows: its name (GenerationConfig.drafters, _native.DRAFTERS), what it needs
+// (without it, it is left out of the oracle and refused with n_max > 0) and its factory (throws a
+// parameter error on a bad option).
 struct DrafterEntry {
     const char * name;
-    bool needs_mtp;
+    DrafterNeeds needs;
     std::unique_ptr<Drafter> (*make)(const DrafterSetup & setup);
 };
 
@@ -117,6 +128,10 @@ struct DrafterStats {
     int64_t n_acc_drafts = 0;       // step outcomes with at least one token accepted
     int64_t n_acc_tokens = 0;       // tokens accepted
     std::vector<int64_t> acc_by_pos;  // [j]: step outcomes whose token j was accepted
+    int64_t t_begin_ns = 0;         // time in begin() (llama.cpp's t_begin_us)
+    int64_t t_draft_ns = 0;         // time in draft() (t_draft_us)
+    int64_t t_accept_ns = 0;        // time in accept() and observe_target() (t_accept_us; a draft model's decode
+                                    // of the verify batch is here, as llama.cpp's process() is outside its stats)
 
     void on_draft(const Draft & d) {
         ++n_call_draft;
@@ -161,6 +176,10 @@ struct Drafter {
 
     // After the verification, told to every drafter in the chain.
     virtual void accept(const DraftOutcome & outcome) = 0;
+
+    // After every target decode (the prompt, each verify batch, the oracle's plain steps): toks[i] at
+    // pos0 + i. A drafter with a model of its own follows the target here; the look-ups need not.
+    virtual void observe_target(const llama_token * /*toks*/, int32_t /*n*/, llama_pos /*pos0*/) {}
 
     const DrafterId id;
     DrafterStats stats;

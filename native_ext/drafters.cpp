@@ -8,6 +8,7 @@
 // analysis/replay.py.
 #include <memory>
 
+#include "draft_simple_drafter.h"
 #include "drafter.h"
 #include "mtp_drafter.h"
 #include "ngram_drafter.h"
@@ -36,15 +37,20 @@ std::unique_ptr<Drafter> make_ngram_map_k4v(const DrafterSetup & s) {
     return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k4v", false));
 }
 
+std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
+    return std::make_unique<DraftSimpleDrafter>(s.id, s.ctx_dft);
+}
+
 }  // namespace
 
 // (declared extern in drafter.h, so defined here with external linkage)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
-    {"mtp", /*needs_mtp*/ true, make_mtp},              // the model's MTP head (DRAFTER_MTP)
-    {"ngram", /*needs_mtp*/ false, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
-    {"ngram-mod", /*needs_mtp*/ false, make_ngram_mod}, // llama.cpp's ngram-mod hashed n-gram table
-    {"ngram-map-k", /*needs_mtp*/ false, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
-    {"ngram-map-k4v", /*needs_mtp*/ false, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
+    {"mtp", DrafterNeeds::MTP, make_mtp},              // the model's MTP head (DRAFTER_MTP)
+    {"ngram", DrafterNeeds::NOTHING, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
+    {"ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod}, // llama.cpp's ngram-mod hashed n-gram table
+    {"ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
+    {"ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
+    {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

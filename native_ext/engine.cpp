@@ -3,6 +3,8 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "errors.h"
@@ -56,6 +58,9 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
     create_target_context();
     if (layer_nextn > 0) {
         create_mtp_context();
+    }
+    if (!opts.draft_path.empty()) {
+        load_draft_model();
     }
     tel.depth = opts.n_rs_seq;
     tel.topk = opts.topk;
@@ -124,6 +129,74 @@ void Engine::create_mtp_context() {
     api.set_embeddings_nextn(ctx_mtp.get(), true, /*masked*/ true);
 }
 
+namespace {
+
+// Why the draft vocabulary cannot stand for the target's, or "" when it can: llama.cpp's checks
+// (common_speculative_are_compatible): the same vocabulary type, the same BOS/EOS use and ids, sizes
+// within 128 of each other and the same text for every token id from 5 on.
+std::string vocab_mismatch(const llama_vocab * tgt, const llama_vocab * dft) {
+    if (llama_vocab_type(tgt) != llama_vocab_type(dft)) {
+        return "its vocabulary type differs from the target's";
+    }
+    if (llama_vocab_get_add_bos(tgt) != llama_vocab_get_add_bos(dft) ||
+        (llama_vocab_get_add_bos(tgt) && llama_vocab_bos(tgt) != llama_vocab_bos(dft))) {
+        return "its BOS token differs from the target's";
+    }
+    if (llama_vocab_get_add_eos(tgt) != llama_vocab_get_add_eos(dft) ||
+        (llama_vocab_get_add_eos(tgt) && llama_vocab_eos(tgt) != llama_vocab_eos(dft))) {
+        return "its EOS token differs from the target's";
+    }
+    const int32_t n_tgt = llama_vocab_n_tokens(tgt), n_dft = llama_vocab_n_tokens(dft);
+    if (std::abs(n_tgt - n_dft) > 128) {
+        return "it has " + std::to_string(n_dft) + " tokens, the target " + std::to_string(n_tgt) +
+               " (llama.cpp allows a difference of 128)";
+    }
+    for (int32_t i = 5; i < std::min(n_tgt, n_dft); ++i) {
+        if (std::strcmp(llama_vocab_get_text(tgt, i), llama_vocab_get_text(dft, i)) != 0) {
+            return "token " + std::to_string(i) + " is \"" + llama_vocab_get_text(dft, i) + "\", the target's \"" +
+                   llama_vocab_get_text(tgt, i) + "\"";
+        }
+    }
+    return "";
+}
+
+}  // namespace
+
+void Engine::load_draft_model() {
+    llama_model_params mp = llama_model_default_params();
+    opts.placement.apply(mp);
+    model_dft.reset(llama_model_load_from_file(opts.draft_path.c_str(), mp));
+    if (model_dft == nullptr) {
+        fail(ErrorKind::LOAD, "llama.cpp could not load the draft model " + opts.draft_path);
+    }
+    const std::string mismatch = vocab_mismatch(vocab, llama_model_get_vocab(model_dft.get()));
+    if (!mismatch.empty()) {
+        fail(ErrorKind::PARAMETER, "the draft model " + opts.draft_path + " cannot draft for this model: " + mismatch);
+    }
+    if (llama_model_is_recurrent(model_dft.get()) || llama_model_is_hybrid(model_dft.get())) {
+        fail(ErrorKind::PARAMETER, "the draft model " + opts.draft_path + " is recurrent: draft-simple here needs a "
+                                   "draft model whose memory can drop positions (a transformer)");
+    }
+    llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr);
+    cp.cb_eval = nullptr;
+    ctx_dft.reset(llama_init_from_model(model_dft.get(), cp));
+    if (ctx_dft == nullptr) {
+        fail(ErrorKind::LOAD, "llama.cpp could not create the draft model's context");
+    }
+}
+
+bool Engine::can_run(DrafterId id) const {
+    switch (DRAFTER_TABLE[id].needs) {
+        case DrafterNeeds::MTP:
+            return has_mtp();
+        case DrafterNeeds::DRAFT_MODEL:
+            return has_draft_model();
+        case DrafterNeeds::NOTHING:
+            break;
+    }
+    return true;
+}
+
 void Engine::close() {
     cancel_requested.store(true);
     std::lock_guard<std::mutex> lk(run_mutex);
@@ -131,8 +204,10 @@ void Engine::close() {
     drafters.clear();
     smpl.reset();
     batch_tgt.reset();
+    ctx_dft.reset();
     ctx_mtp.reset();
     ctx_tgt.reset();
+    model_dft.reset();
     model.reset();
     cancel_requested.store(false);
 }
@@ -212,9 +287,14 @@ void Engine::validate(const DraftParams & p) const {
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
     for (const DrafterId id : c.ids) {
-        if (p.n_max > 0 && ctx_mtp == nullptr && DRAFTER_TABLE[id].needs_mtp) {
+        if (p.n_max <= 0 || can_run(id)) {
+            continue;
+        }
+        if (DRAFTER_TABLE[id].needs == DrafterNeeds::MTP) {
             fail(ErrorKind::PARAMETER, "the model has no MTP layers: use n_max=0 (or the n-gram drafter)");
         }
+        fail(ErrorKind::PARAMETER, std::string("the drafter \"") + DRAFTER_TABLE[id].name +
+                                       "\" needs a draft model: Session.open(path, draft_model=...)");
     }
 }
 
@@ -280,10 +360,11 @@ std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain 
     setup.ctx_tgt = ctx_tgt.get();
     setup.ctx_mtp = ctx_mtp.get();
     setup.probe_mtp = &probe_mtp;
+    setup.ctx_dft = ctx_dft.get();
     std::vector<std::unique_ptr<Drafter>> built;
     for (const DrafterId id : c.ids) {
         const DrafterEntry & entry = DRAFTER_TABLE[id];
-        if (entry.needs_mtp && ctx_mtp == nullptr) {
+        if (!can_run(id)) {
             continue;  // n_max is 0 (validate_chain): nothing to draft, nothing to follow
         }
         setup.id = id;
@@ -320,7 +401,9 @@ void Engine::prefill(const std::vector<llama_token> & prompt, const DraftParams 
     const int64_t t0 = now_ns();
     llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
     for (auto & d : drafters) {
+        const int64_t t = now_ns();
         d->begin(prompt);
+        d->stats.t_begin_ns += now_ns() - t;
         d->stats.n_call_begin++;
     }
     if (N > 1) {
@@ -331,8 +414,8 @@ void Engine::prefill(const std::vector<llama_token> & prompt, const DraftParams 
             llama_batch_ext_set_pos(batch_tgt.get(), idx, &pos);
         }
         check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
+        follow_target(prompt.data(), N - 1, 0);
         if (mtp) {
-            mtp->observe_target(prompt.data(), N - 1, 0);
             if (p.n_max > 0) {
                 check_decode(mtp->catch_up(), "MTP prompt catch-up");
             }

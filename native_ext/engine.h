@@ -26,6 +26,7 @@ llama_token argmax(const float * logits, int32_t n_vocab);
 
 struct EngineOptions {
     std::string path;
+    std::string draft_path;     // a draft model for draft-simple (llama.cpp's -md); empty: none
     int32_t n_ctx = 4096;
     int32_t n_threads = 0;      // 0: hardware concurrency
     int32_t n_rs_seq = 8;       // recurrent snapshot slots = largest n_max the session accepts
@@ -100,6 +101,9 @@ struct Engine {
     int32_t n_embd() const;
     int32_t n_layer_nextn() const { return layer_nextn; }
     bool has_mtp() const { return ctx_mtp != nullptr; }
+    bool has_draft_model() const { return ctx_dft != nullptr; }
+    // whether this session has what the drafter `id` needs
+    bool can_run(DrafterId id) const;
     bool is_recurrent() const { return recurrent; }
     int32_t n_ctx() const;
     int32_t capacity() const { return opts.n_rs_seq; }
@@ -144,6 +148,7 @@ struct Engine {
     void load_model();
     void create_target_context();
     void create_mtp_context();
+    void load_draft_model();    // the draft model and its context (opts.draft_path), checked against the target
     void check_open() const;
     void validate(const DraftParams & p) const;
     void validate_chain(const DrafterChain & c, const DraftParams & p) const;
@@ -172,6 +177,9 @@ struct Engine {
     // Decodes tokens[0 .. n) on the target at positions pos0 .., with logits for every row and, while
     // telemetry is on, the hidden probe observing; returns llama_process's code.
     int32_t decode_target(const llama_token * tokens, int32_t n, llama_pos pos0);
+    // Every drafter of the chain observes the target's decode of tokens[0 .. n) at pos0 ..; returns the
+    // time a draft model took to decode the batch (catch-up time; the MTP head only keeps its rows here).
+    int64_t follow_target(const llama_token * tokens, int32_t n, llama_pos pos0);
 
     // the phases of record_oracle() (oracle.cpp)
     std::vector<std::string> oracle_drafters() const;
@@ -185,10 +193,12 @@ struct Engine {
     EngineOptions opts;
     NextnApi api;
     HiddenProbe probe_tgt, probe_mtp;   // observed by the contexts: declared (so destroyed) around them
-    // owned llama.cpp objects, released in reverse order: drafters, sampler, batch, contexts, model
+    // owned llama.cpp objects, released in reverse order: drafters, sampler, batch, contexts, models
     llama_model_ptr model;
+    llama_model_ptr model_dft;          // the draft model (null: none)
     llama_context_ptr ctx_tgt;
     llama_context_ptr ctx_mtp;          // null if the model has no MTP layers
+    llama_context_ptr ctx_dft;          // the draft model's context (null: none)
     llama_batch_ext_ptr batch_tgt;
     llama_sampler_ptr smpl;             // temperature > 0 only
     std::vector<std::unique_ptr<Drafter>> drafters;  // this generation's chain, in order

@@ -73,39 +73,7 @@ void MtpDrafter::set_row(llama_token tok, llama_pos pos, const float * h) {
     llama_batch_ext_set_output_logits(batch.get(), idx, true);
 }
 
-void MtpDrafter::rank(const float * logits, int32_t n_vocab, int32_t n_cand, float * probs) {
-    // the 10 most likely tokens, softmax over them: the quantity llama.cpp compares with p_min
-    order.resize(n_vocab);
-    for (int32_t t = 0; t < n_vocab; ++t) {
-        order[t] = t;
-    }
-    std::partial_sort(order.begin(), order.begin() + n_cand, order.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    double sum = 0.0;
-    const float max_l = logits[order[0]];
-    for (int32_t c = 0; c < n_cand; ++c) {
-        probs[c] = expf(logits[order[c]] - max_l);
-        sum += probs[c];
-    }
-    for (int32_t c = 0; c < n_cand; ++c) {
-        probs[c] = (float) (probs[c] / sum);
-    }
-}
-
-void MtpDrafter::record(const DraftRequest & req, const float * logits, const float * probs, int32_t n_cand,
-                        const float * h_row, int64_t t_start, Draft & out) const {
-    out.tokens.push_back(order[0]);
-    out.prob.push_back(probs[0]);
-    if (req.telemetry || req.oracle) {
-        for (int32_t c = 0; c < req.topk; ++c) {
-            out.topk_ids.push_back(c < n_cand ? order[c] : -1);
-            out.topk_probs.push_back(c < n_cand ? probs[c] : NAN);
-        }
-    }
-    if (req.oracle) {
-        out.margin.push_back(n_cand > 1 ? logits[order[0]] - logits[order[1]] : INFINITY);
-        out.t_decode_ns.push_back(now_ns() - t_start);
-    }
+void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, Draft & out) const {
     if (req.telemetry) {
         out.h_norm.push_back(probe.row_norms.empty() ? NAN : probe.row_norms.back());
         out.hidden.insert(out.hidden.end(), h_row, h_row + n_embd);
@@ -118,7 +86,6 @@ bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
     }
     out.clear();
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    const int32_t n_cand = std::min(DRAFT_N_CANDIDATES, n_vocab);
     const llama_pos pos0 = req.n_past;
     set_row(req.id_last, pos0, pending_h.data());
 
@@ -135,23 +102,15 @@ bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
         }
         const float * logits = llama_get_logits_ith(ctx_mtp, 0);
         const float * h_row = api.get_embeddings_nextn_ith(ctx_mtp, 0);
-        float probs[DRAFT_N_CANDIDATES];
-        rank(logits, n_vocab, n_cand, probs);
-        const llama_token id = order[0];
-        if (probs[0] < req.params.p_min) {
-            out.stop = STOP_P_MIN;
+        ranking.rank(logits, n_vocab);
+        if (!ranking.take(req, logits, t_start, out)) {
             break;
         }
-        record(req, logits, probs, n_cand, h_row, t_start, out);
-        if (llama_vocab_is_eog(vocab, id)) {
-            out.stop = STOP_EOS;
+        record_hidden(req, h_row, out);
+        if (CandidateRanking::ended(req, vocab, out)) {
             break;
         }
-        if ((int32_t) out.tokens.size() >= req.n_cap) {
-            out.stop = req.cap_reason;
-            break;
-        }
-        set_row(id, pos0 + i + 1, h_row);
+        set_row(ranking.top(), pos0 + i + 1, h_row);
     }
     probe.stop();
 
@@ -164,14 +123,7 @@ bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
     return true;
 }
 
-double MtpDrafter::expected_accepted(const Draft & d) const {
-    double expected = 0.0, p_reach = 1.0;
-    for (const float p : d.prob) {
-        p_reach *= (double) p;
-        expected += p_reach;
-    }
-    return expected;
-}
+double MtpDrafter::expected_accepted(const Draft & d) const { return expected_from_confidences(d); }
 
 void MtpDrafter::commit(int32_t n_accepted, llama_pos keep_until) {
     const int32_t i_h = std::min(n_accepted, verify_rows - 1);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "draft_ranking.h"
 #include "drafter.h"
 #include "hidden_probe.h"
 #include "llama-cpp.h"
@@ -31,7 +32,7 @@ struct MtpDrafter final : Drafter {
 
     // After a target decode of n rows (toks[i] at pos0 + i): keep their h_nextn rows and queue the
     // catch-up rows (token i paired with the target hidden state of the position before it).
-    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0);
+    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0) override;
 
     // Decode the queued catch-up rows on the MTP context. Returns llama_process's code.
     int32_t catch_up();
@@ -53,12 +54,8 @@ struct MtpDrafter final : Drafter {
     int32_t n_embd = 0;
 
   private:
-    // One draft candidate ranking: the DRAFT_N_CANDIDATES most likely tokens into order[0 .. n_cand)
-    // and their probabilities renormalised over them into probs.
-    void rank(const float * logits, int32_t n_vocab, int32_t n_cand, float * probs);
-    // Appends the drafted token order[0] (and what the request records about it) to out.
-    void record(const DraftRequest & req, const float * logits, const float * probs, int32_t n_cand,
-                const float * h_row, int64_t t_start, Draft & out) const;
+    // Appends what telemetry records of the drafted token's hidden row (its norm, the row) to out.
+    void record_hidden(const DraftRequest & req, const float * h_row, Draft & out) const;
     // Puts the single row (tok at pos, hidden state h) with logits into the batch.
     void set_row(llama_token tok, llama_pos pos, const float * h);
 
@@ -76,5 +73,5 @@ struct MtpDrafter final : Drafter {
     bool caught_up = false;               // the last observed rows were decoded (eagerly)
     std::vector<float> verify_h;
     int32_t verify_rows = 0;
-    std::vector<int32_t> order;           // scratch for the candidate sort
+    CandidateRanking ranking;             // the current row's candidates
 };

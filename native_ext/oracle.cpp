@@ -64,11 +64,11 @@ StepState oracle_cap(int32_t n_cap, int32_t depth) {
 
 }  // namespace
 
-// The recording list: every drafter of the table, but those needing MTP layers on a model without them.
+// The recording list: every drafter of the table this session can run (MTP layers, a draft model).
 std::vector<std::string> Engine::oracle_drafters() const {
     std::vector<std::string> names;
     for (int32_t id = 0; id < N_DRAFTERS; ++id) {
-        if (!DRAFTER_TABLE[id].needs_mtp || has_mtp()) {
+        if (can_run((DrafterId) id)) {
             names.push_back(DRAFTER_TABLE[id].name);
         }
     }
@@ -192,10 +192,9 @@ void Engine::probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep) {
 void Engine::plain_step(OracleRecord & out, size_t r) {
     int64_t t = now_ns();
     check_decode(decode_target(&id_last, 1, n_past), "target decode");
-    if (mtp) {
-        mtp->observe_target(&id_last, 1, n_past);
-    }
-    out.t_verify_ns[r] = now_ns() - t;
+    const int64_t t_follow = follow_target(&id_last, 1, n_past);
+    out.t_verify_ns[r] = now_ns() - t - t_follow;
+    out.t_follow_ns[r] = t_follow;
     if (mtp) {
         t = now_ns();
         const int32_t rc_mtp = mtp->catch_up();

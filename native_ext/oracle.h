@@ -43,6 +43,7 @@
     X(topk_probs, float, SOURCES_DEPTH_TOPK, NAN_F)                                                  \
     X(t_verify_ns, int64_t, SCALAR, 0)          /* plain step: 1-row target decode (+ nextn row copy) */ \
     X(t_catchup_ns, int64_t, SCALAR, 0)         /* plain step: 1-row MTP catch-up */                 \
+    X(t_follow_ns, int64_t, SCALAR, 0)          /* plain step: a draft model's decode of the row (0: none) */ \
     X(t_sample_ns, int64_t, SCALAR, 0)          /* plain step: argmax of 1 row, drafter bookkeeping */ \
     X(t_argmax_ns, int64_t, SCALAR, 0)          /* plain step: the argmax alone */                   \
     X(t_draft_ns, int64_t, SOURCES, 0)          /* the whole draft call of each drafter */           \

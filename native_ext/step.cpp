@@ -107,7 +107,10 @@ void Engine::propose(StepState & s) {
     const DraftRequest req = request(s, /*oracle*/ false);
     for (auto & d : drafters) {
         Draft & out = candidates[d->id];
-        if (d->draft(req, out)) {
+        const int64_t t_call = now_ns();
+        const bool took_part = d->draft(req, out);
+        d->stats.t_draft_ns += now_ns() - t_call;
+        if (took_part) {
             asked[d->id] = true;
             d->stats.on_draft(out);
             if (chain.policy == ChainPolicy::FIRST && out.usable()) {
@@ -169,16 +172,16 @@ void Engine::choose_best(StepState & s) const {
     }
 }
 
-// verify: [id_last, d0, ..., d_{n-1}] in one target batch; the MTP head follows it
+// verify: [id_last, d0, ..., d_{n-1}] in one target batch; the drafters follow it (the MTP head keeps
+// its rows, a draft model decodes the batch: catch-up time)
 void Engine::verify(StepState & s) {
     int64_t t = now_ns();
     verify_tokens.assign(1, id_last);
     verify_tokens.insert(verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
     check_decode(decode_target(verify_tokens.data(), s.n_d + 1, n_past), "target decode");
-    if (mtp) {
-        mtp->observe_target(verify_tokens.data(), s.n_d + 1, n_past);
-    }
-    s.t_verify_ns = now_ns() - t;
+    const int64_t t_follow = follow_target(verify_tokens.data(), s.n_d + 1, n_past);
+    s.t_verify_ns = now_ns() - t - t_follow;
+    s.t_catchup_ns += t_follow;
 
     // catch-up: the MTP head sees the verified rows with the target's hidden states
     if (s.drafting_mtp) {
@@ -246,7 +249,9 @@ void Engine::tell_drafters(const StepState & s) {
         if (o.last) {
             d->stats.on_accept(s.n_acc);
         }
+        const int64_t t = now_ns();
         d->accept(o);
+        d->stats.t_accept_ns += now_ns() - t;
     }
 }
 
@@ -287,16 +292,17 @@ void Engine::record(const StepState & s) {
     }
 }
 
-// the verified draft's tokens and, for an MTP draft, its confidences and hidden-state columns
+// the verified draft's tokens and, from a drafter with a confidence (the MTP head, a draft model), its
+// confidences and top-k; from the MTP head also its hidden-state columns
 void Engine::record_draft(const StepState & s, size_t r) {
     const int32_t D = tel.depth, K = tel.topk;
-    const bool from_mtp = s.source == DRAFTER_MTP;
     const Draft & d = *s.chosen;
+    const bool has_prob = s.source != DRAFTER_NONE && (int32_t) d.prob.size() >= s.n_d;
     for (int32_t j = 0; j < s.n_d; ++j) {
         tel.drafted[r * D + j] = d.tokens[j];
-        tel.draft_prob[r * D + j] = from_mtp ? d.prob[j] : NAN;
+        tel.draft_prob[r * D + j] = has_prob ? d.prob[j] : NAN;
     }
-    if (!opts.telemetry || !from_mtp) {
+    if (!opts.telemetry || !has_prob || d.topk_ids.size() < (size_t) s.n_d * K) {
         return;
     }
     for (int32_t j = 0; j < s.n_d; ++j) {
@@ -304,6 +310,11 @@ void Engine::record_draft(const StepState & s, size_t r) {
             tel.topk_ids[(r * D + j) * K + k] = d.topk_ids[j * K + k];
             tel.topk_probs[(r * D + j) * K + k] = d.topk_probs[j * K + k];
         }
+    }
+    if (s.source != DRAFTER_MTP) {
+        return;
+    }
+    for (int32_t j = 0; j < s.n_d; ++j) {
         tel.h_norm_draft[r * D + j] = d.h_norm[j];
         tel.draft_target_cos[r * D + j] = cosine(d.hidden.data() + (size_t) j * mtp->n_embd, mtp->verify_row(j), mtp->n_embd);
     }
@@ -324,6 +335,22 @@ llama_token Engine::sample(int32_t row) {
         return llama_sampler_sample(smpl.get(), ctx_tgt.get(), row);
     }
     return argmax(llama_get_logits_ith(ctx_tgt.get(), row), llama_vocab_n_tokens(vocab));
+}
+
+int64_t Engine::follow_target(const llama_token * tokens, int32_t n, llama_pos pos0) {
+    int64_t t_model = 0;
+    for (auto & d : drafters) {
+        if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL) {
+            d->observe_target(tokens, n, pos0);
+            continue;
+        }
+        const int64_t t = now_ns();
+        d->observe_target(tokens, n, pos0);
+        const int64_t dt = now_ns() - t;
+        d->stats.t_accept_ns += dt;
+        t_model += dt;
+    }
+    return t_model;
 }
 
 int32_t Engine::decode_target(const llama_token * tokens, int32_t n, llama_pos pos0) {

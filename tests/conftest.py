@@ -52,6 +52,15 @@ def model_no_mtp(models_dir, model_mixed) -> Path:
 
 
 @pytest.fixture(scope="session")
+def model_synthetic_draft(models_dir) -> Path:
+    """A draft model (draft-simple) for the synthetic models: a SYNTHETIC non-recurrent glm4moe with their
+    vocabulary, whose trunk mixes in no context."""
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+
+    return write_synthetic_glm4moe(models_dir / "draft-glm4moe.gguf", context_mix=0.0)
+
+
+@pytest.fixture(scope="session")
 def session_mixed(model_mixed):
     with mx.Session.open(model_mixed, n_ctx=1024) as s:
         yield s

@@ -84,19 +84,20 @@ def test_registry_names_the_engines_drafters_and_policies():
     assert config.options == {o.name: o.default for o in drafters.all_options()}
 
 
-def test_oracle_records_every_drafter_in_the_per_drafter_columns(session_mixed):
+def test_oracle_records_every_drafter_in_the_per_drafter_columns(model_mixed, model_synthetic_draft):
     """A drafter needs no oracle column of its own: the oracle records one proposal per drafter of the recording
     mode in the per-drafter columns (its slice, by its index), and every replay reads only those."""
     # small look-up sizes, so that every drafter drafts in this short recording
-    oracle = session_mixed.record_oracle("x = [1, 2]\nx = [1, 2]\nx = [", max_tokens=16, depth=3, probe=False,
-                                         ngram_simple_size_n=1, ngram_simple_size_m=2,
-                                         ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_map_k_size_n=1,
-                                         ngram_map_k_size_m=2, ngram_map_k4v_size_n=1, ngram_map_k4v_size_m=2)
+    with mx.Session.open(model_mixed, n_ctx=512, draft_model=model_synthetic_draft) as s:
+        oracle = s.record_oracle("x = [1, 2]\nx = [1, 2]\nx = [", max_tokens=16, depth=3, probe=False,
+                                 ngram_simple_size_n=1, ngram_simple_size_m=2,
+                                 ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_map_k_size_n=1,
+                                 ngram_map_k_size_m=2, ngram_map_k4v_size_n=1, ngram_map_k4v_size_m=2)
     per_source = {c.name for c in schema.ORACLE_COLUMNS if c.per_source}
     assert {"draft", "draft_len", "draft_eos", "draft_prob", "t_draft_ns"} <= per_source
     recorded = oracle.columns["cap"] > 0
-    mode = drafters.recording_mode(oracle.has_mtp)
-    assert mode.drafters == tuple(drafters.DRAFTER_SPECS.values())  # the model has MTP: every drafter
+    mode = drafters.recording_mode(oracle.has_mtp, oracle.has_draft_model)
+    assert mode.drafters == tuple(drafters.DRAFTER_SPECS.values())  # MTP and a draft model: every drafter
     for spec in drafters.DRAFTER_SPECS.values():
         replay = oracle.replay(spec)
         assert replay.extra_columns == () and set(replay.columns) <= per_source, spec.name

@@ -217,6 +217,9 @@ def test_simulator_needs_an_mtp_head_only_for_modes_that_use_it(oracles):
             with pytest.raises(mx.ParameterError, match="no MTP head: use drafter="):
                 simulate(headless, 2, drafter=name)
             assert simulate(headless, 0, drafter=name).n_steps == TOKENS  # plain decoding needs no head
+        elif mode.needs_draft_model:  # recorded without a draft model
+            with pytest.raises(mx.ParameterError, match="recorded without one"):
+                simulate(headless, 2, drafter=name)
         else:
             assert simulate(headless, 2, drafter=name).tokens == o.tokens
 

@@ -96,10 +96,10 @@ def test_default_placement_resolves_threads_batch(model_mixed):
 
 def test_cli_takes_llama_cpp_flags():
     args = _parser().parse_args(["run", "x", "-ngl", "all", "-mg", "0", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
-                                 "-lm", "none", "-t", "1", "-tb", "2", "-c", "512"])
+                                 "-lm", "none", "-t", "1", "-tb", "2", "-c", "512", "-md", "small.gguf"])
     assert session_kwargs(args) == {"n_ctx": 512, "threads": 1, "threads_batch": 2, "n_rs_seq": 8,
                                     "n_gpu_layers": "all", "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0",
-                                    "type_v": "q4_0", "load_mode": "none"}
+                                    "type_v": "q4_0", "load_mode": "none", "draft_model": "small.gguf"}
     assert _parser().parse_args(["run", "-ngl", "12"]).n_gpu_layers == 12
 
 

@@ -23,8 +23,8 @@ CHANGE_AT = 10  # set_params after this step: the change applies from step CHANG
 
 
 @pytest.fixture(scope="module")
-def session(model_mixed):
-    with mx.Session.open(model_mixed, n_ctx=1024, n_rs_seq=8, topk=5, threads=1) as s:
+def session(model_mixed, model_synthetic_draft):
+    with mx.Session.open(model_mixed, n_ctx=1024, n_rs_seq=8, topk=5, threads=1, draft_model=model_synthetic_draft) as s:
         yield s
 
 

@@ -75,3 +75,39 @@ def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, 
     result = compare_with_reference(ref, ours, 0.0)
     assert result["match"], result
     assert result["ours"]["n_drafted"] > 0
+
+
+# (target, p_min, prompt): draft-simple with -md on the bundled pair (a recurrent target: the reference's checkpoint
+# rule replayed) and on a non-recurrent synthetic pair (benchmarks/parity.py --spec-type draft-simple runs 96 cases)
+DRAFT_CASES = [
+    ("bundled", 0.0, "class Stack:\n    def __init__(self):"),
+    ("bundled", 0.5, "def fibonacci(n):"),
+    ("glm4moe", 0.0, "for i in range(10):"),
+    ("glm4moe", 0.5, "import os\nimport sys\n"),
+]
+
+
+@pytest.mark.parametrize("target, p_min, prompt", DRAFT_CASES)
+def test_draft_simple_matches_the_reference(tmp_path, reference_binary, bundled_model, target, p_min, prompt):
+    """Text and drafted/accepted totals equal ``llama-speculative-simple --spec-type draft-simple -md DRAFT``."""
+    from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
+    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.models import draft_model_path
+
+    n_max = 3
+    if target == "bundled":
+        path, draft = bundled_model, draft_model_path()
+    else:
+        path = write_synthetic_glm4moe(tmp_path / "target.gguf", context_mix=0.5)
+        draft = write_synthetic_glm4moe(tmp_path / "draft.gguf", context_mix=0.0)
+    checkpoints = bool(mx.model_info(path).is_recurrent)
+    flags = spec_type_args("draft-simple", n_max, {}) + ["-md", str(draft), "--spec-draft-p-min", str(p_min)]
+    ref = run_reference_spec(reference_binary, path, prompt, flags, max_tokens=48, n_ctx=1024, threads=1)
+    with mx.Session.open(path, n_ctx=1024, threads=1, draft_model=draft) as s:
+        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-simple",
+                                       checkpoints=checkpoints)
+    result = compare_with_reference(ref, ours, p_min, checkpoints=checkpoints)
+    assert result["match"], result
+    assert result["ours"]["n_drafted"] > 0 and result["ours"]["n_accept"] > 0
+    if checkpoints:
+        assert result["re_verified_steps"] > 0  # the rule was exercised, not vacuous

@@ -27,8 +27,8 @@ DEPTH = 6
 
 
 @pytest.fixture(scope="module")
-def oracle(model_mixed):
-    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=DEPTH) as s:
+def oracle(model_mixed, model_synthetic_draft):
+    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=DEPTH, draft_model=model_synthetic_draft) as s:
         return s.record_oracle(PROMPT, max_tokens=64, depth=DEPTH)
 
 
@@ -169,6 +169,10 @@ def test_a_mode_reads_only_its_drafters_columns(oracle):
 
 def test_candidate_columns_are_indexed_by_drafter(oracle):
     for name, mode in drafters.MODES.items():
+        if not mode.runs_with(oracle.has_mtp, oracle.has_draft_model):
+            with pytest.raises(mx.ParameterError, match="draft model"):
+                sim.simulate(oracle, 3, 0.0, drafter=name)
+            continue
         t = sim.simulate(oracle, 3, 0.0, drafter=name)
         for spec in drafters.DRAFTER_SPECS.values():
             asked = t.candidate_len[:, spec.index] >= 0

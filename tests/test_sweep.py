@@ -20,8 +20,8 @@ TOKEN_COLUMNS = ["prompt", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_
 
 
 @pytest.fixture(scope="module")
-def session(model_mixed):
-    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4) as s:
+def session(model_mixed, model_synthetic_draft):
+    with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4, draft_model=model_synthetic_draft) as s:
         yield s
 
 

@@ -27,8 +27,8 @@ OPTIONS = tuple(sorted(option_values().items()))
 
 
 @pytest.fixture(scope="module")
-def session(model_mixed):
-    with mx.Session.open(model_mixed, n_ctx=4096, n_rs_seq=8, threads=1) as s:
+def session(model_mixed, model_synthetic_draft):
+    with mx.Session.open(model_mixed, n_ctx=4096, n_rs_seq=8, threads=1, draft_model=model_synthetic_draft) as s:
         yield s
 
 

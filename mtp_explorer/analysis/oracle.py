@@ -92,7 +92,10 @@ class CostModel:
     graph is built anew); ``cold_ns`` more when the MTP head ran since the last target decode (its
     data evicted the target's from the caches: every drafting step), and ``warm_ns`` more (usually
     less) when nothing but target decodes ran, as in plain decoding and the n-gram mode (measured
-    on a plain tail decoded after the generation). The sample phase costs
+    on a plain tail decoded after the generation). A draft model (``draft-simple``) costs ``model_draft[m]``
+    per draft call of ``m`` decodes and ``model_follow`` (a line in ``pos``) per step, its decode of the
+    verified batch (measured on the plain steps' single rows; taken as flat in the batch size, which a
+    model small enough to draft with is on these batch sizes). The sample phase costs
     ``sample_ns + sample_row_ns * (rows - 1) + rollback_ns * [rollback > 0]``, with ``sample_ns``
     measured with the MTP head's bookkeeping (drafting steps) and ``sample_plain_ns`` without.
     """
@@ -110,6 +113,8 @@ class CostModel:
     rollback_ns: float
     samples: dict[str, Any]     # how many measurements each number rests on (``lookup``: the look-up line)
     telemetry: bool = True
+    model_draft: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1, 2)))  # [depth + 1, 2]
+    model_follow: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2))      # [2]
 
     @property
     def depth(self) -> int:
@@ -135,23 +140,32 @@ class CostModel:
         """An MTP draft call of ``decodes`` decodes."""
         return self._at(self.draft, np.clip(np.asarray(decodes), 0, self.depth), pos)
 
+    def model_draft_ns(self, decodes, pos):
+        """A draft model's draft call of ``decodes`` decodes."""
+        return self._at(self.model_draft, np.clip(np.asarray(decodes), 0, len(self.model_draft) - 1), pos)
+
+    def model_follow_ns(self, pos):
+        """A draft model's decode of the step's verify batch."""
+        return self.model_follow[0] + self.model_follow[1] * np.asarray(pos, dtype=np.float64)
+
     def lookup_ns(self, pos):
         """One look-up of a drafter without a model (the n-gram look-up)."""
         return self.ngram[0] + self.ngram[1] * pos
 
     # -- one step --------------------------------------------------------------------------------
-    def phase_ns(self, head, k, draft, rows_sampled, rollback, pos=0.0, fresh=True) -> dict[str, Any]:
+    def phase_ns(self, head, k, draft, rows_sampled, rollback, pos=0.0, fresh=True, follow=0.0) -> dict[str, Any]:
         """Predicted phase times of steps whose draft phase takes ``draft`` (numpy arrays broadcast together).
 
         ``head``: the MTP head follows the generation (catch-up, cold caches, its bookkeeping); ``k``: verified
         rows; ``rows_sampled``: target rows argmaxed; ``rollback``: rejected drafts; ``pos``: n_past at the step;
-        ``fresh``: the previous step verified another number of tokens. Keys: the phases, in the engine's order.
+        ``fresh``: the previous step verified another number of tokens; ``follow``: a draft model's decode of the
+        verified rows (counted with the catch-up, as the engine counts it). Keys: the phases, in the engine's order.
         """
         k = np.asarray(k)
         pos = np.asarray(pos, dtype=np.float64)
         head = np.asarray(head, dtype=bool)
         return {
-            "catchup": np.where(head, self.catchup_ns(k, pos), 0.0),
+            "catchup": np.where(head, self.catchup_ns(k, pos), 0.0) + follow,
             "draft": draft,
             "verify": self.verify_ns(k, pos, fresh, head),
             "sample": (np.where(head, self.sample_ns, self.sample_plain_ns)
@@ -172,11 +186,17 @@ class CostModel:
         """
         mode = drafters.mode(mode)
         pos = np.asarray(pos, dtype=np.float64)
-        head = np.asarray(drafting, dtype=bool) & mode.needs_mtp
-        draft = np.where(head & np.asarray(n_cap_pos, bool), self.head_draft_ns(decodes, pos), 0.0)
-        if ngram_asked is not None and not all(d.needs_mtp for d in mode.drafters):
+        drafting = np.asarray(drafting, dtype=bool)
+        head = drafting & mode.needs_mtp
+        drawing = drafting & np.asarray(n_cap_pos, bool)
+        draft = np.where(head & drawing, self.head_draft_ns(decodes, pos), 0.0)
+        follow = 0.0
+        if mode.needs_draft_model:
+            draft = draft + np.where(drawing, self.model_draft_ns(decodes, pos), 0.0)
+            follow = self.model_follow_ns(pos)
+        if ngram_asked is not None and any(d.is_lookup for d in mode.drafters):
             draft = draft + np.where(np.asarray(ngram_asked, bool), self.lookup_ns(pos), 0.0)
-        return tuple(self.phase_ns(head, k, draft, rows_sampled, rollback, pos, fresh).values())
+        return tuple(self.phase_ns(head, k, draft, rows_sampled, rollback, pos, fresh, follow).values())
 
     def ceiling_step_ns(self, n_max: int, mode: DrafterMode | str = drafters.DEFAULT_MODE, pos: float = 0.0) -> float:
         """Time of a step at ``pos`` that drafts ``n_max`` tokens and has all of them accepted (every
@@ -205,7 +225,11 @@ class CostModel:
         samples: dict[str, Any] = {}
         pos = c["pos"].astype(np.float64)
         verify, catchup, cold_ns, fresh_ns, warm_ns = _fit_target(c, pos, depth, samples)
-        draft = _fit_draft(c, pos, depth, samples)
+        draft = _fit_draft(c, pos, depth, samples, _head_drafter(), "draft")
+        model_draft = _fit_draft(c, pos, depth, samples, _draft_model_drafter(), "model_draft")
+        follow_pts = c.get("t_follow_ns", np.zeros(0)).astype(np.float64)
+        a, b, n = _line(pos[: follow_pts.size], follow_pts)
+        samples["model_follow"] = n
         ngram = _fit_lookup(c, pos, samples)
         many = c["probe_k"] >= 2
         row = (c["probe_argmax_ns"][many] / c["probe_k"][many]).astype(np.float64)
@@ -217,7 +241,8 @@ class CostModel:
             sample_plain_ns=_med(c["t_argmax_ns"].astype(np.float64)),
             sample_row_ns=_med(row),
             rollback_ns=_med(c["probe_rollback_ns"][many].astype(np.float64)),
-            samples=samples, telemetry=telemetry,
+            samples=samples, telemetry=telemetry, model_draft=model_draft,
+            model_follow=np.array([a, b]) if n >= 2 else np.zeros(2),
         )
 
 
@@ -270,10 +295,11 @@ def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict
     verify[0] = catchup[0] = 0.0
     # the same decode after the MTP chain minus right after a target decode: cold caches;
     # a k >= 2 batch after the chain (new graph, cold) minus again at once (reused, warm)
+    # (both are extra costs: a median below zero is the noise of a busy machine, and counts as none)
     one = probe_k == 1
-    cold_ns = _med(p1[one] - t_verify[one])
+    cold_ns = max(0.0, _med(p1[one] - t_verify[one]))
     many = probe_k >= 2
-    fresh_ns = _med(p1[many] - p2[many]) - cold_ns
+    fresh_ns = max(0.0, _med(p1[many] - p2[many]) - cold_ns)
     samples["cold"] = int(one.sum())
     samples["fresh"] = int(many.sum())
     # plain decodes in a row (the tail after the generation) against the single-token line
@@ -284,9 +310,11 @@ def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict
     return verify, catchup, cold_ns, fresh_ns, warm_ns
 
 
-def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict) -> np.ndarray:
-    """The MTP draft-call table: the head's chain's cumulative decode times plus the call's fixed tail."""
-    s = _head_drafter().index
+def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict, spec: DrafterSpec,
+               name: str) -> np.ndarray:
+    """The draft-call table of a drafter with a model (``spec``: the MTP head, a draft model): its chain's
+    cumulative decode times plus the call's fixed tail. Records the sample counts under ``name``."""
+    s = spec.index
     cum = c["t_draft_cum_ns"][:, s].astype(np.float64)
     total = c["t_draft_ns"][:, s].astype(np.float64)
     lens = c["draft_len"][:, s]
@@ -296,7 +324,7 @@ def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict)
     for m in range(1, N + 1):
         sel = lens >= m
         drafts.append((pos[sel], cum[sel, m - 1] + tail_ns) if sel.any() else None)
-    draft = _table(drafts, "draft", samples)
+    draft = _table(drafts, name, samples)
     draft[0] = 0.0
     if not has.any():
         draft[:] = 0.0
@@ -306,7 +334,7 @@ def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict)
 def _fit_lookup(c: dict[str, np.ndarray], pos: np.ndarray, samples: dict) -> np.ndarray:
     """The look-up line: the draft calls of the drafters without a model, wherever they were asked (cap > 0)."""
     asked = c["cap"] > 0
-    specs = [s for s in DRAFTER_SPECS.values() if not s.needs_mtp]
+    specs = [s for s in DRAFTER_SPECS.values() if s.is_lookup]
     x = np.concatenate([pos[asked]] * len(specs))
     y = np.concatenate([c["t_draft_ns"][asked, s.index].astype(np.float64) for s in specs])
     a, b, n = _line(x, y)
@@ -364,6 +392,11 @@ class OracleTrace:
     @property
     def has_mtp(self) -> bool:
         return bool(self.settings["has_mtp"])
+
+    @property
+    def has_draft_model(self) -> bool:
+        """The recording session had a draft model (``draft-simple`` was recorded)."""
+        return bool(self.settings.get("has_draft_model", False))
 
     @property
     def cost(self) -> CostModel:
@@ -454,6 +487,11 @@ class OracleTrace:
 def _head_drafter() -> DrafterSpec:
     """The drafter of the MTP head (whose draft :attr:`OracleTrace.match_len` describes)."""
     return next(s for s in DRAFTER_SPECS.values() if s.needs_mtp)
+
+
+def _draft_model_drafter() -> DrafterSpec:
+    """The drafter of a separate draft model."""
+    return next(s for s in DRAFTER_SPECS.values() if s.needs_draft_model)
 
 
 def _match_len(draft: np.ndarray, length: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:

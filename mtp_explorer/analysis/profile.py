@@ -247,10 +247,14 @@ def _cost_model(doc: Any) -> CostModel:
     except (TypeError, ValueError) as exc:
         raise ParameterError(f"the cost profile's cost model is malformed: {exc}") from None
     depth = len(cost.draft) - 1
-    # the tables in CostModel's order: verify, catch-up (k = 0 .. depth + 1), draft (m = 0 .. depth), look-up
+    # the tables in CostModel's order: verify, catch-up (k = 0 .. depth + 1), draft (m = 0 .. depth), look-up, the
+    # draft model's draft (m = 0 .. depth; one zero row in a profile measured without a draft model) and follow
     tables = [f.name for f in dataclasses.fields(CostModel) if f.type == "np.ndarray"]
-    for name, shape in zip(tables, [(depth + 2, 2), (depth + 2, 2), (depth + 1, 2), (2,)], strict=True):
+    shapes = [(depth + 2, 2), (depth + 2, 2), (depth + 1, 2), (2,), (depth + 1, 2), (2,)]
+    for name, shape in zip(tables, shapes, strict=True):
         table = getattr(cost, name)
+        if name == "model_draft" and table.shape == (1, 2):
+            shape = (1, 2)
         if depth < 1 or table.shape != shape:
             raise ParameterError(f"the cost profile's cost table {name!r} has shape {table.shape}, expected {shape}")
         if not np.isfinite(table).all():

@@ -128,7 +128,7 @@ class DrafterReplay(abc.ABC):
     @property
     def available(self) -> bool:
         """The recorded model can run this drafter."""
-        return self.oracle.has_mtp or not self.spec.needs_mtp
+        return self.spec.runs_with(self.oracle.has_mtp, self.oracle.has_draft_model)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -187,6 +187,11 @@ class DrafterReplay(abc.ABC):
         """Predicted time of its draft calls (``cap_pos``: the step's cap was > 0; ``pos``: n_past): by default
         one look-up wherever it was asked (a drafter without a model)."""
         return np.where(np.asarray(proposal.asked, bool), cost.lookup_ns(pos), 0.0)
+
+    def follow_ns(self, cost: "CostModel", pos: np.ndarray) -> np.ndarray | float:
+        """Predicted time it takes to follow each step's verify batch besides the MTP catch-up (``pos``: n_past at
+        the steps): none by default."""
+        return 0.0
 
 
 # -- the MTP head ---------------------------------------------------------------------------------------
@@ -261,6 +266,22 @@ class MtpReplay(DrafterReplay):
 
     def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
         return np.where(proposal.asked & np.asarray(cap_pos, bool), cost.head_draft_ns(proposal.decodes, pos), 0.0)
+
+
+# -- llama.cpp's draft-simple: a separate draft model --------------------------------------------------
+class DraftModelReplay(MtpReplay):
+    """A draft model (llama.cpp's draft-simple): drafted, cut and estimated as the MTP head (its chain drafted with
+    ``p_min = 0``, cut where a confidence falls below ``p_min``, at an end-of-generation token or at the cap);
+    its model decodes every verify batch, with or without drafting (the follow cost), but does not evict the
+    target's caches as the MTP head's catch-up is priced to."""
+
+    follows_target = False
+
+    def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
+        return np.where(proposal.asked & np.asarray(cap_pos, bool), cost.model_draft_ns(proposal.decodes, pos), 0.0)
+
+    def follow_ns(self, cost, pos) -> np.ndarray | float:
+        return cost.model_follow_ns(pos) if self.available else 0.0
 
 
 # -- llama.cpp's ngram-simple ---------------------------------------------------------------------------

@@ -93,8 +93,11 @@ def _check_policy(oracle: OracleTrace, n_max, p_min, n_min, drafter: str | Draft
     if not _is_int(max_tokens) or not 1 <= max_tokens <= oracle.max_tokens:
         raise ParameterError(f"max_tokens must be between 1 and the oracle's {oracle.max_tokens}, got {max_tokens!r}")
     if n_max > 0 and mode.needs_mtp and not oracle.has_mtp:
-        usable = " or ".join(f"drafter={m!r}" for m in drafters.available_modes(False))
+        usable = " or ".join(f"drafter={m!r}" for m in drafters.available_modes(False, oracle.has_draft_model))
         raise ParameterError(f"the oracle's model has no MTP head: use {usable} or n_max=0")
+    if n_max > 0 and mode.needs_draft_model and not oracle.has_draft_model:
+        raise ParameterError(f"drafter={mode.name!r} drafts with a draft model, and the oracle was recorded without "
+                             f"one: record it in a session opened with draft_model=..., or use n_max=0")
     return _Policy(mode, int(n_max), float(p_min), int(n_min), int(max_tokens))
 
 
@@ -367,6 +370,11 @@ def _draft_ns(oracle: OracleTrace, replays, proposals, cap_pos, pos):
     return total
 
 
+def _follow_ns(oracle: OracleTrace, replays, pos):
+    """What following each step's verify batch costs the drafters besides the MTP catch-up (a draft model's decode)."""
+    return sum((r.follow_ns(oracle.cost, pos) for r in replays), 0.0)
+
+
 def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[str, np.ndarray]:
     """Predicted time of each phase of each step (the verify graph reused when ``k`` repeats)."""
     k = steps.n_drafted + 1
@@ -374,8 +382,10 @@ def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
     pos = oracle.columns["pos"][steps.g].astype(np.float64)
-    draft = _draft_ns(oracle, _replays(oracle, mode), steps.proposals, steps.cap > 0, pos)
-    return oracle.cost.phase_ns(steps.head, k, draft, rows, steps.n_drafted - steps.n_accepted, pos, fresh)
+    replays = _replays(oracle, mode)
+    draft = _draft_ns(oracle, replays, steps.proposals, steps.cap > 0, pos)
+    return oracle.cost.phase_ns(steps.head, k, draft, rows, steps.n_drafted - steps.n_accepted, pos, fresh,
+                                _follow_ns(oracle, replays, pos))
 
 
 def _total_ns(phases: Mapping[str, np.ndarray]):
@@ -409,7 +419,7 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
     if not CHAIN_POLICY_ASKS_ALL[mode.policy]:  # the first drafter's full draft is verified, the others not asked
         full = [f if i == 0 else _only_asked(f, np.zeros(g.shape, bool)) for i, f in enumerate(full)]
     parts = oracle.cost.phase_ns(head, k, _draft_ns(oracle, replays, full, cap > 0, pos),
-                                 k, 0, pos, np.r_[True, k[1:] != k[:-1]])
+                                 k, 0, pos, np.r_[True, k[1:] != k[:-1]], _follow_ns(oracle, replays, pos))
     seconds = float(sum(np.broadcast_to(np.asarray(p, dtype=np.float64), g.shape).sum() for p in parts.values())) / 1e9
     return T / seconds
 
@@ -602,7 +612,8 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     pos = oracle.columns["pos"].astype(np.float64)[None, :]
     draft = _draft_ns(oracle, (replay,), (cand,), cap > 0, pos)
     step_fresh = _total_ns(oracle.cost.phase_ns(_head((replay,), (cand,), cand.asked.shape), n_d + 1, draft,
-                                                n_d + 1 if tel else acc + 1, n_d - acc, pos, fresh=True))
+                                                n_d + 1 if tel else acc + 1, n_d - acc, pos, fresh=True,
+                                                follow=_follow_ns(oracle, (replay,), pos)))
     visited, total_ns = _follow_lanes(n_d + 1, acc, step_fresh, step_fresh - oracle.cost.fresh_ns, T_end)
     n_steps = visited.sum(axis=1)
     n_drafted = np.where(visited, n_d, 0).sum(axis=1)

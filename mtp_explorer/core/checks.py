@@ -44,12 +44,19 @@ def check_draft_params(n_max, p_min, n_min, *, capacity: int, capacity_reason: s
         raise ParameterError(f"n_min={n_min} is larger than n_max={n_max}")
 
 
-def check_mtp_available(n_max: int, mode, has_mtp: bool, model: str, usable: tuple[str, ...]) -> None:
-    """A drafting ``mode`` that needs an MTP head on a model without one is an :class:`MtpUnavailableError`."""
+def check_drafters_available(n_max: int, mode, has_mtp: bool, has_draft_model: bool, model: str,
+                             usable: tuple[str, ...]) -> None:
+    """A drafting ``mode`` that needs an MTP head on a model without one is an :class:`MtpUnavailableError`; one
+    that needs a draft model in a session opened without one, a :class:`ParameterError`."""
     if n_max > 0 and not has_mtp and mode.needs_mtp:
         raise MtpUnavailableError(
             f"{model} has no MTP layers, so it cannot draft with drafter={mode.name!r}; use n_max=0 for plain "
             f"decoding or drafter={', '.join(repr(m) for m in usable)}")
+    if n_max > 0 and not has_draft_model and mode.needs_draft_model:
+        raise ParameterError(
+            f"drafter={mode.name!r} drafts with a draft model, and this session was opened without one: "
+            f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 or "
+            f"drafter={', '.join(repr(m) for m in usable)}")
 
 
 def check_sampling(temperature, seed) -> tuple[float, int]:

@@ -17,8 +17,13 @@ import dataclasses
 import importlib
 from typing import Any, Mapping, Sequence
 
+from .. import _native
 from .errors import ParameterError
 from .schema import CHAIN_POLICIES, DRAFTERS
+
+#: What a drafter may need besides the target model (the engine's DrafterNeeds): nothing (a look-up), the model's
+#: MTP head, or a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``).
+NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +55,29 @@ class DrafterSpec:
     spec_type: str        #: llama.cpp's ``--spec-type`` value
     label: str            #: how views name it
     has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
-    needs_mtp: bool       #: it needs a model with MTP (nextn) layers
+    needs: str            #: what it drafts with besides the history (an entry of :data:`NEEDS`)
     options: tuple[DrafterOption, ...] = ()
     replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
     description: str = ""
+
+    @property
+    def needs_mtp(self) -> bool:
+        """It drafts with the model's MTP (nextn) layers."""
+        return self.needs == "mtp"
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """It drafts with a separate draft model."""
+        return self.needs == "draft_model"
+
+    @property
+    def is_lookup(self) -> bool:
+        """It drafts from the token history alone (no model: no decode, no confidence)."""
+        return self.needs == "nothing"
+
+    def runs_with(self, has_mtp: bool, has_draft_model: bool = False) -> bool:
+        """A session with (or without) an MTP head and a draft model can run it."""
+        return {"nothing": True, "mtp": has_mtp, "draft_model": has_draft_model}[self.needs]
 
     @property
     def index(self) -> int:
@@ -85,6 +109,15 @@ class DrafterMode:
     def needs_mtp(self) -> bool:
         """Some drafter of the mode drafts with the MTP head, so it cannot run on a model without one."""
         return any(d.needs_mtp for d in self.drafters)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Some drafter of the mode drafts with a separate draft model."""
+        return any(d.needs_draft_model for d in self.drafters)
+
+    def runs_with(self, has_mtp: bool, has_draft_model: bool = False) -> bool:
+        """A session with (or without) an MTP head and a draft model can draft with every drafter of the mode."""
+        return all(d.runs_with(has_mtp, has_draft_model) for d in self.drafters)
 
     @property
     def has_confidence(self) -> bool:
@@ -132,31 +165,38 @@ def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, 
 
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
-    DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
+    DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs="mtp",
                 replay="..analysis.replay:MtpReplay",
                 description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
-    DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs_mtp=False,
+    DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs="nothing",
                 options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",
                 description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
                             "the ngram_simple_size_m tokens that followed proposed"),
-    DrafterSpec("ngram-mod", "ngram-mod", "n-gram table", has_confidence=False, needs_mtp=False,
+    DrafterSpec("ngram-mod", "ngram-mod", "n-gram table", has_confidence=False, needs="nothing",
                 options=_NGRAM_MOD_OPTIONS, replay="..analysis.replay:NgramModReplay",
                 description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
                             "from the last tokens; reset after five steps of low acceptance"),
-    DrafterSpec("ngram-map-k", "ngram-map-k", "n-gram key map", has_confidence=False, needs_mtp=False,
+    DrafterSpec("ngram-map-k", "ngram-map-k", "n-gram key map", has_confidence=False, needs="nothing",
                 options=_ngram_map_options("ngram_map_k", "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)"),
                 replay="..analysis.replay:NgramMapReplay",
                 description="the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens "
                             "after the match proposed, as many as were accepted the last time this key drafted"),
-    DrafterSpec("ngram-map-k4v", "ngram-map-k4v", "n-gram key/value map", has_confidence=False, needs_mtp=False,
+    DrafterSpec("ngram-map-k4v", "ngram-map-k4v", "n-gram key/value map", has_confidence=False, needs="nothing",
                 options=_ngram_map_options("ngram_map_k4v", "key hits before a draft"),
                 replay="..analysis.replay:NgramMapReplay",
                 description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
                             "frequent continuation (of up to 4) at least twice as often as the others together"),
+    DrafterSpec("draft-simple", "draft-simple", "draft model", has_confidence=True, needs="draft_model",
+                replay="..analysis.replay:DraftModelReplay",
+                description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
+                            "llama.cpp's -md) drafts greedily; confidence compared with p_min"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
     raise ImportError(f"drafter registry {tuple(DRAFTER_SPECS)} differs from the engine's {DRAFTERS}")
+if tuple(s.needs for s in DRAFTER_SPECS.values()) != tuple(_native.DRAFTER_NEEDS):
+    raise ImportError(f"drafter registry needs {[s.needs for s in DRAFTER_SPECS.values()]} differ from the engine's "
+                      f"{_native.DRAFTER_NEEDS}")
 
 #: The ``drafter=`` choices, by name.
 MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
@@ -183,6 +223,8 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
                 label="n-gram, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "
                             "one, else the MTP head's"),
+    DrafterMode("draft-simple", (DRAFTER_SPECS["draft-simple"],), label="draft model",
+                description=DRAFTER_SPECS["draft-simple"].description),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
@@ -260,19 +302,19 @@ def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
 
 
 def default_mode(has_mtp: bool) -> str:
-    """The mode a model starts with: MTP where it has the head, else the first that needs none."""
-    return DEFAULT_MODE if has_mtp else next(m.name for m in MODES.values() if not m.needs_mtp)
+    """The mode a model starts with: MTP where it has the head, else the first look-up."""
+    return DEFAULT_MODE if has_mtp else next(m.name for m in MODES.values() if m.runs_with(False))
 
 
-def available_modes(has_mtp: bool) -> tuple[str, ...]:
-    """The modes that can draft on a model with (or without) an MTP head."""
-    return tuple(m.name for m in MODES.values() if has_mtp or not m.needs_mtp)
+def available_modes(has_mtp: bool, has_draft_model: bool = False) -> tuple[str, ...]:
+    """The listed modes that can draft in a session with (or without) an MTP head and a draft model."""
+    return tuple(m.name for m in MODES.values() if m.runs_with(has_mtp, has_draft_model))
 
 
-def recording_mode(has_mtp: bool) -> DrafterMode:
-    """The mode an oracle recording runs: every drafter the model can use (in the engine's order), asked at every
-    position."""
-    specs = tuple(s for s in DRAFTER_SPECS.values() if has_mtp or not s.needs_mtp)
+def recording_mode(has_mtp: bool, has_draft_model: bool = False) -> DrafterMode:
+    """The mode an oracle recording runs: every drafter the session can use (in the engine's order), asked at
+    every position."""
+    specs = tuple(s for s in DRAFTER_SPECS.values() if s.runs_with(has_mtp, has_draft_model))
     return DrafterMode("+".join(s.name for s in specs), specs, policy="best", label="every drafter",
                        description="the oracle: every drafter asked at every position")
 

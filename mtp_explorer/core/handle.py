@@ -38,6 +38,37 @@ def check_nextn_api(path: str | None = None) -> None:
         )
 
 
+def _load_engine(path: Path, options: SessionOptions) -> "_native.Engine":
+    """The native engine for the model at ``path``; a load failure carries llama.cpp's last log lines."""
+    check_nextn_api(_libllama_path())
+    _native.take_log()
+    try:
+        with engine_errors():
+            return _native.Engine(options.to_native(str(path)))
+    except ModelLoadError as exc:
+        log = [line for line in _native.take_log() if line.strip()]
+        detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""
+        raise ModelLoadError(f"cannot load {path}: {exc}{detail}") from exc
+
+
+def _load_mode(load_mode: str, use_mmap: bool | None) -> str:
+    """``load_mode``, or llama-cpp-python's ``use_mmap`` spelling of it."""
+    if use_mmap is None:
+        return load_mode
+    if load_mode != "auto":
+        raise ParameterError("give use_mmap or load_mode, not both")
+    return "mmap" if use_mmap else "none"
+
+
+def _placement(engine: "_native.Engine") -> dict[str, Any]:
+    """The engine's placement options (``threads_batch`` resolved) and the devices this build sees."""
+    p = engine.placement
+    return {"n_gpu_layers": p.n_gpu_layers, "main_gpu": p.main_gpu, "flash_attn": p.flash_attn,
+            "type_k": p.type_k, "type_v": p.type_v, "load_mode": p.load_mode,
+            "threads_batch": p.n_threads_batch or engine.n_threads,
+            "devices": list(_native.backend_devices()), "gpu_offload": bool(_native.supports_gpu_offload())}
+
+
 def _engine_fact(name: str, doc: str) -> property:
     """A read-only property answered by the live engine's attribute ``name``."""
     return property(lambda self: getattr(self._live(), name), doc=doc)
@@ -47,9 +78,12 @@ class EngineHandle:
     """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
     frees it."""
 
-    def __init__(self, engine: "_native.Engine", info: ModelInfo, *, seed: int) -> None:
+    def __init__(self, engine: "_native.Engine", info: ModelInfo, *, seed: int,
+                 draft_info: ModelInfo | None = None) -> None:
         self._engine = engine
         self.info = info
+        self.draft_info = draft_info
+        """The draft model's facts (``draft-simple``), or ``None``: opened without one."""
         self.seed = seed
         self._busy = threading.Lock()
         self._closed = False
@@ -78,6 +112,7 @@ class EngineHandle:
         load_mode: str = "auto",
         use_mmap: bool | None = None,
         threads_batch: int | None = None,
+        draft_model: str | os.PathLike | None = None,
     ) -> "EngineHandle":
         """Load a GGUF model (``None``: the bundled demo model).
 
@@ -92,6 +127,10 @@ class EngineHandle:
         ``clock="cpu"`` times the phases with the calling thread's CPU time instead of the wall
         clock (needs ``threads=1``, where llama.cpp computes on that thread): the work, without the
         time a busy machine kept the thread waiting. Tokens/s are then work-rate figures.
+
+        ``draft_model`` loads a second, smaller GGUF with the same vocabulary for ``drafter="draft-simple"``
+        (llama.cpp's ``-md``; placed as the target). A vocabulary llama.cpp would refuse, or a recurrent draft
+        model, is a :class:`ParameterError`.
         """
         if path is None:
             from ..models import default_model_path
@@ -99,25 +138,16 @@ class EngineHandle:
             path = default_model_path()
         path = Path(path)
         info = model_info(path)
-        if use_mmap is not None:
-            if load_mode != "auto":
-                raise ParameterError("give use_mmap or load_mode, not both")
-            load_mode = "mmap" if use_mmap else "none"
+        draft_info = None if draft_model is None else model_info(Path(draft_model))
+        load_mode = _load_mode(load_mode, use_mmap)
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
-                                 threads_batch=threads_batch)
+                                 threads_batch=threads_batch,
+                                 draft_model=None if draft_info is None else str(draft_info.path))
         options.check_model(info.n_embd_head_k)
-        check_nextn_api(_libllama_path())
-        _native.take_log()
-        try:
-            with engine_errors():
-                engine = _native.Engine(options.to_native(str(path)))
-        except ModelLoadError as exc:
-            log = [line for line in _native.take_log() if line.strip()]
-            detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""
-            raise ModelLoadError(f"cannot load {path}: {exc}{detail}") from exc
-        session = cls(engine, info, seed=options.seed)
+        engine = _load_engine(path, options)
+        session = cls(engine, info, seed=options.seed, draft_info=draft_info)
         session.open_kwargs = options.as_kwargs()
         return session
 
@@ -157,14 +187,15 @@ class EngineHandle:
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
 
     @property
+    def has_draft_model(self) -> bool:
+        """The session was opened with a draft model (``draft-simple`` can draft)."""
+        return self.draft_info is not None
+
+    @property
     def placement(self) -> dict[str, Any]:
         """Where the model is and how its contexts compute: the placement options as the engine holds them
         (``threads_batch`` resolved) and the backend devices this build of llama.cpp sees."""
-        p = self._live().placement
-        return {"n_gpu_layers": p.n_gpu_layers, "main_gpu": p.main_gpu, "flash_attn": p.flash_attn,
-                "type_k": p.type_k, "type_v": p.type_v, "load_mode": p.load_mode,
-                "threads_batch": p.n_threads_batch or self.threads,
-                "devices": list(_native.backend_devices()), "gpu_offload": bool(_native.supports_gpu_offload())}
+        return _placement(self._live())
 
     @property
     def telemetry(self) -> bool:
@@ -241,4 +272,5 @@ class EngineHandle:
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""
         return {"n_ctx": self.n_ctx, "capacity": self.capacity, "threads": self.threads,
-                "telemetry": self.telemetry, "clock": self.clock} | self.placement
+                "telemetry": self.telemetry, "clock": self.clock,
+                "draft_model": None if self.draft_info is None else self.draft_info.name} | self.placement

@@ -37,7 +37,8 @@ class SessionOptions:
     ``n_ctx`` is padded to a multiple of 256 as llama.cpp pads the context, so the batch is sized alike.
     The placement options keep llama.cpp's names and defaults: ``n_gpu_layers`` (``-ngl``; -1 "auto",
     -2 "all"), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``), ``type_k``/``type_v`` (``-ctk``/``-ctv``),
-    ``load_mode`` (``-lm``) and ``threads_batch`` (``-tb``; ``None``: the generation threads).
+    ``load_mode`` (``-lm``) and ``threads_batch`` (``-tb``; ``None``: the generation threads). ``draft_model`` is
+    the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target.
     """
 
     n_ctx: int = 4096
@@ -54,6 +55,7 @@ class SessionOptions:
     type_v: str = "f16"
     load_mode: str = "auto"
     threads_batch: int | None = None
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         self._check_placement()
@@ -100,6 +102,7 @@ class SessionOptions:
         eo = _native.EngineOptions()
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
         eo.topk, eo.telemetry, eo.cpu_clock = self.topk, bool(self.telemetry), self.clock == "cpu"
+        eo.draft_path = self.draft_model or ""
         p = _native.Placement()
         p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
         p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = self.flash_attn, self.type_k, self.type_v, \

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _native
 from . import drafters
-from .checks import PminNotApplicable, check_draft_params, check_int, check_mtp_available, check_sampling
+from .checks import PminNotApplicable, check_draft_params, check_int, check_drafters_available, check_sampling
 from .errors import CancelledError, engine_errors
 from .handle import EngineHandle, Prompt
 from .schema import FINISH_REASONS
@@ -115,7 +115,7 @@ class Session(EngineHandle):
         values = drafters.option_values(options)
         with self._run():
             tokens = self._prompt_tokens(prompt)
-            self._mode = drafters.recording_mode(self.info.has_mtp)
+            self._mode = drafters.recording_mode(self.info.has_mtp, self.has_draft_model)
             t0 = time.perf_counter()
             with engine_errors():
                 done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
@@ -126,7 +126,8 @@ class Session(EngineHandle):
             output = self._output(prompt, tokens)
             cols = dict(cols) | {"token_eog": np.array([engine.is_eog(t) for t in output["tokens"]], dtype=bool)}
             settings = {"max_tokens": max_tokens, "depth": depth, "probe": bool(probe),
-                        "has_mtp": bool(self.info.has_mtp), "is_recurrent": bool(engine.is_recurrent),
+                        "has_mtp": bool(self.info.has_mtp), "has_draft_model": self.has_draft_model,
+                        "is_recurrent": bool(engine.is_recurrent),
                         "n_prompt": len(tokens)} | self._session_settings() | values
             oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
         return oracle
@@ -148,7 +149,8 @@ class Session(EngineHandle):
 
     def drafter_stats(self) -> list[dict]:
         """Per drafter of the last generation, llama.cpp's speculative statistics (drafts generated and
-        accepted, accepted tokens, acceptance per position)."""
+        accepted, accepted tokens, acceptance per position) and its times in ns (``t_begin_ns``, ``t_draft_ns``,
+        ``t_accept_ns``; a draft model's decode of each verify batch counts in the last)."""
         return list(self._live().drafter_stats())
 
     def cancel(self) -> None:
@@ -161,8 +163,9 @@ class Session(EngineHandle):
         reason = ("its n_rs_seq recurrent snapshot slots" if self._engine.is_recurrent
                   else "the draft depth its telemetry holds, set by n_rs_seq")
         check_draft_params(n_max, p_min, n_min, capacity=self.capacity, capacity_reason=reason)
-        check_mtp_available(n_max, mode, self.info.has_mtp, f"{self.info.name} ({self.info.path})",
-                            drafters.available_modes(False))
+        check_drafters_available(n_max, mode, self.info.has_mtp, self.has_draft_model,
+                                 f"{self.info.name} ({self.info.path})",
+                                 drafters.available_modes(self.info.has_mtp, self.has_draft_model))
 
     def _begin(self, prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options) -> list[int]:
         mode = drafters.mode(drafter)

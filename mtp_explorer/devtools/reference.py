@@ -127,48 +127,76 @@ def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
 
 
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
-                            n_min: int = 0, drafter: str | None = None, **options: int) -> Trace:
+                            n_min: int = 0, drafter: str | None = None, checkpoints: bool = False,
+                            **options: int) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
 
     ``drafter`` (default: the MTP head) and ``options`` as :meth:`Session.generate` takes them (a ``--spec-type``
     chain runs under llama.cpp's ``first`` policy). Exact for ``n_min == 0``; with ``n_min > 0`` the reference
     applies n_min before its budget truncation, which a shorter n_max cannot reproduce at the very last steps.
-    """
 
+    ``checkpoints`` replays the reference's checkpoint rule too, which it follows when its target context cannot
+    remove part of a sequence (a recurrent model without ``draft-mtp`` in the chain, so without snapshot slots):
+    after a partial acceptance it restores the target state and verifies the accepted tokens and the correction
+    again as its next draft, which also yields the token after them (the bonus) before its budget is checked.
+    Here that bonus is one plain step (``n_max=0``) forced after each partial acceptance, so the next draft starts
+    at the same position as the reference's; :func:`reference_totals` counts the steps as the reference does.
+    """
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     n_predict = 0
     chosen = {} if drafter is None else {"drafter": drafter}
-    stream = session.stream(prompt, max_tokens=max_tokens + n_max + 1, n_max=n_max_for(0), p_min=p_min,
+    stream = session.stream(prompt, max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), p_min=p_min,
                             n_min=min(n_min, n_max_for(0)), **chosen, **options)
     for step in stream:
         n_predict += step.n_accepted + 1
-        if n_predict > max_tokens or session.is_eog(step.correction):
+        partial = checkpoints and step.n_accepted < step.n_drafted
+        if session.is_eog(step.correction) or (n_predict > max_tokens and not partial):
             session.cancel()
             continue
-        nxt = n_max_for(n_predict)
+        nxt = 0 if partial else n_max_for(n_predict)
         session.set_params(n_max=nxt, p_min=p_min, n_min=min(n_min, nxt))
     return session.last_trace
 
 
-def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float) -> dict:
-    """Parity of one run: text and drafted/accepted totals, with our end-of-generation rule accounted for.
+def reference_totals(trace: Trace, *, checkpoints: bool) -> dict:
+    """The n_predict/n_drafted/n_accept totals the reference prints for the run ``trace`` replays: with
+    ``checkpoints``, a partially accepted draft is not counted, and its re-verification counts the accepted tokens
+    and the correction as drafted and accepted (the forced plain step after it, the bonus, counts nothing). Not
+    modelled: a partial acceptance whose correction ends the generation (the reference's re-verification then
+    counts one token past it): such a case shows as a mismatch, n_predict one short."""
+    drafted = accepted = 0
+    for st in trace.steps:
+        if checkpoints and st.n_accepted < st.n_drafted:
+            drafted += st.n_accepted + 1
+            accepted += st.n_accepted + 1
+        else:
+            drafted += st.n_drafted
+            accepted += st.n_accepted
+    return {"n_predict": len(trace.tokens), "n_drafted": drafted, "n_accept": accepted}
 
-    We stop drafting at an end-of-generation token; the reference drafts on past it. With
-    ``p_min == 0`` it always drafts to its cap, so its drafted total is still known exactly; with
+
+def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float, *, checkpoints: bool = False) -> dict:
+    """Parity of one run: text and drafted/accepted totals, with our end-of-generation rule and (``checkpoints``)
+    the reference's checkpoint rule accounted for (:func:`reference_totals`).
+
+    We stop drafting at an end-of-generation token; the reference's model drafters draft on past it. With
+    ``p_min == 0`` they always draft to the cap, so the drafted total is still known exactly; with
     ``p_min > 0`` such runs compare text and accepted totals only (``unverifiable_drafted_total``).
     """
     totals = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
     reference = {"n_predict": ref.n_predict, "n_drafted": ref.n_drafted, "n_accept": ref.n_accept}
     eos_steps = [st for st in ours.steps if st.stop_reason == "eos"]
-    expected = dict(totals)
+    expected = reference_totals(ours, checkpoints=checkpoints)
     unverifiable = bool(eos_steps) and p_min > 0
     if eos_steps and not unverifiable:
         expected["n_drafted"] += sum(st.n_max - st.n_drafted for st in eos_steps)
     text_equal = "".join(ours.pieces) == ref.text
     if unverifiable:
-        match = text_equal and reference["n_predict"] == totals["n_predict"] and reference["n_accept"] == totals["n_accept"]
+        match = text_equal and reference["n_predict"] == expected["n_predict"] and reference["n_accept"] == expected["n_accept"]
     else:
         match = text_equal and reference == expected
-    return {"reference": reference, "ours": totals, "text_equal": text_equal, "eos_stopped_steps": len(eos_steps),
-            "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
+    return {"reference": reference, "ours": totals, "expected_reference": expected, "text_equal": text_equal,
+            "checkpoint_rule": checkpoints,
+            "re_verified_steps": sum(st.n_accepted < st.n_drafted for st in ours.steps) if checkpoints else 0,
+            "eos_stopped_steps": len(eos_steps), "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
             "unverifiable_drafted_total": unverifiable, "match": match}

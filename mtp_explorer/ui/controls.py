@@ -63,7 +63,7 @@ def readable_error(exc: BaseException) -> str:
 _NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
 
 
-def drafter_tooltip(name: str, has_mtp: bool) -> str:
+def drafter_tooltip(name: str, has_mtp: bool, has_draft_model: bool = False) -> str:
     """The drafter selector's tooltip for the ``drafter=`` choice ``name``, from its registry record."""
     m = drafters.mode(name)
     text = m.description
@@ -71,6 +71,8 @@ def drafter_tooltip(name: str, has_mtp: bool) -> str:
         text += " (p_min does not apply: it has no confidence)"
     if m.needs_mtp and not has_mtp:
         text += " (unavailable: this model has no MTP layers)"
+    if m.needs_draft_model and not has_draft_model:
+        text += " (unavailable: the session was opened without draft_model=...)"
     return text + _NEXT_RUN
 
 
@@ -79,12 +81,13 @@ class Controls(W.VBox):
 
     ``drafter`` (options :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`) and the drafter options
     (``option_fields``, one per :func:`~mtp_explorer.core.drafters.all_options`) are read when a generation
-    starts: the engine cannot change them mid-generation. ``has_mtp=False`` (a model without MTP layers)
-    notes in the tooltips which drafters are unavailable (a Run with them shows the session's error)."""
+    starts: the engine cannot change them mid-generation. ``has_mtp=False`` (a model without MTP layers) and
+    ``has_draft_model=False`` (a session without a draft model) note in the tooltips which drafters are
+    unavailable (a Run with them shows the session's error)."""
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
                  temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
-                 options: dict[str, int] | None = None) -> None:
+                 has_draft_model: bool = False, options: dict[str, int] | None = None) -> None:
         style = {"description_width": "90px"}
         drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)
@@ -93,7 +96,7 @@ class Controls(W.VBox):
         self.drafter = W.ToggleButtons(
             options=drafters.DRAFTER_MODES, value=drafter, description="drafter",
             style=style | {"button_width": "80px"},
-            tooltips=[drafter_tooltip(d, has_mtp) for d in drafters.DRAFTER_MODES])
+            tooltips=[drafter_tooltip(d, has_mtp, has_draft_model) for d in drafters.DRAFTER_MODES])
         self.option_fields: dict[str, W.BoundedIntText] = {
             o.name: W.BoundedIntText(value=values[o.name], min=o.lo, max=o.hi, description=o.name, style=style,
                                      tooltip=f"{o.help} ({o.flag}){_NEXT_RUN}", layout=W.Layout(width="200px"))

@@ -87,7 +87,8 @@ class Explorer(W.VBox):
         info = session.info
         has_mtp = bool(info.has_mtp)
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
-                                 n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp, options=options,
+                                 n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp,
+                                 has_draft_model=session.has_draft_model, options=options,
                                  drafter=drafters.default_mode(has_mtp) if drafter is None else drafter)
         self.progress = ProgressView()
         self.error_area = ErrorArea()
@@ -103,6 +104,8 @@ class Explorer(W.VBox):
                        + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
                        + f") · n_max up to {session.capacity}"
                        f" · {html.escape(placement_label(session.placement))}"
+                       + ("" if session.draft_info is None
+                          else f" · draft model {html.escape(session.draft_info.name)}")
                        + ("" if has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
                                              "drafting only"))
         super().__init__([title, self.controls, self.progress, self.error_area, self.whatif_panel, self.views])

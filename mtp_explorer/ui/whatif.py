@@ -32,9 +32,11 @@ __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 Report = Callable[[str, str], None]
 
 
-def oracle_refusal(request: RunRequest, has_mtp: bool, model_name: str = "this model") -> MtpExplorerError | None:
-    """Why no oracle can be recorded for ``request`` (None: it can): the oracle records greedy decoding,
-    and a model without MTP layers records only for a drafter that needs none."""
+def oracle_refusal(request: RunRequest, has_mtp: bool, model_name: str = "this model",
+                   has_draft_model: bool = False) -> MtpExplorerError | None:
+    """Why no oracle can be recorded for ``request`` (None: it can): the oracle records greedy decoding, a model
+    without MTP layers records only for a drafter that needs none, and a session without a draft model not for
+    draft-simple."""
     if request.temperature > 0:
         return ParameterError(f"the oracle records greedy decoding: set temperature to 0 to record one "
                               f"(it is {request.temperature:g}); its predictions hold for greedy decoding only")
@@ -42,15 +44,22 @@ def oracle_refusal(request: RunRequest, has_mtp: bool, model_name: str = "this m
         usable = " or ".join(drafters.available_modes(False))
         return MtpUnavailableError(f"{model_name} has no MTP layers: the what-if mode can replay {usable} drafts "
                                    f"only; select the {usable} drafter to record an oracle")
+    if not has_draft_model and drafters.mode(request.drafter).needs_draft_model:
+        return ParameterError(f"drafter={request.drafter!r} needs a draft model: open the session with "
+                              "draft_model=... to predict it")
     return None
 
 
 def drafter_refusal(oracle: OracleTrace, drafter: str) -> MtpExplorerError | None:
     """Why ``oracle`` cannot predict ``drafter`` (None: it can)."""
-    if drafters.mode(drafter).needs_mtp and not oracle.has_mtp:
-        usable = " or ".join(drafters.available_modes(False))
+    mode = drafters.mode(drafter)
+    if mode.needs_mtp and not oracle.has_mtp:
+        usable = " or ".join(drafters.available_modes(False, oracle.has_draft_model))
         return MtpUnavailableError(f"the oracle's model has no MTP layers: it predicts the {usable} drafter only, "
                                    f"not {drafter}")
+    if mode.needs_draft_model and not oracle.has_draft_model:
+        return ParameterError(f"the oracle was recorded without a draft model, so it cannot predict {drafter}: "
+                              f"open the session with draft_model=...")
     return None
 
 
@@ -84,7 +93,7 @@ class WhatIfController(T.HasTraits):
     def refusal(self, request: RunRequest) -> MtpExplorerError | None:
         """Why no oracle can be recorded for ``request`` on this session (None: it can)."""
         info = self.session.info
-        return oracle_refusal(request, bool(info.has_mtp), info.name)
+        return oracle_refusal(request, bool(info.has_mtp), info.name, self.session.has_draft_model)
 
     def begin_recording(self) -> None:
         self.recording = True
