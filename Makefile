@@ -14,6 +14,7 @@ REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 REF_CONFIGURED := $(REF_DIR)/CMakeCache.txt
 REFERENCE := $(REF_DIR)/bin/llama-speculative-simple
 QUANTIZE := $(REF_DIR)/bin/llama-quantize
+SERVER := $(REF_DIR)/bin/llama-server
 # one cmake --build at a time in the build directory, also under make -j
 REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.build.lock)
 
@@ -25,7 +26,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize parity bench bench-simulate bench-scale clean
+.PHONY: all lab test headers reference quantize server parity bench bench-simulate bench-scale bench-server clean
 
 all: $(EXT)
 
@@ -63,8 +64,9 @@ $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
 # tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize;
-# tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure).
-test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE)
+# tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure);
+# tests/test_server.py starts a real llama-server.
+test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(SERVER)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
@@ -74,21 +76,24 @@ lab: $(EXT)
 # that they share libllama, ggml and the common library (built once, 7-10 min on 2 cores; each tool after
 # that is one or two files): the reference speculative driver (for benchmarks/parity.py: draft-mtp and
 # ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one) and llama-quantize (quantized copies of
-# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize).
+# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize) and llama-server (slots,
+# /completion, /metrics: tests/test_server.py, mtp_explorer.server).
 
 $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
 	cmake -S $(REF_SRC) -B $(REF_DIR) -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
-	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
 
 # touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
-$(REFERENCE) $(QUANTIZE): $(REF_CONFIGURED)
+$(REFERENCE) $(QUANTIZE) $(SERVER): $(REF_CONFIGURED)
 	$(REF_LOCK) nice cmake --build $(REF_DIR) --target $(notdir $@) -j$$(nproc)
 	touch $@
 
 reference: $(REFERENCE)
 
 quantize: $(QUANTIZE)
+
+server: $(SERVER)
 
 parity: $(EXT) $(REFERENCE)
 	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)
@@ -101,6 +106,11 @@ bench: $(EXT)
 
 bench-simulate: $(EXT)
 	$(VPY) benchmarks/simulate.py
+
+# benchmarks/server.py: a real llama-server (started and stopped by it) against our engine: parity per request at
+# -np 1, 2, 4 and the server's aggregate tokens/s at -np 1..8.
+bench-server: $(EXT) $(SERVER)
+	LLAMA_SERVER=$(CURDIR)/$(SERVER) $(VPY) benchmarks/server.py $(BENCH_ARGS)
 
 # benchmarks/engine.py --scale: a SYNTHETIC 0.4 B Q8_0 model (written once into the temporary directory by
 # benchmarks/scale_model.py with llama-quantize), beside the reference driver on the same settings.

@@ -20,6 +20,9 @@ from .core.errors import (
     MtpUnavailableError,
     ParameterError,
     RollbackError,
+    ServerError,
+    ServerProtocolError,
+    ServerUnavailableError,
     SessionBusyError,
     SessionClosedError,
 )
@@ -34,6 +37,7 @@ from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
 from .analysis.sweep import Recommendation, recommend, sweep
 from .analysis.calibration import Calibration, best_p_min, calibrate
+from .server import LlamaServer, ServerMonitor
 
 __version__ = "0.1.0"
 
@@ -41,14 +45,17 @@ __all__ = [
     # errors
     "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "LibraryError",
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
-    "SessionBusyError", "SessionClosedError",
+    "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
-    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS", "FINISH_REASONS",
+    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
+    "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis
     "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
     "simulate", "simulate_grid",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
+    # llama-server
+    "LlamaServer", "ServerMonitor",
     # lazily imported
     "plots", "widgets", "Explorer",
 ]

@@ -158,6 +158,17 @@ def reference_binary() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def server_binary() -> Path:
+    """llama.cpp's llama-server: $LLAMA_SERVER or build/reference/bin (``make test`` builds it). Missing fails, never
+    skips."""
+    path = Path(os.environ.get("LLAMA_SERVER")
+                or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-server")
+    if not path.is_file():
+        pytest.fail(f"{path} is not built: run `make server` (`make test` builds it)", pytrace=False)
+    return path
+
+
 def heldout_sequences(llama, seq_len: int, n: int) -> list[list[int]]:
     """``n`` token sequences of ``seq_len`` tokenized by ``llama`` (a training.llama_ref.LlamaMTP), from held-out
     files spread evenly over the held-out split."""

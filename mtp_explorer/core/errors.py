@@ -59,6 +59,18 @@ class ConverterError(MtpExplorerError, RuntimeError):
     """llama.cpp's ``convert_hf_to_gguf.py`` (from the llama-cpp-python sdist) is missing, failed, or wrote nothing."""
 
 
+class ServerError(MtpExplorerError):
+    """A llama-server (watched, or started by :class:`~mtp_explorer.server.LlamaServer`) failed us."""
+
+
+class ServerUnavailableError(ServerError, ConnectionError):
+    """The server cannot be reached: refused, timed out, not started, or it exited."""
+
+
+class ServerProtocolError(ServerError):
+    """The server answered something it should not: an HTTP error, malformed JSON or Prometheus metrics."""
+
+
 #: The engine's error kinds (``_native.EngineError(kind, message)``) and the exception each becomes.
 ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "parameter": ParameterError,

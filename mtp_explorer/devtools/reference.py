@@ -11,11 +11,13 @@ it step by step through :meth:`Session.set_params` with that rule.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
+from ..core.drafters import DRAFTER_SPECS
 from ..core.session import Session
 from ..core.trace import Trace
 
@@ -200,3 +202,70 @@ def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float, *, chec
             "re_verified_steps": sum(st.n_accepted < st.n_drafted for st in ours.steps) if checkpoints else 0,
             "eos_stopped_steps": len(eos_steps), "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
             "unverifiable_drafted_total": unverifiable, "match": match}
+
+
+# -- llama-server ------------------------------------------------------------------------------------------
+def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, p_min: float = 0.0,
+                  drafter: str | None = None, **options: int) -> Trace:
+    """Greedy generation with our engine as llama-server's slot runs one request: the whole prompt is decoded and
+    the first token sampled before any draft (our first step is a plain one), every later draft is cut to the budget
+    left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0."""
+    chosen = {} if drafter is None else {"drafter": drafter}
+    stream = session.stream(prompt, max_tokens=n_predict, n_max=0, p_min=p_min, **chosen, **options)
+    for i, _step in enumerate(stream):
+        if i == 0:
+            session.set_params(n_max=n_max, p_min=p_min, n_min=0)
+    return session.last_trace
+
+
+def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
+    """Parity of one llama-server request (a :class:`~mtp_explorer.server.Completion`) with our replay of it
+    (:func:`replay_server`): the text, the generated tokens and ``draft_n`` / ``draft_n_accepted``. Our end-of-generation
+    rule is accounted for as in :func:`compare_with_reference` (the server's model drafters draft on past an
+    end-of-generation token; with ``p_min > 0`` such a run's drafted total is not verifiable)."""
+    totals = {"n_predict": len(ours.tokens), "draft_n": int(ours.n_drafted.sum()),
+              "draft_n_accepted": int(ours.n_accepted.sum())}
+    server = {"n_predict": done.tokens_predicted, "draft_n": done.draft_n, "draft_n_accepted": done.draft_n_accepted}
+    caps, generated, budget = [], 0, int(ours.settings["max_tokens"])
+    for st in ours.steps:  # each step's draft cap: n_max, cut to the budget left minus one
+        caps.append(min(st.n_max, budget - generated - 1))
+        generated += st.n_accepted + 1
+    eos_steps = [(st, cap) for st, cap in zip(ours.steps, caps) if st.stop_reason == "eos"]
+    expected = dict(totals)
+    unverifiable = bool(eos_steps) and p_min > 0
+    if eos_steps and not unverifiable:
+        expected["draft_n"] += sum(cap - st.n_drafted for st, cap in eos_steps)
+    text_equal = "".join(ours.pieces) == done.text
+    if unverifiable:
+        match = text_equal and all(server[k] == expected[k] for k in ("n_predict", "draft_n_accepted"))
+    else:
+        match = text_equal and server == expected
+    return {"server": server, "ours": totals, "expected_server": expected, "text_equal": text_equal,
+            "eos_stopped_steps": len(eos_steps), "unverifiable_drafted_total": unverifiable, "match": match}
+
+
+def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *, tol_logit: float) -> dict:
+    """Why a request of a batch of several (the server batches the slots' rows together, so its matrix products run
+    in other shapes than a single sequence's) differs from our replay: a ``tie`` when the first differing token is
+    one whose one-row target top-2 margin is below ``tol_logit`` (``cause: target_argmax``), or, with the same text,
+    when a draft on our path had a top-2 margin below ``tol_logit`` (``cause: draft_argmax``: a near-tie of the MTP
+    head can change which drafts are accepted, not the text); else ``unexplained``. Reads an oracle of the prompt."""
+    oracle = session.record_oracle(prompt, max_tokens=len(ours.tokens), depth=max(1, int(ours.n_drafted.max())),
+                                   probe=False)
+    text, acc = done.text, ""
+    for i, piece in enumerate(ours.pieces):
+        if not text.startswith(acc + piece):
+            margin = float(oracle.columns["target_margin"][i])
+            return {"kind": "tie" if margin < tol_logit else "unexplained", "cause": "target_argmax", "position": i,
+                    "margin": margin}
+        acc += piece
+    if acc != text:
+        return {"kind": "unexplained", "cause": "text_length", "position": len(ours.pieces), "margin": float("nan")}
+    head = next(s for s in DRAFTER_SPECS.values() if s.needs_mtp).index
+    margins = oracle.columns["draft_margin"][:, head, :]
+    starts = [sum(int(a) + 1 for a in ours.n_accepted[:k]) for k in range(ours.n_steps)]
+    on_path = [float(margins[g, j]) for g, n in zip(starts, ours.n_drafted.tolist())
+               for j in range(min(int(n), margins.shape[1])) if g < len(margins) and math.isfinite(margins[g, j])]
+    smallest = min(on_path, default=float("inf"))
+    return {"kind": "tie" if smallest < tol_logit else "unexplained", "cause": "draft_argmax", "position": None,
+            "margin": smallest}

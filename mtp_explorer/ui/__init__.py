@@ -7,6 +7,7 @@
 - :mod:`.views`: the view registry (:data:`VIEWS`, :func:`register_view`) and :class:`LiveViews`;
 - :mod:`.whatif`: :class:`WhatIfController`, oracles and predictions;
 - :mod:`.whatif_panel`: :class:`WhatIfPanel`, the typed numbers :class:`WhatIf` and their computations;
+- :mod:`.server_view`: :class:`ServerView`, a watched llama-server (the Explorer's "llama-server" tab);
 - :mod:`.figure_sync`: :func:`sync_figure`, a figure into a ``FigureWidget`` in one update.
 """
 
@@ -17,6 +18,7 @@ from .explorer import Explorer
 from .figure_sync import sync_figure
 from .live import LIVE_COLUMNS, LiveTrace
 from .runner import MIN_REDRAW_INTERVAL, STATES, GenerationRunner
+from .server_view import ServerView
 from .views import VIEWS, LiveViews, View, register_view, unregister_view
 from .whatif import WhatIfController
 from .whatif_panel import WHATIF_NAMES, MeasuredRun, WhatIf, WhatIfPanel, whatif_table
@@ -26,4 +28,5 @@ __all__ = [
     "GenerationRunner", "STATES", "MIN_REDRAW_INTERVAL", "LiveTrace", "LIVE_COLUMNS",
     "View", "VIEWS", "register_view", "unregister_view", "LiveViews",
     "WhatIfController", "WhatIfPanel", "WhatIf", "MeasuredRun", "WHATIF_NAMES", "whatif_table", "sync_figure",
+    "ServerView",
 ]

@@ -17,6 +17,9 @@ figures mark the change. The drafter (``Session.stream(drafter=...)``, a choice 
 applies to the next Run or Step, while the what-if prediction follows it at once. A model without MTP layers
 starts with a drafter that needs none (:func:`~mtp_explorer.core.drafters.default_mode`); a Run with one that
 needs MTP shows the session's ``MtpUnavailableError``.
+
+``Explorer(session, server="http://host:8080")`` (or a :class:`~mtp_explorer.server.ServerMonitor`) adds a
+"llama-server" tab (:class:`~mtp_explorer.ui.server_view.ServerView`) watching a running llama-server.
 """
 
 from __future__ import annotations
@@ -38,11 +41,22 @@ from ..core.trace import Trace
 from .controls import Controls, ErrorArea, ProgressView, readable_error
 from .live import LiveTrace, cached_piece
 from .runner import STATES, GenerationRunner
+from .server_view import ServerMonitor, ServerView
 from .views import LiveViews, View
 from .whatif import WhatIfController
 from .whatif_panel import WhatIf, WhatIfPanel
 
 __all__ = ["Explorer"]
+
+
+def _children(title: W.Widget, parts: list[W.Widget], server_view: ServerView | None) -> list[W.Widget]:
+    """The Explorer's children: its title and parts, and a watched llama-server in a tab beside them."""
+    if server_view is None:
+        return [title, *parts]
+    tabs = W.Tab([W.VBox(parts), server_view])
+    tabs.set_title(0, "this session")
+    tabs.set_title(1, "llama-server")
+    return [title, tabs]
 
 
 class Explorer(W.VBox):
@@ -81,7 +95,7 @@ class Explorer(W.VBox):
     def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
                  drafter: str | None = None, width: int = 960, views: list[str | View] | None = None,
-                 **options: int) -> None:
+                 server: "str | ServerMonitor | None" = None, **options: int) -> None:
         self.session = session
         self.piece = cached_piece(session)
         info = session.info
@@ -108,7 +122,9 @@ class Explorer(W.VBox):
                           else f" · draft model {html.escape(session.draft_info.name)}")
                        + ("" if has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
                                              "drafting only"))
-        super().__init__([title, self.controls, self.progress, self.error_area, self.whatif_panel, self.views])
+        parts = [self.controls, self.progress, self.error_area, self.whatif_panel, self.views]
+        self.server_view = None if server is None else ServerView(server, width=width)
+        super().__init__(_children(title, parts, self.server_view))
         self.add_class("mtpx-explorer")
         self._wire()
         self.views.render(LiveTrace.of(session, piece=self.piece).trace(), None)

@@ -1,0 +1,53 @@
+"""Figures of a watched llama-server (:class:`~mtp_explorer.server.ServerMonitor`): the quantities the package
+shows for its own traces, as the server counts them. ``plots.server_acceptance(monitor)``: acceptance by draft
+position (as :func:`~mtp_explorer.viz.trace_figures.acceptance_by_depth`), and per request sent through the
+monitor its tokens/s and drafted tokens."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..server.monitor import ServerMonitor
+from .inputs import instance, takes
+from .style import MUTED, PRIMARY, base_layout, empty
+
+__all__ = ["server_acceptance"]
+
+MONITOR = instance("a ServerMonitor", ServerMonitor)
+
+
+@takes(MONITOR)
+def server_acceptance(monitor: ServerMonitor) -> go.Figure:
+    """Left: the server's acceptance by draft position (accepted at that position / verified drafts, cumulative
+    since it started); right: tokens/s and drafted tokens of each request sent through the monitor."""
+    s = monitor.summary()
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], specs=[[{}, {"secondary_y": True}]],
+                        subplot_titles=("acceptance by draft position", "requests sent through the monitor"))
+    by_pos = s["acceptance_by_position"]
+    fig.add_trace(go.Bar(x=list(range(1, len(by_pos) + 1)), y=by_pos, marker_color=PRIMARY, name="acceptance",
+                         text=[("" if math.isnan(v) else f"{v:.2f}") for v in by_pos], textposition="outside",
+                         hovertemplate="position %{x}: %{y:.2f}<extra></extra>"), row=1, col=1)
+    reqs = monitor.completions
+    x = list(range(1, len(reqs) + 1))
+    fig.add_trace(go.Bar(x=x, y=[c.predicted_per_second for c in reqs], marker_color=PRIMARY, name="tokens/s",
+                         hovertemplate="request %{x}: %{y:.0f} tok/s<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=[c.draft_n for c in reqs], mode="markers", marker_color=MUTED,
+                             name="drafted tokens", hovertemplate="request %{x}: %{y} drafted<extra></extra>"),
+                  row=1, col=2, secondary_y=True)
+    state = s["state"] if s["state"] != "connected" else (
+        f"mean accepted length {s['mean_accepted_length']:.2f}, {s['tokens_per_second']:.0f} tok/s"
+        if not math.isnan(s["mean_accepted_length"]) else "connected, no drafts yet")
+    base_layout(fig, f"llama-server {monitor.url} — {state}", height=340)
+    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="accepted / verified drafts", range=[0, 1.1], row=1, col=1)
+    fig.update_xaxes(title_text="request", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="drafted", rangemode="tozero", row=1, col=2, secondary_y=True)
+    if s["state"] == "disconnected":
+        empty(fig, "disconnected: " + (monitor.readings[-1].error[:80] if monitor.readings else ""))
+    elif not by_pos and not reqs:
+        empty(fig, "no drafts yet")
+    return fig
