@@ -12,7 +12,7 @@ here on 127.0.0.1.
   how many still match (llama-server 0.3.36's draft totals for a request can depend on what its slot served
   before; the texts do not).
 - ``speed``: aggregate tokens/s of N concurrent requests (the server's own ``predicted_per_second`` summed) at
-  N in {1, 2, 4, 8}, and at N = 1 ours beside it (decode time of the same requests, telemetry on).
+  N in {1, 2, 4, 8}, and at N = 1 ours beside it in alternating pairs (``single``: medians and the median ratio).
 
     make server
     .venv/bin/python benchmarks/server.py [--model PATH] [--threads 2] [--tokens 64]
@@ -26,7 +26,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import mtp_explorer as mx
@@ -80,7 +79,10 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
 
 
 def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
-    """Aggregate tokens/s of N concurrent requests on the server; ours at N = 1 (same requests, telemetry on)."""
+    """Aggregate tokens/s of N concurrent requests on the server (its own ``predicted_per_second`` summed); at N = 1
+    ours beside it in alternating pairs on the same prompts (telemetry on; :func:`engine.alternating_pairs`)."""
+    from engine import alternating_pairs, decode_seconds, pairs_summary
+
     out: dict = {}
     for n in SPEED_N:
         sums = []
@@ -89,16 +91,18 @@ def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
             for r in range(repeats):
                 batch = [PROMPTS[(r + k) % len(PROMPTS)] for k in range(n)]
                 sums.append(sum(a.predicted_per_second for a in client.complete_many(batch, tokens)))
+            if n == 1:
+                with mx.Session.open(model, n_ctx=2048, threads=threads) as s:
+                    pairs = []
+                    for prompt in PROMPTS[:4]:
+                        def ours(prompt=prompt) -> float:
+                            secs, t = decode_seconds(s, prompt, tokens, N_MAX)
+                            return len(t.tokens) / secs
+
+                        pairs += alternating_pairs(repeats, ours,
+                                                   lambda prompt=prompt: client.complete(prompt, tokens).predicted_per_second)
+                out["single"] = pairs_summary(pairs)
         out[n] = {"server_tokens_per_second": statistics.median(sums)}
-    with mx.Session.open(model, n_ctx=2048, threads=threads) as s:
-        rates = []
-        for r in range(repeats):
-            prompt = PROMPTS[r % len(PROMPTS)]
-            t0 = time.perf_counter_ns()
-            t = replay_server(s, prompt, n_predict=tokens, n_max=N_MAX)
-            rates.append(len(t.tokens) / ((time.perf_counter_ns() - t0 - t.t_prefill_ns) / 1e9))
-    out[1]["ours_tokens_per_second"] = statistics.median(rates)
-    out[1]["ratio"] = out[1]["ours_tokens_per_second"] / out[1]["server_tokens_per_second"]
     out["note"] = ("ours at N > 1 needs Session.generate_parallel (issue 11, not built yet); the server's aggregate is "
                    "given for every N")
     return out
