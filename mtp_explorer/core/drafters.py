@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from typing import Any, Mapping, Sequence
 
 from .errors import ParameterError
@@ -23,19 +24,31 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 
 @dataclasses.dataclass(frozen=True)
 class DrafterOption:
-    """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range."""
+    """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range; or, for a file
+    option (:meth:`path`, ``is_path``), a file name (``""``: none), which the engine reads when a generation begins."""
 
     name: str      #: keyword argument of Session.generate / sweep, llama.cpp's flag without ``--spec-`` (e.g.
                    #: ``ngram_simple_size_n``); also its key in the engine's ``GenerationConfig.options``
     flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
-    default: int
+    default: int | str
     lo: int
     hi: int
     help: str
     aliases: tuple[str, ...] = ()  #: earlier keyword names that still work (e.g. ``ngram_n``)
+    is_path: bool = False  #: a file name (a ``str`` or path-like), not an integer
 
-    def check(self, value: Any) -> int:
-        """``value`` if it is an integer in range, else a :class:`ParameterError` naming the range."""
+    @classmethod
+    def path(cls, name: str, flag: str, help: str) -> "DrafterOption":
+        """A file option: ``name``, llama.cpp's ``flag``, no file by default."""
+        return cls(name, flag, "", 0, 0, help, is_path=True)
+
+    def check(self, value: Any) -> int | str:
+        """``value`` if it is an integer in range (a file option: a file name, as ``str``), else a
+        :class:`ParameterError` naming the range. Whether the file can be read is checked when it is read."""
+        if self.is_path:
+            if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
+                raise ParameterError(f"{self.name} ({self.flag}) must be a file name (str or path), got {value!r}")
+            return os.fspath(value)
         if not isinstance(value, int) or isinstance(value, bool) or not self.lo <= value <= self.hi:
             raise ParameterError(f"{self.name} ({self.flag}) must be an integer in [{self.lo}, {self.hi}], "
                                  f"got {value!r}")
@@ -130,6 +143,18 @@ def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, 
     )
 
 
+# llama.cpp 0.3.36 (common.h, common_params_speculative_ngram_cache): no files by default; its ngram-cache reads both
+# when it starts and never writes them (see native_ext/ngram_cache_drafter.h)
+_NGRAM_CACHE_OPTIONS = (
+    DrafterOption.path("lookup_cache_static", "--lookup-cache-static",
+                       "static n-gram cache file (llama.cpp's -lcs; written by llama-lookup-create or "
+                       "mtp_explorer.analysis.ngram_cache.write_static_cache); its 2-gram counts weigh and back up the "
+                       "drafts ('': none)"),
+    DrafterOption.path("lookup_cache_dynamic", "--lookup-cache-dynamic",
+                       "dynamic n-gram cache file (llama.cpp's -lcd, the same format), consulted under strict "
+                       "thresholds where the context has no draft; read only, as llama.cpp 0.3.36 ('': none)"),
+)
+
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs_mtp=True,
@@ -153,6 +178,11 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 replay="..analysis.replay:NgramMapReplay",
                 description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
                             "frequent continuation (of up to 4) at least twice as often as the others together"),
+    DrafterSpec("ngram-cache", "ngram-cache", "n-gram cache", has_confidence=False, needs_mtp=False,
+                options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay",
+                description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
+                            "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
+                            "seen often enough"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -183,6 +213,12 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
                 label="n-gram, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "
                             "one, else the MTP head's"),
+    DrafterMode("ngram-cache", (DRAFTER_SPECS["ngram-cache"],), label="n-gram cache",
+                description=DRAFTER_SPECS["ngram-cache"].description),
+    DrafterMode("ngram-cache,draft-mtp", (DRAFTER_SPECS["ngram-cache"], DRAFTER_SPECS["mtp"]), policy="first",
+                label="n-gram cache, then MTP",
+                description="llama.cpp's --spec-type ngram-cache,draft-mtp: the n-gram cache's draft where it has one, "
+                            "else the MTP head's"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
@@ -286,7 +322,7 @@ def all_options() -> tuple[DrafterOption, ...]:
     return tuple(seen.values())
 
 
-def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
+def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int | str]:
     """Every option's value: ``given`` where named (checked; an alias counts as its option's name), llama.cpp's
     default elsewhere. Unknown names, and an option given under two names, are a :class:`ParameterError`."""
     given = dict(given or {})
@@ -303,13 +339,13 @@ def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
     return {name: o.check(given.get(name, o.default)) for name, o in known.items()}
 
 
-def engine_options(values: Mapping[str, int]) -> dict[str, int]:
+def engine_options(values: Mapping[str, int | str]) -> dict[str, int | str]:
     """The drafters' options as the engine takes them (``GenerationConfig.options``, ``record_oracle``): every
-    option's value by its keyword (``values``: from :func:`option_values`)."""
-    return {o.name: int(values[o.name]) for o in all_options()}
+    option's value by its keyword (``values``: from :func:`option_values`), an integer or a file name."""
+    return {o.name: str(values[o.name]) if o.is_path else int(values[o.name]) for o in all_options()}
 
 
-def configure(config: Any, values: Mapping[str, int]) -> Any:
+def configure(config: Any, values: Mapping[str, int | str]) -> Any:
     """Set the drafters' options on the engine's ``config`` (a GenerationConfig) from option values; returns
     ``config``."""
     config.options = engine_options(values)
