@@ -14,6 +14,7 @@ REF_SRC := build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 REF_CONFIGURED := $(REF_DIR)/CMakeCache.txt
 REFERENCE := $(REF_DIR)/bin/llama-speculative-simple
 QUANTIZE := $(REF_DIR)/bin/llama-quantize
+LOOKUP_CREATE := $(REF_DIR)/bin/llama-lookup-create
 # one cmake --build at a time in the build directory, also under make -j
 REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.build.lock)
 
@@ -25,7 +26,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize parity bench bench-simulate bench-scale clean
+.PHONY: all lab test headers reference quantize lookup-create parity bench bench-simulate bench-scale clean
 
 all: $(EXT)
 
@@ -63,8 +64,9 @@ $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
 # tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize;
-# tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure).
-test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE)
+# tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure);
+# tests/test_ngram_cache.py writes static n-gram caches with llama-lookup-create.
+test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(LOOKUP_CREATE)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
@@ -73,8 +75,9 @@ lab: $(EXT)
 # llama.cpp's own tools, built from the same 0.3.36 sources in one build directory with one configure, so
 # that they share libllama, ggml and the common library (built once, 7-10 min on 2 cores; each tool after
 # that is one or two files): the reference speculative driver (for benchmarks/parity.py: draft-mtp and
-# ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one) and llama-quantize (quantized copies of
-# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize).
+# ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one), llama-quantize (quantized copies of
+# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize) and llama-lookup-create (a static
+# n-gram cache of a text file for the ngram-cache drafter's lookup_cache_static, llama.cpp's -lcs).
 
 $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
@@ -82,13 +85,15 @@ $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
 
 # touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
-$(REFERENCE) $(QUANTIZE): $(REF_CONFIGURED)
+$(REFERENCE) $(QUANTIZE) $(LOOKUP_CREATE): $(REF_CONFIGURED)
 	$(REF_LOCK) nice cmake --build $(REF_DIR) --target $(notdir $@) -j$$(nproc)
 	touch $@
 
 reference: $(REFERENCE)
 
 quantize: $(QUANTIZE)
+
+lookup-create: $(LOOKUP_CREATE)
 
 parity: $(EXT) $(REFERENCE)
 	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)
