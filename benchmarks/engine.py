@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 import mtp_explorer as mx
+from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
 
 from _common import emit, machine, pick_model
@@ -96,9 +97,10 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
     }
 
 
-# every --spec-type the engine runs, alone and in the chains issue 10 names, with llama.cpp's default options
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp",
-              "ngram-simple,ngram-map-k,draft-mtp")
+# every --spec-type the engine runs (the registry's drafters), alone and in the llama.cpp chains the registry lists
+# (its modes under llama.cpp's first policy), with llama.cpp's default options
+SPEC_TYPES = tuple(dict.fromkeys([d.spec_type for d in drafters.DRAFTER_SPECS.values()]
+                                 + [m.spec_types for m in drafters.MODES.values() if m.is_chain and m.policy == "first"]))
 KIND_PROMPTS = {
     "code": PROMPTS,
     "prose": ["The cat sat on the mat. The dog sat on the rug. The cat sat on the",

@@ -240,8 +240,10 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
 #: --spec-ngram-mod-n-max, set to the same), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
 #: draft in these short prompts. A chain runs under llama.cpp's policy (the first drafter, in its order, with a
 #: draft is verified).
+#: ngram-cache runs without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (llama.cpp registers
+#: them for llama-lookup and llama-server only); tests/test_ngram_cache.py checks the static cache against the replay.
 SPEC_CHAINS = ("ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp", "ngram-simple,draft-mtp",
-               "ngram-simple,ngram-map-k,draft-mtp")
+               "ngram-simple,ngram-map-k,draft-mtp", "ngram-cache", "ngram-cache,draft-mtp")
 CHAIN_PROMPTS = NGRAM_PROMPTS + PROMPTS
 CHAIN_N_MAX = 3
 SPEC_SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
@@ -314,6 +316,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="for our sessions and the reference alike")
     ap.add_argument("--spec-type", choices=(*SPEC_TYPES, "all"), default="all",
                     help="which drafter to check against the reference (default: all)")
+    ap.add_argument("--chain", action="append", choices=SPEC_CHAINS, metavar="SPEC",
+                    help="with --spec-type chains: check only this --spec-type value (repeatable; default: all of "
+                         + ", ".join(SPEC_CHAINS) + ")")
     args = ap.parse_args()
     if not args.binary:
         ap.error("give --binary or set LLAMA_SPECULATIVE_SIMPLE")
@@ -327,7 +332,8 @@ def main() -> int:
         if "ngram-simple" in spec_types:
             doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
         if "chains" in spec_types:
-            doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+            doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp),
+                                           tuple(args.chain or SPEC_CHAINS))
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)
     return 0 if doc["all_match"] else 1

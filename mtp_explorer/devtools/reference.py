@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..core import drafters
 from ..core.session import Session
 from ..core.trace import Trace
 
@@ -76,12 +77,15 @@ def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tok
                               timeout=timeout, attempts=attempts)
 
 
-def spec_type_args(spec: str, n_max: int, options: dict[str, int]) -> list[str]:
-    """llama-speculative-simple's arguments for ``--spec-type spec`` with our drafter ``options`` (each is llama.cpp's
-    flag: ``--spec-`` + the keyword with dashes) and ``n_max`` as the draft models' ``--spec-draft-n-max``."""
+def spec_type_args(spec: str, n_max: int, options: dict[str, int | str]) -> list[str]:
+    """llama-speculative-simple's arguments for ``--spec-type spec`` with our drafter ``options`` (each under its
+    llama.cpp flag from the registry; a file option naming no file is left out) and ``n_max`` as the draft models'
+    ``--spec-draft-n-max``."""
+    flags = {o.name: o.flag for o in drafters.all_options()}
     args = ["--spec-type", spec, "--spec-draft-n-max", str(n_max)]
     for name, value in options.items():
-        args += ["--spec-" + name.replace("_", "-"), str(value)]
+        if value != "":
+            args += [flags[name], str(value)]
     return args
 
 
