@@ -42,12 +42,15 @@ def test_replay_matches_recorded_reference(tmp_path):
 
 
 # (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
-# non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models)
+# non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models). ngram-cache runs
+# without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (tests/test_ngram_cache.py checks them).
 CHAIN_CASES = [
     ("ngram-mod,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
     ("ngram-simple,ngram-map-k,draft-mtp", "qwen35", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print("),
     ("ngram-mod", "glm4moe", "a b c d e f g a b c d e f g a b c"),
     ("ngram-map-k4v", "glm4moe", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
+    ("ngram-cache", "glm4moe", "a b c d e f g a b c d e f g a b c"),
+    ("ngram-cache,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
 ]
 SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
          "ngram_map_k4v_size_n": 2}

@@ -188,6 +188,21 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
     raise ImportError(f"drafter registry {tuple(DRAFTER_SPECS)} differs from the engine's {DRAFTERS}")
 
+def _alone(name: str) -> DrafterMode:
+    """The mode of one drafter under its name, label and description."""
+    spec = DRAFTER_SPECS[name]
+    return DrafterMode(spec.spec_type, (spec,), label=spec.label, description=spec.description)
+
+
+def _then_mtp(name: str, label: str = "") -> DrafterMode:
+    """llama.cpp's ``--spec-type <look-up>,draft-mtp``: the look-up's draft where it has one, else the MTP head's."""
+    spec = DRAFTER_SPECS[name]
+    return DrafterMode(f"{spec.spec_type},draft-mtp", (spec, DRAFTER_SPECS["mtp"]), policy="first",
+                       label=f"{label or spec.label}, then MTP",
+                       description=f"llama.cpp's --spec-type {spec.spec_type},draft-mtp: the {spec.label}'s draft where "
+                                   "it has one, else the MTP head's")
+
+
 #: The ``drafter=`` choices, by name.
 MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
@@ -195,30 +210,17 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
                 description="both drafters every step; the draft with the higher expected accepted length is verified "
                             "(= drafter=['draft-mtp', 'ngram-simple'], chain_policy='best')"),
-    DrafterMode("ngram-mod", (DRAFTER_SPECS["ngram-mod"],), label="n-gram table",
-                description=DRAFTER_SPECS["ngram-mod"].description),
-    DrafterMode("ngram-mod,draft-mtp", (DRAFTER_SPECS["ngram-mod"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram table, then MTP",
-                description="llama.cpp's --spec-type ngram-mod,draft-mtp: the n-gram table's draft where it has one, "
-                            "else the MTP head's"),
-    DrafterMode("ngram-map-k", (DRAFTER_SPECS["ngram-map-k"],), label="n-gram key map",
-                description=DRAFTER_SPECS["ngram-map-k"].description),
-    DrafterMode("ngram-map-k4v", (DRAFTER_SPECS["ngram-map-k4v"],), label="n-gram key/value map",
-                description=DRAFTER_SPECS["ngram-map-k4v"].description),
+    _alone("ngram-mod"),
+    _then_mtp("ngram-mod"),
+    _alone("ngram-map-k"),
+    _alone("ngram-map-k4v"),
     DrafterMode("ngram-simple,ngram-map-k,draft-mtp",
                 (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]), policy="first",
                 label="n-gram, key map, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft"),
-    DrafterMode("ngram-simple,draft-mtp", (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram, then MTP",
-                description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "
-                            "one, else the MTP head's"),
-    DrafterMode("ngram-cache", (DRAFTER_SPECS["ngram-cache"],), label="n-gram cache",
-                description=DRAFTER_SPECS["ngram-cache"].description),
-    DrafterMode("ngram-cache,draft-mtp", (DRAFTER_SPECS["ngram-cache"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram cache, then MTP",
-                description="llama.cpp's --spec-type ngram-cache,draft-mtp: the n-gram cache's draft where it has one, "
-                            "else the MTP head's"),
+    _then_mtp("ngram", label="n-gram"),
+    _alone("ngram-cache"),
+    _then_mtp("ngram-cache"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
