@@ -43,8 +43,8 @@ def test_options_have_llama_cpp_names_and_keep_their_aliases():
         drafters.option_values({"ngram_n": 2, "ngram_simple_size_n": 2})
     with pytest.raises(mx.ParameterError, match="--spec-ngram-simple-size-m"):
         drafters.option_values({"ngram_m": 0})
-    for o in drafters.all_options():
-        assert o.flag == "--spec-" + o.name.replace("_", "-")
+    for o in drafters.all_options():  # the file options keep llama.cpp's flags without --spec- (-lcs/-lcd)
+        assert o.flag == ("--" if o.is_path else "--spec-") + o.name.replace("_", "-")
 
 
 def test_first_policy_by_hand():

@@ -131,7 +131,7 @@ def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
 
 
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
-                            n_min: int = 0, drafter: str | None = None, **options: int) -> Trace:
+                            n_min: int = 0, drafter: str | None = None, **options: int | str) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
 
     ``drafter`` (default: the MTP head) and ``options`` as :meth:`Session.generate` takes them (a ``--spec-type``
