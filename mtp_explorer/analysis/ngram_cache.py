@@ -220,8 +220,9 @@ def load(path: str | os.PathLike, flag: str = "--lookup-cache-static") -> Cache:
 def write_static_cache(tokens: Sequence[int], path: str | os.PathLike) -> str:
     """A static n-gram cache of ``tokens`` (llama-lookup-create's: their 2-grams, ``LLAMA_NGRAM_STATIC``) written
     to ``path`` in llama.cpp's format, byte for byte what ``llama-lookup-create`` writes for the same tokens (it
-    tokenizes its ``-f`` file with the model's tokenizer, beginning-of-sequence token and special tokens
-    included). Use it as ``lookup_cache_static=path`` (llama.cpp's ``-lcs``); returns ``path`` as ``str``."""
+    tokenizes the text of its ``-f`` file, less one final newline, with the model's tokenizer, beginning-of-sequence
+    token and special tokens included: ``session.tokenize(text.removesuffix("\n"))`` for text without special
+    tokens). Use it as ``lookup_cache_static=path`` (llama.cpp's ``-lcs``); returns ``path`` as ``str``."""
     cache: Cache = {}
     update(cache, LLAMA_NGRAM_STATIC, LLAMA_NGRAM_STATIC, [int(t) for t in tokens], len(tokens))
     save(cache, path)
