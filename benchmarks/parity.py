@@ -44,6 +44,7 @@ Known differences are accounted for, not hidden:
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import sys
@@ -51,6 +52,7 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
+from mtp_explorer.analysis import ngram_cache
 from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, replay_reference_budget, run_reference,
                                     run_reference_spec, spec_type_args)
@@ -237,7 +239,7 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
 # -- more --spec-type values: the n-gram table and llama.cpp's chains --------------------------------
 #: Checked besides draft-mtp and ngram-simple, each over CHAIN_PROMPTS (12) on the models below, n_max
 #: CHAIN_N_MAX (the MTP head's --spec-draft-n-max; the look-ups' own limits, --spec-ngram-simple-size-m and
-#: --spec-ngram-mod-n-max, set to the same), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
+#: --spec-ngram-mod-n-max, set to the same; 8 with ngram-cache, see spec_n_max), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
 #: draft in these short prompts. A chain runs under llama.cpp's policy (the first drafter, in its order, with a
 #: draft is verified).
 #: ngram-cache runs without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (llama.cpp registers
@@ -250,6 +252,13 @@ SPEC_SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min
               "ngram_map_k4v_size_n": 2, "ngram_map_k4v_min_hits": 1}
 
 
+def spec_n_max(spec: str) -> int:
+    """The n_max a ``--spec-type`` value is checked at: llama-speculative-simple verifies a look-up's whole draft
+    (--spec-draft-n-max limits the draft models only), so the look-ups' own limits are set to CHAIN_N_MAX; ngram-cache's
+    is fixed at 8 (llama.cpp's n_draft), so its values run at 8, the MTP head's --spec-draft-n-max included."""
+    return ngram_cache.N_DRAFT if drafters.drafter("ngram-cache") in drafters.mode(spec).drafters else CHAIN_N_MAX
+
+
 def spec_options(spec: str, n_max: int) -> dict[str, int]:
     """Our options for ``spec`` (keyword: value; llama.cpp's flag is ``--spec-`` + the keyword with dashes)."""
     names = {o.name for o in drafters.mode(spec).options}
@@ -260,15 +269,16 @@ def spec_options(spec: str, n_max: int) -> dict[str, int]:
 
 def spec_cases(binary: str, spec: str, path: Path, label: str, tokens: int, threads: int) -> list[dict]:
     """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed)."""
-    options = spec_options(spec, CHAIN_N_MAX)
-    flags = spec_type_args(spec, CHAIN_N_MAX, options)
+    n_max = spec_n_max(spec)
+    options = spec_options(spec, n_max)
+    flags = spec_type_args(spec, n_max, options)
     cases = []
     with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
         for prompt in CHAIN_PROMPTS:
             ref = run_reference_spec(binary, path, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
-            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=CHAIN_N_MAX, drafter=spec, **options)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec, **options)
             won = {name: int((ours.drafter == mx.DRAFTERS.index(name)).sum()) for name in mx.DRAFTERS}
-            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec,
+            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec, "n_max": n_max,
                           "options": options, "steps_by_drafter": {k: v for k, v in won.items() if v}}
                          | compare_with_reference(ref, ours, 0.0))
     return cases
@@ -302,6 +312,10 @@ def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: 
         out[spec] = {"models": [str(p) for p, _ in models], "cases": len(cases),
                      "matches": sum(c["match"] for c in cases),
                      "cases_with_drafts": sum(c["ours"]["n_drafted"] > 0 for c in cases),
+                     "steps_by_drafter": dict(sum((collections.Counter(c["steps_by_drafter"]) for c in cases),
+                                                  collections.Counter())),
+                     "drafted": sum(c["ours"]["n_drafted"] for c in cases),
+                     "accepted": sum(c["ours"]["n_accept"] for c in cases),
                      "all_match": all(c["match"] for c in cases),
                      "mismatches": [c for c in cases if not c["match"]]}
     out["all_match"] = all(out[spec]["all_match"] for spec in specs)

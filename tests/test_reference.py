@@ -43,7 +43,8 @@ def test_replay_matches_recorded_reference(tmp_path):
 
 # (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
 # non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models). ngram-cache runs
-# without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (tests/test_ngram_cache.py checks them).
+# without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (tests/test_ngram_cache.py checks them
+# against the replay, and its writer against llama-lookup-create).
 CHAIN_CASES = [
     ("ngram-mod,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
     ("ngram-simple,ngram-map-k,draft-mtp", "qwen35", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print("),
@@ -60,11 +61,14 @@ SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1,
 def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, prompt):
     """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
     (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
+    from mtp_explorer.analysis import ngram_cache
     from mtp_explorer.core import drafters
     from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
-    n_max = 3
+    # llama-speculative-simple verifies a look-up's whole draft (--spec-draft-n-max limits the draft models only): the
+    # look-ups' own limits are set to n_max; ngram-cache's is fixed at 8 (llama.cpp's n_draft), so its cases use 8
+    n_max = ngram_cache.N_DRAFT if drafters.drafter("ngram-cache") in drafters.mode(spec).drafters else 3
     names = {o.name for o in drafters.mode(spec).options}
     limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
               "ngram_map_k4v_size_m": n_max}
