@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "errors.h"
 
@@ -211,15 +213,48 @@ NgramCache ngram_cache_load(const std::string & path, int32_t n_vocab, const cha
     return cache;
 }
 
+namespace {
+
+// what identifies a loaded file: its size and modification time, and the vocabulary it was checked against
+struct FileStamp {
+    uintmax_t size;
+    std::filesystem::file_time_type mtime;
+    int32_t n_vocab;
+
+    bool operator==(const FileStamp & o) const { return size == o.size && mtime == o.mtime && n_vocab == o.n_vocab; }
+};
+
+std::mutex files_mutex;
+std::map<std::string, std::pair<FileStamp, std::weak_ptr<const NgramCache>>> files;  // by path
+
+}  // namespace
+
+std::shared_ptr<const NgramCache> ngram_cache_file(const std::string & path, int32_t n_vocab, const char * flag) {
+    std::error_code ec_size, ec_time;
+    const FileStamp stamp{std::filesystem::file_size(path, ec_size), std::filesystem::last_write_time(path, ec_time),
+                          n_vocab};
+    std::lock_guard<std::mutex> lk(files_mutex);
+    const auto it = files.find(path);
+    if (!ec_size && !ec_time && it != files.end() && it->second.first == stamp) {
+        if (std::shared_ptr<const NgramCache> cache = it->second.second.lock()) {
+            return cache;
+        }
+    }
+    auto cache = std::make_shared<const NgramCache>(ngram_cache_load(path, n_vocab, flag));
+    files[path] = {stamp, cache};
+    return cache;
+}
+
 NgramCacheDrafter::NgramCacheDrafter(DrafterId id, const llama_vocab * vocab, const NgramCacheConfig & config)
     : LookupDrafter(id, vocab) {
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    if (!config.lookup_cache_static.empty()) {
-        nc_static = ngram_cache_load(config.lookup_cache_static, n_vocab, "--lookup-cache-static");
-    }
-    if (!config.lookup_cache_dynamic.empty()) {
-        nc_dynamic = ngram_cache_load(config.lookup_cache_dynamic, n_vocab, "--lookup-cache-dynamic");
-    }
+    const auto none = std::make_shared<const NgramCache>();
+    nc_static = config.lookup_cache_static.empty()
+                    ? none
+                    : ngram_cache_file(config.lookup_cache_static, n_vocab, "--lookup-cache-static");
+    nc_dynamic = config.lookup_cache_dynamic.empty()
+                     ? none
+                     : ngram_cache_file(config.lookup_cache_dynamic, n_vocab, "--lookup-cache-dynamic");
 }
 
 void NgramCacheDrafter::on_begin(const std::vector<llama_token> & /*prompt*/) {
@@ -237,5 +272,5 @@ std::vector<llama_token> NgramCacheDrafter::lookup(const DraftRequest & req) {
     }
     inp.assign(req.history, req.history + n);
     inp.push_back(req.id_last);
-    return ngram_cache_draft(inp, NGRAM_CACHE_N_DRAFT, nc_context, nc_dynamic, nc_static);
+    return ngram_cache_draft(inp, NGRAM_CACHE_N_DRAFT, nc_context, *nc_dynamic, *nc_static);
 }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -72,12 +73,17 @@ std::vector<llama_token> ngram_cache_draft(const std::vector<llama_token> & inp,
 // token outside [0, n_vocab) (drafting it would fail the verify).
 NgramCache ngram_cache_load(const std::string & path, int32_t n_vocab, const char * flag);
 
+// ngram_cache_load, shared: while a drafter holds the cache of a file, another one asking for the same unchanged file
+// (path, size, modification time) and vocabulary size gets it without reading it again (a generation's drafters are
+// built while the previous generation's are still alive, so a sweep reads a large static cache once).
+std::shared_ptr<const NgramCache> ngram_cache_file(const std::string & path, int32_t n_vocab, const char * flag);
+
 struct NgramCacheDrafter final : LookupDrafter {
     NgramCacheDrafter(DrafterId id, const llama_vocab * vocab, const NgramCacheConfig & config);
 
-    NgramCache nc_context;  // grown along the generation
-    NgramCache nc_dynamic;  // read from lookup_cache_dynamic (empty: none)
-    NgramCache nc_static;   // read from lookup_cache_static (empty: none)
+    NgramCache nc_context;                         // grown along the generation
+    std::shared_ptr<const NgramCache> nc_dynamic;  // read from lookup_cache_dynamic (empty: none)
+    std::shared_ptr<const NgramCache> nc_static;   // read from lookup_cache_static (empty: none)
     size_t cache_size = 0;  // history tokens (and the last sampled one) the context cache has seen
 
   protected:

@@ -174,10 +174,14 @@ def test_bad_cache_files_are_parameter_errors(session, tmp_path):
         session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=str(tmp_path))
     with pytest.raises(mx.ParameterError, match="--lookup-cache-static"):
         session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=3)
-    # the session stays usable, and a good file works
+    # the session stays usable, and a good file works; a file changed since it was read is read again
     ok = tmp_path / "ok.bin"
     ok.write_bytes(good)
-    assert len(session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=ok).tokens) == 4
+    for _ in range(2):
+        assert len(session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=ok).tokens) == 4
+    ok.write_bytes(good[:-3])
+    with pytest.raises(mx.ParameterError, match=r"ok\.bin .* is malformed"):
+        session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=ok)
 
 
 def test_replay_of_a_recording_whose_cache_file_is_gone(session, tmp_path):
