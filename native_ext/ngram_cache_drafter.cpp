@@ -168,6 +168,9 @@ bool read_i32(std::ifstream & in, int32_t & value) { return (bool) in.read(reint
 NgramCache ngram_cache_load(const std::string & path, int32_t n_vocab, const char * flag) {
     const std::string what = std::string("ngram-cache: the lookup cache ") + path + " (" + flag + ")";
     std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+        fail(ErrorKind::PARAMETER, what + " does not exist");
+    }
     if (!std::filesystem::is_regular_file(path, ec)) {
         fail(ErrorKind::PARAMETER, what + " is not a file");
     }

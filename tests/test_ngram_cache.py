@@ -166,6 +166,8 @@ def test_bad_cache_files_are_parameter_errors(session, tmp_path):
                 session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, **{option: str(path)})
         with pytest.raises(mx.ParameterError, match=name):
             ngram_cache.load(path)
+    with pytest.raises(mx.ParameterError, match="missing.bin .* does not exist"):
+        session.generate("x", max_tokens=4, n_max=2, drafter=SPEC, lookup_cache_static=tmp_path / "missing.bin")
     vocab = tmp_path / "vocab.bin"
     vocab.write_bytes(good + _record((1, 2, 3, -1), [(10**6, 1)]))
     with pytest.raises(mx.ParameterError, match="vocab.bin.*outside the model's vocabulary"):
