@@ -136,30 +136,34 @@ def pairs_summary(pairs: list[tuple]) -> dict:
 
 def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options) on code-like and prose-like prompts,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`)."""
-    from mtp_explorer.devtools.reference import run_reference_spec, spec_type_args
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`). A chain
+    with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
+    (:func:`~mtp_explorer.devtools.reference.reference_n_max`)."""
+    from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
     doc: dict = {"n_max": n_max}
     for spec in SPEC_TYPES:
+        spec_n_max = reference_n_max(spec, n_max)
         if "draft-mtp" in spec and not s.info.has_mtp:
             continue
         for kind, prompts in KIND_PROMPTS.items():
             pairs, counts = [], {"drafted": 0, "accepted": 0}
 
             def ours(prompt: str) -> float:
-                secs, t = decode_seconds(s, prompt, tokens, n_max, drafter=spec)
+                secs, t = decode_seconds(s, prompt, tokens, spec_n_max, drafter=spec)
                 counts["drafted"] += int(t.n_drafted.sum())
                 counts["accepted"] += int(t.n_accepted.sum())
                 return len(t.tokens) / secs
 
             def ref(prompt: str) -> float:
-                return run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}), max_tokens=tokens,
+                return run_reference_spec(binary, path, prompt, spec_type_args(spec, spec_n_max, {}), max_tokens=tokens,
                                           n_ctx=2048, threads=s.threads).tokens_per_second
 
             for prompt in prompts:
                 pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
                                            functools.partial(ref, prompt) if binary else None)
             doc[f"{spec} / {kind}"] = pairs_summary(pairs) | {
+                "n_max": spec_n_max,
                 "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
                 "drafted": counts["drafted"]}
     return doc

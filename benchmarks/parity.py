@@ -52,10 +52,9 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.analysis import ngram_cache
 from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, replay_reference_budget, run_reference,
-                                    run_reference_spec, spec_type_args)
+from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, draft_cap_rule, reference_n_max,
+                                             replay_reference_budget, run_reference, run_reference_spec, spec_type_args)
 
 from _common import emit, machine, pick_model
 
@@ -239,7 +238,7 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
 # -- more --spec-type values: the n-gram table and llama.cpp's chains --------------------------------
 #: Checked besides draft-mtp and ngram-simple, each over CHAIN_PROMPTS (12) on the models below, n_max
 #: CHAIN_N_MAX (the MTP head's --spec-draft-n-max; the look-ups' own limits, --spec-ngram-simple-size-m and
-#: --spec-ngram-mod-n-max, set to the same; 8 with ngram-cache, see spec_n_max), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
+#: --spec-ngram-mod-n-max, set to the same; 8 with ngram-cache, see reference_n_max), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
 #: draft in these short prompts. A chain runs under llama.cpp's policy (the first drafter, in its order, with a
 #: draft is verified).
 #: ngram-cache runs without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (llama.cpp registers
@@ -252,13 +251,6 @@ SPEC_SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min
               "ngram_map_k4v_size_n": 2, "ngram_map_k4v_min_hits": 1}
 
 
-def spec_n_max(spec: str) -> int:
-    """The n_max a ``--spec-type`` value is checked at: llama-speculative-simple verifies a look-up's whole draft
-    (--spec-draft-n-max limits the draft models only), so the look-ups' own limits are set to CHAIN_N_MAX; ngram-cache's
-    is fixed at 8 (llama.cpp's n_draft), so its values run at 8, the MTP head's --spec-draft-n-max included."""
-    return ngram_cache.N_DRAFT if drafters.drafter("ngram-cache") in drafters.mode(spec).drafters else CHAIN_N_MAX
-
-
 def spec_options(spec: str, n_max: int) -> dict[str, int]:
     """Our options for ``spec`` (keyword: value; llama.cpp's flag is ``--spec-`` + the keyword with dashes)."""
     names = {o.name for o in drafters.mode(spec).options}
@@ -269,7 +261,7 @@ def spec_options(spec: str, n_max: int) -> dict[str, int]:
 
 def spec_cases(binary: str, spec: str, path: Path, label: str, tokens: int, threads: int) -> list[dict]:
     """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed)."""
-    n_max = spec_n_max(spec)
+    n_max = reference_n_max(spec, CHAIN_N_MAX)
     options = spec_options(spec, n_max)
     flags = spec_type_args(spec, n_max, options)
     cases = []

@@ -202,6 +202,7 @@ def test_defaults_are_llama_cpp_s():
         ("lookup_cache_static", "--lookup-cache-static", "", True),
         ("lookup_cache_dynamic", "--lookup-cache-dynamic", "", True)]
     assert (spec.spec_type, spec.has_confidence, spec.needs_mtp) == ("ngram-cache", False, False)
+    assert spec.fixed_draft_len == ngram_cache.N_DRAFT
     assert (ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, ngram_cache.LLAMA_NGRAM_STATIC,
             ngram_cache.N_DRAFT) == (1, 4, 2, 8)
     assert drafters.option_values({"lookup_cache_static": Path("/x/y.bin")})["lookup_cache_static"] == "/x/y.bin"

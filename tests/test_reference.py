@@ -61,14 +61,11 @@ SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1,
 def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, prompt):
     """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
     (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
-    from mtp_explorer.analysis import ngram_cache
     from mtp_explorer.core import drafters
-    from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
+    from mtp_explorer.devtools.reference import compare_with_reference, reference_n_max, run_reference_spec, spec_type_args
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
-    # llama-speculative-simple verifies a look-up's whole draft (--spec-draft-n-max limits the draft models only): the
-    # look-ups' own limits are set to n_max; ngram-cache's is fixed at 8 (llama.cpp's n_draft), so its cases use 8
-    n_max = ngram_cache.N_DRAFT if drafters.drafter("ngram-cache") in drafters.mode(spec).drafters else 3
+    n_max = reference_n_max(spec, 3)  # (8 with ngram-cache, whose draft length llama.cpp fixes)
     names = {o.name for o in drafters.mode(spec).options}
     limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
               "ngram_map_k4v_size_m": n_max}

@@ -67,6 +67,7 @@ class DrafterSpec:
     options: tuple[DrafterOption, ...] = ()
     replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
     description: str = ""
+    fixed_draft_len: int = 0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
 
     @property
     def index(self) -> int:
@@ -179,7 +180,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
                             "frequent continuation (of up to 4) at least twice as often as the others together"),
     DrafterSpec("ngram-cache", "ngram-cache", "n-gram cache", has_confidence=False, needs_mtp=False,
-                options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay",
+                options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay", fixed_draft_len=8,
                 description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
                             "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
                             "seen often enough"),

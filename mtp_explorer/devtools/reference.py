@@ -89,6 +89,15 @@ def spec_type_args(spec: str, n_max: int, options: dict[str, int | str]) -> list
     return args
 
 
+def reference_n_max(spec: str, n_max: int) -> int:
+    """The n_max our engine runs ``--spec-type spec`` at so as to verify the drafts llama-speculative-simple verifies:
+    it verifies a look-up's whole draft (``--spec-draft-n-max`` limits the draft models only), so where a drafter's
+    length is fixed in llama.cpp (:attr:`DrafterSpec.fixed_draft_len`, ngram-cache's 8) that length, for every drafter
+    of the chain (the reference's --spec-draft-n-max too); else ``n_max`` (a look-up's own length option is then set
+    to it)."""
+    return max((d.fixed_draft_len for d in drafters.mode(spec).drafters), default=0) or n_max
+
+
 def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
                        max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
                        attempts: int = 8) -> ReferenceRun:
