@@ -15,6 +15,7 @@ REF_CONFIGURED := $(REF_DIR)/CMakeCache.txt
 REFERENCE := $(REF_DIR)/bin/llama-speculative-simple
 QUANTIZE := $(REF_DIR)/bin/llama-quantize
 SERVER := $(REF_DIR)/bin/llama-server
+LOOKUP_CREATE := $(REF_DIR)/bin/llama-lookup-create
 # one cmake --build at a time in the build directory, also under make -j
 REF_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock $(REF_DIR)/.build.lock)
 
@@ -26,7 +27,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize server parity bench bench-simulate bench-scale bench-server clean
+.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server clean
 
 all: $(EXT)
 
@@ -65,8 +66,9 @@ $(CHROMIUM):
 
 # tests/test_quantized.py and notebook 03 quantize the bundled model with llama.cpp's llama-quantize;
 # tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure);
-# tests/test_server.py starts a real llama-server.
-test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(SERVER)
+# tests/test_server.py starts a real llama-server; tests/test_ngram_cache.py writes static n-gram caches with
+# llama-lookup-create.
+test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(SERVER) $(LOOKUP_CREATE)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
@@ -75,9 +77,10 @@ lab: $(EXT)
 # llama.cpp's own tools, built from the same 0.3.36 sources in one build directory with one configure, so
 # that they share libllama, ggml and the common library (built once, 7-10 min on 2 cores; each tool after
 # that is one or two files): the reference speculative driver (for benchmarks/parity.py: draft-mtp and
-# ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one) and llama-quantize (quantized copies of
-# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize) and llama-server (slots,
-# /completion, /metrics: tests/test_server.py, mtp_explorer.server).
+# ngram-simple; PARITY_ARGS="--spec-type draft-mtp" checks one), llama-quantize (quantized copies of
+# a model: tests/test_quantized.py, notebook 03, mtp_explorer.devtools.quantize), llama-server (slots,
+# /completion, /metrics: tests/test_server.py, mtp_explorer.server) and llama-lookup-create (a static
+# n-gram cache of a text file for the ngram-cache drafter's lookup_cache_static, llama.cpp's -lcs).
 
 $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
@@ -85,7 +88,7 @@ $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
 
 # touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
-$(REFERENCE) $(QUANTIZE) $(SERVER): $(REF_CONFIGURED)
+$(REFERENCE) $(QUANTIZE) $(SERVER) $(LOOKUP_CREATE): $(REF_CONFIGURED)
 	$(REF_LOCK) nice cmake --build $(REF_DIR) --target $(notdir $@) -j$$(nproc)
 	touch $@
 
@@ -94,6 +97,8 @@ reference: $(REFERENCE)
 quantize: $(QUANTIZE)
 
 server: $(SERVER)
+
+lookup-create: $(LOOKUP_CREATE)
 
 parity: $(EXT) $(REFERENCE)
 	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)

@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 import mtp_explorer as mx
+from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
 
 from _common import emit, machine, pick_model
@@ -96,9 +97,10 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
     }
 
 
-# every --spec-type the engine runs, alone and in the chains issue 10 names, with llama.cpp's default options
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp",
-              "ngram-simple,ngram-map-k,draft-mtp", "draft-simple")
+# every --spec-type the engine runs (the registry's drafters), alone and in the llama.cpp chains the registry lists
+# (its modes under llama.cpp's first policy), with llama.cpp's default options
+SPEC_TYPES = tuple(dict.fromkeys([d.spec_type for d in drafters.DRAFTER_SPECS.values()]
+                                 + [m.spec_types for m in drafters.MODES.values() if m.is_chain and m.policy == "first"]))
 KIND_PROMPTS = {
     "code": PROMPTS,
     "prose": ["The cat sat on the mat. The dog sat on the rug. The cat sat on the",
@@ -132,36 +134,51 @@ def pairs_summary(pairs: list[tuple]) -> dict:
     return doc
 
 
+def lookup_limits(mode, n_max: int) -> dict[str, int]:
+    """The look-ups' length options at ``n_max`` (llama-speculative-simple verifies a look-up's whole draft, where the
+    engine cuts it to n_max: so both sides draft alike) and ngram-mod's n_min at most that; the other options keep
+    llama.cpp's defaults."""
+    names = {o.name for o in mode.options}
+    limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_mod_n_min": n_max,
+              "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max}
+    return {k: v for k, v in limits.items() if k in names}
+
+
 def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
-    """Tokens/s of every drafter and chain (llama.cpp's default options) on code-like and prose-like prompts,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`);
-    draft-simple where the session has a draft model (the reference gets it as ``-md``)."""
-    from mtp_explorer.core import drafters
-    from mtp_explorer.devtools.reference import run_reference_spec, spec_type_args
+    """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
+    on code-like and prose-like prompts,
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`). A chain
+    with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
+    (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
+    reference gets it as ``-md``)."""
+    from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
     doc: dict = {"n_max": n_max, "draft_model": None if s.draft_info is None else s.draft_info.path}
     for spec in SPEC_TYPES:
+        spec_n_max = reference_n_max(spec, n_max)
         mode = drafters.mode(spec)
         if not mode.runs_with(s.info.has_mtp, s.has_draft_model):
             continue
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
+        options = lookup_limits(mode, spec_n_max)
         for kind, prompts in KIND_PROMPTS.items():
             pairs, counts = [], {"drafted": 0, "accepted": 0}
 
             def ours(prompt: str) -> float:
-                secs, t = decode_seconds(s, prompt, tokens, n_max, drafter=spec)
+                secs, t = decode_seconds(s, prompt, tokens, spec_n_max, drafter=spec, **options)
                 counts["drafted"] += int(t.n_drafted.sum())
                 counts["accepted"] += int(t.n_accepted.sum())
                 return len(t.tokens) / secs
 
             def ref(prompt: str) -> float:
-                return run_reference_spec(binary, path, prompt, spec_type_args(spec, n_max, {}) + extra,
+                return run_reference_spec(binary, path, prompt, spec_type_args(spec, spec_n_max, options) + extra,
                                           max_tokens=tokens, n_ctx=2048, threads=s.threads).tokens_per_second
 
             for prompt in prompts:
                 pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
                                            functools.partial(ref, prompt) if binary else None)
             doc[f"{spec} / {kind}"] = pairs_summary(pairs) | {
+                "n_max": spec_n_max, "options": options,
                 "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
                 "drafted": counts["drafted"]}
     return doc

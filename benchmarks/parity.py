@@ -47,6 +47,7 @@ Known differences are accounted for, not hidden:
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import sys
@@ -55,7 +56,7 @@ from pathlib import Path
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, reference_totals,
+from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, reference_n_max, reference_totals,
                                              replay_reference_budget, run_reference, run_reference_spec, spec_type_args)
 
 from _common import emit, machine, pick_model
@@ -196,11 +197,13 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
 # -- more --spec-type values: the n-gram table and llama.cpp's chains --------------------------------
 #: Checked besides draft-mtp and ngram-simple, each over CHAIN_PROMPTS (12) on the models below, n_max
 #: CHAIN_N_MAX (the MTP head's --spec-draft-n-max; the look-ups' own limits, --spec-ngram-simple-size-m and
-#: --spec-ngram-mod-n-max, set to the same), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
+#: --spec-ngram-mod-n-max, set to the same; 8 with ngram-cache, see reference_n_max), p_min 0 and small look-up sizes (SPEC_SMALL) so that the look-ups
 #: draft in these short prompts. A chain runs under llama.cpp's policy (the first drafter, in its order, with a
 #: draft is verified).
+#: ngram-cache runs without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (llama.cpp registers
+#: them for llama-lookup and llama-server only); tests/test_ngram_cache.py checks the static cache against the replay.
 SPEC_CHAINS = ("ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-mod,draft-mtp", "ngram-simple,draft-mtp",
-               "ngram-simple,ngram-map-k,draft-mtp")
+               "ngram-simple,ngram-map-k,draft-mtp", "ngram-cache", "ngram-cache,draft-mtp")
 CHAIN_PROMPTS = NGRAM_PROMPTS + PROMPTS
 CHAIN_N_MAX = 3
 SPEC_SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
@@ -217,15 +220,16 @@ def spec_options(spec: str, n_max: int) -> dict[str, int]:
 
 def spec_cases(binary: str, spec: str, path: Path, label: str, tokens: int, threads: int) -> list[dict]:
     """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed)."""
-    options = spec_options(spec, CHAIN_N_MAX)
-    flags = spec_type_args(spec, CHAIN_N_MAX, options)
+    n_max = reference_n_max(spec, CHAIN_N_MAX)
+    options = spec_options(spec, n_max)
+    flags = spec_type_args(spec, n_max, options)
     cases = []
     with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
         for prompt in CHAIN_PROMPTS:
             ref = run_reference_spec(binary, path, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
-            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=CHAIN_N_MAX, drafter=spec, **options)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec, **options)
             won = {name: int((ours.drafter == mx.DRAFTERS.index(name)).sum()) for name in mx.DRAFTERS}
-            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec,
+            cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec, "n_max": n_max,
                           "options": options, "steps_by_drafter": {k: v for k, v in won.items() if v}}
                          | compare_with_reference(ref, ours, 0.0))
     return cases
@@ -259,6 +263,10 @@ def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: 
         out[spec] = {"models": [str(p) for p, _ in models], "cases": len(cases),
                      "matches": sum(c["match"] for c in cases),
                      "cases_with_drafts": sum(c["ours"]["n_drafted"] > 0 for c in cases),
+                     "steps_by_drafter": dict(sum((collections.Counter(c["steps_by_drafter"]) for c in cases),
+                                                  collections.Counter())),
+                     "drafted": sum(c["ours"]["n_drafted"] for c in cases),
+                     "accepted": sum(c["ours"]["n_accept"] for c in cases),
                      "all_match": all(c["match"] for c in cases),
                      "mismatches": [c for c in cases if not c["match"]]}
     out["all_match"] = all(out[spec]["all_match"] for spec in specs)
@@ -330,6 +338,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="for our sessions and the reference alike")
     ap.add_argument("--spec-type", choices=(*SPEC_TYPES, "all"), default="all",
                     help="which drafter to check against the reference (default: all)")
+    ap.add_argument("--chain", action="append", choices=SPEC_CHAINS, metavar="SPEC",
+                    help="with --spec-type chains: check only this --spec-type value (repeatable; default: all of "
+                         + ", ".join(SPEC_CHAINS) + ")")
     args = ap.parse_args()
     if not args.binary:
         ap.error("give --binary or set LLAMA_SPECULATIVE_SIMPLE")
@@ -343,7 +354,8 @@ def main() -> int:
         if "ngram-simple" in spec_types:
             doc["ngram-simple"] = ngram_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
         if "chains" in spec_types:
-            doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+            doc["chains"] = chains_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp),
+                                           tuple(args.chain or SPEC_CHAINS))
         if "draft-simple" in spec_types:
             doc["draft-simple"] = draft_simple_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)

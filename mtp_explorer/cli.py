@@ -123,12 +123,14 @@ def _option_owner(option: DrafterOption) -> str:
 
 
 def _add_option(parser: argparse.ArgumentParser, option: DrafterOption) -> None:
-    """A drafter option as a flag: ``--<name>`` (``_`` as ``-``) and llama.cpp's own flag."""
+    """A drafter option as a flag: ``--<name>`` (``_`` as ``-``) and llama.cpp's own flag (a file option takes a
+    file name, FNAME, as llama.cpp's)."""
     aliases = [f"--{a.replace('_', '-')}" for a in option.aliases]
-    parser.add_argument(f"--{option.name.replace('_', '-')}", option.flag, *aliases, dest=option.name, type=_int_in(option),
-                        default=option.default, metavar="N",
+    flags = dict.fromkeys([f"--{option.name.replace('_', '-')}", option.flag, *aliases])  # (a file option's are one)
+    parser.add_argument(*flags, dest=option.name, type=str if option.is_path else _int_in(option),
+                        default=option.default, metavar="FNAME" if option.is_path else "N",
                         help=_escape(f"{_option_owner(option)} drafter: {option.help} (llama.cpp {option.flag}; "
-                                     f"default: {option.default})"))
+                                     f"default: {option.default!r})"))
 
 
 def _int_in(option: DrafterOption):

@@ -9,6 +9,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdio>
@@ -244,7 +245,8 @@ void bind_generation_config(nb::module_ & m) {
         .def_rw("drafters", &GenerationConfig::drafters)
         .def_rw("chain_policy", &GenerationConfig::chain_policy)
         .def_rw("options", &GenerationConfig::options,
-                "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, ...}): each drafter reads its own keys, "
+                "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, \"lookup_cache_static\": \"\", ...}: "
+                "integers, or texts for file names): each drafter reads its own keys, "
                 "a missing key meaning its default; unknown keys are ignored.");
 }
 

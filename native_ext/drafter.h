@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "draft.h"
@@ -30,14 +31,15 @@ enum DrafterId : int8_t {
 
 // The drafters' options, by their Python keyword (= llama.cpp's option name, e.g. "ngram_simple_size_n"): each
 // drafter reads its own keys, a missing key meaning its default; unknown keys are ignored (Python
-// checks them).
-using DrafterOptions = std::map<std::string, int32_t>;
+// checks them). A value is an integer, or a text (a file name: "lookup_cache_static").
+using DrafterOptionValue = std::variant<int32_t, std::string>;
+using DrafterOptions = std::map<std::string, DrafterOptionValue>;
 
-// options[key], or `fallback` when the key is missing
-inline int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback) {
-    const auto it = options.find(key);
-    return it == options.end() ? fallback : it->second;
-}
+// options[key], or `fallback` when the key is missing; a parameter error when it is a text
+int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback);
+
+// options[key] as a text, "" when the key is missing; a parameter error when it is an integer
+std::string option_text(const DrafterOptions & options, const char * key);
 
 // What a drafter needs besides the target model (a drafter whose need is missing is not made).
 enum class DrafterNeeds : int8_t {

@@ -11,6 +11,8 @@
 #include "draft_simple_drafter.h"
 #include "drafter.h"
 #include "mtp_drafter.h"
+#include "errors.h"
+#include "ngram_cache_drafter.h"
 #include "ngram_drafter.h"
 #include "ngram_map_drafter.h"
 #include "ngram_mod_drafter.h"
@@ -37,6 +39,10 @@ std::unique_ptr<Drafter> make_ngram_map_k4v(const DrafterSetup & s) {
     return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k4v", false));
 }
 
+std::unique_ptr<Drafter> make_ngram_cache(const DrafterSetup & s) {
+    return std::make_unique<NgramCacheDrafter>(s.id, s.vocab, NgramCacheConfig::from(*s.options));
+}
+
 std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
     return std::make_unique<DraftSimpleDrafter>(s.id, s.ctx_dft);
 }
@@ -45,17 +51,40 @@ std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
 
 // (declared extern in drafter.h, so defined here with external linkage)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
-    {"mtp", DrafterNeeds::MTP, make_mtp},              // the model's MTP head (DRAFTER_MTP)
-    {"ngram", DrafterNeeds::NOTHING, make_ngram_simple},  // llama.cpp's ngram-simple prompt look-up
-    {"ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod}, // llama.cpp's ngram-mod hashed n-gram table
+    {"mtp", DrafterNeeds::MTP, make_mtp},                    // the model's MTP head (DRAFTER_MTP)
+    {"ngram", DrafterNeeds::NOTHING, make_ngram_simple},     // llama.cpp's ngram-simple prompt look-up
+    {"ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod},    // llama.cpp's ngram-mod hashed n-gram table
     {"ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
     {"ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
+    {"ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
     {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));
 
 const char * drafter_name(int32_t id) { return DRAFTER_TABLE[id].name; }
+
+int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback) {
+    const auto it = options.find(key);
+    if (it == options.end()) {
+        return fallback;
+    }
+    if (const int32_t * value = std::get_if<int32_t>(&it->second)) {
+        return *value;
+    }
+    fail(ErrorKind::PARAMETER, std::string("the drafter option ") + key + " must be an integer");
+}
+
+std::string option_text(const DrafterOptions & options, const char * key) {
+    const auto it = options.find(key);
+    if (it == options.end()) {
+        return "";
+    }
+    if (const std::string * value = std::get_if<std::string>(&it->second)) {
+        return *value;
+    }
+    fail(ErrorKind::PARAMETER, std::string("the drafter option ") + key + " must be a text (a file name)");
+}
 
 int32_t drafter_index(const std::string & name) {
     for (int32_t i = 0; i < N_DRAFTERS; ++i) {

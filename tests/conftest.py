@@ -120,6 +120,28 @@ def check_accounting(t: mx.Trace) -> None:
             assert s.rs_slot is None
 
 
+def check_drafter_stats(session: mx.Session, t: mx.Trace, mode) -> None:
+    """The session's drafter_stats() after ``t`` (its last generation, under drafter ``mode``) are llama.cpp's:
+    n_gen_drafts / n_gen_tokens count verified drafts; every step's outcome goes to the drafter verified last
+    (llama.cpp's impl_last), also at steps without a draft (n_call_accept)."""
+    from mtp_explorer.core import drafters
+
+    rows = session.drafter_stats()
+    assert [row["name"] for row in rows] == [d.name for d in drafters.mode(mode).drafters]
+    last = np.maximum.accumulate(np.where(t.drafter >= 0, np.arange(len(t.drafter)), -1))
+    owner = np.where(last >= 0, t.drafter[np.maximum(last, 0)], -1)
+    for row in rows:
+        index = mx.DRAFTERS.index(row["name"])
+        mine = t.drafter == index
+        assert row["n_gen_drafts"] == mine.sum() and row["n_gen_tokens"] == t.n_drafted[mine].sum()
+        assert row["n_call_begin"] == 1
+        told = owner == index
+        assert row["n_call_accept"] == told.sum()
+        assert row["n_acc_tokens"] == t.n_accepted[told].sum()
+        assert row["n_acc_drafts"] == (t.n_accepted[told] > 0).sum()
+        assert row["acc_by_pos"] == [(t.n_accepted[told] > j).sum() for j in range(len(row["acc_by_pos"]))]
+
+
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run Python code in a fresh interpreter (for cases that could take the process down)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,

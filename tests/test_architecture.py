@@ -78,7 +78,7 @@ def test_registry_names_the_engines_drafters_and_policies():
         assert spec.spec_type and spec.label and spec.replay
         spec.load_replay()  # the simulator has a replay for every drafter
         for option in spec.options:
-            assert option.flag.startswith("--spec-")
+            assert option.flag.startswith("--spec-" if not option.is_path else "--lookup-cache-")
     # the engine takes every option by its keyword
     config = drafters.configure(_native.GenerationConfig(), drafters.option_values())
     assert config.options == {o.name: o.default for o in drafters.all_options()}

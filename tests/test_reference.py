@@ -42,12 +42,16 @@ def test_replay_matches_recorded_reference(tmp_path):
 
 
 # (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
-# non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models)
+# non-recurrent one (benchmarks/parity.py --spec-type chains runs 12 prompts each on more models). ngram-cache runs
+# without cache files: llama-speculative-simple 0.3.36 does not take -lcs/-lcd (tests/test_ngram_cache.py checks them
+# against the replay, and its writer against llama-lookup-create).
 CHAIN_CASES = [
     ("ngram-mod,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
     ("ngram-simple,ngram-map-k,draft-mtp", "qwen35", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print("),
     ("ngram-mod", "glm4moe", "a b c d e f g a b c d e f g a b c"),
     ("ngram-map-k4v", "glm4moe", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
+    ("ngram-cache", "glm4moe", "a b c d e f g a b c d e f g a b c"),
+    ("ngram-cache,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
 ]
 SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
          "ngram_map_k4v_size_n": 2}
@@ -58,10 +62,10 @@ def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, 
     """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
     (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
     from mtp_explorer.core import drafters
-    from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
+    from mtp_explorer.devtools.reference import compare_with_reference, reference_n_max, run_reference_spec, spec_type_args
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 
-    n_max = 3
+    n_max = reference_n_max(spec, 3)  # (8 with ngram-cache, whose draft length llama.cpp fixes)
     names = {o.name for o in drafters.mode(spec).options}
     limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
               "ngram_map_k4v_size_m": n_max}

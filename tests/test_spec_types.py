@@ -5,13 +5,14 @@ statistics are counted as ``common_speculative_print_stats`` counts them."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.analysis import simulate as sim
 from mtp_explorer.core import drafters
 from mtp_explorer.core.checks import PminNotApplicable
+
+from conftest import check_drafter_stats
 
 REPETITIVE = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"
 
@@ -42,8 +43,8 @@ def test_options_have_llama_cpp_names_and_keep_their_aliases():
         drafters.option_values({"ngram_n": 2, "ngram_simple_size_n": 2})
     with pytest.raises(mx.ParameterError, match="--spec-ngram-simple-size-m"):
         drafters.option_values({"ngram_m": 0})
-    for o in drafters.all_options():
-        assert o.flag == "--spec-" + o.name.replace("_", "-")
+    for o in drafters.all_options():  # the file options keep llama.cpp's flags without --spec- (-lcs/-lcd)
+        assert o.flag == ("--" if o.is_path else "--spec-") + o.name.replace("_", "-")
 
 
 def test_first_policy_by_hand():
@@ -77,23 +78,7 @@ def test_drafter_stats_are_llama_cpp_s(session_mixed):
     (llama.cpp's impl_last), also at steps without a draft (n_call_accept)."""
     t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
                                ngram_simple_size_n=2)
-    stats = {row["name"]: row for row in session_mixed.drafter_stats()}
-    assert [row["name"] for row in session_mixed.drafter_stats()] == [d.name for d in drafters.mode(
-        "ngram-simple,draft-mtp").drafters]
-    for name, row in stats.items():
-        mine = t.drafter == mx.DRAFTERS.index(name)
-        assert row["n_gen_drafts"] == mine.sum() and row["n_gen_tokens"] == t.n_drafted[mine].sum()
-        assert row["n_call_begin"] == 1
-    # the outcome of each step goes to the drafter verified last
-    last = np.maximum.accumulate(np.where(t.drafter >= 0, np.arange(len(t.drafter)), -1))
-    owner = np.where(last >= 0, t.drafter[np.maximum(last, 0)], -1)
-    for name, row in stats.items():
-        mine = owner == mx.DRAFTERS.index(name)
-        assert row["n_call_accept"] == mine.sum()
-        assert row["n_acc_tokens"] == t.n_accepted[mine].sum()
-        assert row["n_acc_drafts"] == (t.n_accepted[mine] > 0).sum()
-        by_pos = [(t.n_accepted[mine] > j).sum() for j in range(len(row["acc_by_pos"]))]
-        assert row["acc_by_pos"] == by_pos
+    check_drafter_stats(session_mixed, t, "ngram-simple,draft-mtp")
 
 
 def test_p_min_on_a_drafter_without_confidence_is_a_warning(session_mixed):

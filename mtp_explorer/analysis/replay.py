@@ -32,6 +32,7 @@ import numpy as np
 from ..core.drafters import DrafterSpec, option_values
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
+from . import ngram_cache
 
 if TYPE_CHECKING:
     from .oracle import CostModel, OracleTrace
@@ -688,3 +689,50 @@ class NgramMapReplay(StatefulReplay):
         size_n, size_m, min_hits = (values[o.name] for o in self.spec.options)
         key_only = self.spec.options[0].name.startswith("ngram_map_k_")
         return NgramMapState(self, cap, reason, n_min, active, size_n, size_m, min_hits, key_only)
+
+
+# -- llama.cpp's ngram-cache ----------------------------------------------------------------------------
+class NgramCacheState(LookupState):
+    """common_speculative_impl_ngram_cache along one walk, exactly as NgramCacheDrafter
+    (native_ext/ngram_cache_drafter.cpp) keeps it: the context cache, grown at each draft call with the tokens since
+    the previous call (llama.cpp's chunks: n-grams across two chunks never enter it), and the dynamic and static caches
+    read from the recorded files. Its accept is a no-op."""
+
+    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, nc_dynamic: dict,
+                 nc_static: dict) -> None:
+        super().__init__(replay, cap, reason, n_min, active)
+        self.nc_context: dict = {}
+        self.nc_dynamic, self.nc_static = nc_dynamic, nc_static
+        self.cache_size = 0  # history tokens (and the last sampled one) the context cache has seen
+
+    def lookup(self, cur_len: int) -> list[int]:
+        hist = self.history
+        if self.cache_size < cur_len + 1:
+            chunk = hist[min(self.cache_size, cur_len):cur_len + 1]
+            ngram_cache.update(self.nc_context, ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, chunk,
+                               len(chunk))
+            self.cache_size = cur_len + 1
+        return ngram_cache.draft(hist[:cur_len + 1], ngram_cache.N_DRAFT, self.nc_context, self.nc_dynamic,
+                                 self.nc_static)
+
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
+        """llama.cpp's ngram-cache learns nothing from an outcome (its accept is a no-op)."""
+
+
+class NgramCacheReplay(StatefulReplay):
+    """llama.cpp's ngram-cache: its context cache replayed along the walk, the dynamic and static cache files of the
+    recording read again (a recording replayed where they are gone is a ParameterError naming them); no confidence,
+    a running acceptance for its expected accepted length."""
+
+    @cached_property
+    def files(self) -> tuple[dict, dict]:
+        """(dynamic, static) caches of the recording's options (empty where it named no file)."""
+        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        values = option_values(recorded)
+        by_name = {o.name: o for o in self.spec.options}
+        return tuple(ngram_cache.load(values[name], by_name[name].flag) if values[name] else {}
+                     for name in ("lookup_cache_dynamic", "lookup_cache_static"))
+
+    def start(self, cap, reason, n_min, active) -> DrafterState:
+        nc_dynamic, nc_static = self.files
+        return NgramCacheState(self, cap, reason, n_min, active, nc_dynamic, nc_static)

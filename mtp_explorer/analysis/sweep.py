@@ -153,7 +153,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
           max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
           cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
-          **options: int | None):
+          **options: int | str | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from typing import Any, Mapping, Sequence
 
 from .. import _native
@@ -28,19 +29,31 @@ NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model")
 
 @dataclasses.dataclass(frozen=True)
 class DrafterOption:
-    """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range."""
+    """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range; or, for a file
+    option (:meth:`path`, ``is_path``), a file name (``""``: none), which the engine reads when a generation begins."""
 
     name: str      #: keyword argument of Session.generate / sweep, llama.cpp's flag without ``--spec-`` (e.g.
                    #: ``ngram_simple_size_n``); also its key in the engine's ``GenerationConfig.options``
     flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
-    default: int
+    default: int | str
     lo: int
     hi: int
     help: str
     aliases: tuple[str, ...] = ()  #: earlier keyword names that still work (e.g. ``ngram_n``)
+    is_path: bool = False  #: a file name (a ``str`` or path-like), not an integer
 
-    def check(self, value: Any) -> int:
-        """``value`` if it is an integer in range, else a :class:`ParameterError` naming the range."""
+    @classmethod
+    def path(cls, name: str, flag: str, help: str) -> "DrafterOption":
+        """A file option: ``name``, llama.cpp's ``flag``, no file by default."""
+        return cls(name, flag, "", 0, 0, help, is_path=True)
+
+    def check(self, value: Any) -> int | str:
+        """``value`` if it is an integer in range (a file option: a file name, as ``str``), else a
+        :class:`ParameterError` naming the range. Whether the file can be read is checked when it is read."""
+        if self.is_path:
+            if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
+                raise ParameterError(f"{self.name} ({self.flag}) must be a file name (str or path), got {value!r}")
+            return os.fspath(value)
         if not isinstance(value, int) or isinstance(value, bool) or not self.lo <= value <= self.hi:
             raise ParameterError(f"{self.name} ({self.flag}) must be an integer in [{self.lo}, {self.hi}], "
                                  f"got {value!r}")
@@ -59,6 +72,7 @@ class DrafterSpec:
     options: tuple[DrafterOption, ...] = ()
     replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
     description: str = ""
+    fixed_draft_len: int = 0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
 
     @property
     def needs_mtp(self) -> bool:
@@ -163,6 +177,18 @@ def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, 
     )
 
 
+# llama.cpp 0.3.36 (common.h, common_params_speculative_ngram_cache): no files by default; its ngram-cache reads both
+# when it starts and never writes them (see native_ext/ngram_cache_drafter.h)
+_NGRAM_CACHE_OPTIONS = (
+    DrafterOption.path("lookup_cache_static", "--lookup-cache-static",
+                       "static n-gram cache file (llama.cpp's -lcs; written by llama-lookup-create or "
+                       "mtp_explorer.analysis.ngram_cache.write_static_cache); its 2-gram counts weigh and back up the "
+                       "drafts ('': none)"),
+    DrafterOption.path("lookup_cache_dynamic", "--lookup-cache-dynamic",
+                       "dynamic n-gram cache file (llama.cpp's -lcd, the same format), consulted under strict "
+                       "thresholds where the context has no draft; read only, as llama.cpp 0.3.36 ('': none)"),
+)
+
 #: Every drafter of the engine, in the engine's order.
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs="mtp",
@@ -186,6 +212,11 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 replay="..analysis.replay:NgramMapReplay",
                 description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
                             "frequent continuation (of up to 4) at least twice as often as the others together"),
+    DrafterSpec("ngram-cache", "ngram-cache", "n-gram cache", has_confidence=False, needs="nothing",
+                options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay", fixed_draft_len=8,
+                description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
+                            "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
+                            "seen often enough"),
     DrafterSpec("draft-simple", "draft-simple", "draft model", has_confidence=True, needs="draft_model",
                 replay="..analysis.replay:DraftModelReplay",
                 description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
@@ -198,6 +229,21 @@ if tuple(s.needs for s in DRAFTER_SPECS.values()) != tuple(_native.DRAFTER_NEEDS
     raise ImportError(f"drafter registry needs {[s.needs for s in DRAFTER_SPECS.values()]} differ from the engine's "
                       f"{_native.DRAFTER_NEEDS}")
 
+def _alone(name: str) -> DrafterMode:
+    """The mode of one drafter under its name, label and description."""
+    spec = DRAFTER_SPECS[name]
+    return DrafterMode(spec.spec_type, (spec,), label=spec.label, description=spec.description)
+
+
+def _then_mtp(name: str, label: str = "") -> DrafterMode:
+    """llama.cpp's ``--spec-type <look-up>,draft-mtp``: the look-up's draft where it has one, else the MTP head's."""
+    spec = DRAFTER_SPECS[name]
+    return DrafterMode(f"{spec.spec_type},draft-mtp", (spec, DRAFTER_SPECS["mtp"]), policy="first",
+                       label=f"{label or spec.label}, then MTP",
+                       description=f"llama.cpp's --spec-type {spec.spec_type},draft-mtp: the {spec.label}'s draft where "
+                                   "it has one, else the MTP head's")
+
+
 #: The ``drafter=`` choices, by name.
 MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
@@ -205,26 +251,18 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
                 description="both drafters every step; the draft with the higher expected accepted length is verified "
                             "(= drafter=['draft-mtp', 'ngram-simple'], chain_policy='best')"),
-    DrafterMode("ngram-mod", (DRAFTER_SPECS["ngram-mod"],), label="n-gram table",
-                description=DRAFTER_SPECS["ngram-mod"].description),
-    DrafterMode("ngram-mod,draft-mtp", (DRAFTER_SPECS["ngram-mod"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram table, then MTP",
-                description="llama.cpp's --spec-type ngram-mod,draft-mtp: the n-gram table's draft where it has one, "
-                            "else the MTP head's"),
-    DrafterMode("ngram-map-k", (DRAFTER_SPECS["ngram-map-k"],), label="n-gram key map",
-                description=DRAFTER_SPECS["ngram-map-k"].description),
-    DrafterMode("ngram-map-k4v", (DRAFTER_SPECS["ngram-map-k4v"],), label="n-gram key/value map",
-                description=DRAFTER_SPECS["ngram-map-k4v"].description),
+    _alone("ngram-mod"),
+    _then_mtp("ngram-mod"),
+    _alone("ngram-map-k"),
+    _alone("ngram-map-k4v"),
     DrafterMode("ngram-simple,ngram-map-k,draft-mtp",
                 (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]), policy="first",
                 label="n-gram, key map, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft"),
-    DrafterMode("ngram-simple,draft-mtp", (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram, then MTP",
-                description="llama.cpp's --spec-type ngram-simple,draft-mtp: the n-gram look-up's draft where it has "
-                            "one, else the MTP head's"),
-    DrafterMode("draft-simple", (DRAFTER_SPECS["draft-simple"],), label="draft model",
-                description=DRAFTER_SPECS["draft-simple"].description),
+    _then_mtp("ngram", label="n-gram"),
+    _alone("ngram-cache"),
+    _then_mtp("ngram-cache"),
+    _alone("draft-simple"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
@@ -328,7 +366,7 @@ def all_options() -> tuple[DrafterOption, ...]:
     return tuple(seen.values())
 
 
-def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
+def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int | str]:
     """Every option's value: ``given`` where named (checked; an alias counts as its option's name), llama.cpp's
     default elsewhere. Unknown names, and an option given under two names, are a :class:`ParameterError`."""
     given = dict(given or {})
@@ -345,13 +383,13 @@ def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int]:
     return {name: o.check(given.get(name, o.default)) for name, o in known.items()}
 
 
-def engine_options(values: Mapping[str, int]) -> dict[str, int]:
+def engine_options(values: Mapping[str, int | str]) -> dict[str, int | str]:
     """The drafters' options as the engine takes them (``GenerationConfig.options``, ``record_oracle``): every
-    option's value by its keyword (``values``: from :func:`option_values`)."""
-    return {o.name: int(values[o.name]) for o in all_options()}
+    option's value by its keyword (``values``: from :func:`option_values`), an integer or a file name."""
+    return {o.name: str(values[o.name]) if o.is_path else int(values[o.name]) for o in all_options()}
 
 
-def configure(config: Any, values: Mapping[str, int]) -> Any:
+def configure(config: Any, values: Mapping[str, int | str]) -> Any:
     """Set the drafters' options on the engine's ``config`` (a GenerationConfig) from option values; returns
     ``config``."""
     config.options = engine_options(values)

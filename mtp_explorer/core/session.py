@@ -38,7 +38,7 @@ class Session(EngineHandle):
         seed: int | None = None,
         drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
         chain_policy: str | None = None,
-        **options: int,
+        **options: int | str,
     ) -> Trace:
         """Run one generation to the end (or until :meth:`cancel`) and return its trace.
 
@@ -50,8 +50,8 @@ class Session(EngineHandle):
         chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
         (llama.cpp's, the default for ``--spec-type`` chains: the first usable draft) or ``"best"``; the
         ``drafter`` column says whose. ``options`` are the drafters' options by keyword, named after llama.cpp's
-        flags (``ngram_simple_size_n=3``, ...: see :func:`~mtp_explorer.core.drafters.all_options`), their
-        defaults where not given.
+        flags (``ngram_simple_size_n=3``, ..., and file names such as ngram-cache's ``lookup_cache_static=path``:
+        see :func:`~mtp_explorer.core.drafters.all_options`), their defaults where not given.
         """
         drafter = drafters.mode(drafter, chain_policy)
         with self._run():
@@ -71,7 +71,7 @@ class Session(EngineHandle):
         seed: int | None = None,
         drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
         chain_policy: str | None = None,
-        **options: int,
+        **options: int | str,
     ) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification (arguments as
         :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace."""
@@ -96,7 +96,7 @@ class Session(EngineHandle):
         depth: int | None = None,
         *,
         probe: bool = True,
-        **options: int,
+        **options: int | str,
     ) -> "OracleTrace":
         """Record an oracle trace: the greedy generation decoded once, one token per step, with the draft
         every drafter the model can run would propose at every position, up to ``depth`` tokens (default: the

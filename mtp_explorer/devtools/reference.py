@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..core.drafters import DRAFTER_SPECS
+from ..core import drafters
 from ..core.session import Session
 from ..core.trace import Trace
 
@@ -78,13 +78,25 @@ def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tok
                               timeout=timeout, attempts=attempts)
 
 
-def spec_type_args(spec: str, n_max: int, options: dict[str, int]) -> list[str]:
-    """llama-speculative-simple's arguments for ``--spec-type spec`` with our drafter ``options`` (each is llama.cpp's
-    flag: ``--spec-`` + the keyword with dashes) and ``n_max`` as the draft models' ``--spec-draft-n-max``."""
+def spec_type_args(spec: str, n_max: int, options: dict[str, int | str]) -> list[str]:
+    """llama-speculative-simple's arguments for ``--spec-type spec`` with our drafter ``options`` (each under its
+    llama.cpp flag from the registry; a file option naming no file is left out) and ``n_max`` as the draft models'
+    ``--spec-draft-n-max``."""
+    flags = {o.name: o.flag for o in drafters.all_options()}
     args = ["--spec-type", spec, "--spec-draft-n-max", str(n_max)]
     for name, value in options.items():
-        args += ["--spec-" + name.replace("_", "-"), str(value)]
+        if value != "":
+            args += [flags[name], str(value)]
     return args
+
+
+def reference_n_max(spec: str, n_max: int) -> int:
+    """The n_max our engine runs ``--spec-type spec`` at so as to verify the drafts llama-speculative-simple verifies:
+    it verifies a look-up's whole draft (``--spec-draft-n-max`` limits the draft models only), so where a drafter's
+    length is fixed in llama.cpp (:attr:`DrafterSpec.fixed_draft_len`, ngram-cache's 8) that length, for every drafter
+    of the chain (the reference's --spec-draft-n-max too); else ``n_max`` (a look-up's own length option is then set
+    to it)."""
+    return max((d.fixed_draft_len for d in drafters.mode(spec).drafters), default=0) or n_max
 
 
 def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
@@ -130,7 +142,7 @@ def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
 
 def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
                             n_min: int = 0, drafter: str | None = None, checkpoints: bool = False,
-                            **options: int) -> Trace:
+                            **options: int | str) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
 
     ``drafter`` (default: the MTP head) and ``options`` as :meth:`Session.generate` takes them (a ``--spec-type``
@@ -261,7 +273,7 @@ def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *,
         acc += piece
     if acc != text:
         return {"kind": "unexplained", "cause": "text_length", "position": len(ours.pieces), "margin": float("nan")}
-    head = next(s for s in DRAFTER_SPECS.values() if s.needs_mtp).index
+    head = next(s for s in drafters.DRAFTER_SPECS.values() if s.needs_mtp).index
     margins = oracle.columns["draft_margin"][:, head, :]
     starts = [sum(int(a) + 1 for a in ours.n_accepted[:k]) for k in range(ours.n_steps)]
     on_path = [float(margins[g, j]) for g, n in zip(starts, ours.n_drafted.tolist())

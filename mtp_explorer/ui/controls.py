@@ -8,6 +8,7 @@ The drafter selector and the drafter option fields are generated from the drafte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 
@@ -23,7 +24,8 @@ __all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorAre
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
     """What one Run or Step generation (or an oracle recording) is asked to do, read from the controls
-    when it starts. ``options``: the drafters' options (``ngram_simple_size_n``, ...) as sorted (name, value) pairs."""
+    when it starts. ``options``: the drafters' options (``ngram_simple_size_n``, ..., file names such as
+    ``lookup_cache_static``) as sorted (name, value) pairs."""
 
     prompt: str
     max_tokens: int
@@ -33,7 +35,7 @@ class RunRequest:
     temperature: float
     seed: int
     drafter: str = drafters.DEFAULT_MODE
-    options: tuple[tuple[str, int], ...] = ()
+    options: tuple[tuple[str, int | str], ...] = ()
 
     def stream_kwargs(self) -> dict:
         """The keyword arguments of ``Session.stream`` / ``generate``."""
@@ -87,7 +89,7 @@ class Controls(W.VBox):
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
                  temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
-                 has_draft_model: bool = False, options: dict[str, int] | None = None) -> None:
+                 has_draft_model: bool = False, options: dict[str, int | str] | None = None) -> None:
         style = {"description_width": "90px"}
         drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)
@@ -97,9 +99,10 @@ class Controls(W.VBox):
             options=drafters.DRAFTER_MODES, value=drafter, description="drafter",
             style=style | {"button_width": "80px"},
             tooltips=[drafter_tooltip(d, has_mtp, has_draft_model) for d in drafters.DRAFTER_MODES])
-        self.option_fields: dict[str, W.BoundedIntText] = {
-            o.name: W.BoundedIntText(value=values[o.name], min=o.lo, max=o.hi, description=o.name, style=style,
-                                     tooltip=f"{o.help} ({o.flag}){_NEXT_RUN}", layout=W.Layout(width="200px"))
+        self.option_fields: dict[str, W.BoundedIntText | W.Text] = {
+            o.name: (W.Text if o.is_path else functools.partial(W.BoundedIntText, min=o.lo, max=o.hi))(
+                value=values[o.name], description=o.name, style=style, tooltip=f"{o.help} ({o.flag}){_NEXT_RUN}",
+                layout=W.Layout(width="200px"))
             for o in drafters.all_options()}
         self.n_max = W.IntSlider(value=min(n_max, capacity), min=1, max=capacity, step=1, description="n_max",
                                  continuous_update=False, style=style)
@@ -147,7 +150,8 @@ class Controls(W.VBox):
                           p_min=float(self.p_min.value), n_min=int(self.n_min.value),
                           temperature=float(self.temperature.value), seed=int(self.seed.value),
                           drafter=str(self.drafter.value),
-                          options=tuple(sorted((k, int(w.value)) for k, w in self.option_fields.items())))
+                          options=tuple(sorted((k, w.value if isinstance(w, W.Text) else int(w.value))
+                                               for k, w in self.option_fields.items())))
 
 
 class ProgressView(W.HBox):

@@ -95,7 +95,7 @@ class Explorer(W.VBox):
     def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
                  drafter: str | None = None, width: int = 960, views: list[str | View] | None = None,
-                 server: "str | ServerMonitor | None" = None, **options: int) -> None:
+                 server: "str | ServerMonitor | None" = None, **options: int | str) -> None:
         self.session = session
         self.piece = cached_piece(session)
         info = session.info
