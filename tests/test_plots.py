@@ -276,10 +276,12 @@ def test_whatif_figures_are_reexported(session):
 
 
 def test_whatif_figures_live_in_their_own_module():
-    """plots exports both modules; trace_figures holds the per-trace figures only."""
-    for name in whatif_figures.__all__:
+    """plots exports the three figure modules; trace_figures holds the per-trace figures only."""
+    from mtp_explorer.viz import server_figures
+
+    for name in (*whatif_figures.__all__, *server_figures.__all__):
         assert not hasattr(trace_figures, name), name
-    assert set(plots.__all__) == set(trace_figures.__all__) | set(whatif_figures.__all__)
+    assert set(plots.__all__) == set(trace_figures.__all__) | set(whatif_figures.__all__) | set(server_figures.__all__)
 
 
 def test_metrics_come_from_one_module(changed, plain):
@@ -322,6 +324,8 @@ def _wrong_inputs(session):
         "predicted_speed_by_n_max": (lambda: plots.predicted_speed_by_n_max([{"n_max": 1}], n_max=1, plain=1.0,
                                                                             p_min=0.0, n_min=0),
                                      "takes a sequence of dicts", "lacks ['tokens_per_second'"),
+        "server_acceptance": (lambda: plots.server_acceptance("http://127.0.0.1:8080"), "takes a ServerMonitor",
+                              "got str"),
     }
 
 
