@@ -130,7 +130,7 @@ struct DrafterStats {
     int64_t n_acc_drafts = 0;       // step outcomes with at least one token accepted
     int64_t n_acc_tokens = 0;       // tokens accepted
     std::vector<int64_t> acc_by_pos;  // [j]: step outcomes whose token j was accepted
-    int64_t t_begin_ns = 0;         // time in begin() (llama.cpp's t_begin_us)
+    int64_t t_begin_ns = 0;         // wall time in begin() (llama.cpp's t_begin_us)
     int64_t t_draft_ns = 0;         // time in draft() (t_draft_us)
     int64_t t_accept_ns = 0;        // time in accept() and observe_target() (t_accept_us; a draft model's decode
                                     // of the verify batch is here, as llama.cpp's process() is outside its stats)

@@ -401,9 +401,9 @@ void Engine::prefill(const std::vector<llama_token> & prompt, const DraftParams 
     const int64_t t0 = now_ns();
     llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
     for (auto & d : drafters) {
-        const int64_t t = now_ns();
+        const int64_t t = wall_ns();
         d->begin(prompt);
-        d->stats.t_begin_ns += now_ns() - t;
+        d->stats.t_begin_ns += wall_ns() - t;
         d->stats.n_call_begin++;
     }
     if (N > 1) {

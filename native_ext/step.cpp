@@ -107,9 +107,9 @@ void Engine::propose(StepState & s) {
     const DraftRequest req = request(s, /*oracle*/ false);
     for (auto & d : drafters) {
         Draft & out = candidates[d->id];
-        const int64_t t_call = now_ns();
+        const int64_t t_call = wall_ns();
         const bool took_part = d->draft(req, out);
-        d->stats.t_draft_ns += now_ns() - t_call;
+        d->stats.t_draft_ns += wall_ns() - t_call;
         if (took_part) {
             asked[d->id] = true;
             d->stats.on_draft(out);
@@ -249,9 +249,9 @@ void Engine::tell_drafters(const StepState & s) {
         if (o.last) {
             d->stats.on_accept(s.n_acc);
         }
-        const int64_t t = now_ns();
+        const int64_t t = wall_ns();
         d->accept(o);
-        d->stats.t_accept_ns += now_ns() - t;
+        d->stats.t_accept_ns += wall_ns() - t;
     }
 }
 

@@ -23,6 +23,14 @@ inline int64_t now_ns() {
         .count();
 }
 
+// The monotonic wall clock whatever clock now_ns() reads (a vDSO call, not a system call): llama.cpp's own
+// statistics clock (ggml_time_us), for the drafters' t_*_ns counters.
+inline int64_t wall_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
 // Selects the clock of now_ns() on this thread for its lifetime.
 struct ClockScope {
     explicit ClockScope(bool cpu) : saved(tl_cpu_clock) { tl_cpu_clock = cpu; }
