@@ -169,26 +169,31 @@ SHORT_NGRAM = {"ngram_simple_size_n": 3, "ngram_simple_size_m": 8}
 """ngram-simple sizes for the short test prompts: llama.cpp's defaults (12, 48) find no match in them."""
 
 
+def built_tool(name: str, env_var: str, make_target: str) -> Path:
+    """llama.cpp's tool ``name``: ``$env_var`` or build/reference/bin (``make test`` builds it). Missing fails, never
+    skips."""
+    path = Path(os.environ.get(env_var) or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / name)
+    if not path.is_file():
+        pytest.fail(f"{path} is not built: run `make {make_target}` (`make test` builds it)", pytrace=False)
+    return path
+
+
 @pytest.fixture(scope="session")
 def reference_binary() -> Path:
-    """llama.cpp's llama-speculative-simple: $LLAMA_SPECULATIVE_SIMPLE or build/reference/bin (``make test`` builds
-    it). Missing fails, never skips."""
-    path = Path(os.environ.get("LLAMA_SPECULATIVE_SIMPLE")
-                or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-speculative-simple")
-    if not path.is_file():
-        pytest.fail(f"{path} is not built: run `make reference` (`make test` builds it)", pytrace=False)
-    return path
+    """llama.cpp's llama-speculative-simple (``built_tool``)."""
+    return built_tool("llama-speculative-simple", "LLAMA_SPECULATIVE_SIMPLE", "reference")
 
 
 @pytest.fixture(scope="session")
 def server_binary() -> Path:
-    """llama.cpp's llama-server: $LLAMA_SERVER or build/reference/bin (``make test`` builds it). Missing fails, never
-    skips."""
-    path = Path(os.environ.get("LLAMA_SERVER")
-                or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-server")
-    if not path.is_file():
-        pytest.fail(f"{path} is not built: run `make server` (`make test` builds it)", pytrace=False)
-    return path
+    """llama.cpp's llama-server (``built_tool``)."""
+    return built_tool("llama-server", "LLAMA_SERVER", "server")
+
+
+@pytest.fixture(scope="session")
+def lookup_create() -> Path:
+    """llama.cpp's llama-lookup-create (``built_tool``)."""
+    return built_tool("llama-lookup-create", "LLAMA_LOOKUP_CREATE", "lookup-create")
 
 
 def heldout_sequences(llama, seq_len: int, n: int) -> list[list[int]]:

@@ -36,17 +36,6 @@ def session(model_mixed):
 
 
 @pytest.fixture(scope="module")
-def lookup_create() -> Path:
-    """llama.cpp's llama-lookup-create: $LLAMA_LOOKUP_CREATE or build/reference/bin (``make test`` builds it). Missing
-    fails, never skips."""
-    path = Path(os.environ.get("LLAMA_LOOKUP_CREATE")
-                or Path(__file__).resolve().parents[1] / "build" / "reference" / "bin" / "llama-lookup-create")
-    if not path.is_file():
-        pytest.fail(f"{path} is not built: run `make lookup-create` (`make test` builds it)", pytrace=False)
-    return path
-
-
-@pytest.fixture(scope="module")
 def corpus(session, tmp_path_factory) -> Path:
     """Text the model generates greedily from CORPUS_PROMPTS (prompts included), as a file."""
     text = "".join(p + session.generate(p, max_tokens=160, n_max=0).text for p in CORPUS_PROMPTS)
