@@ -3,16 +3,18 @@ here on 127.0.0.1.
 
 - ``parity``: for N in {1, 2, 4} concurrent ``/completion`` requests (greedy, ``cache_prompt: false``) on a fresh
   server with ``-np N --spec-type draft-mtp --spec-draft-n-max K``, each request's text and ``draft_n`` /
-  ``draft_n_accepted`` against our replay of its slot (:func:`mtp_explorer.devtools.reference.replay_server`), on
-  ``--model``/the bundled model and a SYNTHETIC qwen35 model. The server batches the slots' rows together, so a
-  request of a batch computes in other matrix shapes than alone: a request that differs is reported with its
-  near-tie (the differing token's one-row logit margin, or a draft's) when that margin is below ``TIE_TOL``, and
-  counts as a failure otherwise.
+  ``draft_n_accepted`` against the same N requests as one batch of our engine's N sequences
+  (:func:`mtp_explorer.devtools.reference.replay_server_parallel`), on ``--model``/the bundled model and a SYNTHETIC
+  qwen35 model. Batches compute in other matrix shapes than single sequences, and ours and the server's batches
+  need not have the same rows: a request that differs is reported with its near-tie (the differing token's one-row
+  logit margin, or a draft's) when that margin is below ``TIE_TOL``, and counts as a failure otherwise.
 - ``reused_slots``: the same requests sent one after another to one ``-np 2`` server, so that slots are reused:
   how many still match (llama-server 0.3.36's draft totals for a request can depend on what its slot served
   before; the texts do not).
-- ``speed``: aggregate tokens/s of N concurrent requests (the server's own ``predicted_per_second`` summed) at
-  N in {1, 2, 4, 8}, and at N = 1 ours beside it in alternating pairs (``single``: medians and the median ratio).
+- ``speed``: aggregate tokens/s of N concurrent requests at N in {1, 2, 4, 8}: the server's own
+  ``predicted_per_second`` summed over the requests, against ours (telemetry on) for the same batch on a session
+  with ``n_parallel=N`` (``summed_request_tokens_per_second``: each request's tokens over the steps it was in,
+  summed), in alternating pairs (medians and the median ratio ours / server).
 
     make server
     .venv/bin/python benchmarks/server.py [--model PATH] [--threads 2] [--tokens 64]
@@ -29,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.reference import compare_with_server, explain_server_mismatch, replay_server
+from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
+                                             replay_server_parallel)
 from mtp_explorer.server import LlamaServer
 
 from _common import emit, machine, pick_model
@@ -46,27 +49,29 @@ SPEED_N = (1, 2, 4, 8)
 
 
 def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
-    """Each request the first of its slot on a fresh server, against our replay."""
+    """Each batch of N requests on a fresh server (each request the first of its slot) against the same batch on
+    our N sequences."""
     cases = []
-    with mx.Session.open(model, n_ctx=2048, threads=threads) as s:
-        for n in PARITY_N:
+    for n in PARITY_N:
+        with mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s:
             for i in range(0, len(PROMPTS), n):
                 batch = PROMPTS[i:i + n]
                 with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv:
                     answers = srv.client().complete_many(batch, tokens)
-                for prompt, done in zip(batch, answers):
-                    ours = replay_server(s, prompt, n_predict=tokens, n_max=N_MAX)
-                    r = compare_with_server(done, ours)
+                ours = replay_server_parallel(s, batch, n_predict=tokens, n_max=N_MAX)
+                for prompt, done, trace in zip(batch, answers, ours.traces):
+                    r = compare_with_server(done, trace)
                     if not r["match"]:
-                        r["explained"] = explain_server_mismatch(s, prompt, done, ours, tol_logit=TIE_TOL)
+                        r["explained"] = explain_server_mismatch(s, prompt, done, trace, tol_logit=TIE_TOL)
                     cases.append({"model": label, "n_parallel": n, "prompt": prompt} | r)
-        reused = []
-        with LlamaServer(model, n_parallel=2, n_ctx=4096, threads=threads, n_max=N_MAX) as srv:
-            client = srv.client()
-            for prompt in PROMPTS:
-                r = compare_with_server(client.complete(prompt, tokens),
-                                        replay_server(s, prompt, n_predict=tokens, n_max=N_MAX))
-                reused.append({"prompt": prompt} | r)
+    reused = []
+    with mx.Session.open(model, n_ctx=2048, threads=threads) as s, \
+            LlamaServer(model, n_parallel=2, n_ctx=4096, threads=threads, n_max=N_MAX) as srv:
+        client = srv.client()
+        for prompt in PROMPTS:
+            r = compare_with_server(client.complete(prompt, tokens),
+                                    replay_server(s, prompt, n_predict=tokens, n_max=N_MAX))
+            reused.append({"prompt": prompt} | r)
     ties = [c for c in cases if not c["match"] and c["explained"]["kind"] == "tie"]
     return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
             "by_n_parallel": {n: sum(c["match"] for c in cases if c["n_parallel"] == n) for n in PARITY_N},
@@ -79,32 +84,28 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
 
 
 def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
-    """Aggregate tokens/s of N concurrent requests on the server (its own ``predicted_per_second`` summed); at N = 1
-    ours beside it in alternating pairs on the same prompts (telemetry on; :func:`engine.alternating_pairs`)."""
-    from engine import alternating_pairs, decode_seconds, pairs_summary
+    """Per N, alternating pairs on the same batch of N prompts: ours (a session with ``n_parallel=N``, telemetry on)
+    and the server's, each the requests' tokens/s summed."""
+    from engine import alternating_pairs, pairs_summary
 
     out: dict = {}
     for n in SPEED_N:
-        sums = []
-        with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv:
+        with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv, \
+                mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s:
             client = srv.client()
-            for r in range(repeats):
-                batch = [PROMPTS[(r + k) % len(PROMPTS)] for k in range(n)]
-                sums.append(sum(a.predicted_per_second for a in client.complete_many(batch, tokens)))
-            if n == 1:
-                with mx.Session.open(model, n_ctx=2048, threads=threads) as s:
-                    pairs = []
-                    for prompt in PROMPTS[:4]:
-                        def ours(prompt=prompt) -> float:
-                            secs, t = decode_seconds(s, prompt, tokens, N_MAX)
-                            return len(t.tokens) / secs
+            pairs = []
+            for r in range(2):
+                batch = [PROMPTS[(r * n + k) % len(PROMPTS)] for k in range(n)]
 
-                        pairs += alternating_pairs(repeats, ours,
-                                                   lambda prompt=prompt: client.complete(prompt, tokens).predicted_per_second)
-                out["single"] = pairs_summary(pairs)
-        out[n] = {"server_tokens_per_second": statistics.median(sums)}
-    out["note"] = ("ours at N > 1 needs Session.generate_parallel (issue 11, not built yet); the server's aggregate is "
-                   "given for every N")
+                def ours(batch=batch) -> float:
+                    return s.generate_parallel(batch, max_tokens=tokens, n_max=N_MAX).summary()[
+                        "summed_request_tokens_per_second"]
+
+                def server(batch=batch) -> float:
+                    return sum(a.predicted_per_second for a in client.complete_many(batch, tokens))
+
+                pairs += alternating_pairs(repeats, ours, server)
+        out[n] = pairs_summary(pairs)
     return out
 
 

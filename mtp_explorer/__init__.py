@@ -32,6 +32,7 @@ from .core.session import Session
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
+from .core.parallel import ParallelTrace, RequestInfo
 from .analysis.oracle import CostModel, OracleTrace
 from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid

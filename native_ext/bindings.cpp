@@ -124,9 +124,9 @@ nb::dict columns_dict(const Table & t, size_t row0) {
     return d;
 }
 
-nb::list drafter_stats(const Engine & e) {
+nb::list drafter_stats(const Sequence & q) {
     nb::list out;
-    for (const auto & d : e.chain_drafters()) {
+    for (const auto & d : q.drafters) {
         const DrafterStats & s = d->stats;
         nb::dict row;
         row["name"] = d->name();
@@ -248,6 +248,15 @@ void bind_generation_config(nb::module_ & m) {
                 "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, \"lookup_cache_static\": \"\", ...}: "
                 "integers, or texts for file names): each drafter reads its own keys, "
                 "a missing key meaning its default; unknown keys are ignored.");
+    nb::class_<Request>(m, "Request", "One request of a parallel generation: its prompt, config, parameters and arrival step.")
+        .def("__init__",
+             [](Request * self, std::vector<llama_token> prompt, GenerationConfig config, DraftParams params,
+                int32_t arrival) { new (self) Request{std::move(prompt), std::move(config), params, arrival}; },
+             "prompt"_a, "config"_a, "params"_a, "arrival"_a = 0)
+        .def_rw("prompt", &Request::prompt)
+        .def_rw("config", &Request::config)
+        .def_rw("params", &Request::params)
+        .def_rw("arrival", &Request::arrival);
 }
 
 void bind_engine_options(nb::module_ & m) {
@@ -269,6 +278,7 @@ void bind_engine_options(nb::module_ & m) {
         .def_rw("n_ctx", &EngineOptions::n_ctx)
         .def_rw("n_threads", &EngineOptions::n_threads)
         .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
+        .def_rw("n_parallel", &EngineOptions::n_parallel)
         .def_rw("topk", &EngineOptions::topk)
         .def_rw("telemetry", &EngineOptions::telemetry)
         .def_rw("cpu_clock", &EngineOptions::cpu_clock)
@@ -286,6 +296,8 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("n_vocab", &Engine::n_vocab)
         .def_prop_ro("n_embd", &Engine::n_embd)
         .def_prop_ro("n_ctx", &Engine::n_ctx)
+        .def_prop_ro("n_ctx_seq", &Engine::n_ctx_seq)
+        .def_prop_ro("n_parallel", &Engine::n_parallel)
         .def_prop_ro("n_layer_nextn", &Engine::n_layer_nextn)
         .def_prop_ro("has_mtp", &Engine::has_mtp)
         .def_prop_ro("has_draft_model", &Engine::has_draft_model)
@@ -316,6 +328,13 @@ void bind_engine_generation(nb::class_<Engine> & c) {
                  e.begin(prompt, cfg, p);
              },
              "prompt"_a, "config"_a, "params"_a)
+        .def("begin_requests",
+             [](Engine & e, const std::vector<Request> & requests) {
+                 const std::vector<Request> copy = requests;
+                 nb::gil_scoped_release r;
+                 e.begin_requests(copy);
+             },
+             "requests"_a)
         .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })
         .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
         .def("record_oracle",
@@ -336,25 +355,44 @@ void bind_engine_generation(nb::class_<Engine> & c) {
         .def("cancel", &Engine::cancel);
 }
 
-// results: the trace, the tokens, the drafters' statistics
+// results: per request (0: a single generation's) the trace, the tokens, the drafters' statistics
 void bind_engine_results(nb::class_<Engine> & c) {
-    c.def("columns", [](const Engine & e, size_t row0) {
+    c.def("columns", [](const Engine & e, size_t row0, size_t request) {
              std::lock_guard<std::mutex> lk(e.run_mutex);
-             return columns_dict(e.tel, row0);
-         }, "row0"_a = 0)
-        .def_prop_ro("n_rows", [](const Engine & e) { return e.tel.rows(); })
-        .def("generated", [](const Engine & e, size_t from) {
+             return columns_dict(e.request(request).tel, row0);
+         }, "row0"_a = 0, "request"_a = 0)
+        .def_prop_ro("n_rows", [](const Engine & e) { return e.requests().empty() ? (size_t) 0 : e.tel().rows(); })
+        .def("generated", [](const Engine & e, size_t from, size_t request) {
                  std::lock_guard<std::mutex> lk(e.run_mutex);
-                 return std::vector<llama_token>(e.generated.begin() + std::min(from, e.generated.size()), e.generated.end());
-             }, "from"_a = 0)
-        .def("drafter_stats", [](const Engine & e) {
+                 const std::vector<llama_token> & g = e.request(request).generated;
+                 return std::vector<llama_token>(g.begin() + std::min(from, g.size()), g.end());
+             }, "from"_a = 0, "request"_a = 0)
+        .def("drafter_stats", [](const Engine & e, size_t request) {
                  std::lock_guard<std::mutex> lk(e.run_mutex);
-                 return drafter_stats(e);
-             })
-        .def_prop_ro("n_generated", [](const Engine & e) { return e.generated.size(); })
-        .def_prop_ro("finish", [](const Engine & e) { return (int) e.finish; })
-        .def_prop_ro("t_prefill_ns", [](const Engine & e) { return e.t_prefill_ns; })
-        .def_prop_ro("n_prompt", [](const Engine & e) { return e.n_prompt; });
+                 return drafter_stats(e.request(request));
+             }, "request"_a = 0)
+        .def("request_state", [](const Engine & e, size_t request) {
+                 std::lock_guard<std::mutex> lk(e.run_mutex);
+                 const Sequence & q = e.request(request);
+                 nb::dict d;
+                 d["n_rows"] = q.tel.rows();
+                 d["n_generated"] = q.generated.size();
+                 d["finish"] = (int) q.finish;
+                 d["slot"] = q.slot;
+                 d["arrival"] = q.request.arrival;
+                 d["admitted_step"] = q.admitted_step;
+                 d["finished_step"] = q.finished_step;
+                 d["t_prefill_ns"] = q.t_prefill_ns;
+                 d["n_prompt"] = q.request.prompt.size();
+                 return d;
+             }, "request"_a,
+             "One request's progress: rows, tokens, finish (FINISH_REASONS index, -1 running), the slot (sequence) it "
+             "took (-1: none yet), its arrival, admission and finish steps, prefill time and prompt length.")
+        .def_prop_ro("n_requests", [](const Engine & e) { return e.requests().size(); })
+        .def_prop_ro("n_generated", [](const Engine & e) { return e.generated().size(); })
+        .def_prop_ro("finish", [](const Engine & e) { return (int) e.finish(); })
+        .def_prop_ro("t_prefill_ns", [](const Engine & e) { return e.t_prefill_ns(); })
+        .def_prop_ro("n_prompt", [](const Engine & e) { return e.n_prompt(); });
 }
 
 void bind_engine(nb::module_ & m) {

@@ -14,16 +14,16 @@ DraftSimpleDrafter::DraftSimpleDrafter(DrafterId id, llama_context * ctx_dft) : 
 }
 
 void DraftSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
-    llama_memory_clear(llama_get_memory(ctx_dft), true);
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, -1, -1);
 }
 
-void DraftSimpleDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0) {
+void DraftSimpleDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t /*row0*/) {
     if (n <= 0) {
         return;
     }
     llama_batch_ext_clear(batch.get());
     for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, toks[i]);
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, toks[i]);
         const llama_pos pos = pos0 + i;
         llama_batch_ext_set_pos(batch.get(), idx, &pos);
         llama_batch_ext_set_output_logits(batch.get(), idx, i == n - 1);
@@ -33,7 +33,7 @@ void DraftSimpleDrafter::observe_target(const llama_token * toks, int32_t n, lla
 
 void DraftSimpleDrafter::set_row(llama_token tok, llama_pos pos) {
     llama_batch_ext_clear(batch.get());
-    const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, tok);
+    const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, tok);
     llama_batch_ext_set_pos(batch.get(), idx, &pos);
     llama_batch_ext_set_output_logits(batch.get(), idx, true);
 }
@@ -51,7 +51,7 @@ bool DraftSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
         const int32_t rc = llama_process(ctx_dft, LLAMA_PROCESS_TYPE_DECODE, batch.get());
         out.n_decodes++;
         if (rc != 0) {
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), 0, pos0, -1);
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, pos0, -1);
             check_decode(rc, "draft model draft decode");
         }
         const float * logits = llama_get_logits_ith(ctx_dft, 0);
@@ -62,7 +62,7 @@ bool DraftSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
         set_row(ranking.top(), pos0 + i + 1);
     }
     // the drafted rows leave the draft context: the verify batch is decoded on it as on the target
-    llama_memory_seq_rm(llama_get_memory(ctx_dft), 0, pos0, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, pos0, -1);
     if ((int32_t) out.tokens.size() < req.params.n_min) {
         out.dropped = true;
     }
@@ -70,5 +70,5 @@ bool DraftSimpleDrafter::draft(const DraftRequest & req, Draft & out) {
 }
 
 void DraftSimpleDrafter::accept(const DraftOutcome & outcome) {
-    llama_memory_seq_rm(llama_get_memory(ctx_dft), 0, outcome.keep_until, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, outcome.keep_until, -1);
 }

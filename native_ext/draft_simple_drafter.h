@@ -17,7 +17,7 @@
 struct DraftSimpleDrafter final : Drafter {
     DraftSimpleDrafter(DrafterId id, llama_context * ctx_dft);
 
-    // begin() clears the draft context; draft() drafts up to req.n_cap tokens after req.id_last and
+    // begin() drops its sequence from the draft context; draft() drafts up to req.n_cap tokens after req.id_last and
     // removes them from the draft context again (throws on a decode failure); the expected accepted
     // length is the sum over k of the product of the first k confidences; accept() drops the
     // positions the target dropped.
@@ -28,7 +28,7 @@ struct DraftSimpleDrafter final : Drafter {
 
     // Decodes the target's batch on the draft context (logits for its last row only, as llama.cpp's
     // draft-simple process() asks).
-    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0) override;
+    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t row0) override;
 
   private:
     // Puts the single row (tok at pos) with logits into the batch.

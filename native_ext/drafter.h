@@ -179,10 +179,12 @@ struct Drafter {
     // After the verification, told to every drafter in the chain.
     virtual void accept(const DraftOutcome & outcome) = 0;
 
-    // After every target decode (the prompt, each verify batch, the oracle's plain steps): toks[i] at
-    // pos0 + i. A drafter with a model of its own follows the target here; the look-ups need not.
-    virtual void observe_target(const llama_token * /*toks*/, int32_t /*n*/, llama_pos /*pos0*/) {}
+    // After every target decode (the prompt, each verify batch, the oracle's plain steps): this sequence's
+    // toks[i] at pos0 + i, in rows row0 + i of the target's batch (other sequences may share it). A
+    // drafter with a model of its own follows the target here; the look-ups need not.
+    virtual void observe_target(const llama_token * /*toks*/, int32_t /*n*/, llama_pos /*pos0*/, int32_t /*row0*/) {}
 
     const DrafterId id;
+    llama_seq_id seq_id = 0;  // the llama.cpp sequence (server slot) it drafts for: set when its request takes a slot
     DrafterStats stats;
 };

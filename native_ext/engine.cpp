@@ -1,5 +1,5 @@
-// Engine set-up, model facts, tokenization and the start of a generation. The phases of a step
-// are in step.cpp, the oracle in oracle.cpp.
+// Engine set-up, model facts, tokenization, parameters and the start of a generation. Requests and
+// slots are in requests.cpp, the phases of a step in step.cpp, the oracle in oracle.cpp.
 #include "engine.h"
 
 #include <algorithm>
@@ -50,6 +50,9 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
         }
         fail(ErrorKind::LIBRARY, "libllama lacks the nextn API: " + names);
     }
+    if (opts.n_parallel < 1) {
+        fail(ErrorKind::PARAMETER, "n_parallel must be at least 1, got " + std::to_string(opts.n_parallel));
+    }
     if (opts.n_threads <= 0) {
         opts.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     }
@@ -62,11 +65,7 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
     if (!opts.draft_path.empty()) {
         load_draft_model();
     }
-    tel.depth = opts.n_rs_seq;
-    tel.topk = opts.topk;
-    candidates.resize(N_DRAFTERS);
-    asked.assign(N_DRAFTERS, 0);
-    expected.assign(N_DRAFTERS, 0.0);
+    slots.assign((size_t) opts.n_parallel, nullptr);
     oracle_drafts.resize(N_DRAFTERS);
 }
 
@@ -92,7 +91,7 @@ llama_context_params context_params(const EngineOptions & opts, bool recurrent, 
     cp.n_ctx = (uint32_t) opts.n_ctx;
     cp.n_batch = (uint32_t) opts.n_ctx;
     cp.n_ubatch = (uint32_t) std::min(opts.n_ctx, 512);
-    cp.n_seq_max = 1;
+    cp.n_seq_max = (uint32_t) opts.n_parallel;  // each sequence gets n_ctx / n_parallel (llama.cpp's non-unified KV)
     cp.n_threads = opts.n_threads;
     opts.placement.apply(cp, opts.n_threads);
     cp.n_rs_seq = recurrent ? (uint32_t) opts.n_rs_seq : 0;
@@ -200,9 +199,9 @@ bool Engine::can_run(DrafterId id) const {
 void Engine::close() {
     cancel_requested.store(true);
     std::lock_guard<std::mutex> lk(run_mutex);
-    mtp = nullptr;
-    drafters.clear();
-    smpl.reset();
+    active.clear();
+    std::fill(slots.begin(), slots.end(), nullptr);
+    reqs.clear();
     batch_tgt.reset();
     ctx_dft.reset();
     ctx_mtp.reset();
@@ -223,6 +222,7 @@ void Engine::check_open() const {
 int32_t Engine::n_vocab() const { check_open(); return llama_vocab_n_tokens(vocab); }
 int32_t Engine::n_embd() const { check_open(); return llama_model_n_embd(model.get()); }
 int32_t Engine::n_ctx() const { check_open(); return (int32_t) llama_n_ctx(ctx_tgt.get()); }
+int32_t Engine::n_ctx_seq() const { check_open(); return (int32_t) llama_n_ctx_seq(ctx_tgt.get()); }
 int32_t Engine::rs_slots() const { check_open(); return (int32_t) api.n_rs_seq(ctx_tgt.get()); }
 bool Engine::is_eog(llama_token t) const { check_open(); return llama_vocab_is_eog(vocab, t); }
 llama_token Engine::eos() const { check_open(); return llama_vocab_eos(vocab); }
@@ -301,55 +301,94 @@ void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const
 void Engine::set_params(const DraftParams & p) {
     check_open();
     validate(p);
-    validate_chain(chain, p);
     std::lock_guard<std::mutex> lk(params_mutex);
-    live = p;
+    for (const auto & q : reqs) {
+        validate_chain(q->chain, p);
+    }
+    for (auto & q : reqs) {
+        q->params = p;
+    }
 }
 
 DraftParams Engine::params() const {
     std::lock_guard<std::mutex> lk(params_mutex);
-    return live;
+    return reqs.empty() ? DraftParams{} : reqs.front()->params;
+}
+
+const Sequence & Engine::request(size_t i) const {
+    if (i >= reqs.size()) {
+        fail(ErrorKind::PARAMETER, "no request " + std::to_string(i) + ": the generation has " +
+                                       std::to_string(reqs.size()));
+    }
+    return *reqs[i];
 }
 
 // ---- the start of a generation ------------------------------------------------------------------
 
-void Engine::validate_generation(const std::vector<llama_token> & prompt, const GenerationConfig & c) const {
-    const int32_t N = (int32_t) prompt.size();
+namespace {
+
+// how an error message names request i of n: "the " alone, "request 2: the " among several
+std::string request_label(size_t i, size_t n) {
+    return n == 1 ? "the " : "request " + std::to_string(i) + ": the ";
+}
+
+}  // namespace
+
+void Engine::validate_request(const Request & r, size_t i, size_t n) const {
+    const std::string which = request_label(i, n);
+    const int32_t N = (int32_t) r.prompt.size();
     if (N == 0) {
-        fail(ErrorKind::PARAMETER, "the prompt is empty");
+        fail(ErrorKind::PARAMETER, which + "prompt is empty");
     }
-    if (N > n_ctx()) {
-        fail(ErrorKind::CONTEXT, "the prompt has " + std::to_string(N) + " tokens but the context holds " +
-                                     std::to_string(n_ctx()));
+    if (N > n_ctx_seq()) {
+        fail(ErrorKind::CONTEXT, which + "prompt has " + std::to_string(N) + " tokens but a sequence's context holds " +
+                                     std::to_string(n_ctx_seq()) + " (n_ctx " + std::to_string(n_ctx()) + " / n_parallel " +
+                                     std::to_string(opts.n_parallel) + ")");
     }
-    if (c.max_tokens < 1) {
-        fail(ErrorKind::PARAMETER, "max_tokens must be at least 1");
+    if (r.config.max_tokens < 1) {
+        fail(ErrorKind::PARAMETER, which + "max_tokens must be at least 1");
+    }
+    if (N + r.config.max_tokens > n_ctx_seq() && opts.n_parallel > 1) {
+        fail(ErrorKind::CONTEXT, which + "prompt (" + std::to_string(N) + " tokens) and max_tokens (" +
+                                     std::to_string(r.config.max_tokens) + ") exceed a sequence's context of " +
+                                     std::to_string(n_ctx_seq()) + " (n_ctx " + std::to_string(n_ctx()) + " / n_parallel " +
+                                     std::to_string(opts.n_parallel) + ")");
+    }
+    if (r.arrival < 0) {
+        fail(ErrorKind::PARAMETER, which + "arrival step must be at least 0, got " + std::to_string(r.arrival));
     }
 }
 
 void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConfig & c, const DraftParams & p) {
+    begin_requests({Request{prompt, c, p, 0}});
+}
+
+void Engine::begin_requests(const std::vector<Request> & requests) {
     std::lock_guard<std::mutex> lk(run_mutex);
     ClockScope clock(opts.cpu_clock);
     check_open();
-    const DrafterChain parsed = parse_chain(c);
-    validate(p);
-    validate_chain(parsed, p);
-    validate_generation(prompt, c);
-    std::vector<std::unique_ptr<Drafter>> built = build_drafters(parsed, c.options);
-    cfg = c;
-    chain = parsed;
-    set_params(p);
+    if (requests.empty()) {
+        fail(ErrorKind::PARAMETER, "no requests");
+    }
+    std::vector<std::unique_ptr<Sequence>> made;
+    for (size_t i = 0; i < requests.size(); ++i) {
+        const Request & r = requests[i];
+        const DrafterChain parsed = parse_chain(r.config);
+        validate(r.params);
+        validate_chain(parsed, r.params);
+        validate_request(r, i, requests.size());
+        made.push_back(std::make_unique<Sequence>((int32_t) i, r, parsed, opts.n_rs_seq, opts.topk));
+        made.back()->drafters = build_drafters(parsed, made.back()->request.config.options);
+    }
+    {
+        std::lock_guard<std::mutex> plk(params_mutex);
+        std::fill(slots.begin(), slots.end(), nullptr);
+        reqs = std::move(made);
+    }
     cancel_requested.store(false);
-    tel.clear();
-    generated.clear();
-    finish = FINISH_NONE;
-    n_step = 0;
-    last_verified = DRAFTER_NONE;
-    n_prompt = (int32_t) prompt.size();
-    tokens_all = prompt;
-    install_drafters(std::move(built));
-    build_sampler();
-    prefill(prompt, p);
+    batch_index = 0;
+    clear_memories();
+    admit(0);
 }
 
 std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain & c, const DrafterOptions & options) {
@@ -374,55 +413,4 @@ std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain 
         }
     }
     return built;
-}
-
-void Engine::install_drafters(std::vector<std::unique_ptr<Drafter>> built) {
-    drafters = std::move(built);
-    mtp = nullptr;
-    for (auto & d : drafters) {
-        if (d->id == DRAFTER_MTP) {
-            mtp = dynamic_cast<MtpDrafter *>(d.get());
-        }
-    }
-}
-
-void Engine::build_sampler() {
-    smpl.reset();
-    if (cfg.temperature > 0.0f) {
-        smpl.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
-        llama_sampler_chain_add(smpl.get(), llama_sampler_init_temp(cfg.temperature));
-        llama_sampler_chain_add(smpl.get(), llama_sampler_init_dist(cfg.seed));
-    }
-}
-
-// The prompt but its last token on the target (the MTP head follows it), every drafter begun.
-void Engine::prefill(const std::vector<llama_token> & prompt, const DraftParams & p) {
-    const int32_t N = (int32_t) prompt.size();
-    const int64_t t0 = now_ns();
-    llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
-    for (auto & d : drafters) {
-        const int64_t t = wall_ns();
-        d->begin(prompt);
-        d->stats.t_begin_ns += wall_ns() - t;
-        d->stats.n_call_begin++;
-    }
-    if (N > 1) {
-        llama_batch_ext_clear(batch_tgt.get());
-        for (int32_t i = 0; i < N - 1; ++i) {
-            const int32_t idx = llama_batch_ext_add_token(batch_tgt.get(), 0, prompt[i]);
-            const llama_pos pos = i;
-            llama_batch_ext_set_pos(batch_tgt.get(), idx, &pos);
-        }
-        check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
-        follow_target(prompt.data(), N - 1, 0);
-        if (mtp) {
-            if (p.n_max > 0) {
-                check_decode(mtp->catch_up(), "MTP prompt catch-up");
-            }
-            mtp->commit(N - 2, N - 1);
-        }
-    }
-    id_last = prompt[N - 1];
-    n_past = N - 1;
-    t_prefill_ns = now_ns() - t0;
 }

@@ -17,7 +17,7 @@ MtpDrafter::MtpDrafter(const NextnApi & api, llama_context * ctx_tgt, llama_cont
 }
 
 void MtpDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
-    llama_memory_clear(llama_get_memory(ctx_mtp), true);
+    llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, -1, -1);
     pending_h.assign(n_embd, 0.0f);
     queue_tok.clear();
     queue_pos.clear();
@@ -26,9 +26,9 @@ void MtpDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
     verify_rows = 0;
 }
 
-void MtpDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0) {
+void MtpDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t row0) {
     const size_t row = (size_t) n_embd;
-    copy_target_rows(n, verify_h);
+    copy_target_rows(n, verify_h, row0);
     verify_rows = n;
     for (int32_t i = 0; i < n; ++i) {
         const float * h = i == 0 ? pending_h.data() : verify_row(i - 1);
@@ -39,88 +39,144 @@ void MtpDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos p
     caught_up = false;
 }
 
-int32_t MtpDrafter::catch_up() {
-    if (queue_tok.empty()) {
+int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
+    struct Row {
+        MtpDrafter * d;
+        size_t i;
+    };
+    std::vector<Row> rows;
+    for (MtpDrafter * d : drafters) {
+        for (size_t i = 0; i < d->queue_tok.size(); ++i) {
+            rows.push_back({d, i});
+        }
+    }
+    if (rows.empty()) {
         return 0;
     }
-    const size_t row = (size_t) n_embd;
-    const int32_t n_batch = (int32_t) llama_n_batch(ctx_mtp);
-    for (size_t off = 0; off < queue_tok.size(); off += n_batch) {
-        const size_t end = std::min(queue_tok.size(), off + (size_t) n_batch);
-        llama_batch_ext_clear(batch.get());
-        for (size_t i = off; i < end; ++i) {
-            const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, queue_tok[i]);
-            llama_batch_ext_set_pos(batch.get(), idx, &queue_pos[i]);
-            llama_batch_ext_set_embd_token(batch.get(), idx, {queue_h.data() + i * row, 1, row});
+    MtpDrafter & first = *drafters.front();
+    const int32_t n_batch = (int32_t) llama_n_batch(first.ctx_mtp);
+    for (size_t off = 0; off < rows.size(); off += n_batch) {
+        const size_t end = std::min(rows.size(), off + (size_t) n_batch);
+        llama_batch_ext_clear(first.batch.get());
+        for (size_t k = off; k < end; ++k) {
+            const MtpDrafter & d = *rows[k].d;
+            const size_t i = rows[k].i;
+            const int32_t idx = llama_batch_ext_add_token(first.batch.get(), d.seq_id, d.queue_tok[i]);
+            llama_batch_ext_set_pos(first.batch.get(), idx, &d.queue_pos[i]);
+            llama_batch_ext_set_embd_token(first.batch.get(), idx, {d.queue_h.data() + i * (size_t) d.n_embd, 1, (size_t) d.n_embd});
         }
-        const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+        const int32_t rc = llama_process(first.ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, first.batch.get());
         if (rc != 0) {
             return rc;
         }
     }
-    queue_tok.clear();
-    queue_pos.clear();
-    queue_h.clear();
-    caught_up = true;
+    for (MtpDrafter * d : drafters) {
+        if (!d->queue_tok.empty()) {
+            d->queue_tok.clear();
+            d->queue_pos.clear();
+            d->queue_h.clear();
+            d->caught_up = true;
+        }
+    }
     return 0;
 }
 
-void MtpDrafter::set_row(llama_token tok, llama_pos pos, const float * h) {
-    llama_batch_ext_clear(batch.get());
-    const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, tok);
-    llama_batch_ext_set_pos(batch.get(), idx, &pos);
-    llama_batch_ext_set_embd_token(batch.get(), idx, {h, 1, (size_t) n_embd});
-    llama_batch_ext_set_output_logits(batch.get(), idx, true);
+void MtpDrafter::add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h) const {
+    const int32_t idx = llama_batch_ext_add_token(into, seq_id, tok);
+    llama_batch_ext_set_pos(into, idx, &pos);
+    llama_batch_ext_set_embd_token(into, idx, {h, 1, (size_t) n_embd});
+    llama_batch_ext_set_output_logits(into, idx, true);
 }
 
-void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, Draft & out) const {
+void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, float h_norm, Draft & out) const {
     if (req.telemetry) {
-        out.h_norm.push_back(probe.row_norms.empty() ? NAN : probe.row_norms.back());
+        out.h_norm.push_back(h_norm);
         out.hidden.insert(out.hidden.end(), h_row, h_row + n_embd);
     }
 }
 
 bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
-    if (req.n_cap <= 0) {
-        return true;  // a candidate of length 0: the MTP head still follows the generation
-    }
-    out.clear();
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    const llama_pos pos0 = req.n_past;
-    set_row(req.id_last, pos0, pending_h.data());
+    draft_batch({MtpJob{this, &req, &out}});
+    return true;
+}
 
-    const int64_t t_start = req.oracle ? now_ns() : 0;
-    if (req.telemetry) {
-        probe.start();
+void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32_t> * rows_per_depth) {
+    std::vector<MtpJob> drafting;  // the jobs still drafting, in batch row order
+    bool telemetry = false, oracle = false;
+    for (const MtpJob & j : jobs) {
+        if (j.req->n_cap > 0) {  // n_cap 0: a candidate of length 0, the MTP head still follows the generation
+            j.out->clear(j.req->cap_reason);
+            drafting.push_back(j);
+            telemetry = telemetry || j.req->telemetry;
+            oracle = oracle || j.req->oracle;
+        }
     }
-    for (int32_t i = 0;; ++i) {
-        const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-        out.n_decodes++;
+    if (drafting.empty()) {
+        return;
+    }
+    MtpDrafter & first = *drafting.front().drafter;
+    llama_batch_ext * batch = first.batch.get();
+    llama_context * ctx = first.ctx_mtp;
+    const int32_t n_vocab = llama_vocab_n_tokens(first.vocab);
+    llama_batch_ext_clear(batch);
+    for (const MtpJob & j : drafting) {
+        j.drafter->add_row(batch, j.req->id_last, j.req->n_past, j.drafter->pending_h.data());
+    }
+    const std::vector<MtpJob> all = drafting;
+    auto drop_drafts = [&]() {  // the draft rows leave the MTP memory: catch-up re-decodes the verified ones
+        for (const MtpJob & j : all) {
+            llama_memory_seq_rm(llama_get_memory(ctx), j.drafter->seq_id, j.req->n_past, -1);
+        }
+    };
+    const int64_t t_start = oracle ? now_ns() : 0;
+    if (telemetry) {
+        first.probe.start();
+    }
+    for (int32_t i = 0; !drafting.empty(); ++i) {
+        const int32_t n_rows = (int32_t) drafting.size();
+        if (rows_per_depth != nullptr) {
+            rows_per_depth->push_back(n_rows);
+        }
+        const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
         if (rc != 0) {
-            probe.stop();
+            first.probe.stop();
+            drop_drafts();
             check_decode(rc, "MTP draft decode");
         }
-        const float * logits = llama_get_logits_ith(ctx_mtp, 0);
-        const float * h_row = api.get_embeddings_nextn_ith(ctx_mtp, 0);
-        ranking.rank(logits, n_vocab);
-        if (!ranking.take(req, logits, t_start, out)) {
-            break;
+        const std::vector<float> & norms = first.probe.row_norms;
+        std::vector<MtpJob> next;
+        std::vector<std::pair<llama_token, const float *>> next_rows;
+        for (int32_t k = 0; k < n_rows; ++k) {
+            const MtpJob & j = drafting[k];
+            MtpDrafter & d = *j.drafter;
+            j.out->n_decodes++;
+            const float * logits = llama_get_logits_ith(ctx, k);
+            const float * h_row = d.api.get_embeddings_nextn_ith(ctx, k);
+            d.ranking.rank(logits, n_vocab);
+            if (!d.ranking.take(*j.req, logits, t_start, *j.out)) {
+                continue;
+            }
+            const size_t i_norm = norms.size() + k;
+            d.record_hidden(*j.req, h_row, i_norm >= (size_t) n_rows ? norms[i_norm - n_rows] : NAN, *j.out);
+            if (CandidateRanking::ended(*j.req, d.vocab, *j.out)) {
+                continue;
+            }
+            next.push_back(j);
+            next_rows.emplace_back(d.ranking.top(), h_row);
         }
-        record_hidden(req, h_row, out);
-        if (CandidateRanking::ended(req, vocab, out)) {
-            break;
+        llama_batch_ext_clear(batch);
+        for (size_t k = 0; k < next.size(); ++k) {
+            next[k].drafter->add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
         }
-        set_row(ranking.top(), pos0 + i + 1, h_row);
+        drafting = std::move(next);
     }
-    probe.stop();
-
-    // the draft rows leave the MTP memory: catch-up re-decodes the verified ones with target states
-    llama_memory_seq_rm(llama_get_memory(ctx_mtp), 0, pos0, -1);
-
-    if ((int32_t) out.tokens.size() < req.params.n_min) {
-        out.dropped = true;
+    first.probe.stop();
+    drop_drafts();
+    for (const MtpJob & j : all) {
+        if ((int32_t) j.out->tokens.size() < j.req->params.n_min) {
+            j.out->dropped = true;
+        }
     }
-    return true;
 }
 
 double MtpDrafter::expected_accepted(const Draft & d) const { return expected_from_confidences(d); }
@@ -131,7 +187,7 @@ void MtpDrafter::commit(int32_t n_accepted, llama_pos keep_until) {
         std::memcpy(pending_h.data(), verify_row(i_h), (size_t) n_embd * sizeof(float));
     }
     if (caught_up) {
-        llama_memory_seq_rm(llama_get_memory(ctx_mtp), 0, keep_until, -1);
+        llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, keep_until, -1);
         return;
     }
     size_t keep = 0;
@@ -143,13 +199,13 @@ void MtpDrafter::commit(int32_t n_accepted, llama_pos keep_until) {
     queue_h.resize(keep * (size_t) n_embd);
 }
 
-void MtpDrafter::copy_target_rows(int32_t n, std::vector<float> & rows) const {
+void MtpDrafter::copy_target_rows(int32_t n, std::vector<float> & rows, int32_t row0) const {
     const size_t row = (size_t) n_embd;
     rows.resize(row * n);
     for (int32_t i = 0; i < n; ++i) {
-        const float * h = api.get_embeddings_nextn_ith(ctx_tgt, i);
+        const float * h = api.get_embeddings_nextn_ith(ctx_tgt, row0 + i);
         if (h == nullptr) {
-            fail(ErrorKind::DECODE, "llama_get_embeddings_nextn_ith returned no row " + std::to_string(i));
+            fail(ErrorKind::DECODE, "llama_get_embeddings_nextn_ith returned no row " + std::to_string(row0 + i));
         }
         std::memcpy(rows.data() + i * row, h, row * sizeof(float));
     }
@@ -159,13 +215,13 @@ int32_t MtpDrafter::probe_catch_up(const llama_token * toks, int32_t n, llama_po
     const size_t row = (size_t) n_embd;
     llama_batch_ext_clear(batch.get());
     for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, toks[i]);
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, toks[i]);
         const llama_pos pos = pos0 + i;
         llama_batch_ext_set_pos(batch.get(), idx, &pos);
         const float * h = i == 0 ? pending_h.data() : rows.data() + (size_t) (i - 1) * row;
         llama_batch_ext_set_embd_token(batch.get(), idx, {h, 1, row});
     }
     const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-    llama_memory_seq_rm(llama_get_memory(ctx_mtp), 0, pos0, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, pos0, -1);
     return rc;
 }

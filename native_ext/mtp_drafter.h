@@ -1,6 +1,9 @@
 // The MTP drafter: feeds the target's nextn hidden states to the MTP head (catch-up) and drafts
 // tokens autoregressively on an LLAMA_CONTEXT_TYPE_MTP context. Same algorithm as llama.cpp's
-// common_speculative_impl_draft_mtp (single sequence, single head).
+// common_speculative_impl_draft_mtp (single head). One MtpDrafter follows one sequence; the drafters
+// of several sequences share the MTP context and decode together: draft_batch() drafts them depth
+// by depth, one decode per depth with a row for each sequence still drafting, and catch_up_batch()
+// decodes all their queued rows at once, as llama.cpp's draft-mtp does for a server's slots.
 //
 // Besides the Drafter interface it follows the target: the engine calls observe_target() after
 // every target decode, catch_up() to decode the queued rows on the MTP context and commit() once
@@ -17,12 +20,21 @@
 #include "llama.h"
 #include "nextn_api.h"
 
+struct MtpDrafter;
+
+// One sequence's part in a batched draft: its drafter, what it is asked and where its draft goes.
+struct MtpJob {
+    MtpDrafter * drafter = nullptr;
+    const DraftRequest * req = nullptr;
+    Draft * out = nullptr;
+};
+
 struct MtpDrafter final : Drafter {
     // ctx_tgt must expose its nextn rows and ctx_mtp take them (llama_set_embeddings_nextn, set by the engine).
     MtpDrafter(const NextnApi & api, llama_context * ctx_tgt, llama_context * ctx_mtp, HiddenProbe & probe);
 
-    // Drafter: begin() forgets everything (MTP memory cleared, pending hidden state zeroed);
-    // draft() drafts up to req.n_cap tokens after req.id_last (throws on a decode failure);
+    // Drafter: begin() forgets everything (its sequence leaves the MTP memory, pending hidden state zeroed);
+    // draft() drafts up to req.n_cap tokens after req.id_last (draft_batch with this one sequence);
     // the expected accepted length is the sum over k of the product of the first k confidences;
     // accept() commits the verified rows.
     void begin(const std::vector<llama_token> & prompt) override;
@@ -32,10 +44,16 @@ struct MtpDrafter final : Drafter {
 
     // After a target decode of n rows (toks[i] at pos0 + i): keep their h_nextn rows and queue the
     // catch-up rows (token i paired with the target hidden state of the position before it).
-    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0) override;
+    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t row0) override;
 
-    // Decode the queued catch-up rows on the MTP context. Returns llama_process's code.
-    int32_t catch_up();
+    // Drafts for every job in one batch per depth (jobs whose n_cap is 0 take part with an empty draft);
+    // rows_per_depth[i] gets the rows of the depth-i decode. Throws on a decode failure.
+    static void draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32_t> * rows_per_depth = nullptr);
+
+    // Decode the queued catch-up rows of every drafter on their shared MTP context, in one batch
+    // (chunks of n_batch). Returns llama_process's code.
+    static int32_t catch_up_batch(const std::vector<MtpDrafter *> & drafters);
+    int32_t catch_up() { return catch_up_batch({this}); }
     bool has_queue() const { return !queue_tok.empty(); }
 
     // Rows 0 .. n_accepted of the last observed decode stand (the next draft starts from row
@@ -45,7 +63,7 @@ struct MtpDrafter final : Drafter {
     // Oracle cost probe, leaving the drafter untouched: copy the target's first n h_nextn rows into
     // rows (what observe_target does), and decode n catch-up rows (toks[i] at pos0 + i, with
     // pending_h then rows[0..n-2]) on the MTP context, then drop them from its memory.
-    void copy_target_rows(int32_t n, std::vector<float> & rows) const;
+    void copy_target_rows(int32_t n, std::vector<float> & rows, int32_t row0 = 0) const;
     int32_t probe_catch_up(const llama_token * toks, int32_t n, llama_pos pos0, const std::vector<float> & rows);
 
     // Target h_nextn row i of the last observed decode.
@@ -55,9 +73,9 @@ struct MtpDrafter final : Drafter {
 
   private:
     // Appends what telemetry records of the drafted token's hidden row (its norm, the row) to out.
-    void record_hidden(const DraftRequest & req, const float * h_row, Draft & out) const;
-    // Puts the single row (tok at pos, hidden state h) with logits into the batch.
-    void set_row(llama_token tok, llama_pos pos, const float * h);
+    void record_hidden(const DraftRequest & req, const float * h_row, float h_norm, Draft & out) const;
+    // Adds the row (tok at pos of this drafter's sequence, hidden state h) with logits to `into`.
+    void add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h) const;
 
     const NextnApi & api;
     llama_context * ctx_tgt;

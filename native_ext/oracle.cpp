@@ -23,29 +23,30 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
 
     std::lock_guard<std::mutex> lk(run_mutex);
     ClockScope clock(opts.cpu_clock);
+    Sequence & q = *reqs.front();
     out.depth = depth;
     out.topk = opts.topk;
     out.clear();
     for (Draft & d : oracle_drafts) {
         d.clear();
     }
-    const int32_t ctx_size = n_ctx();
-    while (finish == FINISH_NONE) {
+    const int32_t ctx_size = n_ctx_seq();
+    while (q.finish == FINISH_NONE) {
         if (cancel_requested.exchange(false)) {
-            finish = FINISH_CANCELLED;
+            q.finish = FINISH_CANCELLED;
             return false;
         }
-        const int32_t g = (int32_t) generated.size();
+        const int32_t g = (int32_t) q.generated.size();
         const size_t r = out.add_row();
-        const int32_t n_cap = std::max(0, std::min({depth, max_tokens - g - 1, ctx_size - n_past - 2}));
-        out.pos[r] = n_past;
+        const int32_t n_cap = std::max(0, std::min({depth, max_tokens - g - 1, ctx_size - q.n_past - 2}));
+        out.pos[r] = q.n_past;
         out.cap[r] = n_cap;
-        record_drafts(out, r, n_cap);
-        probe_costs(out, r, probe);
-        plain_step(out, r);
+        record_drafts(q, out, r, n_cap);
+        probe_costs(q, out, r, probe);
+        plain_step(q, out, r);
     }
     if (probe) {
-        tail(out);
+        tail(q, out);
     }
     return true;
 }
@@ -77,12 +78,13 @@ std::vector<std::string> Engine::oracle_drafters() const {
 
 // the draft every drafter would propose here, in chain (= table) order: the MTP chain first (the
 // MTP head keeps the last one when n_cap is 0: the probe tokens reuse it)
-void Engine::record_drafts(OracleRecord & out, size_t r, int32_t n_cap) {
+void Engine::record_drafts(Sequence & q, OracleRecord & out, size_t r, int32_t n_cap) {
     if (n_cap <= 0) {
         return;
     }
-    const DraftRequest req = request(oracle_cap(n_cap, out.depth), /*oracle*/ true);
-    for (auto & d : drafters) {
+    q.s = oracle_cap(n_cap, out.depth);
+    const DraftRequest req = draft_request(q, /*oracle*/ true);
+    for (auto & d : q.drafters) {
         Draft & draft = oracle_drafts[d->id];
         draft.clear(req.cap_reason);
         const int64_t t = now_ns();
@@ -122,17 +124,17 @@ void Engine::record_draft(OracleRecord & out, size_t r, const Drafter & d, const
 // positions: the plain step's token decoded once after the chain ("reused, cold"; the plain verify
 // that follows is "reused, hot", the one after an even probe "fresh, hot"). After each probe
 // decode the target state is restored exactly.
-void Engine::probe_costs(OracleRecord & out, size_t r, bool probe) {
-    const int32_t g = (int32_t) generated.size(), N = out.depth;
+void Engine::probe_costs(Sequence & q, OracleRecord & out, size_t r, bool probe) {
+    const int32_t g = (int32_t) q.generated.size(), N = out.depth;
     const bool even = g % 2 == 0;
     const int32_t k = even ? 2 + (g / 2) % N : 1;
     int32_t verify_after = g == 0 ? -1 : 1;  // size of the target batch before the plain verify
-    if (probe && n_past > 0 && n_past + k <= n_ctx()) {
-        probe_tokens.assign(1, id_last);
+    if (probe && q.n_past > 0 && q.n_past + k <= n_ctx_seq()) {
+        probe_tokens.assign(1, q.id_last);
         for (int32_t j = 0; j + 1 < k; ++j) {
             const Draft & chain = oracle_drafts[DRAFTER_MTP];
-            const bool from_chain = mtp != nullptr && j < (int32_t) chain.tokens.size();
-            probe_tokens.push_back(from_chain ? chain.tokens[j] : id_last);
+            const bool from_chain = q.mtp != nullptr && j < (int32_t) chain.tokens.size();
+            probe_tokens.push_back(from_chain ? chain.tokens[j] : q.id_last);
         }
         if (recurrent) {
             saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
@@ -140,7 +142,7 @@ void Engine::probe_costs(OracleRecord & out, size_t r, bool probe) {
                                          LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
         }
         for (int32_t rep = 0; rep < (even ? 2 : 1); ++rep) {
-            probe_once(out, r, k, rep);
+            probe_once(q, out, r, k, rep);
         }
         out.probe_k[r] = k;
         verify_after = k;
@@ -150,12 +152,12 @@ void Engine::probe_costs(OracleRecord & out, size_t r, bool probe) {
 
 // One probe decode of probe_tokens[0 .. k) (rep 0: with its argmax, catch-up and rollback timed),
 // then the target memory and recurrent state restored to before it.
-void Engine::probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep) {
+void Engine::probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, int32_t rep) {
     llama_memory_t mem = llama_get_memory(ctx_tgt.get());
     int64_t t = now_ns();
-    check_decode(decode_target(probe_tokens.data(), k, n_past), "oracle probe decode");
-    if (mtp) {
-        mtp->copy_target_rows(k, probe_rows);
+    check_decode(decode_tokens(q, probe_tokens.data(), k), "oracle probe decode");
+    if (q.mtp) {
+        q.mtp->copy_target_rows(k, probe_rows);
     }
     (rep == 0 ? out.probe_verify_ns : out.probe_verify_reuse_ns)[r] = now_ns() - t;
     const bool timed = rep == 0 && k > 1;
@@ -167,15 +169,15 @@ void Engine::probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep) {
             sink ^= argmax(llama_get_logits_ith(ctx_tgt.get(), i), n_vocab_);
         }
         out.probe_argmax_ns[r] = now_ns() - t + (sink == -12345 ? 1 : 0);
-        if (mtp) {
+        if (q.mtp) {
             t = now_ns();
-            const int32_t rc_mtp = mtp->probe_catch_up(probe_tokens.data(), k, n_past, probe_rows);
+            const int32_t rc_mtp = q.mtp->probe_catch_up(probe_tokens.data(), k, q.n_past, probe_rows);
             out.probe_catchup_ns[r] = now_ns() - t;
             check_decode(rc_mtp, "oracle probe catch-up");
         }
     }
     t = now_ns();
-    const bool rolled = llama_memory_seq_rm(mem, 0, n_past + 1, -1);
+    const bool rolled = llama_memory_seq_rm(mem, q.seq_id, q.n_past + 1, -1);
     if (timed) {
         out.probe_rollback_ns[r] = now_ns() - t;
     }
@@ -183,21 +185,21 @@ void Engine::probe_once(OracleRecord & out, size_t r, int32_t k, int32_t rep) {
         llama_state_seq_set_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), 0,
                                      LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     }
-    if (!rolled || !llama_memory_seq_rm(mem, 0, n_past, -1)) {
+    if (!rolled || !llama_memory_seq_rm(mem, q.seq_id, q.n_past, -1)) {
         fail(ErrorKind::ROLLBACK, "oracle probe: the target memory could not be restored");
     }
 }
 
 // the plain step: the greedy truth, exactly as Engine::step with n_max = 0 (plus the catch-up)
-void Engine::plain_step(OracleRecord & out, size_t r) {
+void Engine::plain_step(Sequence & q, OracleRecord & out, size_t r) {
     int64_t t = now_ns();
-    check_decode(decode_target(&id_last, 1, n_past), "target decode");
-    const int64_t t_follow = follow_target(&id_last, 1, n_past);
+    check_decode(decode_tokens(q, &q.id_last, 1), "target decode");
+    const int64_t t_follow = follow_target(q, &q.id_last, 1, q.n_past, 0);
     out.t_verify_ns[r] = now_ns() - t - t_follow;
     out.t_follow_ns[r] = t_follow;
-    if (mtp) {
+    if (q.mtp) {
         t = now_ns();
-        const int32_t rc_mtp = mtp->catch_up();
+        const int32_t rc_mtp = q.mtp->catch_up();
         out.t_catchup_ns[r] = now_ns() - t;
         check_decode(rc_mtp, "MTP catch-up");
     }
@@ -206,8 +208,8 @@ void Engine::plain_step(OracleRecord & out, size_t r) {
     const float * logits = llama_get_logits_ith(ctx_tgt.get(), 0);
     const llama_token tok = argmax(logits, n_vocab_);
     out.t_argmax_ns[r] = now_ns() - t;
-    if (mtp) {
-        mtp->commit(0, n_past + 1);
+    if (q.mtp) {
+        q.mtp->commit(0, q.n_past + 1);
     }
     out.t_sample_ns[r] = now_ns() - t;
     float second = -INFINITY;
@@ -219,31 +221,31 @@ void Engine::plain_step(OracleRecord & out, size_t r) {
     out.token[r] = tok;
     out.target_margin[r] = logits[tok] - second;
 
-    generated.push_back(tok);
-    tokens_all.push_back(tok);
-    n_past += 1;
-    id_last = tok;
-    ++n_step;
-    check_finish(tok);
+    q.generated.push_back(tok);
+    q.tokens_all.push_back(tok);
+    q.n_past += 1;
+    q.id_last = tok;
+    ++q.n_step;
+    check_finish(q, tok);
 }
 
 // A plain tail after the generation: target decodes one after another with nothing between them
 // (no MTP head, no probe, no restore), as in plain decoding and the n-gram mode; the memory past
 // the generation is not used afterwards (the next generation clears it).
-void Engine::tail(OracleRecord & out) {
+void Engine::tail(Sequence & q, OracleRecord & out) {
     const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
-    const int32_t n_tail = std::min(32, n_ctx() - n_past - 1);
+    const int32_t n_tail = std::min(32, n_ctx_seq() - q.n_past - 1);
     for (int32_t i = 0; i < n_tail; ++i) {
         const int64_t t = now_ns();
-        if (decode_target(&id_last, 1, n_past) != 0) {
+        if (decode_tokens(q, &q.id_last, 1) != 0) {
             break;
         }
-        if (mtp) {
-            mtp->copy_target_rows(1, probe_rows);
+        if (q.mtp) {
+            q.mtp->copy_target_rows(1, probe_rows);
         }
         out.tail_verify_ns.push_back(now_ns() - t);
-        out.tail_pos.push_back(n_past);
-        id_last = argmax(llama_get_logits_ith(ctx_tgt.get(), 0), n_vocab_);
-        ++n_past;
+        out.tail_pos.push_back(q.n_past);
+        q.id_last = argmax(llama_get_logits_ith(ctx_tgt.get(), 0), n_vocab_);
+        ++q.n_past;
     }
 }

@@ -1,7 +1,8 @@
-// Engine::step, in named phases: cap (how far this step may draft), propose (every drafter of
-// the chain drafts), choose (the chain policy picks the draft to verify), verify (one target
-// batch), accept / rollback (the longest prefix the target agrees with; every drafter told) and
-// record (the telemetry row).
+// Engine::step, in named phases, for every active sequence at once: cap (how far each may draft),
+// propose (each chain's drafters draft; the MTP heads of all sequences together, one decode per
+// depth), choose (each chain policy picks the draft to verify), verify (one target batch with every
+// sequence's rows), accept / rollback (the longest prefix the target agrees with, per sequence; every
+// drafter told) and record (a telemetry row per sequence).
 #include <algorithm>
 #include <cmath>
 
@@ -31,24 +32,58 @@ bool Engine::step() {
     std::lock_guard<std::mutex> lk(run_mutex);
     ClockScope clock(opts.cpu_clock);
     check_open();
-    if (finish != FINISH_NONE) {
-        return false;
-    }
     if (cancel_requested.exchange(false)) {
-        finish = FINISH_CANCELLED;
+        for (auto & q : reqs) {
+            if (q->finish == FINISH_NONE) {
+                q->finish = FINISH_CANCELLED;
+                q->finished_step = batch_index;
+                release(*q);
+            }
+        }
         return false;
     }
-    StepState s = cap();
-    propose(s);
-    choose(s);
-    verify(s);
-    accept_or_rollback(s);
-    record(s);
-    n_past = s.keep_until;
-    id_last = s.correction;
-    ++n_step;
-    check_finish(s.correction);
-    return finish == FINISH_NONE;
+    admit(batch_index);
+    active.clear();
+    for (Sequence * q : slots) {
+        if (q != nullptr) {
+            active.push_back(q);
+        }
+    }
+    if (active.empty()) {  // idle until the next request arrives
+        const int32_t next = next_arrival();
+        batch_index = std::max(batch_index + 1, next);
+        return next >= 0;
+    }
+    BatchStep b;
+    b.index = batch_index;
+    b.n_active = (int32_t) active.size();
+    for (Sequence * q : active) {
+        cap(*q);
+    }
+    propose(active, b);
+    for (Sequence * q : active) {
+        choose(*q);
+    }
+    b.t_draft_ns = now_ns() - b.t_draft0;
+    verify(active, b);
+    const int64_t t = now_ns();
+    for (Sequence * q : active) {
+        accept_or_rollback(*q);
+    }
+    b.t_sample_ns = now_ns() - t;
+    for (Sequence * q : active) {
+        record(*q, b);
+        q->n_past = q->s.keep_until;
+        q->id_last = q->s.correction;
+        ++q->n_step;
+        check_finish(*q, q->s.correction);
+        if (q->finish != FINISH_NONE) {
+            q->finished_step = batch_index;
+            release(*q);
+        }
+    }
+    ++batch_index;
+    return std::any_of(reqs.begin(), reqs.end(), [](const auto & q) { return q->finish == FINISH_NONE; });
 }
 
 void Engine::run() {
@@ -56,166 +91,261 @@ void Engine::run() {
     }
 }
 
-// cap: the live parameters, and the draft length the budget and the context window leave
-StepState Engine::cap() const {
-    StepState s;
-    s.p = params();
+// cap: the live parameters, and the draft length the budget and the sequence's context leave
+void Engine::cap(Sequence & q) const {
+    StepState & s = q.s;
+    s = StepState{};
+    {
+        std::lock_guard<std::mutex> lk(params_mutex);
+        s.p = q.params;
+    }
     s.n_cap = s.p.n_max;
     s.cap_reason = STOP_N_MAX;
-    const int32_t cap_budget = cfg.max_tokens - (int32_t) generated.size() - 1;
-    const int32_t cap_ctx = n_ctx() - n_past - 2;
+    const int32_t cap_budget = q.request.config.max_tokens - (int32_t) q.generated.size() - 1;
+    const int32_t cap_ctx = n_ctx_seq() - q.n_past - 2;
     if (cap_budget < s.n_cap) { s.n_cap = cap_budget; s.cap_reason = STOP_BUDGET; }
     if (cap_ctx < s.n_cap) { s.n_cap = cap_ctx; s.cap_reason = STOP_CONTEXT; }
     s.n_cap = std::max(s.n_cap, 0);
-    s.drafting_mtp = mtp != nullptr && s.p.n_max > 0;
-    return s;
+    s.drafting_mtp = q.mtp != nullptr && s.p.n_max > 0;
 }
 
-DraftRequest Engine::request(const StepState & s, bool oracle) const {
+DraftRequest Engine::draft_request(const Sequence & q, bool oracle) const {
     DraftRequest req;
-    req.id_last = id_last;
-    req.n_past = n_past;
-    req.history = tokens_all.data();
-    req.n_history = (size_t) n_past;
-    req.n_cap = s.n_cap;
-    req.cap_reason = s.cap_reason;
-    req.params = s.p;
+    req.id_last = q.id_last;
+    req.n_past = q.n_past;
+    req.history = q.tokens_all.data();
+    req.n_history = (size_t) q.n_past;
+    req.n_cap = q.s.n_cap;
+    req.cap_reason = q.s.cap_reason;
+    req.params = q.s.p;
     req.topk = opts.topk;
     req.telemetry = opts.telemetry;
     req.oracle = oracle;
     return req;
 }
 
-// propose: the MTP head catches up (after steps with drafting off), then the drafters draft in chain
-// order: every one under BEST, under FIRST until one has a usable draft (the later ones are not asked)
-void Engine::propose(StepState & s) {
-    for (int32_t i = 0; i < N_DRAFTERS; ++i) {
-        candidates[i].clear(s.cap_reason);
-        asked[i] = false;
-        expected[i] = NAN;
+namespace {
+
+// the place of the MTP drafter in q's chain (the chain's length: none)
+size_t mtp_place(const Sequence & q) {
+    for (size_t k = 0; k < q.drafters.size(); ++k) {
+        if (q.drafters[k]->id == DRAFTER_MTP) {
+            return k;
+        }
+    }
+    return q.drafters.size();
+}
+
+}  // namespace
+
+// propose: the MTP heads catch up (after steps with drafting off), then each chain drafts in order:
+// every drafter under BEST, under FIRST until one has a usable draft (the later ones are not asked).
+// The drafters before the MTP head are asked first, then the MTP heads of every sequence still asking
+// in one batch, then the drafters after it.
+void Engine::propose(std::vector<Sequence *> & batch, BatchStep & b) {
+    for (Sequence * q : batch) {
+        for (int32_t i = 0; i < N_DRAFTERS; ++i) {
+            q->candidates[i].clear(q->s.cap_reason);
+            q->asked[i] = false;
+            q->expected[i] = NAN;
+        }
     }
     int64_t t = now_ns();
-    if (s.drafting_mtp && mtp->has_queue()) {
-        check_decode(mtp->catch_up(), "MTP catch-up");
-        s.t_catchup_ns += now_ns() - t;
+    if (catch_up_mtp(batch, /*queued_only*/ true)) {
+        b.t_catchup_ns += now_ns() - t;
         t = now_ns();
     }
-    s.t_draft0 = t;
-    if (s.p.n_max <= 0) {
-        return;
+    b.t_draft0 = t;
+    std::vector<DraftRequest> requests(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+        Sequence & q = *batch[i];
+        if (q.s.p.n_max > 0) {
+            requests[i] = draft_request(q, /*oracle*/ false);
+            ask_drafters(q, requests[i], 0, mtp_place(q));
+        }
     }
-    const DraftRequest req = request(s, /*oracle*/ false);
-    for (auto & d : drafters) {
-        Draft & out = candidates[d->id];
-        const int64_t t_call = wall_ns();
-        const bool took_part = d->draft(req, out);
-        d->stats.t_draft_ns += wall_ns() - t_call;
-        if (took_part) {
-            asked[d->id] = true;
-            d->stats.on_draft(out);
-            if (chain.policy == ChainPolicy::FIRST && out.usable()) {
-                break;
+    draft_mtp(batch, requests, b);
+    for (size_t i = 0; i < batch.size(); ++i) {
+        Sequence & q = *batch[i];
+        if (q.s.p.n_max > 0) {
+            ask_drafters(q, requests[i], mtp_place(q) + 1, q.drafters.size());
+        }
+        for (auto & d : q.drafters) {
+            if (q.asked[d->id]) {
+                q.expected[d->id] = d->expected_accepted(q.candidates[d->id]);
             }
         }
     }
-    for (auto & d : drafters) {
-        if (asked[d->id]) {
-            expected[d->id] = d->expected_accepted(candidates[d->id]);
+}
+
+namespace {
+
+// a drafter took part: its proposal counts; under FIRST a usable one settles the step
+void took_part(Sequence & q, Drafter & d) {
+    q.asked[d.id] = true;
+    d.stats.on_draft(q.candidates[d.id]);
+    if (q.chain.policy == ChainPolicy::FIRST && q.candidates[d.id].usable()) {
+        q.s.settled = true;
+    }
+}
+
+}  // namespace
+
+// the drafters [from, to) of q's chain, in order, until the step is settled
+void Engine::ask_drafters(Sequence & q, const DraftRequest & req, size_t from, size_t to) {
+    for (size_t k = from; k < to && !q.s.settled; ++k) {
+        Drafter & d = *q.drafters[k];
+        const int64_t t_call = wall_ns();
+        const bool took = d.draft(req, q.candidates[d.id]);
+        d.stats.t_draft_ns += wall_ns() - t_call;
+        if (took) {
+            took_part(q, d);
         }
+    }
+}
+
+// the MTP heads of every sequence still asking, in one batch per depth (each drafter's time is the batch's)
+void Engine::draft_mtp(std::vector<Sequence *> & batch, const std::vector<DraftRequest> & requests, BatchStep & b) {
+    std::vector<MtpJob> jobs;
+    std::vector<Sequence *> who;
+    for (size_t i = 0; i < batch.size(); ++i) {
+        Sequence & q = *batch[i];
+        if (q.s.p.n_max > 0 && q.mtp != nullptr && !q.s.settled) {
+            jobs.push_back(MtpJob{q.mtp, &requests[i], &q.candidates[DRAFTER_MTP]});
+            who.push_back(&q);
+        }
+    }
+    if (jobs.empty()) {
+        return;
+    }
+    const int64_t t_call = wall_ns();
+    MtpDrafter::draft_batch(jobs, &b.draft_rows);
+    const int64_t dt = wall_ns() - t_call;
+    for (Sequence * q : who) {
+        q->mtp->stats.t_draft_ns += dt;
+        took_part(*q, *q->mtp);
     }
 }
 
 // choose: the chain policy picks the draft to verify; with none usable, the first drafter's
 // (empty or dropped) proposal stands for the step, and nothing is verified
-void Engine::choose(StepState & s) {
-    switch (chain.policy) {
+void Engine::choose(Sequence & q) {
+    switch (q.chain.policy) {
         case ChainPolicy::FIRST:
-            choose_first(s);
+            choose_first(q);
             break;
         case ChainPolicy::BEST:
-            choose_best(s);
+            choose_best(q);
             break;
     }
+    StepState & s = q.s;
     if (s.chosen == nullptr) {
-        s.chosen = &candidates[chain.ids.front()];
+        s.chosen = &q.candidates[q.chain.ids.front()];
         s.source = DRAFTER_NONE;
     }
     s.n_d = s.chosen->dropped ? 0 : (int32_t) s.chosen->tokens.size();
-    s.t_draft_ns = now_ns() - s.t_draft0;
 }
 
 // FIRST: the first usable draft in chain order (propose asked no drafter after it)
-void Engine::choose_first(StepState & s) const {
-    for (const auto & d : drafters) {
+void Engine::choose_first(Sequence & q) const {
+    for (const auto & d : q.drafters) {
         const DrafterId id = d->id;
-        if (asked[id] && candidates[id].usable()) {
-            s.source = id;
-            s.expected = expected[id];
-            s.chosen = &candidates[id];
+        if (q.asked[id] && q.candidates[id].usable()) {
+            q.s.source = id;
+            q.s.expected = q.expected[id];
+            q.s.chosen = &q.candidates[id];
             return;
         }
     }
 }
 
 // BEST: the usable draft with the highest expected accepted length, the earlier drafter on a tie
-void Engine::choose_best(StepState & s) const {
-    for (const auto & d : drafters) {
+void Engine::choose_best(Sequence & q) const {
+    StepState & s = q.s;
+    for (const auto & d : q.drafters) {
         const DrafterId id = d->id;
-        if (!asked[id] || !candidates[id].usable()) {
+        if (!q.asked[id] || !q.candidates[id].usable()) {
             continue;
         }
-        if (s.source == DRAFTER_NONE || expected[id] > s.expected) {
+        if (s.source == DRAFTER_NONE || q.expected[id] > s.expected) {
             s.source = id;
-            s.expected = expected[id];
-            s.chosen = &candidates[id];
+            s.expected = q.expected[id];
+            s.chosen = &q.candidates[id];
         }
     }
 }
 
-// verify: [id_last, d0, ..., d_{n-1}] in one target batch; the drafters follow it (the MTP head keeps
-// its rows, a draft model decodes the batch: catch-up time)
-void Engine::verify(StepState & s) {
-    int64_t t = now_ns();
-    verify_tokens.assign(1, id_last);
-    verify_tokens.insert(verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
-    check_decode(decode_target(verify_tokens.data(), s.n_d + 1, n_past), "target decode");
-    const int64_t t_follow = follow_target(verify_tokens.data(), s.n_d + 1, n_past);
-    s.t_verify_ns = now_ns() - t - t_follow;
-    s.t_catchup_ns += t_follow;
+// The MTP heads of the sequences drafting this step decode their queued rows together (queued_only:
+// only those with rows queued). Returns whether any did.
+bool Engine::catch_up_mtp(std::vector<Sequence *> & batch, bool queued_only) {
+    std::vector<MtpDrafter *> heads;
+    for (Sequence * q : batch) {
+        if (q->s.drafting_mtp && (!queued_only || q->mtp->has_queue())) {
+            heads.push_back(q->mtp);
+        }
+    }
+    if (heads.empty()) {
+        return false;
+    }
+    check_decode(MtpDrafter::catch_up_batch(heads), "MTP catch-up");
+    return true;
+}
 
-    // catch-up: the MTP head sees the verified rows with the target's hidden states
-    if (s.drafting_mtp) {
-        t = now_ns();
-        check_decode(mtp->catch_up(), "MTP catch-up");
-        s.t_catchup_ns += now_ns() - t;
+// verify: [id_last, d0, ..., d_{n-1}] of every sequence in one target batch; the drafters follow it
+// (the MTP heads keep their rows and catch up together, a draft model decodes its rows: catch-up time)
+void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
+    int64_t t = now_ns();
+    llama_batch_ext_clear(batch_tgt.get());
+    int32_t rows = 0;
+    for (Sequence * q : batch) {
+        const StepState & s = q->s;
+        q->verify_tokens.assign(1, q->id_last);
+        q->verify_tokens.insert(q->verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
+        q->s.row0 = rows;
+        add_target_rows(q->seq_id, q->verify_tokens.data(), s.n_d + 1, q->n_past, /*logits*/ true);
+        rows += s.n_d + 1;
+    }
+    b.verify_rows = rows;
+    check_decode(decode_target(), "target decode");
+    int64_t t_follow = 0;
+    for (Sequence * q : batch) {
+        t_follow += follow_target(*q, q->verify_tokens.data(), q->s.n_d + 1, q->n_past, q->s.row0);
+    }
+    b.t_verify_ns = now_ns() - t - t_follow;
+    b.t_catchup_ns += t_follow;
+
+    // catch-up: the MTP heads see the verified rows with the target's hidden states
+    t = now_ns();
+    if (catch_up_mtp(batch, /*queued_only*/ false)) {
+        b.t_catchup_ns += now_ns() - t;
     }
 }
 
 // accept / rollback: the longest prefix the target agrees with; the rejected drafts leave the
-// target memory; the emitted tokens join the history; every drafter hears the outcome
-void Engine::accept_or_rollback(StepState & s) {
-    const int64_t t = now_ns();
-    sample_verified(s);
+// sequence's target memory; the emitted tokens join its history; every drafter hears the outcome
+void Engine::accept_or_rollback(Sequence & q) {
+    StepState & s = q.s;
+    sample_verified(q);
     s.n_rollback = s.n_d - s.n_acc;
-    s.keep_until = n_past + 1 + s.n_acc;
-    if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), 0, s.keep_until, -1)) {
+    s.keep_until = q.n_past + 1 + s.n_acc;
+    if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, s.keep_until, -1)) {
         fail(ErrorKind::ROLLBACK, "rollback of " + std::to_string(s.n_rollback) + " tokens failed (n_rs_seq=" +
                                       std::to_string(rs_slots()) + ")");
     }
-    generated.insert(generated.end(), verify_tokens.begin() + 1, verify_tokens.begin() + 1 + s.n_acc);
-    generated.push_back(s.correction);
-    tokens_all.insert(tokens_all.end(), generated.end() - (s.n_acc + 1), generated.end());
-    tell_drafters(s);
-    s.t_sample_ns = now_ns() - t;
+    q.generated.insert(q.generated.end(), q.verify_tokens.begin() + 1, q.verify_tokens.begin() + 1 + s.n_acc);
+    q.generated.push_back(s.correction);
+    q.tokens_all.insert(q.tokens_all.end(), q.generated.end() - (s.n_acc + 1), q.generated.end());
+    tell_drafters(q);
 }
 
-void Engine::sample_verified(StepState & s) {
-    target_row.assign((size_t) tel.depth + 1, -1);
+void Engine::sample_verified(Sequence & q) {
+    StepState & s = q.s;
+    q.target_row.assign((size_t) q.tel.depth + 1, -1);
     int32_t i = 0;
     for (; i <= s.n_d; ++i) {
-        const llama_token tok = sample(i);
-        target_row[i] = tok;
-        if (i < s.n_d && tok == verify_tokens[i + 1] && !llama_vocab_is_eog(vocab, tok)) {
+        const llama_token tok = sample(q, s.row0 + i);
+        q.target_row[i] = tok;
+        if (i < s.n_d && tok == q.verify_tokens[i + 1] && !llama_vocab_is_eog(vocab, tok)) {
             ++s.n_acc;
             continue;
         }
@@ -224,28 +354,29 @@ void Engine::sample_verified(StepState & s) {
     }
     if (opts.telemetry) {
         for (int32_t j = i + 1; j <= s.n_d; ++j) {  // beyond the first rejection: the target's argmax
-            target_row[j] = argmax(llama_get_logits_ith(ctx_tgt.get(), j), llama_vocab_n_tokens(vocab));
+            q.target_row[j] = argmax(llama_get_logits_ith(ctx_tgt.get(), s.row0 + j), llama_vocab_n_tokens(vocab));
         }
     }
 }
 
-void Engine::tell_drafters(const StepState & s) {
+void Engine::tell_drafters(Sequence & q) {
+    const StepState & s = q.s;
     DraftOutcome o;
     o.n_drafted = s.n_d;
     o.n_accepted = s.n_acc;
-    o.emitted = generated.data() + generated.size() - (s.n_acc + 1);
+    o.emitted = q.generated.data() + q.generated.size() - (s.n_acc + 1);
     o.n_emitted = s.n_acc + 1;
     o.keep_until = s.keep_until;
     if (s.source != DRAFTER_NONE) {
-        last_verified = s.source;
+        q.last_verified = s.source;
     }
-    for (auto & d : drafters) {
-        o.proposal = asked[d->id] ? &candidates[d->id] : nullptr;
+    for (auto & d : q.drafters) {
+        o.proposal = q.asked[d->id] ? &q.candidates[d->id] : nullptr;
         o.verified = d->id == s.source;
         if (o.verified) {
             d->stats.on_verified(s.n_d);
         }
-        o.last = d->id == last_verified;
+        o.last = d->id == q.last_verified;
         if (o.last) {
             d->stats.on_accept(s.n_acc);
         }
@@ -255,12 +386,14 @@ void Engine::tell_drafters(const StepState & s) {
     }
 }
 
-// record: the step's telemetry row
-void Engine::record(const StepState & s) {
+// record: the sequence's telemetry row for the step
+void Engine::record(Sequence & q, const BatchStep & b) {
+    const StepState & s = q.s;
+    Telemetry & tel = q.tel;
     const size_t r = tel.add_row();
     const int32_t D = tel.depth, S = N_DRAFTERS;
-    tel.step[r] = n_step;
-    tel.pos[r] = n_past;
+    tel.step[r] = q.n_step;
+    tel.pos[r] = q.n_past;
     tel.n_max[r] = s.p.n_max;
     tel.p_min[r] = s.p.p_min;
     tel.n_min[r] = s.p.n_min;
@@ -268,33 +401,41 @@ void Engine::record(const StepState & s) {
     tel.drafter[r] = s.source;
     tel.expected_accepted[r] = s.source == DRAFTER_NONE ? NAN : (float) s.expected;
     for (int32_t id = 0; id < S; ++id) {
-        if (asked[id]) {
-            tel.candidate_len[r * S + id] = (int32_t) candidates[id].tokens.size();
-            tel.candidate_expected[r * S + id] = (float) expected[id];
+        if (q.asked[id]) {
+            tel.candidate_len[r * S + id] = (int32_t) q.candidates[id].tokens.size();
+            tel.candidate_expected[r * S + id] = (float) q.expected[id];
         }
     }
-    tel.t_catchup_ns[r] = s.t_catchup_ns;
-    tel.t_draft_ns[r] = s.t_draft_ns;
-    tel.t_verify_ns[r] = s.t_verify_ns;
-    tel.t_sample_ns[r] = s.t_sample_ns;
+    tel.t_catchup_ns[r] = b.t_catchup_ns;
+    tel.t_draft_ns[r] = b.t_draft_ns;
+    tel.t_verify_ns[r] = b.t_verify_ns;
+    tel.t_sample_ns[r] = b.t_sample_ns;
+    tel.batch_step[r] = b.index;
+    tel.n_active[r] = b.n_active;
+    tel.verify_rows[r] = b.verify_rows;
+    for (size_t j = 0; j < b.draft_rows.size() && (int32_t) j < D; ++j) {
+        tel.draft_rows[r * D + j] = b.draft_rows[j];
+    }
     tel.n_drafted[r] = s.n_d;
     tel.n_accepted[r] = s.n_acc;
     tel.correction[r] = s.correction;
     tel.rollback[r] = s.n_rollback;
     tel.rs_slot[r] = (recurrent && s.n_rollback > 0) ? s.n_rollback : -1;
-    std::copy(target_row.begin(), target_row.begin() + s.n_d + 1, tel.target_tokens.begin() + r * (D + 1));
-    record_draft(s, r);
+    std::copy(q.target_row.begin(), q.target_row.begin() + s.n_d + 1, tel.target_tokens.begin() + r * (D + 1));
+    record_draft(q, r);
     if (opts.telemetry) {
-        const size_t n_rows = std::min<size_t>(probe_tgt.row_norms.size(), (size_t) s.n_d + 1);
-        for (size_t j = 0; j < n_rows; ++j) {
-            tel.h_norm_target[r * (D + 1) + j] = probe_tgt.row_norms[j];
+        const size_t row0 = (size_t) s.row0;
+        for (size_t j = 0; j <= (size_t) s.n_d && row0 + j < probe_tgt.row_norms.size(); ++j) {
+            tel.h_norm_target[r * (D + 1) + j] = probe_tgt.row_norms[row0 + j];
         }
     }
 }
 
 // the verified draft's tokens and, from a drafter with a confidence (the MTP head, a draft model), its
 // confidences and top-k; from the MTP head also its hidden-state columns
-void Engine::record_draft(const StepState & s, size_t r) {
+void Engine::record_draft(Sequence & q, size_t r) {
+    const StepState & s = q.s;
+    Telemetry & tel = q.tel;
     const int32_t D = tel.depth, K = tel.topk;
     const Draft & d = *s.chosen;
     const bool has_prob = s.source != DRAFTER_NONE && (int32_t) d.prob.size() >= s.n_d;
@@ -314,38 +455,39 @@ void Engine::record_draft(const StepState & s, size_t r) {
     if (s.source != DRAFTER_MTP) {
         return;
     }
+    const int32_t n_embd = q.mtp->n_embd;
     for (int32_t j = 0; j < s.n_d; ++j) {
         tel.h_norm_draft[r * D + j] = d.h_norm[j];
-        tel.draft_target_cos[r * D + j] = cosine(d.hidden.data() + (size_t) j * mtp->n_embd, mtp->verify_row(j), mtp->n_embd);
+        tel.draft_target_cos[r * D + j] = cosine(d.hidden.data() + (size_t) j * n_embd, q.mtp->verify_row(j), n_embd);
     }
 }
 
-void Engine::check_finish(llama_token last) {
+void Engine::check_finish(Sequence & q, llama_token last) {
     if (llama_vocab_is_eog(vocab, last)) {
-        finish = FINISH_EOS;
-    } else if ((int32_t) generated.size() >= cfg.max_tokens) {
-        finish = FINISH_BUDGET;
-    } else if (n_past > n_ctx() - 1) {
-        finish = FINISH_CONTEXT;
+        q.finish = FINISH_EOS;
+    } else if ((int32_t) q.generated.size() >= q.request.config.max_tokens) {
+        q.finish = FINISH_BUDGET;
+    } else if (q.n_past > n_ctx_seq() - 1) {
+        q.finish = FINISH_CONTEXT;
     }
 }
 
-llama_token Engine::sample(int32_t row) {
-    if (smpl) {
-        return llama_sampler_sample(smpl.get(), ctx_tgt.get(), row);
+llama_token Engine::sample(Sequence & q, int32_t row) {
+    if (q.smpl) {
+        return llama_sampler_sample(q.smpl.get(), ctx_tgt.get(), row);
     }
     return argmax(llama_get_logits_ith(ctx_tgt.get(), row), llama_vocab_n_tokens(vocab));
 }
 
-int64_t Engine::follow_target(const llama_token * tokens, int32_t n, llama_pos pos0) {
+int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0, int32_t row0) {
     int64_t t_model = 0;
-    for (auto & d : drafters) {
+    for (auto & d : q.drafters) {
         if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL) {
-            d->observe_target(tokens, n, pos0);
+            d->observe_target(tokens, n, pos0, row0);
             continue;
         }
         const int64_t t = now_ns();
-        d->observe_target(tokens, n, pos0);
+        d->observe_target(tokens, n, pos0, row0);
         const int64_t dt = now_ns() - t;
         d->stats.t_accept_ns += dt;
         t_model += dt;
@@ -353,18 +495,28 @@ int64_t Engine::follow_target(const llama_token * tokens, int32_t n, llama_pos p
     return t_model;
 }
 
-int32_t Engine::decode_target(const llama_token * tokens, int32_t n, llama_pos pos0) {
-    llama_batch_ext_clear(batch_tgt.get());
+void Engine::add_target_rows(llama_seq_id seq, const llama_token * tokens, int32_t n, llama_pos pos0, bool logits) {
     for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch_tgt.get(), 0, tokens[i]);
+        const int32_t idx = llama_batch_ext_add_token(batch_tgt.get(), seq, tokens[i]);
         const llama_pos pos = pos0 + i;
         llama_batch_ext_set_pos(batch_tgt.get(), idx, &pos);
-        llama_batch_ext_set_output_logits(batch_tgt.get(), idx, true);
+        if (logits) {
+            llama_batch_ext_set_output_logits(batch_tgt.get(), idx, true);
+        }
     }
+}
+
+int32_t Engine::decode_target() {
     if (opts.telemetry) {
         probe_tgt.start();
     }
     const int32_t rc = llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get());
     probe_tgt.stop();
     return rc;
+}
+
+int32_t Engine::decode_tokens(Sequence & q, const llama_token * tokens, int32_t n) {
+    llama_batch_ext_clear(batch_tgt.get());
+    add_target_rows(q.seq_id, tokens, n, q.n_past, /*logits*/ true);
+    return decode_target();
 }

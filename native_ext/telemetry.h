@@ -1,5 +1,7 @@
-// Per-step telemetry in columnar buffers: one row per verify step, depth-indexed columns padded
-// to the session's depth capacity (-1 for ids, NaN for floats).
+// Per-step telemetry in columnar buffers: one row per verify step of one sequence, depth-indexed
+// columns padded to the session's depth capacity (-1 for ids, NaN for floats). With several
+// sequences in a step (n_parallel > 1) each has its row; the phase times and the batch columns
+// (batch_step, n_active, verify_rows, draft_rows) are the step's, the same in each.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,11 @@
     X(drafter, int8_t, SCALAR, -1)                /* whose draft was verified: a DrafterId, -1 none */   \
     X(expected_accepted, float, SCALAR, NAN_F)    /* its expected accepted length */                 \
     X(candidate_len, int32_t, SOURCES, -1)        /* each drafter's proposal length (-1: not asked) */ \
-    X(candidate_expected, float, SOURCES, NAN_F)  /* its expected accepted length (NaN: not asked) */
+    X(candidate_expected, float, SOURCES, NAN_F)  /* its expected accepted length (NaN: not asked) */ \
+    X(batch_step, int32_t, SCALAR, 0)             /* the engine's step, shared by the sequences in it */ \
+    X(n_active, int32_t, SCALAR, 0)               /* sequences in that step */                       \
+    X(verify_rows, int32_t, SCALAR, 0)            /* rows of its target batch (every sequence's) */  \
+    X(draft_rows, int32_t, DEPTH, -1)             /* rows of each MTP draft decode (every sequence's) */
 
 struct Telemetry {
     int32_t depth = 0;  // D: the session's n_max capacity

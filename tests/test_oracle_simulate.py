@@ -28,7 +28,7 @@ P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
 TOKENS = 80
 MTP = mx.DRAFTERS.index("mtp")  # the MTP head's slice of the oracle's per-drafter columns
 STEP_COLUMNS = ("pos", "n_drafted", "n_accepted", "drafted", "stop_reason", "correction", "rollback", "rs_slot",
-                "drafter")
+                "drafter", "batch_step", "n_active", "verify_rows", "draft_rows")
 
 
 @pytest.fixture(scope="module")

@@ -451,6 +451,7 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> SimTrac
     _fill_drafts(cols, _replays(oracle, policy.mode), steps, oracle.depth)
     _fill_verification(cols, oracle, steps)
     _fill_candidates(cols, steps, policy.mode)
+    _fill_batch(cols, steps, policy.mode)
     times = _phase_times(oracle, steps, policy.mode)
     for phase in PHASES:
         cols[f"t_{phase}_ns"][:] = np.rint(times[phase])
@@ -514,6 +515,19 @@ def _fill_candidates(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMo
     for i, (spec, proposal) in enumerate(zip(mode.drafters, steps.proposals)):
         cols["candidate_len"][:, spec.index] = np.where(proposal.asked, proposal.n_raw, -1)
         cols["candidate_expected"][:, spec.index] = np.where(proposal.asked, steps.expected[i], np.nan)
+
+
+def _fill_batch(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMode) -> None:
+    """A simulated generation runs alone: each step its own batch, of one sequence (its verify rows, a row per MTP
+    draft decode)."""
+    cols["batch_step"][:] = np.arange(len(steps.g))
+    cols["n_active"][:] = 1
+    cols["verify_rows"][:] = steps.n_drafted + 1
+    depth = cols["draft_rows"].shape[1]
+    for spec, proposal in zip(mode.drafters, steps.proposals):
+        if spec.needs_mtp:
+            decodes = np.where(proposal.asked, proposal.decodes, 0)
+            cols["draft_rows"][:] = np.where(np.arange(depth)[None, :] < decodes[:, None], 1, -1)
 
 
 # -- grids ---------------------------------------------------------------------------------------------

@@ -74,6 +74,29 @@ def _engine_fact(name: str, doc: str) -> property:
     return property(lambda self: getattr(self._live(), name), doc=doc)
 
 
+def _prompt_tokens(handle: "EngineHandle", prompt: Prompt) -> list[int]:
+    """A prompt's token ids, checked: not empty, ids in the vocabulary, fitting in a sequence's context."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ParameterError("the prompt is empty")
+        tokens = handle.tokenize(prompt)
+    else:
+        tokens = [int(t) for t in prompt]
+        n_vocab = handle._engine.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise ParameterError(f"prompt token ids out of range [0, {n_vocab}): {bad[:5]}")
+    if not tokens:
+        raise ParameterError("the prompt is empty (it tokenizes to no tokens)")
+    if len(tokens) > handle.n_ctx_seq:
+        per_seq = "" if handle.n_parallel == 1 else f" per sequence (n_ctx {handle.n_ctx} / n_parallel {handle.n_parallel})"
+        raise ContextOverflowError(
+            f"the prompt has {len(tokens)} tokens but the context holds {handle.n_ctx_seq}{per_seq}; "
+            "shorten it or open the session with a larger n_ctx"
+        )
+    return tokens
+
+
 class EngineHandle:
     """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
     frees it."""
@@ -88,6 +111,8 @@ class EngineHandle:
         self._busy = threading.Lock()
         self._closed = False
         self.last_trace: Trace | None = None
+        self.last_parallel_trace = None
+        """The last :meth:`~mtp_explorer.Session.generate_parallel` result (a ``ParallelTrace``)."""
         self.open_kwargs: dict = {}
         """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
 
@@ -113,6 +138,7 @@ class EngineHandle:
         use_mmap: bool | None = None,
         threads_batch: int | None = None,
         draft_model: str | os.PathLike | None = None,
+        n_parallel: int = 1,
     ) -> "EngineHandle":
         """Load a GGUF model (``None``: the bundled demo model).
 
@@ -131,6 +157,10 @@ class EngineHandle:
         ``draft_model`` loads a second, smaller GGUF with the same vocabulary for ``drafter="draft-simple"``
         (llama.cpp's ``-md``; placed as the target). A vocabulary llama.cpp would refuse, or a recurrent draft
         model, is a :class:`ParameterError`.
+
+        ``n_parallel`` is llama.cpp's ``-np``: the sequences (server slots) the session runs at once in one target
+        context (each with ``n_ctx / n_parallel`` of it and its own ``n_rs_seq`` snapshot slots) and one MTP context;
+        see :meth:`~mtp_explorer.Session.generate_parallel`.
         """
         if path is None:
             from ..models import default_model_path
@@ -143,7 +173,7 @@ class EngineHandle:
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
-                                 threads_batch=threads_batch,
+                                 threads_batch=threads_batch, n_parallel=n_parallel,
                                  draft_model=None if draft_info is None else str(draft_info.path))
         options.check_model(info.n_embd_head_k)
         engine = _load_engine(path, options)
@@ -175,6 +205,8 @@ class EngineHandle:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"n_ctx={self.n_ctx}, capacity={self.capacity}"
+        if not self._closed and self.n_parallel > 1:
+            state += f", n_parallel={self.n_parallel}"
         return f"<Session {self.info.name!r} ({self.info.arch}) {state}>"
 
     # -- facts -----------------------------------------------------------------------------------
@@ -182,7 +214,10 @@ class EngineHandle:
     def path(self) -> str:
         return self.info.path
 
-    n_ctx = _engine_fact("n_ctx", "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it).")
+    n_ctx = _engine_fact("n_ctx", "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it), "
+                                  "shared by the ``n_parallel`` sequences.")
+    n_ctx_seq = _engine_fact("n_ctx_seq", "One sequence's context: ``n_ctx / n_parallel``, as llama.cpp splits it.")
+    n_parallel = _engine_fact("n_parallel", "Sequences (llama.cpp's ``-np`` slots) the session runs at once.")
     capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (its ``n_rs_seq`` snapshot slots).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
 
@@ -241,24 +276,7 @@ class EngineHandle:
             self._busy.release()
 
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ParameterError("the prompt is empty")
-            tokens = self.tokenize(prompt)
-        else:
-            tokens = [int(t) for t in prompt]
-            n_vocab = self._engine.n_vocab
-            bad = [t for t in tokens if not 0 <= t < n_vocab]
-            if bad:
-                raise ParameterError(f"prompt token ids out of range [0, {n_vocab}): {bad[:5]}")
-        if not tokens:
-            raise ParameterError("the prompt is empty (it tokenizes to no tokens)")
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx}; "
-                "shorten it or open the session with a larger n_ctx"
-            )
-        return tokens
+        return _prompt_tokens(self, prompt)
 
     def _output(self, prompt: Prompt, prompt_tokens: list[int]) -> dict:
         """The last generation's prompt and output, as the fields a Trace and an OracleTrace share."""
@@ -271,6 +289,6 @@ class EngineHandle:
 
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""
-        return {"n_ctx": self.n_ctx, "capacity": self.capacity, "threads": self.threads,
+        return {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "capacity": self.capacity, "threads": self.threads,
                 "telemetry": self.telemetry, "clock": self.clock,
                 "draft_model": None if self.draft_info is None else self.draft_info.name} | self.placement

@@ -11,6 +11,7 @@ from .errors import ParameterError
 
 DEFAULT_N_RS_SEQ = 8
 MAX_TOPK = _native.DRAFT_N_CANDIDATES
+MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
 CLOCKS = ("wall", "cpu")
 FLASH_ATTN_VALUES: tuple[str, ...] = _native.FLASH_ATTN_VALUES
 """``flash_attn`` values (llama.cpp's ``-fa``); ``True``/``False`` mean ``"on"``/``"off"``."""
@@ -38,7 +39,8 @@ class SessionOptions:
     The placement options keep llama.cpp's names and defaults: ``n_gpu_layers`` (``-ngl``; -1 "auto",
     -2 "all"), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``), ``type_k``/``type_v`` (``-ctk``/``-ctv``),
     ``load_mode`` (``-lm``) and ``threads_batch`` (``-tb``; ``None``: the generation threads). ``draft_model`` is
-    the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target.
+    the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target. ``n_parallel`` is
+    llama.cpp's ``-np``: the sequences sharing the context, ``n_ctx / n_parallel`` each.
     """
 
     n_ctx: int = 4096
@@ -56,10 +58,12 @@ class SessionOptions:
     load_mode: str = "auto"
     threads_batch: int | None = None
     draft_model: str | None = None
+    n_parallel: int = 1
 
     def __post_init__(self) -> None:
         self._check_placement()
         check_int("n_ctx", self.n_ctx, 8, None)
+        check_int("n_parallel", self.n_parallel, 1, MAX_PARALLEL)
         object.__setattr__(self, "n_ctx", -(-self.n_ctx // 256) * 256)
         check_int("n_rs_seq", self.n_rs_seq, 1, 64)
         check_int("topk", self.topk, 1, MAX_TOPK)
@@ -103,6 +107,7 @@ class SessionOptions:
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
         eo.topk, eo.telemetry, eo.cpu_clock = self.topk, bool(self.telemetry), self.clock == "cpu"
         eo.draft_path = self.draft_model or ""
+        eo.n_parallel = self.n_parallel
         p = _native.Placement()
         p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
         p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = self.flash_attn, self.type_k, self.type_v, \

@@ -41,6 +41,10 @@ ENUM_COLUMNS: Mapping[str, tuple[str, ...]] = {"stop_reason": STOP_REASONS, "dra
 #: Columns whose -1 means "none" (``None`` in :class:`Step` records).
 OPTIONAL_COLUMNS: frozenset[str] = frozenset({"rs_slot"})
 
+#: Depth-indexed columns about the step's batch rather than the verified draft (``draft_rows``: rows of each MTP
+#: draft decode, every sequence's): their real entries run up to the padding, not to ``n_drafted``.
+BATCH_DEPTH_COLUMNS: frozenset[str] = frozenset({"draft_rows"})
+
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
@@ -152,6 +156,8 @@ def row_value(column: Column, cols: Mapping[str, np.ndarray], i: int, n_drafted:
     """Row ``i`` of a column as a plain Python value: depth-indexed columns cut to the real entries
     (``n_drafted``, one more for ``depth+1``), enum columns as names, optional ones ``None`` for -1."""
     value = cols[column.name][i]
+    if column.name in BATCH_DEPTH_COLUMNS:
+        return value[value >= 0].tolist()
     if column.width == "depth" or column.width == "depth*topk":
         return value[:n_drafted].tolist()
     if column.width == "depth+1":

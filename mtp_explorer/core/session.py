@@ -13,6 +13,7 @@ from . import drafters
 from .checks import PminNotApplicable, check_draft_params, check_int, check_drafters_available, check_sampling
 from .errors import CancelledError, engine_errors
 from .handle import EngineHandle, Prompt
+from .parallel import ParallelGeneration
 from .schema import FINISH_REASONS
 from .trace import Step, Trace
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ..analysis.oracle import OracleTrace
 
 
-class Session(EngineHandle):
+class Session(ParallelGeneration, EngineHandle):
     """A model with a target context and an MTP draft context, ready to generate.
 
     Open with :meth:`Session.open`; use as a context manager or call :meth:`close`.

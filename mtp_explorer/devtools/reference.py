@@ -230,6 +230,19 @@ def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, 
     return session.last_trace
 
 
+def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: int, n_max: int, p_min: float = 0.0,
+                           drafter: str | None = None, **options: int):
+    """:func:`replay_server` for a batch: the prompts as concurrent requests on the session's ``n_parallel``
+    sequences (a ``ParallelTrace``), every slot's first token sampled from its prompt before any draft, as the server
+    runs ``-np N`` slots that start together."""
+    chosen = {} if drafter is None else {"drafter": drafter}
+    stream = session.stream_parallel(prompts, max_tokens=n_predict, n_max=0, p_min=p_min, **chosen, **options)
+    for i, _rows in enumerate(stream):
+        if i == 0:
+            session.set_params(n_max=n_max, p_min=p_min, n_min=0)
+    return session.last_parallel_trace
+
+
 def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
     """Parity of one llama-server request (a :class:`~mtp_explorer.server.Completion`) with our replay of it
     (:func:`replay_server`): the text, the generated tokens and ``draft_n`` / ``draft_n_accepted``. Our end-of-generation

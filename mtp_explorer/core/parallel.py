@@ -1,0 +1,281 @@
+"""Parallel generation: several requests sharing the engine's steps, as llama-server's slots share a batch.
+
+A session opened with ``n_parallel=N`` (llama.cpp's ``-np``) has N sequences in one target context and one MTP
+context for all of them. :meth:`ParallelGeneration.generate_parallel` runs a list of requests on them: every step
+drafts for all active sequences (the MTP head's decodes batched depth by depth across them) and verifies all
+their drafts in one target batch. Requests arrive at their ``arrivals`` step, wait for a free sequence when all
+are busy and leave it when they finish (continuous batching).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .. import _native
+from ..analysis import metrics
+from . import drafters
+from .checks import check_int, check_sampling
+from .errors import ParameterError, engine_errors
+from .handle import Prompt
+from .schema import FINISH_REASONS, PHASES
+from .trace import Step, Trace
+
+#: The per-request settings ``params`` may override, and what each defaults to.
+REQUEST_KEYS: tuple[str, ...] = ("n_max", "p_min", "n_min", "max_tokens")
+
+#: The columns shared by the sequences of one engine step (the same in each sequence's row).
+BATCH_COLUMNS: tuple[str, ...] = ("batch_step", "n_active", "verify_rows") + tuple(f"t_{p}_ns" for p in PHASES)
+
+
+@dataclasses.dataclass
+class RequestInfo:
+    """Where one request of a parallel generation ran: its slot and its arrival, admission and finish steps."""
+
+    index: int
+    slot: int              #: the sequence (server slot) it took; -1: it never got one (cancelled while waiting)
+    arrival: int           #: the engine step it arrived at
+    admitted_step: int     #: the step it took its slot at (it waited while all slots were busy)
+    finished_step: int     #: the step it finished at (-1: cancelled before admission)
+    n_prompt: int
+    t_prefill_ns: int
+
+
+@dataclasses.dataclass
+class ParallelTrace:
+    """The requests of one parallel generation: a :class:`~mtp_explorer.Trace` per request and where each ran."""
+
+    traces: list[Trace]
+    requests: list[RequestInfo]
+    settings: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.traces)
+
+    def batch_steps(self):
+        """One row per engine step (a pandas DataFrame): its index, active sequences, verify-batch rows, phase
+        times and the tokens it emitted over all sequences."""
+        import pandas as pd
+
+        frames = []
+        for t in self.traces:
+            c = t.columns
+            frames.append(pd.DataFrame({name: c[name] for name in BATCH_COLUMNS}
+                                       | {"tokens": c["n_accepted"] + 1}))
+        if not frames or not any(len(f) for f in frames):
+            return pd.DataFrame(columns=list(BATCH_COLUMNS) + ["tokens"])
+        rows = pd.concat(frames)
+        agg = {name: "first" for name in BATCH_COLUMNS if name != "batch_step"} | {"tokens": "sum"}
+        return rows.groupby("batch_step", as_index=False).agg(agg).sort_values("batch_step", ignore_index=True)
+
+    def to_pandas(self):
+        """Every request's steps in long format: the :meth:`Trace.to_pandas` columns with ``seq`` (the request's
+        index) and ``slot`` (the sequence it ran on) first."""
+        import pandas as pd
+
+        frames = []
+        for info, t in zip(self.requests, self.traces):
+            df = t.to_pandas()
+            df.insert(0, "slot", info.slot)
+            df.insert(0, "seq", info.index)
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Aggregate throughput: ``tokens_per_second`` (every request's tokens over the steps' and prefills' time),
+        ``decode_tokens_per_second`` (steps only) and ``summed_request_tokens_per_second`` (each request's tokens
+        over the steps it was in, summed: llama-server's ``predicted_per_second`` summed over requests); per request
+        acceptance, latency (admission to finish, its prefill included) and tokens/s; acceptance by depth over all
+        requests; the mean target-batch rows and active sequences per step; the recurrent snapshot memory of all
+        slots."""
+        steps = self.batch_steps()
+        step_s = steps[[f"t_{p}_ns" for p in PHASES]].sum(axis=1).to_numpy() / 1e9 if len(steps) else np.zeros(0)
+        end_of = dict(zip(steps["batch_step"].tolist(), np.cumsum(step_s).tolist())) if len(steps) else {}
+        prefill_s = sum(r.t_prefill_ns for r in self.requests) / 1e9
+        n_tokens = sum(len(t.tokens) for t in self.traces)
+        n_d = np.concatenate([t.columns["n_drafted"] for t in self.traces])
+        n_a = np.concatenate([t.columns["n_accepted"] for t in self.traces])
+        depth = self.traces[0].depth if self.traces else 0
+        model = self.traces[0].model if self.traces else {}
+        return {
+            "n_parallel": self.settings["n_parallel"],
+            "n_requests": len(self.traces),
+            "n_tokens": n_tokens,
+            "n_steps": len(steps),
+            "tokens_per_second": metrics.tokens_per_second(n_tokens, float(step_s.sum()) + prefill_s),
+            "decode_tokens_per_second": metrics.tokens_per_second(n_tokens, float(step_s.sum())),
+            "summed_request_tokens_per_second": float(sum(t.summary()["tokens_per_second"] for t in self.traces)),
+            "acceptance_rate": metrics.acceptance_rate(n_d, n_a),
+            "acceptance_by_depth": metrics.acceptance_by_depth(n_d, n_a, depth).rate,
+            "mean_verify_rows": float(steps["verify_rows"].mean()) if len(steps) else float("nan"),
+            "mean_active": float(steps["n_active"].mean()) if len(steps) else float("nan"),
+            "rs_memory_bytes": int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"] * self.settings["n_parallel"],
+            "requests": [self._request_summary(info, t, end_of) for info, t in zip(self.requests, self.traces)],
+        }
+
+    @staticmethod
+    def _request_summary(info: RequestInfo, t: Trace, end_of: Mapping[int, float]) -> dict[str, Any]:
+        s = t.summary()
+        start = end_of.get(info.admitted_step - 1, 0.0)
+        latency = end_of.get(info.finished_step, float("nan")) - start + info.t_prefill_ns / 1e9
+        return {"seq": info.index, "slot": info.slot, "arrival": info.arrival, "admitted_step": info.admitted_step,
+                "finished_step": info.finished_step, "n_tokens": s["n_tokens"], "acceptance_rate": s["acceptance_rate"],
+                "mean_accepted_length": s["mean_accepted_length"], "latency_seconds": latency,
+                "tokens_per_second": s["tokens_per_second"],
+                "n_max": t.settings["n_max"], "p_min": t.settings["p_min"], "finish_reason": t.finish_reason}
+
+
+class ParallelGeneration:
+    """What a :class:`~mtp_explorer.Session` adds for ``n_parallel`` sequences (mixed into it)."""
+
+    def generate_parallel(
+        self,
+        prompts: Sequence[Prompt],
+        max_tokens: int = 128,
+        n_max: int = 3,
+        p_min: float = 0.0,
+        n_min: int = 0,
+        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
+        chain_policy: str | None = None,
+        arrivals: Sequence[int] | None = None,
+        params: Sequence[Mapping[str, Any] | None] | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        **options: int | str,
+    ) -> ParallelTrace:
+        """Run several requests on the session's ``n_parallel`` sequences and return their traces.
+
+        ``max_tokens``, ``n_max``, ``p_min``, ``n_min``, ``drafter`` and ``options`` are as for :meth:`generate` and
+        apply to every request; ``params`` (one mapping or ``None`` per prompt) overrides ``n_max``, ``p_min``,
+        ``n_min`` and ``max_tokens`` per request (llama-server's per-request settings). Without ``arrivals`` all
+        requests start together, so there may be at most ``n_parallel``; ``arrivals`` (an engine step per prompt)
+        lets them join a running batch, each waiting for a free sequence. Greedy requests generate what each would
+        alone (up to floating-point near-ties between batch shapes).
+        """
+        with self._run():
+            self._begin_parallel(prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
+                                 temperature, seed, options)
+            with engine_errors():
+                self._engine.run()
+            return self._finish_parallel()
+
+    def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[tuple[int, Step]]]:
+        """As :meth:`generate_parallel`, yielding after every engine step the ``(request index, Step)`` of each
+        sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
+        with self._run():
+            args = {k: kwargs.pop(k, d) for k, d in _PARALLEL_DEFAULTS.items()}
+            self._begin_parallel(prompts, options=kwargs, **args)
+            engine = self._engine
+            seen = [0] * engine.n_requests
+            while True:
+                with engine_errors():
+                    more = engine.step()
+                    fresh = self._fresh_rows(seen)
+                if fresh:
+                    yield fresh
+                if not more:
+                    break
+            self._finish_parallel()
+
+    def _fresh_rows(self, seen: list[int]) -> list[tuple[int, Step]]:
+        engine, out = self._engine, []
+        for i in range(len(seen)):
+            n = engine.request_state(i)["n_rows"]
+            if n > seen[i]:
+                cols = engine.columns(seen[i], i)
+                out += [(i, Step.from_columns(cols, k)) for k in range(n - seen[i])]
+                seen[i] = n
+        return out
+
+    # -- internals -------------------------------------------------------------------------------
+    def _begin_parallel(self, prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
+                        temperature, seed, options) -> None:
+        mode = drafters.mode(drafter, chain_policy)
+        values = drafters.option_values(options)
+        prompts = list(prompts)
+        if not prompts:
+            raise ParameterError("no prompts: give at least one")
+        arrivals = self._check_arrivals(arrivals, len(prompts))
+        settings = self._request_settings(params, len(prompts), max_tokens, n_max, p_min, n_min)
+        temperature, seed = check_sampling(temperature, self.seed if seed is None else seed)
+        requests, self._parallel_prompts = [], []
+        for i, (prompt, p) in enumerate(zip(prompts, settings)):
+            try:
+                tokens = self._prompt_tokens(prompt)
+                self._validate_params(p["n_max"], p["p_min"], p["n_min"], mode)
+            except ParameterError as e:
+                raise type(e)(f"request {i}: {e}") from None
+            self._parallel_prompts.append((prompt, tokens))
+            config = _native.GenerationConfig(
+                max_tokens=p["max_tokens"], temperature=temperature, seed=seed + i,
+                drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
+                options=drafters.engine_options(values))
+            requests.append(_native.Request(tokens, config, _native.DraftParams(
+                n_max=p["n_max"], p_min=float(p["p_min"]), n_min=p["n_min"]), arrivals[i]))
+        self._mode = mode
+        self._parallel_settings = [
+            p | {"temperature": temperature, "seed": seed + i, "drafter": mode.name, "chain_policy": mode.policy,
+                 "arrival": arrivals[i]} | self._session_settings() | values for i, p in enumerate(settings)]
+        with engine_errors():
+            self._engine.begin_requests(requests)
+
+    def _check_arrivals(self, arrivals, n: int) -> list[int]:
+        if arrivals is None:
+            if n > self.n_parallel:
+                raise ParameterError(f"{n} prompts at once, but the session has n_parallel={self.n_parallel} "
+                                     "sequences: open it with a larger n_parallel, or give arrivals (the step each "
+                                     "request arrives at; requests then wait for a free sequence)")
+            return [0] * n
+        arrivals = list(arrivals)
+        if len(arrivals) != n:
+            raise ParameterError(f"arrivals has {len(arrivals)} entries for {n} prompts")
+        return [check_int(f"arrivals[{i}]", a, 0, None) for i, a in enumerate(arrivals)]
+
+    def _request_settings(self, params, n: int, max_tokens, n_max, p_min, n_min) -> list[dict[str, Any]]:
+        base = {"n_max": n_max, "p_min": p_min, "n_min": n_min, "max_tokens": max_tokens}
+        if params is None:
+            params = [None] * n
+        params = list(params)
+        if len(params) != n:
+            raise ParameterError(f"params has {len(params)} entries for {n} prompts")
+        out = []
+        for i, p in enumerate(params):
+            p = dict(p or {})
+            unknown = sorted(set(p) - set(REQUEST_KEYS))
+            if unknown:
+                raise ParameterError(f"params[{i}]: unknown setting(s) {unknown}; per-request settings are "
+                                     f"{list(REQUEST_KEYS)}")
+            merged = base | p
+            if "n_max" in p and "n_min" not in p:
+                merged["n_min"] = min(n_min, merged["n_max"]) if isinstance(merged["n_max"], int) else n_min
+            check_int(f"params[{i}] max_tokens", merged["max_tokens"], 1, None)
+            out.append(merged)
+        return out
+
+    def _finish_parallel(self) -> ParallelTrace:
+        engine = self._engine
+        traces, infos = [], []
+        for i, ((prompt, tokens), settings) in enumerate(zip(self._parallel_prompts, self._parallel_settings)):
+            state = engine.request_state(i)
+            generated = engine.generated(0, i)
+            traces.append(Trace(
+                prompt=prompt if isinstance(prompt, str) else self.detokenize(tokens), prompt_tokens=tokens,
+                tokens=generated, text=engine.detokenize(generated), pieces=[engine.piece(t) for t in generated],
+                columns=dict(engine.columns(0, i)), finish_reason=FINISH_REASONS[state["finish"]],
+                settings=settings, model=self.info.to_dict(), t_prefill_ns=state["t_prefill_ns"]))
+            infos.append(RequestInfo(index=i, slot=state["slot"], arrival=state["arrival"],
+                                     admitted_step=state["admitted_step"], finished_step=state["finished_step"],
+                                     n_prompt=state["n_prompt"], t_prefill_ns=state["t_prefill_ns"]))
+        result = ParallelTrace(traces=traces, requests=infos,
+                               settings={"n_parallel": self.n_parallel, "capacity": self.capacity,
+                                         "n_ctx": self.n_ctx} | {"drafter": self._mode.name})
+        self.last_parallel_trace = result
+        return result
+
+
+_PARALLEL_DEFAULTS: dict[str, Any] = {
+    "max_tokens": 128, "n_max": 3, "p_min": 0.0, "n_min": 0, "drafter": drafters.DEFAULT_MODE,
+    "chain_policy": None, "arrivals": None, "params": None, "temperature": 0.0, "seed": None,
+}

@@ -1,0 +1,119 @@
+// Requests and slots: a request waits until its arrival step and a free sequence, takes it (its
+// prompt prefilled on the target and its drafters begun on that seq_id), and leaves it when it
+// finishes, as llama-server's slots take and release tasks.
+#include <algorithm>
+
+#include "engine.h"
+#include "errors.h"
+#include "timing.h"
+
+Sequence::Sequence(int32_t index, const Request & request, const DrafterChain & chain, int32_t depth, int32_t topk)
+    : index(index), request(request), chain(chain), params(request.params) {
+    tel.depth = depth;
+    tel.topk = topk;
+    candidates.resize(N_DRAFTERS);
+    asked.assign(N_DRAFTERS, 0);
+    expected.assign(N_DRAFTERS, 0.0);
+}
+
+void Engine::clear_memories() {
+    llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
+    if (ctx_mtp) {
+        llama_memory_clear(llama_get_memory(ctx_mtp.get()), true);
+    }
+    if (ctx_dft) {
+        llama_memory_clear(llama_get_memory(ctx_dft.get()), true);
+    }
+}
+
+bool Engine::any_waiting() const {
+    return std::any_of(reqs.begin(), reqs.end(), [](const auto & q) { return q->waiting(); });
+}
+
+// the earliest arrival step of a waiting request (-1: none waits)
+int32_t Engine::next_arrival() const {
+    int32_t next = -1;
+    for (const auto & q : reqs) {
+        if (q->waiting() && (next < 0 || q->request.arrival < next)) {
+            next = q->request.arrival;
+        }
+    }
+    return next;
+}
+
+// waiting requests that have arrived by `step`, in request order, into the free sequences in slot order
+void Engine::admit(int32_t step) {
+    for (auto & q : reqs) {
+        if (!q->waiting() || q->request.arrival > step) {
+            continue;
+        }
+        const auto free = std::find(slots.begin(), slots.end(), nullptr);
+        if (free == slots.end()) {
+            return;
+        }
+        *free = q.get();
+        q->slot = (int32_t) (free - slots.begin());
+        q->seq_id = q->slot;
+        q->admitted_step = step;
+        for (auto & d : q->drafters) {
+            d->seq_id = q->seq_id;
+            if (d->id == DRAFTER_MTP) {
+                q->mtp = dynamic_cast<MtpDrafter *>(d.get());
+            }
+        }
+        if (q->request.config.temperature > 0.0f) {
+            q->smpl.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+            llama_sampler_chain_add(q->smpl.get(), llama_sampler_init_temp(q->request.config.temperature));
+            llama_sampler_chain_add(q->smpl.get(), llama_sampler_init_dist(q->request.config.seed));
+        }
+        prefill(*q);
+    }
+}
+
+// The prompt but its last token on the target in the request's sequence (the MTP head follows it),
+// every drafter begun.
+void Engine::prefill(Sequence & q) {
+    const std::vector<llama_token> & prompt = q.request.prompt;
+    const int32_t N = (int32_t) prompt.size();
+    const int64_t t0 = now_ns();
+    llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, -1, -1);
+    for (auto & d : q.drafters) {
+        const int64_t t = wall_ns();
+        d->begin(prompt);
+        d->stats.t_begin_ns += wall_ns() - t;
+        d->stats.n_call_begin++;
+    }
+    q.tokens_all = prompt;
+    if (N > 1) {
+        llama_batch_ext_clear(batch_tgt.get());
+        add_target_rows(q.seq_id, prompt.data(), N - 1, 0, /*logits*/ false);
+        check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
+        follow_target(q, prompt.data(), N - 1, 0, 0);
+        if (q.mtp) {
+            if (q.params.n_max > 0) {
+                check_decode(q.mtp->catch_up(), "MTP prompt catch-up");
+            }
+            q.mtp->commit(N - 2, N - 1);
+        }
+    }
+    q.id_last = prompt[N - 1];
+    q.n_past = N - 1;
+    q.t_prefill_ns = now_ns() - t0;
+}
+
+// A finished request leaves its sequence: its rows leave the target, MTP and draft memories.
+void Engine::release(Sequence & q) {
+    if (q.seq_id < 0) {
+        return;
+    }
+    llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, -1, -1);
+    if (ctx_mtp) {
+        llama_memory_seq_rm(llama_get_memory(ctx_mtp.get()), q.seq_id, -1, -1);
+    }
+    if (ctx_dft) {
+        llama_memory_seq_rm(llama_get_memory(ctx_dft.get()), q.seq_id, -1, -1);
+    }
+    slots[(size_t) q.slot] = nullptr;
+    q.seq_id = -1;
+    q.smpl.reset();
+}

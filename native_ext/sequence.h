@@ -1,0 +1,122 @@
+// One request of the engine: what llama-server keeps per slot. Its settings, its drafters, where it is
+// in its generation, its telemetry and the scratch of its current step. A request takes one of the
+// engine's n_parallel sequences (its llama.cpp seq_id) from its admission until it finishes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "draft.h"
+#include "drafter.h"
+#include "llama-cpp.h"
+#include "llama.h"
+#include "mtp_drafter.h"
+#include "telemetry.h"
+
+struct GenerationConfig {
+    int32_t max_tokens = 128;
+    float temperature = 0.0f;
+    uint32_t seed = 0;
+    // names of DRAFTER_TABLE, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
+    std::vector<std::string> drafters{drafter_name(DRAFTER_MTP)};
+    std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::FIRST];
+    DrafterOptions options;  // every drafter's options by keyword (each drafter reads its own keys)
+};
+
+// A GenerationConfig's drafter list and policy, parsed (parse_chain throws a parameter error on
+// an unknown or repeated name, or an empty list).
+struct DrafterChain {
+    std::vector<DrafterId> ids{DRAFTER_MTP};
+    ChainPolicy policy = ChainPolicy::FIRST;
+
+    bool has(DrafterId id) const;
+};
+DrafterChain parse_chain(const GenerationConfig & cfg);
+
+// One request of a parallel generation (Engine::begin_requests).
+struct Request {
+    std::vector<llama_token> prompt;
+    GenerationConfig config;
+    DraftParams params;
+    int32_t arrival = 0;  // the engine step at which it arrives (0: at the start)
+};
+
+enum FinishReason : int8_t {
+    FINISH_NONE = -1,       // still running (or waiting for a slot)
+    FINISH_BUDGET = 0,
+    FINISH_EOS = 1,
+    FINISH_CONTEXT = 2,
+    FINISH_CANCELLED = 3,
+};
+constexpr const char * FINISH_REASON_NAMES[] = {"budget", "eos", "context", "cancelled"};
+static_assert(count_of(FINISH_REASON_NAMES) == FINISH_CANCELLED + 1, "one name per FinishReason");
+
+// One step of one sequence, handed from phase to phase.
+struct StepState {
+    // cap
+    DraftParams p;
+    int32_t n_cap = 0;                   // how far this step may draft
+    StopReason cap_reason = STOP_N_MAX;
+    bool drafting_mtp = false;           // the MTP head drafts (and catches up) this step
+    bool settled = false;                // FIRST policy: a usable draft was found, later drafters are not asked
+    // choose
+    const Draft * chosen = nullptr;      // the draft verified (an empty one when none is usable)
+    DrafterId source = DRAFTER_NONE;
+    double expected = 0.0;               // the source's expected accepted length
+    int32_t n_d = 0;                     // tokens verified
+    int32_t row0 = 0;                    // its first row in the step's target batch
+    // accept / rollback
+    int32_t n_acc = 0;
+    llama_token correction = -1;
+    int32_t n_rollback = 0;
+    llama_pos keep_until = 0;
+};
+
+// The phase times and batch shape of one engine step, shared by the sequences in it.
+struct BatchStep {
+    int32_t index = 0;                   // the engine step (batch_step column)
+    int32_t n_active = 0;
+    int32_t verify_rows = 0;
+    std::vector<int32_t> draft_rows;     // rows of each MTP draft decode
+    int64_t t_draft0 = 0, t_catchup_ns = 0, t_draft_ns = 0, t_verify_ns = 0, t_sample_ns = 0;
+};
+
+struct Sequence {
+    Sequence(int32_t index, const Request & request, const DrafterChain & chain, int32_t depth, int32_t topk);
+
+    bool waiting() const { return seq_id < 0 && finish == FINISH_NONE; }
+    bool active() const { return seq_id >= 0 && finish == FINISH_NONE; }
+
+    const int32_t index;                 // its place in the request list
+    llama_seq_id seq_id = -1;            // its slot while admitted (-1: waiting, or finished)
+    int32_t slot = -1;                   // the slot it had (kept after it finishes)
+    Request request;
+    DrafterChain chain;
+    DraftParams params;                  // its live parameters (Engine::set_params changes every request's)
+    std::vector<std::unique_ptr<Drafter>> drafters;  // its chain, in order
+    MtpDrafter * mtp = nullptr;          // the chain's MTP drafter, if any: it follows the target
+    llama_sampler_ptr smpl;              // temperature > 0 only
+
+    // where its generation is
+    llama_token id_last = -1;
+    llama_pos n_past = 0;
+    int32_t n_step = 0;
+    DrafterId last_verified = DRAFTER_NONE;  // whose draft was verified last (llama.cpp's impl_last): told each outcome
+    std::vector<llama_token> tokens_all;     // prompt + generated: the history the look-ups search
+    std::vector<llama_token> generated;
+    FinishReason finish = FINISH_NONE;
+    int64_t t_prefill_ns = 0;
+    int32_t admitted_step = -1;          // the engine step it took its slot at
+    int32_t finished_step = -1;          // the engine step it finished at
+    Telemetry tel;
+
+    // this step's scratch, N_DRAFTERS entries each
+    StepState s;
+    std::vector<Draft> candidates;       // each drafter's proposal this step, by DrafterId
+    std::vector<uint8_t> asked;          // it took part
+    std::vector<double> expected;        // its expected accepted length
+    std::vector<llama_token> verify_tokens;
+    std::vector<llama_token> target_row; // the target's token at each verified row
+};
