@@ -38,6 +38,8 @@ from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
 from .analysis.sweep import Recommendation, recommend, sweep
 from .analysis.calibration import Calibration, best_p_min, calibrate
+from .analysis.batch import BatchCostModel, predict_parallel, profile_batch_costs, recommend_parallel
+from .analysis.parallel_check import check_parallel
 from .server import LlamaServer, ServerMonitor
 
 __version__ = "0.1.0"
@@ -48,13 +50,14 @@ __all__ = [
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
-    "Session", "Step", "Trace", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
+    "Session", "Step", "Trace", "ParallelTrace", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis
     "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
     "simulate", "simulate_grid",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
+    "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "check_parallel",
     # llama-server
     "LlamaServer", "ServerMonitor",
     # lazily imported
