@@ -32,7 +32,7 @@ from .core.session import Session
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
-from .core.parallel import ParallelTrace, RequestInfo
+from .core.parallel import ParallelStep, ParallelTrace, RequestInfo
 from .analysis.oracle import CostModel, OracleTrace
 from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
@@ -50,7 +50,7 @@ __all__ = [
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
-    "Session", "Step", "Trace", "ParallelTrace", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
+    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis

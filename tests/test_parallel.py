@@ -153,11 +153,12 @@ def test_stream_parallel_yields_every_row(session_np4):
     result = session_np4.last_parallel_trace
     assert sum(len(b) for b in batches) == sum(t.n_steps for t in result.traces)
     for batch in batches:
-        assert len({step.batch_step for _, step in batch}) == 1
-        assert len(batch) == batch[0][1].n_active
+        assert len({row.step.batch_step for row in batch}) == 1
+        assert len(batch) == batch[0].step.n_active
+        assert [row.slot for row in batch] == [result.requests[row.seq].slot for row in batch]
     tokens = [[] for _ in range(3)]
     for batch in batches:
-        for i, step in batch:
+        for i, _slot, step in batch:
             tokens[i] += step.tokens
     assert tokens == [t.tokens for t in result.traces]
 
@@ -208,3 +209,64 @@ def test_cancel_stops_every_sequence(session_np4):
     assert all(0 < len(t.tokens) < 400 for t in result.traces)
     again = s.generate_parallel(PROMPTS[:2], max_tokens=16, n_max=3)
     assert [t.tokens for t in again.traces] == [s.generate(p, max_tokens=16, n_max=3).tokens for p in PROMPTS[:2]]
+
+
+def test_figures_of_a_parallel_run(session_np4):
+    import pandas as pd
+
+    from mtp_explorer import plots
+
+    result = session_np4.generate_parallel(PROMPTS[:3], max_tokens=16, n_max=3, arrivals=[0, 0, 0])
+    fig = plots.slot_timeline(result)
+    marks = [t for t in fig.data if t.mode == "markers"]
+    assert len(marks) == 3 and sum(len(t.x) for t in marks) == sum(t.n_steps for t in result.traces)
+    for info, t in zip(result.requests, marks):
+        assert set(t.y) == {info.slot}
+    bars = plots.batch_rows(result)
+    assert list(bars.data[0].y) == list(result.batch_steps()["verify_rows"])
+    frame = pd.DataFrame({"n_parallel": [1, 2, 4], "n_max": [3, 2, 1], "p_min": [0.0, 0.0, 0.5],
+                          "goodput": [300.0, 500.0, 600.0], "plain_tokens_per_second": [200.0, 400.0, 700.0]})
+    cross = plots.parallel_crossover(frame, measured=frame)
+    assert any("N=4" in (a.text or "") for a in cross.layout.annotations)
+    assert "every N" in plots.parallel_crossover(frame.iloc[:2]).layout.title.text
+    with pytest.raises(TypeError, match="ParallelTrace"):
+        plots.slot_timeline(result.traces[0])
+
+
+def test_explorer_slots_tab(session_np4, session_mixed):
+    from mtp_explorer.widgets import Explorer, SlotsView
+
+    assert Explorer(session_mixed).slots_view is None  # one sequence: no slots tab
+    ex = Explorer(session_np4)
+    view = ex.slots_view
+    assert isinstance(view, SlotsView) and view.n_slider.max == 4
+    assert ex.children[1].get_title(1) == "slots"
+    view.n_slider.value, view.n_max_slider.value, view.max_tokens = 3, 2, 24
+    result = view.run()
+    assert view.n_requests == 3 and len(result.traces) == 3 and view.state == "idle"
+    assert "3 requests on 4 slots" in view.status
+    marks = [t for t in view.timeline.data if t.mode == "markers"]
+    assert sum(len(t.x) for t in marks) == sum(t.n_steps for t in result.traces)
+    assert list(view.rows.data[0].y) == list(result.batch_steps()["verify_rows"])
+    view.max_tokens = 12
+    df = view.measure()
+    assert list(df["n_parallel"]) == [1, 2, 4] and len(view.crossover.data) == 2
+    assert ("stops paying" in view.status) == (df.attrs["crossover"] is not None)
+    view.run_button.click()  # the button runs it in the background
+    view.wait(60)
+    assert view.state == "idle" and "3 requests" in view.status
+    ex.close()
+
+
+def test_live_parallel_equals_the_result(session_np4):
+    from mtp_explorer.widgets import LiveParallel
+
+    live = LiveParallel(session_np4, 3)
+    for rows in session_np4.stream_parallel(PROMPTS[:3], max_tokens=16, n_max=3):
+        live.add(rows)
+    final, partial = session_np4.last_parallel_trace, live.result()
+    assert [t.tokens for t in partial.traces] == [t.tokens for t in final.traces]
+    assert [r.slot for r in partial.requests] == [r.slot for r in final.requests]
+    for a, b in zip(partial.traces, final.traces):
+        for name in ("batch_step", "n_drafted", "verify_rows", "draft_rows"):
+            np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)

@@ -367,7 +367,48 @@ def recommend_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, 
                      "speedup": pred["decode_tokens_per_second"] / plain["decode_tokens_per_second"],
                      "mean_verify_rows": pred["mean_verify_rows"],
                      "latency_seconds": float(np.mean([r["latency_seconds"] for r in pred["requests"]]))})
-    df = pd.DataFrame(rows)
+    return _with_crossover(pd.DataFrame(rows))
+
+
+def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMPTS, *,
+                      n_parallel: Sequence[int] | None = None, n_max: int = 3, p_min: float = 0.0,
+                      max_tokens: int = 48, repeats: int = 3, drafter: str = drafters.DEFAULT_MODE, progress: Any = None):
+    """Measured aggregate decode tokens/s of N requests at once (the prompts in turn), speculative at ``n_max`` /
+    ``p_min`` and plain, for each batch size (default: 1, 2, 4, ... up to the session's ``n_parallel``): the medians
+    of ``repeats`` runs each, alternating. A DataFrame with :func:`recommend_parallel`'s columns (``goodput``: the
+    speculative runs'), ``crossover`` in its ``attrs``."""
+    import statistics
+
+    import pandas as pd
+
+    sizes = list(n_parallel) if n_parallel is not None else _powers_of_two(session.n_parallel)
+    for n in sizes:
+        check_int("n_parallel", n, 1, session.n_parallel)
+    check_int("repeats", repeats, 1, None)
+    rows, done = [], 0
+    for n in sizes:
+        batch = [prompts[j % len(prompts)] for j in range(n)]
+        spec, plain = [], []
+        for r in range(repeats):
+            for k, out in ((n_max, spec), (0, plain)) if r % 2 == 0 else ((0, plain), (n_max, spec)):
+                run = session.generate_parallel(batch, max_tokens=max_tokens, n_max=k, p_min=p_min if k else 0.0,
+                                                drafter=drafter)
+                out.append(run.summary())
+        done += 1
+        if progress is not None:
+            progress(done, len(sizes))
+        goodput = statistics.median(s["decode_tokens_per_second"] for s in spec)
+        plain_tps = statistics.median(s["decode_tokens_per_second"] for s in plain)
+        rows.append({"n_parallel": n, "n_max": n_max, "p_min": p_min, "goodput": goodput,
+                     "plain_tokens_per_second": plain_tps, "speedup": goodput / plain_tps,
+                     "mean_verify_rows": statistics.median(s["mean_verify_rows"] for s in spec),
+                     "latency_seconds": statistics.median(
+                         statistics.mean(q["latency_seconds"] for q in s["requests"]) for s in spec)})
+    return _with_crossover(pd.DataFrame(rows))
+
+
+def _with_crossover(df):
+    """``df`` with ``attrs["crossover"]``: the first batch size whose speedup is below 1 (None: none)."""
     below = df[df["speedup"] < 1.0]
     df.attrs["crossover"] = int(below["n_parallel"].iloc[0]) if len(below) else None
     return df

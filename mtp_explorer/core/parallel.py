@@ -10,7 +10,7 @@ are busy and leave it when they finish (continuous batching).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -28,6 +28,15 @@ REQUEST_KEYS: tuple[str, ...] = ("n_max", "p_min", "n_min", "max_tokens")
 
 #: The columns shared by the sequences of one engine step (the same in each sequence's row).
 BATCH_COLUMNS: tuple[str, ...] = ("batch_step", "n_active", "verify_rows") + tuple(f"t_{p}_ns" for p in PHASES)
+
+
+class ParallelStep(NamedTuple):
+    """One sequence's row of an engine step: :meth:`ParallelGeneration.stream_parallel` yields a list of them per
+    step."""
+
+    seq: int     #: the request's index
+    slot: int    #: the sequence (server slot) it runs on
+    step: Step
 
 
 @dataclasses.dataclass
@@ -161,9 +170,9 @@ class ParallelGeneration:
                 self._engine.run()
             return self._finish_parallel()
 
-    def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[tuple[int, Step]]]:
-        """As :meth:`generate_parallel`, yielding after every engine step the ``(request index, Step)`` of each
-        sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
+    def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[ParallelStep]]:
+        """As :meth:`generate_parallel`, yielding after every engine step a :class:`ParallelStep` for each sequence in
+        it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
         with self._run():
             args = {k: kwargs.pop(k, d) for k, d in _PARALLEL_DEFAULTS.items()}
             self._begin_parallel(prompts, options=kwargs, **args)
@@ -179,13 +188,14 @@ class ParallelGeneration:
                     break
             self._finish_parallel()
 
-    def _fresh_rows(self, seen: list[int]) -> list[tuple[int, Step]]:
+    def _fresh_rows(self, seen: list[int]) -> list[ParallelStep]:
         engine, out = self._engine, []
         for i in range(len(seen)):
-            n = engine.request_state(i)["n_rows"]
+            state = engine.request_state(i)
+            n = state["n_rows"]
             if n > seen[i]:
                 cols = engine.columns(seen[i], i)
-                out += [(i, Step.from_columns(cols, k)) for k in range(n - seen[i])]
+                out += [ParallelStep(i, state["slot"], Step.from_columns(cols, k)) for k in range(n - seen[i])]
                 seen[i] = n
         return out
 

@@ -8,6 +8,7 @@
 - :mod:`.whatif`: :class:`WhatIfController`, oracles and predictions;
 - :mod:`.whatif_panel`: :class:`WhatIfPanel`, the typed numbers :class:`WhatIf` and their computations;
 - :mod:`.server_view`: :class:`ServerView`, a watched llama-server (the Explorer's "llama-server" tab);
+- :mod:`.slots_view`: :class:`SlotsView`, requests on a session's ``n_parallel`` sequences (the "slots" tab);
 - :mod:`.figure_sync`: :func:`sync_figure`, a figure into a ``FigureWidget`` in one update.
 """
 
@@ -19,6 +20,7 @@ from .figure_sync import sync_figure
 from .live import LIVE_COLUMNS, LiveTrace
 from .runner import MIN_REDRAW_INTERVAL, STATES, GenerationRunner
 from .server_view import ServerView
+from .slots_view import LiveParallel, SlotsView
 from .views import VIEWS, LiveViews, View, register_view, unregister_view
 from .whatif import WhatIfController
 from .whatif_panel import WHATIF_NAMES, MeasuredRun, WhatIf, WhatIfPanel, whatif_table
@@ -28,5 +30,5 @@ __all__ = [
     "GenerationRunner", "STATES", "MIN_REDRAW_INTERVAL", "LiveTrace", "LIVE_COLUMNS",
     "View", "VIEWS", "register_view", "unregister_view", "LiveViews",
     "WhatIfController", "WhatIfPanel", "WhatIf", "MeasuredRun", "WHATIF_NAMES", "whatif_table", "sync_figure",
-    "ServerView",
+    "ServerView", "SlotsView", "LiveParallel",
 ]

@@ -19,7 +19,8 @@ starts with a drafter that needs none (:func:`~mtp_explorer.core.drafters.defaul
 needs MTP shows the session's ``MtpUnavailableError``.
 
 ``Explorer(session, server="http://host:8080")`` (or a :class:`~mtp_explorer.server.ServerMonitor`) adds a
-"llama-server" tab (:class:`~mtp_explorer.ui.server_view.ServerView`) watching a running llama-server.
+"llama-server" tab (:class:`~mtp_explorer.ui.server_view.ServerView`) watching a running llama-server; a session
+opened with ``n_parallel`` > 1 adds a "slots" tab (:class:`~mtp_explorer.ui.slots_view.SlotsView`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .controls import Controls, ErrorArea, ProgressView, readable_error
 from .live import LiveTrace, cached_piece
 from .runner import STATES, GenerationRunner
 from .server_view import ServerMonitor, ServerView
+from .slots_view import SlotsView
 from .views import LiveViews, View
 from .whatif import WhatIfController
 from .whatif_panel import WhatIf, WhatIfPanel
@@ -49,14 +51,16 @@ from .whatif_panel import WhatIf, WhatIfPanel
 __all__ = ["Explorer"]
 
 
-def _children(title: W.Widget, parts: list[W.Widget], server_view: ServerView | None) -> list[W.Widget]:
-    """The Explorer's children: its title and parts, and a watched llama-server in a tab beside them."""
-    if server_view is None:
+def _children(title: W.Widget, parts: list[W.Widget], tabs: dict[str, W.Widget | None]) -> list[W.Widget]:
+    """The Explorer's children: its title and parts, and the other views (the slots of a session with several
+    sequences, a watched llama-server) in tabs beside them."""
+    tabs = {name: view for name, view in tabs.items() if view is not None}
+    if not tabs:
         return [title, *parts]
-    tabs = W.Tab([W.VBox(parts), server_view])
-    tabs.set_title(0, "this session")
-    tabs.set_title(1, "llama-server")
-    return [title, tabs]
+    tab = W.Tab([W.VBox(parts), *tabs.values()])
+    for i, name in enumerate(["this session", *tabs]):
+        tab.set_title(i, name)
+    return [title, tab]
 
 
 class Explorer(W.VBox):
@@ -124,7 +128,8 @@ class Explorer(W.VBox):
                                              "drafting only"))
         parts = [self.controls, self.progress, self.error_area, self.whatif_panel, self.views]
         self.server_view = None if server is None else ServerView(server, width=width)
-        super().__init__(_children(title, parts, self.server_view))
+        self.slots_view = SlotsView(session, width=width) if session.n_parallel > 1 else None
+        super().__init__(_children(title, parts, {"slots": self.slots_view, "llama-server": self.server_view}))
         self.add_class("mtpx-explorer")
         self._wire()
         self.views.render(LiveTrace.of(session, piece=self.piece).trace(), None)
