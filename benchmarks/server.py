@@ -9,8 +9,9 @@ here on 127.0.0.1.
   need not have the same rows: a request that differs is reported with its near-tie (the differing token's one-row
   logit margin, or a draft's) when that margin is below ``TIE_TOL``, and counts as a failure otherwise; such a
   request's batch is also run on fresh servers again (``server_reruns``, counted in ``server_run_to_run`` when a
-  rerun matches our deterministic run: llama-server 0.3.36 with 4 slots on the SYNTHETIC hybrid model gave one
-  request another text in 1 run of 4, at a 0.64-logit margin, while our batch equals each request alone).
+  rerun matches our deterministic run: llama-server 0.3.36 with 4 slots gave the first request another text in
+  1 run of 4 on the SYNTHETIC hybrid model, at a 0.64-logit margin, and in 1 run of 6 on the bundled one, while our
+  batch equals each request alone; see :func:`mtp_explorer.devtools.reference.rerun_server_batch`).
 - ``reused_slots``: the same requests sent one after another to one ``-np 2`` server, so that slots are reused:
   how many still match (llama-server 0.3.36's draft totals for a request can depend on what its slot served
   before; the texts do not).
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import mtp_explorer as mx
 from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
-                                             replay_server_parallel)
+                                             replay_server_parallel, rerun_server_batch)
 from mtp_explorer.server import LlamaServer
 
 from _common import emit, machine, pick_model
@@ -66,7 +67,8 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
                     r = compare_with_server(done, trace)
                     if not r["match"]:
                         r["explained"] = explain_server_mismatch(s, prompt, done, trace, tol_logit=TIE_TOL)
-                        r["server_reruns"] = rerun_server(model, batch, j, tokens, threads, trace)
+                        r["server_reruns"] = rerun_server_batch(model, batch, j, trace, n_predict=tokens, n_max=N_MAX,
+                                                                threads=threads)
                     cases.append({"model": label, "n_parallel": n, "prompt": prompt} | r)
     reused = []
     with mx.Session.open(model, n_ctx=2048, threads=threads) as s, \
@@ -87,18 +89,6 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
             "reused_slots": {"requests": len(reused), "matches": sum(r["match"] for r in reused),
                              "text_equal": sum(r["text_equal"] for r in reused),
                              "mismatches": [r for r in reused if not r["match"]]}}
-
-
-def rerun_server(model: Path, batch: list[str], j: int, tokens: int, threads: int, trace, reruns: int = 3) -> list[dict]:
-    """The same batch on fresh servers again: whether request ``j`` then matches our (deterministic) run, i.e. whether
-    the server itself varies from run to run (the order in which its slots' first batches form is not fixed)."""
-    out = []
-    for _ in range(reruns):
-        with LlamaServer(model, n_parallel=len(batch), n_ctx=2048 * len(batch), threads=threads, n_max=N_MAX) as srv:
-            done = srv.client().complete_many(batch, tokens)[j]
-        r = compare_with_server(done, trace)
-        out.append({"match": r["match"], "text_equal": r["text_equal"], "server": r["server"]})
-    return out
 
 
 def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:

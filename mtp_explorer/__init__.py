@@ -38,7 +38,8 @@ from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
 from .analysis.sweep import Recommendation, recommend, sweep
 from .analysis.calibration import Calibration, best_p_min, calibrate
-from .analysis.batch import BatchCostModel, predict_parallel, profile_batch_costs, recommend_parallel
+from .analysis.batch import (BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs,
+                             recommend_parallel)
 from .analysis.parallel_check import check_parallel
 from .server import LlamaServer, ServerMonitor
 
@@ -57,7 +58,8 @@ __all__ = [
     "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
     "simulate", "simulate_grid",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
-    "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "check_parallel",
+    "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",
+    "check_parallel",
     # llama-server
     "LlamaServer", "ServerMonitor",
     # lazily imported

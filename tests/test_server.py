@@ -15,7 +15,7 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
-                                             replay_server_parallel)
+                                             replay_server_parallel, rerun_server_batch)
 from mtp_explorer.server import LlamaServer, ServerClient, ServerMonitor, SpecMetrics, free_port, parse_metrics
 
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
@@ -72,23 +72,32 @@ def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, 
 def test_a_batch_of_slots_matches_our_parallel_replay(bundled_model, server_binary):
     """-np 4: four concurrent requests on a fresh server against the same four as one batch of our engine's four
     sequences (one target batch per step, the MTP drafts of all four decoded together): each text and draft_n /
-    draft_n_accepted equal, or a reported near-tie."""
+    draft_n_accepted equal, or a reported near-tie. llama-server itself varies from run to run here (the first
+    request gets another text in about 1 run of 6, always the same other one; ours never varies), so a request that
+    differs beyond a near-tie must match in one of three fresh server runs of the same batch, and is reported."""
     with LlamaServer(bundled_model, n_parallel=4, n_ctx=2048 * 4, threads=1, spec_type="draft-mtp", n_max=N_MAX,
                      binary=server_binary) as srv:
         answers = srv.client().complete_many(list(PROMPTS), N_PREDICT)
     with mx.Session.open(bundled_model, n_ctx=2048 * 4, threads=1, n_parallel=4) as s:
         ours = replay_server_parallel(s, list(PROMPTS), n_predict=N_PREDICT, n_max=N_MAX)
         assert ours.to_pandas()["n_active"].max() == 4
-        ties = []
-        for prompt, done, trace in zip(PROMPTS, answers, ours.traces):
+        ties, varied = [], []
+        for j, (prompt, done, trace) in enumerate(zip(PROMPTS, answers, ours.traces)):
             result = compare_with_server(done, trace)
-            if not result["match"]:
-                why = explain_server_mismatch(s, prompt, done, trace, tol_logit=TIE_TOL)
-                assert why["kind"] == "tie", (prompt, result, why)
+            if result["match"]:
+                continue
+            why = explain_server_mismatch(s, prompt, done, trace, tol_logit=TIE_TOL)
+            if why["kind"] == "tie":
                 ties.append(f"{prompt!r}: {why['cause']} near-tie, margin {why['margin']:.4f}")
-    assert len(ties) <= 1, ties
-    if ties:
-        warnings.warn("a batch differed at floating-point near-ties:\n" + "\n".join(ties), stacklevel=1)
+                continue
+            reruns = rerun_server_batch(bundled_model, list(PROMPTS), j, trace, n_predict=N_PREDICT, n_max=N_MAX,
+                                        threads=1, binary=server_binary)
+            assert any(r["match"] for r in reruns), (prompt, result, why, reruns)
+            varied.append(f"{prompt!r}: the server's text differed (margin {why['margin']:.3f}); "
+                          f"{sum(r['match'] for r in reruns)} of {len(reruns)} fresh server runs equal ours")
+    assert len(ties) + len(varied) <= 1, ties + varied
+    if ties or varied:
+        warnings.warn("a batch differed from the server's:\n" + "\n".join(ties + varied), stacklevel=1)
 
 
 def test_monitor_reads_the_servers_counters(server):

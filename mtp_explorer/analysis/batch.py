@@ -17,7 +17,8 @@ the time of a step, which :class:`BatchCostModel` prices from the step's shape:
 - ``catchup``: the MTP head's catch-up of the verified rows, priced as the verify batch (its own ubatches, rows);
 - ``sample``: accept / rollback, ``a + b * active + c * rows``; ``prefill``: ``a + b * prompt tokens`` per request.
 
-:func:`profile_batch_costs` fits it (least squares, ns) to the steps of real parallel runs on this machine;
+:func:`profile_batch_costs` fits it (ns: non-negative least squares on the median time of each step shape) to the
+steps of real parallel runs on this machine;
 :func:`predict_parallel` schedules the simulated steps of N requests on the slots as the engine does (arrivals,
 waiting for a free slot) and prices each step; :func:`recommend_parallel` searches ``n_max`` / ``p_min`` for each
 batch size (vLLM's ``num_speculative_tokens`` per batch size) and marks where speculation stops paying.
@@ -54,6 +55,8 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "sample": ("one", "active", "rows"),
 }
 assert set(FEATURES) == set(PHASES), "one regression per timed phase"
+#: Features that vary continuously (pooled by their median over the steps of one shape).
+CONTINUOUS = frozenset({"attention"})
 
 #: Prompts the profile runs when none are given: code and prose.
 PROFILE_PROMPTS: tuple[str, ...] = (
@@ -125,12 +128,12 @@ class BatchCostModel:
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
 
     def step_ns(self, shape: StepShape) -> dict[str, float]:
-        """Each phase's predicted time of a step (ns, at least 0)."""
+        """Each phase's predicted time of a step (ns; the coefficients are not negative)."""
         f = step_features(shape)
-        return {p: max(0.0, float(np.dot(self.coef[p], [f[k] for k in FEATURES[p]]))) for p in PHASES}
+        return {p: float(np.dot(self.coef[p], [f[k] for k in FEATURES[p]])) for p in PHASES}
 
     def prefill_ns(self, n_prompt: int) -> float:
-        return max(0.0, self.prefill[0] + self.prefill[1] * n_prompt)
+        return self.prefill[0] + self.prefill[1] * n_prompt
 
     # -- saving ----------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -178,28 +181,57 @@ def batch_shapes(result: "ParallelTrace") -> list[tuple[StepShape, dict[str, int
 
 
 def fit_batch_costs(results: Iterable["ParallelTrace"]) -> BatchCostModel:
-    """Least-squares fit of every phase's coefficients to the steps of parallel runs, and of the prefill to their
-    requests."""
+    """Every phase's coefficients, fit to the steps of parallel runs: steps of the same shape (every feature but the
+    continuous ``attention``) are pooled into their median time and median features (a run's outliers do not pull
+    the fit), and the medians fit by non-negative least squares of the relative
+    error, weighted by how many steps each holds (no cost is negative). The prefill is fit to the runs' requests."""
     results = list(results)
     samples = [s for r in results for s in batch_shapes(r)]
     if len(samples) < 8:
         raise ParameterError(f"{len(samples)} steps are too few to fit a batch cost model (at least 8)")
+    features = [step_features(shape) for shape, _ in samples]
     coef, fit = {}, {}
     for phase, names in FEATURES.items():
-        X = np.array([[step_features(shape)[k] for k in names] for shape, _ in samples])
+        X = np.array([[f[k] for k in names] for f in features])
         y = np.array([t[phase] for _, t in samples], dtype=float)
-        beta = np.linalg.lstsq(X, y, rcond=None)[0]
+        discrete = [j for j, k in enumerate(names) if k not in CONTINUOUS]
+        groups: dict[tuple, list[int]] = {}
+        for i, x in enumerate(X[:, discrete]):
+            groups.setdefault(tuple(x), []).append(i)
+        Xg = np.array([np.median(X[rows], axis=0) for rows in groups.values()])
+        yg = np.array([np.median(y[rows]) for rows in groups.values()])
+        # relative errors (a 1-row step's as much as a 64-row one's), weighted by the steps each shape holds
+        w = np.sqrt([len(rows) for rows in groups.values()]) / np.maximum(yg, 1.0)
+        beta = nnls(Xg * w[:, None], yg * w)
         coef[phase] = [float(b) for b in beta]
-        resid = y - np.clip(X @ beta, 0, None)
-        fit[phase] = {"rmse_ns": float(np.sqrt(np.mean(resid ** 2))), "mean_ns": float(y.mean())}
+        resid = y - X @ beta
+        fit[phase] = {"median_abs_error_ns": float(np.median(np.abs(resid))), "mean_ns": float(y.mean()),
+                      "shapes": len(groups)}
     n_prompt = np.array([q.n_prompt for r in results for q in r.requests], dtype=float)
     t_prefill = np.array([q.t_prefill_ns for r in results for q in r.requests], dtype=float)
-    prefill = np.linalg.lstsq(np.stack([np.ones_like(n_prompt), n_prompt], 1), t_prefill, rcond=None)[0]
+    prefill = nnls(np.stack([np.ones_like(n_prompt), n_prompt], 1), t_prefill)
     verify_rows = [sum(shape.rows) for shape, _ in samples]
     measured = {"steps": len(samples), "runs": len(results), "max_verify_rows": max(verify_rows),
                 "max_active": max(len(shape.rows) for shape, _ in samples), "fit": fit,
                 "n_parallel": max(r.settings["n_parallel"] for r in results)}
     return BatchCostModel(coef=coef, prefill=[float(p) for p in prefill], measured=measured)
+
+
+def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns: the best least-squares solution over the subsets of columns
+    whose solution has no negative coefficient (exact; 2^columns solves)."""
+    n = X.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(y ** 2))
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sol = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
+        if (sol < 0).any():
+            continue
+        err = float(np.sum((y - X[:, cols] @ sol) ** 2))
+        if err < best_err:
+            best, best_err = np.zeros(n), err
+            best[cols] = sol
+    return best
 
 
 def profile_batch_costs(session: "Session", prompts: Sequence[str] = PROFILE_PROMPTS, *,

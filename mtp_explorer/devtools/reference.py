@@ -243,6 +243,25 @@ def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: i
     return session.last_parallel_trace
 
 
+def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_predict: int, n_max: int,
+                       threads: int, reruns: int = 3, binary=None) -> list[dict]:
+    """The same batch on ``reruns`` fresh ``llama-server -np len(prompts)`` processes: whether request ``index`` then
+    matches our run (:func:`compare_with_server`). Our engine gives a request the same output every run; llama-server
+    0.3.36 on a hybrid recurrent model does not always (measured: with 4 slots and 2 threads, the first request got
+    another text in 1 run of 6, always the same other text), so a request that differs beyond a near-tie is checked
+    against the server's own run-to-run variation before it counts as a failure."""
+    from ..server import LlamaServer
+
+    out = []
+    for _ in range(reruns):
+        with LlamaServer(model, n_parallel=len(prompts), n_ctx=2048 * len(prompts), threads=threads, n_max=n_max,
+                         binary=binary) as srv:
+            done = srv.client().complete_many(list(prompts), n_predict)[index]
+        r = compare_with_server(done, ours)
+        out.append({"match": r["match"], "text_equal": r["text_equal"], "server": r["server"]})
+    return out
+
+
 def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
     """Parity of one llama-server request (a :class:`~mtp_explorer.server.Completion`) with our replay of it
     (:func:`replay_server`): the text, the generated tokens and ``draft_n`` / ``draft_n_accepted``. Our end-of-generation
