@@ -27,7 +27,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server clean
+.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-parallel clean
 
 all: $(EXT)
 
@@ -116,6 +116,11 @@ bench-simulate: $(EXT)
 # -np 1, 2, 4 and the server's aggregate tokens/s at -np 1..8.
 bench-server: $(EXT) $(SERVER)
 	LLAMA_SERVER=$(CURDIR)/$(SERVER) $(VPY) benchmarks/server.py $(BENCH_ARGS)
+
+# benchmarks/parallel.py: the what-if for N sequences (batch cost model) against measured parallel runs, and the
+# batch size where speculation stops paying, on a SYNTHETIC 512x16 model.
+bench-parallel: $(EXT)
+	$(VPY) benchmarks/parallel.py $(BENCH_ARGS)
 
 # benchmarks/engine.py --scale: a SYNTHETIC 0.4 B Q8_0 model (written once into the temporary directory by
 # benchmarks/scale_model.py with llama-quantize), beside the reference driver on the same settings.

@@ -276,12 +276,13 @@ def test_whatif_figures_are_reexported(session):
 
 
 def test_whatif_figures_live_in_their_own_module():
-    """plots exports the three figure modules; trace_figures holds the per-trace figures only."""
-    from mtp_explorer.viz import server_figures
+    """plots exports the four figure modules; trace_figures holds the per-trace figures only."""
+    from mtp_explorer.viz import parallel_figures, server_figures
 
-    for name in (*whatif_figures.__all__, *server_figures.__all__):
+    for name in (*whatif_figures.__all__, *server_figures.__all__, *parallel_figures.__all__):
         assert not hasattr(trace_figures, name), name
-    assert set(plots.__all__) == set(trace_figures.__all__) | set(whatif_figures.__all__) | set(server_figures.__all__)
+    assert set(plots.__all__) == (set(trace_figures.__all__) | set(whatif_figures.__all__)
+                                  | set(server_figures.__all__) | set(parallel_figures.__all__))
 
 
 def test_metrics_come_from_one_module(changed, plain):
@@ -326,6 +327,10 @@ def _wrong_inputs(session):
                                      "takes a sequence of dicts", "lacks ['tokens_per_second'"),
         "server_acceptance": (lambda: plots.server_acceptance("http://127.0.0.1:8080"), "takes a ServerMonitor",
                               "got str"),
+        "slot_timeline": (lambda: plots.slot_timeline(trace), "takes a ParallelTrace", "got Trace"),
+        "batch_rows": (lambda: plots.batch_rows([trace]), "takes a ParallelTrace", "got list"),
+        "parallel_crossover": (lambda: plots.parallel_crossover(grid), "takes a recommend_parallel or measure_crossover DataFrame",
+                               "without the column(s) ['n_parallel', 'goodput']"),
     }
 
 

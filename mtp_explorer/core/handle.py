@@ -159,7 +159,8 @@ class EngineHandle:
         model, is a :class:`ParameterError`.
 
         ``n_parallel`` is llama.cpp's ``-np``: the sequences (server slots) the session runs at once in one target
-        context (each with ``n_ctx / n_parallel`` of it and its own ``n_rs_seq`` snapshot slots) and one MTP context;
+        context (each with ``n_ctx / n_parallel`` of it, padded by llama.cpp to 256 tokens at least, and its own
+        ``n_rs_seq`` snapshot slots) and one MTP context;
         see :meth:`~mtp_explorer.Session.generate_parallel`.
         """
         if path is None:

@@ -222,11 +222,8 @@ def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, 
     """Greedy generation with our engine as llama-server's slot runs one request: the whole prompt is decoded and
     the first token sampled before any draft (our first step is a plain one), every later draft is cut to the budget
     left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0."""
-    chosen = {} if drafter is None else {"drafter": drafter}
-    stream = session.stream(prompt, max_tokens=n_predict, n_max=0, p_min=p_min, **chosen, **options)
-    for i, _step in enumerate(stream):
-        if i == 0:
-            session.set_params(n_max=n_max, p_min=p_min, n_min=0)
+    _drafting_after_first_step(session, session.stream(prompt, **_slot_start(n_predict, p_min, drafter, options)),
+                               n_max, p_min)
     return session.last_trace
 
 
@@ -235,12 +232,21 @@ def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: i
     """:func:`replay_server` for a batch: the prompts as concurrent requests on the session's ``n_parallel``
     sequences (a ``ParallelTrace``), every slot's first token sampled from its prompt before any draft, as the server
     runs ``-np N`` slots that start together."""
-    chosen = {} if drafter is None else {"drafter": drafter}
-    stream = session.stream_parallel(prompts, max_tokens=n_predict, n_max=0, p_min=p_min, **chosen, **options)
-    for i, _rows in enumerate(stream):
+    _drafting_after_first_step(
+        session, session.stream_parallel(prompts, **_slot_start(n_predict, p_min, drafter, options)), n_max, p_min)
+    return session.last_parallel_trace
+
+
+def _slot_start(n_predict: int, p_min: float, drafter: str | None, options: dict) -> dict:
+    """A stream's arguments as a server slot starts: no drafting until the first token is sampled."""
+    return {"max_tokens": n_predict, "n_max": 0, "p_min": p_min} | ({} if drafter is None else {"drafter": drafter}) \
+        | options
+
+
+def _drafting_after_first_step(session: Session, stream, n_max: int, p_min: float) -> None:
+    for i, _ in enumerate(stream):
         if i == 0:
             session.set_params(n_max=n_max, p_min=p_min, n_min=0)
-    return session.last_parallel_trace
 
 
 def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_predict: int, n_max: int,

@@ -18,7 +18,7 @@ __all__ = ["slot_timeline", "batch_rows", "parallel_crossover"]
 
 REQUEST_COLORS: tuple[str, ...] = tuple(plotly.colors.qualitative.Plotly)  #: one colour per request, in turn
 PARALLEL = instance("a ParallelTrace (Session.generate_parallel)", ParallelTrace)
-CROSSOVER_TABLE = table("a recommend_parallel DataFrame (or rows with its columns)",
+CROSSOVER_TABLE = table("a recommend_parallel or measure_crossover DataFrame",
                         ("n_parallel", "goodput", "plain_tokens_per_second"))
 
 
