@@ -144,7 +144,8 @@ class BatchCostModel:
     def from_json(cls, text: str) -> "BatchCostModel":
         doc = json.loads(text)
         if doc.get("format") != BATCH_COSTS_FORMAT:
-            raise ParameterError(f"not a batch cost model (format {doc.get('format')!r}, expected {BATCH_COSTS_FORMAT!r})")
+            raise ParameterError(f"not a batch cost model (format {doc.get('format')!r}, "
+                                 f"expected {BATCH_COSTS_FORMAT!r})")
         return cls(coef=doc["coef"], prefill=doc["prefill"], measured=doc.get("measured", {}))
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -404,7 +405,8 @@ def recommend_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, 
 
 def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMPTS, *,
                       n_parallel: Sequence[int] | None = None, n_max: int = 3, p_min: float = 0.0,
-                      max_tokens: int = 48, repeats: int = 3, drafter: str = drafters.DEFAULT_MODE, progress: Any = None):
+                      max_tokens: int = 48, repeats: int = 3, drafter: str = drafters.DEFAULT_MODE,
+                      progress: Any = None):
     """Measured aggregate decode tokens/s of N requests at once (the prompts in turn), speculative at ``n_max`` /
     ``p_min`` and plain, for each batch size (default: 1, 2, 4, ... up to the session's ``n_parallel``): the medians
     of ``repeats`` runs each, alternating. A DataFrame with :func:`recommend_parallel`'s columns (``goodput``: the

@@ -57,5 +57,6 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
         oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,
                                        probe=False, **options)
         cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob)
-        checks.append(RequestCheck(seq=info.index, comparison=cmp, same_tokens=list(trace.tokens) == list(oracle.tokens)))
+        same = list(trace.tokens) == list(oracle.tokens)
+        checks.append(RequestCheck(seq=info.index, comparison=cmp, same_tokens=same))
     return checks

@@ -120,7 +120,8 @@ class ParallelTrace:
             "acceptance_by_depth": metrics.acceptance_by_depth(n_d, n_a, depth).rate,
             "mean_verify_rows": float(steps["verify_rows"].mean()) if len(steps) else float("nan"),
             "mean_active": float(steps["n_active"].mean()) if len(steps) else float("nan"),
-            "rs_memory_bytes": int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"] * self.settings["n_parallel"],
+            "rs_memory_bytes": (int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"]
+                                * self.settings["n_parallel"]),
             "requests": [self._request_summary(info, t, end_of) for info, t in zip(self.requests, self.traces)],
         }
 
@@ -161,7 +162,8 @@ class ParallelGeneration:
         ``n_min`` and ``max_tokens`` per request (llama-server's per-request settings). Without ``arrivals`` all
         requests start together, so there may be at most ``n_parallel``; ``arrivals`` (an engine step per prompt)
         lets them join a running batch, each waiting for a free sequence. Greedy requests generate what each would
-        alone (up to floating-point near-ties between batch shapes).
+        alone (up to floating-point near-ties between batch shapes: :func:`~mtp_explorer.check_parallel` finds them);
+        with ``temperature`` > 0 request ``i`` samples with ``seed + i``.
         """
         with self._run():
             self._begin_parallel(prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
@@ -219,14 +221,15 @@ class ParallelGeneration:
                 raise type(e)(f"request {i}: {e}") from None
             self._parallel_prompts.append((prompt, tokens))
             config = _native.GenerationConfig(
-                max_tokens=p["max_tokens"], temperature=temperature, seed=seed + i,
+                max_tokens=p["max_tokens"], temperature=temperature, seed=(seed + i) % 2**32,
                 drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
                 options=drafters.engine_options(values))
             requests.append(_native.Request(tokens, config, _native.DraftParams(
                 n_max=p["n_max"], p_min=float(p["p_min"]), n_min=p["n_min"]), arrivals[i]))
         self._mode = mode
         self._parallel_settings = [
-            p | {"temperature": temperature, "seed": seed + i, "drafter": mode.name, "chain_policy": mode.policy,
+            p | {"temperature": temperature, "seed": (seed + i) % 2**32, "drafter": mode.name,
+                 "chain_policy": mode.policy,
                  "arrival": arrivals[i]} | self._session_settings() | values for i, p in enumerate(settings)]
         with engine_errors():
             self._engine.begin_requests(requests)

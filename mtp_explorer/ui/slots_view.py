@@ -54,7 +54,8 @@ class LiveParallel:
         infos = [RequestInfo(index=i, slot=self.slots[i], arrival=self.arrivals[i], admitted_step=self.admitted[i],
                              finished_step=-1, n_prompt=0, t_prefill_ns=0) for i in range(len(traces))]
         return ParallelTrace(traces=traces, requests=infos,
-                             settings={"n_parallel": self.n_parallel, "capacity": self.capacity, "drafter": self.drafter})
+                             settings={"n_parallel": self.n_parallel, "capacity": self.capacity,
+                                       "drafter": self.drafter})
 
 
 class SlotsView(W.VBox):
