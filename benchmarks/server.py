@@ -29,7 +29,6 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
