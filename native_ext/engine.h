@@ -185,8 +185,13 @@ struct Engine {
     std::atomic<bool> cancel_requested{false};
     int32_t batch_index = 0;            // the next engine step
 
-    // step scratch
+    // step scratch, kept between steps so that a step allocates nothing
     std::vector<Sequence *> active;     // the sequences in this step, in slot order
+    BatchStep batch_scratch;
+    std::vector<DraftRequest> step_requests;
+    std::vector<MtpJob> mtp_jobs;
+    std::vector<Sequence *> mtp_who;
+    std::vector<MtpDrafter *> mtp_heads;
 
     // oracle scratch
     std::vector<Draft> oracle_drafts;      // each drafter's last oracle draft, by DrafterId (the probe uses the MTP chain)

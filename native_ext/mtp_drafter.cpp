@@ -39,15 +39,33 @@ void MtpDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos p
     caught_up = false;
 }
 
+namespace {
+
+// The batched calls' working lists, kept between calls so that a step allocates nothing (a step of a small model
+// takes about 100 us, where a few allocations show).
+struct BatchScratch {
+    std::vector<MtpJob> drafting, all, next;
+    std::vector<std::pair<llama_token, const float *>> next_rows;
+    std::vector<std::pair<const MtpDrafter *, size_t>> rows;  // catch-up: (drafter, queued row)
+    std::vector<MtpJob> one_job{1};
+    std::vector<MtpDrafter *> one_head{1};
+};
+
+thread_local BatchScratch scratch;
+
+}  // namespace
+
+int32_t MtpDrafter::catch_up() {
+    scratch.one_head[0] = this;
+    return catch_up_batch(scratch.one_head);
+}
+
 int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
-    struct Row {
-        MtpDrafter * d;
-        size_t i;
-    };
-    std::vector<Row> rows;
+    auto & rows = scratch.rows;
+    rows.clear();
     for (MtpDrafter * d : drafters) {
         for (size_t i = 0; i < d->queue_tok.size(); ++i) {
-            rows.push_back({d, i});
+            rows.emplace_back(d, i);
         }
     }
     if (rows.empty()) {
@@ -59,8 +77,8 @@ int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
         const size_t end = std::min(rows.size(), off + (size_t) n_batch);
         llama_batch_ext_clear(first.batch.get());
         for (size_t k = off; k < end; ++k) {
-            const MtpDrafter & d = *rows[k].d;
-            const size_t i = rows[k].i;
+            const MtpDrafter & d = *rows[k].first;
+            const size_t i = rows[k].second;
             const int32_t idx = llama_batch_ext_add_token(first.batch.get(), d.seq_id, d.queue_tok[i]);
             llama_batch_ext_set_pos(first.batch.get(), idx, &d.queue_pos[i]);
             llama_batch_ext_set_embd_token(first.batch.get(), idx, {d.queue_h.data() + i * (size_t) d.n_embd, 1, (size_t) d.n_embd});
@@ -96,12 +114,41 @@ void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, fl
 }
 
 bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
-    draft_batch({MtpJob{this, &req, &out}});
+    scratch.one_job[0] = MtpJob{this, &req, &out};
+    draft_batch(scratch.one_job);
     return true;
 }
 
+// After a draft decode of one row per job still drafting: each job's top candidate joins its draft (or its draft
+// ends); the jobs that go on, and their next rows (token, hidden state), into scratch.next / next_rows.
+void MtpDrafter::take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start, const std::vector<float> & norms) {
+    const std::vector<MtpJob> & drafting = scratch.drafting;
+    const int32_t n_rows = (int32_t) drafting.size();
+    scratch.next.clear();
+    scratch.next_rows.clear();
+    for (int32_t k = 0; k < n_rows; ++k) {
+        const MtpJob & j = drafting[k];
+        MtpDrafter & d = *j.drafter;
+        j.out->n_decodes++;
+        const float * logits = llama_get_logits_ith(ctx, k);
+        const float * h_row = d.api.get_embeddings_nextn_ith(ctx, k);
+        d.ranking.rank(logits, n_vocab);
+        if (!d.ranking.take(*j.req, logits, t_start, *j.out)) {
+            continue;
+        }
+        const size_t i_norm = norms.size() + k;  // this decode's rows are the last n_rows norms
+        d.record_hidden(*j.req, h_row, i_norm >= (size_t) n_rows ? norms[i_norm - n_rows] : NAN, *j.out);
+        if (CandidateRanking::ended(*j.req, d.vocab, *j.out)) {
+            continue;
+        }
+        scratch.next.push_back(j);
+        scratch.next_rows.emplace_back(d.ranking.top(), h_row);
+    }
+}
+
 void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32_t> * rows_per_depth) {
-    std::vector<MtpJob> drafting;  // the jobs still drafting, in batch row order
+    std::vector<MtpJob> & drafting = scratch.drafting;  // the jobs still drafting, in batch row order
+    drafting.clear();
     bool telemetry = false, oracle = false;
     for (const MtpJob & j : jobs) {
         if (j.req->n_cap > 0) {  // n_cap 0: a candidate of length 0, the MTP head still follows the generation
@@ -122,7 +169,8 @@ void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32
     for (const MtpJob & j : drafting) {
         j.drafter->add_row(batch, j.req->id_last, j.req->n_past, j.drafter->pending_h.data());
     }
-    const std::vector<MtpJob> all = drafting;
+    std::vector<MtpJob> & all = scratch.all;
+    all = drafting;
     auto drop_drafts = [&]() {  // the draft rows leave the MTP memory: catch-up re-decodes the verified ones
         for (const MtpJob & j : all) {
             llama_memory_seq_rm(llama_get_memory(ctx), j.drafter->seq_id, j.req->n_past, -1);
@@ -143,32 +191,14 @@ void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32
             drop_drafts();
             check_decode(rc, "MTP draft decode");
         }
-        const std::vector<float> & norms = first.probe.row_norms;
-        std::vector<MtpJob> next;
-        std::vector<std::pair<llama_token, const float *>> next_rows;
-        for (int32_t k = 0; k < n_rows; ++k) {
-            const MtpJob & j = drafting[k];
-            MtpDrafter & d = *j.drafter;
-            j.out->n_decodes++;
-            const float * logits = llama_get_logits_ith(ctx, k);
-            const float * h_row = d.api.get_embeddings_nextn_ith(ctx, k);
-            d.ranking.rank(logits, n_vocab);
-            if (!d.ranking.take(*j.req, logits, t_start, *j.out)) {
-                continue;
-            }
-            const size_t i_norm = norms.size() + k;
-            d.record_hidden(*j.req, h_row, i_norm >= (size_t) n_rows ? norms[i_norm - n_rows] : NAN, *j.out);
-            if (CandidateRanking::ended(*j.req, d.vocab, *j.out)) {
-                continue;
-            }
-            next.push_back(j);
-            next_rows.emplace_back(d.ranking.top(), h_row);
-        }
+        take_rows(ctx, n_vocab, t_start, first.probe.row_norms);
+        std::vector<MtpJob> & next = scratch.next;
+        const auto & next_rows = scratch.next_rows;
         llama_batch_ext_clear(batch);
         for (size_t k = 0; k < next.size(); ++k) {
             next[k].drafter->add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
         }
-        drafting = std::move(next);
+        std::swap(drafting, next);
     }
     first.probe.stop();
     drop_drafts();

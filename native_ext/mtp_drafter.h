@@ -53,7 +53,7 @@ struct MtpDrafter final : Drafter {
     // Decode the queued catch-up rows of every drafter on their shared MTP context, in one batch
     // (chunks of n_batch). Returns llama_process's code.
     static int32_t catch_up_batch(const std::vector<MtpDrafter *> & drafters);
-    int32_t catch_up() { return catch_up_batch({this}); }
+    int32_t catch_up();
     bool has_queue() const { return !queue_tok.empty(); }
 
     // Rows 0 .. n_accepted of the last observed decode stand (the next draft starts from row
@@ -74,6 +74,8 @@ struct MtpDrafter final : Drafter {
   private:
     // Appends what telemetry records of the drafted token's hidden row (its norm, the row) to out.
     void record_hidden(const DraftRequest & req, const float * h_row, float h_norm, Draft & out) const;
+    // draft_batch's work after each decode (the jobs still drafting are in its scratch list).
+    static void take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start, const std::vector<float> & norms);
     // Adds the row (tok at pos of this drafter's sequence, hidden state h) with logits to `into`.
     void add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h) const;
 

@@ -81,6 +81,14 @@ struct BatchStep {
     int32_t verify_rows = 0;
     std::vector<int32_t> draft_rows;     // rows of each MTP draft decode
     int64_t t_draft0 = 0, t_catchup_ns = 0, t_draft_ns = 0, t_verify_ns = 0, t_sample_ns = 0;
+
+    // A new step: every count and time zero (draft_rows keeps its capacity).
+    void reset(int32_t step) {
+        index = step;
+        n_active = verify_rows = 0;
+        draft_rows.clear();
+        t_draft0 = t_catchup_ns = t_draft_ns = t_verify_ns = t_sample_ns = 0;
+    }
 };
 
 struct Sequence {

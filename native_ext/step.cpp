@@ -54,8 +54,8 @@ bool Engine::step() {
         batch_index = std::max(batch_index + 1, next);
         return next >= 0;
     }
-    BatchStep b;
-    b.index = batch_index;
+    BatchStep & b = batch_scratch;
+    b.reset(batch_index);
     b.n_active = (int32_t) active.size();
     for (Sequence * q : active) {
         cap(*q);
@@ -156,7 +156,8 @@ void Engine::propose(std::vector<Sequence *> & batch, BatchStep & b) {
         t = now_ns();
     }
     b.t_draft0 = t;
-    std::vector<DraftRequest> requests(batch.size());
+    std::vector<DraftRequest> & requests = step_requests;
+    requests.assign(batch.size(), DraftRequest{});
     for (size_t i = 0; i < batch.size(); ++i) {
         Sequence & q = *batch[i];
         if (q.s.p.n_max > 0) {
@@ -206,8 +207,10 @@ void Engine::ask_drafters(Sequence & q, const DraftRequest & req, size_t from, s
 
 // the MTP heads of every sequence still asking, in one batch per depth (each drafter's time is the batch's)
 void Engine::draft_mtp(std::vector<Sequence *> & batch, const std::vector<DraftRequest> & requests, BatchStep & b) {
-    std::vector<MtpJob> jobs;
-    std::vector<Sequence *> who;
+    std::vector<MtpJob> & jobs = mtp_jobs;
+    std::vector<Sequence *> & who = mtp_who;
+    jobs.clear();
+    who.clear();
     for (size_t i = 0; i < batch.size(); ++i) {
         Sequence & q = *batch[i];
         if (q.s.p.n_max > 0 && q.mtp != nullptr && !q.s.settled) {
@@ -278,7 +281,8 @@ void Engine::choose_best(Sequence & q) const {
 // The MTP heads of the sequences drafting this step decode their queued rows together (queued_only:
 // only those with rows queued). Returns whether any did.
 bool Engine::catch_up_mtp(std::vector<Sequence *> & batch, bool queued_only) {
-    std::vector<MtpDrafter *> heads;
+    std::vector<MtpDrafter *> & heads = mtp_heads;
+    heads.clear();
     for (Sequence * q : batch) {
         if (q->s.drafting_mtp && (!queued_only || q->mtp->has_queue())) {
             heads.push_back(q->mtp);
