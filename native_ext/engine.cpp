@@ -378,7 +378,13 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
         validate_chain(parsed, r.params);
         validate_request(r, i, requests.size());
         made.push_back(std::make_unique<Sequence>((int32_t) i, r, parsed, opts.n_rs_seq, opts.topk));
-        made.back()->drafters = build_drafters(parsed, made.back()->request.config.options);
+        Sequence & q = *made.back();
+        q.drafters = build_drafters(parsed, q.request.config.options);
+        for (auto & d : q.drafters) {
+            if (d->id == DRAFTER_MTP) {
+                q.mtp = dynamic_cast<MtpDrafter *>(d.get());
+            }
+        }
     }
     {
         std::lock_guard<std::mutex> plk(params_mutex);

@@ -101,8 +101,6 @@ struct Engine {
     FinishReason finish() const { return request(0).finish; }
     int64_t t_prefill_ns() const { return request(0).t_prefill_ns; }
     int32_t n_prompt() const { return (int32_t) request(0).request.prompt.size(); }
-    // the drafters of request 0, in chain order
-    const std::vector<std::unique_ptr<Drafter>> & chain_drafters() const { return request(0).drafters; }
     mutable std::mutex run_mutex;  // held by begin, step, close and the telemetry readers
 
   private:
@@ -123,7 +121,6 @@ struct Engine {
     void admit(int32_t step);              // waiting requests that have arrived take free sequences
     void prefill(Sequence & q);            // its prompt but the last token, every drafter begun
     void release(Sequence & q);            // a finished request leaves its sequence
-    bool any_waiting() const;
     int32_t next_arrival() const;
 
     // the phases of step() (step.cpp)

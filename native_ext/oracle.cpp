@@ -137,8 +137,8 @@ void Engine::probe_costs(Sequence & q, OracleRecord & out, size_t r, bool probe)
             probe_tokens.push_back(from_chain ? chain.tokens[j] : q.id_last);
         }
         if (recurrent) {
-            saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-            llama_state_seq_get_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), 0,
+            saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), q.slot, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+            llama_state_seq_get_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), q.slot,
                                          LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
         }
         for (int32_t rep = 0; rep < (even ? 2 : 1); ++rep) {
@@ -177,15 +177,15 @@ void Engine::probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, i
         }
     }
     t = now_ns();
-    const bool rolled = llama_memory_seq_rm(mem, q.seq_id, q.n_past + 1, -1);
+    const bool rolled = llama_memory_seq_rm(mem, q.slot, q.n_past + 1, -1);
     if (timed) {
         out.probe_rollback_ns[r] = now_ns() - t;
     }
     if (recurrent) {
-        llama_state_seq_set_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), 0,
+        llama_state_seq_set_data_ext(ctx_tgt.get(), saved_state.data(), saved_state.size(), q.slot,
                                      LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     }
-    if (!rolled || !llama_memory_seq_rm(mem, q.seq_id, q.n_past, -1)) {
+    if (!rolled || !llama_memory_seq_rm(mem, q.slot, q.n_past, -1)) {
         fail(ErrorKind::ROLLBACK, "oracle probe: the target memory could not be restored");
     }
 }

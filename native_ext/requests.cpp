@@ -26,10 +26,6 @@ void Engine::clear_memories() {
     }
 }
 
-bool Engine::any_waiting() const {
-    return std::any_of(reqs.begin(), reqs.end(), [](const auto & q) { return q->waiting(); });
-}
-
 // the earliest arrival step of a waiting request (-1: none waits)
 int32_t Engine::next_arrival() const {
     int32_t next = -1;
@@ -52,14 +48,10 @@ void Engine::admit(int32_t step) {
             return;
         }
         *free = q.get();
-        q->slot = (int32_t) (free - slots.begin());
-        q->seq_id = q->slot;
+        q->slot = (llama_seq_id) (free - slots.begin());
         q->admitted_step = step;
         for (auto & d : q->drafters) {
-            d->seq_id = q->seq_id;
-            if (d->id == DRAFTER_MTP) {
-                q->mtp = dynamic_cast<MtpDrafter *>(d.get());
-            }
+            d->seq_id = q->slot;
         }
         if (q->request.config.temperature > 0.0f) {
             q->smpl.reset(llama_sampler_chain_init(llama_sampler_chain_default_params()));
@@ -76,7 +68,7 @@ void Engine::prefill(Sequence & q) {
     const std::vector<llama_token> & prompt = q.request.prompt;
     const int32_t N = (int32_t) prompt.size();
     const int64_t t0 = now_ns();
-    llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, -1, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, -1, -1);
     for (auto & d : q.drafters) {
         const int64_t t = wall_ns();
         d->begin(prompt);
@@ -86,7 +78,7 @@ void Engine::prefill(Sequence & q) {
     q.tokens_all = prompt;
     if (N > 1) {
         llama_batch_ext_clear(batch_tgt.get());
-        add_target_rows(q.seq_id, prompt.data(), N - 1, 0, /*logits*/ false);
+        add_target_rows(q.slot, prompt.data(), N - 1, 0, /*logits*/ false);
         check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
         follow_target(q, prompt.data(), N - 1, 0, 0);
         if (q.mtp) {
@@ -101,19 +93,16 @@ void Engine::prefill(Sequence & q) {
     q.t_prefill_ns = now_ns() - t0;
 }
 
-// A finished request leaves its sequence: its rows leave the target, MTP and draft memories.
+// A finished request leaves its sequence (if it had taken one): its rows leave the target, MTP and draft memories.
 void Engine::release(Sequence & q) {
-    if (q.seq_id < 0) {
+    if (q.slot < 0 || slots[(size_t) q.slot] != &q) {
         return;
     }
-    llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, -1, -1);
-    if (ctx_mtp) {
-        llama_memory_seq_rm(llama_get_memory(ctx_mtp.get()), q.seq_id, -1, -1);
-    }
-    if (ctx_dft) {
-        llama_memory_seq_rm(llama_get_memory(ctx_dft.get()), q.seq_id, -1, -1);
+    for (llama_context * ctx : {ctx_tgt.get(), ctx_mtp.get(), ctx_dft.get()}) {
+        if (ctx != nullptr) {
+            llama_memory_seq_rm(llama_get_memory(ctx), q.slot, -1, -1);
+        }
     }
     slots[(size_t) q.slot] = nullptr;
-    q.seq_id = -1;
     q.smpl.reset();
 }

@@ -94,12 +94,10 @@ struct BatchStep {
 struct Sequence {
     Sequence(int32_t index, const Request & request, const DrafterChain & chain, int32_t depth, int32_t topk);
 
-    bool waiting() const { return seq_id < 0 && finish == FINISH_NONE; }
-    bool active() const { return seq_id >= 0 && finish == FINISH_NONE; }
+    bool waiting() const { return slot < 0 && finish == FINISH_NONE; }
 
     const int32_t index;                 // its place in the request list
-    llama_seq_id seq_id = -1;            // its slot while admitted (-1: waiting, or finished)
-    int32_t slot = -1;                   // the slot it had (kept after it finishes)
+    llama_seq_id slot = -1;              // the sequence (server slot) it took (-1: not yet; kept after it finishes)
     Request request;
     DrafterChain chain;
     DraftParams params;                  // its live parameters (Engine::set_params changes every request's)

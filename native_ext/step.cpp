@@ -306,7 +306,7 @@ void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
         q->verify_tokens.assign(1, q->id_last);
         q->verify_tokens.insert(q->verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
         q->s.row0 = rows;
-        add_target_rows(q->seq_id, q->verify_tokens.data(), s.n_d + 1, q->n_past, /*logits*/ true);
+        add_target_rows(q->slot, q->verify_tokens.data(), s.n_d + 1, q->n_past, /*logits*/ true);
         rows += s.n_d + 1;
     }
     b.verify_rows = rows;
@@ -332,7 +332,7 @@ void Engine::accept_or_rollback(Sequence & q) {
     sample_verified(q);
     s.n_rollback = s.n_d - s.n_acc;
     s.keep_until = q.n_past + 1 + s.n_acc;
-    if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.seq_id, s.keep_until, -1)) {
+    if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, s.keep_until, -1)) {
         fail(ErrorKind::ROLLBACK, "rollback of " + std::to_string(s.n_rollback) + " tokens failed (n_rs_seq=" +
                                       std::to_string(rs_slots()) + ")");
     }
@@ -521,6 +521,6 @@ int32_t Engine::decode_target() {
 
 int32_t Engine::decode_tokens(Sequence & q, const llama_token * tokens, int32_t n) {
     llama_batch_ext_clear(batch_tgt.get());
-    add_target_rows(q.seq_id, tokens, n, q.n_past, /*logits*/ true);
+    add_target_rows(q.slot, tokens, n, q.n_past, /*logits*/ true);
     return decode_target();
 }

@@ -255,6 +255,12 @@ def test_explorer_slots_tab(session_np4, session_mixed):
     view.run_button.click()  # the button runs it in the background
     view.wait(60)
     assert view.state == "idle" and "3 requests" in view.status
+    view.prompts = [""]  # a bad prompt: the button's error goes to the status line, the view stays usable
+    view.run_button.click()
+    view.wait(60)
+    assert view.state == "idle" and "prompt is empty" in view.status
+    with pytest.raises(mx.ParameterError, match="prompt is empty"):
+        view.run()  # called directly, it raises
     ex.close()
 
 
@@ -270,3 +276,15 @@ def test_live_parallel_equals_the_result(session_np4):
     for a, b in zip(partial.traces, final.traces):
         for name in ("batch_step", "n_drafted", "verify_rows", "draft_rows"):
             np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
+
+
+def test_latency_counts_only_the_steps_a_request_was_in(session_np4):
+    """A request arriving after an idle stretch: its latency is its prefill and the time of the steps it ran in."""
+    result = session_np4.generate_parallel(PROMPTS[:2], max_tokens=8, n_max=2, arrivals=[0, 40])
+    first, late = result.requests
+    assert first.finished_step < late.arrival == late.admitted_step
+    sm = result.summary()["requests"][1]
+    steps = result.batch_steps()
+    own = steps[(steps["batch_step"] >= late.admitted_step) & (steps["batch_step"] <= late.finished_step)]
+    seconds = own[[f"t_{p}_ns" for p in mx.core.schema.PHASES]].to_numpy().sum() / 1e9
+    assert sm["latency_seconds"] == pytest.approx(seconds + late.t_prefill_ns / 1e9)

@@ -38,6 +38,7 @@ import numpy as np
 from ..core import drafters
 from ..core.checks import check_int
 from ..core.errors import ParameterError
+from ..core.parallel import request_settings
 from ..core.schema import PHASES
 
 if TYPE_CHECKING:
@@ -159,6 +160,13 @@ class BatchCostModel:
 
 
 # -- measuring -------------------------------------------------------------------------------------------
+def _step_shape(rows: list[int], pos: list[int], drafting: list[bool], uses_mtp: bool, draft_rows: list[int],
+                previous: list[int] | None) -> StepShape:
+    """A step's shape from its sequences' rows, positions and drafting, after a step whose rows were ``previous``."""
+    return StepShape(rows=rows, pos=pos, drafting=drafting, mtp=[d and uses_mtp for d in drafting],
+                     draft_rows=draft_rows, fresh=rows != previous)
+
+
 def batch_shapes(result: "ParallelTrace") -> list[tuple[StepShape, dict[str, int]]]:
     """Every engine step of a parallel run: its shape and its measured phase times (ns)."""
     uses_mtp = any(s.needs_mtp for s in drafters.mode(result.settings["drafter"]).drafters)
@@ -171,11 +179,9 @@ def batch_shapes(result: "ParallelTrace") -> list[tuple[StepShape, dict[str, int
     for step in sorted(by_step):
         rows = by_step[step]
         c0, i0 = rows[0]
-        draft_rows = [int(v) for v in c0["draft_rows"][i0] if v >= 0]
-        drafting = [bool(c["n_max"][i] > 0) for c, i in rows]
         verify = [int(c["n_drafted"][i]) + 1 for c, i in rows]
-        shape = StepShape(rows=verify, pos=[int(c["pos"][i]) for c, i in rows], drafting=drafting,
-                          mtp=[d and uses_mtp for d in drafting], draft_rows=draft_rows, fresh=verify != previous)
+        shape = _step_shape(verify, [int(c["pos"][i]) for c, i in rows], [bool(c["n_max"][i] > 0) for c, i in rows],
+                            uses_mtp, [int(v) for v in c0["draft_rows"][i0] if v >= 0], previous)
         previous = verify
         out.append((shape, {p: int(c0[f"t_{p}_ns"][i0]) for p in PHASES}))
     return out
@@ -307,12 +313,11 @@ def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, *,
     if arrivals is None and len(oracles) > n_parallel:
         raise ParameterError(f"{len(oracles)} requests at once on n_parallel={n_parallel} sequences: give arrivals")
     arrivals = [0] * len(oracles) if arrivals is None else [check_int("arrival", a, 0, None) for a in arrivals]
-    params = [None] * len(oracles) if params is None else list(params)
-    if not oracles or len(arrivals) != len(oracles) or len(params) != len(oracles):
+    if not oracles or len(arrivals) != len(oracles) or (params is not None and len(params) != len(oracles)):
         raise ParameterError("give one oracle per request, and as many arrivals and params as oracles")
     runs = []
-    for i, (o, a, p) in enumerate(zip(oracles, arrivals, params)):
-        s = {"n_max": n_max, "p_min": p_min, "n_min": n_min, "max_tokens": max_tokens} | dict(p or {})
+    settings = request_settings(params, len(oracles), max_tokens, n_max, p_min, n_min)
+    for i, (o, a, s) in enumerate(zip(oracles, arrivals, settings)):
         sim = simulate(o, s["n_max"], s["p_min"], min(s["n_min"], s["n_max"]), drafter=mode, max_tokens=s["max_tokens"])
         c = sim.columns
         runs.append(_Run(index=i, arrival=a, n_prompt=len(o.prompt_tokens), rows=c["n_drafted"] + 1, pos=c["pos"],
@@ -339,11 +344,9 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
         k = [r.next for r in active]
         decodes = [int(r.draft_decodes[i]) for r, i in zip(active, k)]
         verify = [int(r.rows[i]) for r, i in zip(active, k)]
-        shape = StepShape(rows=verify, pos=[int(r.pos[i]) for r, i in zip(active, k)],
-                          drafting=[bool(r.drafting[i]) for r, i in zip(active, k)],
-                          mtp=[bool(r.drafting[i]) and uses_mtp for r, i in zip(active, k)],
-                          draft_rows=[sum(d > j for d in decodes) for j in range(max(decodes, default=0))],
-                          fresh=verify != previous)
+        shape = _step_shape(verify, [int(r.pos[i]) for r, i in zip(active, k)],
+                            [bool(r.drafting[i]) for r, i in zip(active, k)], uses_mtp,
+                            [sum(d > j for d in decodes) for j in range(max(decodes, default=0))], previous)
         previous = verify
         seconds = sum(costs.step_ns(shape).values()) / 1e9
         total_s += seconds

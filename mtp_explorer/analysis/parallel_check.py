@@ -53,7 +53,7 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
         if float(trace.settings.get("temperature", 0.0)) > 0:
             raise ValueError(f"request {info.index} sampled with temperature > 0: only greedy requests have a truth")
         depth = max(1, int(trace.columns["n_max"].max()) if trace.n_steps else 1)
-        options = {o.name: trace.settings[o.name] for o in drafters.all_options() if o.name in trace.settings}
+        options = drafters.recorded_options(trace.settings)
         oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,
                                        probe=False, **options)
         cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ..core.drafters import DrafterSpec, option_values
+from ..core.drafters import DrafterSpec, option_values, recorded_options
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
 from . import ngram_cache
@@ -559,7 +559,7 @@ class NgramModReplay(StatefulReplay):
     its expected accepted length."""
 
     def start(self, cap, reason, n_min, active) -> DrafterState:
-        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        recorded = recorded_options(self.oracle.settings, self.spec.options)
         return NgramModState(self, cap, reason, n_min, active, option_values(recorded))
 
 
@@ -684,7 +684,7 @@ class NgramMapReplay(StatefulReplay):
     expected accepted length."""
 
     def start(self, cap, reason, n_min, active) -> DrafterState:
-        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        recorded = recorded_options(self.oracle.settings, self.spec.options)
         values = option_values(recorded)
         size_n, size_m, min_hits = (values[o.name] for o in self.spec.options)
         key_only = self.spec.options[0].name.startswith("ngram_map_k_")
@@ -727,7 +727,7 @@ class NgramCacheReplay(StatefulReplay):
     @cached_property
     def files(self) -> tuple[dict, dict]:
         """(dynamic, static) caches of the recording's options (empty where it named no file)."""
-        recorded = {o.name: self.oracle.settings[o.name] for o in self.spec.options if o.name in self.oracle.settings}
+        recorded = recorded_options(self.oracle.settings, self.spec.options)
         values = option_values(recorded)
         by_name = {o.name: o for o in self.spec.options}
         return tuple(ngram_cache.load(values[name], by_name[name].flag) if values[name] else {}

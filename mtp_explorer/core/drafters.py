@@ -383,6 +383,12 @@ def option_values(given: Mapping[str, Any] | None = None) -> dict[str, int | str
     return {name: o.check(given.get(name, o.default)) for name, o in known.items()}
 
 
+def recorded_options(settings: Mapping[str, Any], options: Sequence[DrafterOption] | None = None) -> dict[str, Any]:
+    """The drafters' option values a trace's or an oracle's ``settings`` recorded (of ``options``; default: every
+    drafter's), by keyword."""
+    return {o.name: settings[o.name] for o in (all_options() if options is None else options) if o.name in settings}
+
+
 def engine_options(values: Mapping[str, int | str]) -> dict[str, int | str]:
     """The drafters' options as the engine takes them (``GenerationConfig.options``, ``record_oracle``): every
     option's value by its keyword (``values``: from :func:`option_values`), an integer or a file name."""

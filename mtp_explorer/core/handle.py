@@ -279,14 +279,15 @@ class EngineHandle:
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         return _prompt_tokens(self, prompt)
 
-    def _output(self, prompt: Prompt, prompt_tokens: list[int]) -> dict:
-        """The last generation's prompt and output, as the fields a Trace and an OracleTrace share."""
+    def _output(self, prompt: Prompt, prompt_tokens: list[int], request: int = 0) -> dict:
+        """The last generation's prompt and output (of its request ``request``: 0 for a single generation), as the
+        fields a Trace and an OracleTrace share."""
         engine = self._engine
-        tokens = engine.generated()
+        tokens = engine.generated(0, request)
         return {"prompt": prompt if isinstance(prompt, str) else self.detokenize(prompt_tokens),
                 "prompt_tokens": prompt_tokens, "tokens": tokens, "text": engine.detokenize(tokens),
-                "pieces": [engine.piece(t) for t in tokens], "finish_reason": FINISH_REASONS[engine.finish],
-                "model": self.info.to_dict()}
+                "pieces": [engine.piece(t) for t in tokens],
+                "finish_reason": FINISH_REASONS[engine.request_state(request)["finish"]], "model": self.info.to_dict()}
 
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""

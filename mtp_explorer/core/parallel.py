@@ -10,6 +10,7 @@ are busy and leave it when they finish (continuous batching).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from . import drafters
 from .checks import check_int, check_sampling
 from .errors import ParameterError, engine_errors
 from .handle import Prompt
-from .schema import FINISH_REASONS, PHASES
+from .schema import PHASES
 from .trace import Step, Trace
 
 #: The per-request settings ``params`` may override, and what each defaults to.
@@ -101,11 +102,13 @@ class ParallelTrace:
         slots."""
         steps = self.batch_steps()
         step_s = steps[[f"t_{p}_ns" for p in PHASES]].sum(axis=1).to_numpy() / 1e9 if len(steps) else np.zeros(0)
-        end_of = dict(zip(steps["batch_step"].tolist(), np.cumsum(step_s).tolist())) if len(steps) else {}
+        ends = np.cumsum(step_s)
+        spans = {int(b): (e - s, e) for b, s, e in zip(steps["batch_step"], step_s, ends)}  # step -> (start, end)
         prefill_s = sum(r.t_prefill_ns for r in self.requests) / 1e9
         n_tokens = sum(len(t.tokens) for t in self.traces)
         n_d = np.concatenate([t.columns["n_drafted"] for t in self.traces])
         n_a = np.concatenate([t.columns["n_accepted"] for t in self.traces])
+        each = [t.summary() for t in self.traces]
         depth = self.traces[0].depth if self.traces else 0
         model = self.traces[0].model if self.traces else {}
         return {
@@ -115,21 +118,24 @@ class ParallelTrace:
             "n_steps": len(steps),
             "tokens_per_second": metrics.tokens_per_second(n_tokens, float(step_s.sum()) + prefill_s),
             "decode_tokens_per_second": metrics.tokens_per_second(n_tokens, float(step_s.sum())),
-            "summed_request_tokens_per_second": float(sum(t.summary()["tokens_per_second"] for t in self.traces)),
+            "summed_request_tokens_per_second": float(sum(s["tokens_per_second"] for s in each)),
             "acceptance_rate": metrics.acceptance_rate(n_d, n_a),
             "acceptance_by_depth": metrics.acceptance_by_depth(n_d, n_a, depth).rate,
             "mean_verify_rows": float(steps["verify_rows"].mean()) if len(steps) else float("nan"),
             "mean_active": float(steps["n_active"].mean()) if len(steps) else float("nan"),
             "rs_memory_bytes": (int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"]
                                 * self.settings["n_parallel"]),
-            "requests": [self._request_summary(info, t, end_of) for info, t in zip(self.requests, self.traces)],
+            "requests": [self._request_summary(info, t, s, spans)
+                         for info, t, s in zip(self.requests, self.traces, each)],
         }
 
     @staticmethod
-    def _request_summary(info: RequestInfo, t: Trace, end_of: Mapping[int, float]) -> dict[str, Any]:
-        s = t.summary()
-        start = end_of.get(info.admitted_step - 1, 0.0)
-        latency = end_of.get(info.finished_step, float("nan")) - start + info.t_prefill_ns / 1e9
+    def _request_summary(info: RequestInfo, t: Trace, s: Mapping[str, Any],
+                         spans: Mapping[int, tuple[float, float]]) -> dict[str, Any]:
+        """``s``: the trace's summary; ``spans``: each engine step's start and end (seconds of step time, cumulative)."""
+        nan = (float("nan"), float("nan"))
+        latency = spans.get(info.finished_step, nan)[1] - spans.get(info.admitted_step, nan)[0] \
+            + info.t_prefill_ns / 1e9
         return {"seq": info.index, "slot": info.slot, "arrival": info.arrival, "admitted_step": info.admitted_step,
                 "finished_step": info.finished_step, "n_tokens": s["n_tokens"], "acceptance_rate": s["acceptance_rate"],
                 "mean_accepted_length": s["mean_accepted_length"], "latency_seconds": latency,
@@ -173,10 +179,10 @@ class ParallelGeneration:
             return self._finish_parallel()
 
     def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[ParallelStep]]:
-        """As :meth:`generate_parallel`, yielding after every engine step a :class:`ParallelStep` for each sequence in
-        it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
+        """As :meth:`generate_parallel` (the same arguments), yielding after every engine step a :class:`ParallelStep`
+        for each sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
         with self._run():
-            args = {k: kwargs.pop(k, d) for k, d in _PARALLEL_DEFAULTS.items()}
+            args = {k: kwargs.pop(k, d) for k, d in _parallel_defaults().items()}
             self._begin_parallel(prompts, options=kwargs, **args)
             engine = self._engine
             seen = [0] * engine.n_requests
@@ -210,7 +216,7 @@ class ParallelGeneration:
         if not prompts:
             raise ParameterError("no prompts: give at least one")
         arrivals = self._check_arrivals(arrivals, len(prompts))
-        settings = self._request_settings(params, len(prompts), max_tokens, n_max, p_min, n_min)
+        settings = request_settings(params, len(prompts), max_tokens, n_max, p_min, n_min)
         temperature, seed = check_sampling(temperature, self.seed if seed is None else seed)
         requests, self._parallel_prompts = [], []
         for i, (prompt, p) in enumerate(zip(prompts, settings)):
@@ -246,49 +252,50 @@ class ParallelGeneration:
             raise ParameterError(f"arrivals has {len(arrivals)} entries for {n} prompts")
         return [check_int(f"arrivals[{i}]", a, 0, None) for i, a in enumerate(arrivals)]
 
-    def _request_settings(self, params, n: int, max_tokens, n_max, p_min, n_min) -> list[dict[str, Any]]:
-        base = {"n_max": n_max, "p_min": p_min, "n_min": n_min, "max_tokens": max_tokens}
-        if params is None:
-            params = [None] * n
-        params = list(params)
-        if len(params) != n:
-            raise ParameterError(f"params has {len(params)} entries for {n} prompts")
-        out = []
-        for i, p in enumerate(params):
-            p = dict(p or {})
-            unknown = sorted(set(p) - set(REQUEST_KEYS))
-            if unknown:
-                raise ParameterError(f"params[{i}]: unknown setting(s) {unknown}; per-request settings are "
-                                     f"{list(REQUEST_KEYS)}")
-            merged = base | p
-            if "n_max" in p and "n_min" not in p:
-                merged["n_min"] = min(n_min, merged["n_max"]) if isinstance(merged["n_max"], int) else n_min
-            check_int(f"params[{i}] max_tokens", merged["max_tokens"], 1, None)
-            out.append(merged)
-        return out
-
     def _finish_parallel(self) -> ParallelTrace:
         engine = self._engine
         traces, infos = [], []
         for i, ((prompt, tokens), settings) in enumerate(zip(self._parallel_prompts, self._parallel_settings)):
             state = engine.request_state(i)
-            generated = engine.generated(0, i)
-            traces.append(Trace(
-                prompt=prompt if isinstance(prompt, str) else self.detokenize(tokens), prompt_tokens=tokens,
-                tokens=generated, text=engine.detokenize(generated), pieces=[engine.piece(t) for t in generated],
-                columns=dict(engine.columns(0, i)), finish_reason=FINISH_REASONS[state["finish"]],
-                settings=settings, model=self.info.to_dict(), t_prefill_ns=state["t_prefill_ns"]))
+            traces.append(Trace(columns=dict(engine.columns(0, i)), settings=settings,
+                                t_prefill_ns=state["t_prefill_ns"], **self._output(prompt, tokens, i)))
             infos.append(RequestInfo(index=i, slot=state["slot"], arrival=state["arrival"],
                                      admitted_step=state["admitted_step"], finished_step=state["finished_step"],
                                      n_prompt=state["n_prompt"], t_prefill_ns=state["t_prefill_ns"]))
         result = ParallelTrace(traces=traces, requests=infos,
                                settings={"n_parallel": self.n_parallel, "capacity": self.capacity,
-                                         "n_ctx": self.n_ctx} | {"drafter": self._mode.name})
+                                         "n_ctx": self.n_ctx, "drafter": self._mode.name})
         self.last_parallel_trace = result
         return result
 
 
-_PARALLEL_DEFAULTS: dict[str, Any] = {
-    "max_tokens": 128, "n_max": 3, "p_min": 0.0, "n_min": 0, "drafter": drafters.DEFAULT_MODE,
-    "chain_policy": None, "arrivals": None, "params": None, "temperature": 0.0, "seed": None,
-}
+def request_settings(params: Sequence[Mapping[str, Any] | None] | None, n: int, max_tokens: int | None, n_max: int,
+                     p_min: float, n_min: int) -> list[dict[str, Any]]:
+    """Each of ``n`` requests' settings: the shared ones, overridden by its entry of ``params`` (keys of
+    :data:`REQUEST_KEYS`; an ``n_max`` given without ``n_min`` lowers ``n_min`` to it). A wrong length or an unknown
+    key is a :class:`ParameterError`; ``max_tokens`` (``None``: left to the caller) is checked."""
+    base = {"n_max": n_max, "p_min": p_min, "n_min": n_min, "max_tokens": max_tokens}
+    params = [None] * n if params is None else list(params)
+    if len(params) != n:
+        raise ParameterError(f"params has {len(params)} entries for {n} prompts")
+    out = []
+    for i, p in enumerate(params):
+        p = dict(p or {})
+        unknown = sorted(set(p) - set(REQUEST_KEYS))
+        if unknown:
+            raise ParameterError(f"params[{i}]: unknown setting(s) {unknown}; per-request settings are "
+                                 f"{list(REQUEST_KEYS)}")
+        merged = base | p
+        if "n_max" in p and "n_min" not in p and isinstance(merged["n_max"], int):
+            merged["n_min"] = min(n_min, merged["n_max"])
+        if merged["max_tokens"] is not None:
+            check_int(f"params[{i}] max_tokens", merged["max_tokens"], 1, None)
+        out.append(merged)
+    return out
+
+
+def _parallel_defaults() -> dict[str, Any]:
+    """:meth:`ParallelGeneration.generate_parallel`'s keyword defaults (what :meth:`~ParallelGeneration.stream_parallel`
+    takes as well)."""
+    params = inspect.signature(ParallelGeneration.generate_parallel).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}

@@ -60,8 +60,8 @@ class LiveParallel:
 
 class SlotsView(W.VBox):
     """Run ``n_requests`` requests on ``n_parallel`` of the session's sequences and watch each slot; measure where
-    speculation stops paying. ``run()`` and ``measure()`` are what the buttons call (in a background thread);
-    both return their result and may be called directly."""
+    speculation stops paying. ``run()`` and ``measure()`` are what the buttons call (in a background thread, an
+    error then shown in ``status``); both return their result, or raise, when called directly."""
 
     n_requests = T.Int(2, min=1, help="requests at once (at most the session's n_parallel)")
     n_max = T.Int(3, min=0, help="draft length of every request")
@@ -118,9 +118,6 @@ class SlotsView(W.VBox):
                            f"{s['decode_tokens_per_second']:.0f} tok/s aggregate, acceptance "
                            f"{s['acceptance_rate']:.2f}, {s['mean_verify_rows']:.1f} rows per verify batch")
             return result
-        except Exception as e:  # shown in the view, and raised to a direct caller
-            self.status = readable_error(e)
-            raise
         finally:
             self.state = "idle"
 
@@ -139,9 +136,6 @@ class SlotsView(W.VBox):
             self.status = ("speculation pays at every N measured" if c is None
                            else f"speculation stops paying at N={c} on this machine")
             return df
-        except Exception as e:
-            self.status = readable_error(e)
-            raise
         finally:
             self.state = "idle"
 
@@ -160,12 +154,12 @@ class SlotsView(W.VBox):
     def _background(self, action) -> None:
         if self.state != "idle":
             return
-        self._thread = threading.Thread(target=self._quietly, args=(action,), name="mtpx-slots", daemon=True)
+        self._thread = threading.Thread(target=self._reporting, args=(action,), name="mtpx-slots", daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _quietly(action) -> None:
+    def _reporting(self, action) -> None:
+        """A button's action; its error, which has no caller to reach, goes to the status line."""
         try:
             action()
-        except Exception:
-            pass  # the view's status shows it
+        except Exception as e:
+            self.status = readable_error(e)
