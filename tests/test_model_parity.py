@@ -1,5 +1,8 @@
 """The exported GGUF computes what the PyTorch model computes (trunk and MTP head).
 
+The chained drafts the training scores (``DemoModel.mtp_chain``) are checked against llama.cpp's
+MTP context fed its own ``h_nextn``, as the draft-mtp loop feeds it.
+
 The PyTorch model is rebuilt from the shipped GGUF (``training.export.model_from_gguf``, the
 exact inverse of the exporter), so no training checkpoint is needed: an F32 re-export run with an
 F32 KV cache must match llama.cpp to 2e-3 in every logit (measured: ~4e-5 trunk, ~2e-5 MTP), and
@@ -64,8 +67,14 @@ def _torch_outputs(model, ids, h_prev):
     return logits, h[0].numpy(), mtp_logits
 
 
-def test_f32_export_matches_pytorch(tmp_path, model_path, torch_model, sequences):
-    f32 = export_model(torch_model, vocab_from_gguf(model_path), tmp_path / "model-f32.gguf", dtype="f32")
+@pytest.fixture(scope="module")
+def f32(tmp_path_factory, model_path, torch_model) -> Path:
+    """The PyTorch model exported again with F32 weights."""
+    return export_model(torch_model, vocab_from_gguf(model_path),
+                        tmp_path_factory.mktemp("f32") / "model-f32.gguf", dtype="f32")
+
+
+def test_f32_export_matches_pytorch(f32, torch_model, sequences):
     worst_trunk = worst_mtp = 0.0
     # F32 weights *and* an F32 KV cache: llama.cpp's default F16 cache alone moves logits by ~1e-2.
     for ids, (logits, h, h_prev, mtp_logits) in zip(sequences, _llama_outputs(f32, sequences, f32_cache=True)):
@@ -87,3 +96,38 @@ def test_shipped_file_top1_agreement(model_path, torch_model, sequences):
         n += len(ids)
     assert agree_t / n >= 0.995, agree_t / n
     assert agree_m / n >= 0.995, agree_m / n
+
+
+def test_chained_drafts_match_llama_cpp(f32, torch_model, sequences):
+    """Depths 1..4 of a draft round: llama.cpp's MTP context with real rows 0..q-1, the first draft row, then each fed
+    the previous row's ``h_nextn`` (tokens teacher-forced), equals ``mtp_chain`` at the same starts."""
+    ids = sequences[0]
+    starts = [1, 40, 127, 250]
+    depth = 4
+    worst = 0.0
+    with llama_ref.LlamaMTP(f32, n_ctx=SEQ, f32_cache=True) as m:
+        _, h = m.sequence_states(ids)
+        h_prev = np.concatenate([np.zeros((1, m.n_embd), np.float32), h[:-1]])
+        want = []
+        for q in starts:
+            m.mtp_seq_rm(0)
+            # llama.cpp catches the MTP context up, then drafts from a batch of one row per sequence.
+            # (A batch whose last row is its only output would hand back row 0's h_nextn: graph_mtp sets
+            # t_h_nextn before selecting the output rows.)
+            m.mtp(ids[:q], h_prev[:q], 0, outputs=[q - 1])
+            lg, hq = m.mtp([ids[q]], h_prev[q : q + 1], q)
+            rows = [lg[0]]
+            for d in range(2, depth + 1):
+                lg, hq = m.mtp([ids[q + d - 1]], hq, q + d - 1)
+                rows.append(lg[0])
+            want.append(rows)
+    with torch.no_grad():
+        outs, _ = torch_model.mtp_chain(torch.tensor([ids]), torch.from_numpy(h)[None], depth,
+                                        starts=torch.tensor(starts))
+        got = [[torch_model.logits(outs[0][0, q]).numpy()] + [torch_model.logits(outs[d][0, i]).numpy()
+                                                              for d in range(1, depth)]
+               for i, q in enumerate(starts)]
+    for rows_want, rows_got in zip(want, got):
+        for a, b in zip(rows_want, rows_got):
+            worst = max(worst, float(np.abs(a - b).max()))
+    assert worst <= TOL_F32, worst

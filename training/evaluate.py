@@ -6,12 +6,18 @@
 Everything is measured on the GGUF file through llama.cpp (llama-cpp-python's low-level API,
 see ``training/llama_ref.py``), so no torch is needed:
 
-* greedy MTP acceptance at ``n_max=1`` and acceptance by depth at ``n_max=4`` over 50
-  held-out prompts (64 new tokens each), simulating llama.cpp's draft-mtp loop;
+* greedy MTP acceptance at ``n_max`` 1..4 over 50 held-out prompts (64 new tokens each),
+  simulating llama.cpp's draft-mtp loop: accepted / drafted, mean accepted drafts per round,
+  and acceptance by depth at ``n_max=4``;
+* a fingerprint of the plain greedy continuations (equal for two files with the same trunk);
 * held-out next-token cross-entropy of the trunk and of the MTP head (nats/token) over the
   whole held-out split in windows of 256 tokens, plus the teacher-forced agreement of the
   MTP's top-1 with the trunk's top-1;
 * three greedy sample completions;
+* with ``--baseline``, the same numbers of another file (the model before its MTP head was
+  fine-tuned) beside these, as the card's before/after table;
+* with ``--write-prompts``, the demo prompts (:func:`choose_demo_prompts`) into
+  ``mtp_explorer/models/prompts.json``;
 * when the project's engine is importable, the acceptance numbers once more through
   ``mtp_explorer.Session`` on the same prompts.
 """
@@ -19,6 +25,7 @@ see ``training/llama_ref.py``), so no torch is needed:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import re
@@ -35,6 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GGUF = ROOT / "mtp_explorer" / "models" / "pystdlib-qwen35-mtp.gguf"
 DEFAULT_CARD = ROOT / "mtp_explorer" / "models" / "MODEL.md"
 DEFAULT_LOG = ROOT / "training" / "logs" / "train.jsonl"
+HEAD_LOG = ROOT / "training" / "logs" / "mtp_head.jsonl"
+DEFAULT_PROMPTS_FILE = ROOT / "mtp_explorer" / "models" / "prompts.json"
+N_MAXES = (1, 2, 3, 4)
 
 N_PROMPTS = 50
 N_NEW = 64
@@ -49,6 +59,11 @@ SAMPLE_PROMPTS = (
 SAMPLE_NEW = 64
 LOOP_TAIL = 32
 LOOP_MAX_PERIOD = 16
+N_DEMO_PROMPTS = 6
+DEMO_RULE = ("snippets of held-out files starting at a def/class line, 8-14 lines ending before a non-blank line, at most "
+             "a third comment or docstring lines; of those (4 per file, seed 1), one per file whose greedy continuation "
+             "does not end in a loop, most accepted drafts per round at n_max=4 first")
+DEMO_PROMPT_LINES = (8, 14)  #: a demo prompt's length in lines (min, max)
 
 
 def heldout_prompts(n: int = N_PROMPTS, seed: int = 0) -> list[str]:
@@ -78,19 +93,87 @@ def ends_in_loop(tokens: list[int], tail: int = LOOP_TAIL, max_period: int = LOO
     return any(all(t[i] == t[i - p] for i in range(p, len(t))) for p in range(1, max_period + 1))
 
 
-def acceptance(m: LlamaMTP, prompts: list[str], n_max: int) -> tuple[SpecStats, list[float], float]:
-    """Draft statistics, per-prompt acceptance, and the fraction of continuations ending in a loop."""
+def acceptance(m: LlamaMTP, prompts: list[str], n_max: int) -> tuple[SpecStats, list[float], list[list[int]]]:
+    """Draft statistics, per-prompt acceptance, and the greedy continuations."""
     total = SpecStats(n_max=n_max, by_depth_drafted=[0] * n_max, by_depth_tried=[0] * n_max,
                       by_depth_accepted=[0] * n_max)
     per_prompt = []
-    loops = 0
+    gens = []
     for text in prompts:
         ids = m.tokenize(text)[-PROMPT_MAX_TOKENS:]
         gen, st = m.speculative_greedy(ids, N_NEW, n_max)
         total.merge(st)
         per_prompt.append(st.acceptance)
-        loops += ends_in_loop(gen)
-    return total, per_prompt, loops / len(prompts)
+        gens.append(gen)
+    return total, per_prompt, gens
+
+
+def is_code(text: str) -> bool:
+    """Whether at most a third of the non-blank lines are comments or docstring text, and no licence text."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    in_doc = False
+    prose = 0
+    for ln in lines:
+        quotes = ln.count('"""') + ln.count("\'\'\'")
+        if in_doc or ln.startswith("#") or quotes:
+            prose += 1
+        if quotes % 2:
+            in_doc = not in_doc
+    return bool(lines) and prose * 3 <= len(lines) and "icense" not in text
+
+
+def demo_candidates(per_file: int = 4, seed: int = 1) -> list[dict[str, object]]:
+    """Snippets of held-out files that read as code: each starts at a ``def``/``class`` line, has
+    :data:`DEMO_PROMPT_LINES` lines, ends before a non-blank line and passes :func:`is_code`; at most
+    ``per_file`` per file, drawn with ``seed``."""
+    _, held = split_corpus(load_corpus())
+    rng = np.random.default_rng(seed)
+    lo, hi = DEMO_PROMPT_LINES
+    out: list[dict[str, object]] = []
+    for f in held:
+        lines = f.text.splitlines(keepends=True)
+        found = []
+        for i, ln in enumerate(lines):
+            if not re.match(r"\s*(def|class) ", ln):
+                continue
+            for end in range(i + hi, i + lo - 1, -1):  # the longest snippet that ends before a non-blank line
+                if end < len(lines) and lines[end].strip() and lines[end - 1].strip():
+                    text = "".join(lines[i:end])
+                    if is_code(text):
+                        found.append({"text": text, "relpath": f.relpath, "first": i + 1, "last": end})
+                    break
+        if found:
+            picks = rng.choice(len(found), size=min(per_file, len(found)), replace=False)
+            out += [found[int(k)] for k in sorted(picks)]
+    return out
+
+
+def choose_demo_prompts(m: LlamaMTP, n: int = N_DEMO_PROMPTS) -> list[dict[str, object]]:
+    """The demo prompts: of :func:`demo_candidates`, those whose greedy continuation does not end in a loop,
+    with the most accepted drafts per round at ``n_max=4``, one per file."""
+    scored = []
+    for c in demo_candidates():
+        gen, st = m.speculative_greedy(m.tokenize(c["text"]), N_NEW, 4)
+        if not ends_in_loop(gen) and st.drafts:
+            scored.append({**c, "mean_accepted_per_round_n_max_4": round(st.accepted / st.drafts, 3)})
+    scored.sort(key=lambda c: -c["mean_accepted_per_round_n_max_4"])
+    chosen: list[dict[str, object]] = []
+    for c in scored:
+        if c["relpath"] not in {x["relpath"] for x in chosen}:
+            chosen.append(c)
+    return chosen[:n]
+
+
+def write_demo_prompts(prompts: list[dict[str, object]], gguf_path: Path, path: Path = DEFAULT_PROMPTS_FILE) -> Path:
+    """``prompts.json``: the chosen prompts, the model they were chosen with, and the rule."""
+    doc = {"model": gguf_path.name, "rule": DEMO_RULE, "prompts": prompts}
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def greedy_fingerprint(gens: list[list[int]]) -> str:
+    """sha256 of the plain greedy continuations (token ids), to tell whether two trunks decode alike."""
+    return hashlib.sha256(json.dumps(gens).encode("ascii")).hexdigest()
 
 
 def engine_acceptance(gguf_path: Path, prompt_ids: list[list[int]], threads: int) -> dict[str, object] | None:
@@ -186,6 +269,27 @@ def training_summary(log_path: Path) -> dict[str, object]:
     return out
 
 
+def head_summary(log_path: Path = HEAD_LOG) -> dict[str, object]:
+    """The MTP-head fine-tune (``training.mtp_head``): its settings, steps, wall time and held-out evaluation."""
+    if not log_path.exists():
+        return {}
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    starts = [r for r in rows if r.get("event") == "start"]
+    if not starts:
+        return {}
+    rows = rows[rows.index(starts[-1]):]  # the last run from scratch, with its resumptions
+    steps = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "eval" in r and "step" in r]
+    out: dict[str, object] = {"config": starts[-1]["config"], "threads": starts[-1].get("threads"),
+                              "torch": starts[-1].get("torch"), "eval_before": starts[-1].get("eval")}
+    if steps:
+        out.update({"steps": steps[-1]["step"], "wall_seconds": steps[-1]["elapsed_seconds"],
+                    "mean_tok_per_s": round(float(np.mean([r["tok_per_s"] for r in steps])))})
+    if evals:
+        out["eval_after"] = evals[-1]["eval"]
+    return out
+
+
 def gguf_summary(path: Path) -> dict[str, object]:
     """Architecture numbers and parameter counts read from the GGUF."""
     import gguf
@@ -210,8 +314,10 @@ def gguf_summary(path: Path) -> dict[str, object]:
     }
 
 
-def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2) -> dict[str, object]:
-    """All the numbers of the model card, as a JSON-able dict."""
+def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, baseline: dict | None = None,
+             write_prompts: bool = False) -> dict[str, object]:
+    """All the numbers of the model card, as a JSON-able dict (``baseline``: another file's, for the
+    before/after table; ``write_prompts``: also choose the demo prompts and write ``prompts.json``)."""
     t0 = time.time()
     files = load_corpus()
     _, held = split_corpus(files)
@@ -222,14 +328,18 @@ def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2) -> d
             held_tokens.extend(m.tokenize(f.text))
             held_tokens.append(int(m.tokenize("<|endoftext|>", parse_special=True)[0]))
         prompt_ids = [m.tokenize(p)[-PROMPT_MAX_TOKENS:] for p in prompts]
-        s1, per1, loop_fraction = acceptance(m, prompts, 1)
-        s4, _, _ = acceptance(m, prompts, 4)
+        runs = {n: acceptance(m, prompts, n) for n in N_MAXES}
+        s1, per1, gens = runs[1]
+        s4 = runs[4][0]
+        loop_fraction = sum(ends_in_loop(g) for g in gens) / len(gens)
         losses = heldout_losses(m, held_tokens)
         samples = []
         for p in SAMPLE_PROMPTS:
             gen = m.greedy(m.tokenize(p), SAMPLE_NEW)
             _, st = m.speculative_greedy(m.tokenize(p), SAMPLE_NEW, 3)
             samples.append({"prompt": p, "completion": m.detokenize(gen), "acceptance_n_max_3": round(st.acceptance, 3)})
+        if write_prompts:
+            write_demo_prompts(choose_demo_prompts(m), gguf_path)
     try:
         engine = engine_acceptance(gguf_path, prompt_ids, threads)
     except Exception as exc:  # noqa: BLE001 - report, do not fail the evaluation
@@ -238,23 +348,27 @@ def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2) -> d
         "model": gguf_summary(gguf_path),
         "corpus": describe(files),
         "training": training_summary(DEFAULT_LOG),
+        "mtp_head": head_summary(),
         "acceptance_n_max_1": round(s1.acceptance, 4),
         "acceptance_n_max_1_prompt_mean": round(float(np.mean(per1)), 4),
         "acceptance_n_max_1_prompt_min": round(float(np.min(per1)), 4),
         "n_max_1_drafted": s1.drafted,
         "greedy_loop_fraction": round(loop_fraction, 4),
-        "acceptance_n_max_4": round(s4.acceptance, 4),
+        "greedy_sha256": greedy_fingerprint(gens),
+        **{f"acceptance_n_max_{n}": round(runs[n][0].acceptance, 4) for n in N_MAXES if n > 1},
+        **{f"mean_accepted_per_round_n_max_{n}": round(runs[n][0].accepted / runs[n][0].drafts, 4)
+           if runs[n][0].drafts else 0.0 for n in N_MAXES},
         "acceptance_n_max_4_by_depth": [None if v is None else round(v, 4) for v in s4.cumulative_by_depth()],
         "acceptance_n_max_4_by_depth_conditional": [None if v is None else round(v, 4) for v in s4.conditional_by_depth()],
         "acceptance_n_max_4_by_depth_counts": {"drafted": s4.by_depth_drafted, "reached": s4.by_depth_tried,
                                                "accepted": s4.by_depth_accepted},
-        "mean_accepted_per_round_n_max_4": round(s4.accepted / s4.drafts, 4) if s4.drafts else 0.0,
         "n_prompts": n_prompts,
         "n_new_tokens": N_NEW,
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in losses.items()},
         "samples": samples,
         "engine": engine,
         "eval_seconds": round(time.time() - t0, 1),
+        **({"baseline": {k: v for k, v in baseline.items() if k != "baseline"}} if baseline else {}),
     }
 
 
@@ -310,9 +424,23 @@ def render_measured(r: dict) -> str:
             "(nats/token, last logged batch). The full log is `training/logs/train.jsonl`.",
             "",
         ]
+    hd = r.get("mtp_head") or {}
+    if hd.get("steps"):
+        hc = hd["config"]
+        lines += [
+            f"- MTP block fine-tuned for chained drafting (`python -m training.mtp_head`, trunk frozen): {hd['steps']} "
+            f"AdamW steps of {hc['batch_size']} × {hc['seq_len']} tokens, draft depths 1..{hc['depth']} chained as "
+            f"llama.cpp chains them ({hc['chain_rows']} draft rounds per sequence at depths ≥ 2), loss per depth = "
+            f"{hc['ce_weight']} × CE of the data + {hc['distill_weight']} × CE against the trunk's distribution "
+            f"(lr {hc['lr']}, {hc['warmup_steps']} warm-up steps, cosine to {hc['min_lr_ratio']}×, seed {hc['seed']}).",
+            f"- Wall time {float(hd['wall_seconds']) / 60:.0f} min on this machine's CPU (torch {hd.get('torch')}, "
+            f"{hd.get('threads')} thread, mean {hd.get('mean_tok_per_s')} tokens/s). Log: `training/logs/mtp_head.jsonl`.",
+            "",
+        ]
     lines += [
         "## Measured quality",
         "",
+        *render_comparison(r),
         "Measured on this GGUF through llama.cpp (llama-cpp-python 0.3.36), greedy decoding, "
         f"{r['n_prompts']} held-out prompts of {PROMPT_LINES} source lines, {r['n_new_tokens']} new tokens each:",
         "",
@@ -354,6 +482,7 @@ def render_measured(r: dict) -> str:
         "draft, which raises the greedy acceptance; the teacher-forced agreement on real held-out code is the "
         "figure without that effect.",
         "",
+        *render_demo_prompts(),
         f"## Sample completions (greedy, {SAMPLE_NEW} tokens, not selected for quality)",
         "",
     ]
@@ -368,6 +497,54 @@ def render_measured(r: dict) -> str:
         ]
     lines.append(CARD_END)
     return "\n".join(lines)
+
+
+def render_demo_prompts(path: Path = DEFAULT_PROMPTS_FILE) -> list[str]:
+    """The demo prompts' section (``mx.demo_prompts()``: the Explorer's, the CLI's and the notebooks' prompts)."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    lines = ["## Demo prompts", "",
+             f"`mx.demo_prompts()` (`prompts.json`, chosen by `python -m training.evaluate --write-prompts` with "
+             f"`{doc['model']}`): {doc['rule']}. The first is the default of the Explorer, the CLI and the quickstart.",
+             "", "| file (held out) | lines | accepted drafts per round at `n_max=4` |", "| --- | --- | --- |"]
+    lines += [f"| `{p['relpath']}` | {p['first']}–{p['last']} | {p['mean_accepted_per_round_n_max_4']:.2f} |"
+              for p in doc["prompts"]]
+    return lines + [""]
+
+
+def _row(label: str, before, after, fmt: str = "{:.3f}") -> str:
+    show = (lambda v: "–" if v is None else fmt.format(v))
+    return f"| {label} | {show(before)} | **{show(after)}** |"
+
+
+def render_comparison(r: dict) -> list[str]:
+    """The before/after table (empty without a baseline)."""
+    b = r.get("baseline")
+    if not b:
+        return []
+    cb, ca = b["acceptance_n_max_4_by_depth_conditional"], r["acceptance_n_max_4_by_depth_conditional"]
+    same = b.get("greedy_sha256") == r["greedy_sha256"]
+    lines = [
+        f"### Before and after the MTP-head fine-tune ({b['model']['file']} before, this file after)",
+        "",
+        "| metric | before | after |",
+        "| --- | --- | --- |",
+        *[_row(f"acceptance of draft {d + 1} given drafts 1..{d} accepted (`n_max=4`)" if d else
+               "acceptance of draft 1 (`n_max=4`)", cb[d], ca[d]) for d in range(4)],
+        _row("acceptance at `n_max=1`", b["acceptance_n_max_1"], r["acceptance_n_max_1"]),
+        *[_row(f"mean accepted drafts per round at `n_max={n}`", b.get(f"mean_accepted_per_round_n_max_{n}"),
+               r[f"mean_accepted_per_round_n_max_{n}"]) for n in (2, 3, 4)],
+        _row("held-out MTP cross-entropy (nats/token, depth 1)", b["heldout_mtp_ce"], r["heldout_mtp_ce"], "{:.4f}"),
+        _row("held-out teacher-forced MTP/trunk top-1 agreement", b["heldout_mtp_top1_agreement"],
+             r["heldout_mtp_top1_agreement"]),
+        _row("greedy continuations ending in a loop", b["greedy_loop_fraction"], r["greedy_loop_fraction"], "{:.2f}"),
+        _row("held-out trunk cross-entropy (nats/token)", b["heldout_ce"], r["heldout_ce"], "{:.4f}"),
+        f"| plain greedy continuations of the {r['n_prompts']} prompts | `{b.get('greedy_sha256', '')[:12]}` | "
+        f"`{r['greedy_sha256'][:12]}` ({'token-identical' if same else 'DIFFERENT'}) |",
+        "",
+    ]
+    return lines
 
 
 def write_card(r: dict, card: Path = DEFAULT_CARD) -> Path:
@@ -388,8 +565,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     p.add_argument("--card", type=Path, default=DEFAULT_CARD)
     p.add_argument("--no-card", action="store_true", help="do not rewrite MODEL.md")
+    p.add_argument("--baseline", type=Path, default=None, metavar="JSON",
+                   help="another file's evaluation (this command's --json), shown before/after in the card")
+    p.add_argument("--write-prompts", action="store_true", help="choose the demo prompts and write prompts.json")
     args = p.parse_args(argv)
-    r = evaluate(args.gguf, args.prompts, args.threads)
+    baseline = json.loads(args.baseline.read_text(encoding="utf-8")) if args.baseline else None
+    r = evaluate(args.gguf, args.prompts, args.threads, baseline=baseline, write_prompts=args.write_prompts)
     out = json.dumps(r, indent=2, default=str)
     print(out)
     if args.json:

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm, apply_rotary_pos_emb
 
 from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config
 
@@ -168,6 +168,77 @@ class MTPBlock(nn.Module):
         u = self.layers[0](u, position_embeddings=position_embeddings, attention_mask=None)
         return self.norm(u)
 
+    def first(self, tok_embeds: torch.Tensor, h_prev: torch.Tensor,
+              position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, KV]:
+        """:meth:`forward` on the real rows (causal), also returning their rotated keys and values."""
+        u = self._input(tok_embeds, h_prev)
+        return self._layer(u, position_embeddings, lambda q, k, v: _causal_attention(q, k, v))
+
+    def chained(self, tok_embeds: torch.Tensor, h_prev: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor], real: KV,
+                chain: list[KV], starts: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        """One chained draft row per chain (B, n, H); chain ``i`` starts at real row ``starts[i]`` and
+        attends to the real rows ``0..starts[i]`` (``real`` keys/values), to the earlier rows of its
+        own chain (``chain``, one (k, v) per earlier depth) and to itself, as llama.cpp's MTP context
+        does while it drafts that round (real rows kept, draft rows appended, then removed)."""
+        u = self._input(tok_embeds, h_prev)
+        return self._layer(u, position_embeddings, lambda q, k, v: _chain_attention(q, k, v, real, chain, starts))
+
+    def _input(self, tok_embeds: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([self.pre_fc_norm_embedding(tok_embeds), self.pre_fc_norm_hidden(h_prev)], dim=-1))
+
+    def _layer(self, u: torch.Tensor, pe: tuple[torch.Tensor, torch.Tensor], attend) -> tuple[torch.Tensor, KV]:
+        """The decoder layer of :class:`Qwen3_5DecoderLayer` with the attention pattern ``attend``."""
+        layer = self.layers[0]
+        attn = layer.self_attn
+        x = layer.input_layernorm(u)
+        b, t, _ = x.shape
+        d = attn.head_dim
+        q, gate = torch.chunk(attn.q_proj(x).view(b, t, -1, 2 * d), 2, dim=-1)
+        q = attn.q_norm(q).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(b, t, -1, d)).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, -1, d).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *pe)
+        o = attend(q, k, v)  # (B, heads, T, D)
+        o = o.transpose(1, 2).reshape(b, t, -1) * torch.sigmoid(gate.reshape(b, t, -1))
+        u = u + attn.o_proj(o)
+        u = u + layer.mlp(layer.post_attention_layernorm(u))
+        return self.norm(u), (k, v)
+
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """GQA: key/value head ``i`` serves query heads ``i * g .. (i + 1) * g - 1``."""
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    h = q.shape[1]
+    return F.scaled_dot_product_attention(q, _expand_kv(k, h).to(q.dtype), _expand_kv(v, h).to(q.dtype),
+                                          is_causal=True)
+
+
+def _chain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: KV, chain: list[KV],
+                     starts: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` of ``q`` attends to real rows ``0..starts[i]``, then row ``i`` of each earlier depth, then itself."""
+    h, d = q.shape[1], q.shape[3]
+    scale = d ** -0.5
+    rk, rv = (_expand_kv(x, h).to(q.dtype) for x in real)
+    t = rk.shape[2]
+    scores = [torch.matmul(q, rk.transpose(-1, -2)) * scale]  # (B, h, n, T)
+    future = torch.arange(t, device=q.device)[None, :] > starts[:, None]
+    scores[0] = scores[0].masked_fill(future, float("-inf"))
+    own = [(_expand_kv(ck, h).to(q.dtype), _expand_kv(cv, h).to(q.dtype)) for ck, cv in chain]
+    own.append((_expand_kv(k, h).to(q.dtype), _expand_kv(v, h).to(q.dtype)))
+    scores += [(q * ok).sum(-1, keepdim=True) * scale for ok, _ in own]
+    p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(p[..., :t], rv)
+    for j, (_, ov) in enumerate(own):
+        out = out + p[..., t + j : t + j + 1] * ov
+    return out
+
 
 class DemoModel(nn.Module):
     """Trunk (``Qwen3_5ForCausalLM``) + MTP block, with the losses used for training."""
@@ -221,15 +292,59 @@ class DemoModel(nn.Module):
         m = self.mtp_hidden(input_ids, self.shift_hidden(h))
         return self.logits(h), self.logits(m)
 
-    def losses(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean next-token CE of the trunk and of the MTP head (nats/token)."""
-        trunk_logits, mtp_logits = self.forward(input_ids)
-        target = input_ids[:, 1:]
+    def mtp_chain(self, input_ids: torch.Tensor, h: torch.Tensor, depth: int,
+                  starts: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """MTP hidden states of draft depths ``1..depth`` on a teacher-forced sequence, and the chains' starts.
+
+        Depth 1 is :meth:`forward`'s MTP rows, all ``T`` of them (row ``k``: ``x_k`` with the
+        trunk's ``h_{k-1}``).  Depth ``d >= 2`` has one row per chain ``i`` starting at real row
+        ``q = starts[i]`` (default: every ``q`` in ``1..T-depth-1``, whose ``depth`` drafts all have
+        a target): token ``x_{q+d-1}`` with the MTP block's own output of depth ``d - 1``, at
+        position ``q + d - 1``; it predicts ``x_{q+d}``.  This is llama.cpp's chained drafting
+        after drafts ``1..d-1`` of round ``q`` were right (``common/speculative.cpp``, draft-mtp).
+        """
+        b, t = input_ids.shape
+        if starts is None:
+            starts = torch.arange(1, t - depth, device=input_ids.device)
+        e = self.trunk.model.embed_tokens(input_ids)
+        cos, sin = self.trunk.model.rotary_emb(e, self.positions(b, t, input_ids.device))
+        m, real = self.mtp.first(e, self.shift_hidden(h), (cos, sin))
+        outs, chain, prev = [m], [], m[:, starts]
+        for d in range(2, depth + 1):
+            at = starts + d - 1
+            prev, kv = self.mtp.chained(e[:, at], prev, (cos[:, at], sin[:, at]), real, chain, starts)
+            chain.append(kv)
+            outs.append(prev)
+        return outs, starts
+
+    def losses(self, input_ids: torch.Tensor, depth: int = 1, distill: bool = False,
+               starts: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """(trunk CE, MTP loss per depth, MTP CE per depth), nats/token.
+
+        Depth 1 is scored on every row with a real trunk state (``1..T-2``), deeper depths on the
+        chains of :meth:`mtp_chain` (``starts``).  The MTP loss is the CE against the data
+        (``distill=False``) or against the trunk's own (detached) next-token distribution at the
+        same position (``distill=True``: what greedy acceptance rewards).
+        """
+        t = input_ids.shape[1]
+        h = self.trunk_hidden(input_ids)
+        trunk_logits = self.logits(h)
         v = trunk_logits.shape[-1]
-        ce_trunk = F.cross_entropy(trunk_logits[:, :-1].reshape(-1, v).float(), target.reshape(-1))
-        # MTP row 0 sees a zero hidden state (as in llama.cpp); rows >= 1 are the real draft rows.
-        ce_mtp = F.cross_entropy(mtp_logits[:, 1:-1].reshape(-1, v).float(), target[:, 1:].reshape(-1))
-        return ce_trunk, ce_mtp
+        ce_trunk = F.cross_entropy(trunk_logits[:, :-1].reshape(-1, v).float(), input_ids[:, 1:].reshape(-1))
+        teacher = trunk_logits.detach()
+        outs, starts = self.mtp_chain(input_ids, h, depth, starts)
+        rows = [torch.arange(1, t - 1, device=input_ids.device)] + [starts] * (depth - 1)
+        losses, ces = [], []
+        for d, (m, q) in enumerate(zip(outs, rows), start=1):
+            logits = self.logits(m[:, 1 : t - 1] if d == 1 else m).float().reshape(-1, v)
+            ce = F.cross_entropy(logits, input_ids[:, q + d].reshape(-1))
+            if distill:
+                target = torch.softmax(teacher[:, q + d - 1].float().reshape(-1, v), dim=-1)
+                losses.append(-(target * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
+            else:
+                losses.append(ce)
+            ces.append(ce.detach())
+        return ce_trunk, losses, ces
 
     def n_params(self) -> dict[str, int]:
         """Parameter counts (embedding counted once: it is tied to the LM head)."""

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             g["lr"] = lr
         x = batch_at(train_tokens, step, cfg).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            ce_t, ce_m = model.losses(x)
+            ce_t, (ce_m,), _ = model.losses(x)  # depth 1, CE against the data
         loss = ce_t + cfg.mtp_loss_weight * ce_m
         opt.zero_grad(set_to_none=True)
         loss.backward()
