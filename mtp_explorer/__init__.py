@@ -2,7 +2,7 @@
 
 >>> import mtp_explorer as mx
 >>> with mx.Session.open() as s:                      # the bundled demo model
-...     t = s.generate("def fib(n):", max_tokens=64, n_max=3)
+...     t = s.generate(mx.demo_prompt(), max_tokens=64, n_max=3)   # a held-out snippet of real code
 >>> t.summary()["acceptance_rate"]
 """
 
@@ -27,7 +27,7 @@ from .core.errors import (
     SessionClosedError,
 )
 from .core.info import ModelInfo, model_info
-from .models import default_model_path, draft_model_path
+from .models import DemoPrompt, default_model_path, demo_prompt, demo_prompts, draft_model_path
 from .core.session import Session
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
@@ -51,7 +51,7 @@ __all__ = [
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
-    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "STOP_REASONS",
+    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "demo_prompt", "demo_prompts", "DemoPrompt", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis

@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="stream a generation with speculative drafting, accepted drafts coloured")
-    run.add_argument("prompt", nargs="?", default="def fibonacci(n):", help="prompt text")
+    run.add_argument("prompt", nargs="?", default=None,
+                     help="prompt text (default: the bundled model's first demo prompt, a held-out snippet of real code)")
     run.add_argument("--model", "-m", default=None, help="GGUF model (default: the bundled demo model)")
     run.add_argument("--max-tokens", "-n", type=int, default=128)
     run.add_argument("--n-max", type=int, default=3, help="draft length (0: plain decoding)")
@@ -181,18 +182,20 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
 
 def _run(args, console: Console) -> int:
     from .core.session import Session
+    from .models import demo_prompt
 
+    prompt = demo_prompt() if args.prompt is None else args.prompt
     with Session.open(args.model, seed=args.seed, **session_kwargs(args)) as s:
         text = Text()
         progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[rate]}"), console=console)
         task = progress.add_task("gen", total=args.max_tokens, rate="")
-        text.append(s.detokenize(s.tokenize(args.prompt)), style="dim")
+        text.append(s.detokenize(s.tokenize(prompt)), style="dim")
         n_done = 0
         with Live(Group(Panel(text, title="accepted drafts in cyan, corrections in yellow"), progress),
                   console=console, refresh_per_second=10, transient=not console.is_terminal):
             options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
-            for step in s.stream(args.prompt, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
+            for step in s.stream(prompt, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
                                  n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
                                  chain_policy=args.chain_policy, **options):
                 for tok in step.drafted[: step.n_accepted]:

@@ -55,6 +55,7 @@ def test_controls_follow_the_session(session):
     assert c.n_min.max == 5  # n_min never above n_max
     assert ex.state == "idle" and c.stop.disabled and not c.run.disabled
     assert set(ex.figures) == set(plots.FIGURES)
+    assert c.prompt.value == mx.demo_prompt()  # the bundled model's first demo prompt, a held-out snippet
 
 
 def test_run_fills_the_figures_and_caches_the_baseline(session, monkeypatch):

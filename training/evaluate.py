@@ -60,9 +60,15 @@ SAMPLE_NEW = 64
 LOOP_TAIL = 32
 LOOP_MAX_PERIOD = 16
 N_DEMO_PROMPTS = 6
+DEMO_NEW = 128  #: tokens of the continuation a demo prompt is judged by (the quickstart's max_tokens)
+DEMO_MIN_DISTINCT = 0.75  #: at least this fraction of the continuation's lines distinct
+DEMO_LOOP_PERIOD = 40  #: a demo continuation must not end in a loop of up to this many tokens
 DEMO_RULE = ("snippets of held-out files starting at a def/class line, 8-14 lines ending before a non-blank line, at most "
-             "a third comment or docstring lines; of those (4 per file, seed 1), one per file whose greedy continuation "
-             "does not end in a loop, most accepted drafts per round at n_max=4 first")
+             "a third comment or docstring lines; of those (8 per file, seed 1), one per file whose greedy continuation "
+             "of 128 tokens does not end in a loop (period <= 40 tokens), has at least 75% distinct lines and is code by the "
+             "same rule, most "
+             "accepted drafts per round at "
+             "n_max=4 first")
 DEMO_PROMPT_LINES = (8, 14)  #: a demo prompt's length in lines (min, max)
 
 
@@ -122,7 +128,13 @@ def is_code(text: str) -> bool:
     return bool(lines) and prose * 3 <= len(lines) and "icense" not in text
 
 
-def demo_candidates(per_file: int = 4, seed: int = 1) -> list[dict[str, object]]:
+def distinct_lines(text: str) -> float:
+    """The fraction of ``text``'s non-blank lines that are distinct (1.0: no line repeats)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return len(set(lines)) / len(lines) if lines else 0.0
+
+
+def demo_candidates(per_file: int = 8, seed: int = 1) -> list[dict[str, object]]:
     """Snippets of held-out files that read as code: each starts at a ``def``/``class`` line, has
     :data:`DEMO_PROMPT_LINES` lines, ends before a non-blank line and passes :func:`is_code`; at most
     ``per_file`` per file, drawn with ``seed``."""
@@ -149,12 +161,16 @@ def demo_candidates(per_file: int = 4, seed: int = 1) -> list[dict[str, object]]
 
 
 def choose_demo_prompts(m: LlamaMTP, n: int = N_DEMO_PROMPTS) -> list[dict[str, object]]:
-    """The demo prompts: of :func:`demo_candidates`, those whose greedy continuation does not end in a loop,
-    with the most accepted drafts per round at ``n_max=4``, one per file."""
+    """The demo prompts: of :func:`demo_candidates`, those whose greedy continuation of :data:`DEMO_NEW` tokens
+    (the quickstart's) does not end in a loop, repeats few lines (:func:`distinct_lines`) and reads as code
+    (:func:`is_code`), with the most accepted drafts
+    per round at ``n_max=4``, one per file."""
     scored = []
     for c in demo_candidates():
-        gen, st = m.speculative_greedy(m.tokenize(c["text"]), N_NEW, 4)
-        if not ends_in_loop(gen) and st.drafts:
+        gen, st = m.speculative_greedy(m.tokenize(c["text"]), DEMO_NEW, 4)
+        text = m.detokenize(gen)
+        loops = ends_in_loop(gen, tail=2 * DEMO_LOOP_PERIOD, max_period=DEMO_LOOP_PERIOD)
+        if not loops and distinct_lines(text) >= DEMO_MIN_DISTINCT and is_code(text) and st.drafts:
             scored.append({**c, "mean_accepted_per_round_n_max_4": round(st.accepted / st.drafts, 3)})
     scored.sort(key=lambda c: -c["mean_accepted_per_round_n_max_4"])
     chosen: list[dict[str, object]] = []
@@ -526,11 +542,14 @@ def render_comparison(r: dict) -> list[str]:
     cb, ca = b["acceptance_n_max_4_by_depth_conditional"], r["acceptance_n_max_4_by_depth_conditional"]
     same = b.get("greedy_sha256") == r["greedy_sha256"]
     lines = [
-        f"### Before and after the MTP-head fine-tune ({b['model']['file']} before, this file after)",
+        "### Before and after the MTP-head fine-tune",
+        "",
+        "Before: the file as it was before `python -m training.mtp_head` (commit bc26ce3; its numbers, measured by the "
+        "same command, are `training/logs/evaluate-before-mtp-head.json`). After: this file. Same prompts.",
         "",
         "| metric | before | after |",
         "| --- | --- | --- |",
-        *[_row(f"acceptance of draft {d + 1} given drafts 1..{d} accepted (`n_max=4`)" if d else
+        *[_row(f"acceptance of draft {d + 1} given draft{'s 1..' if d > 1 else ' '}{d} accepted (`n_max=4`)" if d else
                "acceptance of draft 1 (`n_max=4`)", cb[d], ca[d]) for d in range(4)],
         _row("acceptance at `n_max=1`", b["acceptance_n_max_1"], r["acceptance_n_max_1"]),
         *[_row(f"mean accepted drafts per round at `n_max={n}`", b.get(f"mean_accepted_per_round_n_max_{n}"),

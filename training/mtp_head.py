@@ -65,7 +65,7 @@ class HeadConfig:
     seq_len: int = 256
     depth: int = 4  #: chained draft depths trained (1..depth)
     chain_rows: int = 64  #: draft rounds per sequence trained at depths >= 2, drawn per step
-    lr: float = 6e-4
+    lr: float = 1.5e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 40
     weight_decay: float = 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ModelNotFoundError
@@ -9,6 +11,22 @@ from ..core.errors import ModelNotFoundError
 MODELS_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
 BUNDLED_DRAFT_MODEL = "pystdlib-draft.gguf"
+DEMO_PROMPTS_FILE = "prompts.json"
+
+
+@dataclass(frozen=True)
+class DemoPrompt:
+    """A real snippet of code the bundled model never saw in training (a held-out file of its corpus)."""
+
+    text: str
+    relpath: str  #: the file's path inside the standard library (the training corpus, ``training/corpus.py``)
+    first: int  #: first line (1-based)
+    last: int  #: last line (inclusive)
+
+    @property
+    def source(self) -> str:
+        """Where the snippet comes from, as ``path:first-last``."""
+        return f"{self.relpath}:{self.first}-{self.last}"
 
 
 def default_model_path() -> Path:
@@ -30,3 +48,19 @@ def draft_model_path() -> Path:
         raise ModelNotFoundError(
             f"the bundled draft model {path} is missing; build it with `python -m training.draft`")
     return path
+
+
+def demo_prompts() -> list[DemoPrompt]:
+    """The demo prompts of the bundled model, chosen by ``python -m training.evaluate --write-prompts``
+    (the rule and the numbers are in the model card, ``MODEL.md``)."""
+    path = MODELS_DIR / DEMO_PROMPTS_FILE
+    if not path.exists():
+        raise ModelNotFoundError(f"the demo prompts {path} are missing; write them with "
+                                 "`python -m training.evaluate --write-prompts`")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [DemoPrompt(p["text"], p["relpath"], int(p["first"]), int(p["last"])) for p in data["prompts"]]
+
+
+def demo_prompt(i: int = 0) -> str:
+    """The text of demo prompt ``i`` (the Explorer's and the command line's default prompt is the first)."""
+    return demo_prompts()[i].text

@@ -39,6 +39,7 @@ from ..core import drafters
 from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.trace import Trace
+from ..models import demo_prompt
 from .controls import Controls, ErrorArea, ProgressView, readable_error
 from .live import LiveTrace, cached_piece
 from .runner import STATES, GenerationRunner
@@ -96,7 +97,7 @@ class Explorer(W.VBox):
                              "tokens/s, ceiling, plain tokens/s, speedup, a note, and `measured`: the last greedy run "
                              "of this prompt with the same drafter, or None); None without a prediction")
 
-    def __init__(self, session: Session, *, prompt: str = "def fib(n):", max_tokens: int = 128, n_max: int = 3,
+    def __init__(self, session: Session, *, prompt: str | None = None, max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
                  drafter: str | None = None, width: int = 960, views: list[str | View] | None = None,
                  server: "str | ServerMonitor | None" = None, **options: int | str) -> None:
@@ -104,6 +105,7 @@ class Explorer(W.VBox):
         self.piece = cached_piece(session)
         info = session.info
         has_mtp = bool(info.has_mtp)
+        prompt = demo_prompt() if prompt is None else prompt
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
                                  n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp,
                                  has_draft_model=session.has_draft_model, options=options,
