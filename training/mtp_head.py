@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -50,6 +49,7 @@ import torch.nn.functional as F
 from training.corpus import load_corpus, split_corpus
 from training.export import DEFAULT_OUT as SHIPPED, convert_state_dict, model_from_gguf
 from training.model import DemoModel
+from training.train import batch_at, heldout_batches, lr_at  # they read HeadConfig's fields of the same names
 
 DEFAULT_DIR = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "mtp-head"
 LOG = Path(__file__).resolve().parent / "logs" / "mtp_head.jsonl"
@@ -76,21 +76,6 @@ class HeadConfig:
     eval_batches: int = 4
     log_every: int = 10
     checkpoint_minutes: float = 5.0
-
-
-def lr_at(step: int, cfg: HeadConfig) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def batch_at(tokens: np.ndarray, step: int, cfg: HeadConfig) -> torch.Tensor:
-    """The training batch of ``step``: random windows of ``seq_len`` tokens (deterministic in the step)."""
-    rng = np.random.default_rng([cfg.seed, step])
-    starts = rng.integers(0, len(tokens) - cfg.seq_len, size=cfg.batch_size)
-    return torch.from_numpy(np.stack([tokens[s : s + cfg.seq_len] for s in starts]).astype(np.int64))
 
 
 def chain_starts(step: int, cfg: HeadConfig) -> torch.Tensor:
@@ -134,14 +119,6 @@ def evaluate(model: DemoModel, batches: list[torch.Tensor], depth: int) -> dict[
         agree += [float(v) for v in a]
     n = len(batches)
     return {"mtp_ce_by_depth": [round(v / n, 4) for v in ce], "agreement_by_depth": [round(v / n, 4) for v in agree]}
-
-
-def heldout_batches(tokens: np.ndarray, cfg: HeadConfig) -> list[torch.Tensor]:
-    """Fixed, evenly spaced held-out windows."""
-    n = cfg.eval_batches * cfg.batch_size
-    stride = max(1, (len(tokens) - cfg.seq_len) // n)
-    rows = [tokens[i * stride : i * stride + cfg.seq_len] for i in range(n)]
-    return list(torch.from_numpy(np.stack(rows).astype(np.int64)).split(cfg.batch_size))
 
 
 def corpus_tokens(gguf: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
