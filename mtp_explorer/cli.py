@@ -182,10 +182,12 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
 
 def _run(args, console: Console) -> int:
     from .core.session import Session
-    from .models import demo_prompt
+    from .models import demo_prompt_within
 
-    prompt = demo_prompt() if args.prompt is None else args.prompt
     with Session.open(args.model, seed=args.seed, **session_kwargs(args)) as s:
+        prompt = args.prompt
+        if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
+            prompt = demo_prompt_within(lambda t: len(s.tokenize(t)), s.n_ctx_seq - args.max_tokens)
         text = Text()
         progress = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[rate]}"), console=console)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..core.errors import ModelNotFoundError
 
@@ -59,6 +60,23 @@ def demo_prompts() -> list[DemoPrompt]:
                                  "`python -m training.evaluate --write-prompts`")
     data = json.loads(path.read_text(encoding="utf-8"))
     return [DemoPrompt(p["text"], p["relpath"], int(p["first"]), int(p["last"])) for p in data["prompts"]]
+
+
+def demo_prompt_within(n_tokens: Callable[[str], int], limit: int) -> str:
+    """The first demo prompt of at most ``limit`` tokens (``n_tokens(text)``: a session's tokenizer); failing
+    that, the longest tail of whole lines of the first one that fits; failing that, the first one (a generation
+    then says how long it is).  The Explorer and the CLI take their default prompt from here, so that a model
+    with another tokenizer or a small context still starts from one that fits."""
+    prompts = [p.text for p in demo_prompts()]
+    for text in prompts:
+        if n_tokens(text) <= limit:
+            return text
+    lines = prompts[0].splitlines(keepends=True)
+    for start in range(1, len(lines)):
+        tail = "".join(lines[start:])
+        if tail.strip() and n_tokens(tail) <= limit:
+            return tail
+    return prompts[0]
 
 
 def demo_prompt(i: int = 0) -> str:

@@ -39,7 +39,7 @@ from ..core import drafters
 from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.trace import Trace
-from ..models import demo_prompt
+from ..models import demo_prompt_within
 from .controls import Controls, ErrorArea, ProgressView, readable_error
 from .live import LiveTrace, cached_piece
 from .runner import STATES, GenerationRunner
@@ -105,7 +105,8 @@ class Explorer(W.VBox):
         self.piece = cached_piece(session)
         info = session.info
         has_mtp = bool(info.has_mtp)
-        prompt = demo_prompt() if prompt is None else prompt
+        if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
+            prompt = demo_prompt_within(lambda t: len(session.tokenize(t)), session.n_ctx_seq - max_tokens)
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
                                  n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp,
                                  has_draft_model=session.has_draft_model, options=options,
