@@ -326,25 +326,32 @@ class DemoModel(nn.Module):
         (``distill=False``) or against the trunk's own (detached) next-token distribution at the
         same position (``distill=True``: what greedy acceptance rewards).
         """
-        t = input_ids.shape[1]
         h = self.trunk_hidden(input_ids)
         trunk_logits = self.logits(h)
         v = trunk_logits.shape[-1]
         ce_trunk = F.cross_entropy(trunk_logits[:, :-1].reshape(-1, v).float(), input_ids[:, 1:].reshape(-1))
-        teacher = trunk_logits.detach()
+        ce, soft, _ = self.mtp_terms(input_ids, h, trunk_logits.detach(), depth, starts)
+        return ce_trunk, soft if distill else ce, [c.detach() for c in ce]
+
+    def mtp_terms(self, input_ids: torch.Tensor, h: torch.Tensor, teacher: torch.Tensor, depth: int,
+                  starts: torch.Tensor | None = None
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Per draft depth 1..``depth`` of :meth:`mtp_chain` on trunk states ``h``: (CE of the data's token, CE
+        against the trunk's distribution ``softmax(teacher)`` at the same position, top-1 agreement with it).
+        Depth 1 is scored on every row with a real trunk state (``1..T-2``), deeper depths on the chains."""
+        t = input_ids.shape[1]
+        v = teacher.shape[-1]
         outs, starts = self.mtp_chain(input_ids, h, depth, starts)
         rows = [torch.arange(1, t - 1, device=input_ids.device)] + [starts] * (depth - 1)
-        losses, ces = [], []
+        ce, soft, agree = [], [], []
         for d, (m, q) in enumerate(zip(outs, rows), start=1):
             logits = self.logits(m[:, 1 : t - 1] if d == 1 else m).float().reshape(-1, v)
-            ce = F.cross_entropy(logits, input_ids[:, q + d].reshape(-1))
-            if distill:
-                target = torch.softmax(teacher[:, q + d - 1].float().reshape(-1, v), dim=-1)
-                losses.append(-(target * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
-            else:
-                losses.append(ce)
-            ces.append(ce.detach())
-        return ce_trunk, losses, ces
+            logp = torch.log_softmax(logits, dim=-1)
+            target = teacher[:, q + d - 1].float().reshape(-1, v)  # the trunk's distribution for token x_{q+d}
+            ce.append(F.nll_loss(logp, input_ids[:, q + d].reshape(-1)))
+            soft.append(-(torch.softmax(target, dim=-1) * logp).sum(-1).mean())
+            agree.append((logits.argmax(-1) == target.argmax(-1)).float().mean().detach())
+        return ce, soft, agree
 
     def n_params(self) -> dict[str, int]:
         """Parameter counts (embedding counted once: it is tied to the LM head)."""

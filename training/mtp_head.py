@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from training.corpus import load_corpus, split_corpus
 from training.export import DEFAULT_OUT as SHIPPED, convert_state_dict, model_from_gguf
@@ -88,23 +87,11 @@ def chain_starts(step: int, cfg: HeadConfig) -> torch.Tensor:
 def depth_terms(model: DemoModel, x: torch.Tensor, depth: int, starts: torch.Tensor | None = None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Per draft depth 1..``depth``: (CE of the data's token, CE against the trunk's distribution, top-1
-    agreement with the trunk).  The trunk runs without gradients."""
-    t = x.shape[1]
+    agreement with the trunk; :meth:`DemoModel.mtp_terms`).  The trunk runs without gradients."""
     with torch.no_grad():
         h = model.trunk_hidden(x)
-        teacher = model.logits(h).float()
-    outs, starts = model.mtp_chain(x, h, depth, starts)
-    v = teacher.shape[-1]
-    rows = [torch.arange(1, t - 1)] + [starts] * (depth - 1)
-    ce, soft, agree = [], [], []
-    for d, (m, q) in enumerate(zip(outs, rows), start=1):
-        logits = model.logits(m[:, 1 : t - 1] if d == 1 else m).float().reshape(-1, v)
-        logp = torch.log_softmax(logits, dim=-1)
-        target = teacher[:, q + d - 1].reshape(-1, v)  # the trunk's distribution for the token x_{q+d}
-        ce.append(F.nll_loss(logp, x[:, q + d].reshape(-1)))
-        soft.append(-(torch.softmax(target, dim=-1) * logp).sum(-1).mean())
-        agree.append((logits.argmax(-1) == target.argmax(-1)).float().mean().detach())
-    return ce, soft, agree
+        teacher = model.logits(h)
+    return model.mtp_terms(x, h, teacher, depth, starts)
 
 
 @torch.no_grad()
@@ -155,6 +142,7 @@ def write_head(model: DemoModel, src: Path, dst: Path) -> list[str]:
     tensors = convert_state_dict(sd, model.cfg)
     prefix = nextn_prefix(model)
     patches: list[tuple[int, bytes]] = []
+    names: list[str] = []
     reader = gguf.GGUFReader(str(src))
     for t in reader.tensors:
         if not t.name.startswith(prefix):
@@ -167,7 +155,7 @@ def write_head(model: DemoModel, src: Path, dst: Path) -> list[str]:
         if new.shape != t.data.shape or new.nbytes != t.n_bytes:
             raise ValueError(f"{t.name}: shape {new.shape} does not fit the file's {t.data.shape}")
         patches.append((int(t.data_offset), new.tobytes()))
-    names = [t.name for t in reader.tensors if t.name.startswith(prefix)]
+        names.append(t.name)
     del reader
     if not patches:
         raise ValueError(f"{src} has no tensors named {prefix}*: no MTP block")
