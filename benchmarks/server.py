@@ -7,7 +7,8 @@ here on 127.0.0.1.
   (:func:`mtp_explorer.devtools.reference.replay_server_parallel`), on ``--model``/the bundled model and a SYNTHETIC
   qwen35 model. Batches compute in other matrix shapes than single sequences, and ours and the server's batches
   need not have the same rows: a request that differs is reported with its near-tie (the differing token's one-row
-  logit margin, or a draft's) when that margin is below ``TIE_TOL``, and counts as a failure otherwise; such a
+  logit margin, or a draft's) when that margin is within the batch-shape shift measured for the file
+  (``Session.batch_shift``: ``tie_tolerance_logits`` per ``-np``), and counts as a failure otherwise; such a
   request's batch is also run on fresh servers again (``server_reruns``, counted in ``server_run_to_run`` when a
   rerun matches our deterministic run: llama-server 0.3.36 with 4 slots gave the first request another text in
   1 run of 4 on the SYNTHETIC hybrid model, at a 0.64-logit margin, and in 1 run of 6 on the bundled one, while our
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import mtp_explorer as mx
 from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
-                                             replay_server_parallel, rerun_server_batch)
+                                             replay_server_parallel, rerun_server_batch, server_batch_shift)
 from mtp_explorer.server import LlamaServer
 
 from _common import emit, machine, pick_model
@@ -45,16 +46,13 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    de
            "    return self._value"]
 N_MAX = 3
 PARITY_N = (1, 2, 4)
-#: a request of a batch that differs from our single-sequence replay is a floating-point near-tie when the differing
-#: token's one-row top-2 margin (or, same text, a draft's on our path) is below this many logits
-TIE_TOL = 0.05
 SPEED_N = (1, 2, 4, 8)
 
 
 def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
     """Each batch of N requests on a fresh server (each request the first of its slot) against the same batch on
     our N sequences."""
-    cases = []
+    cases, tolerance = [], {}
     for n in PARITY_N:
         with mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s:
             for i in range(0, len(PROMPTS), n):
@@ -62,10 +60,13 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
                 with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv:
                     answers = srv.client().complete_many(batch, tokens)
                 ours = replay_server_parallel(s, batch, n_predict=tokens, n_max=N_MAX)
+                tolerance[n] = server_batch_shift(s, n * (N_MAX + 1)).tolerance()
                 for j, (prompt, done, trace) in enumerate(zip(batch, answers, ours.traces)):
                     r = compare_with_server(done, trace)
                     if not r["match"]:
-                        r["explained"] = explain_server_mismatch(s, prompt, done, trace, tol_logit=TIE_TOL)
+                        # a near-tie: the differing token's one-row top-2 margin (or, same text, a draft's on our
+                        # path) within the batch-shape shift measured for this file (Session.batch_shift)
+                        r["explained"] = explain_server_mismatch(s, prompt, done, trace, max_rows=n * (N_MAX + 1))
                         r["server_reruns"] = rerun_server_batch(model, batch, j, trace, n_predict=tokens, n_max=N_MAX,
                                                                 threads=threads)
                     cases.append({"model": label, "n_parallel": n, "prompt": prompt} | r)
@@ -82,7 +83,7 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
     return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
             "server_run_to_run": len(varies),
             "by_n_parallel": {n: sum(c["match"] for c in cases if c["n_parallel"] == n) for n in PARITY_N},
-            "near_ties": len(ties), "tie_tolerance_logits": TIE_TOL,
+            "near_ties": len(ties), "tie_tolerance_logits": tolerance,
             "all_match_or_tie": all(c["match"] or c["explained"]["kind"] == "tie" for c in cases),
             "all_explained": all(c["match"] or c["explained"]["kind"] == "tie"
                                  or any(r["match"] for r in c["server_reruns"]) for c in cases),

@@ -33,6 +33,7 @@ from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpe
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
 from .core.parallel import ParallelStep, ParallelTrace, RequestInfo
+from .analysis.batch_shift import BatchShift
 from .analysis.oracle import CostModel, OracleTrace
 from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
@@ -55,7 +56,7 @@ __all__ = [
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
     # analysis
-    "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
+    "BatchShift", "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
     "simulate", "simulate_grid",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
     "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",

@@ -83,12 +83,15 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
                         metavar="TYPE", help="V cache type, as -ctk (default: f16)")
     parser.add_argument("--load-mode", "-lm", dest="load_mode", choices=LOAD_MODES, default="auto",
                         help="how the model is loaded (default: auto, i.e. mmap)")
+    parser.add_argument("--repack", action=argparse.BooleanOptionalAction, default=True,
+                        help="repack weights for the CPU's GEMM kernels (llama.cpp's default; --no-repack is -nr)")
+    parser.add_argument("-nr", dest="repack", action="store_false", help="--no-repack")
     parser.add_argument("--model-draft", "-md", dest="draft_model", default=None, metavar="FNAME",
                         help="draft model for --spec-type draft-simple (same vocabulary; default: none)")
 
 
 SESSION_ARGS = ("n_ctx", "threads", "threads_batch", "n_rs_seq", "n_gpu_layers", "main_gpu", "flash_attn", "type_k",
-                "type_v", "load_mode", "draft_model")
+                "type_v", "load_mode", "repack", "draft_model")
 
 
 def session_kwargs(args: argparse.Namespace) -> dict:

@@ -262,7 +262,7 @@ void bind_generation_config(nb::module_ & m) {
 void bind_engine_options(nb::module_ & m) {
     nb::class_<Placement>(m, "Placement",
                           "Where the model's layers go and how its contexts compute (llama.cpp's -ngl, -mg, -lm, "
-                          "-fa, -ctk, -ctv, -tb).")
+                          "-fa, -ctk, -ctv, -tb, -nr).")
         .def(nb::init<>())
         .def_rw("n_gpu_layers", &Placement::n_gpu_layers)
         .def_rw("main_gpu", &Placement::main_gpu)
@@ -270,7 +270,8 @@ void bind_engine_options(nb::module_ & m) {
         .def_rw("flash_attn", &Placement::flash_attn)
         .def_rw("type_k", &Placement::type_k)
         .def_rw("type_v", &Placement::type_v)
-        .def_rw("n_threads_batch", &Placement::n_threads_batch);
+        .def_rw("n_threads_batch", &Placement::n_threads_batch)
+        .def_rw("repack", &Placement::repack);
     nb::class_<EngineOptions>(m, "EngineOptions", "How the Engine opens a model.")
         .def(nb::init<>())
         .def_rw("path", &EngineOptions::path)
@@ -350,6 +351,25 @@ void bind_engine_generation(nb::class_<Engine> & c) {
                  return nb::make_tuple(done, columns_dict(rec, 0));
              },
              "prompt"_a, "max_tokens"_a, "depth"_a, "options"_a, "probe"_a = true)
+        .def("probe_batch_shift",
+             [](Engine & e, const std::vector<llama_token> & tokens, const std::vector<int32_t> & ks) {
+                 BatchShiftRecord rec;
+                 {
+                     nb::gil_scoped_release r;
+                     e.probe_batch_shift(tokens, ks, rec);
+                 }
+                 const size_t P = rec.top1.size(), K = rec.ks.size();
+                 nb::dict d;
+                 d["ks"] = column(rec.ks, 0, K, {});
+                 d["top1"] = column(rec.top1, 0, P, {});
+                 d["margin"] = column(rec.margin, 0, P, {});
+                 d["margin_shift"] = column(rec.margin_shift, 0, K, {P});
+                 d["logit_shift"] = column(rec.logit_shift, 0, K, {P});
+                 d["flip"] = column(rec.flip, 0, K, {P});
+                 return d;
+             },
+             "tokens"_a, "ks"_a,
+             "How far the target's logits move between one-row and k-row decodes of the same tokens (batch_shift.h).")
         .def("set_params", &Engine::set_params, "params"_a)
         .def("params", &Engine::params)
         .def("cancel", &Engine::cancel);

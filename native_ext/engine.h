@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_shift.h"
 #include "draft.h"
 #include "drafter.h"
 #include "hidden_probe.h"
@@ -84,6 +85,11 @@ struct Engine {
     // machine's cost model (see oracle.h). Returns false if cancelled.
     bool record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
                        const DrafterOptions & options, bool probe, OracleRecord & out);
+    // Decodes `tokens` on the target context one row per decode, then in batches of each of `ks` rows, and
+    // records how far each position's logits moved (batch_shift.h). Ends any generation in progress (its
+    // requests finish as cancelled) and leaves the memories empty.
+    void probe_batch_shift(const std::vector<llama_token> & tokens, const std::vector<int32_t> & ks,
+                           BatchShiftRecord & out);
     void set_params(const DraftParams & p);
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
@@ -160,6 +166,8 @@ struct Engine {
     void probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, int32_t rep);
     void plain_step(Sequence & q, OracleRecord & out, size_t r);
     void tail(Sequence & q, OracleRecord & out);
+    // probe_batch_shift's decode of tokens[i0 .. i0 + n) at positions i0 .. on sequence 0, every row with logits
+    void decode_probe_rows(const std::vector<llama_token> & tokens, int32_t i0, int32_t n);
 
     EngineOptions opts;
     NextnApi api;

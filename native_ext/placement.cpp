@@ -45,6 +45,7 @@ void Placement::apply(llama_model_params & mp) const {
     mp.n_gpu_layers = n_gpu_layers;  // llama.cpp: a negative value means all layers (auto without --fit)
     mp.main_gpu = main_gpu;
     mp.load_mode = (llama_load_mode) (checked_index(LOAD_MODE_NAMES, "load_mode", load_mode) - 1);
+    mp.use_extra_bufts = repack;
 }
 
 void Placement::apply(llama_context_params & cp, int32_t n_threads) const {

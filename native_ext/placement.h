@@ -1,5 +1,5 @@
 // How a model is placed on devices and how its contexts compute, under llama.cpp's names and
-// defaults (-ngl, -mg, -lm, -fa, -ctk/-ctv, -tb), with the name tables the Python side validates
+// defaults (-ngl, -mg, -lm, -fa, -ctk/-ctv, -tb, -nr), with the name tables the Python side validates
 // against (exported by bindings.cpp) and the conversions into llama.cpp's parameter structs.
 #pragma once
 
@@ -24,6 +24,7 @@ struct Placement {
     std::string type_k = "f16";      // -ctk
     std::string type_v = "f16";      // -ctv
     int32_t n_threads_batch = 0;     // -tb: 0 = the generation threads (llama.cpp's default)
+    bool repack = true;              // --repack / -nr --no-repack: extra buffer types (weights repacked for the CPU's GEMM)
 
     // Throws a parameter error naming the allowed values for a name outside its table, or a
     // main_gpu this build's devices do not have.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -14,6 +15,9 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+
+# measured batch-shape shifts (Session.batch_shift) are cached here, not in the user's ~/.cache
+os.environ["MTP_EXPLORER_CACHE"] = tempfile.mkdtemp(prefix="mtp-explorer-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from mtp_explorer.cli import _parser, main, session_kwargs
 from mtp_explorer.core.options import FLASH_ATTN_VALUES, KV_CACHE_TYPES, LOAD_MODES, SessionOptions
 
 PLACEMENT_KEYS = ("n_gpu_layers", "main_gpu", "flash_attn", "type_k", "type_v", "load_mode", "threads_batch",
-                  "devices", "gpu_offload")
+                  "repack", "devices", "gpu_offload")
 
 
 def test_llama_cpp_names_and_defaults():
@@ -38,6 +38,7 @@ def test_llama_cpp_names_and_defaults():
     ({"n_gpu_layers": 1.5}, "n_gpu_layers must be an integer"),
     ({"main_gpu": -1}, "main_gpu must be >= 0"),
     ({"threads_batch": 0}, "threads_batch must be >= 1"),
+    ({"repack": "no"}, "repack must be True or False (llama.cpp's --repack / --no-repack)"),
     ({"type_v": "q8_0", "flash_attn": "off"}, "needs flash attention"),
 ])
 def test_bad_placement_is_a_parameter_error(kwargs, message):
@@ -71,11 +72,11 @@ def test_quantized_k_cache_needs_whole_blocks(model_mixed):
 def test_placement_is_applied_and_echoed(bundled_model):
     """A quantized KV cache with flash attention on: the session opens, generates, and every trace says so."""
     with mx.Session.open(bundled_model, n_ctx=256, threads=1, threads_batch=2, flash_attn="on", type_k="q8_0",
-                         type_v="q8_0", n_gpu_layers="all") as s:
+                         type_v="q8_0", n_gpu_layers="all", repack=False) as s:
         p = s.placement
-        assert {k: p[k] for k in PLACEMENT_KEYS[:7]} == {
+        assert {k: p[k] for k in PLACEMENT_KEYS[:8]} == {
             "n_gpu_layers": -2, "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0", "type_v": "q8_0",
-            "load_mode": "auto", "threads_batch": 2}
+            "load_mode": "auto", "threads_batch": 2, "repack": False}
         assert "CPU" in p["devices"] and isinstance(p["gpu_offload"], bool)
         trace = s.generate("def fib(n):", max_tokens=12, n_max=2)
         assert len(trace.tokens) == 12
@@ -96,11 +97,13 @@ def test_default_placement_resolves_threads_batch(model_mixed):
 
 def test_cli_takes_llama_cpp_flags():
     args = _parser().parse_args(["run", "x", "-ngl", "all", "-mg", "0", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
-                                 "-lm", "none", "-t", "1", "-tb", "2", "-c", "512", "-md", "small.gguf"])
+                                 "-lm", "none", "-t", "1", "-tb", "2", "-c", "512", "-md", "small.gguf", "-nr"])
     assert session_kwargs(args) == {"n_ctx": 512, "threads": 1, "threads_batch": 2, "n_rs_seq": 8,
                                     "n_gpu_layers": "all", "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0",
-                                    "type_v": "q4_0", "load_mode": "none", "draft_model": "small.gguf"}
+                                    "type_v": "q4_0", "load_mode": "none", "repack": False, "draft_model": "small.gguf"}
     assert _parser().parse_args(["run", "-ngl", "12"]).n_gpu_layers == 12
+    for argv, repack in ((["run"], True), (["run", "--no-repack"], False), (["run", "--repack"], True)):
+        assert _parser().parse_args(argv).repack is repack, argv
 
 
 def test_cli_bad_flag_values(capsys):

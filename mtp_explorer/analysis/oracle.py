@@ -42,6 +42,7 @@ import numpy as np
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
 from ..core.schema import ORACLE_COLUMNS, Column, Dims, check_columns, columns_from_json, columns_to_json
+from .batch_shift import BatchShift
 
 if TYPE_CHECKING:
     from .replay import DrafterReplay
@@ -373,6 +374,10 @@ class OracleTrace:
     cost_model: CostModel | None = None
     """When set, used instead of the model fitted from this recording's own timings (e.g. one cost
     model for every prompt of a sweep)."""
+    batch_shift: BatchShift | None = None
+    """The model's measured batch-shape shift on the recording machine (:meth:`Session.batch_shift
+    <mtp_explorer.Session.batch_shift>`): the tie tolerance of :func:`~mtp_explorer.compare` and the
+    uncertain positions of :func:`~mtp_explorer.simulate`. ``None``: not measured."""
 
     @property
     def depth(self) -> int:
@@ -441,6 +446,16 @@ class OracleTrace:
         tok[self.columns["token_eog"].astype(bool)] = -2  # never equal to a draft: not accepted
         return tok
 
+    def uncertain(self, tol_logit: float | None = None) -> np.ndarray:
+        """Per position, whether a speculative run may emit another token there than this greedy recording: its
+        one-row top-2 margin is below ``tol_logit`` (default: :attr:`batch_shift`'s tolerance; all ``False``
+        where the shift was not measured)."""
+        if tol_logit is None:
+            if self.batch_shift is None:
+                return np.zeros(self.n_positions, dtype=bool)
+            tol_logit = self.batch_shift.tolerance()
+        return np.asarray(self.columns["target_margin"], dtype=np.float64) < float(tol_logit)
+
     def summary(self) -> dict[str, Any]:
         cm = self.cost
         head = self.replay(_head_drafter())
@@ -455,9 +470,10 @@ class OracleTrace:
 
     # -- serialisation ---------------------------------------------------------------------------
     def to_json(self) -> str:
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("columns", "cost_model")}
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("columns", "cost_model", "batch_shift")}
         doc["columns"] = columns_to_json(self.columns)
         doc["cost_model"] = self.cost_model.to_dict() if self.cost_model is not None else None
+        doc["batch_shift"] = self.batch_shift.to_dict() if self.batch_shift is not None else None
         doc["format"] = ORACLE_FORMAT
         return json.dumps(doc, allow_nan=False)
 
@@ -471,8 +487,10 @@ class OracleTrace:
         if fmt != ORACLE_FORMAT:
             raise ValueError("not an mtp-explorer oracle trace")
         cost = doc.pop("cost_model", None)
+        shift = doc.pop("batch_shift", None)
         oracle = cls(columns=columns_from_json(doc.pop("columns")),
-                     cost_model=CostModel.from_dict(cost) if cost else None, **doc)
+                     cost_model=CostModel.from_dict(cost) if cost else None,
+                     batch_shift=BatchShift.from_dict(shift) if shift else None, **doc)
         check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
         return oracle
 

@@ -44,10 +44,15 @@ class RequestCheck:
                 "first_margin": first and first.get("margin")}
 
 
-def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: float = 1e-3,
+def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: float | None = None,
                    tol_prob: float = 1e-4) -> list[RequestCheck]:
     """Compare every greedy request of ``result`` (from ``session``) with its prompt decoded alone: one oracle
-    per request (depth: the largest ``n_max`` it used), then :func:`~mtp_explorer.compare`."""
+    per request (depth: the largest ``n_max`` it used), then :func:`~mtp_explorer.compare`. The tie tolerance
+    (``tol_logit``, default: measured) is the session's :meth:`~mtp_explorer.Session.batch_shift` for batches up
+    to every request's verify rows together, as the engine batches them."""
+    depth_all = max((int(t.columns["n_max"].max()) for t in result.traces if t.n_steps), default=1)
+    rows = min(len(result.traces) * (depth_all + 1), 64)
+    shift = session.batch_shift({*range(2, depth_all + 2), max(rows, 2)}) if tol_logit is None else None
     checks = []
     for info, trace in zip(result.requests, result.traces):
         if float(trace.settings.get("temperature", 0.0)) > 0:
@@ -55,7 +60,8 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
         depth = max(1, int(trace.columns["n_max"].max()) if trace.n_steps else 1)
         options = drafters.recorded_options(trace.settings)
         oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,
-                                       probe=False, **options)
+                                       probe=False, batch_shift=False, **options)
+        oracle.batch_shift = shift
         cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob)
         same = list(trace.tokens) == list(oracle.tokens)
         checks.append(RequestCheck(seq=info.index, comparison=cmp, same_tokens=same))

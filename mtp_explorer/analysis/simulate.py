@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import metrics
+from .batch_shift import BatchShift, tolerance_of
 from .oracle import OracleTrace
 from .profile import Costs, resolve_costs, with_costs
 from .replay import STOP, Candidate, DrafterReplay, DrafterState
@@ -36,6 +37,9 @@ from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
 from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
 from ..core.trace import Trace
+
+DEFAULT_TOL_LOGIT = 1e-3
+"""The tie tolerance in logits where the batch-shape shift was not measured (an oracle without one)."""
 
 
 class SimTrace(Trace):
@@ -56,6 +60,14 @@ class SimTrace(Trace):
     @property
     def predicted_tokens_per_second(self) -> float:
         return self.summary()["tokens_per_second"]
+
+    def uncertainty(self) -> dict[str, Any]:
+        """Where the prediction may not hold: the positions whose one-row top-2 margin is within the oracle's
+        measured batch-shape tolerance (a real run's verify batch may emit the other token there, and from there
+        on it follows another text), and the predicted totals as ranges (:func:`uncertainty_of`)."""
+        c = self.columns
+        return uncertainty_of(self.oracle, self.sim["g"], c["n_drafted"], c["n_accepted"],
+                              self.summary()["tokens_per_second"], len(self.tokens))
 
     def ceiling_tokens_per_second(self) -> float:
         """The bound with every draft accepted: each step drafts ``n_max`` tokens and keeps them all."""
@@ -540,7 +552,10 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     (label), ``n_max``, ``p_min``, ``n_min``, ``drafter``, ``n_tokens``, ``n_steps``, ``n_drafted``,
     ``n_accepted``, ``acceptance_rate``, ``mean_accepted_length``, ``acceptance_by_depth`` (list),
     ``tokens_per_second`` (predicted), ``ceiling_tokens_per_second``, ``plain_tokens_per_second``,
-    ``seconds``. ``costs``: price every oracle with one :class:`~mtp_explorer.CostProfile` (or the path of a saved
+    ``seconds``, and where the oracle carries a measured batch shift the uncertainty columns of
+    :meth:`SimTrace.uncertainty`: ``n_uncertain``, ``first_uncertain`` (the first position a real run may leave
+    the predicted text at; ``None``: none), ``tokens_per_second_low`` / ``_high`` and
+    ``mean_accepted_length_low`` / ``_high``. ``costs``: price every oracle with one :class:`~mtp_explorer.CostProfile` (or the path of a saved
     one, or a :class:`~mtp_explorer.CostModel`) instead of its own cost model, as :func:`simulate`. Bad input raises
     :class:`~mtp_explorer.ParameterError`.
     """
@@ -588,14 +603,64 @@ def _grid(n_max: Sequence[int], p_min: Sequence[float], n_min) -> tuple[np.ndarr
     return grid_n, grid_p, np.minimum(nm, grid_n)
 
 
+def _next_uncertain(unc: np.ndarray) -> np.ndarray:
+    """Per position g, how far on the next uncertain position is (g itself: 0; none: a large number)."""
+    T = len(unc)
+    at = np.where(unc, np.arange(T), 2 * T + 1)
+    return np.minimum.accumulate(at[::-1])[::-1] - np.arange(T)
+
+
+def _accepted_bounds(unc: np.ndarray, g: np.ndarray, n_d: np.ndarray, acc: np.ndarray):
+    """Each step's accepted drafts if the batch flips its uncertain positions: at least up to the first uncertain
+    token it emits (that token flips, rejecting the draft there), at most every draft (the token after the last
+    accepted draft flips to the next draft's)."""
+    T = len(unc)
+    low = np.minimum(acc, _next_uncertain(unc)[np.minimum(g, T - 1)])
+    high = np.where(unc[np.minimum(g + acc, T - 1)] & (acc < n_d), n_d, acc)
+    return low, high
+
+
+def uncertainty_of(oracle: OracleTrace, g: np.ndarray, n_d: np.ndarray, acc: np.ndarray, tokens_per_second: float,
+                   n_tokens: int) -> dict[str, Any]:
+    """The uncertain positions of a predicted path (steps at ``g`` drafting ``n_d``, accepting ``acc``) and its
+    totals as ranges: accepted drafts between :func:`_accepted_bounds`' sums, tokens/s scaled as the same steps
+    emitting that many tokens (the text after a flip is another, assumed alike). ``tolerance`` NaN: the oracle
+    carries no measured batch shift, so no position is marked."""
+    unc = oracle.uncertain()
+    where = np.flatnonzero(unc[:n_tokens])
+    low, high = _accepted_bounds(unc, g, n_d, acc) if len(g) else (acc, acc)
+    steps, accepted = len(g), int(acc.sum())
+    def scale(a: int) -> float:
+        return tokens_per_second if a == accepted else tokens_per_second * (a + steps) / (accepted + steps)
+
+    margins = oracle.columns["target_margin"]
+    return {"tolerance": oracle.batch_shift.tolerance() if oracle.batch_shift is not None else math.nan,
+            "uncertain_positions": where.tolist(), "margins": [float(margins[p]) for p in where],
+            "first_uncertain": int(where[0]) if len(where) else None,
+            "n_accepted_range": (int(low.sum()), int(high.sum())),
+            "mean_accepted_length_range": (metrics.accepted_per_step(int(low.sum()), steps),
+                                           metrics.accepted_per_step(int(high.sum()), steps)),
+            "tokens_per_second_range": (scale(int(low.sum())), scale(int(high.sum())))}
+
+
 def _stats_of(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> dict:
     seconds = float(_total_ns(_phase_times(oracle, steps, policy.mode)).sum()) / 1e9
     n_d, acc = steps.n_drafted, steps.n_accepted
     n_tok = int(steps.g[-1] + acc[-1] + 1) if len(acc) else 0
-    return _row(n_tok, len(acc), int(n_d.sum()), int(acc.sum()),
-                metrics.acceptance_by_depth(n_d, acc, oracle.depth).rate, seconds,
-                ceiling_tokens_per_second(oracle, policy.n_max, policy.mode),
-                ceiling_tokens_per_second(oracle, 0, policy.mode))
+    row = _row(n_tok, len(acc), int(n_d.sum()), int(acc.sum()),
+               metrics.acceptance_by_depth(n_d, acc, oracle.depth).rate, seconds,
+               ceiling_tokens_per_second(oracle, policy.n_max, policy.mode),
+               ceiling_tokens_per_second(oracle, 0, policy.mode))
+    return row | _range_columns(uncertainty_of(oracle, steps.g, n_d, acc, row["tokens_per_second"], n_tok))
+
+
+def _range_columns(u: dict[str, Any]) -> dict[str, Any]:
+    """A grid row's uncertainty columns, from :func:`uncertainty_of`."""
+    return {"n_uncertain": len(u["uncertain_positions"]), "first_uncertain": u["first_uncertain"],
+            "tokens_per_second_low": u["tokens_per_second_range"][0],
+            "tokens_per_second_high": u["tokens_per_second_range"][1],
+            "mean_accepted_length_low": u["mean_accepted_length_range"][0],
+            "mean_accepted_length_high": u["mean_accepted_length_range"][1]}
 
 
 def _row(n_tokens: int, n_steps: int, n_drafted: int, n_accepted: int, by_depth: list[float], seconds: float,
@@ -635,8 +700,12 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     by_depth = metrics.acceptance_by_depth_runs(n_d, acc, oracle.depth, visited)
     ceiling = {n: ceiling_tokens_per_second(oracle, n, mode) for n in set(grid_n.tolist())}
     plain = ceiling_tokens_per_second(oracle, 0, mode)
-    return [_row(T_end, int(n_steps[i]), int(n_drafted[i]), int(n_accepted[i]), by_depth[i].tolist(),
+    rows = [_row(T_end, int(n_steps[i]), int(n_drafted[i]), int(n_accepted[i]), by_depth[i].tolist(),
                  float(total_ns[i] / 1e9), ceiling[int(grid_n[i])], plain) for i in range(len(grid_n))]
+    g = np.arange(n_d.shape[1])
+    for row, v, nd, a in zip(rows, visited, n_d, acc):
+        row.update(_range_columns(uncertainty_of(oracle, g[v], nd[v], a[v], row["tokens_per_second"], T_end)))
+    return rows
 
 
 def _follow_lanes(k: np.ndarray, acc: np.ndarray, step_fresh: np.ndarray, step_reused: np.ndarray, T_end: int):
@@ -731,12 +800,18 @@ def _name(names: Sequence[str], i: int) -> str | None:
     return names[i] if i >= 0 else None
 
 
-def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float = 1e-3, tol_prob: float = 1e-4) -> Comparison:
+def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None,
+            tol_prob: float = 1e-4) -> Comparison:
     """Check every step of a real greedy ``trace`` against the oracle's prediction for the same
     position and the settings in force at that step (live ``set_params`` changes included; in a
     chain mode the drafters' running statistics are then replayed per stretch of constant
     settings, so a change mid-run can leave chain choices unexplained; a stateful drafter, ngram-mod's table or
-    ngram-map's key statistics, likewise starts afresh at each such stretch)."""
+    ngram-map's key statistics, likewise starts afresh at each such stretch).
+
+    ``tol_logit`` (default: the oracle's measured :attr:`~OracleTrace.batch_shift` tolerance, else
+    :data:`DEFAULT_TOL_LOGIT`) is the top-2 logit margin below which a differing token is a batch-shape tie;
+    every mismatch carries an ``explanation`` sentence and the ``tolerance`` used."""
+    tol_logit = tolerance_of(oracle.batch_shift, tol_logit, DEFAULT_TOL_LOGIT)
     c = trace.columns
     replays = _replays(oracle, _trace_mode(trace))
     starts = _step_starts(c["n_accepted"])
@@ -762,6 +837,8 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float = 1e-3, tol_p
         mm = {"step": i, "g": g, "n_max": int(c["n_max"][i]), "p_min": float(c["p_min"][i]),
               "n_min": int(c["n_min"][i]), "real": _named(real), "predicted": _named(pred)}
         mm.update(_classify(oracle, trace, i, g, replays[int(steps.chosen[q])], diverge, tol_logit, tol_prob))
+        mm["tolerance"] = tol_logit
+        mm["explanation"] = _explain(mm, oracle.batch_shift, tol_logit)
         mismatches.append(mm)
         if mm["cause"] == "target_argmax":
             break
@@ -771,6 +848,18 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float = 1e-3, tol_p
 def _named(outcome: dict) -> dict:
     """A step's outcome with its stop reason and drafter as names."""
     return outcome | {"stop_reason": STOP_REASONS[outcome["stop_reason"]], "drafter": _name(DRAFTERS, outcome["drafter"])}
+
+
+def _explain(mm: dict, shift: BatchShift | None, tol_logit: float) -> str:
+    """A sentence for a mismatch: its kind, cause, margin and the tolerance it was judged by."""
+    margin, cause = mm.get("margin", math.nan), mm["cause"]
+    if cause in ("target_argmax", "draft_argmax") and shift is not None and math.isfinite(margin):
+        where = "the target's token" if cause == "target_argmax" else f"the draft at depth {mm.get('depth')}"
+        return f"{where} differs: " + shift.explain(margin)
+    if mm["kind"] == "tie":
+        return f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (not measured for this file)" \
+            if cause in ("target_argmax", "draft_argmax") else f"{cause} near-tie: margin {margin:.3g}"
+    return f"unexplained ({cause}): margin {margin:.3g}, tolerance {tol_logit:.3g}: report it as a bug"
 
 
 def _classify(oracle: OracleTrace, trace: Trace, i: int, g: int, chosen: DrafterReplay, diverge, tol_logit: float,

@@ -65,7 +65,7 @@ def _placement(engine: "_native.Engine") -> dict[str, Any]:
     p = engine.placement
     return {"n_gpu_layers": p.n_gpu_layers, "main_gpu": p.main_gpu, "flash_attn": p.flash_attn,
             "type_k": p.type_k, "type_v": p.type_v, "load_mode": p.load_mode,
-            "threads_batch": p.n_threads_batch or engine.n_threads,
+            "threads_batch": p.n_threads_batch or engine.n_threads, "repack": p.repack,
             "devices": list(_native.backend_devices()), "gpu_offload": bool(_native.supports_gpu_offload())}
 
 
@@ -137,6 +137,7 @@ class EngineHandle:
         load_mode: str = "auto",
         use_mmap: bool | None = None,
         threads_batch: int | None = None,
+        repack: bool = True,
         draft_model: str | os.PathLike | None = None,
         n_parallel: int = 1,
     ) -> "EngineHandle":
@@ -146,7 +147,9 @@ class EngineHandle:
         (``-ngl``; ``"auto"``/-1 offloads every layer on a GPU build, as ``"all"``/-2), ``main_gpu`` (``-mg``),
         ``flash_attn`` (``-fa``: auto/on/off), ``type_k``/``type_v`` (``-ctk``/``-ctv``: f16, q8_0, ...),
         ``load_mode`` (``-lm``: auto/mmap/none/...; ``use_mmap=True``/``False`` is llama-cpp-python's
-        ``"mmap"``/``"none"``) and ``threads_batch`` (``-tb``; ``None``: ``threads``).
+        ``"mmap"``/``"none"``), ``threads_batch`` (``-tb``; ``None``: ``threads``) and ``repack`` (``--repack``;
+        ``False`` is ``-nr``/``--no-repack``: the CPU keeps the file's weight layout, so quantized matrix products
+        run the same kernels at every batch size, at some cost in speed: see :meth:`batch_shift`).
 
         ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
         the session accepts; ``topk`` is how many draft alternatives are recorded per depth.
@@ -174,7 +177,7 @@ class EngineHandle:
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
-                                 threads_batch=threads_batch, n_parallel=n_parallel,
+                                 threads_batch=threads_batch, repack=repack, n_parallel=n_parallel,
                                  draft_model=None if draft_info is None else str(draft_info.path))
         options.check_model(info.n_embd_head_k)
         engine = _load_engine(path, options)

@@ -38,7 +38,8 @@ class SessionOptions:
     ``n_ctx`` is padded to a multiple of 256 as llama.cpp pads the context, so the batch is sized alike.
     The placement options keep llama.cpp's names and defaults: ``n_gpu_layers`` (``-ngl``; -1 "auto",
     -2 "all"), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``), ``type_k``/``type_v`` (``-ctk``/``-ctv``),
-    ``load_mode`` (``-lm``) and ``threads_batch`` (``-tb``; ``None``: the generation threads). ``draft_model`` is
+    ``load_mode`` (``-lm``), ``threads_batch`` (``-tb``; ``None``: the generation threads) and ``repack``
+    (``--repack``; ``False`` is ``-nr``/``--no-repack``: no extra buffer types, so no repacked CPU kernels). ``draft_model`` is
     the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target. ``n_parallel`` is
     llama.cpp's ``-np``: the sequences sharing the context, ``n_ctx / n_parallel`` each.
     """
@@ -57,6 +58,7 @@ class SessionOptions:
     type_v: str = "f16"
     load_mode: str = "auto"
     threads_batch: int | None = None
+    repack: bool = True
     draft_model: str | None = None
     n_parallel: int = 1
 
@@ -94,6 +96,8 @@ class SessionOptions:
                                  "flash_attn='auto' or 'on' (llama.cpp refuses it otherwise)")
         if self.threads_batch is not None:
             check_int("threads_batch", self.threads_batch, 1, None)
+        if not isinstance(self.repack, bool):
+            raise ParameterError(f"repack must be True or False (llama.cpp's --repack / --no-repack), got {self.repack!r}")
 
     def check_model(self, n_embd_head_k: int) -> None:
         """The checks that need the model: a quantized K cache's block must divide the key head width when
@@ -112,6 +116,7 @@ class SessionOptions:
         p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
         p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = self.flash_attn, self.type_k, self.type_v, \
             self.threads_batch or 0
+        p.repack = self.repack
         eo.placement = p
         return eo
 

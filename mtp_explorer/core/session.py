@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from .schema import FINISH_REASONS
 from .trace import Step, Trace
 
 if TYPE_CHECKING:
+    from ..analysis.batch_shift import BatchShift
     from ..analysis.oracle import OracleTrace
 
 
@@ -97,6 +98,7 @@ class Session(ParallelGeneration, EngineHandle):
         depth: int | None = None,
         *,
         probe: bool = True,
+        batch_shift: bool = True,
         **options: int | str,
     ) -> "OracleTrace":
         """Record an oracle trace: the greedy generation decoded once, one token per step, with the draft
@@ -106,6 +108,10 @@ class Session(ParallelGeneration, EngineHandle):
         verify-batch probes; batch costs are then extrapolated from single-token steps). Replay any
         policy with ``n_max <= depth`` with :func:`mtp_explorer.simulate`. See
         :mod:`mtp_explorer.analysis.oracle`.
+
+        ``batch_shift=True`` also attaches :meth:`batch_shift` for verify batches of up to ``depth + 1`` rows
+        (measured once per file, machine and placement, then cached): the tie tolerance of
+        :func:`~mtp_explorer.compare` and the uncertain positions of :func:`~mtp_explorer.simulate`.
         """
         from ..analysis.oracle import OracleTrace
 
@@ -131,7 +137,20 @@ class Session(ParallelGeneration, EngineHandle):
                         "is_recurrent": bool(engine.is_recurrent),
                         "n_prompt": len(tokens)} | self._session_settings() | values
             oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
+        if batch_shift:
+            oracle.batch_shift = self.batch_shift(range(2, depth + 2))
         return oracle
+
+    def batch_shift(self, ks: Iterable[int] | None = None, *, n_positions: int = 256,
+                    refresh: bool = False) -> "BatchShift":
+        """How far this model's target logits move when positions are decoded in ``k``-row batches instead of
+        one row at a time, for every ``k`` in ``ks`` (default: 2 .. ``capacity + 1``, every verify batch this
+        session can make), on this machine and placement: the tie tolerance of every greedy check (see
+        :mod:`mtp_explorer.analysis.batch_shift`). Measured on ``n_positions`` tokens of a fixed probe text the
+        first time, then read from the cache (``refresh=True`` measures again)."""
+        from ..analysis.batch_shift import measure
+
+        return measure(self, ks, n_positions=n_positions, refresh=refresh)
 
     def set_params(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> None:
         """Change drafting parameters; a running generation uses them from its next step."""

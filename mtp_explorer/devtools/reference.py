@@ -294,20 +294,35 @@ def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
             "eos_stopped_steps": len(eos_steps), "unverifiable_drafted_total": unverifiable, "match": match}
 
 
-def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *, tol_logit: float) -> dict:
+def server_batch_shift(session: Session, max_rows: int | None = None):
+    """The session's measured batch-shape shift for every verify batch of one slot and for a server batch of
+    ``max_rows`` rows (its slots' verify rows together, at most 64; default: one slot's largest)."""
+    rows = max_rows or session.capacity + 1
+    return session.batch_shift({*range(2, session.capacity + 2), max(2, min(rows, 64))})
+
+
+def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *, tol_logit: float | None = None,
+                            max_rows: int | None = None) -> dict:
     """Why a request of a batch of several (the server batches the slots' rows together, so its matrix products run
     in other shapes than a single sequence's) differs from our replay: a ``tie`` when the first differing token is
     one whose one-row target top-2 margin is below ``tol_logit`` (``cause: target_argmax``), or, with the same text,
     when a draft on our path had a top-2 margin below ``tol_logit`` (``cause: draft_argmax``: a near-tie of the MTP
-    head can change which drafts are accepted, not the text); else ``unexplained``. Reads an oracle of the prompt."""
+    head can change which drafts are accepted, not the text); else ``unexplained``. Reads an oracle of the prompt.
+    ``tol_logit`` defaults to the session's measured :meth:`~mtp_explorer.Session.batch_shift` tolerance for
+    batches of up to ``max_rows`` rows (the server's slots times ``n_max + 1``; default ``capacity + 1``); the
+    result's ``explanation`` says which."""
+    shift = None
+    if tol_logit is None:
+        shift = server_batch_shift(session, max_rows)
+        tol_logit = shift.tolerance()
     oracle = session.record_oracle(prompt, max_tokens=len(ours.tokens), depth=max(1, int(ours.n_drafted.max())),
                                    probe=False)
     text, acc = done.text, ""
     for i, piece in enumerate(ours.pieces):
         if not text.startswith(acc + piece):
             margin = float(oracle.columns["target_margin"][i])
-            return {"kind": "tie" if margin < tol_logit else "unexplained", "cause": "target_argmax", "position": i,
-                    "margin": margin}
+            return _explained({"kind": "tie" if margin < tol_logit else "unexplained", "cause": "target_argmax",
+                               "position": i, "margin": margin}, shift, tol_logit)
         acc += piece
     if acc != text:
         return {"kind": "unexplained", "cause": "text_length", "position": len(ours.pieces), "margin": float("nan")}
@@ -317,5 +332,15 @@ def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *,
     on_path = [float(margins[g, j]) for g, n in zip(starts, ours.n_drafted.tolist())
                for j in range(min(int(n), margins.shape[1])) if g < len(margins) and math.isfinite(margins[g, j])]
     smallest = min(on_path, default=float("inf"))
-    return {"kind": "tie" if smallest < tol_logit else "unexplained", "cause": "draft_argmax", "position": None,
-            "margin": smallest}
+    return _explained({"kind": "tie" if smallest < tol_logit else "unexplained", "cause": "draft_argmax",
+                       "position": None, "margin": smallest}, shift, tol_logit)
+
+
+def _explained(why: dict, shift, tol_logit: float) -> dict:
+    """``why`` with the tolerance it was judged by and a sentence (the measured shift's where there is one)."""
+    margin = why["margin"]
+    if shift is not None and math.isfinite(margin):
+        text = shift.explain(margin)
+    else:
+        text = f"{why['kind']} ({why['cause']}): margin {margin:.3g}, tolerance {tol_logit:.3g}"
+    return why | {"tolerance": tol_logit, "explanation": text}

@@ -1,0 +1,252 @@
+"""The batch-shape shift of a model's logits, measured per file and machine: the tie tolerance of every greedy check.
+
+Greedy speculative decoding emits what plain decoding emits, up to llama.cpp's kernels: a verify batch of
+``n_max + 1`` rows runs other matrix-product kernels than a one-token decode (a GEMM instead of a GEMV; for
+Q4_K, from 4 rows on, the repacked ``q4_K_8x8`` GEMM; a recurrent layer's chunked scan), and the KV rows a
+batch writes differ by as much from one-row ones. The target's top-2 margin therefore moves a little, and
+where the one-row margin is smaller than that move a speculative run may take the other token.
+
+:meth:`Session.batch_shift <mtp_explorer.Session.batch_shift>` measures the move: a fixed probe text
+(code and prose, :data:`PROBE_TEXT`) is decoded on the session's own target context one row per decode, then
+for every ``k`` in ``k``-row batches, and each position's logits compared. The result, a :class:`BatchShift`,
+is cached per file (its content), machine (CPU model, devices, llama.cpp build) and placement (threads,
+offload, attention, KV cache types, ``repack``) under ``$MTP_EXPLORER_CACHE`` (default
+``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so :func:`~mtp_explorer.compare`,
+:func:`~mtp_explorer.check_parallel` and the llama-server parity harness use it as their tie tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from ..core.errors import ParameterError, engine_errors
+
+if TYPE_CHECKING:
+    from ..core.session import Session
+
+#: what the probe decodes (tokenized by the model's own tokenizer; the first ``n_positions`` tokens)
+PROBE_TEXT = '''import os
+import sys
+
+
+def read_lines(path, encoding="utf-8"):
+    """Return the lines of a text file without their line endings."""
+    with open(path, encoding=encoding) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+class Counter(dict):
+    def __missing__(self, key):
+        return 0
+
+    def update(self, items):
+        for item in items:
+            self[item] += 1
+
+
+The verify batch holds the last accepted token and the drafts. When every draft is accepted the model
+has produced several tokens for the price of one forward pass; when the first is rejected, one.
+for i, name in enumerate(sorted(os.listdir("."))):
+    if name.endswith(".py"):
+        print(i, name, file=sys.stderr)
+
+
+def merge(left, right, key=None):
+    """Merge two sorted lists into one sorted list."""
+    key = key or (lambda x: x)
+    out, i, j = [], 0, 0
+    while i < len(left) and j < len(right):
+        if key(right[j]) < key(left[i]):
+            out.append(right[j])
+            j += 1
+        else:
+            out.append(left[i])
+            i += 1
+    out.extend(left[i:])
+    out.extend(right[j:])
+    return out
+
+
+A small model drafts, a large one checks. The drafts cost little, and the check of several tokens costs
+about as much as the check of one, so the speed-up is the number of tokens accepted per check, less the
+time the drafts took. Greedy decoding gives the same text either way.
+'''
+DEFAULT_POSITIONS = 256
+SAFETY = 2.0
+"""The tie tolerance is this many times the largest shift the probe saw: it sees a sample of positions."""
+FORMAT = "mtp-explorer-batch-shift-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShift:
+    """How far one model's target logits move between one-row decodes and ``k``-row batches on one machine.
+
+    Per batch size ``k`` (``ks``): ``margin_shift`` (the largest change of a position's one-row top-1 minus
+    top-2 logit), ``logit_shift`` (the largest change of any logit) and ``n_flips`` (positions whose argmax
+    changed) over ``n_positions`` probed positions; ``smallest_margin`` is the smallest one-row top-2 margin
+    among them. ``model`` names the file, ``file_id`` its content, ``machine`` the machine and placement.
+    """
+
+    model: str
+    file_id: str
+    machine: dict[str, Any]
+    n_positions: int
+    ks: tuple[int, ...]
+    margin_shift: tuple[float, ...]
+    logit_shift: tuple[float, ...]
+    n_flips: tuple[int, ...]
+    smallest_margin: float
+
+    def shift(self, k: int | None = None) -> float:
+        """The largest top-2 margin shift measured for batches of at most ``k`` rows (``None``: any probed)."""
+        vals = [m for kk, m in zip(self.ks, self.margin_shift) if k is None or kk <= k]
+        if not vals:
+            raise ParameterError(f"no batch of at most {k} rows was probed (probed: {list(self.ks)})")
+        return float(max(vals))
+
+    def tolerance(self, k: int | None = None) -> float:
+        """The tie tolerance in logits: :data:`SAFETY` times :meth:`shift`."""
+        return SAFETY * self.shift(k)
+
+    def explain(self, margin: float, k: int | None = None) -> str:
+        """Why a divergence at a one-row top-2 margin ``margin`` is (or is not) the kernels' batch variance."""
+        shift, tol = self.shift(k), self.tolerance(k)
+        rows = "any probed batch" if k is None else f"batches of <= {k} rows"
+        if margin < tol:
+            return (f"batch-variant kernel, shift <= {shift:.3g} at this position: its one-row top-2 margin "
+                    f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {rows} "
+                    f"of {self.model} on this machine)")
+        return (f"unexplained: the one-row top-2 margin {margin:.3g} exceeds the tolerance {tol:.3g} ({SAFETY:g} x "
+                f"the largest batch-shape shift measured for {rows}, {shift:.3g}); this is not a batch-shape tie: "
+                "report it as a bug")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"format": FORMAT}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BatchShift":
+        d = dict(d)
+        if d.pop("format", None) != FORMAT:
+            raise ParameterError("not an mtp-explorer batch-shift record")
+        try:
+            return cls(**{**d, "ks": tuple(d["ks"]), "margin_shift": tuple(d["margin_shift"]),
+                          "logit_shift": tuple(d["logit_shift"]), "n_flips": tuple(d["n_flips"])})
+        except (KeyError, TypeError) as exc:
+            raise ParameterError(f"a malformed batch-shift record: {exc}") from exc
+
+    def summary(self) -> dict[str, Any]:
+        """One row per batch size, for a table."""
+        return {"model": self.model, "n_positions": self.n_positions, "smallest_margin": self.smallest_margin,
+                "tolerance": self.tolerance(), "repack": self.machine.get("placement", {}).get("repack"),
+                "per_k": [{"k": k, "margin_shift": m, "logit_shift": lg, "n_flips": f}
+                          for k, m, lg, f in zip(self.ks, self.margin_shift, self.logit_shift, self.n_flips)]}
+
+
+# -- identity ------------------------------------------------------------------------------------------
+def file_id(path: str | os.PathLike) -> str:
+    """A content fingerprint of a (possibly multi-GB) file: sha256 of its size and first and last MiB."""
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(size - (1 << 20))
+            h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(session: "Session") -> dict[str, Any]:
+    """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads and placement."""
+    from importlib.metadata import version
+
+    placement = {k: v for k, v in session.placement.items() if k not in ("devices", "gpu_offload")}
+    return {"cpu": _cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
+            "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MTP_EXPLORER_CACHE", Path.home() / ".cache" / "mtp-explorer")) / "batch-shift"
+
+
+def _cache_path(fid: str, machine: dict[str, Any], n_positions: int) -> Path:
+    key = hashlib.sha256(json.dumps([fid, machine, n_positions], sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / f"{key}.json"
+
+
+# -- measuring -----------------------------------------------------------------------------------------
+def _summarise(raw: dict[str, np.ndarray]) -> dict[int, tuple[float, float, int]]:
+    """Per probed k: (largest margin shift, largest logit shift, flips) over the positions of whole batches."""
+    out = {}
+    for ki, k in enumerate(raw["ks"].tolist()):
+        ms, ls = raw["margin_shift"][ki], raw["logit_shift"][ki]
+        whole = ~np.isnan(ms)
+        out[int(k)] = (float(ms[whole].max()), float(ls[whole].max()), int(raw["flip"][ki][whole].sum()))
+    return out
+
+
+def measure(session: "Session", ks: Iterable[int] | None = None, *, n_positions: int = DEFAULT_POSITIONS,
+            refresh: bool = False) -> BatchShift:
+    """The session's batch-shape shift for batches of ``ks`` rows (default: 2 .. capacity + 1, every verify
+    batch its ``n_max`` can make), from the cache where measured before (``refresh=True`` measures again)."""
+    engine = session._live()
+    tokens = session.tokenize(PROBE_TEXT)[: min(n_positions, session.n_ctx_seq)]
+    ks = sorted({int(k) for k in (range(2, session.capacity + 2) if ks is None else ks)})
+    if not ks or ks[0] < 2 or ks[-1] > len(tokens):
+        raise ParameterError(f"batch sizes must be between 2 and {len(tokens)} (the probe's tokens), got {ks}")
+    fid, machine = file_id(session.info.path), machine_key(session)
+    path = _cache_path(fid, machine, len(tokens))
+    cached = {} if refresh else _read_cache(path)
+    missing = [k for k in ks if str(k) not in cached.get("per_k", {})]
+    if missing:
+        with session._run(), engine_errors():
+            raw = engine.probe_batch_shift(tokens, missing)
+        per_k = cached.get("per_k", {}) | {str(k): list(v) for k, v in _summarise(raw).items()}
+        cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}
+        _write_cache(path, cached)
+    rows = [(k, *cached["per_k"][str(k)]) for k in ks]
+    return BatchShift(model=Path(session.info.path).name, file_id=fid, machine=machine, n_positions=len(tokens),
+                      ks=tuple(r[0] for r in rows), margin_shift=tuple(float(r[1]) for r in rows),
+                      logit_shift=tuple(float(r[2]) for r in rows), n_flips=tuple(int(r[3]) for r in rows),
+                      smallest_margin=float(cached["smallest_margin"]))
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: measured again
+    return doc if isinstance(doc, dict) and isinstance(doc.get("per_k"), dict) else {}
+
+
+def _write_cache(path: Path, doc: dict[str, Any]) -> None:
+    """Written whole to a temporary file, then renamed: a concurrent reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float) -> float:
+    """The tie tolerance a check uses: ``tol_logit`` if given, else the measured shift's, else ``default``."""
+    if tol_logit is not None:
+        return float(tol_logit)
+    return shift.tolerance() if shift is not None else default

@@ -1,0 +1,168 @@
+"""The batch-shape shift (Session.batch_shift): measured on the session's own target context, cached per file,
+machine and placement, carried by oracles, and used by mx.compare as its tie tolerance and by simulate to mark
+the positions a real run may leave the predicted text at."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.analysis import batch_shift as bs
+
+
+@pytest.fixture(scope="module")
+def session(bundled_model):
+    with mx.Session.open(bundled_model, n_ctx=512, threads=1, n_rs_seq=4) as s:
+        yield s
+
+
+def test_the_shift_is_measured_for_every_verify_batch(session):
+    shift = session.batch_shift(refresh=True)
+    assert shift.ks == (2, 3, 4, 5)  # every n_max + 1 the session's capacity allows
+    assert shift.n_positions == bs.DEFAULT_POSITIONS and shift.model == Path(session.info.path).name
+    assert all(0.0 <= m < 0.5 for m in shift.margin_shift), shift
+    assert all(m <= 2 * lg + 1e-6 for m, lg in zip(shift.margin_shift, shift.logit_shift))
+    assert shift.shift() == max(shift.margin_shift) and shift.shift(3) == max(shift.margin_shift[:2])
+    assert shift.tolerance() == bs.SAFETY * shift.shift()
+    assert shift.machine["placement"]["repack"] is True and shift.machine["threads"] == 1
+    assert shift.file_id == bs.file_id(session.info.path)
+
+
+def test_the_probe_leaves_the_session_as_it_was(session):
+    before = session.generate("def fib(n):", max_tokens=24, n_max=3)
+    session.batch_shift(refresh=True)
+    after = session.generate("def fib(n):", max_tokens=24, n_max=3)
+    assert after.tokens == before.tokens and list(after.n_accepted) == list(before.n_accepted)
+
+
+def test_the_shift_is_cached_per_file_machine_and_placement(session, monkeypatch, bundled_model):
+    first = session.batch_shift([2, 3])
+    calls = []
+    real = session._engine.probe_batch_shift
+    monkeypatch.setattr(session, "_engine", _Spy(session._engine, calls))
+    again = session.batch_shift([2, 3])
+    assert again == first and calls == []          # read from the cache
+    wider = session.batch_shift([2, 3, 11])
+    assert calls == [[11]] and wider.ks == (2, 3, 11)  # only the batch size it lacked is measured
+    session.batch_shift([2, 3], refresh=True)
+    assert calls[-1] == [2, 3]
+    assert real is not None
+    files = list(bs.cache_dir().glob("*.json"))
+    assert files and all(set(json.loads(f.read_text())) == {"smallest_margin", "per_k"} for f in files)
+    # another placement is another entry
+    with mx.Session.open(bundled_model, n_ctx=512, threads=1, n_rs_seq=4, repack=False) as other:
+        assert other.placement["repack"] is False
+        shift = other.batch_shift([2])
+    assert shift.machine["placement"]["repack"] is False
+    assert len(list(bs.cache_dir().glob("*.json"))) == len(files) + 1
+
+
+class _Spy:
+    """The engine, with probe_batch_shift calls recorded (their batch sizes)."""
+
+    def __init__(self, engine, calls):
+        self._engine, self._calls = engine, calls
+
+    def probe_batch_shift(self, tokens, ks):
+        self._calls.append(list(ks))
+        return self._engine.probe_batch_shift(tokens, ks)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_a_corrupt_cache_entry_is_measured_again(session):
+    session.batch_shift([2])
+    for f in bs.cache_dir().glob("*.json"):
+        f.write_text("{not json")
+    assert session.batch_shift([2]).ks == (2,)
+
+
+def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
+    with pytest.raises(mx.ParameterError, match="batch sizes"):
+        session.batch_shift([1])
+    with pytest.raises(mx.ParameterError, match="batch sizes"):
+        session.batch_shift([500])
+    with pytest.raises(mx.ParameterError, match="batch sizes"):
+        session._engine and session.batch_shift([])
+    with pytest.raises(mx.ParameterError, match="not an mtp-explorer batch-shift"):
+        bs.BatchShift.from_dict({"ks": [2]})
+    good = session.batch_shift([2]).to_dict()
+    with pytest.raises(mx.ParameterError, match="malformed"):
+        bs.BatchShift.from_dict({k: v for k, v in good.items() if k != "ks"})
+    with pytest.raises(mx.ParameterError, match="no batch of at most 1"):
+        session.batch_shift([2]).shift(1)
+    s = mx.Session.open(bundled_model, n_ctx=256, threads=1)
+    s.close()
+    with pytest.raises(mx.SessionClosedError):
+        s.batch_shift()
+
+
+def test_oracles_carry_the_shift_through_json(session):
+    oracle = session.record_oracle("def fib(n):", max_tokens=16, depth=3, probe=False)
+    assert oracle.batch_shift is not None and oracle.batch_shift.ks == (2, 3, 4)
+    back = mx.OracleTrace.from_json(oracle.to_json())
+    assert back.batch_shift == oracle.batch_shift
+    bare = session.record_oracle("def fib(n):", max_tokens=16, depth=3, probe=False, batch_shift=False)
+    assert bare.batch_shift is None and mx.OracleTrace.from_json(bare.to_json()).batch_shift is None
+
+
+def _diverged(session, prompt: str, at: int, **kw):
+    """A real trace of ``prompt`` whose token at ``at`` is replaced (a divergence the test makes)."""
+    t = session.generate(prompt, max_tokens=24, n_max=3, **kw)
+    bad = mx.Trace.from_json(t.to_json())
+    bad.tokens[at] = (bad.tokens[at] + 1) % 100
+    return bad
+
+
+def test_compare_judges_a_divergence_by_the_measured_shift(session):
+    """A divergence at a position whose one-row margin is within the measured tolerance is a batch-variant tie,
+    explained with the shift; with a shift measured smaller than the margin, the same divergence is unexplained."""
+    oracle = session.record_oracle("def fib(n):", max_tokens=24, depth=3, probe=False)
+    margins = oracle.columns["target_margin"][:24]
+    at = int(np.argmin(margins))
+    bad = _diverged(session, "def fib(n):", at)
+    wide = dataclasses.replace(oracle.batch_shift, margin_shift=tuple(2 * float(margins[at]) + 0.01 for _ in
+                                                                        oracle.batch_shift.ks))
+    oracle.batch_shift = wide
+    cmp = mx.compare(oracle, bad)
+    (m,) = [m for m in cmp.mismatches if m["cause"] == "target_argmax"]
+    assert m["kind"] == "tie" and m["position"] == at and m["tolerance"] == wide.tolerance()
+    assert m["explanation"].startswith("the target's token differs: batch-variant kernel, shift <= ")
+    narrow = dataclasses.replace(wide, margin_shift=tuple(float(margins[at]) / 4 for _ in wide.ks))
+    oracle.batch_shift = narrow
+    (m,) = [m for m in mx.compare(oracle, bad).mismatches if m["cause"] == "target_argmax"]
+    assert m["kind"] == "unexplained" and "report it as a bug" in m["explanation"]
+    # an explicit tolerance still wins
+    assert mx.compare(oracle, bad, tol_logit=1e9).mismatches[0]["kind"] == "tie"
+
+
+def test_simulate_marks_the_uncertain_positions_and_gives_ranges(session):
+    oracle = session.record_oracle("import os\n\n\ndef list_files(path):", max_tokens=48, depth=3, probe=False)
+    margins = np.asarray(oracle.columns["target_margin"])
+    sim = mx.simulate(oracle, n_max=3)
+    u = sim.uncertainty()
+    assert u["uncertain_positions"] == np.flatnonzero(margins[:48] < oracle.batch_shift.tolerance()).tolist()
+    point = int(sim.n_accepted.sum())
+    lo, hi = u["n_accepted_range"]
+    assert lo <= point <= hi
+    tps_lo, tps_hi = u["tokens_per_second_range"]
+    assert tps_lo <= sim.summary()["tokens_per_second"] <= tps_hi
+    # every position uncertain: the prediction is a wide range, starting at the first position
+    oracle.batch_shift = dataclasses.replace(oracle.batch_shift, margin_shift=(1e6,) * len(oracle.batch_shift.ks))
+    u = mx.simulate(oracle, n_max=3).uncertainty()
+    assert u["first_uncertain"] == 0 and len(u["uncertain_positions"]) == 48
+    assert u["n_accepted_range"][0] == 0 and u["n_accepted_range"][1] >= point
+    grid = mx.simulate_grid(oracle, n_max=[1, 3], p_min=[0.0])
+    assert (grid["n_uncertain"] == 48).all() and (grid["first_uncertain"] == 0).all()
+    assert (grid["tokens_per_second_low"] <= grid["tokens_per_second"]).all()
+    assert (grid["tokens_per_second"] <= grid["tokens_per_second_high"]).all()
+    # not measured: nothing marked, the range is the point
+    oracle.batch_shift = None
+    u = mx.simulate(oracle, n_max=3).uncertainty()
+    assert u["uncertain_positions"] == [] and u["n_accepted_range"] == (point, point) and np.isnan(u["tolerance"])
