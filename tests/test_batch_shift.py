@@ -89,14 +89,14 @@ def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([500])
     with pytest.raises(mx.ParameterError, match="batch sizes"):
-        session._engine and session.batch_shift([])
+        session.batch_shift([])
     with pytest.raises(mx.ParameterError, match="not an mtp-explorer batch-shift"):
         bs.BatchShift.from_dict({"ks": [2]})
     good = session.batch_shift([2]).to_dict()
     with pytest.raises(mx.ParameterError, match="malformed"):
         bs.BatchShift.from_dict({k: v for k, v in good.items() if k != "ks"})
-    with pytest.raises(mx.ParameterError, match="no batch of at most 1"):
-        session.batch_shift([2]).shift(1)
+    with pytest.raises(mx.ParameterError, match="no batch of at most 2 rows"):
+        session.batch_shift([3]).shift(2)
     s = mx.Session.open(bundled_model, n_ctx=256, threads=1)
     s.close()
     with pytest.raises(mx.SessionClosedError):
@@ -140,6 +140,22 @@ def test_compare_judges_a_divergence_by_the_measured_shift(session):
     assert m["kind"] == "unexplained" and "report it as a bug" in m["explanation"]
     # an explicit tolerance still wins
     assert mx.compare(oracle, bad, tol_logit=1e9).mismatches[0]["kind"] == "tie"
+    # a run without drafts decoded one row at a time, the oracle's own shape: no batch to blame
+    oracle.batch_shift = wide
+    plain = mx.Trace.from_json(session.generate("def fib(n):", max_tokens=24, n_max=0).to_json())
+    plain.tokens[at] = (plain.tokens[at] + 1) % 100
+    (m,) = [m for m in mx.compare(oracle, plain).mismatches if m["cause"] == "target_argmax"]
+    assert m["kind"] == "unexplained" and m["tolerance"] == 0.0 and "one-row decodes only" in m["explanation"]
+
+
+def test_the_tolerance_follows_the_batch_size():
+    shift = bs.BatchShift(model="m.gguf", file_id="x", machine={}, n_positions=8, ks=(2, 3, 4, 5),
+                          margin_shift=(0.0, 0.0, 0.08, 0.07), logit_shift=(0.0, 0.0, 0.1, 0.1), n_flips=(0, 0, 1, 0),
+                          smallest_margin=0.01)
+    assert shift.shift(1) == 0.0 and shift.shift(3) == 0.0 and shift.shift(4) == shift.shift(9) == shift.shift() == 0.08
+    assert shift.tolerance(5) == bs.SAFETY * 0.08
+    assert shift.explain(0.1, 4).startswith("batch-variant kernel, shift <= 0.08")
+    assert "report it as a bug" in shift.explain(0.1, 3) and "batches of 2, 3 rows" in shift.explain(0.1, 3)
 
 
 def test_simulate_marks_the_uncertain_positions_and_gives_ranges(session):
@@ -147,7 +163,8 @@ def test_simulate_marks_the_uncertain_positions_and_gives_ranges(session):
     margins = np.asarray(oracle.columns["target_margin"])
     sim = mx.simulate(oracle, n_max=3)
     u = sim.uncertainty()
-    assert u["uncertain_positions"] == np.flatnonzero(margins[:48] < oracle.batch_shift.tolerance()).tolist()
+    assert u["tolerance"] == oracle.batch_shift.tolerance(4)  # verify batches of n_max + 1 rows
+    assert u["uncertain_positions"] == np.flatnonzero(margins[:48] < u["tolerance"]).tolist()
     point = int(sim.n_accepted.sum())
     lo, hi = u["n_accepted_range"]
     assert lo <= point <= hi

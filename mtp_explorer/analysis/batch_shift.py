@@ -106,27 +106,38 @@ class BatchShift:
     smallest_margin: float
 
     def shift(self, k: int | None = None) -> float:
-        """The largest top-2 margin shift measured for batches of at most ``k`` rows (``None``: any probed)."""
+        """The largest top-2 margin shift measured for batches of at most ``k`` rows (``None``: any probed). A
+        one-row decode (``k`` 1) is the oracle's own shape: 0. A ``k`` above every probed size gets the largest
+        measured (:meth:`rows` says which sizes that covers)."""
+        if k is not None and k < 2:
+            return 0.0
         vals = [m for kk, m in zip(self.ks, self.margin_shift) if k is None or kk <= k]
         if not vals:
             raise ParameterError(f"no batch of at most {k} rows was probed (probed: {list(self.ks)})")
         return float(max(vals))
 
     def tolerance(self, k: int | None = None) -> float:
-        """The tie tolerance in logits: :data:`SAFETY` times :meth:`shift`."""
+        """The tie tolerance in logits for a run whose target batches had at most ``k`` rows: :data:`SAFETY`
+        times :meth:`shift`."""
         return SAFETY * self.shift(k)
 
+    def rows(self, k: int | None = None) -> str:
+        """The batch sizes :meth:`shift` covers, in words."""
+        if k is not None and k < 2:
+            return "one-row decodes only (no batch)"
+        probed = [kk for kk in self.ks if k is None or kk <= k]
+        return f"batches of {', '.join(map(str, probed))} rows"
+
     def explain(self, margin: float, k: int | None = None) -> str:
-        """Why a divergence at a one-row top-2 margin ``margin`` is (or is not) the kernels' batch variance."""
+        """Why a divergence at a one-row top-2 margin ``margin``, in a run whose target batches had at most ``k``
+        rows, is (or is not) the kernels' batch variance."""
         shift, tol = self.shift(k), self.tolerance(k)
-        rows = "any probed batch" if k is None else f"batches of <= {k} rows"
+        where = f"{self.rows(k)} of {self.model} on this machine"
         if margin < tol:
             return (f"batch-variant kernel, shift <= {shift:.3g} at this position: its one-row top-2 margin "
-                    f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {rows} "
-                    f"of {self.model} on this machine)")
+                    f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {where})")
         return (f"unexplained: the one-row top-2 margin {margin:.3g} exceeds the tolerance {tol:.3g} ({SAFETY:g} x "
-                f"the largest batch-shape shift measured for {rows}, {shift:.3g}); this is not a batch-shape tie: "
-                "report it as a bug")
+                f"the largest shift measured for {where}, {shift:.3g}); not a batch-shape tie: report it as a bug")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"format": FORMAT}
@@ -245,8 +256,9 @@ def _write_cache(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float) -> float:
-    """The tie tolerance a check uses: ``tol_logit`` if given, else the measured shift's, else ``default``."""
+def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None) -> float:
+    """The tie tolerance a check uses: ``tol_logit`` if given, else the measured shift's for batches of at most
+    ``k`` rows, else ``default``."""
     if tol_logit is not None:
         return float(tol_logit)
-    return shift.tolerance() if shift is not None else default
+    return shift.tolerance(k) if shift is not None else default

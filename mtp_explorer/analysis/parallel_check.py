@@ -62,7 +62,7 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
         oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,
                                        probe=False, batch_shift=False, **options)
         oracle.batch_shift = shift
-        cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob)
+        cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob, batch_rows=rows)
         same = list(trace.tokens) == list(oracle.tokens)
         checks.append(RequestCheck(seq=info.index, comparison=cmp, same_tokens=same))
     return checks

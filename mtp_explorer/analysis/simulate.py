@@ -66,7 +66,7 @@ class SimTrace(Trace):
         measured batch-shape tolerance (a real run's verify batch may emit the other token there, and from there
         on it follows another text), and the predicted totals as ranges (:func:`uncertainty_of`)."""
         c = self.columns
-        return uncertainty_of(self.oracle, self.sim["g"], c["n_drafted"], c["n_accepted"],
+        return uncertainty_of(self.oracle, int(self.policy["n_max"]), self.sim["g"], c["n_drafted"], c["n_accepted"],
                               self.summary()["tokens_per_second"], len(self.tokens))
 
     def ceiling_tokens_per_second(self) -> float:
@@ -620,13 +620,16 @@ def _accepted_bounds(unc: np.ndarray, g: np.ndarray, n_d: np.ndarray, acc: np.nd
     return low, high
 
 
-def uncertainty_of(oracle: OracleTrace, g: np.ndarray, n_d: np.ndarray, acc: np.ndarray, tokens_per_second: float,
-                   n_tokens: int) -> dict[str, Any]:
+def uncertainty_of(oracle: OracleTrace, n_max: int, g: np.ndarray, n_d: np.ndarray, acc: np.ndarray,
+                   tokens_per_second: float, n_tokens: int) -> dict[str, Any]:
     """The uncertain positions of a predicted path (steps at ``g`` drafting ``n_d``, accepting ``acc``) and its
     totals as ranges: accepted drafts between :func:`_accepted_bounds`' sums, tokens/s scaled as the same steps
     emitting that many tokens (the text after a flip is another, assumed alike). ``tolerance`` NaN: the oracle
-    carries no measured batch shift, so no position is marked."""
-    unc = oracle.uncertain()
+    carries no measured batch shift, so no position is marked. The tolerance is the shift's for verify batches of
+    ``n_max + 1`` rows."""
+    shift = oracle.batch_shift
+    tol = shift.tolerance(n_max + 1) if shift is not None else math.nan
+    unc = oracle.uncertain(tol) if shift is not None else oracle.uncertain()
     where = np.flatnonzero(unc[:n_tokens])
     low, high = _accepted_bounds(unc, g, n_d, acc) if len(g) else (acc, acc)
     steps, accepted = len(g), int(acc.sum())
@@ -634,7 +637,7 @@ def uncertainty_of(oracle: OracleTrace, g: np.ndarray, n_d: np.ndarray, acc: np.
         return tokens_per_second if a == accepted else tokens_per_second * (a + steps) / (accepted + steps)
 
     margins = oracle.columns["target_margin"]
-    return {"tolerance": oracle.batch_shift.tolerance() if oracle.batch_shift is not None else math.nan,
+    return {"tolerance": tol,
             "uncertain_positions": where.tolist(), "margins": [float(margins[p]) for p in where],
             "first_uncertain": int(where[0]) if len(where) else None,
             "n_accepted_range": (int(low.sum()), int(high.sum())),
@@ -651,7 +654,8 @@ def _stats_of(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> dict:
                metrics.acceptance_by_depth(n_d, acc, oracle.depth).rate, seconds,
                ceiling_tokens_per_second(oracle, policy.n_max, policy.mode),
                ceiling_tokens_per_second(oracle, 0, policy.mode))
-    return row | _range_columns(uncertainty_of(oracle, steps.g, n_d, acc, row["tokens_per_second"], n_tok))
+    return row | _range_columns(uncertainty_of(oracle, policy.n_max, steps.g, n_d, acc, row["tokens_per_second"],
+                                               n_tok))
 
 
 def _range_columns(u: dict[str, Any]) -> dict[str, Any]:
@@ -703,8 +707,8 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     rows = [_row(T_end, int(n_steps[i]), int(n_drafted[i]), int(n_accepted[i]), by_depth[i].tolist(),
                  float(total_ns[i] / 1e9), ceiling[int(grid_n[i])], plain) for i in range(len(grid_n))]
     g = np.arange(n_d.shape[1])
-    for row, v, nd, a in zip(rows, visited, n_d, acc):
-        row.update(_range_columns(uncertainty_of(oracle, g[v], nd[v], a[v], row["tokens_per_second"], T_end)))
+    for row, n, v, nd, a in zip(rows, grid_n.tolist(), visited, n_d, acc):
+        row.update(_range_columns(uncertainty_of(oracle, n, g[v], nd[v], a[v], row["tokens_per_second"], T_end)))
     return rows
 
 
@@ -800,19 +804,24 @@ def _name(names: Sequence[str], i: int) -> str | None:
     return names[i] if i >= 0 else None
 
 
-def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None,
-            tol_prob: float = 1e-4) -> Comparison:
+def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None, tol_prob: float = 1e-4,
+            batch_rows: int | None = None) -> Comparison:
     """Check every step of a real greedy ``trace`` against the oracle's prediction for the same
     position and the settings in force at that step (live ``set_params`` changes included; in a
     chain mode the drafters' running statistics are then replayed per stretch of constant
     settings, so a change mid-run can leave chain choices unexplained; a stateful drafter, ngram-mod's table or
     ngram-map's key statistics, likewise starts afresh at each such stretch).
 
-    ``tol_logit`` (default: the oracle's measured :attr:`~OracleTrace.batch_shift` tolerance, else
-    :data:`DEFAULT_TOL_LOGIT`) is the top-2 logit margin below which a differing token is a batch-shape tie;
-    every mismatch carries an ``explanation`` sentence and the ``tolerance`` used."""
-    tol_logit = tolerance_of(oracle.batch_shift, tol_logit, DEFAULT_TOL_LOGIT)
+    ``tol_logit`` is the top-2 logit margin below which a differing token is a batch-shape tie. Default: the
+    oracle's measured :attr:`~OracleTrace.batch_shift` tolerance for the run's largest target batch
+    (``batch_rows``, default its largest verify batch, ``n_drafted + 1``; a parallel run's batches hold every
+    active sequence's rows), else :data:`DEFAULT_TOL_LOGIT`. Every mismatch carries an ``explanation`` sentence
+    and the ``tolerance`` used."""
     c = trace.columns
+    given_tol = tol_logit
+    if batch_rows is None:
+        batch_rows = int(c["n_drafted"].max()) + 1 if trace.n_steps else 1
+    tol_logit = tolerance_of(oracle.batch_shift, tol_logit, DEFAULT_TOL_LOGIT, batch_rows)
     replays = _replays(oracle, _trace_mode(trace))
     starts = _step_starts(c["n_accepted"])
     diverge = next((i for i, (a, b) in enumerate(zip(trace.tokens, oracle.tokens)) if a != b), None)
@@ -838,7 +847,7 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None
               "n_min": int(c["n_min"][i]), "real": _named(real), "predicted": _named(pred)}
         mm.update(_classify(oracle, trace, i, g, replays[int(steps.chosen[q])], diverge, tol_logit, tol_prob))
         mm["tolerance"] = tol_logit
-        mm["explanation"] = _explain(mm, oracle.batch_shift, tol_logit)
+        mm["explanation"] = _explain(mm, oracle.batch_shift if given_tol is None else None, tol_logit, batch_rows)
         mismatches.append(mm)
         if mm["cause"] == "target_argmax":
             break
@@ -850,14 +859,15 @@ def _named(outcome: dict) -> dict:
     return outcome | {"stop_reason": STOP_REASONS[outcome["stop_reason"]], "drafter": _name(DRAFTERS, outcome["drafter"])}
 
 
-def _explain(mm: dict, shift: BatchShift | None, tol_logit: float) -> str:
-    """A sentence for a mismatch: its kind, cause, margin and the tolerance it was judged by."""
+def _explain(mm: dict, shift: BatchShift | None, tol_logit: float, batch_rows: int) -> str:
+    """A sentence for a mismatch: its kind, cause, margin and the tolerance it was judged by (``shift``: the
+    measured shift that tolerance came from, else ``None``)."""
     margin, cause = mm.get("margin", math.nan), mm["cause"]
     if cause in ("target_argmax", "draft_argmax") and shift is not None and math.isfinite(margin):
         where = "the target's token" if cause == "target_argmax" else f"the draft at depth {mm.get('depth')}"
-        return f"{where} differs: " + shift.explain(margin)
+        return f"{where} differs: " + shift.explain(margin, batch_rows)
     if mm["kind"] == "tie":
-        return f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (not measured for this file)" \
+        return f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (given, not measured)" \
             if cause in ("target_argmax", "draft_argmax") else f"{cause} near-tie: margin {margin:.3g}"
     return f"unexplained ({cause}): margin {margin:.3g}, tolerance {tol_logit:.3g}: report it as a bug"
 
