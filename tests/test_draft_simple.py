@@ -23,7 +23,6 @@ PROMPTS = ("import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    de
            "def read_lines(path):\n    with open(path) as f:\n", "for i in range(10):\n")
 SPECS = ("draft-simple", "ngram-simple,draft-simple", "draft-simple,draft-mtp")
 MAX_TOKENS = 48
-TIE_TOL = 1e-2  # a target near-tie between a verify batch and one row (the bundled model's F16 weights)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_greedy_output_equals_plain_except_at_reported_near_ties(session, oracle
                                          **SHORT_NGRAM)
                     runs += 1
                     check_accounting(t)
-                    cmp = mx.compare(oracle, t, tol_logit=TIE_TOL)
+                    cmp = mx.compare(oracle, t)  # the tolerance measured for the file
                     assert cmp.n_compared > 0 and not cmp.unexplained, (prompt, spec, n_max, p_min, cmp.unexplained[:2])
                     if t.tokens != oracle.tokens:
                         at = next(i for i, (a, b) in enumerate(zip(t.tokens, oracle.tokens)) if a != b)
