@@ -90,6 +90,14 @@ def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
         session.batch_shift([500])
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([])
+    with pytest.raises(mx.ParameterError, match="n_positions must be >= 2"):
+        session.batch_shift(n_positions=1)
+    with pytest.raises(mx.ParameterError, match="the prompt is empty"):
+        session.batch_shift(text="")
+    own = session.batch_shift([2, 3], text="def f(x):\n    return x + 1\n")
+    assert own.n_positions == len(session.tokenize("def f(x):\n    return x + 1\n")) and own.ks == (2, 3)
+    with pytest.raises(mx.ParameterError, match="the probe's tokens"):
+        session.batch_shift([64], text="def f(x):")
     with pytest.raises(mx.ParameterError, match="not an mtp-explorer batch-shift"):
         bs.BatchShift.from_dict({"ks": [2]})
     good = session.batch_shift([2]).to_dict()

@@ -192,32 +192,18 @@ def test_acceptance_by_file(greedy_runs):
 
 
 def test_the_probe_covers_the_shift_on_the_generated_text(quantized, greedy_runs):
-    """The premise of the measured tolerance: on the texts generated here (prompts and greedy continuations), a
-    5-row batch (the verify batch at n_max 4) moves the target's top-2 margin by less than the tolerance the probe
-    measured on its own text, measured independently with llama-cpp-python on the same files."""
-    from llama_cpp import Llama
-
+    """The premise of the measured tolerance: on the texts generated here (prompts and greedy continuations), the
+    verify batches of n_max 1..4 move the target's top-2 margin by less than the tolerance the probe measured on
+    its own text. (llama-cpp-python's Llama is no yardstick here: without snapshot slots its recurrent layers take
+    a multi-row batch in one chunked scan, where the engine's context, with n_rs_seq slots, keeps every row's
+    state; it saw a 0.016 shift on Q8_0 where the engine's context has none.)"""
+    ks = [n + 1 for n in N_MAX]
     for name, path in quantized.items():
-        runs = greedy_runs[name].values()
-        tolerance = next(iter(runs))["oracle"].batch_shift.tolerance()
-        seqs = [r[0].prompt_tokens + r[0].tokens for r in runs]
-        scores = {}
-        for n_ubatch in (1, 5):
-            llm = Llama(str(path), n_ctx=512, n_batch=n_ubatch, n_ubatch=n_ubatch, logits_all=True, verbose=False,
-                        n_threads=1)
-            scores[n_ubatch] = []
-            for seq in seqs:
-                llm.reset()
-                llm.eval(seq)
-                scores[n_ubatch].append(np.array(llm.scores[: len(seq)]))
-            llm.close()
-        moved = []
-        for one, batched in zip(scores[1], scores[5]):
-            order = np.argsort(one, axis=1)
-            rows, top1, top2 = np.arange(len(one)), order[:, -1], order[:, -2]
-            moved.append(np.abs((one[rows, top1] - one[rows, top2]) - (batched[rows, top1] - batched[rows, top2])))
-        largest = float(np.concatenate(moved).max())
-        assert largest < tolerance, (name, largest, tolerance)
+        runs = list(greedy_runs[name].values())
+        tolerance = runs[0]["oracle"].batch_shift.tolerance()
+        with mx.Session.open(path, n_ctx=1024, threads=1, n_rs_seq=max(N_MAX)) as s:
+            seen = [s.batch_shift(ks, text=r[0].prompt_tokens + r[0].tokens).shift() for r in runs]
+        assert max(seen) <= tolerance, (name, seen, tolerance)
 
 
 def test_no_repack_changes_the_q4_k_kernels(quantized):

@@ -23,10 +23,11 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from ..core.checks import check_int
 from ..core.errors import ParameterError, engine_errors
 
 if TYPE_CHECKING:
@@ -186,20 +187,22 @@ def _cpu_model() -> str:
 
 
 def machine_key(session: "Session") -> dict[str, Any]:
-    """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads and placement."""
+    """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads, placement and the target
+    context's shape (a recurrent layer with snapshot slots keeps each row's state: ``n_rs_seq``)."""
     from importlib.metadata import version
 
     placement = {k: v for k, v in session.placement.items() if k not in ("devices", "gpu_offload")}
     return {"cpu": _cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
-            "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement}
+            "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement,
+            "n_rs_seq": session.capacity, "n_parallel": session.n_parallel}
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("MTP_EXPLORER_CACHE", Path.home() / ".cache" / "mtp-explorer")) / "batch-shift"
 
 
-def _cache_path(fid: str, machine: dict[str, Any], n_positions: int) -> Path:
-    key = hashlib.sha256(json.dumps([fid, machine, n_positions], sort_keys=True).encode()).hexdigest()[:24]
+def _cache_path(fid: str, machine: dict[str, Any], tokens: Sequence[int]) -> Path:
+    key = hashlib.sha256(json.dumps([fid, machine, list(tokens)], sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / f"{key}.json"
 
 
@@ -214,17 +217,19 @@ def _summarise(raw: dict[str, np.ndarray]) -> dict[int, tuple[float, float, int]
     return out
 
 
-def measure(session: "Session", ks: Iterable[int] | None = None, *, n_positions: int = DEFAULT_POSITIONS,
-            refresh: bool = False) -> BatchShift:
+def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str | Sequence[int] | None" = None,
+            n_positions: int = DEFAULT_POSITIONS, refresh: bool = False) -> BatchShift:
     """The session's batch-shape shift for batches of ``ks`` rows (default: 2 .. capacity + 1, every verify
-    batch its ``n_max`` can make), from the cache where measured before (``refresh=True`` measures again)."""
+    batch its ``n_max`` can make) on the first ``n_positions`` tokens of ``text`` (a string or token ids;
+    default :data:`PROBE_TEXT`), from the cache where measured before (``refresh=True`` measures again)."""
     engine = session._live()
-    tokens = session.tokenize(PROBE_TEXT)[: min(n_positions, session.n_ctx_seq)]
+    check_int("n_positions", n_positions, 2, None)
+    tokens = session._prompt_tokens(PROBE_TEXT if text is None else text)[: min(n_positions, session.n_ctx_seq)]
     ks = sorted({int(k) for k in (range(2, session.capacity + 2) if ks is None else ks)})
     if not ks or ks[0] < 2 or ks[-1] > len(tokens):
         raise ParameterError(f"batch sizes must be between 2 and {len(tokens)} (the probe's tokens), got {ks}")
     fid, machine = file_id(session.info.path), machine_key(session)
-    path = _cache_path(fid, machine, len(tokens))
+    path = _cache_path(fid, machine, tokens)
     cached = {} if refresh else _read_cache(path)
     missing = [k for k in ks if str(k) not in cached.get("per_k", {})]
     if missing:
