@@ -26,11 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="stream a generation with speculative drafting, accepted drafts coloured")
-    run.add_argument("prompt", nargs="?", default=None,
-                     help="prompt text (default: the bundled model's first demo prompt, a held-out snippet of real code)")
+    run.add_argument("prompt", nargs="*", default=[],
+                     help="prompt text (default: the bundled model's first demo prompt, a held-out snippet of real "
+                          "code); with -np N, up to N prompts (the demo prompts fill the rest)")
     run.add_argument("--model", "-m", default=None, help="GGUF model (default: the bundled demo model)")
     run.add_argument("--max-tokens", "-n", type=int, default=128)
-    run.add_argument("--n-max", type=int, default=3, help="draft length (0: plain decoding)")
+    run.add_argument("--spec-draft-n-max", "--n-max", dest="n_max", type=int, default=3, metavar="N",
+                     help="largest draft (llama.cpp's default: 3; 0: plain decoding)")
     run.add_argument("--drafter", "--spec-type", type=_drafter_choice, default=drafters.DEFAULT_MODE,
                      help=_escape("llama.cpp's --spec-type value (comma-separated for a chain: "
                                   + ", ".join(drafters.SPEC_TYPE_ORDER) + ", as far as the explorer has them) or "
@@ -42,8 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     for option in drafters.all_options():
         _add_option(run, option)
     confident = ", ".join(s.label for s in drafters.DRAFTER_SPECS.values() if s.has_confidence)
-    run.add_argument("--p-min", type=float, default=0.0, help=f"draft confidence floor ({confident} drafts)")
-    run.add_argument("--n-min", type=int, default=0, help="drafts shorter than this are dropped")
+    run.add_argument("--spec-draft-p-min", "--draft-p-min", "--p-min", dest="p_min", type=float, default=0.0,
+                     metavar="P", help=f"draft confidence floor ({confident} drafts; default: 0.0)")
+    run.add_argument("--spec-draft-n-min", "--n-min", dest="n_min", type=int, default=0, metavar="N",
+                     help="drafts shorter than this are dropped (default: 0)")
+    run.add_argument("--parallel", "-np", dest="n_parallel", type=int, default=1, metavar="N",
+                     help="sequences decoded together (llama.cpp's -np): N requests at once, with per-request and "
+                          "aggregate tables (default: 1)")
     run.add_argument("--temperature", type=float, default=0.0)
     run.add_argument("--seed", type=int, default=0)
     add_session_args(run)
@@ -187,8 +194,12 @@ def _run(args, console: Console) -> int:
     from .core.session import Session
     from .models import demo_prompt_within
 
+    if args.n_parallel != 1:
+        return _run_parallel(args, console)
+    if len(args.prompt) > 1:
+        raise ParameterError(f"{len(args.prompt)} prompts given: one, or up to N with -np N")
     with Session.open(args.model, seed=args.seed, **session_kwargs(args)) as s:
-        prompt = args.prompt
+        prompt = args.prompt[0] if args.prompt else None
         if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
             prompt = demo_prompt_within(lambda t: len(s.tokenize(t)), s.n_ctx_seq - args.max_tokens)
         text = Text()
@@ -217,6 +228,70 @@ def _run(args, console: Console) -> int:
                 f.write(trace.to_json())
             console.print(f"trace written to {args.json}")
     return 0
+
+
+def _run_parallel(args, console: Console) -> int:
+    """``run -np N``: N requests on N sequences at once, then a table per request and the aggregate."""
+    from .core.session import Session
+    from .models import demo_prompts
+
+    n = args.n_parallel
+    if n < 1:
+        raise ParameterError(f"-np must be >= 1, got {n}")
+    if len(args.prompt) > n:
+        raise ParameterError(f"{len(args.prompt)} prompts for -np {n}: give at most {n}")
+    options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
+    with Session.open(args.model, seed=args.seed, n_parallel=n, **session_kwargs(args)) as s:
+        budget = s.n_ctx_seq - args.max_tokens
+        fill = [p.text for p in demo_prompts() if len(s.tokenize(p.text)) <= budget]
+        prompts = list(args.prompt) + [fill[i % len(fill)] for i in range(n - len(args.prompt))] if fill else \
+            list(args.prompt)
+        if len(prompts) < n:
+            raise ParameterError(f"-np {n} needs {n} prompts: no demo prompt fits n_ctx / -np minus --max-tokens")
+        progress = Progress(TextColumn(f"generating {n} requests"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        with progress:
+            task = progress.add_task("gen", total=n * args.max_tokens)
+            for steps in s.stream_parallel(prompts, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
+                                           n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
+                                           chain_policy=args.chain_policy, **options):
+                progress.advance(task, sum(ps.step.n_accepted + 1 for ps in steps))
+        result = s.last_parallel_trace
+    summary = result.summary()
+    console.print(_requests_table(summary, prompts))
+    console.print(_aggregate_table(summary))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write("[" + ",\n".join(t.to_json() for t in result.traces) + "]\n")
+        console.print(f"the requests' traces written to {args.json} (a JSON list: mx.Trace.from_json reads each)")
+    return 0
+
+
+def _requests_table(summary: dict, prompts: list[str]) -> Table:
+    table = Table(title="per request")
+    for col in ("seq", "slot", "prompt", "tokens", "acceptance", "accepted/step", "latency s", "tokens/s", "finished by"):
+        table.add_column(col, justify="left" if col in ("prompt", "finished by") else "right")
+    for r, prompt in zip(summary["requests"], prompts):
+        rate = r["acceptance_rate"]
+        table.add_row(str(r["seq"]), str(r["slot"]), prompt.strip().splitlines()[0][:24], str(r["n_tokens"]),
+                      "n/a" if rate != rate else f"{rate:.1%}", f"{r['mean_accepted_length']:.2f}",
+                      f"{r['latency_seconds']:.2f}", f"{r['tokens_per_second']:.1f}", r["finish_reason"])
+    return table
+
+
+def _aggregate_table(summary: dict) -> Table:
+    table = Table(title=f"aggregate (-np {summary['n_parallel']})", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value", justify="right")
+    rate = summary["acceptance_rate"]
+    table.add_row("requests / tokens / steps", f"{summary['n_requests']} / {summary['n_tokens']} / {summary['n_steps']}")
+    table.add_row("acceptance rate", "n/a" if rate != rate else f"{rate:.1%}")
+    table.add_row("tokens/s (prefill included)", f"{summary['tokens_per_second']:.1f}")
+    table.add_row("decode tokens/s", f"{summary['decode_tokens_per_second']:.1f}")
+    table.add_row("mean active sequences", f"{summary['mean_active']:.2f}")
+    table.add_row("mean verify rows", f"{summary['mean_verify_rows']:.2f}")
+    table.add_row("snapshot memory", f"{summary['rs_memory_bytes']:,} B")
+    return table
 
 
 def _info(args, console: Console) -> int:

@@ -154,3 +154,34 @@ def test_run_command_mtp_drafters_need_an_mtp_head(model_no_mtp, capsys):
     # plain decoding needs no drafter at all
     assert main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1",
                  "--n-max", "0"]) == 0
+
+
+def test_run_command_takes_llama_cpp_spellings_and_np(model_mixed, tmp_path):
+    """llama.cpp's --spec-draft-n-max / -p-min / -n-min and -np: N requests at once, a table per request and the
+    aggregate; --json writes the requests' traces."""
+    out_json = tmp_path / "traces.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtp_explorer.cli", "run", "def fib(n):", "class A:", "-m", str(model_mixed), "-n", "16",
+         "-np", "3", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.0", "--spec-draft-n-min", "1", "-c", "768",
+         "-t", "1", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "per request" in proc.stdout and "aggregate (-np 3)" in proc.stdout and "decode tokens/s" in proc.stdout
+    traces = [mx.Trace.from_json(json.dumps(d)) for d in json.loads(out_json.read_text())]
+    assert len(traces) == 3 and all(len(t.tokens) == 16 for t in traces)
+    assert traces[0].prompt == "def fib(n):" and traces[1].prompt == "class A:"  # the third: a demo prompt
+    assert all(t.settings["n_max"] == 2 and t.settings["n_min"] == 1 and t.settings["n_parallel"] == 3 for t in traces)
+    too_many = subprocess.run([sys.executable, "-m", "mtp_explorer.cli", "run", "a", "b", "-m", str(model_mixed),
+                               "-np", "1"], capture_output=True, text=True, timeout=120)
+    assert too_many.returncode == 2 and "one, or up to N with -np N" in too_many.stdout
+
+
+def test_old_flag_spellings_stay_aliases():
+    from mtp_explorer.cli import _parser
+
+    new = _parser().parse_args(["run", "--spec-draft-n-max", "4", "--spec-draft-p-min", "0.5", "--spec-draft-n-min", "2"])
+    old = _parser().parse_args(["run", "--n-max", "4", "--p-min", "0.5", "--n-min", "2"])
+    assert (new.n_max, new.p_min, new.n_min) == (old.n_max, old.p_min, old.n_min) == (4, 0.5, 2)
+    assert _parser().parse_args(["run", "--draft-p-min", "0.25"]).p_min == 0.25
+    assert _parser().parse_args(["run", "--parallel", "2"]).n_parallel == 2
