@@ -13,6 +13,8 @@ from .core.errors import (
     ContextOverflowError,
     DecodeError,
     EngineError,
+    FormatError,
+    InputTypeError,
     LibraryError,
     ModelLoadError,
     ModelNotFoundError,
@@ -25,6 +27,7 @@ from .core.errors import (
     ServerUnavailableError,
     SessionBusyError,
     SessionClosedError,
+    ToolError,
 )
 from .core.info import ModelInfo, model_info
 from .models import DemoPrompt, default_model_path, demo_prompt, demo_prompt_within, demo_prompts, draft_model_path
@@ -48,7 +51,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # errors
-    "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "LibraryError",
+    "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "FormatError",
+    "InputTypeError", "LibraryError", "ToolError",
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core

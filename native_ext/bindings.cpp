@@ -1,10 +1,8 @@
 // Python bindings: the config structs, the Engine, its telemetry as numpy columns (generated from
 // the schemas in telemetry.h and oracle.h), the name tables, and llama.cpp log capture.
 //
-// Errors: every EngineError (errors.h) becomes the Python exception `_native.EngineError`, a
-// RuntimeError subclass whose args are (kind, message): `kind` is one of ENGINE_ERROR_KINDS
-// (also the attribute `.kind`; `.message` and str() give the message). Python code may raise it
-// the same way: `_native.EngineError("decode", "...")`.
+// Errors: every EngineError (errors.h) becomes the package's exception for its kind
+// (mtp_explorer.core.errors.ENGINE_ERROR_KINDS, e.g. "decode" -> DecodeError) in one exception translator.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -149,43 +147,28 @@ nb::list drafter_stats(const Sequence & q) {
 
 // ---- errors -------------------------------------------------------------------------------------
 
-PyObject * engine_error_type = nullptr;  // _native.EngineError (a strong reference, kept for the process)
-
-nb::object make_engine_error_type() {
-    nb::dict ns;
-    ns["__module__"] = "mtp_explorer._native";
-    ns["__doc__"] = "An error of the native engine: args are (kind, message), kind one of ENGINE_ERROR_KINDS.";
-    auto arg = [](size_t i) {
-        return nb::cpp_function([i](nb::handle self) -> nb::object {
-            nb::tuple args = nb::borrow<nb::tuple>(self.attr("args"));
-            return args.size() == 2 ? nb::borrow(args[i]) : nb::none();
-        }, nb::is_method());
-    };
-    nb::handle property = nb::handle((PyObject *) &PyProperty_Type);
-    ns["kind"] = property(arg(0));
-    ns["message"] = property(arg(1));
-    ns["__str__"] = nb::cpp_function([](nb::handle self) -> nb::str {
-        nb::tuple args = nb::borrow<nb::tuple>(self.attr("args"));
-        return args.size() == 2 ? nb::str(args[1]) : nb::str(args);
-    }, nb::is_method());
-    nb::handle type_type = nb::handle((PyObject *) &PyType_Type);
-    return type_type("EngineError", nb::make_tuple(nb::handle(PyExc_RuntimeError)), ns);
-}
-
+// An EngineError becomes the package's exception for its kind, mtp_explorer.core.errors.ENGINE_ERROR_KINDS[kind]
+// (ParameterError, DecodeError, ...), here, once: Python code calls the engine without wrappers.
 void translate_engine_error(const std::exception_ptr & p, void *) {
     try {
         std::rethrow_exception(p);
     } catch (const EngineError & e) {
-        nb::tuple args = nb::make_tuple(e.kind_name(), e.what());
-        PyErr_SetObject(engine_error_type, args.ptr());
+        try {
+            nb::object kinds = nb::module_::import_("mtp_explorer.core.errors").attr("ENGINE_ERROR_KINDS");
+            PyErr_SetString(kinds[e.kind_name()].ptr(), e.what());
+        } catch (const nb::python_error &) {  // the package's errors module missing: still an error, never lost
+            PyErr_SetString(PyExc_RuntimeError, (std::string(e.kind_name()) + ": " + e.what()).c_str());
+        }
     }
 }
 
 void bind_errors(nb::module_ & m) {
-    nb::object type = make_engine_error_type();
-    engine_error_type = type.release().ptr();
-    m.attr("EngineError") = nb::handle(engine_error_type);
     m.attr("ENGINE_ERROR_KINDS") = names_tuple(ERROR_KIND_NAMES);
+    m.def("raise_engine_error", [](const std::string & kind, const std::string & message) {
+              const int i = name_index(ERROR_KIND_NAMES, kind);
+              fail(i < 0 ? ErrorKind::PARAMETER : (ErrorKind) i, i < 0 ? "no engine error kind \"" + kind + "\"" : message);
+          }, "kind"_a, "message"_a,
+          "Throws the engine's error of `kind` (one of ENGINE_ERROR_KINDS) through the translator, as the engine would.");
     nb::register_exception_translator(translate_engine_error);
 }
 

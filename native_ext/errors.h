@@ -1,5 +1,5 @@
-// Every error the engine raises, typed in one place. bindings.cpp translates EngineError into the
-// Python exception _native.EngineError, whose `kind` attribute is the kind's name below.
+// Every error the engine raises, typed in one place. bindings.cpp's exception translator raises the
+// package's exception for the kind's name below (mtp_explorer.core.errors.ENGINE_ERROR_KINDS).
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer import _native
 from mtp_explorer.core import drafters, schema
-from mtp_explorer.core.errors import ENGINE_ERROR_KINDS, from_engine
+from mtp_explorer.core.errors import ENGINE_ERROR_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mtp_explorer"
@@ -198,12 +198,23 @@ def test_every_native_throw_is_a_typed_engine_error():
 
 @pytest.mark.parametrize("kind", sorted(ENGINE_ERROR_KINDS))
 def test_engine_error_kinds_map_to_package_exceptions(kind):
-    err = from_engine(_native.EngineError(kind, f"{kind} failed (llama_process returned -3)"))
-    assert isinstance(err, ENGINE_ERROR_KINDS[kind]) and isinstance(err, mx.MtpExplorerError)
-    assert "failed" in str(err)
+    """The native module's exception translator raises the package's exception for every kind, as thrown."""
+    with pytest.raises(ENGINE_ERROR_KINDS[kind]) as info:
+        _native.raise_engine_error(kind, f"{kind} failed (llama_process returned -3)")
+    assert isinstance(info.value, mx.MtpExplorerError) and str(info.value) == f"{kind} failed (llama_process returned -3)"
 
 
 def test_a_decode_failure_is_a_decode_error():
-    err = from_engine(_native.EngineError("decode", "target decode failed (llama_process returned 1)"))
-    assert isinstance(err, mx.DecodeError) and isinstance(err, mx.EngineError)
-    assert "target decode failed" in str(err)
+    with pytest.raises(mx.DecodeError) as info:
+        _native.raise_engine_error("decode", "target decode failed (llama_process returned 1)")
+    assert isinstance(info.value, mx.EngineError) and isinstance(info.value, RuntimeError)
+    assert "target decode failed" in str(info.value)
+    with pytest.raises(mx.ParameterError, match='no engine error kind "nonsense"'):
+        _native.raise_engine_error("nonsense", "x")
+
+
+def test_engine_errors_are_translated_once_natively():
+    """No Python module wraps native calls to translate their errors: the translator in bindings.cpp does it."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        assert "engine_errors" not in text and "_native.EngineError" not in text, path

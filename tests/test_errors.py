@@ -3,6 +3,7 @@ Cases that could take the interpreter down run in a subprocess."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -182,14 +183,13 @@ def test_use_after_close_in_subprocess(model_mixed):
                 call()
             except mx.SessionClosedError:
                 print("closed-ok")
-        from mtp_explorer import _native
         try:
-            engine.step()   # the native object itself refuses too, with a typed error
-        except _native.EngineError as exc:
-            print("native-ok", exc.args[0], exc.args[1])
+            engine.step()   # the native object itself refuses too, with the package's error
+        except mx.SessionClosedError as exc:
+            print("native-ok", str(exc))
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("closed-ok") == 3 and "native-ok closed the session is closed" in proc.stdout
+    assert proc.stdout.count("closed-ok") == 3 and "native-ok the session is closed" in proc.stdout
 
 
 def test_small_n_ctx_is_padded_like_llama_cpp(model_mixed):
@@ -202,3 +202,28 @@ def test_small_n_ctx_is_padded_like_llama_cpp(model_mixed):
         assert len(t.tokens) == 8
         with pytest.raises(mx.ContextOverflowError):
             s.generate(tokens[:257], max_tokens=2)
+
+
+def test_bad_documents_are_format_errors(model_mixed):
+    """A corrupt or foreign trace / oracle JSON is the package's FormatError (a ValueError), never a bare one."""
+    with mx.Session.open(model_mixed, n_ctx=256) as s:
+        t = s.generate("def f(x):", max_tokens=6, n_max=2)
+        o = s.record_oracle("def f(x):", max_tokens=6, depth=2, probe=False, batch_shift=False)
+    doc = json.loads(t.to_json())
+    doc["columns"]["n_accepted"]["data"] = doc["columns"]["n_accepted"]["data"][:-1]
+    cases = {"not json": mx.Trace, "[1, 2]": mx.Trace, "{}": mx.Trace, json.dumps(doc): mx.Trace,
+             json.dumps({"format": "mtp-explorer-trace/1"}): mx.Trace, "{}{": mx.OracleTrace,
+             json.dumps({"format": "mtp-explorer-oracle/2", "columns": {}}): mx.OracleTrace}
+    for text, cls in cases.items():
+        with pytest.raises(mx.FormatError) as info:
+            cls.from_json(text)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, mx.MtpExplorerError), text
+    assert mx.OracleTrace.from_json(o.to_json()).tokens == o.tokens
+
+
+def test_bad_figure_input_is_an_input_type_error():
+    from mtp_explorer import plots
+
+    with pytest.raises(mx.InputTypeError) as info:
+        plots.acceptance_by_depth(42)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, mx.ParameterError)

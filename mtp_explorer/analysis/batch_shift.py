@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from ..core.checks import check_int
-from ..core.errors import ParameterError, engine_errors
+from ..core.errors import ParameterError
 
 if TYPE_CHECKING:
     from ..core.session import Session
@@ -224,7 +224,9 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
     default :data:`PROBE_TEXT`), from the cache where measured before (``refresh=True`` measures again)."""
     engine = session._live()
     check_int("n_positions", n_positions, 2, None)
-    tokens = session._prompt_tokens(PROBE_TEXT if text is None else text)[: min(n_positions, session.n_ctx_seq)]
+    raw = PROBE_TEXT if text is None else text
+    tokens = session.tokenize(raw) if isinstance(raw, str) else [int(t) for t in raw]
+    tokens = session._prompt_tokens(tokens[: min(n_positions, session.n_ctx_seq)])  # ids checked, not empty
     ks = sorted({int(k) for k in (range(2, session.capacity + 2) if ks is None else ks)})
     if not ks or ks[0] < 2 or ks[-1] > len(tokens):
         raise ParameterError(f"batch sizes must be between 2 and {len(tokens)} (the probe's tokens), got {ks}")
@@ -233,7 +235,7 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
     cached = {} if refresh else _read_cache(path)
     missing = [k for k in ks if str(k) not in cached.get("per_k", {})]
     if missing:
-        with session._run(), engine_errors():
+        with session._run():
             raw = engine.probe_batch_shift(tokens, missing)
         per_k = cached.get("per_k", {}) | {str(k): list(v) for k, v in _summarise(raw).items()}
         cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}

@@ -41,8 +41,10 @@ import numpy as np
 
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
-from ..core.schema import ORACLE_COLUMNS, Column, Dims, check_columns, columns_from_json, columns_to_json
+from ..core.schema import (ORACLE_COLUMNS, Column, Dims, check_columns, columns_from_json, columns_to_json,
+                           read_document, reading)
 from .batch_shift import BatchShift
+from ..core.errors import FormatError
 
 if TYPE_CHECKING:
     from .replay import DrafterReplay
@@ -479,20 +481,22 @@ class OracleTrace:
 
     @classmethod
     def from_json(cls, text: str) -> "OracleTrace":
-        doc = json.loads(text)
+        """The recording :meth:`to_json` wrote; anything else, or a corrupt one, is a :class:`FormatError`."""
+        doc = read_document(text, "oracle trace")
         fmt = doc.pop("format", None)
         if fmt in _OLD_FORMATS:
-            raise ValueError(f"this oracle trace ({fmt}) was recorded by an older version of mtp-explorer, whose "
+            raise FormatError(f"this oracle trace ({fmt}) was recorded by an older version of mtp-explorer, whose "
                              "columns this version no longer reads; record it again (Session.record_oracle)")
         if fmt != ORACLE_FORMAT:
-            raise ValueError("not an mtp-explorer oracle trace")
-        cost = doc.pop("cost_model", None)
-        shift = doc.pop("batch_shift", None)
-        oracle = cls(columns=columns_from_json(doc.pop("columns")),
-                     cost_model=CostModel.from_dict(cost) if cost else None,
-                     batch_shift=BatchShift.from_dict(shift) if shift else None, **doc)
-        check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
-        return oracle
+            raise FormatError("not an mtp-explorer oracle trace")
+        with reading("oracle trace"):
+            cost = doc.pop("cost_model", None)
+            shift = doc.pop("batch_shift", None)
+            oracle = cls(columns=columns_from_json(doc.pop("columns")),
+                         cost_model=CostModel.from_dict(cost) if cost else None,
+                         batch_shift=BatchShift.from_dict(shift) if shift else None, **doc)
+            check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
+            return oracle
 
     def __getstate__(self):
         # pickling (e.g. to Dask workers) carries the data, not the cached derived arrays

@@ -31,6 +31,15 @@ class ContextOverflowError(ParameterError):
     """The prompt does not fit in the session's context window."""
 
 
+class FormatError(ParameterError):
+    """A saved document (a trace, an oracle, a cost profile, a batch-shift record) is not mtp-explorer's, comes from
+    a version this one cannot read, or is corrupt."""
+
+
+class InputTypeError(ParameterError, TypeError):
+    """An argument of the wrong kind: a figure given something that is not a trace, an oracle or a table."""
+
+
 class SessionClosedError(MtpExplorerError):
     """The session was used after close()."""
 
@@ -55,7 +64,12 @@ class CancelledError(MtpExplorerError):
     """A long operation (an oracle recording, a sweep) was cancelled before it finished."""
 
 
-class ConverterError(MtpExplorerError, RuntimeError):
+class ToolError(MtpExplorerError, RuntimeError):
+    """One of llama.cpp's own programs (llama-speculative-simple, llama-quantize, the converter, ...) failed, or
+    printed what it should not."""
+
+
+class ConverterError(ToolError):
     """llama.cpp's ``convert_hf_to_gguf.py`` (from the llama-cpp-python sdist) is missing, failed, or wrote nothing."""
 
 
@@ -71,7 +85,8 @@ class ServerProtocolError(ServerError):
     """The server answered something it should not: an HTTP error, malformed JSON or Prometheus metrics."""
 
 
-#: The engine's error kinds (``_native.EngineError(kind, message)``) and the exception each becomes.
+#: The engine's error kinds (``native_ext/errors.h``) and the exception each becomes: the native module's exception
+#: translator raises ``ENGINE_ERROR_KINDS[kind](message)`` for every engine error, so no call needs a wrapper.
 ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "parameter": ParameterError,
     "context": ContextOverflowError,
@@ -81,31 +96,3 @@ ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "library": LibraryError,
     "closed": SessionClosedError,
 }
-
-
-def from_engine(exc: BaseException) -> MtpExplorerError:
-    """The package's exception for an error raised by the native engine (``_native.EngineError``, whose
-    arguments are its kind and message); anything else becomes a plain :class:`EngineError`."""
-    args = getattr(exc, "args", ())
-    if len(args) == 2 and args[0] in ENGINE_ERROR_KINDS:
-        kind, message = args
-        return ENGINE_ERROR_KINDS[kind](message)
-    return EngineError(str(exc))
-
-
-class engine_errors:
-    """Context manager translating the native engine's exceptions (and only those) into the package's.
-
-    >>> with engine_errors():
-    ...     engine.step()
-    """
-
-    def __enter__(self) -> "engine_errors":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        from .. import _native
-
-        if exc is not None and isinstance(exc, _native.EngineError):
-            raise from_engine(exc) from exc
-        return False

@@ -13,7 +13,7 @@ import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this
 
 from .. import _native
 from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
-                     SessionClosedError, engine_errors)
+                     SessionClosedError)
 from .info import ModelInfo, model_info
 from .options import DEFAULT_N_RS_SEQ, SessionOptions
 from .schema import FINISH_REASONS
@@ -43,8 +43,7 @@ def _load_engine(path: Path, options: SessionOptions) -> "_native.Engine":
     check_nextn_api(_libllama_path())
     _native.take_log()
     try:
-        with engine_errors():
-            return _native.Engine(options.to_native(str(path)))
+        return _native.Engine(options.to_native(str(path)))
     except ModelLoadError as exc:
         log = [line for line in _native.take_log() if line.strip()]
         detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""

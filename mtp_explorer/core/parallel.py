@@ -19,7 +19,7 @@ from .. import _native
 from ..analysis import metrics
 from . import drafters
 from .checks import check_int, check_sampling
-from .errors import ParameterError, engine_errors
+from .errors import ParameterError
 from .handle import Prompt
 from .schema import PHASES
 from .trace import Step, Trace
@@ -174,8 +174,7 @@ class ParallelGeneration:
         with self._run():
             self._begin_parallel(prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
                                  temperature, seed, options)
-            with engine_errors():
-                self._engine.run()
+            self._engine.run()
             return self._finish_parallel()
 
     def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[ParallelStep]]:
@@ -187,9 +186,8 @@ class ParallelGeneration:
             engine = self._engine
             seen = [0] * engine.n_requests
             while True:
-                with engine_errors():
-                    more = engine.step()
-                    fresh = self._fresh_rows(seen)
+                more = engine.step()
+                fresh = self._fresh_rows(seen)
                 if fresh:
                     yield fresh
                 if not more:
@@ -237,8 +235,7 @@ class ParallelGeneration:
             p | {"temperature": temperature, "seed": (seed + i) % 2**32, "drafter": mode.name,
                  "chain_policy": mode.policy,
                  "arrival": arrivals[i]} | self._session_settings() | values for i, p in enumerate(settings)]
-        with engine_errors():
-            self._engine.begin_requests(requests)
+        self._engine.begin_requests(requests)
 
     def _check_arrivals(self, arrivals, n: int) -> list[int]:
         if arrivals is None:

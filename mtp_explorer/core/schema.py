@@ -10,13 +10,16 @@ Explorer's live trace, the simulator's traces and the JSON codec. The names the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from .. import _native
+from .errors import FormatError
 
 STOP_REASONS: tuple[str, ...] = tuple(_native.STOP_REASONS)
 """Why drafting stopped in a step, indexed by the ``stop_reason`` column (``exhausted``: the drafter had no
@@ -131,15 +134,15 @@ def check_columns(columns: Mapping[str, np.ndarray], schema: Iterable[Column] = 
     names = [c.name for c in schema]
     if set(columns) != set(names):
         missing, extra = sorted(set(names) - set(columns)), sorted(set(columns) - set(names))
-        raise ValueError(f"columns differ from the schema: missing {missing}, unexpected {extra}")
+        raise FormatError(f"columns differ from the schema: missing {missing}, unexpected {extra}")
     dims = dims or dims_of(columns)
     rows = {int(columns[c.name].shape[0]) for c in schema if c.width != "tail"}
     if len(rows) > 1:
-        raise ValueError(f"columns have different row counts: {sorted(rows)}")
+        raise FormatError(f"columns have different row counts: {sorted(rows)}")
     for c in schema:
         arr = columns[c.name]
         if arr.dtype != c.dtype or tuple(arr.shape[1:]) != c.inner_shape(dims):
-            raise ValueError(f"column {c.name!r}: {arr.dtype}{list(arr.shape[1:])}, "
+            raise FormatError(f"column {c.name!r}: {arr.dtype}{list(arr.shape[1:])}, "
                              f"the schema says {c.dtype}{list(c.inner_shape(dims))}")
 
 
@@ -196,6 +199,26 @@ def columns_to_json(columns: Mapping[str, np.ndarray]) -> dict[str, dict]:
             data = _nan_to_none(data)
         out[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
     return out
+
+
+@contextlib.contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Any error while a saved ``what`` (a trace, an oracle...) is read becomes a :class:`FormatError` naming it."""
+    try:
+        yield
+    except FormatError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise FormatError(f"a corrupt {what}: {type(exc).__name__}: {exc}") from exc
+
+
+def read_document(text: str, what: str) -> dict[str, Any]:
+    """A saved document's JSON object (a :class:`FormatError` if it is not JSON or not an object)."""
+    with reading(what):
+        doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise FormatError(f"not an mtp-explorer {what}: a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 def columns_from_json(specs: Mapping[str, dict]) -> dict[str, np.ndarray]:

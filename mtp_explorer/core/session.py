@@ -11,7 +11,7 @@ import numpy as np
 from .. import _native
 from . import drafters
 from .checks import PminNotApplicable, check_draft_params, check_int, check_drafters_available, check_sampling
-from .errors import CancelledError, engine_errors
+from .errors import CancelledError
 from .handle import EngineHandle, Prompt
 from .parallel import ParallelGeneration
 from .schema import FINISH_REASONS
@@ -58,8 +58,7 @@ class Session(ParallelGeneration, EngineHandle):
         drafter = drafters.mode(drafter, chain_policy)
         with self._run():
             prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
-            with engine_errors():
-                self._engine.run()
+            self._engine.run()
             return self._finish(prompt, prompt_tokens)
 
     def stream(
@@ -82,9 +81,8 @@ class Session(ParallelGeneration, EngineHandle):
             prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
             engine = self._engine
             while True:
-                with engine_errors():
-                    more = engine.step()
-                    last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
+                more = engine.step()
+                last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
                 if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):
                     yield Step.from_columns(last, 0)
                 if not more:
@@ -124,9 +122,8 @@ class Session(ParallelGeneration, EngineHandle):
             tokens = self._prompt_tokens(prompt)
             self._mode = drafters.recording_mode(self.info.has_mtp, self.has_draft_model)
             t0 = time.perf_counter()
-            with engine_errors():
-                done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
-                                                  bool(probe))
+            done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
+                                              bool(probe))
             wall = time.perf_counter() - t0
             if not done:
                 raise CancelledError("the oracle recording was cancelled")
@@ -160,8 +157,7 @@ class Session(ParallelGeneration, EngineHandle):
         p_min = cur.p_min if p_min is None else p_min
         n_min = min(cur.n_min, n_max) if n_min is None else n_min
         self._validate_params(n_max, p_min, n_min, getattr(self, "_mode", drafters.mode(drafters.DEFAULT_MODE)))
-        with engine_errors():
-            self._engine.set_params(_native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
+        self._engine.set_params(_native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
 
     @property
     def params(self) -> dict:
@@ -206,8 +202,7 @@ class Session(ParallelGeneration, EngineHandle):
         config = _native.GenerationConfig(
             max_tokens=max_tokens, temperature=temperature, seed=seed, drafters=[d.name for d in mode.drafters],
             chain_policy=mode.policy, options=drafters.engine_options(values))
-        with engine_errors():
-            self._engine.begin(tokens, config, _native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
+        self._engine.begin(tokens, config, _native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
         return tokens
 
     def _finish(self, prompt: Prompt, prompt_tokens: list[int]) -> Trace:

@@ -23,9 +23,12 @@ from .schema import (
     Column,
     check_columns,
     columns_from_json,
+    read_document,
+    reading,
     columns_to_json,
     row_value,
 )
+from .errors import FormatError
 
 COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
 """The per-step column names, in the engine's order (:data:`~mtp_explorer.core.schema.TRACE_COLUMNS`)."""
@@ -156,12 +159,14 @@ class Trace:
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
-        doc = json.loads(text)
+        """The trace :meth:`to_json` wrote; anything else, or a corrupt one, is a :class:`FormatError`."""
+        doc = read_document(text, "trace")
         if doc.pop("format", None) != "mtp-explorer-trace/1":
-            raise ValueError("not an mtp-explorer trace")
-        columns = columns_from_json(doc.pop("columns"))
-        check_columns(columns)
-        return cls(columns=columns, **doc)
+            raise FormatError("not an mtp-explorer trace")
+        with reading("trace"):
+            columns = columns_from_json(doc.pop("columns"))
+            check_columns(columns)
+            return cls(columns=columns, **doc)
 
 
 def drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from ..core.errors import ParameterError
 
 if TYPE_CHECKING:
     import gguf
@@ -142,15 +143,15 @@ class Qwen35Config:
 
     def __post_init__(self) -> None:
         if self.nextn_predict_layers != 1:
-            raise ValueError("llama.cpp 0.3.36 supports exactly one qwen35 MTP block")
+            raise ParameterError("llama.cpp 0.3.36 supports exactly one qwen35 MTP block")
         if self.n_head % self.n_head_kv:
-            raise ValueError("n_head must be a multiple of n_head_kv")
+            raise ParameterError("n_head must be a multiple of n_head_kv")
         if self.ssm_time_step_rank % self.ssm_group_count:
-            raise ValueError("ssm_time_step_rank (value heads) must be a multiple of ssm_group_count")
+            raise ParameterError("ssm_time_step_rank (value heads) must be a multiple of ssm_group_count")
         if self.n_rot % 2 or self.n_rot > self.head_dim:
-            raise ValueError("rope_dim must be even and at most head_dim")
+            raise ParameterError("rope_dim must be even and at most head_dim")
         if sum(self.sections) != self.n_rot // 2:
-            raise ValueError("rope_sections must sum to rope_dim / 2")
+            raise ParameterError("rope_sections must sum to rope_dim / 2")
 
     @property
     def n_rot(self) -> int:
@@ -201,11 +202,11 @@ class ByteBPEVocab:
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.token_types):
-            raise ValueError("tokens and token_types differ in length")
+            raise ParameterError("tokens and token_types differ in length")
         if not self.merges:
-            raise ValueError("llama.cpp rejects a gpt2 tokenizer without merges")
+            raise ParameterError("llama.cpp rejects a gpt2 tokenizer without merges")
         if self.pre not in PRE_TOKENIZER_REGEX:
-            raise ValueError(f"unsupported pre-tokenizer {self.pre!r}")
+            raise ParameterError(f"unsupported pre-tokenizer {self.pre!r}")
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -269,7 +270,7 @@ def train_byte_bpe(text: str, n_merges: int, *, eos_token: str = "<|endoftext|>"
             new_seqs[key] = new_seqs.get(key, 0) + count
         seqs = new_seqs
     if not merges:
-        raise ValueError("text too short to learn a single merge")
+        raise ParameterError("text too short to learn a single merge")
     types = [1] * len(tokens)
     tokens.append(eos_token)
     types.append(3)
@@ -389,16 +390,16 @@ def check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[
     """Raise ``ValueError`` for a vocabulary of the wrong size, unknown tensor names, missing required
     tensors and shapes other than ``shapes`` (name -> (shape, required))."""
     if len(vocab.tokens) != n_vocab:
-        raise ValueError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={n_vocab}")
+        raise ParameterError(f"vocab has {len(vocab.tokens)} tokens, config says n_vocab={n_vocab}")
     unknown = sorted(set(tensors) - set(shapes))
     if unknown:
-        raise ValueError(f"unknown tensors: {unknown[:8]}")
+        raise ParameterError(f"unknown tensors: {unknown[:8]}")
     for tname, (shape, required) in shapes.items():
         if tname not in tensors:
             if required:
-                raise ValueError(f"missing tensor {tname} {shape}")
+                raise ParameterError(f"missing tensor {tname} {shape}")
         elif tuple(tensors[tname].shape) != shape:
-            raise ValueError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
+            raise ParameterError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
 
 
 def open_writer(path: str | Path, arch: str, *, name: str, description: str | None, license: str | None,
@@ -514,7 +515,7 @@ def write_hybrid_gguf(
     import gguf
 
     if dtype not in ("f32", "f16"):
-        raise ValueError("dtype must be 'f32' or 'f16'")
+        raise ParameterError("dtype must be 'f32' or 'f16'")
     check_tensors(tensors, shapes, vocab, cfg.n_vocab)
     w, path = open_writer(path, arch, name=name, description=description, license=license,
                           file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)

@@ -11,12 +11,13 @@ import os
 from pathlib import Path
 
 from .tool import run_tool
+from ..core.errors import ParameterError, ToolError
 
 ENV_VAR = "MTP_EXPLORER_QUANTIZE"
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "build" / "reference" / "bin" / "llama-quantize"
 
 
-class QuantizeError(RuntimeError):
+class QuantizeError(ToolError):
     """llama-quantize failed, timed out or wrote nothing."""
 
 
@@ -46,5 +47,5 @@ def quantize(src: str | Path, dst: str | Path, type: str, *, binary: str | Path 
     if not src.is_file():
         raise FileNotFoundError(f"model file not found: {src}")
     if dst.resolve() == src.resolve():
-        raise ValueError(f"llama-quantize would overwrite its input: {src}")
+        raise ParameterError(f"llama-quantize would overwrite its input: {src}")
     return run_tool([exe, *args, src, dst, type, int(threads)], dst, QuantizeError, timeout=timeout, tail=4000)

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core import drafters
 from ..core.session import Session
 from ..core.trace import Trace
+from ..core.errors import ToolError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +50,14 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
     found = {k: rx.search(log) for k, rx in _STAT.items()}
     missing = [k for k, m in found.items() if m is None]
     if missing:
-        raise ValueError(f"llama-speculative-simple output lacks {missing}:\n{log[-2000:]}")
+        raise ToolError(f"llama-speculative-simple output lacks {missing}:\n{log[-2000:]}")
     start = stdout.find(prompt_text)
     if start < 0:
-        raise ValueError("the prompt was not echoed in llama-speculative-simple's output")
+        raise ToolError("the prompt was not echoed in llama-speculative-simple's output")
     body = stdout[start + len(prompt_text):]
     tail = "\n\n\n\n"  # the example prints "\n\n" after the loop and again before it exits
     if not body.endswith(tail):
-        raise ValueError("unexpected end of llama-speculative-simple's output")
+        raise ToolError("unexpected end of llama-speculative-simple's output")
     text = body[: -len(tail)]
     return ReferenceRun(
         text=text,
@@ -118,12 +119,12 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
                 proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout)
             stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+            raise ToolError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
         try:
             return parse_reference_output(stdout, stderr, prompt)
         except ValueError as exc:
             error = exc
-    raise RuntimeError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
+    raise ToolError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
 
 
 def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):

@@ -42,6 +42,7 @@ from .gguf_qwen35 import (
     train_byte_bpe,
     write_qwen35_gguf,
 )
+from ..core.errors import ParameterError
 
 #: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
 CONTEXT_SCALE = 0.25
@@ -111,7 +112,7 @@ def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
     """256 byte tokens, ``n_vocab - 257`` BPE merges learnt from a fixed text, and an EOS."""
     n_merges = n_vocab - 257
     if n_merges < 1:
-        raise ValueError("n_vocab must be at least 258")
+        raise ParameterError("n_vocab must be at least 258")
     vocab = train_byte_bpe(_BPE_TEXT, n_merges)
     if len(vocab.tokens) < n_vocab:
         # Not enough pairs in the fixed text: add merges of lowercase letter pairs.
@@ -134,7 +135,7 @@ def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
         vocab = ByteBPEVocab(tokens=tokens, merges=merges, token_types=types,
                              eos_id=len(tokens) - 1, bos_id=len(tokens) - 1, pre="gpt-2")
     if len(vocab.tokens) != n_vocab:
-        raise ValueError(f"could not build a vocabulary of {n_vocab} tokens")
+        raise ParameterError(f"could not build a vocabulary of {n_vocab} tokens")
     return vocab
 
 
@@ -179,9 +180,9 @@ class Knobs:
 
     def __post_init__(self) -> None:
         if self.context_mix < 0:
-            raise ValueError("context_mix must be >= 0")
+            raise ParameterError("context_mix must be >= 0")
         if not 0.0 <= self.mtp_fidelity <= 1.0:
-            raise ValueError("mtp_fidelity must be in [0, 1]")
+            raise ParameterError("mtp_fidelity must be in [0, 1]")
 
     def metadata(self) -> dict[str, bool | int | float]:
         """The ``mtp_explorer.*`` GGUF keys a synthetic file records its knobs under."""

@@ -52,6 +52,7 @@ import numpy as np
 
 from .gguf_qwen35 import ByteBPEVocab, add_keys, check_tensors, finish_writer, open_writer, transformer_keys
 from .synthetic import Knobs, finish_mtp_head, synthetic_vocab, trunk_tensors, write_synthetic
+from ..core.errors import ParameterError
 
 ARCH = "glm4moe"
 
@@ -96,17 +97,17 @@ class Glm4MoeConfig:
 
     def __post_init__(self) -> None:
         if self.nextn_predict_layers != 1:
-            raise ValueError("llama.cpp 0.3.36's glm4moe MTP graph supports exactly one NextN block")
+            raise ParameterError("llama.cpp 0.3.36's glm4moe MTP graph supports exactly one NextN block")
         if not 0 <= self.n_layer_dense_lead <= self.n_layer:
-            raise ValueError("n_layer_dense_lead must be in [0, n_layer]")
+            raise ParameterError("n_layer_dense_lead must be in [0, n_layer]")
         if self.n_expert < 1 or not 1 <= self.n_expert_used <= self.n_expert:
-            raise ValueError("need n_expert >= 1 and 1 <= n_expert_used <= n_expert")
+            raise ParameterError("need n_expert >= 1 and 1 <= n_expert_used <= n_expert")
         if self.n_expert_shared < 1:
-            raise ValueError("the glm4moe MTP graph needs a shared expert (n_expert_shared >= 1)")
+            raise ParameterError("the glm4moe MTP graph needs a shared expert (n_expert_shared >= 1)")
         if self.n_head % self.n_head_kv:
-            raise ValueError("n_head must be a multiple of n_head_kv")
+            raise ParameterError("n_head must be a multiple of n_head_kv")
         if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim:
-            raise ValueError("rope_dim must be even and in (0, head_dim]")
+            raise ParameterError("rope_dim must be even and in (0, head_dim]")
 
     @property
     def block_count(self) -> int:

@@ -59,6 +59,7 @@ from .gguf_qwen35 import (ByteBPEVocab, Qwen35Config, Shapes, hybrid_keys, hybri
                           write_hybrid_gguf)
 from .synthetic import (Knobs, _qwen35_init, finish_mtp_head, gated_delta_net_params, synthetic_vocab,
                         trunk_tensors, write_synthetic)
+from ..core.errors import ParameterError
 
 ARCH = "qwen35moe"
 
@@ -91,9 +92,9 @@ class Qwen35MoeConfig(Qwen35Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.n_expert < 1 or not 1 <= self.n_expert_used <= self.n_expert:
-            raise ValueError("need n_expert >= 1 and 1 <= n_expert_used <= n_expert")
+            raise ParameterError("need n_expert >= 1 and 1 <= n_expert_used <= n_expert")
         if self.n_ff_exp < 1 or self.n_ff_shexp < 1:
-            raise ValueError("expert widths must be positive")
+            raise ParameterError("expert widths must be positive")
 
     def is_moe(self, il: int) -> bool:
         """Whether block ``il`` has a MoE FFN: every block of a ``qwen35moe`` model."""

@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from .. import plots
 from ..core.trace import Trace
 from .figure_sync import sync_figure
+from ..core.errors import ParameterError
 
 __all__ = ["View", "VIEWS", "WIDTHS", "register_view", "unregister_view", "LiveViews"]
 
@@ -49,7 +50,7 @@ class View:
 
     def __post_init__(self) -> None:
         if self.width not in WIDTHS:
-            raise ValueError(f"a view's width is one of {WIDTHS}, got {self.width!r}")
+            raise ParameterError(f"a view's width is one of {WIDTHS}, got {self.width!r}")
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -80,7 +81,7 @@ def register_view(figure: Callable[..., go.Figure] | None = None, *, name: str |
     def add(fn: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
         view = View(name or fn.__name__, fn, width)
         if view.name in VIEWS and not replace:
-            raise ValueError(f"a view named {view.name!r} is registered already (replace=True replaces it)")
+            raise ParameterError(f"a view named {view.name!r} is registered already (replace=True replaces it)")
         VIEWS[view.name] = view
         return fn
 

@@ -23,6 +23,7 @@ from ..analysis.calibration import Calibration
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace
 from ..core.trace import Trace
+from ..core.errors import InputTypeError
 
 __all__ = ["Kind", "takes", "TRACE", "OPTIONAL_TRACE", "SIM_TRACE", "FIGURE", "CALIBRATION_SOURCE", "SWEEP_TABLE",
            "CEILING_TABLE", "DRAFTER_TABLE", "COMPARISON_ROWS", "SPEED_ROWS", "SPEED_POINT"]
@@ -51,8 +52,8 @@ class Kind:
         if problem is None:
             return
         if parameter is None:
-            raise TypeError(f"{function} takes {self.what}, got {problem}")
-        raise TypeError(f"{function}: {parameter} must be {self.what}, got {problem}")
+            raise InputTypeError(f"{function} takes {self.what}, got {problem}")
+        raise InputTypeError(f"{function}: {parameter} must be {self.what}, got {problem}")
 
 
 def instance(what: str, *types: type) -> Kind:

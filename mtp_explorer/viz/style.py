@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from ..core.drafters import DEFAULT_MODE, DRAFTER_MODES, DRAFTER_SPECS, MODES
 from ..core.schema import PHASES
+from ..core.errors import ParameterError
 
 # -- palettes --------------------------------------------------------------------------------------
 #: A categorical palette (plotly's D3): one colour per series, cycled.
@@ -110,7 +111,7 @@ def base_layout(fig: go.Figure, title: str, height: int, *, legend: str = "below
         fig.update_layout(title={"text": title}, height=height, template="plotly_white",
                           margin={"l": 60, "r": 20, "t": 60, "b": 50}, legend={"orientation": "v"})
     else:
-        raise ValueError(f"legend must be 'below' or 'right', got {legend!r}")
+        raise ParameterError(f"legend must be 'below' or 'right', got {legend!r}")
     return fig
 
 
