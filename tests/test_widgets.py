@@ -5,6 +5,7 @@ selector (mtp / ngram / chain: the next Run's drafter, the prediction's at once;
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -296,7 +297,17 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert list(curve.x) == list(range(1, o.depth + 1))
         assert curve.y[0] == pytest.approx(mx.simulate(o, 1, p_min, min(n_min, 1)).predicted_tokens_per_second)
         seen.add(round(w.tokens_per_second, 6))
+        u = expected.uncertainty()
+        assert w.uncertain_positions == u["uncertain_positions"] and w.tie_tolerance == u["tolerance"]
+        assert w.tokens_per_second_range == pytest.approx(u["tokens_per_second_range"])
     assert len(seen) == 3  # the prediction moved with the sliders
+    # a file whose batch shift covers every margin: the table gives tokens/s as a range, the note says why
+    o.batch_shift = dataclasses.replace(o.batch_shift, margin_shift=(1e6,) * len(o.batch_shift.ks))
+    ex.update_prediction()
+    w = ex.whatif
+    assert len(w.uncertain_positions) == 64 and w.tokens_per_second_range[0] < w.tokens_per_second
+    assert "tokens/s if batch-shape ties flip" in ex.whatif_panel.table.value
+    assert "within the measured batch-shape tolerance" in w.note and "the first at token 0" in w.note
 
     # a greedy Run with the same settings accepts exactly the predicted counts
     ex.run()

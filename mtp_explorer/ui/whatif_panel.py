@@ -93,6 +93,9 @@ class WhatIf:
     speedup: float                    #: predicted over plain
     measured: MeasuredRun | None
     note: str                         #: what the measured column is, and caveats
+    tokens_per_second_range: tuple[float, float]  #: if the uncertain positions' batch-shape ties flip
+    uncertain_positions: list[int]    #: where a real run may leave the predicted text (SimTrace.uncertainty)
+    tie_tolerance: float              #: the measured batch-shape tolerance they are judged by (NaN: not measured)
 
     def as_dict(self) -> dict:
         """The numbers as a dict (``measured`` a dict too, or None)."""
@@ -125,7 +128,14 @@ def whatif_table(numbers: WhatIf) -> str:
     if m is not None:
         head += "<th>measured</th>" + ("<th>measured / predicted</th>" if ratio else "")
     body = []
+    if numbers.uncertain_positions:
+        lo, hi = numbers.tokens_per_second_range
+        rows = rows[:4] + (("tokens/s if batch-shape ties flip", "tokens_per_second_range", "range", ""),) + rows[4:]
     for label, key, spec, suffix in rows:
+        if spec == "range":
+            blank = "<td></td>" * ((m is not None) + ratio)
+            body.append(f"<tr><td>{label}</td><td>{_fmt(lo, '.0f')}–{_fmt(hi, '.0f')}</td>{blank}</tr>")
+            continue
         pred = getattr(numbers, key)
         cells = f"<td>{label}</td><td>{_fmt(pred, spec, suffix)}</td>"
         if m is not None:
@@ -232,6 +242,16 @@ def _measured_numbers(measured: Trace, baseline: Trace | None, *, drafter: str, 
     ), (m_n_max, m_p_min, m_n_min)
 
 
+def _uncertainty_note(u: dict) -> str:
+    """What the uncertain positions of a prediction mean, in one sentence (empty: none)."""
+    where = u["uncertain_positions"]
+    if not where:
+        return ""
+    return (f"{len(where)} position(s) have a target top-2 margin within the measured batch-shape tolerance "
+            f"{u['tolerance']:.3g} (the first at token {u['first_uncertain']}): a real run may emit the other token "
+            "there and follow another text, so tokens/s is given as a range too.")
+
+
 def _notes(m: MeasuredRun | None, first: tuple[int, float, int] | None, *, drafter: str, n_max: int, p_min: float,
            n_min: int, temperature: float) -> str:
     notes = []
@@ -272,13 +292,17 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
     plain, tps = plain_tokens_per_second, s["tokens_per_second"]
     m, first = (None, None) if measured is None else _measured_numbers(
         measured, baseline, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, predicted_tokens_per_second=tps)
+    u = sim.uncertainty()
+    note = _notes(m, first, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, temperature=temperature)
     return WhatIf(
         drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min,
         acceptance_rate=s["acceptance_rate"], mean_accepted_length=s["mean_accepted_length"],
         acceptance_by_depth=s["acceptance_by_depth"][:n_max],
         tokens_per_second=tps, ceiling_tokens_per_second=sim.ceiling_tokens_per_second(),
         plain_tokens_per_second=plain, speedup=tps / plain if plain else math.nan, measured=m,
-        note=_notes(m, first, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, temperature=temperature),
+        note=" ".join(filter(None, (note, _uncertainty_note(u)))),
+        tokens_per_second_range=u["tokens_per_second_range"], uncertain_positions=u["uncertain_positions"],
+        tie_tolerance=u["tolerance"],
     )
 
 
