@@ -1,6 +1,7 @@
-// Engine::probe_batch_shift: the same tokens decoded on the target context once one row per decode,
-// then for every k in k-row batches; each position's k-row logits compared with its one-row logits.
-// The memories are cleared before and after: the probe leaves no trace in the next generation.
+// Engine::probe_batch_shift: the same tokens decoded on the target context once one row per decode, then for
+// every k in k-row batches, each pass from an empty memory, so that what k-row batches write into the KV cache
+// and the recurrent state accumulates as in a speculative run; each position's k-row logits compared with its
+// one-row logits. The memories are cleared before and after: the probe leaves no trace in the next generation.
 #include <algorithm>
 #include <cmath>
 
@@ -68,6 +69,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
     const int32_t V = llama_vocab_n_tokens(vocab), K = (int32_t) ks.size();
     out = BatchShiftRecord{};
     out.ks = ks;
+    out.position.resize(P);
     out.top1.resize(P);
     out.margin.resize(P);
     out.margin_shift.assign((size_t) K * P, NAN);
@@ -82,6 +84,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
         const float * l = llama_get_logits_ith(ctx_tgt.get(), 0);
         std::copy(l, l + V, one_row.begin() + (size_t) i * V);
         const TopTwo t = top_two(l, V);
+        out.position[i] = i;
         out.top1[i] = t.first;
         second[i] = t.second;
         out.margin[i] = l[t.first] - l[t.second];

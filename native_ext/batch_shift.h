@@ -8,8 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+// Every position from 0 is probed, in whole passes: the shift accumulates through the KV cache and the recurrent
+// state as it does in a run, and its dependence on the KV length (e.g. llama.cpp's attention over more than 256
+// cells) is seen where it starts.
 struct BatchShiftRecord {
     std::vector<int32_t> ks;            // [K] the batch sizes probed
+    std::vector<int32_t> position;      // [P] each probed position
     std::vector<int32_t> top1;          // [P] the one-row argmax at each position
     std::vector<float> margin;          // [P] its one-row top-1 minus top-2 logit
     std::vector<float> margin_shift;    // [K, P] |change of that top-1 minus top-2| in the k-row batch (NaN: the

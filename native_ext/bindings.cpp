@@ -344,6 +344,7 @@ void bind_engine_generation(nb::class_<Engine> & c) {
                  const size_t P = rec.top1.size(), K = rec.ks.size();
                  nb::dict d;
                  d["ks"] = column(rec.ks, 0, K, {});
+                 d["position"] = column(rec.position, 0, P, {});
                  d["top1"] = column(rec.top1, 0, P, {});
                  d["margin"] = column(rec.margin, 0, P, {});
                  d["margin_shift"] = column(rec.margin_shift, 0, K, {P});

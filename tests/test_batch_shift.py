@@ -24,7 +24,11 @@ def session(bundled_model):
 def test_the_shift_is_measured_for_every_verify_batch(session):
     shift = session.batch_shift(refresh=True)
     assert shift.ks == (2, 3, 4, 5)  # every n_max + 1 the session's capacity allows
-    assert shift.n_positions == bs.DEFAULT_POSITIONS and shift.model == Path(session.info.path).name
+    # segments of KV lengths from 0 and from 256 on (llama.cpp pads the KV cache to 256 cells)
+    assert shift.starts == tuple(bs.segment_starts(512)) == (0, 256)
+    assert shift.n_positions == 512 and shift.model == Path(session.info.path).name
+    assert [len(w) for w in shift.segment_shift] == [2] * 4
+    assert shift.margin_shift == tuple(max(w) for w in shift.segment_shift)
     assert all(0.0 <= m < 0.5 for m in shift.margin_shift), shift
     assert all(m <= 2 * lg + 1e-6 for m, lg in zip(shift.margin_shift, shift.logit_shift))
     assert shift.shift() == max(shift.margin_shift) and shift.shift(3) == max(shift.margin_shift[:2])
@@ -87,17 +91,19 @@ def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([1])
     with pytest.raises(mx.ParameterError, match="batch sizes"):
-        session.batch_shift([500])
+        session.batch_shift([600])
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([])
-    with pytest.raises(mx.ParameterError, match="n_positions must be >= 2"):
-        session.batch_shift(n_positions=1)
+    with pytest.raises(mx.ParameterError, match="max_position must be >= 2"):
+        session.batch_shift(max_position=1)
     with pytest.raises(mx.ParameterError, match="the prompt is empty"):
         session.batch_shift(text="")
-    own = session.batch_shift([2, 3], text="def f(x):\n    return x + 1\n")
-    assert own.n_positions == len(session.tokenize("def f(x):\n    return x + 1\n")) and own.ks == (2, 3)
+    own_text = bs.PROBE_TEXT[:300]
+    own = session.batch_shift([2, 3], text=own_text)
+    n_own = len(session.tokenize(own_text))
+    assert own.ks == (2, 3) and own.starts == (0,) and own.n_positions == n_own
     with pytest.raises(mx.ParameterError, match="the probe's tokens"):
-        session.batch_shift([64], text="def f(x):")
+        session.batch_shift([20], text="def f(x):")
     with pytest.raises(mx.ParameterError, match="not an mtp-explorer batch-shift"):
         bs.BatchShift.from_dict({"ks": [2]})
     good = session.batch_shift([2]).to_dict()
@@ -120,6 +126,12 @@ def test_oracles_carry_the_shift_through_json(session):
     assert bare.batch_shift is None and mx.OracleTrace.from_json(bare.to_json()).batch_shift is None
 
 
+def _uniform(shift: bs.BatchShift, value: float) -> bs.BatchShift:
+    """``shift`` as if every batch size and segment had moved the margin by ``value`` (a made-up measurement)."""
+    return dataclasses.replace(shift, margin_shift=(value,) * len(shift.ks),
+                               segment_shift=tuple((value,) * len(shift.starts) for _ in shift.ks))
+
+
 def _diverged(session, prompt: str, at: int, **kw):
     """A real trace of ``prompt`` whose token at ``at`` is replaced (a divergence the test makes)."""
     t = session.generate(prompt, max_tokens=24, n_max=3, **kw)
@@ -135,14 +147,13 @@ def test_compare_judges_a_divergence_by_the_measured_shift(session):
     margins = oracle.columns["target_margin"][:24]
     at = int(np.argmin(margins))
     bad = _diverged(session, "def fib(n):", at)
-    wide = dataclasses.replace(oracle.batch_shift, margin_shift=tuple(2 * float(margins[at]) + 0.01 for _ in
-                                                                        oracle.batch_shift.ks))
+    wide = _uniform(oracle.batch_shift, 2 * float(margins[at]) + 0.01)
     oracle.batch_shift = wide
     cmp = mx.compare(oracle, bad)
     (m,) = [m for m in cmp.mismatches if m["cause"] == "target_argmax"]
     assert m["kind"] == "tie" and m["position"] == at and m["tolerance"] == wide.tolerance()
     assert m["explanation"].startswith("the target's token differs: batch-variant kernel, shift <= ")
-    narrow = dataclasses.replace(wide, margin_shift=tuple(float(margins[at]) / 4 for _ in wide.ks))
+    narrow = _uniform(wide, float(margins[at]) / 4)
     oracle.batch_shift = narrow
     (m,) = [m for m in mx.compare(oracle, bad).mismatches if m["cause"] == "target_argmax"]
     assert m["kind"] == "unexplained" and "report it as a bug" in m["explanation"]
@@ -157,13 +168,23 @@ def test_compare_judges_a_divergence_by_the_measured_shift(session):
 
 
 def test_the_tolerance_follows_the_batch_size():
-    shift = bs.BatchShift(model="m.gguf", file_id="x", machine={}, n_positions=8, ks=(2, 3, 4, 5),
+    shift = bs.BatchShift(model="m.gguf", file_id="x", machine={}, n_positions=64, ks=(2, 3, 4, 5),
                           margin_shift=(0.0, 0.0, 0.08, 0.07), logit_shift=(0.0, 0.0, 0.1, 0.1), n_flips=(0, 0, 1, 0),
-                          smallest_margin=0.01)
+                          smallest_margin=0.01, starts=(0, 240),
+                          segment_shift=((0.0, 0.0), (0.0, 0.0), (0.02, 0.08), (0.01, 0.07)))
     assert shift.shift(1) == 0.0 and shift.shift(3) == 0.0 and shift.shift(4) == shift.shift(9) == shift.shift() == 0.08
     assert shift.tolerance(5) == bs.SAFETY * 0.08
     assert shift.explain(0.1, 4).startswith("batch-variant kernel, shift <= 0.08")
     assert "report it as a bug" in shift.explain(0.1, 3) and "batches of 2, 3 rows" in shift.explain(0.1, 3)
+    # the kernels change with the KV length: a segment's shift counts from where it starts on
+    assert shift.shift(5, 100) == 0.02 and shift.shift(5, 240) == shift.shift(5, 4000) == 0.08
+    assert shift.shift(5, 0) == 0.02
+    np.testing.assert_allclose(shift.tolerances(5, np.array([0, 239, 240, 900])), bs.SAFETY * np.array([0.02, 0.02, 0.08, 0.08]))
+    assert "up to KV length 100" in shift.explain(0.05, 5, 100) and shift.explain(0.05, 5, 100).startswith("unexpl")
+    assert shift.explain(0.05, 5, 300).startswith("batch-variant kernel")
+    assert bs.BatchShift.from_dict(shift.to_dict()) == shift
+    assert bs.segment_starts(5000) == [0, 256, 512, 1024, 2048, 4096]
+    assert bs.segment_starts(256) == [0] and bs.segment_starts(257) == [0, 256]
 
 
 def test_simulate_marks_the_uncertain_positions_and_gives_ranges(session):
@@ -171,15 +192,16 @@ def test_simulate_marks_the_uncertain_positions_and_gives_ranges(session):
     margins = np.asarray(oracle.columns["target_margin"])
     sim = mx.simulate(oracle, n_max=3)
     u = sim.uncertainty()
-    assert u["tolerance"] == oracle.batch_shift.tolerance(4)  # verify batches of n_max + 1 rows
-    assert u["uncertain_positions"] == np.flatnonzero(margins[:48] < u["tolerance"]).tolist()
+    assert u["tolerance"] == oracle.batch_shift.tolerance(4)  # verify batches of n_max + 1 rows, the largest
+    per_position = oracle.batch_shift.tolerances(4, oracle.columns["pos"])  # at each position's KV length
+    assert u["uncertain_positions"] == np.flatnonzero(margins[:48] < per_position[:48]).tolist()
     point = int(sim.n_accepted.sum())
     lo, hi = u["n_accepted_range"]
     assert lo <= point <= hi
     tps_lo, tps_hi = u["tokens_per_second_range"]
     assert tps_lo <= sim.summary()["tokens_per_second"] <= tps_hi
     # every position uncertain: the prediction is a wide range, starting at the first position
-    oracle.batch_shift = dataclasses.replace(oracle.batch_shift, margin_shift=(1e6,) * len(oracle.batch_shift.ks))
+    oracle.batch_shift = _uniform(oracle.batch_shift, 1e6)
     u = mx.simulate(oracle, n_max=3).uncertainty()
     assert u["first_uncertain"] == 0 and len(u["uncertain_positions"]) == 48
     assert u["n_accepted_range"][0] == 0 and u["n_accepted_range"][1] >= point

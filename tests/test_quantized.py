@@ -166,7 +166,7 @@ def test_greedy_speculative_equals_plain(greedy_runs, name):
                 at = next(i for i, (a, b) in enumerate(zip(t.tokens, base.tokens)) if a != b)
                 found = [m for m in cmp.ties if m["cause"] == "target_argmax"]
                 assert found and found[0]["position"] == at, (name, prompt, n)
-                assert found[0]["margin"] < oracle.batch_shift.tolerance() == found[0]["tolerance"]
+                assert found[0]["margin"] < found[0]["tolerance"] <= oracle.batch_shift.tolerance()
                 assert "batch-variant kernel, shift <= " in found[0]["explanation"]
                 ties.append(f"{name} n_max={n} {prompt!r}: diverged at token {at}: {found[0]['explanation']}")
             else:

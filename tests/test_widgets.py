@@ -302,7 +302,8 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert w.tokens_per_second_range == pytest.approx(u["tokens_per_second_range"])
     assert len(seen) == 3  # the prediction moved with the sliders
     # a file whose batch shift covers every margin: the table gives tokens/s as a range, the note says why
-    o.batch_shift = dataclasses.replace(o.batch_shift, margin_shift=(1e6,) * len(o.batch_shift.ks))
+    o.batch_shift = dataclasses.replace(o.batch_shift, margin_shift=(1e6,) * len(o.batch_shift.ks),
+                                        segment_shift=tuple((1e6,) * len(o.batch_shift.starts) for _ in o.batch_shift.ks))
     ex.update_prediction()
     w = ex.whatif
     assert len(w.uncertain_positions) == 64 and w.tokens_per_second_range[0] < w.tokens_per_second

@@ -7,8 +7,11 @@ batch writes differ by as much from one-row ones. The target's top-2 margin ther
 where the one-row margin is smaller than that move a speculative run may take the other token.
 
 :meth:`Session.batch_shift <mtp_explorer.Session.batch_shift>` measures the move: a fixed probe text
-(code and prose, :data:`PROBE_TEXT`) is decoded on the session's own target context one row per decode, then
-for every ``k`` in ``k``-row batches, and each position's logits compared. The result, a :class:`BatchShift`,
+(code and prose, :data:`PROBE_TEXT`, repeated to ``max_position`` tokens) is decoded on the session's own target
+context once one row per decode, then for every ``k`` in ``k``-row batches, each pass from an empty context (so
+that what batches write into the KV cache and the recurrent state accumulates as in a run), and each position's
+logits compared; the shift is kept per segment of KV lengths (:func:`segment_starts`: the kernels change with
+the KV length, e.g. past 256 cells), and a position is judged by the largest shift up to its segment. The result, a :class:`BatchShift`,
 is cached per file (its content), machine (CPU model, devices, llama.cpp build) and placement (threads,
 offload, attention, KV cache types, ``repack``) under ``$MTP_EXPLORER_CACHE`` (default
 ``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so :func:`~mtp_explorer.compare`,
@@ -28,12 +31,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from ..core.checks import check_int
-from ..core.errors import ParameterError
+from ..core.errors import FormatError, ParameterError
 
 if TYPE_CHECKING:
     from ..core.session import Session
 
-#: what the probe decodes (tokenized by the model's own tokenizer; the first ``n_positions`` tokens)
+#: what the probe decodes (tokenized by the model's own tokenizer, repeated as far as the probe's windows reach)
 PROBE_TEXT = '''import os
 import sys
 
@@ -80,20 +83,34 @@ A small model drafts, a large one checks. The drafts cost little, and the check 
 about as much as the check of one, so the speed-up is the number of tokens accepted per check, less the
 time the drafts took. Greedy decoding gives the same text either way.
 '''
-DEFAULT_POSITIONS = 256
+MAX_POSITION = 1024
+"""How deep into the context the probe goes by default (at most the session's ``n_ctx_seq``)."""
 SAFETY = 2.0
 """The tie tolerance is this many times the largest shift the probe saw: it sees a sample of positions."""
-FORMAT = "mtp-explorer-batch-shift-1"
+FORMAT = "mtp-explorer-batch-shift-2"
+
+
+def segment_starts(limit: int) -> list[int]:
+    """Where the probe's segments start: at 0 and at each power-of-two KV length from 256 on below ``limit``
+    (llama.cpp pads the KV cache to 256 cells, and its attention kernels change with the length)."""
+    starts, edge = [0], 256
+    while edge < limit:
+        starts.append(edge)
+        edge *= 2
+    return starts
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchShift:
     """How far one model's target logits move between one-row decodes and ``k``-row batches on one machine.
 
-    Per batch size ``k`` (``ks``): ``margin_shift`` (the largest change of a position's one-row top-1 minus
+    The probe decodes ``n_positions`` tokens from an empty context once a row at a time and once in ``k``-row
+    batches per ``k`` (so that what batches write into the KV cache and the recurrent state accumulates as in a
+    run). Per batch size ``k`` (``ks``): ``margin_shift`` (the largest change of a position's one-row top-1 minus
     top-2 logit), ``logit_shift`` (the largest change of any logit) and ``n_flips`` (positions whose argmax
-    changed) over ``n_positions`` probed positions; ``smallest_margin`` is the smallest one-row top-2 margin
-    among them. ``model`` names the file, ``file_id`` its content, ``machine`` the machine and placement.
+    changed); ``segment_shift[i][s]`` is ``ks[i]``'s largest margin change among the positions from
+    ``starts[s]`` to the next start (:func:`segment_starts`). ``smallest_margin`` is the smallest one-row top-2
+    margin seen. ``model`` names the file, ``file_id`` its content, ``machine`` the machine and placement.
     """
 
     model: str
@@ -105,22 +122,32 @@ class BatchShift:
     logit_shift: tuple[float, ...]
     n_flips: tuple[int, ...]
     smallest_margin: float
+    starts: tuple[int, ...]
+    segment_shift: tuple[tuple[float, ...], ...]
 
-    def shift(self, k: int | None = None) -> float:
-        """The largest top-2 margin shift measured for batches of at most ``k`` rows (``None``: any probed). A
-        one-row decode (``k`` 1) is the oracle's own shape: 0. A ``k`` above every probed size gets the largest
-        measured (:meth:`rows` says which sizes that covers)."""
+    def shift(self, k: int | None = None, position: int | None = None) -> float:
+        """The largest top-2 margin shift measured for batches of at most ``k`` rows (``None``: any probed), at the
+        KV lengths up to the end of the segment holding ``position`` (``None``: all probed). A one-row
+        decode (``k`` 1) is the oracle's own shape: 0. A ``k`` above every probed size gets the largest measured
+        (:meth:`rows` says which sizes that covers)."""
         if k is not None and k < 2:
             return 0.0
-        vals = [m for kk, m in zip(self.ks, self.margin_shift) if k is None or kk <= k]
-        if not vals:
+        picked = [i for i, kk in enumerate(self.ks) if k is None or kk <= k]
+        if not picked:
             raise ParameterError(f"no batch of at most {k} rows was probed (probed: {list(self.ks)})")
-        return float(max(vals))
+        n_seg = len(self.starts) if position is None else max(1, sum(st <= position for st in self.starts))
+        return float(max(max(self.segment_shift[i][:n_seg]) for i in picked))
 
-    def tolerance(self, k: int | None = None) -> float:
-        """The tie tolerance in logits for a run whose target batches had at most ``k`` rows: :data:`SAFETY`
-        times :meth:`shift`."""
-        return SAFETY * self.shift(k)
+    def tolerance(self, k: int | None = None, position: int | None = None) -> float:
+        """The tie tolerance in logits for a run whose target batches had at most ``k`` rows, at the KV length
+        ``position``: :data:`SAFETY` times :meth:`shift`."""
+        return SAFETY * self.shift(k, position)
+
+    def tolerances(self, k: int | None, positions: np.ndarray) -> np.ndarray:
+        """:meth:`tolerance` at every KV length of ``positions``."""
+        by_segment = [self.tolerance(k, st) for st in self.starts]
+        idx = np.clip(np.searchsorted(np.asarray(self.starts), np.asarray(positions), side="right") - 1, 0, None)
+        return np.asarray(by_segment)[idx]
 
     def rows(self, k: int | None = None) -> str:
         """The batch sizes :meth:`shift` covers, in words."""
@@ -129,11 +156,12 @@ class BatchShift:
         probed = [kk for kk in self.ks if k is None or kk <= k]
         return f"batches of {', '.join(map(str, probed))} rows"
 
-    def explain(self, margin: float, k: int | None = None) -> str:
+    def explain(self, margin: float, k: int | None = None, position: int | None = None) -> str:
         """Why a divergence at a one-row top-2 margin ``margin``, in a run whose target batches had at most ``k``
-        rows, is (or is not) the kernels' batch variance."""
-        shift, tol = self.shift(k), self.tolerance(k)
-        where = f"{self.rows(k)} of {self.model} on this machine"
+        rows, at the KV length ``position``, is (or is not) the kernels' batch variance."""
+        shift, tol = self.shift(k, position), self.tolerance(k, position)
+        at = "" if position is None else f" up to KV length {position}"
+        where = f"{self.rows(k)}{at} of {self.model} on this machine"
         if margin < tol:
             return (f"batch-variant kernel, shift <= {shift:.3g} at this position: its one-row top-2 margin "
                     f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {where})")
@@ -147,19 +175,21 @@ class BatchShift:
     def from_dict(cls, d: dict[str, Any]) -> "BatchShift":
         d = dict(d)
         if d.pop("format", None) != FORMAT:
-            raise ParameterError("not an mtp-explorer batch-shift record")
+            raise FormatError("not an mtp-explorer batch-shift record (or one of an older version: measure again)")
         try:
-            return cls(**{**d, "ks": tuple(d["ks"]), "margin_shift": tuple(d["margin_shift"]),
-                          "logit_shift": tuple(d["logit_shift"]), "n_flips": tuple(d["n_flips"])})
+            return cls(**{**d, **{f: tuple(d[f]) for f in ("ks", "margin_shift", "logit_shift", "n_flips", "starts")},
+                          "segment_shift": tuple(tuple(w) for w in d["segment_shift"])})
         except (KeyError, TypeError) as exc:
-            raise ParameterError(f"a malformed batch-shift record: {exc}") from exc
+            raise FormatError(f"a malformed batch-shift record: {exc}") from exc
 
     def summary(self) -> dict[str, Any]:
         """One row per batch size, for a table."""
         return {"model": self.model, "n_positions": self.n_positions, "smallest_margin": self.smallest_margin,
                 "tolerance": self.tolerance(), "repack": self.machine.get("placement", {}).get("repack"),
-                "per_k": [{"k": k, "margin_shift": m, "logit_shift": lg, "n_flips": f}
-                          for k, m, lg, f in zip(self.ks, self.margin_shift, self.logit_shift, self.n_flips)]}
+                "starts": list(self.starts),
+                "per_k": [{"k": k, "margin_shift": m, "logit_shift": lg, "n_flips": f, "by_segment": list(ws)}
+                          for k, m, lg, f, ws in zip(self.ks, self.margin_shift, self.logit_shift, self.n_flips,
+                                                     self.segment_shift)]}
 
 
 # -- identity ------------------------------------------------------------------------------------------
@@ -202,34 +232,47 @@ def cache_dir() -> Path:
 
 
 def _cache_path(fid: str, machine: dict[str, Any], tokens: Sequence[int]) -> Path:
-    key = hashlib.sha256(json.dumps([fid, machine, list(tokens)], sort_keys=True).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps([FORMAT, fid, machine, list(tokens)], sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / f"{key}.json"
 
 
 # -- measuring -----------------------------------------------------------------------------------------
-def _summarise(raw: dict[str, np.ndarray]) -> dict[int, tuple[float, float, int]]:
-    """Per probed k: (largest margin shift, largest logit shift, flips) over the positions of whole batches."""
+def _summarise(raw: dict[str, np.ndarray], starts: list[int]) -> dict[int, list]:
+    """Per probed k: [largest margin shift, largest logit shift, flips, per-segment largest margin shift] over the
+    positions of whole batches."""
     out = {}
+    segment = np.searchsorted(np.asarray(starts), raw["position"], side="right") - 1
     for ki, k in enumerate(raw["ks"].tolist()):
         ms, ls = raw["margin_shift"][ki], raw["logit_shift"][ki]
         whole = ~np.isnan(ms)
-        out[int(k)] = (float(ms[whole].max()), float(ls[whole].max()), int(raw["flip"][ki][whole].sum()))
+        by_segment = [float(ms[whole & (segment == s)].max(initial=0.0)) for s in range(len(starts))]
+        out[int(k)] = [float(ms[whole].max()), float(ls[whole].max()), int(raw["flip"][ki][whole].sum()), by_segment]
     return out
 
 
+def _probe_tokens(session: "Session", text, limit: int) -> list[int]:
+    """The probe's tokens: ``text``'s (default :data:`PROBE_TEXT` repeated to ``limit``), at most ``limit``."""
+    if text is None:
+        once = session.tokenize(PROBE_TEXT)
+        tokens = (once * (limit // len(once) + 1))[:limit]
+    else:
+        tokens = session.tokenize(text) if isinstance(text, str) else [int(t) for t in text]
+    return session._prompt_tokens(tokens[:limit])  # ids checked, not empty
+
+
 def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str | Sequence[int] | None" = None,
-            n_positions: int = DEFAULT_POSITIONS, refresh: bool = False) -> BatchShift:
+            max_position: int = MAX_POSITION, refresh: bool = False) -> BatchShift:
     """The session's batch-shape shift for batches of ``ks`` rows (default: 2 .. capacity + 1, every verify
-    batch its ``n_max`` can make) on the first ``n_positions`` tokens of ``text`` (a string or token ids;
-    default :data:`PROBE_TEXT`), from the cache where measured before (``refresh=True`` measures again)."""
+    batch its ``n_max`` can make) over KV lengths 0 to ``max_position`` (at most ``n_ctx_seq``) of ``text`` (a
+    string or token ids; default :data:`PROBE_TEXT`, repeated), from the cache where measured before
+    (``refresh=True`` measures again)."""
     engine = session._live()
-    check_int("n_positions", n_positions, 2, None)
-    raw = PROBE_TEXT if text is None else text
-    tokens = session.tokenize(raw) if isinstance(raw, str) else [int(t) for t in raw]
-    tokens = session._prompt_tokens(tokens[: min(n_positions, session.n_ctx_seq)])  # ids checked, not empty
+    check_int("max_position", max_position, 2, None)
     ks = sorted({int(k) for k in (range(2, session.capacity + 2) if ks is None else ks)})
+    tokens = _probe_tokens(session, text, min(max_position, session.n_ctx_seq))
     if not ks or ks[0] < 2 or ks[-1] > len(tokens):
         raise ParameterError(f"batch sizes must be between 2 and {len(tokens)} (the probe's tokens), got {ks}")
+    starts = segment_starts(len(tokens))
     fid, machine = file_id(session.info.path), machine_key(session)
     path = _cache_path(fid, machine, tokens)
     cached = {} if refresh else _read_cache(path)
@@ -237,14 +280,15 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
     if missing:
         with session._run():
             raw = engine.probe_batch_shift(tokens, missing)
-        per_k = cached.get("per_k", {}) | {str(k): list(v) for k, v in _summarise(raw).items()}
+        per_k = cached.get("per_k", {}) | {str(k): v for k, v in _summarise(raw, starts).items()}
         cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}
         _write_cache(path, cached)
-    rows = [(k, *cached["per_k"][str(k)]) for k in ks]
+    rows = [cached["per_k"][str(k)] for k in ks]
     return BatchShift(model=Path(session.info.path).name, file_id=fid, machine=machine, n_positions=len(tokens),
-                      ks=tuple(r[0] for r in rows), margin_shift=tuple(float(r[1]) for r in rows),
-                      logit_shift=tuple(float(r[2]) for r in rows), n_flips=tuple(int(r[3]) for r in rows),
-                      smallest_margin=float(cached["smallest_margin"]))
+                      ks=tuple(ks), margin_shift=tuple(float(r[0]) for r in rows),
+                      logit_shift=tuple(float(r[1]) for r in rows), n_flips=tuple(int(r[2]) for r in rows),
+                      smallest_margin=float(cached["smallest_margin"]), starts=tuple(starts),
+                      segment_shift=tuple(tuple(float(x) for x in r[3]) for r in rows))
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -263,9 +307,10 @@ def _write_cache(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None) -> float:
+def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None,
+                 position: int | None = None) -> float:
     """The tie tolerance a check uses: ``tol_logit`` if given, else the measured shift's for batches of at most
-    ``k`` rows, else ``default``."""
+    ``k`` rows at the KV length ``position``, else ``default``."""
     if tol_logit is not None:
         return float(tol_logit)
-    return shift.tolerance(k) if shift is not None else default
+    return shift.tolerance(k, position) if shift is not None else default

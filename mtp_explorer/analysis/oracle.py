@@ -448,15 +448,17 @@ class OracleTrace:
         tok[self.columns["token_eog"].astype(bool)] = -2  # never equal to a draft: not accepted
         return tok
 
-    def uncertain(self, tol_logit: float | None = None) -> np.ndarray:
-        """Per position, whether a speculative run may emit another token there than this greedy recording: its
-        one-row top-2 margin is below ``tol_logit`` (default: :attr:`batch_shift`'s tolerance; all ``False``
-        where the shift was not measured)."""
-        if tol_logit is None:
-            if self.batch_shift is None:
-                return np.zeros(self.n_positions, dtype=bool)
-            tol_logit = self.batch_shift.tolerance()
-        return np.asarray(self.columns["target_margin"], dtype=np.float64) < float(tol_logit)
+    def uncertain(self, rows: int | None = None, tol_logit: float | None = None) -> np.ndarray:
+        """Per position, whether a speculative run whose target batches have at most ``rows`` rows may emit another
+        token there than this greedy recording: its one-row top-2 margin is below ``tol_logit`` (default:
+        :attr:`batch_shift`'s tolerance at that position's KV length; all ``False`` where the shift was not
+        measured)."""
+        margin = np.asarray(self.columns["target_margin"], dtype=np.float64)
+        if tol_logit is not None:
+            return margin < float(tol_logit)
+        if self.batch_shift is None:
+            return np.zeros(self.n_positions, dtype=bool)
+        return margin < self.batch_shift.tolerances(rows, self.columns["pos"])
 
     def summary(self) -> dict[str, Any]:
         cm = self.cost

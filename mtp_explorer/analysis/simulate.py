@@ -629,7 +629,7 @@ def uncertainty_of(oracle: OracleTrace, n_max: int, g: np.ndarray, n_d: np.ndarr
     ``n_max + 1`` rows."""
     shift = oracle.batch_shift
     tol = shift.tolerance(n_max + 1) if shift is not None else math.nan
-    unc = oracle.uncertain(tol) if shift is not None else oracle.uncertain()
+    unc = oracle.uncertain(n_max + 1)
     where = np.flatnonzero(unc[:n_tokens])
     low, high = _accepted_bounds(unc, g, n_d, acc) if len(g) else (acc, acc)
     steps, accepted = len(g), int(acc.sum())
@@ -821,10 +821,12 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None
     given_tol = tol_logit
     if batch_rows is None:
         batch_rows = int(c["n_drafted"].max()) + 1 if trace.n_steps else 1
-    tol_logit = tolerance_of(oracle.batch_shift, tol_logit, DEFAULT_TOL_LOGIT, batch_rows)
     replays = _replays(oracle, _trace_mode(trace))
     starts = _step_starts(c["n_accepted"])
     diverge = next((i for i, (a, b) in enumerate(zip(trace.tokens, oracle.tokens)) if a != b), None)
+    # the KV length the tolerance is measured at: the divergence's, else the deepest the run compared
+    kv = int(oracle.columns["pos"][min(diverge if diverge is not None else oracle.n_positions, oracle.n_positions) - 1])
+    tol_logit = tolerance_of(oracle.batch_shift, tol_logit, DEFAULT_TOL_LOGIT, batch_rows, kv)
     predicted = _predict_at(oracle, trace, starts)
     mismatches: list[dict] = []
     n_compared = 0
@@ -847,7 +849,7 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None
               "n_min": int(c["n_min"][i]), "real": _named(real), "predicted": _named(pred)}
         mm.update(_classify(oracle, trace, i, g, replays[int(steps.chosen[q])], diverge, tol_logit, tol_prob))
         mm["tolerance"] = tol_logit
-        mm["explanation"] = _explain(mm, oracle.batch_shift if given_tol is None else None, tol_logit, batch_rows)
+        mm["explanation"] = _explain(mm, oracle.batch_shift if given_tol is None else None, tol_logit, batch_rows, kv)
         mismatches.append(mm)
         if mm["cause"] == "target_argmax":
             break
@@ -859,13 +861,13 @@ def _named(outcome: dict) -> dict:
     return outcome | {"stop_reason": STOP_REASONS[outcome["stop_reason"]], "drafter": _name(DRAFTERS, outcome["drafter"])}
 
 
-def _explain(mm: dict, shift: BatchShift | None, tol_logit: float, batch_rows: int) -> str:
+def _explain(mm: dict, shift: BatchShift | None, tol_logit: float, batch_rows: int, kv: int) -> str:
     """A sentence for a mismatch: its kind, cause, margin and the tolerance it was judged by (``shift``: the
     measured shift that tolerance came from, else ``None``)."""
     margin, cause = mm.get("margin", math.nan), mm["cause"]
     if cause in ("target_argmax", "draft_argmax") and shift is not None and math.isfinite(margin):
         where = "the target's token" if cause == "target_argmax" else f"the draft at depth {mm.get('depth')}"
-        return f"{where} differs: " + shift.explain(margin, batch_rows)
+        return f"{where} differs: " + shift.explain(margin, batch_rows, kv)
     if mm["kind"] == "tie":
         return f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (given, not measured)" \
             if cause in ("target_argmax", "draft_argmax") else f"{cause} near-tie: margin {margin:.3g}"

@@ -138,17 +138,18 @@ class Session(ParallelGeneration, EngineHandle):
             oracle.batch_shift = self.batch_shift(range(2, depth + 2))
         return oracle
 
-    def batch_shift(self, ks: Iterable[int] | None = None, *, text: Prompt | None = None, n_positions: int = 256,
+    def batch_shift(self, ks: Iterable[int] | None = None, *, text: Prompt | None = None, max_position: int = 1024,
                     refresh: bool = False) -> "BatchShift":
         """How far this model's target logits move when positions are decoded in ``k``-row batches instead of
         one row at a time, for every ``k`` in ``ks`` (default: 2 .. ``capacity + 1``, every verify batch this
         session can make), on this machine and placement: the tie tolerance of every greedy check (see
-        :mod:`mtp_explorer.analysis.batch_shift`). Measured on the first ``n_positions`` tokens of ``text`` (a
-        string or token ids; default: a fixed probe text of code and prose) the first time, then read from the
-        cache (``refresh=True`` measures again). Ends nothing: call it between generations."""
+        :mod:`mtp_explorer.analysis.batch_shift`). Measured over KV lengths 0 to ``max_position`` (at most
+        ``n_ctx_seq``; runs that go deeper want a larger one) of ``text`` (a string or token ids; default: a fixed
+        probe text of code and prose, repeated) the first time, then read from the cache (``refresh=True``
+        measures again). Ends nothing: call it between generations."""
         from ..analysis.batch_shift import measure
 
-        return measure(self, ks, text=text, n_positions=n_positions, refresh=refresh)
+        return measure(self, ks, text=text, max_position=max_position, refresh=refresh)
 
     def set_params(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> None:
         """Change drafting parameters; a running generation uses them from its next step."""

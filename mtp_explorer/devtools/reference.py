@@ -312,18 +312,17 @@ def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *,
     ``tol_logit`` defaults to the session's measured :meth:`~mtp_explorer.Session.batch_shift` tolerance for
     batches of up to ``max_rows`` rows (the server's slots times ``n_max + 1``; default ``capacity + 1``); the
     result's ``explanation`` says which."""
-    shift = None
-    if tol_logit is None:
-        shift = server_batch_shift(session, max_rows)
-        tol_logit = shift.tolerance()
+    shift = server_batch_shift(session, max_rows) if tol_logit is None else None
     oracle = session.record_oracle(prompt, max_tokens=len(ours.tokens), depth=max(1, int(ours.n_drafted.max())),
-                                   probe=False)
+                                   probe=False, batch_shift=False)
+    pos = oracle.columns["pos"]
     text, acc = done.text, ""
     for i, piece in enumerate(ours.pieces):
         if not text.startswith(acc + piece):
             margin = float(oracle.columns["target_margin"][i])
-            return _explained({"kind": "tie" if margin < tol_logit else "unexplained", "cause": "target_argmax",
-                               "position": i, "margin": margin}, shift, tol_logit)
+            tol = tol_logit if shift is None else shift.tolerance(None, int(pos[i]))
+            return _explained({"kind": "tie" if margin < tol else "unexplained", "cause": "target_argmax",
+                               "position": i, "margin": margin}, shift, tol, int(pos[i]))
         acc += piece
     if acc != text:
         return {"kind": "unexplained", "cause": "text_length", "position": len(ours.pieces), "margin": float("nan")}
@@ -333,15 +332,16 @@ def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *,
     on_path = [float(margins[g, j]) for g, n in zip(starts, ours.n_drafted.tolist())
                for j in range(min(int(n), margins.shape[1])) if g < len(margins) and math.isfinite(margins[g, j])]
     smallest = min(on_path, default=float("inf"))
-    return _explained({"kind": "tie" if smallest < tol_logit else "unexplained", "cause": "draft_argmax",
-                       "position": None, "margin": smallest}, shift, tol_logit)
+    tol = tol_logit if shift is None else shift.tolerance(None, int(pos[-1]))
+    return _explained({"kind": "tie" if smallest < tol else "unexplained", "cause": "draft_argmax",
+                       "position": None, "margin": smallest}, shift, tol, int(pos[-1]))
 
 
-def _explained(why: dict, shift, tol_logit: float) -> dict:
+def _explained(why: dict, shift, tol_logit: float, kv: int) -> dict:
     """``why`` with the tolerance it was judged by and a sentence (the measured shift's where there is one)."""
     margin = why["margin"]
     if shift is not None and math.isfinite(margin):
-        text = shift.explain(margin)
+        text = shift.explain(margin, None, kv)
     else:
         text = f"{why['kind']} ({why['cause']}): margin {margin:.3g}, tolerance {tol_logit:.3g}"
     return why | {"tolerance": tol_logit, "explanation": text}
