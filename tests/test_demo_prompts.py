@@ -35,7 +35,7 @@ def test_demo_prompts_are_the_files_lines():
 
 
 def test_the_cli_defaults_to_the_demo_prompt():
-    assert cli._parser().parse_args(["run"]).prompt is None  # _run then takes mx.demo_prompt()
+    assert cli._parser().parse_args(["run"]).prompt == []  # _run then takes mx.demo_prompt()
 
 
 def test_the_default_prompt_fits_the_session():

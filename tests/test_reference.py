@@ -24,9 +24,9 @@ def test_parse_reference_output():
     assert (run.n_predict, run.n_drafted, run.n_accept) == (43, 48, 26)
     assert run.text.startswith(" when$Zin") and not run.text.endswith("\n")
     assert run.tokens_per_second > 0
-    with pytest.raises(ValueError, match="lacks"):
+    with pytest.raises(mx.ToolError, match="lacks"):
         parse_reference_output("def fib(n): x\n\n\n\n", "", "def fib(n):")
-    with pytest.raises(ValueError, match="unexpected end"):
+    with pytest.raises(mx.ToolError, match="unexpected end"):
         parse_reference_output("\n\ndef fib(n): cut", (DATA / "speculative_simple.stderr").read_text(), "def fib(n):")
 
 
