@@ -11,10 +11,10 @@ where the one-row margin is smaller than that move a speculative run may take th
 context once one row per decode, then for every ``k`` in ``k``-row batches, each pass from an empty context (so
 that what batches write into the KV cache and the recurrent state accumulates as in a run), and each position's
 logits compared; the shift is kept per segment of KV lengths (:func:`segment_starts`: the kernels change with
-the KV length, e.g. past 256 cells), and a position is judged by the largest shift up to its segment. The result, a :class:`BatchShift`,
-is cached per file (its content), machine (CPU model, devices, llama.cpp build) and placement (threads,
-offload, attention, KV cache types, ``repack``) under ``$MTP_EXPLORER_CACHE`` (default
-``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so :func:`~mtp_explorer.compare`,
+the KV length, e.g. past 256 cells), and a position is judged by the largest shift up to its segment. The
+result, a :class:`BatchShift`, is cached per file (its content), machine (CPU model, devices, llama.cpp build),
+placement (threads, offload, attention, KV cache types, ``repack``) and ``n_rs_seq`` under
+``$MTP_EXPLORER_CACHE`` (default ``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so :func:`~mtp_explorer.compare`,
 :func:`~mtp_explorer.check_parallel` and the llama-server parity harness use it as their tie tolerance.
 """
 

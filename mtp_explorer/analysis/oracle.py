@@ -474,7 +474,8 @@ class OracleTrace:
 
     # -- serialisation ---------------------------------------------------------------------------
     def to_json(self) -> str:
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("columns", "cost_model", "batch_shift")}
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("columns", "cost_model", "batch_shift")}
         doc["columns"] = columns_to_json(self.columns)
         doc["cost_model"] = self.cost_model.to_dict() if self.cost_model is not None else None
         doc["batch_shift"] = self.batch_shift.to_dict() if self.batch_shift is not None else None

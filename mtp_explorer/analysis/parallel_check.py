@@ -57,7 +57,8 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
     checks = []
     for info, trace in zip(result.requests, result.traces):
         if float(trace.settings.get("temperature", 0.0)) > 0:
-            raise ParameterError(f"request {info.index} sampled with temperature > 0: only greedy requests have a truth")
+            raise ParameterError(f"request {info.index} sampled with temperature > 0: "
+                                 "only greedy requests have a truth")
         depth = max(1, int(trace.columns["n_max"].max()) if trace.n_steps else 1)
         options = drafters.recorded_options(trace.settings)
         oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,

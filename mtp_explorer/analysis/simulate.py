@@ -555,8 +555,9 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     ``seconds``, and where the oracle carries a measured batch shift the uncertainty columns of
     :meth:`SimTrace.uncertainty`: ``n_uncertain``, ``first_uncertain`` (the first position a real run may leave
     the predicted text at; ``None``: none), ``tokens_per_second_low`` / ``_high`` and
-    ``mean_accepted_length_low`` / ``_high``. ``costs``: price every oracle with one :class:`~mtp_explorer.CostProfile` (or the path of a saved
-    one, or a :class:`~mtp_explorer.CostModel`) instead of its own cost model, as :func:`simulate`. Bad input raises
+    ``mean_accepted_length_low`` / ``_high``. ``costs``: price every oracle with one
+    :class:`~mtp_explorer.CostProfile` (or the path of a saved one, or a :class:`~mtp_explorer.CostModel`) instead
+    of its own cost model, as :func:`simulate`. Bad input raises
     :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
