@@ -291,6 +291,13 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
                       segment_shift=tuple(tuple(float(x) for x in r[3]) for r in rows))
 
 
+def measure_batches(session: "Session", depth: int, rows: int) -> BatchShift:
+    """The shift for every verify batch of one sequence drafting up to ``depth`` tokens, and for a batch of
+    ``rows`` rows (several sequences' verify rows together, as parallel requests or server slots make; at most
+    64)."""
+    return measure(session, {*range(2, depth + 2), max(2, min(rows, 64))})
+
+
 def _read_cache(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())

@@ -13,6 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..core import drafters
+from .batch_shift import measure_batches
 from .simulate import Comparison, compare
 from ..core.errors import ParameterError
 
@@ -53,7 +54,7 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
     to every request's verify rows together, as the engine batches them."""
     depth_all = max((int(t.columns["n_max"].max()) for t in result.traces if t.n_steps), default=1)
     rows = min(len(result.traces) * (depth_all + 1), 64)
-    shift = session.batch_shift({*range(2, depth_all + 2), max(rows, 2)}) if tol_logit is None else None
+    shift = measure_batches(session, depth_all, rows) if tol_logit is None else None
     checks = []
     for info, trace in zip(result.requests, result.traces):
         if float(trace.settings.get("temperature", 0.0)) > 0:

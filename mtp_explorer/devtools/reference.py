@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core import drafters
 from ..core.session import Session
 from ..core.trace import Trace
+from ..analysis.batch_shift import measure_batches
 from ..core.errors import ToolError
 
 
@@ -298,8 +299,7 @@ def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
 def server_batch_shift(session: Session, max_rows: int | None = None):
     """The session's measured batch-shape shift for every verify batch of one slot and for a server batch of
     ``max_rows`` rows (its slots' verify rows together, at most 64; default: one slot's largest)."""
-    rows = max_rows or session.capacity + 1
-    return session.batch_shift({*range(2, session.capacity + 2), max(2, min(rows, 64))})
+    return measure_batches(session, session.capacity, max_rows or session.capacity + 1)
 
 
 def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *, tol_logit: float | None = None,
