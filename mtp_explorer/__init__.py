@@ -32,6 +32,7 @@ from .core.errors import (
 from .core.info import ModelInfo, model_info
 from .models import DemoPrompt, default_model_path, demo_prompt, demo_prompt_within, demo_prompts, draft_model_path
 from .core.session import Session
+from .core.settings import DraftSettings, Limits, PminNotApplicable
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
@@ -58,7 +59,8 @@ __all__ = [
     # core
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
     "FINISH_REASONS",
-    "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec",
+    "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec", "DraftSettings", "Limits",
+    "PminNotApplicable",
     # analysis
     "BatchShift", "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
     "simulate", "simulate_grid",

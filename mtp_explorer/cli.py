@@ -17,6 +17,7 @@ from rich.text import Text
 from .core import drafters
 from .core.drafters import DrafterOption
 from .core.errors import MtpExplorerError, ParameterError
+from .core.settings import DraftSettings
 
 STYLE = {"accepted": "bold cyan", "correction": "yellow", "plain": ""}
 
@@ -198,6 +199,7 @@ def _run(args, console: Console) -> int:
         return _run_parallel(args, console)
     if len(args.prompt) > 1:
         raise ParameterError(f"{len(args.prompt)} prompts given: one, or up to N with -np N")
+    settings = draft_settings(args)
     with Session.open(args.model, seed=args.seed, **session_kwargs(args)) as s:
         prompt = args.prompt[0] if args.prompt else None
         if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
@@ -210,10 +212,7 @@ def _run(args, console: Console) -> int:
         n_done = 0
         with Live(Group(Panel(text, title="accepted drafts in cyan, corrections in yellow"), progress),
                   console=console, refresh_per_second=10, transient=not console.is_terminal):
-            options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
-            for step in s.stream(prompt, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
-                                 n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
-                                 chain_policy=args.chain_policy, **options):
+            for step in s.stream(prompt, settings):
                 for tok in step.drafted[: step.n_accepted]:
                     text.append(s.piece(tok), style=STYLE["accepted"])
                 text.append(s.piece(step.correction), style=STYLE["correction" if step.drafted else "plain"])
@@ -222,12 +221,19 @@ def _run(args, console: Console) -> int:
         trace = s.last_trace
         if not console.is_terminal:
             console.print(Panel(text))
-        console.print(_summary_table(trace.summary(), drafters.mode(args.drafter, args.chain_policy)))
+        console.print(_summary_table(trace.summary(), settings.mode))
         if args.json:
             with open(args.json, "w") as f:
                 f.write(trace.to_json())
             console.print(f"trace written to {args.json}")
     return 0
+
+
+def draft_settings(args: argparse.Namespace) -> DraftSettings:
+    """The drafting settings the ``run`` flags give (checked before any model loads)."""
+    return DraftSettings(n_max=args.n_max, p_min=args.p_min, n_min=args.n_min, drafter=args.drafter,
+                         chain_policy=args.chain_policy, max_tokens=args.max_tokens, temperature=args.temperature,
+                         options={o.name: getattr(args, o.name) for o in drafters.all_options()})
 
 
 def _run_parallel(args, console: Console) -> int:
@@ -240,7 +246,7 @@ def _run_parallel(args, console: Console) -> int:
         raise ParameterError(f"-np must be >= 1, got {n}")
     if len(args.prompt) > n:
         raise ParameterError(f"{len(args.prompt)} prompts for -np {n}: give at most {n}")
-    options = {o.name: getattr(args, o.name) for o in drafters.all_options()}
+    settings = draft_settings(args)
     with Session.open(args.model, seed=args.seed, n_parallel=n, **session_kwargs(args)) as s:
         budget = s.n_ctx_seq - args.max_tokens
         fill = [p.text for p in demo_prompts() if len(s.tokenize(p.text)) <= budget]
@@ -252,9 +258,7 @@ def _run_parallel(args, console: Console) -> int:
                             TimeElapsedColumn(), console=console, transient=True)
         with progress:
             task = progress.add_task("gen", total=n * args.max_tokens)
-            for steps in s.stream_parallel(prompts, max_tokens=args.max_tokens, n_max=args.n_max, p_min=args.p_min,
-                                           n_min=args.n_min, temperature=args.temperature, drafter=args.drafter,
-                                           chain_policy=args.chain_policy, **options):
+            for steps in s.stream_parallel(prompts, settings):
                 progress.advance(task, sum(ps.step.n_accepted + 1 for ps in steps))
         result = s.last_parallel_trace
     summary = result.summary()

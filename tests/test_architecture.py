@@ -218,3 +218,42 @@ def test_engine_errors_are_translated_once_natively():
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
         assert "engine_errors" not in text and "_native.EngineError" not in text, path
+
+
+# -- one place for the drafting settings' rules ----------------------------------------------------------
+SETTINGS_MODULE = PACKAGE / "core" / "settings.py"
+#: Messages about the *shape* of a grid argument (a sequence of numbers), not about a setting's range.
+_GRID_PARSING = ("must be sequences of numbers", "one per setting")
+_RANGE_RULE = re.compile(r"\b(n_max|p_min|n_min)\b[^\n]*\b(must|exceeds|outside|larger than|between|below|above)\b")
+
+
+def _raised_messages(path: Path) -> list[tuple[int, str]]:
+    """The literal text of every message a module raises (f-strings' constant parts joined)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            parts = [n.value for n in ast.walk(node.exc) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            out.append((node.lineno, " … ".join(parts)))
+    return out
+
+
+def test_drafting_settings_are_checked_in_one_place():
+    """No module but core/settings.py raises about n_max / p_min / n_min ranges: every caller builds a DraftSettings
+    (and checks it against a session's or an oracle's Limits) instead of re-implementing the rules."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {msg!r}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path != SETTINGS_MODULE
+             for line, msg in _raised_messages(path)
+             if _RANGE_RULE.search(msg) and not any(g in msg for g in _GRID_PARSING)]
+    assert not found, "drafting-settings rules outside core/settings.py:\n" + "\n".join(found)
+    assert any(_RANGE_RULE.search(m) for _, m in _raised_messages(SETTINGS_MODULE))  # the check sees the rules
+
+
+def test_the_engine_backstops_the_settings_rules(session_mixed):
+    """Settings that reach the engine without DraftSettings are refused natively, as a ParameterError."""
+    engine = session_mixed._engine
+    for params in (_native.DraftParams(n_max=session_mixed.capacity + 1, p_min=0.0, n_min=0),
+                   _native.DraftParams(n_max=2, p_min=1.5, n_min=0),
+                   _native.DraftParams(n_max=2, p_min=0.0, n_min=3)):
+        with pytest.raises(mx.ParameterError):
+            engine.set_params(params)
+    assert session_mixed.params["n_max"] <= session_mixed.capacity

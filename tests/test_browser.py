@@ -118,6 +118,43 @@ def _timeline_counts(titles: list[str]) -> list[int]:
     return [int(m.group(1)) for t in titles if (m := re.search(r"token timeline — (\d+) tokens", t))]
 
 
+def _fits(locator) -> bool:
+    """Every element of ``locator`` shows its whole text (nothing cut or scrolled)."""
+    return all(locator.evaluate_all("es => es.map(e => e.scrollWidth <= e.clientWidth + 1)"))
+
+
+def _check_drafter_control(explorer) -> None:
+    """The drafter control: llama.cpp's --spec-type values in full in a dropdown that takes a typed chain, and only
+    the chosen drafters' options, each labelled with its llama.cpp flag and readable; a screenshot of it."""
+    from playwright.sync_api import expect
+
+    from mtp_explorer.core import drafters
+
+    controls = explorer.locator(".mtpx-controls")
+    spec = controls.locator(".mtpx-spec-type")
+    field = spec.locator("input")
+    expect(field).to_have_value("draft-mtp")
+    offered = spec.locator("datalist option").evaluate_all("os => os.map(o => o.value)")
+    assert offered == list(drafters.spec_type_choices()), offered
+    assert _fits(spec.locator("label")) and _fits(field)
+    fields = controls.locator(".mtpx-drafter-options > .widget-inline-hbox")
+    assert fields.count() == len(drafters.all_options())
+    expect(controls.locator(".mtpx-drafter-options > .widget-inline-hbox:visible")).to_have_count(0)  # MTP: none
+    field.fill("ngram-map-k4v,draft-mtp")  # a chain no list entry names
+    field.press("Enter")
+    visible = controls.locator(".mtpx-drafter-options > .widget-inline-hbox:visible")
+    wanted = [o.flag for o in drafters.DRAFTER_SPECS["ngram-map-k4v"].options]
+    expect(visible).to_have_count(len(wanted))
+    assert visible.locator("label").all_text_contents() == wanted
+    assert _fits(visible.locator("label")) and _fits(field)
+    expect(controls.locator(".mtpx-drafter-note")).to_contain_text("then MTP")
+    controls.scroll_into_view_if_needed()
+    controls.screenshot(path=str(ARTIFACTS / "browser_drafter_control.png"))
+    field.fill("draft-mtp")
+    field.press("Enter")
+    expect(controls.locator(".mtpx-drafter-options > .widget-inline-hbox:visible")).to_have_count(0)
+
+
 def test_quickstart_in_jupyterlab(jupyterlab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -162,6 +199,8 @@ def test_quickstart_in_jupyterlab(jupyterlab):
             for label in ("n_max", "p_min", "n_min"):
                 expect(explorer.locator(".widget-slider", has_text=label)).to_have_count(1)
             expect(explorer.locator("textarea")).to_have_count(1)
+            _check_drafter_control(explorer)
+
             expect(explorer.locator(".widget-text", has_text="max tokens")).to_have_count(1)
             # six live views, and the what-if panel's two figures: the notebook recorded an oracle
             expect(explorer.locator(".js-plotly-plot")).to_have_count(8)

@@ -95,8 +95,8 @@ def test_calibration_is_for_drafters_with_a_confidence(model_mixed, oracles):
     (lambda o: mx.calibrate(o, n_bins=0), "n_bins must be a positive integer"),
     (lambda o: mx.calibrate([o[0], "trace.json"]), "expected oracle traces or traces, got str"),
     (lambda o: mx.best_p_min([]), "one or more oracle traces"),
-    (lambda o: mx.best_p_min(o, p_min=[1.5]), "p_min must be in"),
-    (lambda o: mx.best_p_min(o, n_max=[7]), "n_max must be between 0 and the oracle's depth 6"),
+    (lambda o: mx.best_p_min(o, p_min=[1.5]), r"p_min must be a finite number in \[0, 1\]"),
+    (lambda o: mx.best_p_min(o, n_max=[7]), "n_max=7 exceeds the oracle.s capacity of 6"),
     (lambda o: mx.calibrate(o, drafter="beam"), "drafter must be one of"),
 ])
 def test_calibration_parameter_errors(oracles, call, match):

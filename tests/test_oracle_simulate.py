@@ -184,12 +184,18 @@ def test_simulator_budget_and_validation(session, oracles):
 
 @pytest.mark.parametrize("call,match", [
     (lambda o: simulate(o, 2, drafter="eagle"), "drafter must be one of"),
-    (lambda o: simulate(o, -1), "n_max must be between 0 and the oracle's depth 8"),
+    (lambda o: simulate(o, -1), "n_max must be >= 0"),
+    (lambda o: simulate(o, 9), "n_max=9 exceeds the oracle's capacity of 8 .the depth it recorded.; record the oracle "
+                               "with depth=9"),
+    (lambda o: simulate(o, mx.DraftSettings(n_max=2, temperature=0.8, max_tokens=8)), "records greedy decoding"),
+    (lambda o: simulate(o, mx.DraftSettings(n_max=2, max_tokens=8), 0.5), "not both"),
+    (lambda o: simulate(o, 2, 0.0, 3), "n_min=3 is larger than n_max=2"),
     (lambda o: simulate(o, 2.5), "n_max"),
     (lambda o: simulate(o, True), "n_max"),
-    (lambda o: simulate(o, 2, float("nan")), "p_min must be in"),
-    (lambda o: simulate(o, 2, 0.0, -1), "n_min must be between 0 and n_max"),
-    (lambda o: simulate(o, 2, max_tokens=0), "max_tokens must be between 1"),
+    (lambda o: simulate(o, 2, float("nan")), r"p_min must be a finite number in \[0, 1\]"),
+    (lambda o: simulate(o, 2, 0.0, -1), "n_min must be >= 0"),
+    (lambda o: simulate(o, 2, max_tokens=0), "max_tokens must be >= 1"),
+    (lambda o: simulate(o, 2, max_tokens=10**6), "max_tokens=1000000 exceeds the .* tokens the oracle recorded"),
     (lambda o: simulate(o, 2, max_tokens="8"), "max_tokens"),
     (lambda o: simulate(o.to_json(), 2), "expected an OracleTrace"),
     (lambda o: simulate_grid([], [1], [0.0]), "at least one oracle"),
@@ -214,11 +220,11 @@ def test_simulator_needs_an_mtp_head_only_for_modes_that_use_it(oracles):
     headless = dataclasses.replace(o, settings=o.settings | {"has_mtp": False})
     for name, mode in drafters.MODES.items():
         if mode.needs_mtp:
-            with pytest.raises(mx.ParameterError, match="no MTP head: use drafter="):
+            with pytest.raises(mx.MtpUnavailableError, match="no MTP layers, so the oracle cannot draft with drafter="):
                 simulate(headless, 2, drafter=name)
             assert simulate(headless, 0, drafter=name).n_steps == TOKENS  # plain decoding needs no head
         elif mode.needs_draft_model:  # recorded without a draft model
-            with pytest.raises(mx.ParameterError, match="recorded without one"):
+            with pytest.raises(mx.ParameterError, match="drafts with a draft model, and the oracle has none"):
                 simulate(headless, 2, drafter=name)
         else:
             assert simulate(headless, 2, drafter=name).tokens == o.tokens

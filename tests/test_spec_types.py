@@ -10,7 +10,7 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.analysis import simulate as sim
 from mtp_explorer.core import drafters
-from mtp_explorer.core.checks import PminNotApplicable
+from mtp_explorer.core.settings import PminNotApplicable
 
 from conftest import check_drafter_stats
 

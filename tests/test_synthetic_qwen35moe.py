@@ -252,7 +252,7 @@ def test_explorer_opens_and_runs(files):
 
     ex = Explorer(mx.Session.open(files["partial"], threads=1))  # one thread: robust on a busy machine
     try:
-        assert ex.controls.drafter.value == "mtp"  # the model has an MTP head
+        assert ex.controls.drafter.value == "draft-mtp"  # the model has an MTP head
         ex.run()
         assert ex.wait(60)
         assert ex.state == "idle" and ex.error == "" and ex.finish_reason == "budget"

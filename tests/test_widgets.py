@@ -10,6 +10,7 @@ import threading
 import time
 import warnings
 
+import ipywidgets
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ import mtp_explorer as mx
 from conftest import SHORT_NGRAM
 from mtp_explorer import plots
 from mtp_explorer import widgets
+from mtp_explorer.core import drafters
 from mtp_explorer.core.drafters import mode, option_values
 from mtp_explorer.ui import whatif as whatif_controller
 from mtp_explorer.ui.whatif_panel import speed_curve
@@ -469,16 +471,38 @@ def test_explorer_is_exposed_lazily():
 # -- the drafter selector --------------------------------------------------------------------------
 def test_drafter_selector_sets_the_next_run(session):
     ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3, **SHORT_NGRAM)
-    d = ex.controls.drafter
-    assert tuple(d.options) == mx.DRAFTER_MODES and d.value == "mtp" and d.description == "drafter"
-    assert all("next Run" in tip for tip in d.tooltips)
-    assert ex.controls.request().drafter == "mtp"
+    c = ex.controls
+    d = c.drafter
+    # llama.cpp's --spec-type values, in full, for every listed choice; the chain policy beside them
+    assert isinstance(d, ipywidgets.Combobox) and d.description == "--spec-type" and not d.ensure_option
+    assert tuple(d.options) == drafters.spec_type_choices() and "ngram-simple,ngram-map-k,draft-mtp" in d.options
+    assert d.value == "draft-mtp" and c.chain_policy.value == "first" and c.chain_policy.disabled
+    assert "next Run" in c.drafter_note.value and "MTP" in c.drafter_note.value
+    assert c.request().drafter == "draft-mtp" and c.request().settings.drafter == "mtp"
+    shown = lambda: {n for n, f in c.option_fields.items() if f.layout.display != "none"}  # noqa: E731
+    assert shown() == set()  # the MTP head has no options
+    d.value = "ngram-mod,draft-mtp"
+    assert shown() == {o.name for o in drafters.DRAFTER_SPECS["ngram-mod"].options}
+    assert all(c.option_fields[n].description.startswith("--spec-ngram-mod-") for n in shown())
+    assert not c.chain_policy.disabled and c.request().settings.chain_policy == "first"
+    c.chain_policy.value = "best"
+    assert c.request().settings == mx.DraftSettings(drafter="ngram-mod,draft-mtp", chain_policy="best", n_max=3,
+                                                    max_tokens=64, seed=c.request().seed,
+                                                    options=dict(c.request().options))
+    d.value = "chain"  # a listed name: its own policy comes with it
+    assert c.chain_policy.value == "best" and c.request().settings.mode == drafters.MODES["chain"]
+    d.value = "ngram-simple,no-such-drafter"  # typed: the note says why it is none, no option shows
+    assert "mtpx-drafter-error" in c.drafter_note.value and "no-such-drafter" in c.drafter_note.value
+    assert shown() == set() and c.mode is None
+    d.value = "draft-mtp"
     ex.run()
     assert ex.wait(60)
     mtp_tokens = ex.trace.tokens
     assert ex.trace.settings["drafter"] == "mtp" and ex.trace.steps_by_drafter()["ngram"] == 0
     d.value = "ngram"
-    assert ex.controls.request().drafter == "ngram" and ex.controls.request().stream_kwargs()["drafter"] == "ngram"
+    assert ex.controls.request().drafter == "ngram" and ex.controls.request().stream_kwargs()["settings"].drafter == "ngram"
+    assert {n for n, f in c.option_fields.items() if f.layout.display != "none"} == {"ngram_simple_size_n",
+                                                                                     "ngram_simple_size_m"}
     ex.run()
     assert ex.wait(60)
     t = ex.trace
@@ -603,8 +627,11 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         assert not plain.info.has_mtp
         ex = Explorer(plain, prompt=PROMPT, max_tokens=48, n_max=3)
         d = ex.controls.drafter
-        assert d.value == "ngram" and "no MTP layers" in ex.children[0].value
-        assert all("no MTP layers" in tip for opt, tip in zip(d.options, d.tooltips) if mode(opt).needs_mtp)
+        assert d.value == "ngram-simple" and "no MTP layers" in ex.children[0].value
+        for choice in d.options:
+            d.value = choice
+            assert ("no MTP layers" in ex.controls.drafter_note.value) == mode(choice).needs_mtp, choice
+        d.value = "ngram"
         ex.run()
         assert ex.wait(60)
         assert ex.error == "" and ex.finish_reason == "budget" and ex.trace.settings["drafter"] == "ngram"

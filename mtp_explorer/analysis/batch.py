@@ -39,6 +39,7 @@ from ..core import drafters
 from ..core.checks import check_int
 from ..core.errors import ParameterError
 from ..core.parallel import request_settings
+from ..core.settings import DraftSettings, resolve_each
 from ..core.schema import PHASES
 
 if TYPE_CHECKING:
@@ -294,32 +295,36 @@ class _Run:
     seconds: float = 0.0
 
 
-def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, *, n_parallel: int, n_max: int,
-                     p_min: float = 0.0, n_min: int = 0, drafter: str = drafters.DEFAULT_MODE,
-                     max_tokens: int | None = None, arrivals: Sequence[int] | None = None,
-                     params: Sequence[Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
+def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
+                     settings: DraftSettings | Sequence[DraftSettings] | None = None, *, n_parallel: int,
+                     arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
+                     **keywords: Any) -> dict[str, Any]:
     """Aggregate tokens/s and per-request latency of the oracles' prompts as requests on ``n_parallel`` slots
-    (settings as :meth:`Session.generate_parallel <mtp_explorer.Session.generate_parallel>`), without running the
-    batch: each request's steps simulated from its oracle, scheduled as the engine schedules them, each step priced
-    by ``costs``."""
+    (``settings``, ``keywords``, ``arrivals`` and ``params`` as :meth:`Session.generate_parallel
+    <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
+    running the batch: each request's steps simulated from its oracle, scheduled as the engine schedules them, each
+    step priced by ``costs``."""
     from .simulate import simulate
 
-    mode = drafters.mode(drafter)
-    if mode.needs_draft_model:
-        raise ParameterError("the batch cost model prices the MTP head and the look-ups; a draft model's "
-                             "per-sequence decodes (draft-simple) are outside it")
     check_int("n_parallel", n_parallel, 1, None)
     oracles = list(oracles)
+    budget = keywords.pop("max_tokens", None)
+    each = resolve_each(settings, len(oracles), keywords)
+    if budget is not None or settings is None:
+        each = [s.replace(max_tokens=o.max_tokens if budget is None else budget) for s, o in zip(each, oracles)]
+    if each and each[0].mode.needs_draft_model:
+        raise ParameterError("the batch cost model prices the MTP head and the look-ups; a draft model's "
+                             "per-sequence decodes (draft-simple) are outside it")
     if arrivals is None and len(oracles) > n_parallel:
         raise ParameterError(f"{len(oracles)} requests at once on n_parallel={n_parallel} sequences: give arrivals")
     arrivals = [0] * len(oracles) if arrivals is None else [check_int("arrival", a, 0, None) for a in arrivals]
     if not oracles or len(arrivals) != len(oracles) or (params is not None and len(params) != len(oracles)):
         raise ParameterError("give one oracle per request, and as many arrivals and params as oracles")
+    each = request_settings(params, each)
+    mode = each[0].mode
     runs = []
-    settings = request_settings(params, len(oracles), max_tokens, n_max, p_min, n_min)
-    for i, (o, a, s) in enumerate(zip(oracles, arrivals, settings)):
-        sim = simulate(o, s["n_max"], s["p_min"], min(s["n_min"], s["n_max"]), drafter=mode, max_tokens=s["max_tokens"])
-        c = sim.columns
+    for i, (o, a, s) in enumerate(zip(oracles, arrivals, each)):
+        c = simulate(o, s).columns
         runs.append(_Run(index=i, arrival=a, n_prompt=len(o.prompt_tokens), rows=c["n_drafted"] + 1, pos=c["pos"],
                          tokens=c["n_accepted"] + 1, draft_decodes=(c["draft_rows"] >= 0).sum(axis=1),
                          drafting=c["n_max"] > 0))

@@ -23,6 +23,7 @@ from .oracle import OracleTrace
 from ..core import drafters
 from ..core.drafters import DrafterMode, DrafterSpec
 from ..core.errors import ParameterError
+from ..core.settings import DraftSettings
 from ..core.trace import Trace
 
 DEFAULT_P_MIN: tuple[float, ...] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))
@@ -160,6 +161,14 @@ class Calibration:
     best_p_min: dict[int, float] | None
     best_setting: dict[str, Any] | None
     p_min_table: Any = None
+    drafter: str = drafters.DEFAULT_MODE  #: whose confidence was calibrated
+
+    @property
+    def settings(self) -> DraftSettings | None:
+        """:attr:`best_setting` as settings for ``Session.generate(prompt, settings)`` (``None``: no oracle)."""
+        if self.best_setting is None:
+            return None
+        return DraftSettings(n_max=self.best_setting["n_max"], p_min=self.best_setting["p_min"], drafter=self.drafter)
 
     def to_dict(self) -> dict:
         return {"ece": self.ece, "ece_by_depth": self.ece_by_depth,
@@ -189,4 +198,4 @@ def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bin
         best, overall, ptab = best_p_min(oracles, p_min=p_min, drafter=drafter)
     return Calibration(table=table, ece_by_depth=ece_by, ece=expected_calibration_error(table),
                        mean_confidence_by_depth=mean_conf, acceptance_by_depth=acc_by, best_p_min=best,
-                       best_setting=overall, p_min_table=ptab)
+                       best_setting=overall, p_min_table=ptab, drafter=drafters.mode(drafter).name)

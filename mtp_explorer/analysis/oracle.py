@@ -45,6 +45,7 @@ from ..core.schema import (ORACLE_COLUMNS, Column, Dims, check_columns, columns_
                            read_document, reading)
 from .batch_shift import BatchShift
 from ..core.errors import FormatError
+from ..core.settings import Limits
 
 if TYPE_CHECKING:
     from .replay import DrafterReplay
@@ -404,6 +405,14 @@ class OracleTrace:
     def has_draft_model(self) -> bool:
         """The recording session had a draft model (``draft-simple`` was recorded)."""
         return bool(self.settings.get("has_draft_model", False))
+
+    @property
+    def limits(self) -> Limits:
+        """What the oracle can replay: settings up to its depth and budget, with the drafters it recorded, greedy."""
+        return Limits(capacity=self.depth, has_mtp=self.has_mtp, has_draft_model=self.has_draft_model,
+                      model=str(self.model.get("name", "the oracle's model")),
+                      where="the oracle", reason="the depth it recorded",
+                      fix="record the oracle with depth={n_max} or more", max_tokens=self.max_tokens, greedy=True)
 
     @property
     def cost(self) -> CostModel:

@@ -35,6 +35,7 @@ from .replay import STOP, Candidate, DrafterReplay, DrafterState
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
+from ..core.settings import DraftSettings
 from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
 from ..core.trace import Trace
 
@@ -76,45 +77,20 @@ class SimTrace(Trace):
 
 
 # -- policies -----------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _Policy:
-    """One validated setting replayed on an oracle."""
-
-    mode: DrafterMode
-    n_max: int
-    p_min: float
-    n_min: int
-    max_tokens: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"n_max": self.n_max, "p_min": self.p_min, "n_min": self.n_min, "drafter": self.mode.name,
-                "max_tokens": self.max_tokens}
-
-
-def _check_policy(oracle: OracleTrace, n_max, p_min, n_min, drafter: str | DrafterMode, max_tokens) -> _Policy:
-    """The policy, or a :class:`ParameterError` naming what is wrong with it."""
+def _check_policy(oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min, drafter: str | DrafterMode,
+                  max_tokens) -> DraftSettings:
+    """The settings to replay (``n_max`` a :class:`DraftSettings`: those, the loose arguments at their defaults),
+    checked against the oracle, or a :class:`ParameterError` naming what is wrong with them."""
     if not isinstance(oracle, OracleTrace):
         raise ParameterError(f"expected an OracleTrace (Session.record_oracle), got {type(oracle).__name__}")
-    mode = drafters.mode(drafter)
-    if not _is_int(n_max) or not 0 <= n_max <= oracle.depth:
-        raise ParameterError(f"n_max must be between 0 and the oracle's depth {oracle.depth}, got {n_max!r}")
-    if isinstance(p_min, bool) or not (isinstance(p_min, (int, float, np.floating)) and 0.0 <= p_min <= 1.0):
-        raise ParameterError(f"p_min must be in [0, 1], got {p_min!r}")
-    if not _is_int(n_min) or not 0 <= n_min <= n_max:
-        raise ParameterError(f"n_min must be between 0 and n_max, got {n_min!r}")
-    if not _is_int(max_tokens) or not 1 <= max_tokens <= oracle.max_tokens:
-        raise ParameterError(f"max_tokens must be between 1 and the oracle's {oracle.max_tokens}, got {max_tokens!r}")
-    if n_max > 0 and mode.needs_mtp and not oracle.has_mtp:
-        usable = " or ".join(f"drafter={m!r}" for m in drafters.available_modes(False, oracle.has_draft_model))
-        raise ParameterError(f"the oracle's model has no MTP head: use {usable} or n_max=0")
-    if n_max > 0 and mode.needs_draft_model and not oracle.has_draft_model:
-        raise ParameterError(f"drafter={mode.name!r} drafts with a draft model, and the oracle was recorded without "
-                             f"one: record it in a session opened with draft_model=..., or use n_max=0")
-    return _Policy(mode, int(n_max), float(p_min), int(n_min), int(max_tokens))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(n_max, DraftSettings):
+        if (p_min, n_min, drafter, max_tokens) != (0.0, 0, drafters.DEFAULT_MODE, None):
+            raise ParameterError("give DraftSettings or n_max, p_min, n_min, drafter and max_tokens, not both")
+        settings = n_max
+    else:
+        settings = DraftSettings(n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter,
+                                 max_tokens=oracle.max_tokens if max_tokens is None else max_tokens)
+    return settings.check(oracle.limits)
 
 
 def _best(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Callable[[int], int]:
@@ -213,7 +189,7 @@ class _Steps:
         return sum(p.decodes for p in self.proposals)
 
 
-def _run_policy(oracle: OracleTrace, policy: _Policy, start_steps: Sequence[int] | None = None) -> _Steps:
+def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequence[int] | None = None) -> _Steps:
     """The per-step outcome of a policy: steps start at the positions it visits, or (``start_steps``
     given) at those positions (aligned prediction for :func:`compare`)."""
     replays = _replays(oracle, policy.mode)
@@ -437,25 +413,25 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
 
 
 # -- simulate -----------------------------------------------------------------------------------------
-def simulate(oracle: OracleTrace, n_max: int = 3, p_min: float = 0.0, n_min: int = 0, *,
+def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float = 0.0, n_min: int = 0, *,
              drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
              costs: Costs | None = None) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
-    ``n_max <= oracle.depth``; ``max_tokens`` defaults to (and may not exceed) the oracle's budget;
+    ``n_max <= oracle.depth`` (or ``n_max`` a :class:`~mtp_explorer.DraftSettings`, e.g. a trace's
+    :attr:`~mtp_explorer.Trace.draft_settings`, greedy); ``max_tokens`` defaults to (and may not exceed) the oracle's budget;
     ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. The timings come from the
     oracle's cost model, or from ``costs``: a :class:`~mtp_explorer.CostProfile` measured on the machine to
     predict (:func:`~mtp_explorer.profile_costs`), the path of a saved one, or a :class:`~mtp_explorer.CostModel`.
     Bad input (a profile of another model or shallower than the oracle included) raises
     :class:`~mtp_explorer.ParameterError`.
     """
-    policy = _check_policy(oracle, n_max, p_min, n_min, drafter,
-                           oracle.max_tokens if max_tokens is None and isinstance(oracle, OracleTrace) else max_tokens)
+    policy = _check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
     oracle = with_costs(oracle, costs)
     return _build_trace(oracle, _run_policy(oracle, policy), policy)
 
 
-def _build_trace(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> SimTrace:
+def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> SimTrace:
     """The steps as a trace: the schema's columns, filled with what the oracle knows."""
     S = len(steps.g)
     cols = empty_columns(S, Dims(depth=int(oracle.settings["capacity"]), topk=oracle.dims.topk))
@@ -469,7 +445,7 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> SimTrac
         cols[f"t_{phase}_ns"][:] = np.rint(times[phase])
     n_tok = int(steps.g[-1] + steps.n_accepted[-1] + 1) if S else 0
     pieces = oracle.pieces[:n_tok]
-    settings = dict(oracle.settings) | policy.to_dict() | {"chain_policy": policy.mode.policy, "simulated": True}
+    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True}
     return SimTrace(
         oracle=oracle, policy=policy.to_dict(), sim={"n_decodes": steps.n_decodes, "g": steps.g},
         prompt=oracle.prompt, prompt_tokens=list(oracle.prompt_tokens), tokens=[int(t) for t in oracle.tokens[:n_tok]],
@@ -479,7 +455,7 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> SimTrac
     )
 
 
-def _fill_step(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, policy: _Policy) -> None:
+def _fill_step(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> None:
     cols["step"][:] = np.arange(len(steps.g))
     cols["pos"][:] = oracle.columns["pos"][steps.g]
     cols["n_max"][:] = policy.n_max
@@ -574,7 +550,7 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     grid_n, grid_p, grid_nmin = _grid(n_max, p_min, n_min)
     rows = []
     for label, oracle in zip(labels, oracles):
-        policies = [_check_policy(oracle, n, p, m, mode, getattr(oracle, "max_tokens", 0))
+        policies = [_check_policy(oracle, n, p, m, mode, None)
                     for n, p, m in zip(grid_n.tolist(), grid_p.tolist(), grid_nmin.tolist())]
         if mode.is_chain or any(oracle.replay(d).stateful for d in mode.drafters):
             stats = [_stats_of(oracle, _run_policy(oracle, pol), pol) for pol in policies]
@@ -647,7 +623,7 @@ def uncertainty_of(oracle: OracleTrace, n_max: int, g: np.ndarray, n_d: np.ndarr
             "tokens_per_second_range": (scale(int(low.sum())), scale(int(high.sum())))}
 
 
-def _stats_of(oracle: OracleTrace, steps: _Steps, policy: _Policy) -> dict:
+def _stats_of(oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> dict:
     seconds = float(_total_ns(_phase_times(oracle, steps, policy.mode)).sum()) / 1e9
     n_d, acc = steps.n_drafted, steps.n_accepted
     n_tok = int(steps.g[-1] + acc[-1] + 1) if len(acc) else 0
@@ -794,7 +770,8 @@ def _predict_at(oracle: OracleTrace, trace: Trace, starts: list[int]) -> dict[in
         n_max, p_min, n_min = settings[i]
         seg = [s for s in starts[i:j] if s < oracle.n_positions]
         if seg:
-            policy = _Policy(mode, int(n_max), float(np.float32(p_min)), int(n_min), max_tokens)
+            policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
+                                   max_tokens=max_tokens)
             steps = _run_policy(oracle, policy, start_steps=seg)
             out.update({step: (steps, q) for q, step in enumerate(range(i, i + len(seg)))})
         i = j
@@ -951,8 +928,8 @@ def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None =
     n_max, p_min, n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
     if not ((c["n_max"] == n_max).all() and (c["p_min"] == c["p_min"][0]).all()):
         raise ParameterError("cost_consistency needs a trace with constant settings")
-    policy = _Policy(mode, n_max, float(np.float32(p_min)), n_min,
-                     int(trace.settings.get("max_tokens", oracle.max_tokens)))
+    policy = DraftSettings(n_max=n_max, p_min=float(np.float32(p_min)), n_min=n_min, drafter=mode,
+                           max_tokens=int(trace.settings.get("max_tokens", oracle.max_tokens)))
     steps = _run_policy(oracle, policy, start_steps=_step_starts(c["n_accepted"]))
     if len(steps.g) != trace.n_steps or not np.array_equal(steps.n_drafted, c["n_drafted"]):
         raise ParameterError("the trace's steps differ from the oracle's prediction (see compare())")

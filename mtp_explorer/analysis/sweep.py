@@ -28,8 +28,10 @@ from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second, simulate_grid
 from ..core import drafters
 from ..core.drafters import DrafterMode
+from ..core.checks import check_int
 from ..core.errors import ParameterError
 from ..core.session import Session
+from ..core.settings import DraftSettings
 
 DEFAULT_N_MAX = (0, 1, 2, 3, 4)
 DEFAULT_P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
@@ -48,29 +50,33 @@ def _digest(tokens: Sequence[int]) -> str:
     return hashlib.sha1(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
 
 
-def _settings(n_max: Sequence[int], p_min: Sequence[float], n_min) -> list[tuple[int, float, int]]:
-    out = []
-    for n in n_max:
-        for p in p_min:
-            m = min(int(n_min), int(n))
-            out.append((int(n), float(p), m))
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class _Job:
-    """What every prompt of a sweep runs (sent to Dask workers as is)."""
+    """What every prompt of a sweep runs (sent to Dask workers as is): every drafter and setting, checked."""
 
-    settings: list[tuple[int, float, int]]
-    modes: list[str]      #: the ``drafter=`` modes, by name
-    max_tokens: int
-    depth: int
-    options: dict[str, int]  #: every drafter option's value
+    settings: tuple[DraftSettings, ...]
     repeats: int = 1
+
+    @property
+    def modes(self) -> list[str]:
+        """The ``drafter=`` choices, by name, in the sweep's order."""
+        return list(dict.fromkeys(s.drafter for s in self.settings))
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings[0].max_tokens
+
+    @property
+    def depth(self) -> int:
+        return max(1, max(s.n_max for s in self.settings))
+
+    def grid(self, drafter: str) -> list[tuple[int, float, int]]:
+        """``drafter``'s (n_max, p_min, n_min) settings."""
+        return [(s.n_max, s.p_min, s.n_min) for s in self.settings if s.drafter == drafter]
 
     def record(self, session: Session, prompt, probe: bool) -> OracleTrace:
         return session.record_oracle(prompt, max_tokens=self.max_tokens, depth=self.depth, probe=probe,
-                                     **self.options)
+                                     **self.settings[0].options)
 
 
 # -- one prompt (runs here or on a worker) -------------------------------------------------------------
@@ -79,14 +85,13 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
     oracle = job.record(session, prompt, probe=cost is None)
     if cost is not None:
         oracle = oracle.with_cost(cost)
-    n_max = sorted({s[0] for s in job.settings})
-    p_min = sorted({s[1] for s in job.settings})
-    n_min = max(s[2] for s in job.settings)
-    wanted = set(job.settings)
     rows = []
     digest = _digest(oracle.tokens)
     for drafter in job.modes:
-        df = simulate_grid(oracle, n_max, p_min, n_min, drafter=drafter, labels=[prompt])
+        grid = job.grid(drafter)
+        wanted = set(grid)
+        n_max, p_min = sorted({g[0] for g in grid}), sorted({g[1] for g in grid})
+        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=drafter, labels=[prompt])
         for rec in df.to_dict("records"):
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
                 rec["mode"] = "simulate"
@@ -100,26 +105,24 @@ def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> lis
     every draft accepted from ``cost`` at the positions of this prompt's generation (an oracle
     recorded without probes)."""
     oracle = job.record(session, prompt, probe=False).with_cost(cost)
-    n_maxes = {st[0] for st in job.settings}
-    ceiling = {(d, n): ceiling_tokens_per_second(oracle, n, d) for d in job.modes for n in n_maxes}
-    plain_tps = [session.generate(prompt, max_tokens=job.max_tokens, n_max=0).summary()["tokens_per_second"]
+    ceiling = {(st.drafter, st.n_max): ceiling_tokens_per_second(oracle, st.n_max, st.drafter) for st in job.settings}
+    plain_tps = [session.generate(prompt, job.settings[0].replace(n_max=0)).summary()["tokens_per_second"]
                  for _ in range(job.repeats)]
     plain = float(np.median(plain_tps))
     rows = []
-    for drafter, (n_max, p_min, n_min) in ((d, st) for d in job.modes for st in job.settings):
+    for st in job.settings:
         tps, secs = [], []
         for _ in range(job.repeats):
-            t = session.generate(prompt, max_tokens=job.max_tokens, n_max=n_max, p_min=p_min, n_min=n_min,
-                                 drafter=drafter, **job.options)
+            t = session.generate(prompt, st)
             s = t.summary()
             tps.append(s["tokens_per_second"])
             secs.append(sum(s["phase_seconds"].values()))
         rows.append({
-            "prompt": prompt, "mode": "measure", "drafter": drafter, "n_max": n_max, "p_min": p_min, "n_min": n_min,
-            "n_tokens": s["n_tokens"], "n_steps": s["n_steps"], "n_drafted": s["n_drafted"],
+            "prompt": prompt, "mode": "measure", "drafter": st.drafter, "n_max": st.n_max, "p_min": st.p_min,
+            "n_min": st.n_min, "n_tokens": s["n_tokens"], "n_steps": s["n_steps"], "n_drafted": s["n_drafted"],
             "n_accepted": s["n_accepted"], "acceptance_rate": s["acceptance_rate"],
             "mean_accepted_length": s["mean_accepted_length"], "acceptance_by_depth": s["acceptance_by_depth"],
-            "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": ceiling[drafter, n_max],
+            "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": ceiling[st.drafter, st.n_max],
             "plain_tokens_per_second": plain, "seconds": float(np.median(secs)), "tokens_digest": _digest(t.tokens),
         })
     return rows
@@ -222,19 +225,12 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
         raise ParameterError(f"n_max and p_min must be sequences of numbers ({exc})") from None
     if not n_max or not p_min:
         raise ParameterError("n_max and p_min need at least one value each")
-    for n in n_max:
-        if not 0 <= n <= session.capacity:
-            raise ParameterError(f"n_max={n} is outside this session's capacity 0..{session.capacity}")
-    for p in p_min:
-        if not 0.0 <= p <= 1.0:
-            raise ParameterError(f"p_min={p} is outside [0, 1]")
-    if not isinstance(n_min, (int, np.integer)) or isinstance(n_min, bool) or n_min < 0:
-        raise ParameterError(f"n_min must be a non-negative integer, got {n_min!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ParameterError(f"repeats must be a positive integer, got {repeats!r}")
-    values = drafters.option_values({k: v for k, v in options.items() if v is not None})
-    job = _Job(_settings(n_max, p_min, n_min), names, max_tokens, max(1, max(n_max)), values, repeats)
-    return prompts, job
+    n_min = check_int("n_min", n_min, 0, None)
+    check_int("repeats", repeats, 1, None)
+    base = DraftSettings(max_tokens=max_tokens, options={k: v for k, v in options.items() if v is not None})
+    settings = tuple(base.replace(drafter=d, n_max=n, p_min=p, n_min=min(n_min, n)).check(session.limits)
+                     for d in names for n in n_max for p in p_min)
+    return prompts, _Job(settings, repeats)
 
 
 def _run_distributed(client, session: Session, mode: str, prompts: list, job: _Job, cost: CostModel, bar) -> list:
@@ -275,6 +271,11 @@ class Recommendation:
     plain_tokens_per_second: float
     margin_over_plain: float              # best / plain - 1
     table: Any                            # every setting, best first (pandas DataFrame)
+
+    @property
+    def settings(self) -> DraftSettings:
+        """The recommended setting, ready for ``Session.generate(prompt, settings)``."""
+        return DraftSettings(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min, drafter=self.drafter)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -144,8 +144,10 @@ class DrafterMode:
 
     @property
     def spec_types(self) -> str:
-        """The chain as llama.cpp's ``--spec-type`` value (comma-separated, in its order)."""
-        return ",".join(d.spec_type for d in self.drafters)
+        """The chain as llama.cpp's ``--spec-type`` value (comma-separated, in llama.cpp's order of preference,
+        which :func:`mode` parses back to this choice up to its policy)."""
+        named = {d.spec_type for d in self.drafters}
+        return ",".join(t for t in SPEC_TYPE_ORDER if t in named)
 
 
 # llama.cpp 0.3.36's defaults (common.h, common_params_speculative_ngram_map): 12 and 48
@@ -337,6 +339,12 @@ def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     return DrafterMode(",".join(s.spec_type for s in chain), chain, policy=CHAIN_POLICIES[0],
                        label=", then ".join(s.label for s in chain),
                        description=f"llama.cpp's --spec-type {','.join(s.spec_type for s in chain)}")
+
+
+def spec_type_choices() -> tuple[str, ...]:
+    """Every listed choice as llama.cpp's ``--spec-type`` value, once each, in the registry's order: what a
+    drafter control offers (a chain policy besides)."""
+    return tuple(dict.fromkeys(m.spec_types for m in MODES.values()))
 
 
 def default_mode(has_mtp: bool) -> str:

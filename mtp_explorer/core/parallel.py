@@ -10,18 +10,17 @@ are busy and leave it when they finish (continuous batching).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from .. import _native
 from ..analysis import metrics
-from . import drafters
-from .checks import check_int, check_sampling
+from .checks import check_int
 from .errors import ParameterError
 from .handle import Prompt
 from .schema import PHASES
+from .settings import DraftSettings, resolve_each
 from .trace import Step, Trace
 
 #: The per-request settings ``params`` may override, and what each defaults to.
@@ -149,40 +148,37 @@ class ParallelGeneration:
     def generate_parallel(
         self,
         prompts: Sequence[Prompt],
-        max_tokens: int = 128,
-        n_max: int = 3,
-        p_min: float = 0.0,
-        n_min: int = 0,
-        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
-        chain_policy: str | None = None,
+        settings: DraftSettings | Sequence[DraftSettings] | None = None,
+        *,
         arrivals: Sequence[int] | None = None,
         params: Sequence[Mapping[str, Any] | None] | None = None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        **options: int | str,
+        **keywords: Any,
     ) -> ParallelTrace:
         """Run several requests on the session's ``n_parallel`` sequences and return their traces.
 
-        ``max_tokens``, ``n_max``, ``p_min``, ``n_min``, ``drafter`` and ``options`` are as for :meth:`generate` and
-        apply to every request; ``params`` (one mapping or ``None`` per prompt) overrides ``n_max``, ``p_min``,
-        ``n_min`` and ``max_tokens`` per request (llama-server's per-request settings). Without ``arrivals`` all
+        ``settings`` is one :class:`~mtp_explorer.DraftSettings` for every request or a list of them, one per
+        request; ``keywords`` change fields or drafter options of each, as for :meth:`generate`. ``params`` (one
+        mapping or ``None`` per prompt) overrides ``n_max``, ``p_min``, ``n_min`` and ``max_tokens`` per request,
+        llama-server's per-request settings (per-request settings may differ in those and in sampling; the drafter
+        and its options are the whole generation's, as llama-server's ``--spec-type``). Without ``arrivals`` all
         requests start together, so there may be at most ``n_parallel``; ``arrivals`` (an engine step per prompt)
         lets them join a running batch, each waiting for a free sequence. Greedy requests generate what each would
         alone (up to floating-point near-ties between batch shapes: :func:`~mtp_explorer.check_parallel` finds them);
-        with ``temperature`` > 0 request ``i`` samples with ``seed + i``.
+        with ``temperature`` > 0 request ``i`` samples with ``seed + i`` (a list of settings: each its own ``seed``,
+        or the session's + ``i`` where it has none).
         """
         with self._run():
-            self._begin_parallel(prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
-                                 temperature, seed, options)
+            self._begin_parallel(prompts, settings, arrivals, params, keywords)
             self._engine.run()
             return self._finish_parallel()
 
-    def stream_parallel(self, prompts: Sequence[Prompt], **kwargs: Any) -> Iterator[list[ParallelStep]]:
+    def stream_parallel(self, prompts: Sequence[Prompt], settings: DraftSettings | Sequence[DraftSettings] | None = None,
+                        *, arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
+                        **keywords: Any) -> Iterator[list[ParallelStep]]:
         """As :meth:`generate_parallel` (the same arguments), yielding after every engine step a :class:`ParallelStep`
         for each sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
         with self._run():
-            args = {k: kwargs.pop(k, d) for k, d in _parallel_defaults().items()}
-            self._begin_parallel(prompts, options=kwargs, **args)
+            self._begin_parallel(prompts, settings, arrivals, params, keywords)
             engine = self._engine
             seen = [0] * engine.n_requests
             while True:
@@ -206,35 +202,32 @@ class ParallelGeneration:
         return out
 
     # -- internals -------------------------------------------------------------------------------
-    def _begin_parallel(self, prompts, max_tokens, n_max, p_min, n_min, drafter, chain_policy, arrivals, params,
-                        temperature, seed, options) -> None:
-        mode = drafters.mode(drafter, chain_policy)
-        values = drafters.option_values(options)
+    def _begin_parallel(self, prompts, settings, arrivals, params, keywords) -> None:
         prompts = list(prompts)
         if not prompts:
             raise ParameterError("no prompts: give at least one")
         arrivals = self._check_arrivals(arrivals, len(prompts))
-        settings = request_settings(params, len(prompts), max_tokens, n_max, p_min, n_min)
-        temperature, seed = check_sampling(temperature, self.seed if seed is None else seed)
-        requests, self._parallel_prompts = [], []
-        for i, (prompt, p) in enumerate(zip(prompts, settings)):
+        each = request_settings(params, resolve_each(settings, len(prompts), keywords))
+        shared = isinstance(settings, DraftSettings) or settings is None
+        requests, self._parallel_prompts, self._parallel_settings = [], [], []
+        for i, (prompt, s) in enumerate(zip(prompts, each)):
             try:
                 tokens = self._prompt_tokens(prompt)
-                self._validate_params(p["n_max"], p["p_min"], p["n_min"], mode)
+                s.check(self.limits)
+                if (s.mode, s.options) != (each[0].mode, each[0].options):
+                    raise ParameterError(f"its drafter {s.drafter!r} (or its options) differs from request 0's "
+                                         f"{each[0].drafter!r}: one drafter serves a parallel generation, as "
+                                         "llama-server's --spec-type serves every slot")
             except ParameterError as e:
                 raise type(e)(f"request {i}: {e}") from None
+            base = self.seed if s.seed is None else s.seed
+            seed = (base + i) % 2**32 if shared or s.seed is None else s.seed
             self._parallel_prompts.append((prompt, tokens))
-            config = _native.GenerationConfig(
-                max_tokens=p["max_tokens"], temperature=temperature, seed=(seed + i) % 2**32,
-                drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
-                options=drafters.engine_options(values))
-            requests.append(_native.Request(tokens, config, _native.DraftParams(
-                n_max=p["n_max"], p_min=float(p["p_min"]), n_min=p["n_min"]), arrivals[i]))
-        self._mode = mode
-        self._parallel_settings = [
-            p | {"temperature": temperature, "seed": (seed + i) % 2**32, "drafter": mode.name,
-                 "chain_policy": mode.policy,
-                 "arrival": arrivals[i]} | self._session_settings() | values for i, p in enumerate(settings)]
+            self._parallel_settings.append(s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]}
+                                           | self._session_settings())
+            requests.append(_native.Request(tokens, s.native_config(seed), s.native_params(), arrivals[i]))
+        each[0].warn_unused(stacklevel=4)
+        self._mode, self._draft_settings = each[0].mode, each[0]
         self._engine.begin_requests(requests)
 
     def _check_arrivals(self, arrivals, n: int) -> list[int]:
@@ -266,33 +259,24 @@ class ParallelGeneration:
         return result
 
 
-def request_settings(params: Sequence[Mapping[str, Any] | None] | None, n: int, max_tokens: int | None, n_max: int,
-                     p_min: float, n_min: int) -> list[dict[str, Any]]:
-    """Each of ``n`` requests' settings: the shared ones, overridden by its entry of ``params`` (keys of
-    :data:`REQUEST_KEYS`; an ``n_max`` given without ``n_min`` lowers ``n_min`` to it). A wrong length or an unknown
-    key is a :class:`ParameterError`; ``max_tokens`` (``None``: left to the caller) is checked."""
-    base = {"n_max": n_max, "p_min": p_min, "n_min": n_min, "max_tokens": max_tokens}
+def request_settings(params: Sequence[Mapping[str, Any] | None] | None,
+                     settings: Sequence[DraftSettings]) -> list[DraftSettings]:
+    """Each request's settings: its entry of ``settings``, overridden by its entry of ``params`` (keys of
+    :data:`REQUEST_KEYS`, llama-server's per-request settings; an ``n_max`` given without ``n_min`` lowers ``n_min``
+    to it). A wrong length or an unknown key is a :class:`ParameterError`."""
+    n = len(settings)
     params = [None] * n if params is None else list(params)
     if len(params) != n:
         raise ParameterError(f"params has {len(params)} entries for {n} prompts")
     out = []
-    for i, p in enumerate(params):
+    for i, (p, s) in enumerate(zip(params, settings)):
         p = dict(p or {})
         unknown = sorted(set(p) - set(REQUEST_KEYS))
         if unknown:
             raise ParameterError(f"params[{i}]: unknown setting(s) {unknown}; per-request settings are "
                                  f"{list(REQUEST_KEYS)}")
-        merged = base | p
-        if "n_max" in p and "n_min" not in p and isinstance(merged["n_max"], int):
-            merged["n_min"] = min(n_min, merged["n_max"])
-        if merged["max_tokens"] is not None:
-            check_int(f"params[{i}] max_tokens", merged["max_tokens"], 1, None)
-        out.append(merged)
+        try:
+            out.append(s.replace(**p) if p else s)
+        except ParameterError as e:
+            raise type(e)(f"request {i}: {e}") from None
     return out
-
-
-def _parallel_defaults() -> dict[str, Any]:
-    """:meth:`ParallelGeneration.generate_parallel`'s keyword defaults (what :meth:`~ParallelGeneration.stream_parallel`
-    takes as well)."""
-    params = inspect.signature(ParallelGeneration.generate_parallel).parameters.values()
-    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-import warnings
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
 from .. import _native
 from . import drafters
-from .checks import PminNotApplicable, check_draft_params, check_int, check_drafters_available, check_sampling
-from .errors import CancelledError
+from .checks import check_int
+from .errors import CancelledError, ParameterError
 from .handle import EngineHandle, Prompt
 from .parallel import ParallelGeneration
 from .schema import FINISH_REASONS
+from .settings import DraftSettings, Limits, resolve
 from .trace import Step, Trace
 
 if TYPE_CHECKING:
@@ -29,20 +29,15 @@ class Session(ParallelGeneration, EngineHandle):
     """
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: Prompt,
-        max_tokens: int = 128,
-        n_max: int = 3,
-        p_min: float = 0.0,
-        n_min: int = 0,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
-        chain_policy: str | None = None,
-        **options: int | str,
-    ) -> Trace:
+    def generate(self, prompt: Prompt, settings: DraftSettings | None = None, **keywords: Any) -> Trace:
         """Run one generation to the end (or until :meth:`cancel`) and return its trace.
+
+        ``settings`` (a :class:`~mtp_explorer.DraftSettings`; default: its defaults) says how to draft, and
+        ``keywords`` change any of its fields or drafter options: ``max_tokens`` (128), ``n_max`` (3), ``p_min``
+        (0.0), ``n_min`` (0), ``temperature`` (0.0), ``seed`` (``None``: the session's), ``drafter`` and
+        ``chain_policy``, and the drafters' options named after llama.cpp's flags (``ngram_simple_size_n=3``, ...,
+        and file names such as ngram-cache's ``lookup_cache_static=path``: see
+        :func:`~mtp_explorer.core.drafters.all_options`).
 
         ``drafter`` is llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-simple"``, a chain such as
         ``"ngram-simple,draft-mtp"`` or a list of names; see :func:`~mtp_explorer.core.drafters.mode`) or one of
@@ -51,34 +46,18 @@ class Session(ParallelGeneration, EngineHandle):
         ``"chain"`` (both asked every step, the draft with the highest expected accepted length verified). A
         chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
         (llama.cpp's, the default for ``--spec-type`` chains: the first usable draft) or ``"best"``; the
-        ``drafter`` column says whose. ``options`` are the drafters' options by keyword, named after llama.cpp's
-        flags (``ngram_simple_size_n=3``, ..., and file names such as ngram-cache's ``lookup_cache_static=path``:
-        see :func:`~mtp_explorer.core.drafters.all_options`), their defaults where not given.
+        ``drafter`` column says whose. The trace records the settings (:attr:`Trace.draft_settings`).
         """
-        drafter = drafters.mode(drafter, chain_policy)
         with self._run():
-            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
+            prompt_tokens = self._begin(prompt, resolve(settings, keywords))
             self._engine.run()
             return self._finish(prompt, prompt_tokens)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        max_tokens: int = 128,
-        n_max: int = 3,
-        p_min: float = 0.0,
-        n_min: int = 0,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        drafter: str | Sequence[str] = drafters.DEFAULT_MODE,
-        chain_policy: str | None = None,
-        **options: int | str,
-    ) -> Iterator[Step]:
+    def stream(self, prompt: Prompt, settings: DraftSettings | None = None, **keywords: Any) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification (arguments as
         :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace."""
-        drafter = drafters.mode(drafter, chain_policy)
         with self._run():
-            prompt_tokens = self._begin(prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options)
+            prompt_tokens = self._begin(prompt, resolve(settings, keywords))
             engine = self._engine
             while True:
                 more = engine.step()
@@ -151,19 +130,34 @@ class Session(ParallelGeneration, EngineHandle):
 
         return measure(self, ks, text=text, max_position=max_position, refresh=refresh)
 
-    def set_params(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None) -> None:
-        """Change drafting parameters; a running generation uses them from its next step."""
-        cur = self._live().params()
-        n_max = cur.n_max if n_max is None else n_max
-        p_min = cur.p_min if p_min is None else p_min
-        n_min = min(cur.n_min, n_max) if n_min is None else n_min
-        self._validate_params(n_max, p_min, n_min, getattr(self, "_mode", drafters.mode(drafters.DEFAULT_MODE)))
-        self._engine.set_params(_native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
+    def set_params(self, settings: DraftSettings | None = None, **keywords: Any) -> None:
+        """Change ``n_max``, ``p_min`` and ``n_min`` (those of ``settings``, or given as keywords; an ``n_max`` below
+        the current ``n_min`` lowers it); a running generation uses them from its next step."""
+        unknown = sorted(set(keywords) - {"n_max", "p_min", "n_min"})
+        if unknown:
+            raise ParameterError(f"set_params changes n_max, p_min and n_min only, not {unknown}")
+        current = getattr(self, "_draft_settings", None) or DraftSettings()
+        if settings is not None:
+            keywords = {"n_max": settings.n_max, "p_min": settings.p_min, "n_min": settings.n_min} | keywords
+        p = self._live().params()
+        changed = resolve(current.replace(n_max=p.n_max, p_min=p.p_min, n_min=p.n_min), keywords)
+        changed.check(self.limits)
+        self._engine.set_params(changed.native_params())
+        self._draft_settings = changed
 
     @property
     def params(self) -> dict:
         p = self._live().params()
         return {"n_max": p.n_max, "p_min": p.p_min, "n_min": p.n_min}
+
+    @property
+    def limits(self) -> Limits:
+        """What this session can draft with, and how deep: the bounds every :class:`DraftSettings` is checked
+        against here."""
+        reason = ("its n_rs_seq recurrent snapshot slots" if self._live().is_recurrent
+                  else "the draft depth its telemetry holds, set by n_rs_seq")
+        return Limits(capacity=self.capacity, has_mtp=bool(self.info.has_mtp), has_draft_model=self.has_draft_model,
+                      model=f"{self.info.name} ({self.info.path})", reason=reason)
 
     def drafter_stats(self) -> list[dict]:
         """Per drafter of the last generation, llama.cpp's speculative statistics (drafts generated and
@@ -177,33 +171,15 @@ class Session(ParallelGeneration, EngineHandle):
             self._engine.cancel()
 
     # -- internals -------------------------------------------------------------------------------
-    def _validate_params(self, n_max, p_min, n_min, mode: drafters.DrafterMode) -> None:
-        reason = ("its n_rs_seq recurrent snapshot slots" if self._engine.is_recurrent
-                  else "the draft depth its telemetry holds, set by n_rs_seq")
-        check_draft_params(n_max, p_min, n_min, capacity=self.capacity, capacity_reason=reason)
-        check_drafters_available(n_max, mode, self.info.has_mtp, self.has_draft_model,
-                                 f"{self.info.name} ({self.info.path})",
-                                 drafters.available_modes(self.info.has_mtp, self.has_draft_model))
-
-    def _begin(self, prompt, max_tokens, n_max, p_min, n_min, temperature, seed, drafter, options) -> list[int]:
-        mode = drafters.mode(drafter)
-        values = drafters.option_values(options)
-        self._validate_params(n_max, p_min, n_min, mode)
-        if p_min > 0 and not mode.has_confidence:
-            warnings.warn(f"p_min={p_min} does not apply to drafter={mode.name!r}: its drafts have no confidence",
-                          PminNotApplicable, stacklevel=4)
-        check_int("max_tokens", max_tokens, 1, None)
-        temperature, seed = check_sampling(temperature, self.seed if seed is None else seed)
+    def _begin(self, prompt: Prompt, settings: DraftSettings) -> list[int]:
+        settings.check(self.limits)
+        settings.warn_unused(stacklevel=4)
+        seed = self.seed if settings.seed is None else settings.seed
         tokens = self._prompt_tokens(prompt)
-        self._mode = mode
-        self._settings = {
-            "max_tokens": max_tokens, "n_max": n_max, "p_min": float(p_min), "n_min": n_min,
-            "temperature": temperature, "seed": seed, "drafter": mode.name, "chain_policy": mode.policy,
-        } | self._session_settings() | values
-        config = _native.GenerationConfig(
-            max_tokens=max_tokens, temperature=temperature, seed=seed, drafters=[d.name for d in mode.drafters],
-            chain_policy=mode.policy, options=drafters.engine_options(values))
-        self._engine.begin(tokens, config, _native.DraftParams(n_max=n_max, p_min=float(p_min), n_min=n_min))
+        self._mode = settings.mode
+        self._draft_settings = settings
+        self._settings = settings.replace(seed=seed).to_dict() | self._session_settings()
+        self._engine.begin(tokens, settings.native_config(seed), settings.native_params())
         return tokens
 
     def _finish(self, prompt: Prompt, prompt_tokens: list[int]) -> Trace:

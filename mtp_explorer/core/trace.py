@@ -29,6 +29,7 @@ from .schema import (
     row_value,
 )
 from .errors import FormatError
+from .settings import DraftSettings
 
 COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
 """The per-step column names, in the engine's order (:data:`~mtp_explorer.core.schema.TRACE_COLUMNS`)."""
@@ -104,6 +105,13 @@ class Trace:
         if columns is not None and name in columns:
             return columns[name]
         raise AttributeError(name)
+
+    @property
+    def draft_settings(self) -> DraftSettings:
+        """The drafting settings this generation was asked for (from :attr:`settings`: also after
+        :meth:`from_json`); ``set_params`` during the run changed the per-step ``n_max``/``p_min``/``n_min``
+        columns, not these."""
+        return DraftSettings.from_dict(self.settings)
 
     @property
     def depth(self) -> int:

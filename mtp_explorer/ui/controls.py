@@ -16,9 +16,11 @@ import ipywidgets as W
 import traitlets as T
 
 from ..core import drafters
+from ..core.schema import CHAIN_POLICIES
 from ..core.errors import MtpExplorerError
+from ..core.settings import DraftSettings
 
-__all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorArea", "drafter_tooltip"]
+__all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorArea", "drafter_note"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +38,17 @@ class RunRequest:
     seed: int
     drafter: str = drafters.DEFAULT_MODE
     options: tuple[tuple[str, int | str], ...] = ()
+    chain_policy: str | None = None
+
+    @property
+    def settings(self) -> DraftSettings:
+        """The drafting settings asked for (checked here: a bad combination is a ``ParameterError``)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("prompt", "options")}
+        return DraftSettings(**fields, options=dict(self.options))
 
     def stream_kwargs(self) -> dict:
-        """The keyword arguments of ``Session.stream`` / ``generate``."""
-        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
-        return kw | dict(self.options)
+        """The arguments of ``Session.stream`` / ``generate``: the prompt and :attr:`settings`."""
+        return {"prompt": self.prompt, "settings": self.settings}
 
     @property
     def baseline_key(self) -> tuple:
@@ -65,45 +73,73 @@ def readable_error(exc: BaseException) -> str:
 _NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
 
 
-def drafter_tooltip(name: str, has_mtp: bool, has_draft_model: bool = False) -> str:
-    """The drafter selector's tooltip for the ``drafter=`` choice ``name``, from its registry record."""
-    m = drafters.mode(name)
-    text = m.description
+def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model: bool = False) -> str:
+    """What the drafter control says under itself for the ``--spec-type`` value typed or chosen: the choice's
+    description and whether this session can run it, or why the value is not a choice (HTML)."""
+    try:
+        m = drafters.mode(value, policy)
+    except MtpExplorerError as exc:
+        return f"<span class='mtpx-drafter-error'>{html.escape(str(exc))}</span>"
+    text = f"<b>{html.escape(m.label or m.name)}</b>: {html.escape(m.description)}"
     if not m.has_confidence:
         text += " (p_min does not apply: it has no confidence)"
     if m.needs_mtp and not has_mtp:
-        text += " (unavailable: this model has no MTP layers)"
+        text += " <b>(unavailable: this model has no MTP layers)</b>"
     if m.needs_draft_model and not has_draft_model:
-        text += " (unavailable: the session was opened without draft_model=...)"
-    return text + _NEXT_RUN
+        text += " <b>(unavailable: the session was opened without draft_model=...)</b>"
+    return f"<span class='mtpx-drafter-note'>{text}{html.escape(_NEXT_RUN)}</span>"
+
+
+def _selected_mode(value: str, policy: str | None) -> "drafters.DrafterMode | None":
+    try:
+        return drafters.mode(value, policy)
+    except MtpExplorerError:
+        return None
 
 
 class Controls(W.VBox):
     """Prompt, drafter and its options, drafting settings, sampling settings and the Run / Step / Stop buttons.
 
-    ``drafter`` (options :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`) and the drafter options
-    (``option_fields``, one per :func:`~mtp_explorer.core.drafters.all_options`) are read when a generation
-    starts: the engine cannot change them mid-generation. ``has_mtp=False`` (a model without MTP layers) and
-    ``has_draft_model=False`` (a session without a draft model) note in the tooltips which drafters are
-    unavailable (a Run with them shows the session's error)."""
+    ``drafter`` is llama.cpp's ``--spec-type``: a dropdown of every listed choice by its llama.cpp value
+    (:func:`~mtp_explorer.core.drafters.spec_type_choices`) that also takes a typed value (any chain, e.g.
+    ``ngram-map-k4v,draft-mtp``), with ``chain_policy`` beside it for chains; ``drafter_note`` says what the choice
+    does, or why a typed value is not one. Only the options of the chosen drafters show (``option_fields``, one per
+    :func:`~mtp_explorer.core.drafters.all_options`, labelled with llama.cpp's flags). Both are read when a
+    generation starts: the engine cannot change them mid-generation. ``has_mtp=False`` (a model without MTP layers)
+    and ``has_draft_model=False`` (a session without a draft model) are noted for the choices they make unavailable
+    (a Run with one shows the session's error)."""
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
                  temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
                  has_draft_model: bool = False, options: dict[str, int | str] | None = None) -> None:
         style = {"description_width": "90px"}
-        drafters.mode(drafter)  # a ParameterError naming the choices
+        chosen = drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)
+        self._has_mtp, self._has_draft_model = has_mtp, has_draft_model
         self.prompt = W.Textarea(value=prompt, placeholder="prompt", description="prompt",
                                  layout=W.Layout(width="98%", height="60px"), style=style)
-        self.drafter = W.ToggleButtons(
-            options=drafters.DRAFTER_MODES, value=drafter, description="drafter",
-            style=style | {"button_width": "80px"},
-            tooltips=[drafter_tooltip(d, has_mtp, has_draft_model) for d in drafters.DRAFTER_MODES])
+        self.drafter = W.Combobox(
+            options=drafters.spec_type_choices(), value=chosen.spec_types, description="--spec-type",
+            placeholder="a --spec-type value, e.g. ngram-map-k4v,draft-mtp", ensure_option=False,
+            continuous_update=False, style=style, layout=W.Layout(width="440px"),
+            tooltip="llama.cpp's --spec-type: pick one, or type a comma-separated chain" + _NEXT_RUN)
+        self.chain_policy = W.Dropdown(
+            options=CHAIN_POLICIES, value=chosen.policy, description="chain policy", style=style,
+            layout=W.Layout(width="200px"),
+            tooltip="which draft of a chain is verified: first (llama.cpp's: the first drafter with a draft) or "
+                    "best (the highest expected accepted length)" + _NEXT_RUN)
+        self.drafter_note = W.HTML(layout=W.Layout(width="98%"))
         self.option_fields: dict[str, W.BoundedIntText | W.Text] = {
             o.name: (W.Text if o.is_path else functools.partial(W.BoundedIntText, min=o.lo, max=o.hi))(
-                value=values[o.name], description=o.name, style=style, tooltip=f"{o.help} ({o.flag}){_NEXT_RUN}",
-                layout=W.Layout(width="200px"))
+                value=values[o.name], description=o.flag, style={"description_width": "initial"},
+                tooltip=f"{o.help} ({o.name}){_NEXT_RUN}", layout=W.Layout(width="auto"))
             for o in drafters.all_options()}
+        self.option_box = W.HBox(list(self.option_fields.values()), layout=W.Layout(flex_flow="row wrap"))
+        self.drafter.add_class("mtpx-spec-type")
+        self.option_box.add_class("mtpx-drafter-options")
+        self.drafter.observe(lambda _: self._take_policy(), names="value")
+        self.chain_policy.observe(lambda _: self._show_drafter(), names="value")
+        self._show_drafter()
         self.n_max = W.IntSlider(value=min(n_max, capacity), min=1, max=capacity, step=1, description="n_max",
                                  continuous_update=False, style=style)
         self.p_min = W.FloatSlider(value=p_min, min=0.0, max=1.0, step=0.01, description="p_min",
@@ -123,11 +159,14 @@ class Controls(W.VBox):
         T.dlink((self.n_max, "value"), (self.n_min, "max"))
         super().__init__([
             self.prompt,
-            W.HBox([self.drafter, *self.option_fields.values()]),
+            W.HBox([self.drafter, self.chain_policy]),
+            self.drafter_note,
+            self.option_box,
             W.HBox([self.n_max, self.p_min, self.n_min]),
             W.HBox([self.temperature, self.seed, self.max_tokens]),
             W.HBox([self.run, self.step, self.stop]),
         ])
+        self.add_class("mtpx-controls")
 
     @property
     def settings(self) -> dict[str, W.ValueWidget]:
@@ -145,11 +184,39 @@ class Controls(W.VBox):
         self.run.disabled = self.step.disabled = busy
         self.stop.disabled = idle
 
+    @property
+    def mode(self) -> "drafters.DrafterMode | None":
+        """The drafter choice the control holds (``None``: the typed value is not one)."""
+        return _selected_mode(str(self.drafter.value), self.chain_policy.value)
+
+    def _show_drafter(self) -> None:
+        """The note for the choice, the chain policy only for a chain, and only the options of its drafters."""
+        mode = _selected_mode(str(self.drafter.value), None)
+        self.chain_policy.disabled = mode is None or not mode.is_chain
+        self.drafter_note.value = drafter_note(str(self.drafter.value), self._policy(mode), self._has_mtp,
+                                               self._has_draft_model)
+        shown = {o.name for o in mode.options} if mode is not None else set()
+        for name, field in self.option_fields.items():
+            field.layout.display = None if name in shown else "none"
+
+    def _take_policy(self) -> None:
+        """A new choice comes with its own chain policy (``chain``: best; a ``--spec-type`` chain: first)."""
+        mode = _selected_mode(str(self.drafter.value), None)
+        if mode is not None and mode.policy != self.chain_policy.value:
+            self.chain_policy.value = mode.policy  # shows the choice through its observer
+        else:
+            self._show_drafter()
+
+    def _policy(self, mode: "drafters.DrafterMode | None") -> str | None:
+        """The chain policy chosen, for a chain (``None``: the choice's own)."""
+        return self.chain_policy.value if mode is not None and mode.is_chain else None
+
     def request(self) -> RunRequest:
         return RunRequest(prompt=self.prompt.value, max_tokens=int(self.max_tokens.value), n_max=int(self.n_max.value),
                           p_min=float(self.p_min.value), n_min=int(self.n_min.value),
                           temperature=float(self.temperature.value), seed=int(self.seed.value),
                           drafter=str(self.drafter.value),
+                          chain_policy=self._policy(_selected_mode(str(self.drafter.value), None)),
                           options=tuple(sorted((k, w.value if isinstance(w, W.Text) else int(w.value))
                                                for k, w in self.option_fields.items())))
 

@@ -12,8 +12,8 @@ It wires three parts to these views:
 - the :class:`~mtp_explorer.ui.views.LiveViews` draw the views.
 
 Moving a slider during a run calls ``Session.set_params`` (it applies from the next step) and the step-indexed
-figures mark the change. The drafter (``Session.stream(drafter=...)``, a choice of
-:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`) and its options cannot change mid-generation: a new choice
+figures mark the change. The drafter (llama.cpp's ``--spec-type``: a listed value or a typed chain, with its chain
+policy) and its options cannot change mid-generation: a new choice
 applies to the next Run or Step, while the what-if prediction follows it at once. A model without MTP layers
 starts with a drafter that needs none (:func:`~mtp_explorer.core.drafters.default_mode`); a Run with one that
 needs MTP shows the session's ``MtpUnavailableError``.
@@ -146,7 +146,8 @@ class Explorer(W.VBox):
         self.whatif_panel.record.on_click(lambda _: self.record_oracle())
         for name, slider in c.settings.items():
             slider.observe(functools.partial(self._on_setting, name), names="value")
-        c.drafter.observe(lambda _: self._refresh_prediction(), names="value")
+        for choice in (c.drafter, c.chain_policy):
+            choice.observe(lambda _: self._refresh_prediction(), names="value")
         for field in c.oracle_inputs:
             field.observe(lambda _: ctl.select(), names="value")
         for name in ("state", "finish_reason", "baseline"):

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 import traitlets as T
 
+from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.trace import Step, Trace
 from .controls import RunRequest
@@ -79,7 +80,8 @@ class GenerationRunner(T.HasTraits):
         if self.busy:
             return False
         self.close_stepper()
-        self._start(request)
+        if not self._start(request):
+            return True
         self.state = "running"
         self._spawn(self._stream_all)
         return True
@@ -90,7 +92,8 @@ class GenerationRunner(T.HasTraits):
         if self.busy:
             return False
         if self._stepper is None:
-            self._start(request)
+            if not self._start(request):
+                return True
             self._stepper = self.session.stream(**request.stream_kwargs())
         self.state = "busy"
         self._spawn(self._advance_one)
@@ -142,15 +145,22 @@ class GenerationRunner(T.HasTraits):
         self._thread = threading.Thread(target=target, name="mtp-explorer", daemon=True)
         self._thread.start()
 
-    def _start(self, request: RunRequest) -> None:
+    def _start(self, request: RunRequest) -> bool:
+        """Take ``request`` and show its empty trace; False (the error reported): its settings are wrong."""
+        try:
+            settings = request.settings
+        except MtpExplorerError as exc:
+            self._failed(exc)
+            return False
         self.request = request
         self.stop_requested = False
         self.drafting = True
         self._started()
         self.finish_reason = ""
-        self.live = LiveTrace.of(self.session, request.prompt, request.stream_kwargs(), self.piece)
+        self.live = LiveTrace.of(self.session, request.prompt, settings.to_dict(), self.piece)
         self.baseline = self.baselines.get(request.baseline_key)
         self._redraw(self.live.trace(), force=True)
+        return True
 
     def _stream_all(self) -> None:
         try:
@@ -192,8 +202,7 @@ class GenerationRunner(T.HasTraits):
         req = self.request
         if final.finish_reason != "cancelled" and req.baseline_key not in self.baselines:
             self.state = "running"
-            base = self.session.generate(req.prompt, max_tokens=req.max_tokens, n_max=0,
-                                         temperature=req.temperature, seed=req.seed)
+            base = self.session.generate(req.prompt, req.settings.replace(n_max=0, p_min=0.0))
             if base.finish_reason != "cancelled":
                 self.baselines[req.baseline_key] = base
             self.baseline = self.baselines.get(req.baseline_key)

@@ -9,6 +9,7 @@ MTP head, come from the drafter registry.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import threading
 from typing import Callable, Mapping
@@ -19,8 +20,10 @@ import traitlets as T
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace, simulate
 from ..core import drafters
-from ..core.errors import MtpExplorerError, MtpUnavailableError, ParameterError
+from ..core.drafters import DrafterMode
+from ..core.errors import MtpExplorerError
 from ..core.session import Session
+from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
 from .controls import RunRequest, readable_error
 from .whatif_panel import (NO_ORACLE, WhatIf, WhatIfPanel, measured_run, oracle_status, speed_curve, whatif_figures,
@@ -32,35 +35,31 @@ __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 Report = Callable[[str, str], None]
 
 
-def oracle_refusal(request: RunRequest, has_mtp: bool, model_name: str = "this model",
-                   has_draft_model: bool = False) -> MtpExplorerError | None:
-    """Why no oracle can be recorded for ``request`` (None: it can): the oracle records greedy decoding, a model
-    without MTP layers records only for a drafter that needs none, and a session without a draft model not for
-    draft-simple."""
-    if request.temperature > 0:
-        return ParameterError(f"the oracle records greedy decoding: set temperature to 0 to record one "
-                              f"(it is {request.temperature:g}); its predictions hold for greedy decoding only")
-    if not has_mtp and drafters.mode(request.drafter).needs_mtp:
-        usable = " or ".join(drafters.available_modes(False))
-        return MtpUnavailableError(f"{model_name} has no MTP layers: the what-if mode can replay {usable} drafts "
-                                   f"only; select the {usable} drafter to record an oracle")
-    if not has_draft_model and drafters.mode(request.drafter).needs_draft_model:
-        return ParameterError(f"drafter={request.drafter!r} needs a draft model: open the session with "
-                              "draft_model=... to predict it")
-    return None
+def oracle_refusal(request: RunRequest, limits: Limits) -> MtpExplorerError | None:
+    """Why no oracle can be recorded for ``request`` in a session with ``limits`` (None: it can): the oracle records
+    greedy decoding, with the request's drafter available (the settings' own rules, whatever its ``n_max``)."""
+    try:
+        settings = request.settings
+    except MtpExplorerError as exc:
+        return exc
+    oracle = dataclasses.replace(limits, where="the oracle", greedy=True)
+    return settings.replace(n_max=min(1, limits.capacity), n_min=0).refusal(oracle)
 
 
-def drafter_refusal(oracle: OracleTrace, drafter: str) -> MtpExplorerError | None:
-    """Why ``oracle`` cannot predict ``drafter`` (None: it can)."""
-    mode = drafters.mode(drafter)
-    if mode.needs_mtp and not oracle.has_mtp:
-        usable = " or ".join(drafters.available_modes(False, oracle.has_draft_model))
-        return MtpUnavailableError(f"the oracle's model has no MTP layers: it predicts the {usable} drafter only, "
-                                   f"not {drafter}")
-    if mode.needs_draft_model and not oracle.has_draft_model:
-        return ParameterError(f"the oracle was recorded without a draft model, so it cannot predict {drafter}: "
-                              f"open the session with draft_model=...")
-    return None
+def drafter_refusal(oracle: OracleTrace, drafter: str | DrafterMode) -> MtpExplorerError | None:
+    """Why ``oracle`` cannot predict ``drafter`` (None: it can; a value that is no drafter choice: why)."""
+    try:
+        return DraftSettings(drafter=drafter, n_max=1, max_tokens=1).refusal(oracle.limits)
+    except MtpExplorerError as exc:
+        return exc
+
+
+def _choice(request: RunRequest) -> str | DrafterMode:
+    """The request's drafter with its chain policy (the value as typed where it is no choice: refused later)."""
+    try:
+        return drafters.mode(request.drafter, request.chain_policy)
+    except MtpExplorerError:
+        return request.drafter
 
 
 class WhatIfController(T.HasTraits):
@@ -92,8 +91,7 @@ class WhatIfController(T.HasTraits):
     # -- oracles ---------------------------------------------------------------------------------
     def refusal(self, request: RunRequest) -> MtpExplorerError | None:
         """Why no oracle can be recorded for ``request`` on this session (None: it can)."""
-        info = self.session.info
-        return oracle_refusal(request, bool(info.has_mtp), info.name, self.session.has_draft_model)
+        return oracle_refusal(request, self.session.limits)
 
     def begin_recording(self) -> None:
         self.recording = True
@@ -138,7 +136,7 @@ class WhatIfController(T.HasTraits):
         if self.oracle is None:
             raise MtpExplorerError("no oracle for this prompt and max tokens: record one first")
         req = self._request()
-        drafter = req.drafter if drafter is None else drafter
+        drafter = _choice(req) if drafter is None else drafter
         refusal = drafter_refusal(self.oracle, drafter)
         if refusal is not None:
             raise refusal
@@ -152,7 +150,7 @@ class WhatIfController(T.HasTraits):
             if self.oracle is None:
                 self._clear("<i>recording the oracle …</i>" if self.recording else NO_ORACLE)
                 return
-            refusal = drafter_refusal(self.oracle, self._request().drafter)
+            refusal = drafter_refusal(self.oracle, _choice(self._request()))
             if refusal is not None:  # not an error: the oracle stays, for the drafters it can replay
                 self._clear(f"<i>what-if: {html.escape(str(refusal))}</i>")
                 return

@@ -1,0 +1,232 @@
+"""Drafting settings: one frozen value for what a generation (or a what-if replay) is asked to do.
+
+:class:`DraftSettings` holds llama.cpp's speculative settings (``--spec-type`` as ``drafter`` with its chain policy,
+``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``, the drafters' ``--spec-ngram-*`` / look-up
+options) and the sampling of one request (``max_tokens``, ``temperature``, ``seed``). It checks what it can alone
+when it is made (types, ranges, a known drafter and options); :meth:`DraftSettings.check` adds what depends on where
+it runs, described by :class:`Limits`: a session's capacity and drafters, or an oracle's depth, drafters and budget.
+These are the package's only range and availability rules for drafting settings; the engine re-checks them as a
+backstop. A trace records its settings (:meth:`DraftSettings.to_dict`) and gives them back as
+:attr:`Trace.draft_settings <mtp_explorer.Trace.draft_settings>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import _native
+from . import drafters
+from .checks import check_int
+from .drafters import DrafterMode
+from .errors import InputTypeError, MtpExplorerError, MtpUnavailableError, ParameterError
+
+#: The fields a trace's ``settings`` holds for its drafting settings (the drafters' options besides).
+FIELDS: tuple[str, ...] = ("max_tokens", "n_max", "p_min", "n_min", "temperature", "seed", "drafter", "chain_policy")
+SEED_MAX = 2**32 - 1
+
+
+class PminNotApplicable(UserWarning):
+    """``p_min`` > 0 was given to a drafter (or chain) without a confidence: it does not apply (not an error, so a
+    grid over drafters keeps working)."""
+
+
+def _number(name: str, value: Any, lo: float, hi: float) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or not lo <= value <= hi:
+        bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
+        raise ParameterError(f"{name} must be a finite number in {bound}, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Where drafting settings run: what a session (or an oracle) can draft with, and how deep.
+
+    ``capacity`` is the largest ``n_max`` (a session's ``n_rs_seq`` snapshot slots, an oracle's recorded depth);
+    ``max_tokens`` the longest generation (``None``: no bound; an oracle's recorded budget); ``greedy`` whether only
+    greedy decoding can be answered (an oracle). ``where``, ``reason`` and ``fix`` word the errors."""
+
+    capacity: int
+    has_mtp: bool
+    has_draft_model: bool = False
+    model: str = "this model"
+    where: str = "this session"
+    reason: str = "its n_rs_seq recurrent snapshot slots"
+    fix: str = "open the session with n_rs_seq={n_max} or more"
+    max_tokens: int | None = None
+    greedy: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSettings:
+    """The drafting settings of one generation, checked; llama.cpp's names and defaults.
+
+    ``drafter`` is llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-simple"``, a chain such as
+    ``"ngram-mod,draft-mtp"`` or a list of names) or one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`
+    (``"mtp"``, ``"ngram"``, ``"chain"``, ...), kept as the choice's name; ``chain_policy`` (``"first"``, llama.cpp's,
+    or ``"best"``) is kept as the choice's policy. ``n_max`` / ``n_min`` / ``p_min`` are ``--spec-draft-n-max`` /
+    ``-n-min`` / ``-p-min``; ``options`` the drafters' options by keyword (``ngram_simple_size_n=12``, ...; see
+    :func:`~mtp_explorer.core.drafters.all_options`), kept with llama.cpp's default for every option not given.
+    ``seed`` ``None`` is the session's seed. Change one with :meth:`replace`.
+    """
+
+    n_max: int = 3
+    p_min: float = 0.0
+    n_min: int = 0
+    drafter: str = drafters.DEFAULT_MODE
+    chain_policy: str | None = None
+    options: Mapping[str, int | str] = dataclasses.field(default_factory=dict)
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        mode = drafters.mode(self.drafter, self.chain_policy)
+        n_max = check_int("n_max", self.n_max, 0, None)
+        fixed = {
+            "n_max": n_max,
+            "p_min": _number("p_min", self.p_min, 0.0, 1.0),
+            "n_min": check_int("n_min", self.n_min, 0, None),
+            "drafter": mode.name,
+            "chain_policy": mode.policy,
+            "options": drafters.option_values(self.options),
+            "max_tokens": check_int("max_tokens", self.max_tokens, 1, None),
+            "temperature": _number("temperature", self.temperature, 0.0, math.inf),
+            "seed": None if self.seed is None else check_int("seed", self.seed, 0, SEED_MAX),
+        }
+        if fixed["n_min"] > n_max:
+            raise ParameterError(f"n_min={fixed['n_min']} is larger than n_max={n_max}")
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_mode", mode)
+
+    # -- what they are -------------------------------------------------------------------------------
+    @property
+    def mode(self) -> DrafterMode:
+        """The drafter choice (one drafter, or a chain with its policy)."""
+        return self._mode
+
+    @property
+    def spec_type(self) -> str:
+        """``drafter`` as llama.cpp's ``--spec-type`` value."""
+        return self.mode.spec_types
+
+    def replace(self, **changes: Any) -> "DraftSettings":
+        """These settings with ``changes`` (fields, or drafter options by keyword), checked again. An ``n_max``
+        below ``n_min`` given without ``n_min`` lowers ``n_min`` to it."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        options = {k: changes.pop(k) for k in list(changes) if k not in fields}
+        aliases = {a: o.name for o in drafters.all_options() for a in o.aliases}
+        named = {aliases.get(k, k): v for k, v in options.items()}
+        if len(named) != len(options):
+            raise ParameterError(f"an option is given under two names: {sorted(options)}")
+        options = named
+        if options:
+            changes["options"] = {**changes.get("options", self.options), **options}
+        if "n_max" in changes and "n_min" not in changes and isinstance(changes["n_max"], (int, np.integer)):
+            changes["n_min"] = min(self.n_min, int(changes["n_max"]))
+        if "drafter" in changes and "chain_policy" not in changes:
+            changes["chain_policy"] = None  # the new choice's own policy
+        return dataclasses.replace(self, **changes)
+
+    # -- where they run --------------------------------------------------------------------------------
+    def refusal(self, limits: Limits) -> MtpExplorerError | None:
+        """Why these settings cannot run within ``limits`` (``None``: they can)."""
+        mode = self.mode
+        if self.n_max > limits.capacity:
+            return ParameterError(f"n_max={self.n_max} exceeds {limits.where}'s capacity of {limits.capacity} "
+                                  f"({limits.reason}); {limits.fix.format(n_max=self.n_max)}")
+        if limits.max_tokens is not None and self.max_tokens > limits.max_tokens:
+            return ParameterError(f"max_tokens={self.max_tokens} exceeds the {limits.max_tokens} tokens "
+                                  f"{limits.where} recorded")
+        if limits.greedy and self.temperature > 0:
+            return ParameterError(f"{limits.where} records greedy decoding: set temperature to 0 (it is "
+                                  f"{self.temperature:g}); its predictions hold for greedy decoding only")
+        usable = ", ".join(repr(m) for m in drafters.available_modes(limits.has_mtp, limits.has_draft_model))
+        if self.n_max > 0 and mode.needs_mtp and not limits.has_mtp:
+            return MtpUnavailableError(f"{limits.model} has no MTP layers, so {limits.where} cannot draft with "
+                                       f"drafter={mode.name!r}; use n_max=0 for plain decoding or drafter={usable}")
+        if self.n_max > 0 and mode.needs_draft_model and not limits.has_draft_model:
+            return ParameterError(f"drafter={mode.name!r} drafts with a draft model, and {limits.where} has none: "
+                                  f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 "
+                                  f"or drafter={usable}")
+        return None
+
+    def check(self, limits: Limits) -> "DraftSettings":
+        """These settings if they can run within ``limits``; else the error :meth:`refusal` names."""
+        refusal = self.refusal(limits)
+        if refusal is not None:
+            raise refusal
+        return self
+
+    def warn_unused(self, stacklevel: int = 2) -> None:
+        """Warn (:class:`PminNotApplicable`) when ``p_min`` > 0 applies to no drafter of the choice."""
+        if self.p_min > 0 and not self.mode.has_confidence:
+            warnings.warn(f"p_min={self.p_min} does not apply to drafter={self.drafter!r}: its drafts have no "
+                          "confidence", PminNotApplicable, stacklevel=stacklevel + 1)
+
+    # -- the engine's structs ----------------------------------------------------------------------------
+    def native_params(self) -> "_native.DraftParams":
+        """``n_max``, ``p_min``, ``n_min`` as the engine takes them (also mid-generation: ``set_params``)."""
+        return _native.DraftParams(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min)
+
+    def native_config(self, seed: int) -> "_native.GenerationConfig":
+        """The engine's generation config, sampling with ``seed`` (``seed`` resolved by the caller)."""
+        mode = self.mode
+        return _native.GenerationConfig(
+            max_tokens=self.max_tokens, temperature=self.temperature, seed=seed,
+            drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
+            options=drafters.engine_options(self.options))
+
+    # -- records -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a trace records them: :data:`FIELDS` and every drafter option by keyword."""
+        return {name: getattr(self, name) for name in FIELDS} | dict(self.options)
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> "DraftSettings":
+        """The settings a trace (or :meth:`to_dict`) recorded; other keys (the session's) are ignored."""
+        given = {name: settings[name] for name in FIELDS if name in settings}
+        options = drafters.recorded_options(settings)
+        return cls(**given, options=options)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in FIELDS) + tuple(sorted(self.options.items())))
+
+    def __repr__(self) -> str:
+        defaults = drafters.option_values()
+        changed = {k: v for k, v in self.options.items() if defaults[k] != v}
+        fields = [f"{n}={getattr(self, n)!r}" for n in FIELDS if n != "max_tokens"] + [f"max_tokens={self.max_tokens}"]
+        return f"DraftSettings({', '.join(fields)}{', options=' + repr(changed) if changed else ''})"
+
+
+def resolve(settings: "DraftSettings | None" = None, keywords: Mapping[str, Any] | None = None) -> DraftSettings:
+    """``settings`` (default: :class:`DraftSettings`' defaults) with ``keywords`` (fields or drafter options) on top:
+    what every call that takes ``settings=`` or keywords reads."""
+    if settings is None:
+        settings = DraftSettings()
+    elif not isinstance(settings, DraftSettings):
+        raise InputTypeError(f"settings must be a DraftSettings, got {type(settings).__name__}")
+    return settings.replace(**keywords) if keywords else settings
+
+
+def resolve_each(settings: "DraftSettings | Sequence[DraftSettings] | None", n: int,
+                 keywords: Mapping[str, Any] | None = None) -> list[DraftSettings]:
+    """One :class:`DraftSettings` per request of ``n``: a list of them (one each; ``keywords`` go on top of each),
+    or one for all (see :func:`resolve`)."""
+    if isinstance(settings, (list, tuple)):
+        if len(settings) != n:
+            raise ParameterError(f"settings has {len(settings)} entries for {n} prompts")
+        out = []
+        for i, s in enumerate(settings):
+            try:
+                out.append(resolve(s, keywords))
+            except ParameterError as e:
+                raise type(e)(f"settings[{i}]: {e}") from None
+        return out
+    return [resolve(settings, keywords)] * n
