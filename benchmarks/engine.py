@@ -1,4 +1,4 @@
-"""Engine throughput: plain vs MTP, telemetry on vs off, Python streaming overhead, and (with
+"""Engine throughput: plain vs MTP, the telemetry levels ("full", "steps") against "off", Python streaming overhead, and (with
 LLAMA_SPECULATIVE_SIMPLE set to a llama-speculative-simple binary) the reference beside ours.
 
     .venv/bin/python benchmarks/engine.py [--model PATH] [--tokens 256] [--repeats 3] [--threads N]
@@ -12,9 +12,9 @@ section on it with fewer tokens and rounds; it adds ``memory``: load time, peak 
 recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot. ``drafters`` measures every
 ``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference.
 
-Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). The
-telemetry overhead is the median over pairs of back-to-back runs in alternating order (see
-:func:`telemetry_overhead`), on a shared machine far steadier than comparing two medians.
+Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). A telemetry
+level's overhead is the median over triples of back-to-back runs (off, steps, full) in rotating order of its
+time over "off"'s (see :func:`telemetry_overhead`), on a shared machine far steadier than comparing two medians.
 """
 
 from __future__ import annotations
@@ -59,42 +59,46 @@ def tokens_per_second(s, tokens, n_max, repeats) -> tuple[float, list[mx.Trace]]
 
 
 def phase_seconds(trace: mx.Trace) -> float:
-    c = trace.columns
-    return sum(int(c[k].sum()) for k in ("t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns")) / 1e9
+    """The engine's summed phase times (from the trace's totals: kept at every telemetry level)."""
+    t = trace.totals
+    return sum(int(t[k]) for k in ("t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns")) / 1e9
+
+
+LEVELS = ("off", "steps", "full")
 
 
 def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) -> dict:
-    """Telemetry on vs off, in pairs: each pair runs the same prompt both ways back to back, in
-    alternating order (on first in even rounds, off first in odd ones), so drift and whatever else
-    the machine runs hit both sides alike. The overhead is the median of the pairs' time ratios,
-    on the decode wall time (what a user waits for) and on the engine's summed phase times."""
-    wall, phases, on_rates, off_rates = [], [], [], []
+    """Each telemetry level against "off", in triples: each triple runs the same prompt at the three levels back
+    to back, the order rotated every round, so drift and whatever else the machine runs hit every level alike.
+    A level's overhead is the median of its time ratios to "off" in the same triple, on the decode wall time
+    (what a user waits for) and on the engine's summed phase times."""
+    wall = {lv: [] for lv in LEVELS[1:]}
+    phases = {lv: [] for lv in LEVELS[1:]}
+    rates = {lv: [] for lv in LEVELS}
     for r in range(rounds):
+        order = LEVELS[r % 3:] + LEVELS[:r % 3]
         for prompt in PROMPTS:
-            pair = {}
-            for on in ((True, False) if r % 2 == 0 else (False, True)):
-                s.telemetry = on
+            got = {}
+            for level in order:
+                s.telemetry = level
                 secs, t = decode_seconds(s, prompt, tokens, n_max)
-                pair[on] = (secs, phase_seconds(t), len(t.tokens))
-            wall.append(pair[True][0] / pair[False][0])
-            phases.append(pair[True][1] / pair[False][1])
-            on_rates.append(pair[True][2] / pair[True][0])
-            off_rates.append(pair[False][2] / pair[False][0])
-    s.telemetry = True
-    q = lambda xs, f: float(statistics.quantiles(xs, n=4)[f] - 1)  # noqa: E731
-    # 95% bootstrap interval of the median ratio (how precisely this machine's noise lets us tell)
+                got[level] = (secs, phase_seconds(t), len(t.tokens))
+                rates[level].append(got[level][2] / secs)
+            for level in LEVELS[1:]:
+                wall[level].append(got[level][0] / got["off"][0])
+                phases[level].append(got[level][1] / got["off"][1])
+    s.telemetry = "full"
     rng = np.random.default_rng(0)
-    boot = np.median(rng.choice(np.asarray(wall), size=(2000, len(wall))), axis=1) - 1
-    return {
-        "n_max": n_max, "pairs": len(wall),
-        "on_tokens_per_second": statistics.median(on_rates),
-        "off_tokens_per_second": statistics.median(off_rates),
-        "overhead": statistics.median(wall) - 1,
-        "overhead_95ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
-        "overhead_quartiles": [q(wall, 0), q(wall, 2)],
-        "overhead_phase_time": statistics.median(phases) - 1,
-        "target_overhead": 0.03,
-    }
+    out = {"n_max": n_max, "triples": len(wall["full"]),
+           "tokens_per_second": {lv: statistics.median(v) for lv, v in rates.items()},
+           "targets": {"full": 0.02, "steps": 0.005}}
+    for level in LEVELS[1:]:
+        # 95% bootstrap interval of the median ratio (how precisely this machine's noise lets us tell)
+        boot = np.median(rng.choice(np.asarray(wall[level]), size=(2000, len(wall[level]))), axis=1) - 1
+        out[level] = {"overhead": statistics.median(wall[level]) - 1,
+                      "overhead_95ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+                      "overhead_phase_time": statistics.median(phases[level]) - 1}
+    return out
 
 
 # every --spec-type the engine runs (the registry's drafters), alone and in the llama.cpp chains the registry lists
@@ -265,7 +269,7 @@ def main() -> None:
     ap.add_argument("--draft-model", "-md", default=None,
                     help="draft model for draft-simple (default: the bundled one with the bundled model, else none)")
     ap.add_argument("--telemetry-rounds", type=int, default=20,
-                    help="rounds of on/off pairs over the prompts for the telemetry overhead (default 20)")
+                    help="rounds of off/steps/full triples over the prompts for the telemetry overhead (default 20)")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                     help="run only these sections (default: all)")
     ap.add_argument("--scale", action="store_true",

@@ -69,6 +69,18 @@ nb::tuple names_tuple(const char * const (&table)[N]) {
 }
 
 // the drafter table's names, in DrafterId order
+// a telemetry level by its name (TELEMETRY_LEVEL_NAMES); a parameter error for another name
+TelemetryLevel telemetry_level(const std::string & name) {
+    for (size_t i = 0; i < count_of(TELEMETRY_LEVEL_NAMES); ++i) {
+        if (name == TELEMETRY_LEVEL_NAMES[i]) {
+            return (TelemetryLevel) i;
+        }
+    }
+    fail(ErrorKind::PARAMETER, "telemetry must be \"off\", \"steps\" or \"full\", got \"" + name + "\"");
+}
+
+const char * telemetry_name(TelemetryLevel level) { return TELEMETRY_LEVEL_NAMES[(int32_t) level]; }
+
 nb::tuple drafters_tuple() {
     nb::list out;
     for (int32_t i = 0; i < N_DRAFTERS; ++i) {
@@ -264,12 +276,14 @@ void bind_engine_options(nb::module_ & m) {
         .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
         .def_rw("n_parallel", &EngineOptions::n_parallel)
         .def_rw("topk", &EngineOptions::topk)
-        .def_rw("telemetry", &EngineOptions::telemetry)
+        .def_prop_rw("telemetry", [](const EngineOptions & o) { return telemetry_name(o.telemetry); },
+                     [](EngineOptions & o, const std::string & name) { o.telemetry = telemetry_level(name); })
         .def_rw("cpu_clock", &EngineOptions::cpu_clock)
         .def_rw("placement", &EngineOptions::placement);
     m.attr("FLASH_ATTN_VALUES") = names_tuple(FLASH_ATTN_NAMES);
     m.attr("KV_CACHE_TYPES") = names_tuple(KV_CACHE_TYPE_NAMES);
     m.attr("LOAD_MODES") = names_tuple(LOAD_MODE_NAMES);
+    m.attr("TELEMETRY_LEVELS") = names_tuple(TELEMETRY_LEVEL_NAMES);
     m.def("backend_devices", &backend_devices, "The backend devices this build of llama.cpp sees (\"CPU\", \"CUDA0\", ...).");
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "Whether this build of llama.cpp can offload layers.");
 }
@@ -293,7 +307,8 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("placement", [](const Engine & e) { return e.options().placement; })
         .def_prop_ro("topk", [](const Engine & e) { return e.options().topk; })
         .def_prop_ro("cpu_clock", [](const Engine & e) { return e.options().cpu_clock; })
-        .def_prop_rw("telemetry", &Engine::telemetry, &Engine::set_telemetry)
+        .def_prop_rw("telemetry", [](const Engine & e) { return telemetry_name(e.telemetry()); },
+                     [](Engine & e, const std::string & name) { e.set_telemetry(telemetry_level(name)); })
         .def("is_eog", &Engine::is_eog)
         .def("tokenize", &Engine::tokenize, "text"_a, "add_special"_a = false)
         .def("detokenize", &Engine::detokenize)
@@ -388,10 +403,21 @@ void bind_engine_results(nb::class_<Engine> & c) {
                  d["finished_step"] = q.finished_step;
                  d["t_prefill_ns"] = q.t_prefill_ns;
                  d["n_prompt"] = q.request.prompt.size();
+                 const RequestTotals & t = q.totals;
+                 nb::dict totals;
+                 totals["n_steps"] = t.n_steps;
+                 totals["n_drafted"] = t.n_drafted;
+                 totals["n_accepted"] = t.n_accepted;
+                 totals["t_catchup_ns"] = t.t_catchup_ns;
+                 totals["t_draft_ns"] = t.t_draft_ns;
+                 totals["t_verify_ns"] = t.t_verify_ns;
+                 totals["t_sample_ns"] = t.t_sample_ns;
+                 d["totals"] = totals;
                  return d;
              }, "request"_a,
              "One request's progress: rows, tokens, finish (FINISH_REASONS index, -1 running), the slot (sequence) it "
-             "took (-1: none yet), its arrival, admission and finish steps, prefill time and prompt length.")
+             "took (-1: none yet), its arrival, admission and finish steps, prefill time and prompt length, and its totals "
+             "over its steps (kept at every telemetry level).")
         .def_prop_ro("n_requests", [](const Engine & e) { return e.requests().size(); })
         .def_prop_ro("n_generated", [](const Engine & e) { return e.generated().size(); })
         .def_prop_ro("finish", [](const Engine & e) { return (int) e.finish(); })

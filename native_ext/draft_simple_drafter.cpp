@@ -17,16 +17,16 @@ void DraftSimpleDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
     llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, -1, -1);
 }
 
-void DraftSimpleDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t /*row0*/) {
-    if (n <= 0) {
+void DraftSimpleDrafter::observe_target(const TargetRows & rows) {
+    if (rows.n <= 0) {
         return;
     }
     llama_batch_ext_clear(batch.get());
-    for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, toks[i]);
-        const llama_pos pos = pos0 + i;
+    for (int32_t i = 0; i < rows.n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, rows.toks[i]);
+        const llama_pos pos = rows.pos0 + i;
         llama_batch_ext_set_pos(batch.get(), idx, &pos);
-        llama_batch_ext_set_output_logits(batch.get(), idx, i == n - 1);
+        llama_batch_ext_set_output_logits(batch.get(), idx, i == rows.n - 1);
     }
     check_decode(llama_process(ctx_dft, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "draft model decode");
 }

@@ -28,7 +28,7 @@ struct DraftSimpleDrafter final : Drafter {
 
     // Decodes the target's batch on the draft context (logits for its last row only, as llama.cpp's
     // draft-simple process() asks).
-    void observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t row0) override;
+    void observe_target(const TargetRows & rows) override;
 
   private:
     // Puts the single row (tok at pos) with logits into the batch.

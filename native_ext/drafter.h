@@ -51,25 +51,35 @@ constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model"}
 static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DRAFT_MODEL + 1, "one name per DrafterNeeds");
 
 // What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft
-// when the session has no draft model).
+// when the session has no draft model). The target's context is not among them: a drafter reads the
+// target through the features it declares (Drafter::features, handed over in observe_target).
 struct DrafterSetup {
     DrafterId id = DRAFTER_NONE;             // the drafter's index in DRAFTER_TABLE
     const llama_vocab * vocab = nullptr;
     const DrafterOptions * options = nullptr;
-    const NextnApi * api = nullptr;          // the MTP head: the nextn API, both contexts, its probe
-    llama_context * ctx_tgt = nullptr;
+    const NextnApi * api = nullptr;          // the MTP head: the nextn API, its context and probe
     llama_context * ctx_mtp = nullptr;
     HiddenProbe * probe_mtp = nullptr;
     llama_context * ctx_dft = nullptr;       // the draft model's context
 };
 
+struct DraftRequest;
+struct DraftJob;
+
 // One drafter the engine knows: its name (GenerationConfig.drafters, _native.DRAFTERS), what it needs
-// (without it, it is left out of the oracle and refused with n_max > 0) and its factory (throws a
-// parameter error on a bad option).
+// (without it, it is left out of the oracle and refused with n_max > 0), its factory (throws a
+// parameter error on a bad option) and, for a drafter with a model of its own shared by the sequences (the
+// MTP head), how the drafters of several sequences decode together, as llama.cpp drafts for a server's slots.
 struct DrafterEntry {
     const char * name;
     DrafterNeeds needs;
     std::unique_ptr<Drafter> (*make)(const DrafterSetup & setup);
+    // Drafts every job in one batch per depth (rows_per_depth, when given, gets the rows of each decode);
+    // nullptr: each drafter drafts alone (Drafter::draft). Throws on a decode failure.
+    void (*draft_together)(const std::vector<DraftJob> & jobs, std::vector<int32_t> * rows_per_depth) = nullptr;
+    // Decodes what the drafters queued while following the target (Drafter::has_queue) in one batch; returns
+    // llama_process's code. nullptr: the drafter queues nothing.
+    int32_t (*catch_up_together)(const std::vector<Drafter *> & drafters) = nullptr;
 };
 
 // The drafter table (drafters.cpp), in DrafterId order: adding a drafter is its class and one entry.
@@ -101,6 +111,41 @@ struct DraftRequest {
     int32_t topk = 0;                       // alternatives recorded per depth
     bool telemetry = false;                 // record top-k, hidden rows and their norms
     bool oracle = false;                    // record top-k, margins and decode timings (record_oracle)
+};
+
+// The target hidden states a drafter reads after each target decode (its features): llama.cpp's draft-mtp
+// reads the rows the target hands its MTP head (llama_get_embeddings_nextn_ith). The engine extracts the
+// features a sequence's drafters declare once per decode and hands the same rows to all of them (TargetRows).
+struct FeatureNeeds {
+    bool nextn = false;  // the MTP head's input rows (the context was made with llama_set_embeddings_nextn)
+
+    bool any() const { return nextn; }
+    FeatureNeeds & operator|=(const FeatureNeeds & o) {
+        nextn = nextn || o.nextn;
+        return *this;
+    }
+};
+
+// One target decode as a sequence's drafters see it: toks[i] at pos0 + i, in row row0 + i of the target's
+// batch (other sequences may share it), and the features extracted for them (valid until the sequence's
+// next target decode).
+struct TargetRows {
+    const llama_token * toks = nullptr;
+    int32_t n = 0;
+    llama_pos pos0 = 0;
+    int32_t row0 = 0;
+    int32_t n_embd = 0;
+    const float * nextn = nullptr;  // n rows of n_embd (FeatureNeeds::nextn), else nullptr
+
+    const float * nextn_row(int32_t i) const { return nextn + (size_t) i * n_embd; }
+};
+
+// One sequence's part in a batched draft (DrafterEntry::draft_together): its drafter, what it is asked and
+// where its draft goes.
+struct DraftJob {
+    Drafter * drafter = nullptr;
+    const DraftRequest * req = nullptr;
+    Draft * out = nullptr;
 };
 
 // What the verification decided, told to every drafter after each step.
@@ -179,10 +224,24 @@ struct Drafter {
     // After the verification, told to every drafter in the chain.
     virtual void accept(const DraftOutcome & outcome) = 0;
 
-    // After every target decode (the prompt, each verify batch, the oracle's plain steps): this sequence's
-    // toks[i] at pos0 + i, in rows row0 + i of the target's batch (other sequences may share it). A
-    // drafter with a model of its own follows the target here; the look-ups need not.
-    virtual void observe_target(const llama_token * /*toks*/, int32_t /*n*/, llama_pos /*pos0*/, int32_t /*row0*/) {}
+    // The target hidden states it reads after each target decode (none: the look-ups, a draft model).
+    virtual FeatureNeeds features() const { return {}; }
+
+    // After every target decode (the prompt, each verify batch, the oracle's plain steps): this sequence's rows,
+    // with the features it declared. A drafter with a model of its own follows the target here; the look-ups
+    // need not.
+    virtual void observe_target(const TargetRows & /*rows*/) {}
+
+    // After a decode outside a verify step (the prompt, an oracle's plain step): rows 0 .. n_rows of it stand
+    // and the target memory keeps the positions before keep_until (accept() says so after a verify step).
+    virtual void keep(int32_t /*n_rows*/, llama_pos /*keep_until*/) {}
+
+    // Rows observed but not yet decoded by its own model (DrafterEntry::catch_up_together decodes them).
+    virtual bool has_queue() const { return false; }
+
+    // The oracle's cost probe: decode what following `rows` would (its catch-up), then undo it, leaving the
+    // drafter as it was. Returns llama_process's code.
+    virtual int32_t probe_follow(const TargetRows & /*rows*/) { return 0; }
 
     const DrafterId id;
     llama_seq_id seq_id = 0;  // the llama.cpp sequence (server slot) it drafts for: set when its request takes a slot

@@ -3,8 +3,9 @@
 // engine calls and the oracle's recording list all come from here.
 //
 // Adding a drafter: its class (a Drafter, in its own files; it reads its options from
-// DrafterSetup::options with its own defaults) and one entry below; CMake compiles every
-// native_ext/*.cpp. On the Python side: its record in core/drafters.py, its replay in
+// DrafterSetup::options with its own defaults, declares the target features it reads in features() and
+// gets them in observe_target()) and one entry below (with its batch functions if the drafters of several
+// sequences decode together); CMake compiles every native_ext/*.cpp. On the Python side: its record in core/drafters.py, its replay in
 // analysis/replay.py.
 #include <memory>
 
@@ -20,7 +21,7 @@
 namespace {
 
 std::unique_ptr<Drafter> make_mtp(const DrafterSetup & s) {
-    return std::make_unique<MtpDrafter>(*s.api, s.ctx_tgt, s.ctx_mtp, *s.probe_mtp);
+    return std::make_unique<MtpDrafter>(*s.api, s.ctx_mtp, *s.probe_mtp);
 }
 
 std::unique_ptr<Drafter> make_ngram_simple(const DrafterSetup & s) {
@@ -51,7 +52,8 @@ std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
 
 // (declared extern in drafter.h, so defined here with external linkage)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
-    {"mtp", DrafterNeeds::MTP, make_mtp},                    // the model's MTP head (DRAFTER_MTP)
+    {"mtp", DrafterNeeds::MTP, make_mtp,                     // the model's MTP head (DRAFTER_MTP)
+     MtpDrafter::draft_together, MtpDrafter::catch_up_together},
     {"ngram", DrafterNeeds::NOTHING, make_ngram_simple},     // llama.cpp's ngram-simple prompt look-up
     {"ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod},    // llama.cpp's ngram-mod hashed n-gram table
     {"ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map

@@ -381,9 +381,7 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
         Sequence & q = *made.back();
         q.drafters = build_drafters(parsed, q.request.config.options);
         for (auto & d : q.drafters) {
-            if (d->id == DRAFTER_MTP) {
-                q.mtp = dynamic_cast<MtpDrafter *>(d.get());
-            }
+            q.needs |= d->features();
         }
     }
     {
@@ -402,7 +400,6 @@ std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain 
     setup.vocab = vocab;
     setup.options = &options;
     setup.api = &api;
-    setup.ctx_tgt = ctx_tgt.get();
     setup.ctx_mtp = ctx_mtp.get();
     setup.probe_mtp = &probe_mtp;
     setup.ctx_dft = ctx_dft.get();

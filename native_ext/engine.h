@@ -18,7 +18,7 @@
 #include "hidden_probe.h"
 #include "llama-cpp.h"
 #include "llama.h"
-#include "mtp_drafter.h"
+
 #include "nextn_api.h"
 #include "oracle.h"
 #include "placement.h"
@@ -28,6 +28,14 @@
 // The index of the largest of n_vocab logits (greedy sampling).
 llama_token argmax(const float * logits, int32_t n_vocab);
 
+// How much a generation records: nothing per step (OFF: the request's totals only, llama.cpp's loop alone),
+// a row per step (STEPS: counts, settings, stop reasons, batch shape, phase times), or every per-depth detail
+// too (FULL: top-k alternatives, confidences beyond the draft's, target tokens past a rejection, hidden-state
+// norms and the draft/target cosine).
+enum class TelemetryLevel : int32_t { OFF = 0, STEPS = 1, FULL = 2 };
+constexpr const char * TELEMETRY_LEVEL_NAMES[] = {"off", "steps", "full"};
+static_assert(count_of(TELEMETRY_LEVEL_NAMES) == (size_t) TelemetryLevel::FULL + 1, "one name per level");
+
 struct EngineOptions {
     std::string path;
     std::string draft_path;     // a draft model for draft-simple (llama.cpp's -md); empty: none
@@ -36,7 +44,7 @@ struct EngineOptions {
     int32_t n_rs_seq = 8;       // recurrent snapshot slots per sequence = largest n_max the session accepts
     int32_t n_parallel = 1;     // sequences (llama.cpp's -np); n_ctx is shared among them as llama.cpp splits it
     int32_t topk = 5;           // top-k alternatives recorded per draft depth
-    bool telemetry = true;
+    TelemetryLevel telemetry = TelemetryLevel::FULL;
     bool cpu_clock = false;     // time phases with the thread's CPU time instead of the wall clock
     Placement placement;        // devices, load mode, attention and KV cache: both contexts share them
 };
@@ -53,6 +61,8 @@ struct Engine {
     // model facts
     int32_t n_vocab() const;
     int32_t n_embd() const;
+    // the width of the target's extracted feature rows (its nextn rows: llama_model_n_embd_out)
+    int32_t n_feature_embd() const { return llama_model_n_embd_out(model.get()); }
     int32_t n_layer_nextn() const { return layer_nextn; }
     bool has_mtp() const { return ctx_mtp != nullptr; }
     bool has_draft_model() const { return ctx_dft != nullptr; }
@@ -93,8 +103,9 @@ struct Engine {
     void set_params(const DraftParams & p);
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
-    void set_telemetry(bool on) { opts.telemetry = on; }
-    bool telemetry() const { return opts.telemetry; }
+    void set_telemetry(TelemetryLevel level) { opts.telemetry = level; }
+    TelemetryLevel telemetry() const { return opts.telemetry; }
+    bool full_telemetry() const { return opts.telemetry == TelemetryLevel::FULL; }
 
     const EngineOptions & options() const { return opts; }
 
@@ -133,13 +144,22 @@ struct Engine {
     void cap(Sequence & q) const;
     DraftRequest draft_request(const Sequence & q, bool oracle) const;
     void propose(std::vector<Sequence *> & batch, BatchStep & b);
-    void ask_drafters(Sequence & q, const DraftRequest & req, size_t from, size_t to);
-    void draft_mtp(std::vector<Sequence *> & batch, const std::vector<DraftRequest> & reqs, BatchStep & b);
+    void ask_drafter(Sequence & q, Drafter & d, const DraftRequest & req);
+    // the drafters of one kind that draft together (DrafterEntry::draft_together), from every sequence of the
+    // batch still asking, in one batched draft; each drafter's time is the batch's
+    void draft_together(DrafterId id, const std::vector<Sequence *> & batch, const std::vector<DraftRequest> & reqs,
+                        BatchStep & b);
     void choose(Sequence & q);
     void choose_first(Sequence & q) const;
     void choose_best(Sequence & q) const;
     void verify(std::vector<Sequence *> & batch, BatchStep & b);
-    bool catch_up_mtp(std::vector<Sequence *> & batch, bool queued_only);
+    // The drafters of the sequences drafting this step decode what they queued while following the target,
+    // each kind together (queued_only: only those with rows queued). Returns whether any did.
+    bool catch_up(const std::vector<Sequence *> & batch, bool queued_only);
+    // The same for a list of drafters of any kinds, grouped by kind; throws on a decode failure.
+    void catch_up_drafters(const std::vector<Drafter *> & drafters, const char * what);
+    // q's drafters, as a list (in seq_drafters)
+    const std::vector<Drafter *> & drafters_of(Sequence & q);
     void accept_or_rollback(Sequence & q);
     void sample_verified(Sequence & q);
     void tell_drafters(Sequence & q);
@@ -154,12 +174,18 @@ struct Engine {
     int32_t decode_tokens(Sequence & q, const llama_token * tokens, int32_t n);
     // Adds tokens[0 .. n) of sequence seq at positions pos0 .. to batch_tgt (each with logits if asked).
     void add_target_rows(llama_seq_id seq, const llama_token * tokens, int32_t n, llama_pos pos0, bool logits);
-    // Every drafter of q observes the target's decode of its tokens[0 .. n) at pos0 .., in rows row0 ..;
-    // returns the time a draft model took to decode them (catch-up time; the MTP head only keeps its rows).
+    // Every drafter of q observes the target's decode of its tokens[0 .. n) at pos0 .., in rows row0 .., with
+    // the features they read extracted once (into q.features); returns the time a draft model took to decode
+    // them (catch-up time; the MTP head only keeps its rows).
     int64_t follow_target(Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0, int32_t row0);
+    // The rows of the target's last decode that q's drafters read (q.needs), copied into `into`: the one
+    // extraction of the target's hidden states.
+    TargetRows extract_features(const Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0,
+                                int32_t row0, std::vector<float> & into) const;
 
     // the phases of record_oracle() (oracle.cpp), on request 0
     std::vector<std::string> oracle_drafters() const;
+    const Draft * probe_draft(const Sequence & q) const;
     void record_drafts(Sequence & q, OracleRecord & out, size_t r, int32_t n_cap);
     void record_draft(OracleRecord & out, size_t r, const Drafter & d, const Draft & draft, int64_t t_ns) const;
     void probe_costs(Sequence & q, OracleRecord & out, size_t r, bool probe);
@@ -194,13 +220,14 @@ struct Engine {
     std::vector<Sequence *> active;     // the sequences in this step, in slot order
     BatchStep batch_scratch;
     std::vector<DraftRequest> step_requests;
-    std::vector<MtpJob> mtp_jobs;
-    std::vector<Sequence *> mtp_who;
-    std::vector<MtpDrafter *> mtp_heads;
+    std::vector<DraftJob> group_jobs;      // draft_together's jobs and their sequences
+    std::vector<Sequence *> group_who;
+    std::vector<Drafter *> group_drafters; // catch-up's drafters of one kind
+    std::vector<Drafter *> seq_drafters;   // drafters to catch up (catch_up_drafters' input)
 
     // oracle scratch
-    std::vector<Draft> oracle_drafts;      // each drafter's last oracle draft, by DrafterId (the probe uses the MTP chain)
+    std::vector<Draft> oracle_drafts;      // each drafter's last oracle draft, by DrafterId (the probe uses the first)
     std::vector<uint8_t> saved_state;      // the target's recurrent state, restored after each probe
     std::vector<llama_token> probe_tokens;
-    std::vector<float> probe_rows;         // the probe's nextn rows
+    std::vector<float> probe_features;     // the probe's extracted features
 };

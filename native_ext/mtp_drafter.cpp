@@ -8,8 +8,8 @@
 #include "errors.h"
 #include "timing.h"
 
-MtpDrafter::MtpDrafter(const NextnApi & api, llama_context * ctx_tgt, llama_context * ctx_mtp, HiddenProbe & probe)
-    : Drafter(DRAFTER_MTP), api(api), ctx_tgt(ctx_tgt), ctx_mtp(ctx_mtp), probe(probe) {
+MtpDrafter::MtpDrafter(const NextnApi & api, llama_context * ctx_mtp, HiddenProbe & probe)
+    : Drafter(DRAFTER_MTP), api(api), ctx_mtp(ctx_mtp), probe(probe) {
     const llama_model * model = llama_get_model(ctx_mtp);
     n_embd = llama_model_n_embd_out(model);
     vocab = llama_model_get_vocab(model);
@@ -23,17 +23,21 @@ void MtpDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
     queue_pos.clear();
     queue_h.clear();
     caught_up = false;
+    verify_h = nullptr;
     verify_rows = 0;
 }
 
-void MtpDrafter::observe_target(const llama_token * toks, int32_t n, llama_pos pos0, int32_t row0) {
+void MtpDrafter::observe_target(const TargetRows & rows) {
     const size_t row = (size_t) n_embd;
-    copy_target_rows(n, verify_h, row0);
-    verify_rows = n;
-    for (int32_t i = 0; i < n; ++i) {
+    if (rows.nextn == nullptr || rows.n_embd != n_embd) {
+        fail(ErrorKind::PARAMETER, "the MTP drafter was handed no nextn rows of width " + std::to_string(n_embd));
+    }
+    verify_h = rows.nextn;
+    verify_rows = rows.n;
+    for (int32_t i = 0; i < rows.n; ++i) {
         const float * h = i == 0 ? pending_h.data() : verify_row(i - 1);
-        queue_tok.push_back(toks[i]);
-        queue_pos.push_back(pos0 + i);
+        queue_tok.push_back(rows.toks[i]);
+        queue_pos.push_back(rows.pos0 + i);
         queue_h.insert(queue_h.end(), h, h + row);
     }
     caught_up = false;
@@ -44,26 +48,23 @@ namespace {
 // The batched calls' working lists, kept between calls so that a step allocates nothing (a step of a small model
 // takes about 100 us, where a few allocations show).
 struct BatchScratch {
-    std::vector<MtpJob> drafting, all, next;
+    std::vector<DraftJob> drafting, all, next;
     std::vector<std::pair<llama_token, const float *>> next_rows;
     std::vector<std::pair<const MtpDrafter *, size_t>> rows;  // catch-up: (drafter, queued row)
-    std::vector<MtpJob> one_job{1};
-    std::vector<MtpDrafter *> one_head{1};
+    std::vector<DraftJob> one_job{1};
 };
+
+MtpDrafter & head(const DraftJob & j) { return static_cast<MtpDrafter &>(*j.drafter); }
 
 thread_local BatchScratch scratch;
 
 }  // namespace
 
-int32_t MtpDrafter::catch_up() {
-    scratch.one_head[0] = this;
-    return catch_up_batch(scratch.one_head);
-}
-
-int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
+int32_t MtpDrafter::catch_up_together(const std::vector<Drafter *> & drafters) {
     auto & rows = scratch.rows;
     rows.clear();
-    for (MtpDrafter * d : drafters) {
+    for (Drafter * dr : drafters) {
+        const MtpDrafter * d = static_cast<const MtpDrafter *>(dr);
         for (size_t i = 0; i < d->queue_tok.size(); ++i) {
             rows.emplace_back(d, i);
         }
@@ -71,7 +72,7 @@ int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
     if (rows.empty()) {
         return 0;
     }
-    MtpDrafter & first = *drafters.front();
+    MtpDrafter & first = static_cast<MtpDrafter &>(*drafters.front());
     const int32_t n_batch = (int32_t) llama_n_batch(first.ctx_mtp);
     for (size_t off = 0; off < rows.size(); off += n_batch) {
         const size_t end = std::min(rows.size(), off + (size_t) n_batch);
@@ -88,7 +89,8 @@ int32_t MtpDrafter::catch_up_batch(const std::vector<MtpDrafter *> & drafters) {
             return rc;
         }
     }
-    for (MtpDrafter * d : drafters) {
+    for (Drafter * dr : drafters) {
+        MtpDrafter * d = static_cast<MtpDrafter *>(dr);
         if (!d->queue_tok.empty()) {
             d->queue_tok.clear();
             d->queue_pos.clear();
@@ -114,21 +116,21 @@ void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, fl
 }
 
 bool MtpDrafter::draft(const DraftRequest & req, Draft & out) {
-    scratch.one_job[0] = MtpJob{this, &req, &out};
-    draft_batch(scratch.one_job);
+    scratch.one_job[0] = DraftJob{this, &req, &out};
+    draft_together(scratch.one_job, nullptr);
     return true;
 }
 
 // After a draft decode of one row per job still drafting: each job's top candidate joins its draft (or its draft
 // ends); the jobs that go on, and their next rows (token, hidden state), into scratch.next / next_rows.
 void MtpDrafter::take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start, const std::vector<float> & norms) {
-    const std::vector<MtpJob> & drafting = scratch.drafting;
+    const std::vector<DraftJob> & drafting = scratch.drafting;
     const int32_t n_rows = (int32_t) drafting.size();
     scratch.next.clear();
     scratch.next_rows.clear();
     for (int32_t k = 0; k < n_rows; ++k) {
-        const MtpJob & j = drafting[k];
-        MtpDrafter & d = *j.drafter;
+        const DraftJob & j = drafting[k];
+        MtpDrafter & d = head(j);
         j.out->n_decodes++;
         const float * logits = llama_get_logits_ith(ctx, k);
         const float * h_row = d.api.get_embeddings_nextn_ith(ctx, k);
@@ -146,11 +148,11 @@ void MtpDrafter::take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start
     }
 }
 
-void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32_t> * rows_per_depth) {
-    std::vector<MtpJob> & drafting = scratch.drafting;  // the jobs still drafting, in batch row order
+void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<int32_t> * rows_per_depth) {
+    std::vector<DraftJob> & drafting = scratch.drafting;  // the jobs still drafting, in batch row order
     drafting.clear();
     bool telemetry = false, oracle = false;
-    for (const MtpJob & j : jobs) {
+    for (const DraftJob & j : jobs) {
         if (j.req->n_cap > 0) {  // n_cap 0: a candidate of length 0, the MTP head still follows the generation
             j.out->clear(j.req->cap_reason);
             drafting.push_back(j);
@@ -161,18 +163,18 @@ void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32
     if (drafting.empty()) {
         return;
     }
-    MtpDrafter & first = *drafting.front().drafter;
+    MtpDrafter & first = head(drafting.front());
     llama_batch_ext * batch = first.batch.get();
     llama_context * ctx = first.ctx_mtp;
     const int32_t n_vocab = llama_vocab_n_tokens(first.vocab);
     llama_batch_ext_clear(batch);
-    for (const MtpJob & j : drafting) {
-        j.drafter->add_row(batch, j.req->id_last, j.req->n_past, j.drafter->pending_h.data());
+    for (const DraftJob & j : drafting) {
+        head(j).add_row(batch, j.req->id_last, j.req->n_past, head(j).pending_h.data());
     }
-    std::vector<MtpJob> & all = scratch.all;
+    std::vector<DraftJob> & all = scratch.all;
     all = drafting;
     auto drop_drafts = [&]() {  // the draft rows leave the MTP memory: catch-up re-decodes the verified ones
-        for (const MtpJob & j : all) {
+        for (const DraftJob & j : all) {
             llama_memory_seq_rm(llama_get_memory(ctx), j.drafter->seq_id, j.req->n_past, -1);
         }
     };
@@ -192,17 +194,17 @@ void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32
             check_decode(rc, "MTP draft decode");
         }
         take_rows(ctx, n_vocab, t_start, first.probe.row_norms);
-        std::vector<MtpJob> & next = scratch.next;
+        std::vector<DraftJob> & next = scratch.next;
         const auto & next_rows = scratch.next_rows;
         llama_batch_ext_clear(batch);
         for (size_t k = 0; k < next.size(); ++k) {
-            next[k].drafter->add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
+            head(next[k]).add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
         }
         std::swap(drafting, next);
     }
     first.probe.stop();
     drop_drafts();
-    for (const MtpJob & j : all) {
+    for (const DraftJob & j : all) {
         if ((int32_t) j.out->tokens.size() < j.req->params.n_min) {
             j.out->dropped = true;
         }
@@ -211,8 +213,8 @@ void MtpDrafter::draft_batch(const std::vector<MtpJob> & jobs, std::vector<int32
 
 double MtpDrafter::expected_accepted(const Draft & d) const { return expected_from_confidences(d); }
 
-void MtpDrafter::commit(int32_t n_accepted, llama_pos keep_until) {
-    const int32_t i_h = std::min(n_accepted, verify_rows - 1);
+void MtpDrafter::keep(int32_t n_rows, llama_pos keep_until) {
+    const int32_t i_h = std::min(n_rows, verify_rows - 1);
     if (i_h >= 0) {
         std::memcpy(pending_h.data(), verify_row(i_h), (size_t) n_embd * sizeof(float));
     }
@@ -229,29 +231,17 @@ void MtpDrafter::commit(int32_t n_accepted, llama_pos keep_until) {
     queue_h.resize(keep * (size_t) n_embd);
 }
 
-void MtpDrafter::copy_target_rows(int32_t n, std::vector<float> & rows, int32_t row0) const {
-    const size_t row = (size_t) n_embd;
-    rows.resize(row * n);
-    for (int32_t i = 0; i < n; ++i) {
-        const float * h = api.get_embeddings_nextn_ith(ctx_tgt, row0 + i);
-        if (h == nullptr) {
-            fail(ErrorKind::DECODE, "llama_get_embeddings_nextn_ith returned no row " + std::to_string(row0 + i));
-        }
-        std::memcpy(rows.data() + i * row, h, row * sizeof(float));
-    }
-}
-
-int32_t MtpDrafter::probe_catch_up(const llama_token * toks, int32_t n, llama_pos pos0, const std::vector<float> & rows) {
+int32_t MtpDrafter::probe_follow(const TargetRows & rows) {
     const size_t row = (size_t) n_embd;
     llama_batch_ext_clear(batch.get());
-    for (int32_t i = 0; i < n; ++i) {
-        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, toks[i]);
-        const llama_pos pos = pos0 + i;
+    for (int32_t i = 0; i < rows.n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, rows.toks[i]);
+        const llama_pos pos = rows.pos0 + i;
         llama_batch_ext_set_pos(batch.get(), idx, &pos);
-        const float * h = i == 0 ? pending_h.data() : rows.data() + (size_t) (i - 1) * row;
+        const float * h = i == 0 ? pending_h.data() : rows.nextn_row(i - 1);
         llama_batch_ext_set_embd_token(batch.get(), idx, {h, 1, row});
     }
     const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-    llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, pos0, -1);
+    llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, rows.pos0, -1);
     return rc;
 }

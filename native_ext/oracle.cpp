@@ -1,5 +1,5 @@
-// Engine::record_oracle, in named phases per position: record_drafts (every drafter's draft, the
-// MTP chain first), probe_costs (verify-batch cost probes, the target restored after each),
+// Engine::record_oracle, in named phases per position: record_drafts (every drafter's draft, in the
+// table's order: the MTP chain first), probe_costs (verify-batch cost probes, the target restored after each),
 // plain_step (the greedy truth); then tail (plain decodes after the generation).
 #include <algorithm>
 #include <cmath>
@@ -76,6 +76,17 @@ std::vector<std::string> Engine::oracle_drafters() const {
     return names;
 }
 
+// the draft whose tokens the cost probes verify: the first drafter's with a draft, in chain (= table) order
+// (the MTP chain where the model has the head)
+const Draft * Engine::probe_draft(const Sequence & q) const {
+    for (const auto & d : q.drafters) {
+        if (!oracle_drafts[d->id].tokens.empty()) {
+            return &oracle_drafts[d->id];
+        }
+    }
+    return nullptr;
+}
+
 // the draft every drafter would propose here, in chain (= table) order: the MTP chain first (the
 // MTP head keeps the last one when n_cap is 0: the probe tokens reuse it)
 void Engine::record_drafts(Sequence & q, OracleRecord & out, size_t r, int32_t n_cap) {
@@ -131,10 +142,10 @@ void Engine::probe_costs(Sequence & q, OracleRecord & out, size_t r, bool probe)
     int32_t verify_after = g == 0 ? -1 : 1;  // size of the target batch before the plain verify
     if (probe && q.n_past > 0 && q.n_past + k <= n_ctx_seq()) {
         probe_tokens.assign(1, q.id_last);
+        const Draft * chain = probe_draft(q);
         for (int32_t j = 0; j + 1 < k; ++j) {
-            const Draft & chain = oracle_drafts[DRAFTER_MTP];
-            const bool from_chain = q.mtp != nullptr && j < (int32_t) chain.tokens.size();
-            probe_tokens.push_back(from_chain ? chain.tokens[j] : q.id_last);
+            const bool from_chain = chain != nullptr && j < (int32_t) chain->tokens.size();
+            probe_tokens.push_back(from_chain ? chain->tokens[j] : q.id_last);
         }
         if (recurrent) {
             saved_state.resize(llama_state_seq_get_size_ext(ctx_tgt.get(), q.slot, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
@@ -156,9 +167,7 @@ void Engine::probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, i
     llama_memory_t mem = llama_get_memory(ctx_tgt.get());
     int64_t t = now_ns();
     check_decode(decode_tokens(q, probe_tokens.data(), k), "oracle probe decode");
-    if (q.mtp) {
-        q.mtp->copy_target_rows(k, probe_rows);
-    }
+    const TargetRows rows = extract_features(q, probe_tokens.data(), k, q.n_past, 0, probe_features);
     (rep == 0 ? out.probe_verify_ns : out.probe_verify_reuse_ns)[r] = now_ns() - t;
     const bool timed = rep == 0 && k > 1;
     if (timed) {
@@ -169,11 +178,12 @@ void Engine::probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, i
             sink ^= argmax(llama_get_logits_ith(ctx_tgt.get(), i), n_vocab_);
         }
         out.probe_argmax_ns[r] = now_ns() - t + (sink == -12345 ? 1 : 0);
-        if (q.mtp) {
+        if (q.needs.any()) {  // the drafters that read the target's features follow the batch (the MTP catch-up)
             t = now_ns();
-            const int32_t rc_mtp = q.mtp->probe_catch_up(probe_tokens.data(), k, q.n_past, probe_rows);
+            for (auto & d : q.drafters) {
+                check_decode(d->probe_follow(rows), "oracle probe catch-up");
+            }
             out.probe_catchup_ns[r] = now_ns() - t;
-            check_decode(rc_mtp, "oracle probe catch-up");
         }
     }
     t = now_ns();
@@ -197,19 +207,18 @@ void Engine::plain_step(Sequence & q, OracleRecord & out, size_t r) {
     const int64_t t_follow = follow_target(q, &q.id_last, 1, q.n_past, 0);
     out.t_verify_ns[r] = now_ns() - t - t_follow;
     out.t_follow_ns[r] = t_follow;
-    if (q.mtp) {
+    if (q.needs.any()) {
         t = now_ns();
-        const int32_t rc_mtp = q.mtp->catch_up();
+        catch_up_drafters(drafters_of(q), "catch-up");
         out.t_catchup_ns[r] = now_ns() - t;
-        check_decode(rc_mtp, "MTP catch-up");
     }
     const int32_t n_vocab_ = llama_vocab_n_tokens(vocab);
     t = now_ns();
     const float * logits = llama_get_logits_ith(ctx_tgt.get(), 0);
     const llama_token tok = argmax(logits, n_vocab_);
     out.t_argmax_ns[r] = now_ns() - t;
-    if (q.mtp) {
-        q.mtp->commit(0, q.n_past + 1);
+    for (auto & d : q.drafters) {
+        d->keep(0, q.n_past + 1);
     }
     out.t_sample_ns[r] = now_ns() - t;
     float second = -INFINITY;
@@ -240,9 +249,7 @@ void Engine::tail(Sequence & q, OracleRecord & out) {
         if (decode_tokens(q, &q.id_last, 1) != 0) {
             break;
         }
-        if (q.mtp) {
-            q.mtp->copy_target_rows(1, probe_rows);
-        }
+        extract_features(q, &q.id_last, 1, q.n_past, 0, probe_features);
         out.tail_verify_ns.push_back(now_ns() - t);
         out.tail_pos.push_back(q.n_past);
         q.id_last = argmax(llama_get_logits_ith(ctx_tgt.get(), 0), n_vocab_);

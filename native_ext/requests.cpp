@@ -62,8 +62,8 @@ void Engine::admit(int32_t step) {
     }
 }
 
-// The prompt but its last token on the target in the request's sequence (the MTP head follows it),
-// every drafter begun.
+// The prompt but its last token on the target in the request's sequence (the drafters follow it: the MTP
+// head catches up when it drafts), every drafter begun.
 void Engine::prefill(Sequence & q) {
     const std::vector<llama_token> & prompt = q.request.prompt;
     const int32_t N = (int32_t) prompt.size();
@@ -81,11 +81,11 @@ void Engine::prefill(Sequence & q) {
         add_target_rows(q.slot, prompt.data(), N - 1, 0, /*logits*/ false);
         check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
         follow_target(q, prompt.data(), N - 1, 0, 0);
-        if (q.mtp) {
-            if (q.params.n_max > 0) {
-                check_decode(q.mtp->catch_up(), "MTP prompt catch-up");
-            }
-            q.mtp->commit(N - 2, N - 1);
+        if (q.params.n_max > 0) {
+            catch_up_drafters(drafters_of(q), "prompt catch-up");
+        }
+        for (auto & d : q.drafters) {
+            d->keep(N - 2, N - 1);
         }
     }
     q.id_last = prompt[N - 1];

@@ -12,7 +12,6 @@
 #include "drafter.h"
 #include "llama-cpp.h"
 #include "llama.h"
-#include "mtp_drafter.h"
 #include "telemetry.h"
 
 struct GenerationConfig {
@@ -59,7 +58,7 @@ struct StepState {
     DraftParams p;
     int32_t n_cap = 0;                   // how far this step may draft
     StopReason cap_reason = STOP_N_MAX;
-    bool drafting_mtp = false;           // the MTP head drafts (and catches up) this step
+    bool drafting = false;               // n_max > 0: its drafters draft (and catch up) this step
     bool settled = false;                // FIRST policy: a usable draft was found, later drafters are not asked
     // choose
     const Draft * chosen = nullptr;      // the draft verified (an empty one when none is usable)
@@ -91,6 +90,22 @@ struct BatchStep {
     }
 };
 
+// A request's totals over its steps, kept at every telemetry level (the only record at TelemetryLevel::OFF).
+struct RequestTotals {
+    int64_t n_steps = 0, n_drafted = 0, n_accepted = 0;
+    int64_t t_catchup_ns = 0, t_draft_ns = 0, t_verify_ns = 0, t_sample_ns = 0;
+
+    void add(const StepState & s, const BatchStep & b) {
+        ++n_steps;
+        n_drafted += s.n_d;
+        n_accepted += s.n_acc;
+        t_catchup_ns += b.t_catchup_ns;
+        t_draft_ns += b.t_draft_ns;
+        t_verify_ns += b.t_verify_ns;
+        t_sample_ns += b.t_sample_ns;
+    }
+};
+
 struct Sequence {
     Sequence(int32_t index, const Request & request, const DrafterChain & chain, int32_t depth, int32_t topk);
 
@@ -102,7 +117,8 @@ struct Sequence {
     DrafterChain chain;
     DraftParams params;                  // its live parameters (Engine::set_params changes every request's)
     std::vector<std::unique_ptr<Drafter>> drafters;  // its chain, in order
-    MtpDrafter * mtp = nullptr;          // the chain's MTP drafter, if any: it follows the target
+    FeatureNeeds needs;                  // the target features its drafters read (Drafter::features)
+    std::vector<float> features;         // their rows from its last target decode (Engine::extract_features)
     llama_sampler_ptr smpl;              // temperature > 0 only
 
     // where its generation is
@@ -117,6 +133,7 @@ struct Sequence {
     int32_t admitted_step = -1;          // the engine step it took its slot at
     int32_t finished_step = -1;          // the engine step it finished at
     Telemetry tel;
+    RequestTotals totals;
 
     // this step's scratch, N_DRAFTERS entries each
     StepState s;

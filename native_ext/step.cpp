@@ -5,6 +5,8 @@
 // drafter told) and record (a telemetry row per sequence).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "engine.h"
 #include "errors.h"
@@ -72,7 +74,10 @@ bool Engine::step() {
     }
     b.t_sample_ns = now_ns() - t;
     for (Sequence * q : active) {
-        record(*q, b);
+        q->totals.add(q->s, b);
+        if (opts.telemetry != TelemetryLevel::OFF) {
+            record(*q, b);
+        }
         q->n_past = q->s.keep_until;
         q->id_last = q->s.correction;
         ++q->n_step;
@@ -106,7 +111,7 @@ void Engine::cap(Sequence & q) const {
     if (cap_budget < s.n_cap) { s.n_cap = cap_budget; s.cap_reason = STOP_BUDGET; }
     if (cap_ctx < s.n_cap) { s.n_cap = cap_ctx; s.cap_reason = STOP_CONTEXT; }
     s.n_cap = std::max(s.n_cap, 0);
-    s.drafting_mtp = q.mtp != nullptr && s.p.n_max > 0;
+    s.drafting = s.p.n_max > 0;
 }
 
 DraftRequest Engine::draft_request(const Sequence & q, bool oracle) const {
@@ -119,39 +124,27 @@ DraftRequest Engine::draft_request(const Sequence & q, bool oracle) const {
     req.cap_reason = q.s.cap_reason;
     req.params = q.s.p;
     req.topk = opts.topk;
-    req.telemetry = opts.telemetry;
+    req.telemetry = full_telemetry();
     req.oracle = oracle;
     return req;
 }
 
-namespace {
-
-// the place of the MTP drafter in q's chain (the chain's length: none)
-size_t mtp_place(const Sequence & q) {
-    for (size_t k = 0; k < q.drafters.size(); ++k) {
-        if (q.drafters[k]->id == DRAFTER_MTP) {
-            return k;
-        }
-    }
-    return q.drafters.size();
-}
-
-}  // namespace
-
-// propose: the MTP heads catch up (after steps with drafting off), then each chain drafts in order:
-// every drafter under BEST, under FIRST until one has a usable draft (the later ones are not asked).
-// The drafters before the MTP head are asked first, then the MTP heads of every sequence still asking
-// in one batch, then the drafters after it.
+// propose: the drafters that queued rows while drafting was off catch up, then each chain drafts in order:
+// every drafter under BEST, under FIRST until one has a usable draft (the later ones are not asked). Chain
+// place by chain place: the drafters that draft alone are asked sequence by sequence, then those that draft
+// together (the MTP heads) for every sequence still asking, in one batch per kind.
 void Engine::propose(std::vector<Sequence *> & batch, BatchStep & b) {
+    size_t longest = 0;
     for (Sequence * q : batch) {
         for (int32_t i = 0; i < N_DRAFTERS; ++i) {
             q->candidates[i].clear(q->s.cap_reason);
             q->asked[i] = false;
             q->expected[i] = NAN;
         }
+        longest = std::max(longest, q->drafters.size());
     }
     int64_t t = now_ns();
-    if (catch_up_mtp(batch, /*queued_only*/ true)) {
+    if (catch_up(batch, /*queued_only*/ true)) {
         b.t_catchup_ns += now_ns() - t;
         t = now_ns();
     }
@@ -159,21 +152,34 @@ void Engine::propose(std::vector<Sequence *> & batch, BatchStep & b) {
     std::vector<DraftRequest> & requests = step_requests;
     requests.assign(batch.size(), DraftRequest{});
     for (size_t i = 0; i < batch.size(); ++i) {
-        Sequence & q = *batch[i];
-        if (q.s.p.n_max > 0) {
-            requests[i] = draft_request(q, /*oracle*/ false);
-            ask_drafters(q, requests[i], 0, mtp_place(q));
+        if (batch[i]->s.drafting) {
+            requests[i] = draft_request(*batch[i], /*oracle*/ false);
         }
     }
-    draft_mtp(batch, requests, b);
-    for (size_t i = 0; i < batch.size(); ++i) {
-        Sequence & q = *batch[i];
-        if (q.s.p.n_max > 0) {
-            ask_drafters(q, requests[i], mtp_place(q) + 1, q.drafters.size());
+    for (size_t k = 0; k < longest; ++k) {
+        uint64_t together = 0;  // the kinds at this chain place that draft together
+        for (size_t i = 0; i < batch.size(); ++i) {
+            Sequence & q = *batch[i];
+            if (!q.s.drafting || q.s.settled || k >= q.drafters.size()) {
+                continue;
+            }
+            Drafter & d = *q.drafters[k];
+            if (DRAFTER_TABLE[d.id].draft_together != nullptr) {
+                together |= uint64_t(1) << d.id;
+            } else {
+                ask_drafter(q, d, requests[i]);
+            }
         }
-        for (auto & d : q.drafters) {
-            if (q.asked[d->id]) {
-                q.expected[d->id] = d->expected_accepted(q.candidates[d->id]);
+        for (int32_t id = 0; id < N_DRAFTERS; ++id) {
+            if (together & (uint64_t(1) << id)) {
+                draft_together((DrafterId) id, batch, requests, b);
+            }
+        }
+    }
+    for (Sequence * q : batch) {
+        for (auto & d : q->drafters) {
+            if (q->asked[d->id]) {
+                q->expected[d->id] = d->expected_accepted(q->candidates[d->id]);
             }
         }
     }
@@ -190,31 +196,38 @@ void took_part(Sequence & q, Drafter & d) {
     }
 }
 
+// q's drafter of kind `id` (nullptr: its chain has none)
+Drafter * drafter_of(Sequence & q, int32_t id) {
+    for (auto & d : q.drafters) {
+        if (d->id == id) {
+            return d.get();
+        }
+    }
+    return nullptr;
+}
+
 }  // namespace
 
-// the drafters [from, to) of q's chain, in order, until the step is settled
-void Engine::ask_drafters(Sequence & q, const DraftRequest & req, size_t from, size_t to) {
-    for (size_t k = from; k < to && !q.s.settled; ++k) {
-        Drafter & d = *q.drafters[k];
-        const int64_t t_call = wall_ns();
-        const bool took = d.draft(req, q.candidates[d.id]);
-        d.stats.t_draft_ns += wall_ns() - t_call;
-        if (took) {
-            took_part(q, d);
-        }
+void Engine::ask_drafter(Sequence & q, Drafter & d, const DraftRequest & req) {
+    const int64_t t_call = wall_ns();
+    const bool took = d.draft(req, q.candidates[d.id]);
+    d.stats.t_draft_ns += wall_ns() - t_call;
+    if (took) {
+        took_part(q, d);
     }
 }
 
-// the MTP heads of every sequence still asking, in one batch per depth (each drafter's time is the batch's)
-void Engine::draft_mtp(std::vector<Sequence *> & batch, const std::vector<DraftRequest> & requests, BatchStep & b) {
-    std::vector<MtpJob> & jobs = mtp_jobs;
-    std::vector<Sequence *> & who = mtp_who;
+void Engine::draft_together(DrafterId id, const std::vector<Sequence *> & batch,
+                            const std::vector<DraftRequest> & requests, BatchStep & b) {
+    std::vector<DraftJob> & jobs = group_jobs;
+    std::vector<Sequence *> & who = group_who;
     jobs.clear();
     who.clear();
     for (size_t i = 0; i < batch.size(); ++i) {
         Sequence & q = *batch[i];
-        if (q.s.p.n_max > 0 && q.mtp != nullptr && !q.s.settled) {
-            jobs.push_back(MtpJob{q.mtp, &requests[i], &q.candidates[DRAFTER_MTP]});
+        Drafter * d = q.s.drafting && !q.s.settled ? drafter_of(q, id) : nullptr;
+        if (d != nullptr && !q.asked[id]) {
+            jobs.push_back(DraftJob{d, &requests[i], &q.candidates[id]});
             who.push_back(&q);
         }
     }
@@ -222,11 +235,11 @@ void Engine::draft_mtp(std::vector<Sequence *> & batch, const std::vector<DraftR
         return;
     }
     const int64_t t_call = wall_ns();
-    MtpDrafter::draft_batch(jobs, &b.draft_rows);
+    DRAFTER_TABLE[id].draft_together(jobs, &b.draft_rows);
     const int64_t dt = wall_ns() - t_call;
-    for (Sequence * q : who) {
-        q->mtp->stats.t_draft_ns += dt;
-        took_part(*q, *q->mtp);
+    for (size_t k = 0; k < jobs.size(); ++k) {
+        jobs[k].drafter->stats.t_draft_ns += dt;
+        took_part(*who[k], *jobs[k].drafter);
     }
 }
 
@@ -278,21 +291,47 @@ void Engine::choose_best(Sequence & q) const {
     }
 }
 
-// The MTP heads of the sequences drafting this step decode their queued rows together (queued_only:
-// only those with rows queued). Returns whether any did.
-bool Engine::catch_up_mtp(std::vector<Sequence *> & batch, bool queued_only) {
-    std::vector<MtpDrafter *> & heads = mtp_heads;
-    heads.clear();
+bool Engine::catch_up(const std::vector<Sequence *> & batch, bool queued_only) {
+    std::vector<Drafter *> & queued = seq_drafters;
+    queued.clear();
     for (Sequence * q : batch) {
-        if (q->s.drafting_mtp && (!queued_only || q->mtp->has_queue())) {
-            heads.push_back(q->mtp);
+        for (auto & d : q->drafters) {
+            if (q->s.drafting && DRAFTER_TABLE[d->id].catch_up_together != nullptr && (!queued_only || d->has_queue())) {
+                queued.push_back(d.get());
+            }
         }
     }
-    if (heads.empty()) {
+    if (queued.empty()) {
         return false;
     }
-    check_decode(MtpDrafter::catch_up_batch(heads), "MTP catch-up");
+    catch_up_drafters(queued, "catch-up");
     return true;
+}
+
+const std::vector<Drafter *> & Engine::drafters_of(Sequence & q) {
+    seq_drafters.clear();
+    for (auto & d : q.drafters) {
+        seq_drafters.push_back(d.get());
+    }
+    return seq_drafters;
+}
+
+void Engine::catch_up_drafters(const std::vector<Drafter *> & drafters, const char * what) {
+    for (int32_t id = 0; id < N_DRAFTERS; ++id) {
+        if (DRAFTER_TABLE[id].catch_up_together == nullptr) {
+            continue;
+        }
+        std::vector<Drafter *> & group = group_drafters;
+        group.clear();
+        for (Drafter * d : drafters) {
+            if (d->id == id) {
+                group.push_back(d);
+            }
+        }
+        if (!group.empty()) {
+            check_decode(DRAFTER_TABLE[id].catch_up_together(group), what);
+        }
+    }
 }
 
 // verify: [id_last, d0, ..., d_{n-1}] of every sequence in one target batch; the drafters follow it
@@ -320,7 +359,7 @@ void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
 
     // catch-up: the MTP heads see the verified rows with the target's hidden states
     t = now_ns();
-    if (catch_up_mtp(batch, /*queued_only*/ false)) {
+    if (catch_up(batch, /*queued_only*/ false)) {
         b.t_catchup_ns += now_ns() - t;
     }
 }
@@ -356,7 +395,7 @@ void Engine::sample_verified(Sequence & q) {
         s.correction = tok;
         break;
     }
-    if (opts.telemetry) {
+    if (full_telemetry()) {
         for (int32_t j = i + 1; j <= s.n_d; ++j) {  // beyond the first rejection: the target's argmax
             q.target_row[j] = argmax(llama_get_logits_ith(ctx_tgt.get(), s.row0 + j), llama_vocab_n_tokens(vocab));
         }
@@ -427,7 +466,7 @@ void Engine::record(Sequence & q, const BatchStep & b) {
     tel.rs_slot[r] = (recurrent && s.n_rollback > 0) ? s.n_rollback : -1;
     std::copy(q.target_row.begin(), q.target_row.begin() + s.n_d + 1, tel.target_tokens.begin() + r * (D + 1));
     record_draft(q, r);
-    if (opts.telemetry) {
+    if (full_telemetry()) {
         const size_t row0 = (size_t) s.row0;
         for (size_t j = 0; j <= (size_t) s.n_d && row0 + j < probe_tgt.row_norms.size(); ++j) {
             tel.h_norm_target[r * (D + 1) + j] = probe_tgt.row_norms[row0 + j];
@@ -447,7 +486,7 @@ void Engine::record_draft(Sequence & q, size_t r) {
         tel.drafted[r * D + j] = d.tokens[j];
         tel.draft_prob[r * D + j] = has_prob ? d.prob[j] : NAN;
     }
-    if (!opts.telemetry || !has_prob || d.topk_ids.size() < (size_t) s.n_d * K) {
+    if (!full_telemetry() || !has_prob || d.topk_ids.size() < (size_t) s.n_d * K) {
         return;
     }
     for (int32_t j = 0; j < s.n_d; ++j) {
@@ -456,13 +495,17 @@ void Engine::record_draft(Sequence & q, size_t r) {
             tel.topk_probs[(r * D + j) * K + k] = d.topk_probs[j * K + k];
         }
     }
-    if (s.source != DRAFTER_MTP) {
+    // a draft with hidden rows (the MTP head's) beside the target's rows of the same width, read from the
+    // sequence's one extraction of the verify batch
+    const int32_t n_embd = n_feature_embd();
+    if (d.h_norm.size() < (size_t) s.n_d || d.hidden.size() < (size_t) s.n_d * n_embd ||
+        q.features.size() < (size_t) (s.n_d + 1) * n_embd) {
         return;
     }
-    const int32_t n_embd = q.mtp->n_embd;
     for (int32_t j = 0; j < s.n_d; ++j) {
         tel.h_norm_draft[r * D + j] = d.h_norm[j];
-        tel.draft_target_cos[r * D + j] = cosine(d.hidden.data() + (size_t) j * n_embd, q.mtp->verify_row(j), n_embd);
+        tel.draft_target_cos[r * D + j] = cosine(d.hidden.data() + (size_t) j * n_embd,
+                                                 q.features.data() + (size_t) j * n_embd, n_embd);
     }
 }
 
@@ -484,19 +527,43 @@ llama_token Engine::sample(Sequence & q, int32_t row) {
 }
 
 int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0, int32_t row0) {
+    const TargetRows rows = extract_features(q, tokens, n, pos0, row0, q.features);
     int64_t t_model = 0;
     for (auto & d : q.drafters) {
         if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL) {
-            d->observe_target(tokens, n, pos0, row0);
+            d->observe_target(rows);
             continue;
         }
         const int64_t t = now_ns();
-        d->observe_target(tokens, n, pos0, row0);
+        d->observe_target(rows);
         const int64_t dt = now_ns() - t;
         d->stats.t_accept_ns += dt;
         t_model += dt;
     }
     return t_model;
+}
+
+TargetRows Engine::extract_features(const Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0,
+                                    int32_t row0, std::vector<float> & into) const {
+    TargetRows rows;
+    rows.toks = tokens;
+    rows.n = n;
+    rows.pos0 = pos0;
+    rows.row0 = row0;
+    rows.n_embd = n_feature_embd();
+    if (q.needs.nextn) {
+        const size_t row = (size_t) rows.n_embd;
+        into.resize(row * n);
+        for (int32_t i = 0; i < n; ++i) {
+            const float * h = api.get_embeddings_nextn_ith(ctx_tgt.get(), row0 + i);
+            if (h == nullptr) {
+                fail(ErrorKind::DECODE, "llama_get_embeddings_nextn_ith returned no row " + std::to_string(row0 + i));
+            }
+            std::memcpy(into.data() + i * row, h, row * sizeof(float));
+        }
+        rows.nextn = into.data();
+    }
+    return rows;
 }
 
 void Engine::add_target_rows(llama_seq_id seq, const llama_token * tokens, int32_t n, llama_pos pos0, bool logits) {
@@ -511,7 +578,7 @@ void Engine::add_target_rows(llama_seq_id seq, const llama_token * tokens, int32
 }
 
 int32_t Engine::decode_target() {
-    if (opts.telemetry) {
+    if (full_telemetry()) {
         probe_tgt.start();
     }
     const int32_t rc = llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get());

@@ -257,3 +257,30 @@ def test_the_engine_backstops_the_settings_rules(session_mixed):
         with pytest.raises(mx.ParameterError):
             engine.set_params(params)
     assert session_mixed.params["n_max"] <= session_mixed.capacity
+
+
+# -- drafters read the target through declared features ----------------------------------------------------
+#: The only native files that may name the MTP drafter's class: its own, and the drafter table.
+MTP_FILES = {"mtp_drafter.h", "mtp_drafter.cpp", "drafters.cpp"}
+
+
+def _cpp_code(path: Path) -> str:
+    """A C++ file without its comments."""
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", path.read_text(), flags=re.S)
+
+
+def test_the_engine_has_no_mtp_special_case():
+    """The step, oracle and request code reach the MTP head only through the Drafter interface (its declared
+    features, observe_target, keep, the table's batch functions): no `q.mtp`, no MtpDrafter outside its own files
+    and the table, and the target's hidden states read in one place, the engine's feature extraction."""
+    found = []
+    for path in sorted(NATIVE.glob("*.[ch]*")):
+        code = _cpp_code(path)
+        if re.search(r"(\.|->)mtp\b", code):
+            found.append(f"{path.name}: reaches a sequence's MTP drafter directly")
+        if path.name not in MTP_FILES and "MtpDrafter" in code:
+            found.append(f"{path.name}: names MtpDrafter")
+    assert not found, "\n".join(found)
+    readers = [p.name for p in sorted(NATIVE.glob("*.cpp")) if "get_embeddings_nextn_ith(ctx_tgt" in _cpp_code(p)]
+    assert readers == ["step.cpp"], readers  # Engine::extract_features
+    assert "TargetRows Engine::extract_features(" in (NATIVE / "step.cpp").read_text()

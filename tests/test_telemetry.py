@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
+from mtp_explorer.core.options import TELEMETRY_LEVELS
 from mtp_explorer.core.trace import COLUMNS
 
 
@@ -102,14 +103,55 @@ def test_json_round_trip(trace):
         mx.Trace.from_json(json.dumps({"format": "something else"}))
 
 
-def test_telemetry_off_keeps_counts(session_mixed):
-    on = session_mixed.generate("import os", max_tokens=40, n_max=3)
-    session_mixed.telemetry = False
+def test_telemetry_levels_record_less_and_generate_the_same(session_mixed):
+    """"full" records every column, "steps" the rows without per-depth detail, "off" only the totals; the
+    tokens, the per-step counts and the totals are the same at every level."""
+    s = session_mixed
+    assert s.telemetry == "full" and TELEMETRY_LEVELS == ("off", "steps", "full")
+    runs = {}
     try:
-        off = session_mixed.generate("import os", max_tokens=40, n_max=3)
+        for level in ("full", "steps", False, "off", True):
+            s.telemetry = level
+            runs[level] = s.generate("import os", max_tokens=40, n_max=3)
+            assert runs[level].settings["telemetry"] == {False: "steps", True: "full"}.get(level, level)
     finally:
-        session_mixed.telemetry = True
-    assert off.tokens == on.tokens
-    np.testing.assert_array_equal(off.n_accepted, on.n_accepted)
-    np.testing.assert_array_equal(off.drafted, on.drafted)
-    assert np.isnan(off.h_norm_target).all() and (off.topk_ids == -1).all()
+        s.telemetry = "full"
+    full, steps, off = runs["full"], runs["steps"], runs["off"]
+    assert all(t.tokens == full.tokens for t in runs.values())
+    np.testing.assert_array_equal(steps.n_accepted, full.n_accepted)
+    np.testing.assert_array_equal(steps.drafted, full.drafted)
+    assert np.isnan(steps.h_norm_target).all() and (steps.topk_ids == -1).all()
+    assert not np.isnan(full.h_norm_target).all() and (full.topk_ids >= 0).any()
+    np.testing.assert_array_equal(runs[False].n_accepted, steps.n_accepted)  # False is "steps"
+    assert off.n_steps == 0 and off.totals["n_steps"] == full.n_steps
+    for t in (full, steps):
+        assert t.totals["n_steps"] == t.n_steps and t.totals["n_drafted"] == int(t.n_drafted.sum())
+        assert t.totals["n_accepted"] == int(t.n_accepted.sum())
+        assert t.totals["t_verify_ns"] == int(t.t_verify_ns.sum())
+    a, b = off.summary(), full.summary()
+    assert {k: a[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")} == \
+        {k: b[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")}
+    assert a["mean_accepted_length"] == pytest.approx(b["mean_accepted_length"]) and a["tokens_per_second"] > 0
+    assert mx.Trace.from_json(off.to_json()).summary()["n_accepted"] == a["n_accepted"]
+    with pytest.raises(mx.ParameterError, match="telemetry must be one of"):
+        s.telemetry = "some"
+    with pytest.raises(mx.ParameterError, match="telemetry must be one of"):
+        mx.Session.open(s.path, telemetry="verbose")
+    s.telemetry = "off"
+    try:
+        with pytest.raises(mx.ParameterError, match="telemetry='off' records none"):
+            next(s.stream("import os", max_tokens=8))
+    finally:
+        s.telemetry = "full"
+
+
+def test_the_explorer_records_full_telemetry_only_for_views_that_draw_it(session_mixed):
+    from mtp_explorer.widgets import Explorer
+
+    try:
+        Explorer(session_mixed, views=["acceptance_by_depth", "throughput"])
+        assert session_mixed.telemetry == "steps"
+        Explorer(session_mixed, views=["acceptance_by_depth", "hidden_norms"])
+        assert session_mixed.telemetry == "full"
+    finally:
+        session_mixed.telemetry = "full"

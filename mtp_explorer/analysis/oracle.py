@@ -45,6 +45,7 @@ from ..core.schema import (ORACLE_COLUMNS, Column, Dims, check_columns, columns_
                            read_document, reading)
 from .batch_shift import BatchShift
 from ..core.errors import FormatError
+from ..core.options import is_full_telemetry
 from ..core.settings import Limits
 
 if TYPE_CHECKING:
@@ -421,7 +422,7 @@ class OracleTrace:
 
     @cached_property
     def fitted_cost(self) -> CostModel:
-        return CostModel.from_columns(self.columns, self.depth, bool(self.settings.get("telemetry", True)))
+        return CostModel.from_columns(self.columns, self.depth, is_full_telemetry(self.settings.get("telemetry")))
 
     def with_cost(self, cost: CostModel | None) -> "OracleTrace":
         """The same recording predicting times with ``cost``."""

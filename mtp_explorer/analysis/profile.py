@@ -38,6 +38,7 @@ import numpy as np
 from .oracle import CostModel, OracleTrace
 from ..core.checks import check_int
 from ..core.errors import ParameterError
+from ..core.options import is_full_telemetry
 
 if TYPE_CHECKING:
     from ..core.session import Session
@@ -367,14 +368,14 @@ def _measure(session: "Session", prompts, max_tokens: int, depth: int | None, pr
     finally:
         report(close=True)
     columns = pooled_columns(oracles)
-    cost = CostModel.from_columns(columns, depth, bool(session.telemetry))
+    cost = CostModel.from_columns(columns, depth, is_full_telemetry(session.telemetry))
     pos = columns["pos"].astype(np.float64)
     options = getattr(session, "options", None)
     return CostProfile(
         cost=cost, model=model_identity(session.info.to_dict()),
         options=options.as_kwargs() if hasattr(options, "as_kwargs") else dict(session.open_kwargs),
         session={"n_ctx": session.n_ctx, "threads": session.threads, "capacity": session.capacity,
-                 "telemetry": bool(session.telemetry), "clock": session.clock} | _placement(session),
+                 "telemetry": session.telemetry, "clock": session.clock} | _placement(session),
         machine=machine_facts(),
         measured={"prompts": [p if isinstance(p, str) else session.detokenize(p) for p in prompts],
                   "max_tokens": max_tokens, "depth": depth, "n_oracles": len(oracles), "n_positions": int(pos.size),

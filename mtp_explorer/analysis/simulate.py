@@ -35,6 +35,7 @@ from .replay import STOP, Candidate, DrafterReplay, DrafterState
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
+from ..core.options import is_full_telemetry
 from ..core.settings import DraftSettings
 from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
 from ..core.trace import Trace
@@ -366,7 +367,7 @@ def _follow_ns(oracle: OracleTrace, replays, pos):
 def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[str, np.ndarray]:
     """Predicted time of each phase of each step (the verify graph reused when ``k`` repeats)."""
     k = steps.n_drafted + 1
-    rows = np.where(bool(oracle.settings.get("telemetry", True)), k, steps.n_accepted + 1)
+    rows = np.where(is_full_telemetry(oracle.settings.get("telemetry")), k, steps.n_accepted + 1)
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
     pos = oracle.columns["pos"][steps.g].astype(np.float64)
@@ -668,7 +669,7 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     cand = replay.candidate(cap, reason, grid_p, grid_nmin, grid_n > 0)
     n_d = cand.n_drafted
     acc = np.minimum(n_d, replay.match_len[None, :])
-    tel = bool(oracle.settings.get("telemetry", True))
+    tel = is_full_telemetry(oracle.settings.get("telemetry"))
     pos = oracle.columns["pos"].astype(np.float64)[None, :]
     draft = _draft_ns(oracle, (replay,), (cand,), cap > 0, pos)
     step_fresh = _total_ns(oracle.cost.phase_ns(_head((replay,), (cand,), cand.asked.shape), n_d + 1, draft,

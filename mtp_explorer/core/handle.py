@@ -15,7 +15,7 @@ from .. import _native
 from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
                      SessionClosedError)
 from .info import ModelInfo, model_info
-from .options import DEFAULT_N_RS_SEQ, SessionOptions
+from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
 from .schema import FINISH_REASONS
 from .trace import Trace
 
@@ -96,6 +96,13 @@ def _prompt_tokens(handle: "EngineHandle", prompt: Prompt) -> list[int]:
     return tokens
 
 
+def check_streamable(handle: "EngineHandle") -> None:
+    """A stream yields each step's row: a :class:`ParameterError` where the session records none."""
+    if handle.telemetry == "off":
+        raise ParameterError("a stream yields each step's row, and telemetry='off' records none: set "
+                             "session.telemetry = 'steps' (or 'full'), or call generate")
+
+
 class EngineHandle:
     """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
     frees it."""
@@ -126,7 +133,7 @@ class EngineHandle:
         seed: int = 0,
         n_rs_seq: int = DEFAULT_N_RS_SEQ,
         topk: int = 5,
-        telemetry: bool = True,
+        telemetry: bool | str = "full",
         clock: str = "wall",
         n_gpu_layers: int | str = -1,
         main_gpu: int = 0,
@@ -151,7 +158,8 @@ class EngineHandle:
         run the same kernels at every batch size, at some cost in speed: see :meth:`batch_shift`).
 
         ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
-        the session accepts; ``topk`` is how many draft alternatives are recorded per depth.
+        the session accepts; ``topk`` is how many draft alternatives are recorded per depth; ``telemetry`` how much
+        a generation records (:data:`~mtp_explorer.core.options.TELEMETRY_LEVELS`: full, steps or off).
         ``clock="cpu"`` times the phases with the calling thread's CPU time instead of the wall
         clock (needs ``threads=1``, where llama.cpp computes on that thread): the work, without the
         time a busy machine kept the thread waiting. Tokens/s are then work-rate figures.
@@ -223,6 +231,10 @@ class EngineHandle:
     n_parallel = _engine_fact("n_parallel", "Sequences (llama.cpp's ``-np`` slots) the session runs at once.")
     capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (its ``n_rs_seq`` snapshot slots).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
+    telemetry = property(lambda self: self._live().telemetry,
+                         lambda self, level: setattr(self._live(), "telemetry", telemetry_level(level)),
+                         doc="How much a generation records: ``\"full\"``, ``\"steps\"`` or ``\"off\"`` (see "
+                             ":meth:`open`; settable between generations, ``True``/``False`` being full/steps).")
 
     @property
     def has_draft_model(self) -> bool:
@@ -236,17 +248,9 @@ class EngineHandle:
         return _placement(self._live())
 
     @property
-    def telemetry(self) -> bool:
-        return self._live().telemetry
-
-    @property
     def clock(self) -> str:
         """``wall`` or ``cpu``: the clock of the per-phase timings."""
         return "cpu" if self._live().cpu_clock else "wall"
-
-    @telemetry.setter
-    def telemetry(self, on: bool) -> None:
-        self._live().telemetry = bool(on)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self._live().tokenize(text, add_special)

@@ -19,6 +19,10 @@ KV_CACHE_TYPES: tuple[str, ...] = _native.KV_CACHE_TYPES
 """``type_k``/``type_v`` values (llama.cpp's ``-ctk``/``-ctv``)."""
 LOAD_MODES: tuple[str, ...] = _native.LOAD_MODES
 """``load_mode`` values (llama.cpp's ``-lm``)."""
+TELEMETRY_LEVELS: tuple[str, ...] = _native.TELEMETRY_LEVELS
+"""``telemetry`` values: ``"off"`` (the request's totals only), ``"steps"`` (a row per step: counts, settings, stop
+reasons, batch shape, phase times) and ``"full"`` (also every per-depth detail: top-k, confidences, target tokens
+past a rejection, hidden-state norms); ``True``/``False`` mean ``"full"``/``"steps"``."""
 GPU_LAYERS_NAMES = {"auto": -1, "all": -2}
 """``n_gpu_layers`` words, as llama.cpp's ``-ngl`` takes them."""
 _QUANTIZED_KV = frozenset(t for t in KV_CACHE_TYPES if t not in ("f32", "f16", "bf16"))
@@ -29,6 +33,19 @@ def _choice(name: str, value, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ParameterError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
     return value
+
+
+def telemetry_level(value: bool | str) -> str:
+    """A ``telemetry`` value as its level name (:data:`TELEMETRY_LEVELS`; ``True``/``False``: ``"full"``/``"steps"``,
+    what they meant before the levels)."""
+    if isinstance(value, bool):
+        return "full" if value else "steps"
+    return _choice("telemetry", value, TELEMETRY_LEVELS)
+
+
+def is_full_telemetry(value: bool | str | None) -> bool:
+    """Whether a recorded ``telemetry`` setting (a level name, or a bool of older traces; ``None``: full) is full."""
+    return value is None or telemetry_level(value) == "full"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +66,7 @@ class SessionOptions:
     seed: int = 0
     n_rs_seq: int = DEFAULT_N_RS_SEQ
     topk: int = 5
-    telemetry: bool = True
+    telemetry: bool | str = "full"
     clock: str = "wall"
     n_gpu_layers: int = -1
     main_gpu: int = 0
@@ -63,6 +80,7 @@ class SessionOptions:
     n_parallel: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "telemetry", telemetry_level(self.telemetry))
         self._check_placement()
         check_int("n_ctx", self.n_ctx, 8, None)
         check_int("n_parallel", self.n_parallel, 1, MAX_PARALLEL)
@@ -109,7 +127,7 @@ class SessionOptions:
     def to_native(self, path: str) -> "_native.EngineOptions":
         eo = _native.EngineOptions()
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
-        eo.topk, eo.telemetry, eo.cpu_clock = self.topk, bool(self.telemetry), self.clock == "cpu"
+        eo.topk, eo.telemetry, eo.cpu_clock = self.topk, self.telemetry, self.clock == "cpu"
         eo.draft_path = self.draft_model or ""
         eo.n_parallel = self.n_parallel
         p = _native.Placement()

@@ -18,7 +18,7 @@ from .. import _native
 from ..analysis import metrics
 from .checks import check_int
 from .errors import ParameterError
-from .handle import Prompt
+from .handle import Prompt, check_streamable
 from .schema import PHASES
 from .settings import DraftSettings, resolve_each
 from .trace import Step, Trace
@@ -177,6 +177,7 @@ class ParallelGeneration:
                         **keywords: Any) -> Iterator[list[ParallelStep]]:
         """As :meth:`generate_parallel` (the same arguments), yielding after every engine step a :class:`ParallelStep`
         for each sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
+        check_streamable(self)
         with self._run():
             self._begin_parallel(prompts, settings, arrivals, params, keywords)
             engine = self._engine
@@ -248,7 +249,8 @@ class ParallelGeneration:
         for i, ((prompt, tokens), settings) in enumerate(zip(self._parallel_prompts, self._parallel_settings)):
             state = engine.request_state(i)
             traces.append(Trace(columns=dict(engine.columns(0, i)), settings=settings,
-                                t_prefill_ns=state["t_prefill_ns"], **self._output(prompt, tokens, i)))
+                                t_prefill_ns=state["t_prefill_ns"], totals=dict(state["totals"]),
+                                **self._output(prompt, tokens, i)))
             infos.append(RequestInfo(index=i, slot=state["slot"], arrival=state["arrival"],
                                      admitted_step=state["admitted_step"], finished_step=state["finished_step"],
                                      n_prompt=state["n_prompt"], t_prefill_ns=state["t_prefill_ns"]))

@@ -11,7 +11,7 @@ from .. import _native
 from . import drafters
 from .checks import check_int
 from .errors import CancelledError, ParameterError
-from .handle import EngineHandle, Prompt
+from .handle import EngineHandle, Prompt, check_streamable
 from .parallel import ParallelGeneration
 from .schema import FINISH_REASONS
 from .settings import DraftSettings, Limits, resolve
@@ -55,7 +55,9 @@ class Session(ParallelGeneration, EngineHandle):
 
     def stream(self, prompt: Prompt, settings: DraftSettings | None = None, **keywords: Any) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification (arguments as
-        :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace."""
+        :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace. A session with
+        ``telemetry="off"`` records no steps to yield: a :class:`ParameterError`."""
+        check_streamable(self)
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
             engine = self._engine
@@ -185,6 +187,6 @@ class Session(ParallelGeneration, EngineHandle):
     def _finish(self, prompt: Prompt, prompt_tokens: list[int]) -> Trace:
         engine = self._engine
         trace = Trace(columns=dict(engine.columns(0)), settings=self._settings, t_prefill_ns=engine.t_prefill_ns,
-                      **self._output(prompt, prompt_tokens))
+                      totals=dict(engine.request_state(0)["totals"]), **self._output(prompt, prompt_tokens))
         self.last_trace = trace
         return trace

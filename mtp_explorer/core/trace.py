@@ -16,6 +16,7 @@ import numpy as np
 from ..analysis import metrics
 from .schema import (
     DRAFTERS,
+    PHASES,
     TRACE_COLUMN_NAMES,
     TRACE_COLUMNS,
     ENUM_COLUMNS,
@@ -84,6 +85,9 @@ class Trace:
     settings: dict[str, Any]
     model: dict[str, Any]
     t_prefill_ns: int = 0
+    totals: dict[str, int] | None = None
+    """The generation's totals over its steps (``n_steps``, ``n_drafted``, ``n_accepted`` and each phase's
+    ``t_<phase>_ns``), kept at every telemetry level: with ``telemetry="off"`` the only record of its steps."""
 
     # -- views -----------------------------------------------------------------------------------
     @property
@@ -129,7 +133,11 @@ class Trace:
 
     # -- numbers ---------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Acceptance, throughput and time split of the generation (prompt processing excluded)."""
+        """Acceptance, throughput and time split of the generation (prompt processing excluded). A trace recorded
+        with ``telemetry="off"`` has no rows: its summary comes from :attr:`totals` (per-depth acceptance and
+        steps by drafter unknown)."""
+        if self.n_steps == 0 and self.totals and self.totals.get("n_steps"):
+            return self._summary_of_totals()
         c = self.columns
         phases = metrics.phase_seconds(c)
         return {
@@ -146,6 +154,25 @@ class Trace:
             "rs_slot_bytes": int(self.model.get("rs_slot_bytes", 0)),
             "finish_reason": self.finish_reason,
             "steps_by_drafter": self.steps_by_drafter(),
+        }
+
+    def _summary_of_totals(self) -> dict[str, Any]:
+        t = self.totals
+        phases = {p: t[f"t_{p}_ns"] / 1e9 for p in PHASES}
+        return {
+            "acceptance_rate": metrics.accepted_per_drafted(t["n_accepted"], t["n_drafted"]),
+            "mean_accepted_length": t["n_accepted"] / t["n_steps"],
+            "acceptance_by_depth": np.full(self.depth, np.nan),
+            "tokens_per_second": metrics.tokens_per_second(len(self.tokens), sum(phases.values())),
+            "n_steps": int(t["n_steps"]),
+            "n_tokens": len(self.tokens),
+            "n_drafted": int(t["n_drafted"]),
+            "n_accepted": int(t["n_accepted"]),
+            "phase_seconds": phases,
+            "prefill_seconds": self.t_prefill_ns / 1e9,
+            "rs_slot_bytes": int(self.model.get("rs_slot_bytes", 0)),
+            "finish_reason": self.finish_reason,
+            "steps_by_drafter": {},
         }
 
     def steps_by_drafter(self) -> dict[str, int]:

@@ -71,8 +71,7 @@ class Explorer(W.VBox):
     until the background work (a generation and its baseline, or an oracle recording) is done; ``predict()``
     replays any setting on the oracle. ``drafter=``: the initial drafter (default: MTP, or a drafter that needs
     no MTP head on a model without one); ``options``: the drafters' options (``ngram_simple_size_n=``, ...); ``width``: the
-    figures' width in pixels; ``views``: the names of the views to show (default: every registered one).
-    The state is in the traitlets below; the parts are ``controls``, ``progress``, ``error_area``,
+    figures' width in pixels; ``views``: the views to show (default: all; they set the session's telemetry). The state is in the traitlets below; the parts are ``controls``, ``progress``, ``error_area``,
     ``whatif_panel``, ``views``, and ``runner`` / ``whatif_controller``.
     """
 
@@ -114,6 +113,7 @@ class Explorer(W.VBox):
         self.progress = ProgressView()
         self.error_area = ErrorArea()
         self.views = LiveViews(self.piece, width, views)
+        session.telemetry = self.views.telemetry  # full only where a view draws per-depth detail
         self.whatif_panel = WhatIfPanel(width)
         self.runner = GenerationRunner(session, self.piece, show=self._show, started=self.error_area.clear,
                                        ended=self._generation_ended)

@@ -42,15 +42,20 @@ EXTRA_INPUTS: tuple[str, ...] = ("baseline", "piece")
 @dataclasses.dataclass(frozen=True)
 class View:
     """One live view: its ``name`` (the key of ``Explorer.figures`` and of the CSS class ``mtpx-<name>``),
-    the ``figure`` function that draws it from a trace, and its layout ``width`` (:data:`WIDTHS`)."""
+    the ``figure`` function that draws it from a trace, its layout ``width`` (:data:`WIDTHS`) and the
+    ``telemetry`` level its figure draws from (``"steps"``, or ``"full"`` for per-depth detail: top-k, target
+    tokens past a rejection, hidden-state norms)."""
 
     name: str
     figure: Callable[..., go.Figure]
     width: str = "full"
+    telemetry: str = "steps"
 
     def __post_init__(self) -> None:
         if self.width not in WIDTHS:
             raise ParameterError(f"a view's width is one of {WIDTHS}, got {self.width!r}")
+        if self.telemetry not in ("steps", "full"):
+            raise ParameterError(f"a view draws from telemetry 'steps' or 'full', got {self.telemetry!r}")
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -73,13 +78,14 @@ VIEWS: dict[str, View] = {}
 
 
 def register_view(figure: Callable[..., go.Figure] | None = None, *, name: str | None = None, width: str = "full",
-                  replace: bool = False):
+                  telemetry: str = "steps", replace: bool = False):
     """Register ``figure`` (a function of a trace returning a plotly figure) as a live view named ``name``
-    (default: the function's name); usable as a decorator, with or without arguments. Returns the
-    function. Registering a taken name is a ``ValueError`` unless ``replace=True`` (which keeps its place)."""
+    (default: the function's name) that draws from ``telemetry`` (``"steps"`` or ``"full"``); usable as a
+    decorator, with or without arguments. Returns the function. Registering a taken name is a ``ValueError``
+    unless ``replace=True`` (which keeps its place)."""
 
     def add(fn: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
-        view = View(name or fn.__name__, fn, width)
+        view = View(name or fn.__name__, fn, width, telemetry)
         if view.name in VIEWS and not replace:
             raise ParameterError(f"a view named {view.name!r} is registered already (replace=True replaces it)")
         VIEWS[view.name] = view
@@ -94,10 +100,10 @@ def unregister_view(name: str) -> View:
 
 
 # the per-trace figures of mtp_explorer.plots, in the Explorer's order
-register_view(plots.token_timeline)
+register_view(plots.token_timeline, telemetry="full")  # alternatives and the target's tokens past a rejection
 register_view(plots.acceptance_by_depth, width="half")
 register_view(plots.accepted_length_histogram, width="half")
-register_view(plots.hidden_norms)
+register_view(plots.hidden_norms, telemetry="full")
 register_view(plots.rs_slots)
 register_view(plots.throughput)
 
@@ -131,6 +137,11 @@ class LiveViews(W.VBox):
     def names(self) -> tuple[str, ...]:
         """The views shown, in order."""
         return tuple(self.views)
+
+    @property
+    def telemetry(self) -> str:
+        """The telemetry level the views draw from: ``"full"`` if any of them needs it, else ``"steps"``."""
+        return "full" if any(v.telemetry == "full" for v in self.views.values()) else "steps"
 
     @property
     def half(self) -> tuple[str, ...]:
