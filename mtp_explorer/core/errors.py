@@ -15,16 +15,16 @@ class ModelNotFoundError(ModelLoadError, FileNotFoundError):
     """The model file does not exist."""
 
 
-class MtpUnavailableError(MtpExplorerError):
-    """MTP drafting was asked of a model without MTP (nextn) layers."""
-
-
 class LibraryError(MtpExplorerError):
     """The libllama in use lacks an API the engine needs."""
 
 
 class ParameterError(MtpExplorerError, ValueError):
     """A generation or drafting parameter is out of range."""
+
+
+class MtpUnavailableError(ParameterError):
+    """MTP drafting was asked of a model (or an oracle of a model) without MTP (nextn) layers."""
 
 
 class ContextOverflowError(ParameterError):
