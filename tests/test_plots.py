@@ -327,6 +327,7 @@ def _wrong_inputs(session):
                                      "takes a sequence of dicts", "lacks ['tokens_per_second'"),
         "server_acceptance": (lambda: plots.server_acceptance("http://127.0.0.1:8080"), "takes a ServerMonitor",
                               "got str"),
+        "server_rates": (lambda: plots.server_rates(trace), "takes a ServerMonitor", "got Trace"),
         "slot_timeline": (lambda: plots.slot_timeline(trace), "takes a ParallelTrace", "got Trace"),
         "batch_rows": (lambda: plots.batch_rows([trace]), "takes a ParallelTrace", "got list"),
         "parallel_crossover": (lambda: plots.parallel_crossover(grid), "takes a recommend_parallel or measure_crossover DataFrame",

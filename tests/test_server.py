@@ -16,7 +16,8 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
                                              replay_server_parallel, rerun_server_batch)
-from mtp_explorer.server import LlamaServer, ServerClient, ServerMonitor, SpecMetrics, free_port, parse_metrics
+from mtp_explorer.server import (LlamaServer, Reading, ServerClient, ServerMonitor, SpecMetrics, free_port,
+                                 parse_metrics)
 
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
            "for i in range(10):")
@@ -120,6 +121,72 @@ def test_monitor_reads_the_servers_counters(server):
     assert s["drafted_per_request"] == sum(a.draft_n for a in answers) / 2
     frame = monitor.requests_frame()
     assert list(frame["prompt"]) == list(PROMPTS[:2]) and (frame["draft_n"] > 0).all()
+
+
+def test_monitor_windows_a_server_under_load(server):
+    """Rates over a window and the time series of polls, read while two clients keep the server's slots busy."""
+    monitor = ServerMonitor(server.url)
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            monitor.complete_many(PROMPTS[:2], N_PREDICT)
+
+    clients = threading.Thread(target=load, daemon=True)
+    clients.start()
+    try:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            monitor.poll()
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        clients.join(timeout=60)
+    up = [r for r in monitor.readings if r.connected]
+    assert len(up) >= 8
+    w = monitor.window(60)
+    grown = up[-1].metrics.since(up[0].metrics)
+    assert w.seconds == pytest.approx(up[-1].time - up[0].time)
+    assert w.tokens_per_second == pytest.approx(grown.tokens_predicted / w.seconds) and w.tokens_per_second > 0
+    assert 0 < w.accepted_per_second <= w.drafted_per_second and 0.0 <= w.acceptance_rate <= 1.0
+    assert w.acceptance_rate == pytest.approx(grown.acceptance_rate)
+    short = monitor.window(1.0)  # the polls of the last second only
+    assert short is not None and short.seconds <= 1.0 and short.start > w.start
+    frame = monitor.series()
+    assert len(frame) == len(up) - 1
+    # the intervals add up to the window: tokens and seconds
+    assert (frame["tokens_per_second"] * frame["seconds"]).sum() == pytest.approx(grown.tokens_predicted)
+    assert frame["seconds"].sum() == pytest.approx(w.seconds)
+    fig = mx.plots.server_rates(monitor, window=60)
+    assert [t.name for t in fig.data] == ["tokens per second", "drafted per second", "accepted per second",
+                                          "acceptance rate"]
+    assert "tok/s" in fig.layout.title.text and len(fig.data[0].x) == len(frame)
+
+
+def _reading(t: float, tokens: int, drafted: int, accepted: int, drafts: int) -> Reading:
+    """A SYNTHETIC poll: counters as llama-server's /metrics would give them."""
+    return Reading(t, SpecMetrics(drafts=drafts, draft_tokens=drafted, accepted_tokens=accepted,
+                                  accepted_per_pos=(accepted,), tokens_predicted=tokens, predicted_seconds=t / 2))
+
+
+def test_monitor_window_series_and_ring_buffer_on_synthetic_polls():
+    monitor = ServerMonitor("http://127.0.0.1:9", capacity=5)
+    assert monitor.window(10) is None and monitor.series().empty
+    polls = [_reading(100, 0, 0, 0, 0), _reading(101, 50, 20, 10, 10), _reading(102, 90, 40, 30, 20),
+             Reading(103, None, "unreachable"), _reading(104, 10, 4, 2, 2),  # restarted: counters start again
+             _reading(106, 50, 14, 8, 6)]
+    monitor.readings.extend(polls)
+    assert len(monitor.readings) == 5 and monitor.readings[0].time == 101  # the oldest poll left the ring
+    frame = monitor.series()
+    assert list(frame["start"]) == [101, 104]  # the interval across the restart is left out
+    assert list(frame["tokens_per_second"]) == [40.0, 20.0]
+    w = monitor.window(60)  # back to the restart only
+    assert (w.start, w.seconds, w.tokens_per_second, w.acceptance_rate) == (104, 2, 20.0, 0.6)
+    assert w.drafted_per_second == 5.0 and w.accepted_per_second == 3.0 and w.mean_accepted_length == 1.5
+    with pytest.raises(mx.ParameterError, match="window"):
+        monitor.window(0)
+    with pytest.raises(mx.ParameterError, match="capacity"):
+        ServerMonitor("http://127.0.0.1:9", capacity=1)
 
 
 def test_a_server_that_fails_to_start_leaves_nothing_behind(tmp_path, server_binary):
@@ -229,6 +296,10 @@ def test_explorer_tab_watches_the_server(server, session, stand_in):
     view.refresh()
     assert view.state == "connected" and "connected" in view.status.value
     assert [t.name for t in view.figure.data] == ["acceptance", "tokens/s", "drafted tokens"]
+    view.refresh()  # two answered polls: one interval of the series
+    assert len(view.rates_figure.data[0].x) == 1 and "llama-server over time" in view.rates_figure.layout.title.text
+    view.window_field.value = 5.0
+    assert view.window == 5.0 and "last 5 s" in view.rates_figure.layout.title.text
     assert len(view.figure.data[1].y) == 1  # the request sent through the monitor
     # a server that answers garbage: the tab says disconnected, and says why
     down = ServerView(stand_in)

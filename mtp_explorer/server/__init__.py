@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from .client import Completion, ServerClient, SpecMetrics, parse_metrics
-from .monitor import Reading, ServerMonitor
+from .monitor import Reading, ServerMonitor, WindowRates
 from .process import LlamaServer, free_port, server_binary
 
 __all__ = ["Completion", "LlamaServer", "Reading", "ServerClient", "ServerMonitor", "SpecMetrics", "free_port",
-           "parse_metrics", "server_binary"]
+           "parse_metrics", "server_binary", "WindowRates"]

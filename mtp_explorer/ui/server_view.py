@@ -1,4 +1,5 @@
-"""The Explorer's "llama-server" tab: a watched server's figures, refreshed by a button or every few seconds."""
+"""The Explorer's "llama-server" tab: a watched server's figures (cumulative, and over time with the rates of the
+last window), refreshed by a button or every chosen number of seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import plotly.graph_objects as go
 import traitlets as T
 
 from ..server.monitor import STATES, ServerMonitor
-from ..viz.server_figures import server_acceptance
+from ..viz.server_figures import server_acceptance, server_rates
 from .figure_sync import sync_figure
 
 __all__ = ["ServerView"]
@@ -33,35 +34,49 @@ def status_text(monitor: ServerMonitor) -> str:
 
 
 class ServerView(W.VBox):
-    """A :class:`~mtp_explorer.server.ServerMonitor`'s status line and figure. ``refresh()`` polls once;
-    ``watching = True`` polls every ``interval`` seconds in a background thread (a server that stops answering
-    shows as disconnected, and the polling goes on)."""
+    """A :class:`~mtp_explorer.server.ServerMonitor`'s status line and figures: ``figure`` (cumulative acceptance
+    by draft position, the requests sent through the monitor) and ``rates_figure`` (tokens, drafted and accepted
+    per second and the acceptance over time, titled with the rates of the last ``window`` seconds).
+    ``refresh()`` polls once; ``watching = True`` polls every ``interval`` seconds in a background thread (a
+    server that stops answering shows as disconnected, and the polling goes on)."""
 
     state = T.Enum(STATES, default_value=STATES[0], help="the monitor's state after the last refresh")
     interval = T.Float(2.0, min=0.2, help="seconds between two polls while watching")
+    window = T.Float(60.0, min=1.0, help="seconds of polls the rates in the title of rates_figure cover")
     watching = T.Bool(False, help="poll every `interval` seconds in a background thread")
 
-    def __init__(self, monitor: ServerMonitor | str, *, width: int = 960, interval: float = 2.0) -> None:
+    def __init__(self, monitor: ServerMonitor | str, *, width: int = 960, interval: float = 2.0,
+                 window: float = 60.0) -> None:
         self.monitor = monitor if isinstance(monitor, ServerMonitor) else ServerMonitor(monitor)
         self.status = W.HTML()
         self.figure = go.FigureWidget()
+        self.rates_figure = go.FigureWidget()
         self.width = width
         self.refresh_button = W.Button(description="Refresh", tooltip="read the server's /metrics now")
-        self.watch_toggle = W.ToggleButton(description="Watch", tooltip="refresh every few seconds")
-        super().__init__([W.HBox([self.refresh_button, self.watch_toggle]), self.status, self.figure])
-        self.interval = interval
+        self.watch_toggle = W.ToggleButton(description="Watch", tooltip="refresh every `every` seconds")
+        self.interval_field = W.BoundedFloatText(value=interval, min=0.2, max=3600.0, step=0.5, description="every (s)",
+                                                 layout=W.Layout(width="160px"))
+        self.window_field = W.BoundedFloatText(value=window, min=1.0, max=86400.0, step=10.0,
+                                               description="window (s)", layout=W.Layout(width="170px"))
+        super().__init__([W.HBox([self.refresh_button, self.watch_toggle, self.interval_field, self.window_field]),
+                          self.status, self.figure, self.rates_figure])
+        T.link((self.interval_field, "value"), (self, "interval"))
+        T.link((self.window_field, "value"), (self, "window"))
+        self.interval, self.window = interval, window
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.refresh_button.on_click(lambda _b: self.refresh())
         T.link((self.watch_toggle, "value"), (self, "watching"))
         self.observe(self._on_watching, names="watching")
+        self.observe(lambda _: self.show(), names="window")
         self.show()
 
     def show(self) -> None:
         """Redraw the status and the figure from the monitor's last readings (no request)."""
-        fig = server_acceptance(self.monitor)
-        fig.update_layout(width=self.width)
-        sync_figure(self.figure, fig)
+        for widget, fig in ((self.figure, server_acceptance(self.monitor)),
+                            (self.rates_figure, server_rates(self.monitor, self.window))):
+            fig.update_layout(width=self.width)
+            sync_figure(widget, fig)
         self.status.value = status_text(self.monitor)
         self.state = self.monitor.state
 

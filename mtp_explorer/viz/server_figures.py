@@ -1,10 +1,12 @@
 """Figures of a watched llama-server (:class:`~mtp_explorer.server.ServerMonitor`): the quantities the package
 shows for its own traces, as the server counts them. ``plots.server_acceptance(monitor)``: acceptance by draft
 position (as :func:`~mtp_explorer.viz.trace_figures.acceptance_by_depth`), and per request sent through the
-monitor its tokens/s and drafted tokens."""
+monitor its tokens/s and drafted tokens. ``plots.server_rates(monitor)``: the same counters over time, one point per
+interval between two polls, with the rates over the last window."""
 
 from __future__ import annotations
 
+import datetime
 import math
 
 import plotly.graph_objects as go
@@ -12,9 +14,9 @@ from plotly.subplots import make_subplots
 
 from ..server.monitor import ServerMonitor
 from .inputs import instance, takes
-from .style import MUTED, PRIMARY, base_layout, empty
+from .style import HIGHLIGHT, MUTED, PRIMARY, base_layout, empty
 
-__all__ = ["server_acceptance"]
+__all__ = ["server_acceptance", "server_rates"]
 
 MONITOR = instance("a ServerMonitor", ServerMonitor)
 
@@ -50,4 +52,33 @@ def server_acceptance(monitor: ServerMonitor) -> go.Figure:
         empty(fig, "disconnected: " + (monitor.readings[-1].error[:80] if monitor.readings else ""))
     elif not by_pos and not reqs:
         empty(fig, "no drafts yet")
+    return fig
+
+
+@takes(MONITOR)
+def server_rates(monitor: ServerMonitor, window: float = 60.0) -> go.Figure:
+    """The server over time, one point per interval between two polls: generated, drafted and accepted tokens
+    per second (all slots together), and the acceptance rate of the drafts verified in the interval (right
+    axis); the title gives the rates over the last ``window`` seconds."""
+    frame = monitor.series()
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x = [datetime.datetime.fromtimestamp(t) for t in frame["start"] + frame["seconds"]]
+    for name, color, dash in (("tokens_per_second", PRIMARY, None), ("drafted_per_second", MUTED, "dot"),
+                              ("accepted_per_second", PRIMARY, "dash")):
+        fig.add_trace(go.Scatter(x=x, y=frame[name], mode="lines+markers", name=name.replace("_", " "),
+                                 line={"color": color, "dash": dash}, marker={"size": 4},
+                                 hovertemplate="%{y:.1f}<extra>" + name.replace("_", " ") + "</extra>"))
+    fig.add_trace(go.Scatter(x=x, y=frame["acceptance_rate"], mode="lines", name="acceptance rate",
+                             line={"color": HIGHLIGHT}, hovertemplate="%{y:.2f}<extra>acceptance</extra>"),
+                  secondary_y=True)
+    w = monitor.window(window)
+    title = (f"llama-server over time — last {window:g} s: {w.tokens_per_second:.0f} tok/s, acceptance "
+             f"{w.acceptance_rate:.2f}, {w.requests_processing} slots busy"
+             if w is not None and not math.isnan(w.tokens_per_second) else "llama-server over time")
+    base_layout(fig, title, height=320)
+    fig.update_yaxes(title_text="tokens per second", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="acceptance rate", range=[0, 1.05], secondary_y=True)
+    if frame.empty:
+        empty(fig, "fewer than two answered polls yet" if monitor.state != "disconnected"
+              else "disconnected: " + monitor.readings[-1].error[:80])
     return fig
