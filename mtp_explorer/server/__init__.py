@@ -1,11 +1,14 @@
 """llama-server beside the engine: start and stop a real one (:class:`LlamaServer`), talk to it
-(:class:`ServerClient`: ``/health``, ``/completion``, ``/metrics``) and watch one anywhere (:class:`ServerMonitor`)."""
+(:class:`ServerClient`: ``/health``, ``/completion``, ``/metrics``), watch one anywhere (:class:`ServerMonitor`) and
+measure a grid of its settings on a workload (:func:`server_sweep`)."""
 
 from __future__ import annotations
 
 from .client import Completion, ServerClient, SpecMetrics, parse_metrics
 from .monitor import Reading, ServerMonitor, WindowRates
 from .process import LlamaServer, free_port, server_binary
+from .sweep import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest, server_sweep
 
 __all__ = ["Completion", "LlamaServer", "Reading", "ServerClient", "ServerMonitor", "SpecMetrics", "free_port",
-           "parse_metrics", "server_binary", "WindowRates"]
+           "parse_metrics", "server_binary", "WindowRates", "GRID_FLAGS", "ServerSweep", "Workload", "WorkloadRequest",
+           "server_sweep"]

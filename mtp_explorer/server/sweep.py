@@ -1,0 +1,352 @@
+"""Measured sweeps of llama-server's own settings: for every configuration of a grid over its flags, a real
+llama-server on loopback serves the user's workload at that concurrency, then stops.
+
+:func:`server_sweep` starts one :class:`~mtp_explorer.server.LlamaServer` per configuration, sends the
+:class:`Workload` (all requests at once, or at Poisson arrival times), reads the timings of every answer and the
+speculative counters of ``/metrics``, and stops the server, whatever happened. A server that fails to start,
+crashes, hangs past ``timeout_s`` or answers garbage is that configuration's failure (its ``status``), and the
+sweep goes on. The result, a :class:`ServerSweep`, holds one row per configuration and category.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import math
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..core.errors import FormatError, ParameterError, ServerError
+from .client import Completion, ServerClient, SpecMetrics
+from .process import LlamaServer
+
+#: The grid's keys (llama.cpp's option names without dashes) and llama-server's long flags for them.
+GRID_FLAGS: Mapping[str, str] = {
+    "spec_type": "--spec-type", "n_max": "--spec-draft-n-max", "n_min": "--spec-draft-n-min",
+    "p_min": "--spec-draft-p-min", "n_parallel": "--parallel", "n_gpu_layers": "--n-gpu-layers",
+    "flash_attn": "--flash-attn", "type_k": "--cache-type-k",
+}
+#: What the best configuration can be chosen for (:meth:`ServerSweep.best`).
+GOALS = ("throughput", "p95_latency", "goodput")
+FORMAT = "mtp-explorer-server-sweep-1"
+ALL = "all"  #: the category of the rows over every request
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a workload: a ``/completion`` prompt, its ``n_predict`` and a category to break results by."""
+
+    prompt: str
+    n_predict: int = 128
+    category: str = ALL
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The requests a sweep sends to every configuration: all at once (``rate=None``) or arriving as a Poisson
+    process of ``rate`` requests per second (the same arrival times for every configuration: ``seed``)."""
+
+    requests: tuple[WorkloadRequest, ...]
+    rate: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise ParameterError("a workload needs at least one request")
+        if self.rate is not None and not (isinstance(self.rate, (int, float)) and self.rate > 0):
+            raise ParameterError(f"rate must be requests per second > 0 (or None: all at once), got {self.rate!r}")
+
+    @classmethod
+    def from_prompts(cls, prompts: Iterable[str], n_predict: int = 128, *, categories: Sequence[str] | None = None,
+                     rate: float | None = None) -> "Workload":
+        """A workload of ``prompts`` (with a category each, if given)."""
+        prompts = list(prompts)
+        cats = [ALL] * len(prompts) if categories is None else list(categories)
+        if len(cats) != len(prompts):
+            raise ParameterError(f"{len(cats)} categories for {len(prompts)} prompts")
+        return cls(tuple(WorkloadRequest(p, int(n_predict), c) for p, c in zip(prompts, cats)), rate)
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike, n_predict: int = 128, *, rate: float | None = None) -> "Workload":
+        """A JSONL file of ``/completion`` requests: one object per line with ``prompt`` and optionally
+        ``n_predict`` and ``category``."""
+        requests = []
+        for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                requests.append(WorkloadRequest(str(doc["prompt"]), int(doc.get("n_predict", n_predict)),
+                                                str(doc.get("category", ALL))))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FormatError(f"{path}:{i}: not a /completion request with a prompt ({exc!r})") from None
+        return cls(tuple(requests), rate)
+
+    def arrivals(self) -> list[float]:
+        """Each request's send time in seconds from the start."""
+        if self.rate is None:
+            return [0.0] * len(self.requests)
+        rng = random.Random(self.seed)
+        return list(itertools.accumulate(rng.expovariate(self.rate) for _ in self.requests))
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({r.category for r in self.requests})
+
+
+def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in the grid's order (a key of :data:`GRID_FLAGS` each)."""
+    unknown = sorted(set(grid) - set(GRID_FLAGS))
+    if unknown:
+        raise ParameterError(f"unknown grid key(s) {unknown}; the grid takes {sorted(GRID_FLAGS)}")
+    values = []
+    for key, vals in grid.items():
+        vals = [vals] if isinstance(vals, (str, int, float)) else list(vals)
+        if not vals:
+            raise ParameterError(f"the grid's {key} has no values")
+        values.append(vals)
+    return [dict(zip(grid, combo)) for combo in itertools.product(*values)]
+
+
+def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> list[str]:
+    """A configuration's llama-server flags besides the slots (``--parallel``)."""
+    argv = []
+    for key, value in config.items():
+        if key == "n_parallel" or (key == "spec_type" and value in (None, "none")):
+            continue
+        argv += [GRID_FLAGS[key], str(value)]
+    return argv + ([] if draft_model is None else ["-md", str(draft_model)])
+
+
+def command_line(model: str | os.PathLike, config: Mapping[str, Any], *, draft_model: str | os.PathLike | None = None,
+                 n_ctx: int = 4096, threads: int = 2) -> list[str]:
+    """The llama-server arguments of one configuration (after the binary; without host and port)."""
+    return ["-m", str(model), "--parallel", str(config.get("n_parallel", 1)), "-c", str(n_ctx), "-t", str(threads),
+            "--metrics", "--no-webui", *_flags(config, draft_model)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """One request's answer (or failure) with its wall-clock latency."""
+
+    request: WorkloadRequest
+    completion: Completion | None
+    latency: float
+    error: str = ""
+
+
+def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_model, n_ctx: int, threads: int,
+                binary, timeout_s: float) -> tuple[str, list[_Answer], SpecMetrics | None, float, str]:
+    """One configuration: (status, answers, counters grown, wall seconds of the workload, command line)."""
+    command = "llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx,
+                                                      threads=threads))
+    server = LlamaServer(model, n_parallel=int(config.get("n_parallel", 1)), n_ctx=n_ctx, threads=threads,
+                         spec_type=None, args=_flags(config, draft_model), binary=binary, startup_timeout=timeout_s)
+    try:
+        try:
+            server.start()
+        except ServerError as exc:
+            return f"failed to start: {_first_line(exc)}", [], None, math.nan, command
+        client = ServerClient(server.url, timeout=timeout_s)
+        before = _metrics(client)
+        answers, wall, timed_out = _send(client, workload, timeout_s, server)
+        if timed_out:
+            return f"timed out after {timeout_s:g} s", answers, None, wall, command
+        if not server.running:
+            return f"crashed (exit code {server.process.returncode})", answers, None, wall, command
+        failed = [a for a in answers if a.completion is None]
+        if failed:
+            return f"{len(failed)} of {len(answers)} requests failed: {failed[0].error}", answers, None, wall, command
+        after = _metrics(client)
+        if isinstance(before, str) or isinstance(after, str):
+            return f"bad /metrics: {before if isinstance(before, str) else after}", answers, None, wall, command
+        return "ok", answers, after.since(before), wall, command
+    finally:
+        server.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _metrics(client: ServerClient) -> SpecMetrics | str:
+    try:
+        return client.metrics()
+    except ServerError as exc:
+        return _first_line(exc)
+
+
+def _send(client: ServerClient, workload: Workload, timeout_s: float,
+          server: LlamaServer) -> tuple[list[_Answer], float, bool]:
+    """Every request at its arrival time, each on its own connection: the answers in the workload's order, the
+    wall seconds from the start to the last answer, and whether ``timeout_s`` passed first (the server is then
+    killed, which ends the requests still waiting)."""
+    arrivals = workload.arrivals()
+    start = time.monotonic()
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        if server.process is not None:
+            server.process.kill()
+
+    deadline = threading.Timer(timeout_s, expire)
+    deadline.daemon = True
+    deadline.start()
+
+    def one(req: WorkloadRequest, at: float) -> _Answer:
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        t0 = time.monotonic()
+        try:
+            return _Answer(req, client.complete(req.prompt, req.n_predict), time.monotonic() - t0)
+        except ServerError as exc:
+            return _Answer(req, None, time.monotonic() - t0, _first_line(exc))
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(workload.requests)) as pool:
+            answers = list(pool.map(one, workload.requests, arrivals))
+    finally:
+        deadline.cancel()
+    return answers, time.monotonic() - start, fired.is_set()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _rows(config: Mapping[str, Any], status: str, answers: list[_Answer], grown: SpecMetrics | None, wall: float,
+          command: str, categories: list[str]) -> list[dict[str, Any]]:
+    """The configuration's rows: one over every request, and one per category when there are several."""
+    rows = []
+    for cat in ([ALL] + categories if categories != [ALL] else [ALL]):
+        mine = [a for a in answers if cat == ALL or a.request.category == cat]
+        done = [a.completion for a in mine if a.completion is not None]
+        drafted = sum(c.draft_n for c in done)
+        accepted = sum(c.draft_n_accepted for c in done)
+        latencies = [a.latency for a in mine if a.completion is not None]
+        ttft = [a.latency - a.completion.predicted_ms / 1e3 for a in mine if a.completion is not None]
+        rows.append(dict(config) | {
+            "category": cat, "status": status, "n_requests": len(mine),
+            "tokens_per_second": sum(c.tokens_predicted for c in done) / wall if done and wall > 0 else math.nan,
+            "request_tokens_per_second": _percentile([c.predicted_per_second for c in done], 0.5),
+            "acceptance": accepted / drafted if drafted else math.nan,
+            "mean_accepted_length": (grown.mean_accepted_length if grown is not None and cat == ALL else math.nan),
+            "latency_p50": _percentile(latencies, 0.5), "latency_p95": _percentile(latencies, 0.95),
+            "ttft_p50": _percentile(ttft, 0.5), "ttft_p95": _percentile(ttft, 0.95),
+            "wall_seconds": wall, "command": command})
+    return rows
+
+
+@dataclasses.dataclass
+class ServerSweep:
+    """A sweep's results: :attr:`frame`, one row per configuration and category (the grid's keys, ``category``,
+    ``status`` ("ok" or what failed), ``tokens_per_second`` (every request's tokens over the workload's wall time),
+    ``request_tokens_per_second`` (median per request), ``acceptance``, ``mean_accepted_length``, ``latency_p50`` /
+    ``_p95`` and ``ttft_p50`` / ``_p95`` in seconds, ``wall_seconds``, ``command``), and what it ran."""
+
+    frame: Any
+    model: str
+    grid: dict[str, list[Any]]
+    workload: Workload
+
+    def best(self, goal: str = "throughput", *, latency_bound: float | None = None):
+        """The best configuration per concurrency (``n_parallel``) over every request (a DataFrame): the highest
+        ``tokens_per_second`` (``"throughput"``), the lowest ``latency_p95`` (``"p95_latency"``), or the highest
+        tokens/s with ``latency_p95 <= latency_bound`` (``"goodput"``). Failed configurations are left out."""
+        if goal not in GOALS:
+            raise ParameterError(f"goal must be one of {GOALS}, got {goal!r}")
+        if goal == "goodput" and latency_bound is None:
+            raise ParameterError("goal='goodput' needs latency_bound (seconds of p95 latency)")
+        f = self.frame[(self.frame["category"] == ALL) & (self.frame["status"] == "ok")]
+        if goal == "goodput":
+            f = f[f["latency_p95"] <= latency_bound]
+        key, ascending = ("latency_p95", True) if goal == "p95_latency" else ("tokens_per_second", False)
+        by = "n_parallel" if "n_parallel" in f else None
+        f = f.sort_values(key, ascending=ascending, kind="stable")
+        return (f.groupby(by, as_index=False).head(1) if by else f.head(1)).reset_index(drop=True)
+
+    def command(self, row: Mapping[str, Any]) -> str:
+        """The llama-server command line of a row (its configuration)."""
+        return str(row["command"])
+
+    def preset(self, row: Mapping[str, Any], name: str = "mtp-explorer") -> str:
+        """A row's configuration as a llama.cpp INI preset section (``docs/preset.md``): llama-server's long option
+        names without dashes, and the model."""
+        lines = [f"[{name}]", f"model = {self.model}"]
+        for key in self.grid:
+            value = row[key]
+            if key == "spec_type" and value in (None, "none"):
+                continue
+            lines.append(f"{GRID_FLAGS[key].lstrip('-')} = {value}")
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the sweep as JSON (:meth:`load` reads it back)."""
+        doc = {"format": FORMAT, "model": self.model, "grid": self.grid,
+               "workload": {"rate": self.workload.rate, "seed": self.workload.seed,
+                            "requests": [dataclasses.asdict(r) for r in self.workload.requests]},
+               "frame": json.loads(self.frame.to_json(orient="records"))}
+        path = Path(path)
+        path.write_text(json.dumps(doc))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ServerSweep":
+        import pandas as pd
+
+        try:
+            doc = json.loads(Path(path).read_text())
+        except ValueError:
+            raise FormatError(f"{path} is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise FormatError(f"{path} is not an mtp-explorer server sweep")
+        try:
+            workload = Workload(tuple(WorkloadRequest(**r) for r in doc["workload"]["requests"]),
+                                doc["workload"]["rate"], doc["workload"]["seed"])
+            frame = pd.DataFrame(doc["frame"]).astype({"status": str, "command": str})
+            return cls(frame=frame, model=doc["model"], grid=doc["grid"], workload=workload)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"{path}: a corrupt server sweep ({exc!r})") from None
+
+
+def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], grid: Mapping[str, Sequence[Any]], *,
+                 n_predict: int = 128, draft_model: str | os.PathLike | None = None, timeout_s: float = 600.0,
+                 n_ctx: int = 4096, threads: int = 2, binary: str | os.PathLike | None = None,
+                 progress: bool = True) -> ServerSweep:
+    """Every configuration of ``grid`` (llama.cpp's option names without dashes, :data:`GRID_FLAGS`, to lists of
+    values) measured on a real llama-server serving ``workload`` (a :class:`Workload`, or prompts of ``n_predict``
+    tokens each, all at once). Each configuration is bounded by ``timeout_s`` seconds (start-up and workload each);
+    its server is stopped whatever happens, also when the sweep is interrupted."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    if not isinstance(workload, Workload):
+        workload = Workload.from_prompts(workload, n_predict)
+    configs = configurations(grid)
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ParameterError(f"timeout_s must be seconds > 0, got {timeout_s!r}")
+    rows = []
+    bar = tqdm(total=len(configs), desc="llama-server sweep", unit="config", disable=not progress, leave=False)
+    try:
+        for config in configs:
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in config.items()))
+            status, answers, grown, wall, command = _run_config(
+                model, config, workload, draft_model=draft_model, n_ctx=n_ctx, threads=threads, binary=binary,
+                timeout_s=timeout_s)
+            rows += _rows(config, status, answers, grown, wall, command, workload.categories)
+            bar.update(1)
+    finally:
+        bar.close()
+    grid_lists = {k: [v] if isinstance(v, (str, int, float)) else list(v) for k, v in grid.items()}
+    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists, workload=workload)

@@ -1,0 +1,163 @@
+"""mx.server_sweep: a grid of llama-server's own settings measured on a workload, one real server per
+configuration on loopback, stopped whatever happens; its results, recommendation, command line and preset; and the
+faults of a SYNTHETIC misbehaving server (a Python stand-in for the binary) that crashes, hangs or answers garbage."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload
+from mtp_explorer.server.sweep import configurations
+
+PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):")
+
+
+def _servers_left() -> list[psutil.Process]:
+    """llama-server processes (or stand-ins) this test process started that still run."""
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_binary, tmp_path):
+    workload = Workload.from_prompts(PROMPTS, n_predict=24, categories=["code", "code", "prose"])
+    grid = {"spec_type": ["none", "draft-mtp"], "n_max": [3], "n_parallel": [1, 2]}
+    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary,
+                            timeout_s=120, progress=False)
+    f = sweep.frame
+    assert len(f) == 4 * 3  # 4 configurations x (all, code, prose)
+    assert set(f["status"]) == {"ok"} and not _servers_left()
+    everything = f[f["category"] == "all"]
+    assert (everything["n_requests"] == 3).all() and (everything["tokens_per_second"] > 0).all()
+    plain, spec = everything[everything["spec_type"] == "none"], everything[everything["spec_type"] == "draft-mtp"]
+    assert plain["acceptance"].isna().all() and (spec["acceptance"].between(0, 1)).all()
+    assert (spec["mean_accepted_length"] > 0).all()
+    assert (everything["latency_p95"] >= everything["latency_p50"]).all()
+    assert (everything["ttft_p50"] <= everything["latency_p50"]).all()
+    assert list(f[f["category"] != "all"]["n_requests"].unique()) in ([2, 1], [1, 2])
+    row = spec[spec["n_parallel"] == 2].iloc[0]
+    assert "--spec-type draft-mtp" in sweep.command(row) and "--spec-draft-n-max 3" in sweep.command(row)
+    assert "--parallel 2" in sweep.command(row) and "--spec-type" not in plain.iloc[0]["command"]
+    preset = sweep.preset(row)
+    assert preset.startswith("[mtp-explorer]\nmodel = ") and "spec-type = draft-mtp" in preset
+    assert "spec-draft-n-max = 3" in preset and "parallel = 2" in preset
+    best = sweep.best("throughput")
+    assert sorted(best["n_parallel"]) == [1, 2] and (best["status"] == "ok").all()
+    assert set(sweep.best("p95_latency")["n_parallel"]) == {1, 2}
+    assert sweep.best("goodput", latency_bound=0.0).empty  # no configuration answers in no time
+    back = ServerSweep.load(sweep.save(tmp_path / "sweep.json"))
+    assert back.grid == sweep.grid and back.workload == workload
+    assert back.frame[["spec_type", "n_parallel", "status"]].equals(f[["spec_type", "n_parallel", "status"]])
+    assert back.frame["tokens_per_second"].tolist() == pytest.approx(f["tokens_per_second"].tolist(), nan_ok=True)
+
+
+STAND_IN = '''#!{python}
+"""SYNTHETIC llama-server: its --spec-type names its fault (crash, hang, garbage); anything else serves."""
+import http.server, json, os, sys, time
+argv = sys.argv
+port = int(argv[argv.index("--port") + 1])
+fault = argv[argv.index("--spec-type") + 1] if "--spec-type" in argv else "none"
+served = [0]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, code, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, json.dumps({{"status": "ok"}}))
+        if self.path == "/metrics":
+            if fault == "garbage":
+                return self.reply(200, "garbage!!", "text/plain")
+            n = served[0]
+            lines = ["llamacpp:spec_decode_num_drafts_total %d" % (4 * n),
+                     "llamacpp:spec_decode_num_draft_tokens_total %d" % (8 * n),
+                     "llamacpp:spec_decode_num_accepted_tokens_total %d" % (6 * n),
+                     'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} %d' % (4 * n),
+                     'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="1"}} %d' % (2 * n),
+                     "llamacpp:tokens_predicted_total %d" % (10 * n),
+                     "llamacpp:tokens_predicted_seconds_total %f" % (0.1 * n)]
+            return self.reply(200, "\\n".join(lines) + "\\n", "text/plain")
+        self.reply(404, "{{}}")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if fault == "crash":
+            os._exit(3)
+        if fault == "hang":
+            time.sleep(3600)
+        served[0] += 1
+        self.reply(200, json.dumps({{"content": "x", "stop_type": "limit", "timings": {{
+            "predicted_n": 10, "predicted_ms": 100.0, "predicted_per_second": 100.0, "prompt_n": 3,
+            "prompt_ms": 1.0, "draft_n": 8, "draft_n_accepted": 6}}}}))
+
+
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_a_sweep_records_each_faulty_configuration_and_goes_on(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text(textwrap.dedent(STAND_IN).format(python=sys.executable))
+    binary.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # the stand-in does not read it
+    grid = {"spec_type": ["draft-mtp", "crash", "hang", "garbage", "draft-mtp"], "n_parallel": [2]}
+    t0 = time.monotonic()
+    sweep = mx.server_sweep(model, ["a", "b"], grid, n_predict=8, binary=binary, timeout_s=5, progress=False)
+    assert time.monotonic() - t0 < 60  # the hang is cut at timeout_s
+    status = list(sweep.frame["status"])
+    assert status[0] == "ok" and status[4] == "ok"  # the sweep went on past the faults
+    assert status[1].startswith("crashed (exit code 3)") or "requests failed" in status[1], status[1]
+    assert status[2] == "timed out after 5 s"
+    assert status[3].startswith("bad /metrics")
+    ok = sweep.frame.iloc[0]
+    assert ok["acceptance"] == 0.75 and ok["mean_accepted_length"] == 1.5 and ok["n_requests"] == 2
+    assert math.isnan(sweep.frame.iloc[2]["tokens_per_second"])
+    assert not _servers_left()
+    assert list(sweep.best()["spec_type"]) == ["draft-mtp"]  # failures are never recommended
+
+
+def test_bad_sweeps_are_parameter_errors(tmp_path):
+    with pytest.raises(mx.ParameterError, match="unknown grid key"):
+        configurations({"ngl": [1]})
+    with pytest.raises(mx.ParameterError, match="no values"):
+        configurations({"n_max": []})
+    assert configurations({"n_max": [1, 2], "spec_type": "draft-mtp"}) == [
+        {"n_max": 1, "spec_type": "draft-mtp"}, {"n_max": 2, "spec_type": "draft-mtp"}]
+    assert set(GRID_FLAGS) >= {"spec_type", "n_max", "n_min", "p_min", "n_parallel"}
+    with pytest.raises(mx.ParameterError, match="at least one request"):
+        Workload(())
+    with pytest.raises(mx.ParameterError, match="rate"):
+        Workload.from_prompts(["a"], rate=0)
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "category": "code"}) + "\n\n" + json.dumps({"prompt": "b",
+                                                                                         "n_predict": 4}) + "\n")
+    w = Workload.from_jsonl(path, n_predict=16, rate=2.0)
+    assert [(r.prompt, r.n_predict, r.category) for r in w.requests] == [("a", 16, "code"), ("b", 4, "all")]
+    arrivals = w.arrivals()
+    assert arrivals == sorted(arrivals) and arrivals[0] > 0 and arrivals == w.arrivals()  # seeded: the same each time
+    path.write_text('{"text": "no prompt"}\n')
+    with pytest.raises(mx.FormatError, match="w.jsonl:1"):
+        Workload.from_jsonl(path)
+    with pytest.raises(mx.FormatError, match="not an mtp-explorer server sweep"):
+        (tmp_path / "x.json").write_text("{}")
+        ServerSweep.load(tmp_path / "x.json")
+    with pytest.raises(mx.ParameterError, match="goal"):
+        ServerSweep(frame=None, model="m", grid={}, workload=w).best("fastest")
