@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from ..core.errors import FormatError, ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
 from .process import LlamaServer
@@ -105,13 +107,16 @@ def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     unknown = sorted(set(grid) - set(GRID_FLAGS))
     if unknown:
         raise ParameterError(f"unknown grid key(s) {unknown}; the grid takes {sorted(GRID_FLAGS)}")
-    values = []
-    for key, vals in grid.items():
-        vals = [vals] if isinstance(vals, (str, int, float)) else list(vals)
+    lists = grid_lists(grid)
+    for key, vals in lists.items():
         if not vals:
             raise ParameterError(f"the grid's {key} has no values")
-        values.append(vals)
-    return [dict(zip(grid, combo)) for combo in itertools.product(*values)]
+    return [dict(zip(lists, combo)) for combo in itertools.product(*lists.values())]
+
+
+def grid_lists(grid: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The grid with every value a list (a single value stands for a list of one)."""
+    return {k: [v] if isinstance(v, (str, int, float)) else list(v) for k, v in grid.items()}
 
 
 def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> list[str]:
@@ -217,12 +222,8 @@ def _send(client: ServerClient, workload: Workload, timeout_s: float,
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    """numpy's (linear) percentile, NaN for no values."""
+    return float(np.percentile(values, 100 * q)) if values else math.nan
 
 
 def _rows(config: Mapping[str, Any], status: str, answers: list[_Answer], grown: SpecMetrics | None, wall: float,
@@ -348,5 +349,4 @@ def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], g
             bar.update(1)
     finally:
         bar.close()
-    grid_lists = {k: [v] if isinstance(v, (str, int, float)) else list(v) for k, v in grid.items()}
-    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists, workload=workload)
+    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists(grid), workload=workload)

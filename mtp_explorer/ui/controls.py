@@ -90,7 +90,8 @@ def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model:
     return f"<span class='mtpx-drafter-note'>{text}{html.escape(_NEXT_RUN)}</span>"
 
 
-def _selected_mode(value: str, policy: str | None) -> "drafters.DrafterMode | None":
+def selected_mode(value: str, policy: str | None) -> "drafters.DrafterMode | None":
+    """The drafter choice of a ``--spec-type`` value as typed (``None``: it is none)."""
     try:
         return drafters.mode(value, policy)
     except MtpExplorerError:
@@ -187,11 +188,11 @@ class Controls(W.VBox):
     @property
     def mode(self) -> "drafters.DrafterMode | None":
         """The drafter choice the control holds (``None``: the typed value is not one)."""
-        return _selected_mode(str(self.drafter.value), self.chain_policy.value)
+        return selected_mode(str(self.drafter.value), self.chain_policy.value)
 
     def _show_drafter(self) -> None:
         """The note for the choice, the chain policy only for a chain, and only the options of its drafters."""
-        mode = _selected_mode(str(self.drafter.value), None)
+        mode = selected_mode(str(self.drafter.value), None)
         self.chain_policy.disabled = mode is None or not mode.is_chain
         self.drafter_note.value = drafter_note(str(self.drafter.value), self._policy(mode), self._has_mtp,
                                                self._has_draft_model)
@@ -201,7 +202,7 @@ class Controls(W.VBox):
 
     def _take_policy(self) -> None:
         """A new choice comes with its own chain policy (``chain``: best; a ``--spec-type`` chain: first)."""
-        mode = _selected_mode(str(self.drafter.value), None)
+        mode = selected_mode(str(self.drafter.value), None)
         if mode is not None and mode.policy != self.chain_policy.value:
             self.chain_policy.value = mode.policy  # shows the choice through its observer
         else:
@@ -216,7 +217,7 @@ class Controls(W.VBox):
                           p_min=float(self.p_min.value), n_min=int(self.n_min.value),
                           temperature=float(self.temperature.value), seed=int(self.seed.value),
                           drafter=str(self.drafter.value),
-                          chain_policy=self._policy(_selected_mode(str(self.drafter.value), None)),
+                          chain_policy=self._policy(selected_mode(str(self.drafter.value), None)),
                           options=tuple(sorted((k, w.value if isinstance(w, W.Text) else int(w.value))
                                                for k, w in self.option_fields.items())))
 

@@ -19,13 +19,12 @@ import traitlets as T
 
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace, simulate
-from ..core import drafters
 from ..core.drafters import DrafterMode
 from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
-from .controls import RunRequest, readable_error
+from .controls import RunRequest, readable_error, selected_mode
 from .whatif_panel import (NO_ORACLE, WhatIf, WhatIfPanel, measured_run, oracle_status, speed_curve, whatif_figures,
                            whatif_numbers, whatif_table)
 
@@ -56,10 +55,7 @@ def drafter_refusal(oracle: OracleTrace, drafter: str | DrafterMode) -> MtpExplo
 
 def _choice(request: RunRequest) -> str | DrafterMode:
     """The request's drafter with its chain policy (the value as typed where it is no choice: refused later)."""
-    try:
-        return drafters.mode(request.drafter, request.chain_policy)
-    except MtpExplorerError:
-        return request.drafter
+    return selected_mode(request.drafter, request.chain_policy) or request.drafter
 
 
 class WhatIfController(T.HasTraits):
