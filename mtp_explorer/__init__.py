@@ -46,7 +46,7 @@ from .analysis.calibration import Calibration, best_p_min, calibrate
 from .analysis.batch import (BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs,
                              recommend_parallel)
 from .analysis.parallel_check import check_parallel
-from .server import LlamaServer, ServerMonitor, ServerSweep, Workload, server_sweep
+from .server import LlamaServer, ServerMonitor, ServerSweep, Workload, WorkloadRequest, server_sweep
 
 __version__ = "0.1.0"
 
@@ -68,7 +68,7 @@ __all__ = [
     "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",
     "check_parallel",
     # llama-server
-    "LlamaServer", "ServerMonitor", "ServerSweep", "Workload", "server_sweep",
+    "LlamaServer", "ServerMonitor", "ServerSweep", "Workload", "WorkloadRequest", "server_sweep",
     # lazily imported
     "plots", "widgets", "Explorer",
 ]

@@ -328,6 +328,8 @@ def _wrong_inputs(session):
         "server_acceptance": (lambda: plots.server_acceptance("http://127.0.0.1:8080"), "takes a ServerMonitor",
                               "got str"),
         "server_rates": (lambda: plots.server_rates(trace), "takes a ServerMonitor", "got Trace"),
+        "server_predictions": (lambda: plots.server_predictions(trace), "takes a ServerSweep with predictions",
+                               "got Trace"),
         "slot_timeline": (lambda: plots.slot_timeline(trace), "takes a ParallelTrace", "got Trace"),
         "batch_rows": (lambda: plots.batch_rows([trace]), "takes a ParallelTrace", "got list"),
         "parallel_crossover": (lambda: plots.parallel_crossover(grid), "takes a recommend_parallel or measure_crossover DataFrame",

@@ -4,6 +4,7 @@ faults of a SYNTHETIC misbehaving server (a Python stand-in for the binary) that
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload
+from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
 from mtp_explorer.server.sweep import configurations
 
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):")
@@ -56,6 +57,75 @@ def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_bin
     assert back.grid == sweep.grid and back.workload == workload
     assert back.frame[["spec_type", "n_parallel", "status"]].equals(f[["spec_type", "n_parallel", "status"]])
     assert back.frame["tokens_per_second"].tolist() == pytest.approx(f["tokens_per_second"].tolist(), nan_ok=True)
+
+
+def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_binary, tmp_path):
+    """Greedy counters predicted from one recording are the server's for single requests (-np 1), a chat request
+    included (the server's template and tokens); tokens/s is predicted for every row, with its error against the
+    median of three runs and whether it lies outside their range."""
+    chat = WorkloadRequest("", 24, "chat", ({"role": "user", "content": "Write a function that reverses a list."},))
+    workload = Workload(Workload.from_prompts(PROMPTS[:2], n_predict=24, categories=["code", "prose"]).requests
+                        + (chat,))
+    grid = {"spec_type": ["none", "draft-mtp", "ngram-mod,draft-mtp"], "n_max": [3], "n_parallel": [1, 2]}
+    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary,
+                            timeout_s=120, repeats=3, progress=False)
+    f = sweep.frame
+    assert (f["repeats"] == 3).all() and (f["tokens_per_second_spread"] >= 0).all()
+    assert len(sweep.requests) == 6 * 3 * 3 and sweep.requests["ok"].all()
+    assert len(sweep.prompt_tokens) == 3 and len(sweep.prompt_tokens[2]) > 10  # the chat's prompt, templated
+    with mx.Session.open(bundled_model, n_parallel=2, n_ctx=2048, threads=1) as session:
+        with pytest.raises(mx.ParameterError, match="open the session with n_parallel=4"):
+            dataclasses.replace(sweep, grid={**sweep.grid, "n_parallel": [4]}).with_predictions(session)
+        with pytest.raises(mx.ParameterError, match="all at once"):
+            dataclasses.replace(sweep, workload=Workload(workload.requests, rate=1.0)).with_predictions(session)
+        with pytest.raises(mx.ParameterError, match="no server tokens"):
+            dataclasses.replace(sweep, prompt_tokens=None).with_predictions(session)
+        with pytest.raises(mx.ParameterError, match="the sweep served"):
+            dataclasses.replace(sweep, model=str(tmp_path / "other.gguf")).with_predictions(session)
+        predicted = sweep.with_predictions(session, progress=False)
+    p, r = predicted.frame, predicted.requests
+    assert set(mx.server.PREDICTED_COLUMNS) <= set(p.columns) and len(p) == len(f)
+    single = r[(r["spec_type"] == "draft-mtp") & (r["n_parallel"] == 1)]
+    assert (single["draft_n"] > 0).all()
+    for _, runs in single.groupby("request"):  # the prediction is one of the server's own outcomes, nearly always all
+        measured = set(zip(runs["tokens_predicted"], runs["draft_n"], runs["draft_n_accepted"]))
+        assert (runs.iloc[0]["predicted_tokens"], runs.iloc[0]["predicted_draft_n"],
+                runs.iloc[0]["predicted_draft_n_accepted"]) in measured
+    assert single["counts_match"].mean() >= 2 / 3
+    assert (p["predicted_tokens_per_second"] > 0).all() and p["tokens_per_second_error"].notna().all()
+    assert set(p["beyond_spread"]) <= {True, False}
+    assert p[p["spec_type"] == "none"]["predicted_acceptance"].isna().all()
+    chain = p[p["spec_type"] == "ngram-mod,draft-mtp"]["prediction_note"]
+    assert chain.str.contains("ngram-mod: its n-gram pool").all()  # the server keeps it across requests
+    assert (p[p["spec_type"] != "ngram-mod,draft-mtp"]["prediction_note"] == "").all()
+    back = ServerSweep.load(predicted.save(tmp_path / "p.json"))
+    assert back.frame["predicted_n_accepted"].tolist() == p["predicted_n_accepted"].tolist()
+    assert back.frame["prediction_note"].tolist() == p["prediction_note"].tolist()
+    assert back.requests["counts_match"].tolist() == r["counts_match"].tolist()
+    assert back.prompt_tokens == sweep.prompt_tokens and back.workload.requests[2].messages == chat.messages
+    fig = mx.plots.server_predictions(predicted)
+    assert len(fig.data) == 4 and "median |tokens/s error|" in fig.layout.title.text
+    with pytest.raises(mx.InputTypeError, match="without predictions"):
+        mx.plots.server_predictions(sweep)
+
+
+def test_a_server_slot_replay_is_the_engine_run_as_the_server_runs_it(bundled_model):
+    """simulate(server_slot=True) takes the steps our engine takes when it runs a request as a llama-server slot
+    (devtools.reference.replay_server): no draft before the first token, then the policy."""
+    from mtp_explorer.devtools.reference import replay_server
+
+    s = mx.Session.open(bundled_model, n_ctx=2048, threads=1)
+    for prompt in PROMPTS:
+        oracle = s.record_oracle(prompt, max_tokens=24, depth=3, probe=False, batch_shift=False)
+        for drafter, n_max in (("draft-mtp", 3), ("draft-mtp", 1), ("ngram-mod,draft-mtp", 2)):
+            sim = mx.simulate(oracle, n_max, drafter=drafter, server_slot=True)
+            real = replay_server(s, prompt, n_predict=24, n_max=n_max, drafter=drafter)
+            assert sim.n_max[0] == 0 and sim.n_drafted[0] == 0 and sim.settings["server_slot"]
+            assert sim.n_drafted.tolist() == real.n_drafted.tolist(), (prompt, drafter, n_max)
+            assert sim.n_accepted.tolist() == real.n_accepted.tolist(), (prompt, drafter, n_max)
+            assert mx.server.server_counters(sim) == mx.server.server_counters(real)
+    assert not mx.simulate(oracle, 3).settings["server_slot"]
+    s.close()
 
 
 STAND_IN = '''#!{python}
@@ -153,6 +223,15 @@ def test_bad_sweeps_are_parameter_errors(tmp_path):
     assert [(r.prompt, r.n_predict, r.category) for r in w.requests] == [("a", 16, "code"), ("b", 4, "all")]
     arrivals = w.arrivals()
     assert arrivals == sorted(arrivals) and arrivals[0] > 0 and arrivals == w.arrivals()  # seeded: the same each time
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}) + "\n")
+    (req,) = Workload.from_jsonl(path).requests
+    assert (req.prompt, req.n_predict, req.messages) == ("", 5, ({"role": "user", "content": "hi"},))
+    for bad in ('{"messages": []}', '{"messages": [{"role": "user"}]}', '{"prompt": "a", "n_predict": 0}'):
+        path.write_text(bad + "\n")
+        with pytest.raises(mx.FormatError, match="w.jsonl:1"):
+            Workload.from_jsonl(path)
+    with pytest.raises(mx.ParameterError, match="a prompt or chat messages"):
+        WorkloadRequest("a", 4, messages=({"role": "user", "content": "b"},))
     path.write_text('{"text": "no prompt"}\n')
     with pytest.raises(mx.FormatError, match="w.jsonl:1"):
         Workload.from_jsonl(path)

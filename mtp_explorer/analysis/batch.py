@@ -298,12 +298,12 @@ class _Run:
 def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
                      settings: DraftSettings | Sequence[DraftSettings] | None = None, *, n_parallel: int,
                      arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
-                     **keywords: Any) -> dict[str, Any]:
+                     server_slot: bool = False, **keywords: Any) -> dict[str, Any]:
     """Aggregate tokens/s and per-request latency of the oracles' prompts as requests on ``n_parallel`` slots
     (``settings``, ``keywords``, ``arrivals`` and ``params`` as :meth:`Session.generate_parallel
     <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
-    running the batch: each request's steps simulated from its oracle, scheduled as the engine schedules them, each
-    step priced by ``costs``."""
+    running the batch: each request's steps simulated from its oracle (``server_slot``: as a llama-server slot runs
+    it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``."""
     from .simulate import simulate
 
     check_int("n_parallel", n_parallel, 1, None)
@@ -324,7 +324,7 @@ def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
     mode = each[0].mode
     runs = []
     for i, (o, a, s) in enumerate(zip(oracles, arrivals, each)):
-        c = simulate(o, s).columns
+        c = simulate(o, s, server_slot=server_slot).columns
         runs.append(_Run(index=i, arrival=a, n_prompt=len(o.prompt_tokens), rows=c["n_drafted"] + 1, pos=c["pos"],
                          tokens=c["n_accepted"] + 1, draft_decodes=(c["draft_rows"] >= 0).sum(axis=1),
                          drafting=c["n_max"] > 0))

@@ -151,8 +151,9 @@ def _replays(oracle: OracleTrace, mode: DrafterMode) -> tuple[DrafterReplay, ...
 
 
 # -- per-position caps --------------------------------------------------------------------------------
-def _caps(oracle: OracleTrace, n_max, max_tokens: int):
-    """Draft cap and its reason at every position (broadcast over leading setting axes)."""
+def _caps(oracle: OracleTrace, n_max, max_tokens: int, server_slot: bool = False):
+    """Draft cap and its reason at every position (broadcast over leading setting axes); a server slot drafts
+    nothing before its first token is sampled (cap 0 at position 0)."""
     c = oracle.columns
     g = np.arange(oracle.n_positions)
     budget = max_tokens - g - 1
@@ -164,6 +165,8 @@ def _caps(oracle: OracleTrace, n_max, max_tokens: int):
     cap = np.minimum(cap, budget)
     reason = np.where(ctx < cap, STOP["context"], reason)
     cap = np.minimum(cap, ctx)
+    if server_slot:
+        cap = np.where(g == 0, 0, cap)
     return np.maximum(cap, 0), reason
 
 
@@ -190,11 +193,12 @@ class _Steps:
         return sum(p.decodes for p in self.proposals)
 
 
-def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequence[int] | None = None) -> _Steps:
+def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequence[int] | None = None,
+                server_slot: bool = False) -> _Steps:
     """The per-step outcome of a policy: steps start at the positions it visits, or (``start_steps``
     given) at those positions (aligned prediction for :func:`compare`)."""
     replays = _replays(oracle, policy.mode)
-    cap, reason = _caps(oracle, policy.n_max, policy.max_tokens)
+    cap, reason = _caps(oracle, policy.n_max, policy.max_tokens, server_slot)
     active = policy.n_max > 0
     cands = [r.candidate(cap, reason, policy.p_min, policy.n_min, active) for r in replays]
     matches = [r.match_len for r in replays]
@@ -416,7 +420,7 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
 # -- simulate -----------------------------------------------------------------------------------------
 def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float = 0.0, n_min: int = 0, *,
              drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
-             costs: Costs | None = None) -> SimTrace:
+             costs: Costs | None = None, server_slot: bool = False) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
     ``n_max <= oracle.depth`` (or ``n_max`` a :class:`~mtp_explorer.DraftSettings`, e.g. a trace's
@@ -424,19 +428,25 @@ def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float =
     ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. The timings come from the
     oracle's cost model, or from ``costs``: a :class:`~mtp_explorer.CostProfile` measured on the machine to
     predict (:func:`~mtp_explorer.profile_costs`), the path of a saved one, or a :class:`~mtp_explorer.CostModel`.
+    ``server_slot=True`` replays the request as a llama-server slot runs it: the first token is sampled from the
+    prompt before any draft (the first step is plain; its ``n_max`` column is 0), every later draft is cut to the
+    budget left minus one, as here.
     Bad input (a profile of another model or shallower than the oracle included) raises
     :class:`~mtp_explorer.ParameterError`.
     """
     policy = _check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
     oracle = with_costs(oracle, costs)
-    return _build_trace(oracle, _run_policy(oracle, policy), policy)
+    return _build_trace(oracle, _run_policy(oracle, policy, server_slot=bool(server_slot)), policy,
+                        bool(server_slot))
 
 
-def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> SimTrace:
+def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False) -> SimTrace:
     """The steps as a trace: the schema's columns, filled with what the oracle knows."""
     S = len(steps.g)
     cols = empty_columns(S, Dims(depth=int(oracle.settings["capacity"]), topk=oracle.dims.topk))
     _fill_step(cols, oracle, steps, policy)
+    if server_slot:
+        cols["n_max"][steps.g == 0] = 0
     _fill_drafts(cols, _replays(oracle, policy.mode), steps, oracle.depth)
     _fill_verification(cols, oracle, steps)
     _fill_candidates(cols, steps, policy.mode)
@@ -446,7 +456,7 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> S
         cols[f"t_{phase}_ns"][:] = np.rint(times[phase])
     n_tok = int(steps.g[-1] + steps.n_accepted[-1] + 1) if S else 0
     pieces = oracle.pieces[:n_tok]
-    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True}
+    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True, "server_slot": server_slot}
     return SimTrace(
         oracle=oracle, policy=policy.to_dict(), sim={"n_decodes": steps.n_decodes, "g": steps.g},
         prompt=oracle.prompt, prompt_tokens=list(oracle.prompt_tokens), tokens=[int(t) for t in oracle.tokens[:n_tok]],

@@ -73,6 +73,9 @@ class DrafterSpec:
     replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
     description: str = ""
     fixed_draft_len: int = 0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
+    #: what a llama-server keeps of it from one request to the next ('': nothing), which a replay of each request from
+    #: its own prompt does not see (common/speculative.cpp 0.3.36)
+    server_carry: str = ""
 
     @property
     def needs_mtp(self) -> bool:
@@ -179,6 +182,15 @@ def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, 
     )
 
 
+def _ngram_map_spec(name: str, label: str, min_hits_help: str, description: str) -> DrafterSpec:
+    """An ngram-map drafter (``ngram-map-k``, ``ngram-map-k4v``): its options under its prefix, one replay."""
+    return DrafterSpec(name, name, label, has_confidence=False, needs="nothing",
+                       options=_ngram_map_options(name.replace("-", "_"), min_hits_help),
+                       server_carry="each slot's key map (common_ngram_map_begin keeps the keys below the new "
+                                    "prompt's length)",
+                       replay="..analysis.replay:NgramMapReplay", description=description)
+
+
 # llama.cpp 0.3.36 (common.h, common_params_speculative_ngram_cache): no files by default; its ngram-cache reads both
 # when it starts and never writes them (see native_ext/ngram_cache_drafter.h)
 _NGRAM_CACHE_OPTIONS = (
@@ -202,20 +214,20 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                             "the ngram_simple_size_m tokens that followed proposed"),
     DrafterSpec("ngram-mod", "ngram-mod", "n-gram table", has_confidence=False, needs="nothing",
                 options=_NGRAM_MOD_OPTIONS, replay="..analysis.replay:NgramModReplay",
+                server_carry="its n-gram pool, shared by the slots (begin() adds each prompt's n-grams and clears the "
+                             "pool only past 25% occupancy)",
                 description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
                             "from the last tokens; reset after five steps of low acceptance"),
-    DrafterSpec("ngram-map-k", "ngram-map-k", "n-gram key map", has_confidence=False, needs="nothing",
-                options=_ngram_map_options("ngram_map_k", "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)"),
-                replay="..analysis.replay:NgramMapReplay",
-                description="the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens "
-                            "after the match proposed, as many as were accepted the last time this key drafted"),
-    DrafterSpec("ngram-map-k4v", "ngram-map-k4v", "n-gram key/value map", has_confidence=False, needs="nothing",
-                options=_ngram_map_options("ngram_map_k4v", "key hits before a draft"),
-                replay="..analysis.replay:NgramMapReplay",
-                description="as ngram-map-k, drafting only when the key was seen min_hits times and its most "
-                            "frequent continuation (of up to 4) at least twice as often as the others together"),
+    _ngram_map_spec("ngram-map-k", "n-gram key map", "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)",
+                    "the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens after the "
+                    "match proposed, as many as were accepted the last time this key drafted"),
+    _ngram_map_spec("ngram-map-k4v", "n-gram key/value map", "key hits before a draft",
+                    "as ngram-map-k, drafting only when the key was seen min_hits times and its most frequent "
+                    "continuation (of up to 4) at least twice as often as the others together"),
     DrafterSpec("ngram-cache", "ngram-cache", "n-gram cache", has_confidence=False, needs="nothing",
                 options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay", fixed_draft_len=8,
+                server_carry="each slot's context cache (begin() does nothing: a shorter next prompt's n-grams are "
+                             "added only once the slot's tokens outgrow the last request's)",
                 description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
                             "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
                             "seen often enough"),

@@ -22,6 +22,7 @@ from ..core.session import Session
 from ..core.trace import Trace
 from ..analysis.batch_shift import measure_batches
 from ..core.errors import ToolError
+from ..server.predict import server_counters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,15 +279,9 @@ def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
     totals = {"n_predict": len(ours.tokens), "draft_n": int(ours.n_drafted.sum()),
               "draft_n_accepted": int(ours.n_accepted.sum())}
     server = {"n_predict": done.tokens_predicted, "draft_n": done.draft_n, "draft_n_accepted": done.draft_n_accepted}
-    caps, generated, budget = [], 0, int(ours.settings["max_tokens"])
-    for st in ours.steps:  # each step's draft cap: n_max, cut to the budget left minus one
-        caps.append(min(st.n_max, budget - generated - 1))
-        generated += st.n_accepted + 1
-    eos_steps = [(st, cap) for st, cap in zip(ours.steps, caps) if st.stop_reason == "eos"]
-    expected = dict(totals)
+    eos_steps = [st for st in ours.steps if st.stop_reason == "eos"]
     unverifiable = bool(eos_steps) and p_min > 0
-    if eos_steps and not unverifiable:
-        expected["draft_n"] += sum(cap - st.n_drafted for st, cap in eos_steps)
+    expected = dict(totals) if unverifiable else server_counters(ours)
     text_equal = "".join(ours.pieces) == done.text
     if unverifiable:
         match = text_equal and all(server[k] == expected[k] for k in ("n_predict", "draft_n_accepted"))

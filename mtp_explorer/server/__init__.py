@@ -7,8 +7,9 @@ from __future__ import annotations
 from .client import Completion, ServerClient, SpecMetrics, parse_metrics
 from .monitor import Reading, ServerMonitor, WindowRates
 from .process import LlamaServer, free_port, server_binary
+from .predict import PREDICTED_COLUMNS, server_counters
 from .sweep import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest, server_sweep
 
 __all__ = ["Completion", "LlamaServer", "Reading", "ServerClient", "ServerMonitor", "SpecMetrics", "free_port",
            "parse_metrics", "server_binary", "WindowRates", "GRID_FLAGS", "ServerSweep", "Workload", "WorkloadRequest",
-           "server_sweep"]
+           "server_sweep", "PREDICTED_COLUMNS", "server_counters"]

@@ -12,7 +12,7 @@ import re
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 
@@ -150,6 +150,17 @@ class Completion:
         except (KeyError, TypeError, ValueError) as exc:
             raise ServerProtocolError(f"malformed /completion answer ({exc!r}): {str(doc)[:300]}") from None
 
+    @classmethod
+    def from_chat_json(cls, prompt: str, doc: Any) -> "Completion":
+        """A ``/v1/chat/completions`` answer (its first choice's message, its ``timings``)."""
+        try:
+            choice = doc["choices"][0]
+            flat = {"content": choice["message"]["content"] or "", "timings": doc["timings"],
+                    "stop_type": {"stop": "eos", "length": "limit"}.get(choice.get("finish_reason"), "")}
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ServerProtocolError(f"malformed chat answer ({exc!r}): {str(doc)[:300]}") from None
+        return cls.from_json(prompt, flat)
+
     @property
     def acceptance_rate(self) -> float:
         return self.draft_n_accepted / self.draft_n if self.draft_n else math.nan
@@ -201,6 +212,30 @@ class ServerClient:
         body = {"prompt": prompt, "n_predict": int(n_predict), "temperature": temperature,
                 "cache_prompt": cache_prompt} | params
         return Completion.from_json(prompt, self._json("/completion", body))
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], n_predict: int, *, temperature: float = 0.0,
+             cache_prompt: bool = False, **params: Any) -> Completion:
+        """``POST /v1/chat/completions`` with ``messages`` (``[{"role": ..., "content": ...}, ...]``), greedy, at most
+        ``n_predict`` tokens (``max_tokens``) and without prompt caching unless told otherwise."""
+        body = {"messages": list(messages), "max_tokens": int(n_predict), "temperature": temperature,
+                "cache_prompt": cache_prompt} | params
+        return Completion.from_chat_json(json.dumps(list(messages)), self._json("/v1/chat/completions", body))
+
+    def apply_template(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """``POST /apply-template``: the prompt the server makes of chat ``messages`` with the model's template."""
+        doc = self._json("/apply-template", {"messages": list(messages)})
+        if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str):
+            raise ServerProtocolError(f"malformed /apply-template answer: {str(doc)[:300]}")
+        return doc["prompt"]
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """``POST /tokenize``: the token ids the server makes of ``text`` (special tokens parsed, as it does for a
+        prompt; ``add_special``: with the model's BOS)."""
+        doc = self._json("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})
+        try:
+            return [int(t) for t in doc["tokens"]]
+        except (KeyError, TypeError, ValueError):
+            raise ServerProtocolError(f"malformed /tokenize answer: {str(doc)[:300]}") from None
 
     def complete_many(self, prompts: Sequence[str], n_predict: int, **params: Any) -> list[Completion]:
         """The prompts sent at once (one connection each, so the server's slots take them together); the answers

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
 import os
-import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..core.checks import check_int
 from ..core.errors import FormatError, ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
 from .process import LlamaServer
+from .workload import ALL, Workload, WorkloadRequest
 
 #: The grid's keys (llama.cpp's option names without dashes) and llama-server's long flags for them.
 GRID_FLAGS: Mapping[str, str] = {
@@ -37,69 +39,6 @@ GRID_FLAGS: Mapping[str, str] = {
 #: What the best configuration can be chosen for (:meth:`ServerSweep.best`).
 GOALS = ("throughput", "p95_latency", "goodput")
 FORMAT = "mtp-explorer-server-sweep-1"
-ALL = "all"  #: the category of the rows over every request
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkloadRequest:
-    """One request of a workload: a ``/completion`` prompt, its ``n_predict`` and a category to break results by."""
-
-    prompt: str
-    n_predict: int = 128
-    category: str = ALL
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """The requests a sweep sends to every configuration: all at once (``rate=None``) or arriving as a Poisson
-    process of ``rate`` requests per second (the same arrival times for every configuration: ``seed``)."""
-
-    requests: tuple[WorkloadRequest, ...]
-    rate: float | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.requests:
-            raise ParameterError("a workload needs at least one request")
-        if self.rate is not None and not (isinstance(self.rate, (int, float)) and self.rate > 0):
-            raise ParameterError(f"rate must be requests per second > 0 (or None: all at once), got {self.rate!r}")
-
-    @classmethod
-    def from_prompts(cls, prompts: Iterable[str], n_predict: int = 128, *, categories: Sequence[str] | None = None,
-                     rate: float | None = None) -> "Workload":
-        """A workload of ``prompts`` (with a category each, if given)."""
-        prompts = list(prompts)
-        cats = [ALL] * len(prompts) if categories is None else list(categories)
-        if len(cats) != len(prompts):
-            raise ParameterError(f"{len(cats)} categories for {len(prompts)} prompts")
-        return cls(tuple(WorkloadRequest(p, int(n_predict), c) for p, c in zip(prompts, cats)), rate)
-
-    @classmethod
-    def from_jsonl(cls, path: str | os.PathLike, n_predict: int = 128, *, rate: float | None = None) -> "Workload":
-        """A JSONL file of ``/completion`` requests: one object per line with ``prompt`` and optionally
-        ``n_predict`` and ``category``."""
-        requests = []
-        for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-                requests.append(WorkloadRequest(str(doc["prompt"]), int(doc.get("n_predict", n_predict)),
-                                                str(doc.get("category", ALL))))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise FormatError(f"{path}:{i}: not a /completion request with a prompt ({exc!r})") from None
-        return cls(tuple(requests), rate)
-
-    def arrivals(self) -> list[float]:
-        """Each request's send time in seconds from the start."""
-        if self.rate is None:
-            return [0.0] * len(self.requests)
-        rng = random.Random(self.seed)
-        return list(itertools.accumulate(rng.expovariate(self.rate) for _ in self.requests))
-
-    @property
-    def categories(self) -> list[str]:
-        return sorted({r.category for r in self.requests})
 
 
 def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -146,32 +85,52 @@ class _Answer:
     error: str = ""
 
 
+@dataclasses.dataclass
+class _ConfigRun:
+    """One run of a configuration: its status, answers, counters grown, wall seconds of the workload, command line,
+    and (when asked for) every request's prompt as the server's token ids."""
+
+    command: str
+    status: str = "ok"
+    answers: list[_Answer] = dataclasses.field(default_factory=list)
+    grown: SpecMetrics | None = None
+    wall: float = math.nan
+    prompt_tokens: list[list[int]] | None = None
+
+
 def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_model, n_ctx: int, threads: int,
-                binary, timeout_s: float) -> tuple[str, list[_Answer], SpecMetrics | None, float, str]:
-    """One configuration: (status, answers, counters grown, wall seconds of the workload, command line)."""
-    command = "llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx,
-                                                      threads=threads))
+                binary, timeout_s: float, want_tokens: bool) -> _ConfigRun:
+    run = _ConfigRun("llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx,
+                                                             threads=threads)))
     server = LlamaServer(model, n_parallel=int(config.get("n_parallel", 1)), n_ctx=n_ctx, threads=threads,
                          spec_type=None, args=_flags(config, draft_model), binary=binary, startup_timeout=timeout_s)
     try:
         try:
             server.start()
         except ServerError as exc:
-            return f"failed to start: {_first_line(exc)}", [], None, math.nan, command
+            run.status = f"failed to start: {_first_line(exc)}"
+            return run
         client = ServerClient(server.url, timeout=timeout_s)
+        if want_tokens:
+            try:
+                run.prompt_tokens = [req.server_tokens(client) for req in workload.requests]
+            except ServerError:
+                run.prompt_tokens = None
         before = _metrics(client)
-        answers, wall, timed_out = _send(client, workload, timeout_s, server)
+        run.answers, run.wall, timed_out = _send(client, workload, timeout_s, server)
+        failed = [a for a in run.answers if a.completion is None]
+        after = None if timed_out or not server.running or failed else _metrics(client)
         if timed_out:
-            return f"timed out after {timeout_s:g} s", answers, None, wall, command
-        if not server.running:
-            return f"crashed (exit code {server.process.returncode})", answers, None, wall, command
-        failed = [a for a in answers if a.completion is None]
-        if failed:
-            return f"{len(failed)} of {len(answers)} requests failed: {failed[0].error}", answers, None, wall, command
-        after = _metrics(client)
-        if isinstance(before, str) or isinstance(after, str):
-            return f"bad /metrics: {before if isinstance(before, str) else after}", answers, None, wall, command
-        return "ok", answers, after.since(before), wall, command
+            run.status = f"timed out after {timeout_s:g} s"
+        elif not server.running:
+            run.status = f"crashed (exit code {server.process.returncode})"
+        elif failed:
+            run.status = f"{len(failed)} of {len(run.answers)} requests failed: {failed[0].error}"
+        elif isinstance(before, str) or isinstance(after, str):
+            run.status = f"bad /metrics: {before if isinstance(before, str) else after}"
+        else:
+            run.grown = after.since(before)
+        return run
     finally:
         server.stop()
 
@@ -209,7 +168,7 @@ def _send(client: ServerClient, workload: Workload, timeout_s: float,
         time.sleep(max(0.0, start + at - time.monotonic()))
         t0 = time.monotonic()
         try:
-            return _Answer(req, client.complete(req.prompt, req.n_predict), time.monotonic() - t0)
+            return _Answer(req, req.send(client), time.monotonic() - t0)
         except ServerError as exc:
             return _Answer(req, None, time.monotonic() - t0, _first_line(exc))
 
@@ -226,9 +185,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, 100 * q)) if values else math.nan
 
 
-def _rows(config: Mapping[str, Any], status: str, answers: list[_Answer], grown: SpecMetrics | None, wall: float,
-          command: str, categories: list[str]) -> list[dict[str, Any]]:
-    """The configuration's rows: one over every request, and one per category when there are several."""
+def _rows(config: Mapping[str, Any], run: _ConfigRun, categories: list[str]) -> list[dict[str, Any]]:
+    """One run's rows: one over every request, and one per category when there are several."""
+    answers, grown, wall = run.answers, run.grown, run.wall
     rows = []
     for cat in ([ALL] + categories if categories != [ALL] else [ALL]):
         mine = [a for a in answers if cat == ALL or a.request.category == cat]
@@ -238,14 +197,53 @@ def _rows(config: Mapping[str, Any], status: str, answers: list[_Answer], grown:
         latencies = [a.latency for a in mine if a.completion is not None]
         ttft = [a.latency - a.completion.predicted_ms / 1e3 for a in mine if a.completion is not None]
         rows.append(dict(config) | {
-            "category": cat, "status": status, "n_requests": len(mine),
+            "category": cat, "status": run.status, "n_requests": len(mine),
+            "n_tokens": sum(c.tokens_predicted for c in done), "n_drafted": drafted, "n_accepted": accepted,
             "tokens_per_second": sum(c.tokens_predicted for c in done) / wall if done and wall > 0 else math.nan,
             "request_tokens_per_second": _percentile([c.predicted_per_second for c in done], 0.5),
             "acceptance": accepted / drafted if drafted else math.nan,
             "mean_accepted_length": (grown.mean_accepted_length if grown is not None and cat == ALL else math.nan),
             "latency_p50": _percentile(latencies, 0.5), "latency_p95": _percentile(latencies, 0.95),
             "ttft_p50": _percentile(ttft, 0.5), "ttft_p95": _percentile(ttft, 0.95),
-            "wall_seconds": wall, "command": command})
+            "wall_seconds": wall, "command": run.command})
+    return rows
+
+
+def _request_rows(config: Mapping[str, Any], run: _ConfigRun, repeat: int) -> list[dict[str, Any]]:
+    """One run's answers, one row per request (those that failed included, with NaN timings)."""
+    rows = []
+    for i, a in enumerate(run.answers):
+        c = a.completion
+        rows.append(dict(config) | {
+            "repeat": repeat, "request": i, "category": a.request.category, "ok": c is not None,
+            "tokens_predicted": c.tokens_predicted if c else -1, "draft_n": c.draft_n if c else -1,
+            "draft_n_accepted": c.draft_n_accepted if c else -1, "latency": a.latency,
+            "ttft": a.latency - c.predicted_ms / 1e3 if c else math.nan,
+            "predicted_per_second": c.predicted_per_second if c else math.nan,
+            "text_digest": hashlib.sha1(c.text.encode()).hexdigest()[:12] if c else ""})
+    return rows
+
+
+#: Columns of a configuration's row that are medians over its repeated runs (the others are its first run's).
+TIMED = ("tokens_per_second", "request_tokens_per_second", "latency_p50", "latency_p95", "ttft_p50", "ttft_p95",
+         "wall_seconds")
+
+
+def _over_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A configuration's rows over its runs: the first failed run's rows if one failed; else the first run's counts
+    with the median of every timed column, the run-to-run spread of ``tokens_per_second`` ((max - min) / median;
+    0 for one run) and whether the runs' counts differ (``counts_vary``: the server's own run-to-run variation)."""
+    failed = [run for run in runs if run[0]["status"] != "ok"]
+    if failed:
+        return [row | {"repeats": len(runs), "tokens_per_second_spread": math.nan} for row in failed[0]]
+    rows = []
+    for i, first in enumerate(runs[0]):
+        timed = {k: float(np.median([run[i][k] for run in runs])) for k in TIMED}
+        tps = [run[i]["tokens_per_second"] for run in runs]
+        spread = (max(tps) - min(tps)) / timed["tokens_per_second"] if timed["tokens_per_second"] > 0 else math.nan
+        counts = {(run[i]["n_tokens"], run[i]["n_drafted"], run[i]["n_accepted"]) for run in runs}
+        rows.append(first | timed | {"repeats": len(runs), "tokens_per_second_spread": spread,
+                                     "counts_vary": len(counts) > 1})
     return rows
 
 
@@ -253,13 +251,21 @@ def _rows(config: Mapping[str, Any], status: str, answers: list[_Answer], grown:
 class ServerSweep:
     """A sweep's results: :attr:`frame`, one row per configuration and category (the grid's keys, ``category``,
     ``status`` ("ok" or what failed), ``tokens_per_second`` (every request's tokens over the workload's wall time),
-    ``request_tokens_per_second`` (median per request), ``acceptance``, ``mean_accepted_length``, ``latency_p50`` /
-    ``_p95`` and ``ttft_p50`` / ``_p95`` in seconds, ``wall_seconds``, ``command``), and what it ran."""
+    ``request_tokens_per_second`` (median per request), ``n_tokens``, ``n_drafted`` and ``n_accepted`` (the answers'
+    ``tokens_predicted``, ``draft_n`` and ``draft_n_accepted`` summed), ``acceptance``, ``mean_accepted_length``,
+    ``latency_p50`` / ``_p95`` and ``ttft_p50`` / ``_p95`` in seconds, ``wall_seconds``, ``command``; with several
+    ``repeats`` the timed columns are medians and ``tokens_per_second_spread`` the run-to-run spread), and what it
+    ran. :meth:`with_predictions` adds the explorer's prediction of every row."""
 
     frame: Any
     model: str
     grid: dict[str, list[Any]]
     workload: Workload
+    prompt_tokens: list[list[int]] | None = None  #: each request's prompt as the server decoded it (None: unknown)
+    #: one row per configuration, run (``repeat``) and request: the grid's keys, ``request`` (its index in the
+    #: workload), ``category``, ``ok``, the server's ``tokens_predicted`` / ``draft_n`` / ``draft_n_accepted`` (-1 for a
+    #: failed request), ``latency`` / ``ttft`` in seconds, ``predicted_per_second``, ``text_digest``
+    requests: Any = None
 
     def best(self, goal: str = "throughput", *, latency_bound: float | None = None):
         """The best configuration per concurrency (``n_parallel``) over every request (a DataFrame): the highest
@@ -276,6 +282,18 @@ class ServerSweep:
         by = "n_parallel" if "n_parallel" in f else None
         f = f.sort_values(key, ascending=ascending, kind="stable")
         return (f.groupby(by, as_index=False).head(1) if by else f.head(1)).reset_index(drop=True)
+
+    def with_predictions(self, session, *, costs=None, progress: bool = True) -> "ServerSweep":
+        """This sweep with the explorer's prediction of every row beside the measurement
+        (:data:`~mtp_explorer.server.predict.PREDICTED_COLUMNS`: ``predicted_tokens_per_second``,
+        ``predicted_acceptance``, their errors, ...) and of every request's counters in :attr:`requests`
+        (``predicted_draft_n``, ..., ``counts_match``), from one recording of the workload with ``session`` (on the
+        sweep's model) and a batch cost model (``costs``, default measured now): see
+        :func:`~mtp_explorer.server.predict.predict_sweep`."""
+        from .predict import predict_sweep
+
+        frame, requests = predict_sweep(self, session, costs=costs, progress=progress)
+        return dataclasses.replace(self, frame=frame, requests=requests)
 
     def command(self, row: Mapping[str, Any]) -> str:
         """The llama-server command line of a row (its configuration)."""
@@ -297,6 +315,8 @@ class ServerSweep:
         doc = {"format": FORMAT, "model": self.model, "grid": self.grid,
                "workload": {"rate": self.workload.rate, "seed": self.workload.seed,
                             "requests": [dataclasses.asdict(r) for r in self.workload.requests]},
+               "prompt_tokens": self.prompt_tokens,
+               "requests": None if self.requests is None else json.loads(self.requests.to_json(orient="records")),
                "frame": json.loads(self.frame.to_json(orient="records"))}
         path = Path(path)
         path.write_text(json.dumps(doc))
@@ -313,10 +333,14 @@ class ServerSweep:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise FormatError(f"{path} is not an mtp-explorer server sweep")
         try:
-            workload = Workload(tuple(WorkloadRequest(**r) for r in doc["workload"]["requests"]),
-                                doc["workload"]["rate"], doc["workload"]["seed"])
-            frame = pd.DataFrame(doc["frame"]).astype({"status": str, "command": str})
-            return cls(frame=frame, model=doc["model"], grid=doc["grid"], workload=workload)
+            requests = tuple(WorkloadRequest(**(r | {"messages": None if r.get("messages") is None
+                                                     else tuple(r["messages"])})) for r in doc["workload"]["requests"])
+            workload = Workload(requests, doc["workload"]["rate"], doc["workload"]["seed"])
+            frame = pd.DataFrame(doc["frame"])
+            frame = frame.astype({c: str for c in ("status", "command", "prediction_note") if c in frame})
+            requests = None if doc.get("requests") is None else pd.DataFrame(doc["requests"])
+            return cls(frame=frame, model=doc["model"], grid=doc["grid"], workload=workload,
+                       prompt_tokens=doc.get("prompt_tokens"), requests=requests)
         except (ValueError, KeyError, TypeError) as exc:
             raise FormatError(f"{path}: a corrupt server sweep ({exc!r})") from None
 
@@ -324,11 +348,12 @@ class ServerSweep:
 def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], grid: Mapping[str, Sequence[Any]], *,
                  n_predict: int = 128, draft_model: str | os.PathLike | None = None, timeout_s: float = 600.0,
                  n_ctx: int = 4096, threads: int = 2, binary: str | os.PathLike | None = None,
-                 progress: bool = True) -> ServerSweep:
+                 repeats: int = 1, progress: bool = True) -> ServerSweep:
     """Every configuration of ``grid`` (llama.cpp's option names without dashes, :data:`GRID_FLAGS`, to lists of
     values) measured on a real llama-server serving ``workload`` (a :class:`Workload`, or prompts of ``n_predict``
     tokens each, all at once). Each configuration is bounded by ``timeout_s`` seconds (start-up and workload each);
-    its server is stopped whatever happens, also when the sweep is interrupted."""
+    its server is stopped whatever happens, also when the sweep is interrupted. ``repeats`` runs each configuration
+    on that many fresh servers (the timed columns are then medians, with the run-to-run spread)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -337,16 +362,23 @@ def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], g
     configs = configurations(grid)
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ParameterError(f"timeout_s must be seconds > 0, got {timeout_s!r}")
-    rows = []
-    bar = tqdm(total=len(configs), desc="llama-server sweep", unit="config", disable=not progress, leave=False)
+    check_int("repeats", repeats, 1, None)
+    rows, per_request, tokens = [], [], None
+    bar = tqdm(total=len(configs) * repeats, desc="llama-server sweep", unit="run", disable=not progress,
+               leave=False)
     try:
         for config in configs:
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in config.items()))
-            status, answers, grown, wall, command = _run_config(
-                model, config, workload, draft_model=draft_model, n_ctx=n_ctx, threads=threads, binary=binary,
-                timeout_s=timeout_s)
-            rows += _rows(config, status, answers, grown, wall, command, workload.categories)
-            bar.update(1)
+            runs = []
+            for repeat in range(repeats):
+                run = _run_config(model, config, workload, draft_model=draft_model, n_ctx=n_ctx, threads=threads,
+                                  binary=binary, timeout_s=timeout_s, want_tokens=tokens is None)
+                tokens = tokens or run.prompt_tokens
+                runs.append(_rows(config, run, workload.categories))
+                per_request += _request_rows(config, run, repeat)
+                bar.update(1)
+            rows += _over_repeats(runs)
     finally:
         bar.close()
-    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists(grid), workload=workload)
+    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists(grid), workload=workload,
+                       prompt_tokens=tokens, requests=pd.DataFrame(per_request))

@@ -2,7 +2,8 @@
 shows for its own traces, as the server counts them. ``plots.server_acceptance(monitor)``: acceptance by draft
 position (as :func:`~mtp_explorer.viz.trace_figures.acceptance_by_depth`), and per request sent through the
 monitor its tokens/s and drafted tokens. ``plots.server_rates(monitor)``: the same counters over time, one point per
-interval between two polls, with the rates over the last window."""
+interval between two polls, with the rates over the last window. ``plots.server_predictions(sweep)``: a server
+sweep's measured tokens/s and acceptance against the explorer's prediction of each configuration."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..server.monitor import ServerMonitor
-from .inputs import instance, takes
-from .style import HIGHLIGHT, MUTED, PRIMARY, base_layout, empty
+from ..server.sweep import ALL, ServerSweep
+from .inputs import Kind, instance, takes
+from .style import GUIDE, HIGHLIGHT, MUTED, PRIMARY, base_layout, empty
 
-__all__ = ["server_acceptance", "server_rates"]
+__all__ = ["server_acceptance", "server_rates", "server_predictions"]
 
 MONITOR = instance("a ServerMonitor", ServerMonitor)
+PREDICTED_SWEEP = Kind(
+    "a ServerSweep with predictions (ServerSweep.with_predictions)",
+    lambda v: (None if isinstance(v, ServerSweep) and "predicted_tokens_per_second" in v.frame
+               else "a ServerSweep without predictions" if isinstance(v, ServerSweep) else type(v).__name__))
 
 
 @takes(MONITOR)
@@ -81,4 +87,46 @@ def server_rates(monitor: ServerMonitor, window: float = 60.0) -> go.Figure:
     if frame.empty:
         empty(fig, "fewer than two answered polls yet" if monitor.state != "disconnected"
               else "disconnected: " + monitor.readings[-1].error[:80])
+    return fig
+
+
+def _label(row, keys) -> str:
+    return " ".join(f"{k}={row[k]}" for k in keys)
+
+
+@takes(PREDICTED_SWEEP)
+def server_predictions(sweep: ServerSweep) -> go.Figure:
+    """Each configuration of a sweep (over every request) as a point: measured against predicted tokens/s (left;
+    error bars: the server's run-to-run range) and acceptance (right); on the diagonal the prediction is exact.
+    Hover names the configuration and the relative error."""
+    f = sweep.frame[(sweep.frame["category"] == ALL) & (sweep.frame["status"] == "ok")]
+    keys = list(sweep.grid)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s: measured against predicted",
+                                                        "acceptance: measured against predicted"))
+    labels = [_label(r, keys) for r in f.to_dict(orient="records")]
+    spread = (f["tokens_per_second_spread"] if "tokens_per_second_spread" in f else f["tokens_per_second"] * 0)
+    fig.add_trace(go.Scatter(
+        x=f["predicted_tokens_per_second"], y=f["tokens_per_second"], mode="markers", name="tokens/s",
+        marker={"color": PRIMARY, "size": 9}, text=labels, customdata=f["tokens_per_second_error"] * 100,
+        error_y={"type": "data", "array": (spread * f["tokens_per_second"] / 2).fillna(0), "color": MUTED},
+        hovertemplate="%{text}<br>predicted %{x:.1f}, measured %{y:.1f} tok/s (error %{customdata:+.1f}%)"
+                      "<extra></extra>"), row=1, col=1)
+    acc = f[f["acceptance"].notna() & f["predicted_acceptance"].notna()]
+    fig.add_trace(go.Scatter(
+        x=acc["predicted_acceptance"], y=acc["acceptance"], mode="markers", name="acceptance",
+        marker={"color": HIGHLIGHT, "size": 9}, text=[_label(r, keys) for r in acc.to_dict(orient="records")],
+        hovertemplate="%{text}<br>predicted %{x:.3f}, measured %{y:.3f}<extra></extra>"), row=1, col=2)
+    values = [v for v in (*f["predicted_tokens_per_second"], *f["tokens_per_second"]) if not math.isnan(v)]
+    top = max(values, default=1.0) * 1.1
+    for col, hi in ((1, top), (2, 1.0)):
+        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", line={"color": GUIDE, "dash": "dot"},
+                                 showlegend=False, hoverinfo="skip"), row=1, col=col)
+    err = f["tokens_per_second_error"].abs().median() if not f.empty else math.nan
+    base_layout(fig, f"llama-server sweep: predicted against measured — median |tokens/s error| "
+                     f"{err * 100:.1f}%" if not math.isnan(err) else "llama-server sweep: predicted against measured",
+                height=360)
+    fig.update_xaxes(title_text="predicted", rangemode="tozero")
+    fig.update_yaxes(title_text="measured", rangemode="tozero")
+    if f.empty:
+        empty(fig, "no configuration ran")
     return fig

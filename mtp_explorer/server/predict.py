@@ -1,0 +1,217 @@
+"""The explorer's prediction of a server sweep, from one recording of its workload.
+
+:func:`predict_sweep` records one oracle per request of a :class:`~mtp_explorer.server.sweep.Workload` with a session
+on the same model, measures (or takes) this machine's batch cost model, and for every configuration of the sweep's
+grid replays each request as a llama-server slot runs it (:func:`~mtp_explorer.simulate` with ``server_slot=True``)
+and schedules them on ``n_parallel`` slots (:func:`~mtp_explorer.predict_parallel`). The draft counters it predicts
+are those the server reports (:func:`server_counters`); a drafter whose state a server keeps from one request to the
+next (:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's own prompt, and
+its rows say so in ``prediction_note``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from ..core.errors import ParameterError
+from ..core.settings import DraftSettings
+
+if TYPE_CHECKING:
+    from ..analysis.batch import BatchCostModel
+    from ..analysis.oracle import OracleTrace
+    from ..core.session import Session
+    from ..core.trace import Trace
+    from .sweep import ServerSweep, Workload
+
+#: The columns :func:`predict_sweep` adds to a sweep's frame.
+PREDICTED_COLUMNS = ("predicted_tokens_per_second", "predicted_acceptance", "predicted_n_drafted",
+                     "predicted_n_accepted", "tokens_per_second_error", "acceptance_error", "beyond_spread",
+                     "prediction_note")
+
+
+def server_counters(trace: "Trace") -> dict[str, int]:
+    """The counters llama-server reports for a greedy request that ran as ``trace`` (``n_predict``, ``draft_n``,
+    ``draft_n_accepted``): at a step that stops at an end-of-generation token, the server's drafters have drafted
+    on past it to the step's cap (``n_max`` cut to the budget left minus one), which the trace does not count."""
+    counters = {"n_predict": len(trace.tokens), "draft_n": int(trace.n_drafted.sum()),
+                "draft_n_accepted": int(trace.n_accepted.sum())}
+    generated, budget = 0, int(trace.settings["max_tokens"])
+    for st in trace.steps:
+        if st.stop_reason == "eos":
+            counters["draft_n"] += min(st.n_max, budget - generated - 1) - st.n_drafted
+        generated += st.n_accepted + 1
+    return counters
+
+
+def config_settings(config: Mapping[str, Any], n_predict: int) -> DraftSettings:
+    """The drafting settings of one request on a server of configuration ``config`` (a sweep grid's keys; llama.cpp's
+    defaults for those it does not set; ``spec_type`` ``"none"`` or None: no drafting)."""
+    spec = config.get("spec_type")
+    if spec in (None, "none"):
+        return DraftSettings(n_max=0, max_tokens=n_predict)
+    return DraftSettings(drafter=spec, max_tokens=n_predict,
+                         **{k: config[k] for k in ("n_max", "p_min", "n_min") if k in config})
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """What a prediction reads: one oracle per request of the workload, and the machine's batch costs."""
+
+    oracles: tuple["OracleTrace", ...]
+    costs: "BatchCostModel"
+
+
+def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence[Any]], *,
+           prompt_tokens: Sequence[Sequence[int]] | None = None, costs: "BatchCostModel | None" = None,
+           progress: Callable[[str], None] | None = None) -> Recording:
+    """Record ``workload`` with ``session`` as deep as the grid drafts (each request's ``prompt_tokens`` where the
+    server's are known, else its prompt as the session tokenizes it), and measure its batch costs (unless given) for
+    the grid's ``n_parallel`` and ``n_max``."""
+    from ..analysis.batch import profile_batch_costs
+
+    if workload.rate is not None:
+        raise ParameterError("the prediction schedules requests sent all at once; this workload arrives at "
+                             f"{workload.rate:g} requests/s")
+    n_max = [int(k) for k in grid.get("n_max", [DraftSettings().n_max])]
+    n_parallel = sorted({int(n) for n in grid.get("n_parallel", [1])})
+    if max(n_max) > session.capacity:
+        raise ParameterError(f"the grid drafts up to n_max={max(n_max)}, deeper than the session's capacity "
+                             f"{session.capacity}: open it with n_rs_seq={max(n_max)}")
+    if n_parallel[-1] > session.n_parallel:
+        raise ParameterError(f"the grid runs up to n_parallel={n_parallel[-1]} slots: open the session with "
+                             f"n_parallel={n_parallel[-1]} to measure its batch costs")
+    if prompt_tokens is None and any(req.messages is not None for req in workload.requests):
+        raise ParameterError("a chat request's prompt is the server's template applied to its messages: this sweep "
+                             "has no server tokens to predict it from (no server started)")
+    oracles = []
+    for i, req in enumerate(workload.requests):
+        if progress is not None:
+            progress(f"recording request {i + 1} of {len(workload.requests)}")
+        prompt = req.prompt if prompt_tokens is None else list(prompt_tokens[i])
+        oracles.append(session.record_oracle(prompt, max_tokens=req.n_predict, depth=max(n_max), probe=False,
+                                             batch_shift=False))
+    if costs is None:
+        if progress is not None:
+            progress("measuring batch costs")
+        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}))
+    return Recording(tuple(oracles), costs)
+
+
+def _note(settings: DraftSettings) -> str:
+    carried = [f"{s.spec_type}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
+    if settings.n_max == 0 or not carried:
+        return ""
+    return ("the server keeps drafter state across requests, the prediction starts each request afresh ("
+            + "; ".join(carried) + ")")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigPrediction:
+    """One configuration's prediction: per category (``"all"`` and each of the workload's) tokens/s (the category's
+    tokens over the predicted time of the whole workload), counters, acceptance and a note; and each request's
+    server counters (:func:`server_counters`; empty where nothing could be predicted)."""
+
+    by_category: dict[str, dict[str, Any]]
+    per_request: list[dict[str, int]]
+
+
+#: The columns :func:`predict_sweep` adds to a sweep's per-request frame.
+PREDICTED_REQUEST_COLUMNS = ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted", "counts_match")
+
+
+def predict_config(recording: Recording, workload: "Workload", config: Mapping[str, Any]) -> ConfigPrediction:
+    """One configuration's prediction (:class:`ConfigPrediction`)."""
+    from ..analysis.batch import predict_parallel
+    from ..analysis.simulate import simulate
+    from .sweep import ALL
+
+    each = [config_settings(config, req.n_predict) for req in workload.requests]
+    try:
+        counters = [server_counters(simulate(o, s, server_slot=True)) for o, s in zip(recording.oracles, each)]
+        timed = predict_parallel(recording.oracles, recording.costs, each, n_parallel=int(config.get("n_parallel", 1)),
+                                 arrivals=[0] * len(each), server_slot=True)
+    except ParameterError as exc:
+        return ConfigPrediction({cat: {"prediction_note": f"not predicted: {exc}"}
+                                 for cat in [ALL, *workload.categories]}, [])
+    seconds = timed["n_tokens"] / timed["tokens_per_second"]
+    out = {}
+    for cat in [ALL, *workload.categories]:
+        mine = [c for c, req in zip(counters, workload.requests) if cat == ALL or req.category == cat]
+        drafted, accepted = sum(c["draft_n"] for c in mine), sum(c["draft_n_accepted"] for c in mine)
+        out[cat] = {"predicted_tokens_per_second": sum(c["n_predict"] for c in mine) / seconds,
+                    "predicted_acceptance": accepted / drafted if drafted else math.nan,
+                    "predicted_n_drafted": drafted, "predicted_n_accepted": accepted,
+                    "prediction_note": _note(each[0])}
+    return ConfigPrediction(out, counters)
+
+
+def _errors(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Predicted against measured: relative tokens/s error, acceptance difference, and whether the tokens/s
+    prediction lies outside the server's own run-to-run range about its median (NaN: one run, no range)."""
+    pred, meas = row.get("predicted_tokens_per_second", math.nan), row["tokens_per_second"]
+    ok = row["status"] == "ok" and meas > 0 and not math.isnan(pred)
+    spread = row.get("tokens_per_second_spread", math.nan) if row.get("repeats", 1) > 1 else math.nan
+    return {"tokens_per_second_error": pred / meas - 1 if ok else math.nan,
+            "acceptance_error": row.get("predicted_acceptance", math.nan) - row["acceptance"],
+            "beyond_spread": abs(pred - meas) > spread * meas / 2 if ok and not math.isnan(spread) else math.nan}
+
+
+def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCostModel | None" = None,
+                  progress: bool = True):
+    """The sweep's frame with :data:`PREDICTED_COLUMNS` added, and its per-request frame with
+    :data:`PREDICTED_REQUEST_COLUMNS` (None without one): what the explorer predicts for each row from one
+    recording of the workload with ``session`` (the sweep's model; ``n_parallel`` and capacity enough for the grid)
+    and ``costs`` (default: measured now, :func:`~mtp_explorer.profile_batch_costs`). Flags the prediction does not
+    model (``n_gpu_layers``, ``flash_attn``, ``type_k``) are the session's own."""
+    from tqdm.auto import tqdm
+
+    from .sweep import configurations
+
+    if Path(session.path).resolve() != Path(sweep.model).resolve():
+        raise ParameterError(f"the sweep served {sweep.model}, the session runs {session.path}")
+    bar = tqdm(total=len(sweep.workload.requests) + 1, desc="predicting the sweep", disable=not progress, leave=False)
+    try:
+        recording = record(session, sweep.workload, sweep.grid, prompt_tokens=sweep.prompt_tokens, costs=costs,
+                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)))
+    finally:
+        bar.close()
+    keys = list(sweep.grid)
+    predicted = {tuple(c[k] for k in keys): predict_config(recording, sweep.workload, c)
+                 for c in configurations(sweep.grid)}
+    rows = []
+    for row in sweep.frame.to_dict(orient="records"):
+        row |= predicted[tuple(row[k] for k in keys)].by_category.get(row["category"], {})
+        rows.append(row | _errors(row))
+    frame = _with_columns(rows, PREDICTED_COLUMNS)
+    frame["prediction_note"] = frame["prediction_note"].fillna("").astype(str)
+    return frame, _requests(sweep.requests, predicted, keys)
+
+
+def _requests(requests, predicted: Mapping[tuple, ConfigPrediction], keys: list[str]):
+    """The per-request frame with each request's predicted server counters, and whether they are the measured ones."""
+    if requests is None:
+        return None
+    rows = []
+    for row in requests.to_dict(orient="records"):
+        mine = predicted[tuple(row[k] for k in keys)].per_request
+        if mine:
+            c = mine[row["request"]]
+            row |= {"predicted_tokens": c["n_predict"], "predicted_draft_n": c["draft_n"],
+                    "predicted_draft_n_accepted": c["draft_n_accepted"],
+                    "counts_match": bool(row["ok"]) and (c["n_predict"], c["draft_n"], c["draft_n_accepted"]) == (
+                        row["tokens_predicted"], row["draft_n"], row["draft_n_accepted"])}
+        rows.append(row)
+    return _with_columns(rows, PREDICTED_REQUEST_COLUMNS)
+
+
+def _with_columns(rows: list[dict], columns: Sequence[str]):
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    for col in columns:
+        if col not in frame:
+            frame[col] = math.nan
+    return frame
