@@ -27,7 +27,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-parallel clean
+.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-server-sweep bench-parallel clean
 
 all: $(EXT)
 
@@ -116,6 +116,12 @@ bench-simulate: $(EXT)
 # -np 1, 2, 4 and the server's aggregate tokens/s at -np 1..8.
 bench-server: $(EXT) $(SERVER)
 	LLAMA_SERVER=$(CURDIR)/$(SERVER) $(VPY) benchmarks/server.py $(BENCH_ARGS)
+
+# benchmarks/server_sweep.py: mx.server_sweep over 15 llama-server configurations (-np 1, 2, 4) beside the explorer's
+# prediction of each (ServerSweep.with_predictions); BENCH_ARGS=--scale adds the SYNTHETIC 0.4 B Q8_0 model.
+bench-server-sweep: $(EXT) $(SERVER) $(QUANTIZE)
+	LLAMA_SERVER=$(CURDIR)/$(SERVER) MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) \
+	    $(VPY) benchmarks/server_sweep.py $(BENCH_ARGS)
 
 # benchmarks/parallel.py: the what-if for N sequences (batch cost model) against measured parallel runs, and the
 # batch size where speculation stops paying, on a SYNTHETIC 512x16 model.

@@ -11,8 +11,10 @@ For each model it prints, per configuration, measured and predicted tokens/s (ag
 the measured spread, measured and predicted acceptance, and per request whether the predicted server counters
 (``tokens_predicted``, ``draft_n``, ``draft_n_accepted``) are the measured ones; and a summary: the median |tokens/s
 error| against the median spread, how many cells lie outside the server's own range, and the share of single-slot
-(``-np 1``) request runs whose counters were predicted exactly (the others listed, with whether the server itself
-varied between runs).
+(``-np 1``) request runs whose counters were predicted exactly, per ``--spec-type``; each other one is listed with its
+cause: the server's own run-to-run variation, the slot's history (alone on a fresh server the request gives the
+predicted counters), the look-up's draft length (llama-server 0.3.36 does not cut look-up drafts to
+``--spec-draft-n-max``), or unexplained.
 
     make server
     LLAMA_SERVER=build/reference/bin/llama-server .venv/bin/python benchmarks/server_sweep.py [--scale] [--repeats 2]
@@ -23,6 +25,7 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import time
 from pathlib import Path
@@ -51,6 +54,36 @@ def _cells(frame) -> list[dict]:
     return [{k: row.get(k) for k in keep} for row in frame.to_dict(orient="records")]
 
 
+def _alone(path: Path, spec_type: str, n_max: int, prompt: str, n_predict: int, args) -> tuple[int, int]:
+    """A request's counters on a fresh one-slot server that serves nothing else."""
+    with mx.LlamaServer(path, n_parallel=1, n_ctx=4096 * 4, threads=args.threads, spec_type=None, binary=args.binary,
+                        args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]) as server:
+        done = server.client().complete(prompt, n_predict)
+    return done.draft_n, done.draft_n_accepted
+
+
+def _classify(single, wl: Workload, path: Path, args) -> list[dict]:
+    """Each single-slot request whose counters differ from the prediction in some run, with its cause:
+    ``server_run_to_run`` (the server's runs of it disagree), ``slot_history`` (alone on a fresh server it gives the
+    predicted counters: what the slot served before changed them), ``lookup_cap`` (the configuration drafts with a
+    look-up, whose drafts the server does not cut to n_max), else ``unexplained``."""
+    out = []
+    for (spec, n_max, i), runs in single.groupby(["spec_type", "n_max", "request"]):
+        bad = runs[~runs["counts_match"].astype(bool)]
+        if bad.empty:
+            continue
+        predicted = (int(runs.iloc[0]["predicted_draft_n"]), int(runs.iloc[0]["predicted_draft_n_accepted"]))
+        alone = _alone(path, spec, int(n_max), wl.requests[i].prompt, wl.requests[i].n_predict, args)
+        lookups = any(d.is_lookup for d in mx.core.drafters.mode(spec).drafters)
+        cause = ("server_run_to_run" if runs["draft_n"].nunique() > 1 else "slot_history" if alone == predicted
+                 else "lookup_cap" if lookups else "unexplained")
+        out.append({"spec_type": spec, "n_max": int(n_max), "request": int(i), "runs": len(runs),
+                    "mismatched_runs": len(bad), "measured": sorted(set(zip(bad["draft_n"].astype(int),
+                                                                            bad["draft_n_accepted"].astype(int)))),
+                    "predicted": list(predicted), "alone_on_a_fresh_server": list(alone), "cause": cause})
+    return out
+
+
 def one_model(path: Path, label: str, args) -> dict:
     wl = workload(args.tokens)
     t0 = time.perf_counter()
@@ -68,14 +101,7 @@ def one_model(path: Path, label: str, args) -> dict:
     requests = pd.concat([p.requests for p in predicted], ignore_index=True)
     everything = frame[(frame["category"] == "all") & (frame["status"] == "ok")]
     single = requests[(requests["n_parallel"] == 1) & requests["spec_type"].ne("none")]
-    varied = {(r["spec_type"], r["n_max"], r["request"]) for _, r in single.iterrows()
-              if len(set(single[(single["spec_type"] == r["spec_type"]) & (single["n_max"] == r["n_max"])
-                                & (single["request"] == r["request"])]["draft_n"])) > 1}
-    misses = [{"spec_type": r["spec_type"], "n_max": int(r["n_max"]), "request": int(r["request"]),
-               "repeat": int(r["repeat"]), "measured": [int(r["draft_n"]), int(r["draft_n_accepted"])],
-               "predicted": [int(r["predicted_draft_n"]), int(r["predicted_draft_n_accepted"])],
-               "server_varied": (r["spec_type"], r["n_max"], r["request"]) in varied}
-              for _, r in single[~single["counts_match"].astype(bool)].iterrows()]
+    misses = _classify(single, wl, path, args)
     errors = everything["tokens_per_second_error"].abs()
     return {
         "model": label, "path": str(path), "configurations": int(len(everything)), "sweep_seconds": sweep_s,
@@ -85,8 +111,9 @@ def one_model(path: Path, label: str, args) -> dict:
             "max_abs_tokens_per_second_error": float(errors.max()),
             "median_run_to_run_spread": float(everything["tokens_per_second_spread"].median()),
             "cells_beyond_spread": int(everything["beyond_spread"].astype(bool).sum()),
-            "single_slot_request_runs": int(len(single)),
-            "single_slot_counts_exact": int(single["counts_match"].astype(bool).sum()),
+            "single_slot_counts_exact_by_spec_type": {
+                spec: f"{int(g['counts_match'].astype(bool).sum())} of {len(g)}" for spec, g in single.groupby("spec_type")},
+            "single_slot_mismatches_by_cause": dict(collections.Counter(m["cause"] for m in misses)),
             "all_request_runs": int(requests["spec_type"].ne("none").sum()),
             "all_counts_exact": int(requests[requests["spec_type"].ne("none")]["counts_match"].astype(bool).sum()),
             "acceptance_abs_error_median": float(everything["acceptance_error"].abs().median()),

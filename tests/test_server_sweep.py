@@ -97,6 +97,7 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
     assert p[p["spec_type"] == "none"]["predicted_acceptance"].isna().all()
     chain = p[p["spec_type"] == "ngram-mod,draft-mtp"]["prediction_note"]
     assert chain.str.contains("ngram-mod: its n-gram pool").all()  # the server keeps it across requests
+    assert chain.str.contains("not by --spec-draft-n-max").all()  # nor does it cut the look-up's drafts to n_max
     assert (p[p["spec_type"] != "ngram-mod,draft-mtp"]["prediction_note"] == "").all()
     back = ServerSweep.load(predicted.save(tmp_path / "p.json"))
     assert back.frame["predicted_n_accepted"].tolist() == p["predicted_n_accepted"].tolist()
@@ -107,6 +108,20 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
     assert len(fig.data) == 4 and "median |tokens/s error|" in fig.layout.title.text
     with pytest.raises(mx.InputTypeError, match="without predictions"):
         mx.plots.server_predictions(sweep)
+
+
+def test_llama_server_does_not_cut_a_lookup_draft_to_n_max(bundled_model, server_binary):
+    """What the prediction's note says of look-ups (predict.SERVER_LOOKUP_CAP), on the real server: ngram-simple
+    drafts past --spec-draft-n-max, up to the budget left."""
+    prompt = mx.demo_prompts()[1].text
+    for n_max in (1, 3):
+        with mx.LlamaServer(bundled_model, n_parallel=1, n_ctx=4096, threads=1, spec_type=None, binary=server_binary,
+                            args=["--spec-type", "ngram-simple", "--spec-draft-n-max", str(n_max)]) as server:
+            client = server.client()
+            before = client.metrics()
+            done = client.complete(prompt, 32)
+            grown = client.metrics().since(before)
+        assert grown.drafts >= 1 and done.draft_n > n_max * grown.drafts, (n_max, done, grown)
 
 
 def test_a_server_slot_replay_is_the_engine_run_as_the_server_runs_it(bundled_model):

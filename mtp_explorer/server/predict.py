@@ -100,12 +100,27 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
     return Recording(tuple(oracles), costs)
 
 
+#: How llama-server 0.3.36 sizes a look-up's draft, unlike llama-speculative-simple and this engine (measured: on
+#: the bundled model, ngram-simple drafted 16 tokens in one draft at --spec-draft-n-max 1, 2 and 3 alike).
+SERVER_LOOKUP_CAP = ("llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
+                     "(server_slot::get_n_draft_max), not by --spec-draft-n-max: {names} draft up to their own "
+                     "length; the prediction cuts them to n_max as llama-speculative-simple does, so where they draft "
+                     "its counters and verify sizes are not the server's")
+
+
 def _note(settings: DraftSettings) -> str:
-    carried = [f"{s.spec_type}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
-    if settings.n_max == 0 or not carried:
+    """What the prediction of ``settings`` on a server does not replay (empty: nothing)."""
+    if settings.n_max == 0:
         return ""
-    return ("the server keeps drafter state across requests, the prediction starts each request afresh ("
-            + "; ".join(carried) + ")")
+    notes = []
+    carried = [f"{s.spec_type}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
+    if carried:
+        notes.append("the server keeps drafter state across requests, the prediction starts each request afresh ("
+                     + "; ".join(carried) + ")")
+    lookups = [s.spec_type for s in settings.mode.drafters if s.is_lookup]
+    if lookups:
+        notes.append(SERVER_LOOKUP_CAP.format(names=", ".join(lookups)))
+    return "; ".join(notes)
 
 
 @dataclasses.dataclass(frozen=True)
