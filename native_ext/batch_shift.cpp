@@ -59,13 +59,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
         }
     }
     std::lock_guard<std::mutex> lk(run_mutex);
-    for (auto & q : reqs) {
-        if (q->finish == FINISH_NONE) {
-            q->finish = FINISH_CANCELLED;
-        }
-    }
-    std::fill(slots.begin(), slots.end(), nullptr);
-    active.clear();
+    end_generations();
     const int32_t V = llama_vocab_n_tokens(vocab), K = (int32_t) ks.size();
     out = BatchShiftRecord{};
     out.ks = ks;

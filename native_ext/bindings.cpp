@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "engine.h"
+#include "layer_inputs.h"
 #include "errors.h"
 #include "names.h"
 
@@ -195,6 +196,7 @@ void bind_functions(nb::module_ & m) {
 
 void bind_tables(nb::module_ & m) {
     m.attr("STOP_REASONS") = names_tuple(STOP_REASON_NAMES);
+    m.attr("LAYER_INPUT_ARCHS") = names_tuple(LAYER_INPUT_ARCHS);
     m.attr("DRAFTERS") = drafters_tuple();
     m.attr("DRAFTER_NEEDS") = drafter_needs_tuple();
     m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
@@ -369,6 +371,19 @@ void bind_engine_generation(nb::class_<Engine> & c) {
              },
              "tokens"_a, "ks"_a,
              "How far the target's logits move between one-row and k-row decodes of the same tokens (batch_shift.h).")
+        .def("probe_layer_inputs",
+             [](Engine & e, const std::vector<llama_token> & tokens, const std::vector<int32_t> & layers) {
+                 std::vector<float> rows;
+                 {
+                     nb::gil_scoped_release r;
+                     e.probe_layer_inputs(tokens, layers, rows);
+                 }
+                 const size_t L = layers.size(), P = tokens.size();
+                 return column(rows, 0, P, {L, rows.size() / std::max<size_t>(1, P * L)});
+             },
+             "tokens"_a, "layers"_a,
+             "The inputs of the target's trunk layers for every token ([tokens, layers, n_embd]; layer_inputs.h).")
+        .def_prop_ro("arch", &Engine::arch)
         .def("set_params", &Engine::set_params, "params"_a)
         .def("params", &Engine::params)
         .def("cancel", &Engine::cancel);

@@ -5,6 +5,8 @@
 // count them.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,14 +116,22 @@ struct DraftRequest {
 };
 
 // The target hidden states a drafter reads after each target decode (its features): llama.cpp's draft-mtp
-// reads the rows the target hands its MTP head (llama_get_embeddings_nextn_ith). The engine extracts the
-// features a sequence's drafters declare once per decode and hands the same rows to all of them (TargetRows).
+// reads the rows the target hands its MTP head (llama_get_embeddings_nextn_ith); draft-eagle3 / draft-dflash read
+// the inputs of given trunk layers (llama_set_embeddings_layer_inp / llama_get_embeddings_layer_inp), which only
+// the architectures of layer_inputs.h can give. The engine extracts the features a sequence's drafters declare once
+// per decode and hands the same rows to all of them (TargetRows).
 struct FeatureNeeds {
-    bool nextn = false;  // the MTP head's input rows (the context was made with llama_set_embeddings_nextn)
+    bool nextn = false;               // the MTP head's input rows (the context was made with llama_set_embeddings_nextn)
+    std::vector<int32_t> layer_inp;   // trunk layers whose input rows are read, in the order they are concatenated
 
-    bool any() const { return nextn; }
+    bool any() const { return nextn || !layer_inp.empty(); }
     FeatureNeeds & operator|=(const FeatureNeeds & o) {
         nextn = nextn || o.nextn;
+        for (int32_t il : o.layer_inp) {
+            if (std::find(layer_inp.begin(), layer_inp.end(), il) == layer_inp.end()) {
+                layer_inp.push_back(il);
+            }
+        }
         return *this;
     }
 };
@@ -136,8 +146,12 @@ struct TargetRows {
     int32_t row0 = 0;
     int32_t n_embd = 0;
     const float * nextn = nullptr;  // n rows of n_embd (FeatureNeeds::nextn), else nullptr
+    int32_t n_embd_layer = 0;       // the trunk's hidden size (llama_model_n_embd)
+    int32_t n_layer_inp = 0;        // FeatureNeeds::layer_inp.size()
+    const float * layer_inp = nullptr;  // n rows of n_layer_inp * n_embd_layer: the layers' inputs side by side
 
     const float * nextn_row(int32_t i) const { return nextn + (size_t) i * n_embd; }
+    const float * layer_inp_row(int32_t i) const { return layer_inp + (size_t) i * n_layer_inp * n_embd_layer; }
 };
 
 // One sequence's part in a batched draft (DrafterEntry::draft_together): its drafter, what it is asked and

@@ -384,6 +384,11 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
             q.needs |= d->features();
         }
     }
+    FeatureNeeds all;
+    for (const auto & q : made) {
+        all |= q->needs;
+    }
+    use_layer_inputs(all.layer_inp);  // refused here, before anything changes, where the model cannot give them
     {
         std::lock_guard<std::mutex> plk(params_mutex);
         std::fill(slots.begin(), slots.end(), nullptr);

@@ -58,7 +58,15 @@ struct Engine {
     void close();
     bool closed() const { return model == nullptr; }
 
+    // the inputs of the target's trunk `layers` (layer_inputs.h) for every token of `tokens` decoded from an
+    // empty memory, into out: one row per token of layers.size() * n_embd floats, the layers side by side.
+    // Ends any generation in progress; refuses an architecture or layer that cannot give them (a PARAMETER
+    // error, never llama.cpp's abort).
+    void probe_layer_inputs(const std::vector<llama_token> & tokens, const std::vector<int32_t> & layers,
+                            std::vector<float> & out);
+
     // model facts
+    std::string arch() const;  // general.architecture
     int32_t n_vocab() const;
     int32_t n_embd() const;
     // the width of the target's extracted feature rows (its nextn rows: llama_model_n_embd_out)
@@ -135,6 +143,10 @@ struct Engine {
 
     // requests and slots (requests.cpp)
     void clear_memories();
+    void end_generations();                // every running request cancelled, every sequence released
+    // the target context outputs the inputs of exactly `layers` (checked first: layer_input_refusal), the ones it
+    // output before turned off
+    void use_layer_inputs(const std::vector<int32_t> & layers);
     void admit(int32_t step);              // waiting requests that have arrived take free sequences
     void prefill(Sequence & q);            // its prompt but the last token, every drafter begun
     void release(Sequence & q);            // a finished request leaves its sequence
@@ -178,9 +190,9 @@ struct Engine {
     // the features they read extracted once (into q.features); returns the time a draft model took to decode
     // them (catch-up time; the MTP head only keeps its rows).
     int64_t follow_target(Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0, int32_t row0);
-    // The rows of the target's last decode that q's drafters read (q.needs), copied into `into`: the one
-    // extraction of the target's hidden states.
-    TargetRows extract_features(const Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0,
+    // The rows of the target's last decode that `needs` asks for (a sequence's drafters': q.needs), copied into
+    // `into`: the one extraction of the target's hidden states.
+    TargetRows extract_features(const FeatureNeeds & needs, const llama_token * tokens, int32_t n, llama_pos pos0,
                                 int32_t row0, std::vector<float> & into) const;
 
     // the phases of record_oracle() (oracle.cpp), on request 0
@@ -230,4 +242,5 @@ struct Engine {
     std::vector<uint8_t> saved_state;      // the target's recurrent state, restored after each probe
     std::vector<llama_token> probe_tokens;
     std::vector<float> probe_features;     // the probe's extracted features
+    std::vector<int32_t> layer_inp_on;     // the trunk layers whose inputs the target context outputs now
 };

@@ -32,6 +32,10 @@ std::vector<std::string> NextnApi::load(const std::string & lib_path) {
             "llama_get_embeddings_nextn_ith");
     resolve(model_n_layer_nextn, "llama_model_n_layer_nextn", "llama_model_n_layer_nextn");
     resolve(n_rs_seq, "llama_n_rs_seq", "llama_n_rs_seq");
+    resolve(set_embeddings_layer_inp, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+            "llama_set_embeddings_layer_inp");
+    resolve(get_embeddings_layer_inp, "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+            "llama_get_embeddings_layer_inp");
     // the handle stays open: the functions are used for the life of the process
     return missing;
 }

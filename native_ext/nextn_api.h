@@ -12,6 +12,8 @@ struct NextnApi {
     float * (*get_embeddings_nextn_ith)(llama_context *, int32_t) = nullptr;
     int32_t (*model_n_layer_nextn)(const llama_model *) = nullptr;
     uint32_t (*n_rs_seq)(const llama_context *) = nullptr;
+    void (*set_embeddings_layer_inp)(llama_context *, uint32_t, bool) = nullptr;
+    float * (*get_embeddings_layer_inp)(llama_context *, uint32_t) = nullptr;
 
     // Resolves the symbols in the library at lib_path (empty: the libllama this module links).
     // Returns the names that are missing.

@@ -167,7 +167,7 @@ void Engine::probe_once(Sequence & q, OracleRecord & out, size_t r, int32_t k, i
     llama_memory_t mem = llama_get_memory(ctx_tgt.get());
     int64_t t = now_ns();
     check_decode(decode_tokens(q, probe_tokens.data(), k), "oracle probe decode");
-    const TargetRows rows = extract_features(q, probe_tokens.data(), k, q.n_past, 0, probe_features);
+    const TargetRows rows = extract_features(q.needs, probe_tokens.data(), k, q.n_past, 0, probe_features);
     (rep == 0 ? out.probe_verify_ns : out.probe_verify_reuse_ns)[r] = now_ns() - t;
     const bool timed = rep == 0 && k > 1;
     if (timed) {
@@ -249,7 +249,7 @@ void Engine::tail(Sequence & q, OracleRecord & out) {
         if (decode_tokens(q, &q.id_last, 1) != 0) {
             break;
         }
-        extract_features(q, &q.id_last, 1, q.n_past, 0, probe_features);
+        extract_features(q.needs, &q.id_last, 1, q.n_past, 0, probe_features);
         out.tail_verify_ns.push_back(now_ns() - t);
         out.tail_pos.push_back(q.n_past);
         q.id_last = argmax(llama_get_logits_ith(ctx_tgt.get(), 0), n_vocab_);

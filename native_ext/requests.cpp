@@ -16,6 +16,16 @@ Sequence::Sequence(int32_t index, const Request & request, const DrafterChain & 
     expected.assign(N_DRAFTERS, 0.0);
 }
 
+void Engine::end_generations() {
+    for (auto & q : reqs) {
+        if (q->finish == FINISH_NONE) {
+            q->finish = FINISH_CANCELLED;
+        }
+    }
+    std::fill(slots.begin(), slots.end(), nullptr);
+    active.clear();
+}
+
 void Engine::clear_memories() {
     llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
     if (ctx_mtp) {

@@ -527,7 +527,7 @@ llama_token Engine::sample(Sequence & q, int32_t row) {
 }
 
 int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0, int32_t row0) {
-    const TargetRows rows = extract_features(q, tokens, n, pos0, row0, q.features);
+    const TargetRows rows = extract_features(q.needs, tokens, n, pos0, row0, q.features);
     int64_t t_model = 0;
     for (auto & d : q.drafters) {
         if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL) {
@@ -543,25 +543,39 @@ int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t 
     return t_model;
 }
 
-TargetRows Engine::extract_features(const Sequence & q, const llama_token * tokens, int32_t n, llama_pos pos0,
-                                    int32_t row0, std::vector<float> & into) const {
+TargetRows Engine::extract_features(const FeatureNeeds & needs, const llama_token * tokens, int32_t n,
+                                    llama_pos pos0, int32_t row0, std::vector<float> & into) const {
     TargetRows rows;
     rows.toks = tokens;
     rows.n = n;
     rows.pos0 = pos0;
     rows.row0 = row0;
     rows.n_embd = n_feature_embd();
-    if (q.needs.nextn) {
-        const size_t row = (size_t) rows.n_embd;
-        into.resize(row * n);
+    rows.n_embd_layer = llama_model_n_embd(model.get());
+    rows.n_layer_inp = (int32_t) needs.layer_inp.size();
+    const size_t nextn_floats = needs.nextn ? (size_t) rows.n_embd * n : 0;
+    const size_t layer_row = (size_t) rows.n_layer_inp * rows.n_embd_layer;
+    into.resize(nextn_floats + layer_row * n);
+    if (needs.nextn) {
         for (int32_t i = 0; i < n; ++i) {
             const float * h = api.get_embeddings_nextn_ith(ctx_tgt.get(), row0 + i);
             if (h == nullptr) {
                 fail(ErrorKind::DECODE, "llama_get_embeddings_nextn_ith returned no row " + std::to_string(row0 + i));
             }
-            std::memcpy(into.data() + i * row, h, row * sizeof(float));
+            std::memcpy(into.data() + (size_t) i * rows.n_embd, h, rows.n_embd * sizeof(float));
         }
         rows.nextn = into.data();
+    }
+    for (int32_t l = 0; l < rows.n_layer_inp; ++l) {
+        // every row of the batch, in batch order (llama.cpp extracts layer inputs unmasked)
+        const float * all = api.get_embeddings_layer_inp(ctx_tgt.get(), (uint32_t) needs.layer_inp[l]);
+        for (int32_t i = 0; i < n; ++i) {
+            std::memcpy(into.data() + nextn_floats + i * layer_row + (size_t) l * rows.n_embd_layer,
+                        all + (size_t) (row0 + i) * rows.n_embd_layer, rows.n_embd_layer * sizeof(float));
+        }
+    }
+    if (rows.n_layer_inp > 0) {
+        rows.layer_inp = into.data() + nextn_floats;
     }
     return rows;
 }

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from .. import _native
 from . import drafters
 from .checks import check_int
 from .errors import CancelledError, ParameterError
 from .handle import EngineHandle, Prompt, check_streamable
 from .parallel import ParallelGeneration
+from .probes import Probes
 from .schema import FINISH_REASONS
 from .settings import DraftSettings, Limits, resolve
 from .trace import Step, Trace
 
 if TYPE_CHECKING:
-    from ..analysis.batch_shift import BatchShift
     from ..analysis.oracle import OracleTrace
 
 
-class Session(ParallelGeneration, EngineHandle):
+class Session(ParallelGeneration, Probes, EngineHandle):
     """A model with a target context and an MTP draft context, ready to generate.
 
     Open with :meth:`Session.open`; use as a context manager or call :meth:`close`.
@@ -118,19 +117,6 @@ class Session(ParallelGeneration, EngineHandle):
         if batch_shift:
             oracle.batch_shift = self.batch_shift(range(2, depth + 2))
         return oracle
-
-    def batch_shift(self, ks: Iterable[int] | None = None, *, text: Prompt | None = None, max_position: int = 1024,
-                    refresh: bool = False) -> "BatchShift":
-        """How far this model's target logits move when positions are decoded in ``k``-row batches instead of
-        one row at a time, for every ``k`` in ``ks`` (default: 2 .. ``capacity + 1``, every verify batch this
-        session can make), on this machine and placement: the tie tolerance of every greedy check (see
-        :mod:`mtp_explorer.analysis.batch_shift`). Measured over KV lengths 0 to ``max_position`` (at most
-        ``n_ctx_seq``; runs that go deeper want a larger one) of ``text`` (a string or token ids; default: a fixed
-        probe text of code and prose, repeated) the first time, then read from the cache (``refresh=True``
-        measures again). Ends nothing: call it between generations."""
-        from ..analysis.batch_shift import measure
-
-        return measure(self, ks, text=text, max_position=max_position, refresh=refresh)
 
     def set_params(self, settings: DraftSettings | None = None, **keywords: Any) -> None:
         """Change ``n_max``, ``p_min`` and ``n_min`` (those of ``settings``, or given as keywords; an ``n_max`` below
