@@ -96,7 +96,8 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
     if costs is None:
         if progress is not None:
             progress("measuring batch costs")
-        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}))
+        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
+                                    drafter="draft-mtp" if session.info.has_mtp else "ngram-simple")
     return Recording(tuple(oracles), costs)
 
 
