@@ -30,7 +30,8 @@ from .core.errors import (
     ToolError,
 )
 from .core.info import ModelInfo, model_info
-from .models import DemoPrompt, default_model_path, demo_prompt, demo_prompt_within, demo_prompts, draft_model_path
+from .models import (DemoPrompt, DraftHead, default_model_path, demo_prompt, demo_prompt_within, demo_prompts,
+                     draft_heads, draft_model_path)
 from .core.session import Session
 from .core.settings import DraftSettings, Limits, PminNotApplicable
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
@@ -57,7 +58,7 @@ __all__ = [
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
-    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
+    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec", "DraftSettings", "Limits",
     "PminNotApplicable",

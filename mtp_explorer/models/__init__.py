@@ -12,6 +12,8 @@ from ..core.errors import ModelNotFoundError
 MODELS_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
 BUNDLED_DRAFT_MODEL = "pystdlib-draft.gguf"
+#: the draft heads that ship beside the bundled model, by llama.cpp's --spec-type (made by training/: draft.py, eagle3.py)
+BUNDLED_HEADS = {"draft-simple": BUNDLED_DRAFT_MODEL, "draft-eagle3": "pystdlib-eagle3.gguf"}
 DEMO_PROMPTS_FILE = "prompts.json"
 
 
@@ -49,6 +51,27 @@ def draft_model_path() -> Path:
         raise ModelNotFoundError(
             f"the bundled draft model {path} is missing; build it with `python -m training.draft`")
     return path
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """A draft model or head that ships with the package, and the target it drafts for (llama.cpp's ``-md``)."""
+
+    spec_type: str  #: llama.cpp's ``--spec-type`` that runs it
+    head_path: Path
+    target_path: Path
+
+
+def draft_heads() -> list[DraftHead]:
+    """The draft models and heads that ship beside the bundled model (``BUNDLED_HEADS``; the model card,
+    ``MODEL.md``, says how each was trained and what it accepts). The engine runs ``draft-simple``; llama.cpp's
+    ``llama-speculative-simple`` runs every one."""
+    target = default_model_path()
+    heads = [DraftHead(spec, MODELS_DIR / name, target) for spec, name in BUNDLED_HEADS.items()]
+    missing = [str(h.head_path) for h in heads if not h.head_path.exists()]
+    if missing:
+        raise ModelNotFoundError(f"the bundled draft heads {missing} are missing (training/README.md makes them)")
+    return heads
 
 
 def demo_prompts() -> list[DemoPrompt]:
