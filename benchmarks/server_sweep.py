@@ -13,8 +13,9 @@ the measured spread, measured and predicted acceptance, and per request whether 
 error| against the median spread, how many cells lie outside the server's own range, and the share of single-slot
 (``-np 1``) request runs whose counters were predicted exactly, per ``--spec-type``; each other one is listed with its
 cause: the server's own run-to-run variation, the slot's history (alone on a fresh server the request gives the
-predicted counters), the look-up's draft length (llama-server 0.3.36 does not cut look-up drafts to
-``--spec-draft-n-max``), or unexplained.
+predicted counters), a batch-shape near-tie (the server's text leaves plain greedy decoding at a token whose top-2
+margin is within the file's measured shift), the look-up's draft length (llama-server 0.3.36 does not cut look-up
+drafts to ``--spec-draft-n-max``), or unexplained.
 
     make server
     LLAMA_SERVER=build/reference/bin/llama-server .venv/bin/python benchmarks/server_sweep.py [--scale] [--repeats 2]
@@ -54,33 +55,60 @@ def _cells(frame) -> list[dict]:
     return [{k: row.get(k) for k in keep} for row in frame.to_dict(orient="records")]
 
 
-def _alone(path: Path, spec_type: str, n_max: int, prompt: str, n_predict: int, args) -> tuple[int, int]:
-    """A request's counters on a fresh one-slot server that serves nothing else."""
+def _alone(path: Path, spec_type: str, n_max: int, prompt: str, n_predict: int, args):
+    """A request's answer on a fresh one-slot server that serves nothing else."""
     with mx.LlamaServer(path, n_parallel=1, n_ctx=4096 * 4, threads=args.threads, spec_type=None, binary=args.binary,
                         args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]) as server:
-        done = server.client().complete(prompt, n_predict)
-    return done.draft_n, done.draft_n_accepted
+        return server.client().complete(prompt, n_predict)
+
+
+def _divergence(path: Path, prompt: str, n_predict: int, n_max: int, text: str, args) -> dict | None:
+    """Where the server's greedy ``text`` leaves plain greedy decoding (an oracle recorded here), with that
+    position's one-row top-2 margin against the file's measured batch-shape shift; None if it does not."""
+    with mx.Session.open(path, threads=args.threads, n_ctx=4096, n_rs_seq=max(3, n_max)) as s:
+        oracle = s.record_oracle(prompt, max_tokens=n_predict, depth=n_max, probe=False, batch_shift=False)
+        # the server decodes the whole prompt in one batch, where this engine decodes its last token alone:
+        # the shift of batches of the prompt's size counts too
+        n_prompt = min(len(oracle.prompt_tokens), 512)
+        shift = s.batch_shift(sorted({*range(2, n_max + 2), n_prompt}), max_position=512)
+    done = ""
+    for i, piece in enumerate(oracle.pieces):
+        if not text.startswith(done + piece):
+            margin = float(oracle.columns["target_margin"][i])
+            pos = int(oracle.columns["pos"][i])
+            return {"token": i, "margin": margin, "tie": margin < shift.tolerance(None, pos),
+                    "explanation": shift.explain(margin, None, pos)}
+        done += piece
+    return None
 
 
 def _classify(single, wl: Workload, path: Path, args) -> list[dict]:
     """Each single-slot request whose counters differ from the prediction in some run, with its cause:
     ``server_run_to_run`` (the server's runs of it disagree), ``slot_history`` (alone on a fresh server it gives the
-    predicted counters: what the slot served before changed them), ``lookup_cap`` (the configuration drafts with a
-    look-up, whose drafts the server does not cut to n_max), else ``unexplained``."""
+    predicted counters: what the slot served before changed them), ``batch_shape_tie`` (alone, the server's text
+    leaves plain greedy decoding at a token whose one-row top-2 margin is within the file's measured batch-shape
+    shift), ``lookup_cap`` (the configuration drafts with a look-up, whose drafts the server does not cut to n_max),
+    else ``unexplained`` (a divergence past the shift included: a bug to report)."""
     out = []
     for (spec, n_max, i), runs in single.groupby(["spec_type", "n_max", "request"]):
         bad = runs[~runs["counts_match"].astype(bool)]
         if bad.empty:
             continue
         predicted = (int(runs.iloc[0]["predicted_draft_n"]), int(runs.iloc[0]["predicted_draft_n_accepted"]))
-        alone = _alone(path, spec, int(n_max), wl.requests[i].prompt, wl.requests[i].n_predict, args)
+        req = wl.requests[i]
+        done = _alone(path, spec, int(n_max), req.prompt, req.n_predict, args)
+        alone = (done.draft_n, done.draft_n_accepted)
         lookups = any(d.is_lookup for d in mx.core.drafters.mode(spec).drafters)
+        diverged = None if alone == predicted else _divergence(path, req.prompt, req.n_predict, int(n_max),
+                                                               done.text, args)
         cause = ("server_run_to_run" if runs["draft_n"].nunique() > 1 else "slot_history" if alone == predicted
+                 else ("batch_shape_tie" if diverged["tie"] else "unexplained") if diverged is not None
                  else "lookup_cap" if lookups else "unexplained")
         out.append({"spec_type": spec, "n_max": int(n_max), "request": int(i), "runs": len(runs),
                     "mismatched_runs": len(bad), "measured": sorted(set(zip(bad["draft_n"].astype(int),
                                                                             bad["draft_n_accepted"].astype(int)))),
-                    "predicted": list(predicted), "alone_on_a_fresh_server": list(alone), "cause": cause})
+                    "predicted": list(predicted), "alone_on_a_fresh_server": list(alone),
+                    "server_text_leaves_plain_greedy": diverged, "cause": cause})
     return out
 
 
