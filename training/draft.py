@@ -416,16 +416,17 @@ def draft_rounds(log: str) -> DraftRounds:
     return r
 
 
-def run_draft_simple(draft: Path, target: Path, prompt: str, n_max: int, *, max_tokens: int = 64, threads: int = 1,
-                     attempts: int = 8) -> DraftRounds | None:
-    """One greedy ``llama-speculative-simple -md DRAFT --spec-type draft-simple`` run with its debug log; ``None``
-    when the binary's log lost its tail ``attempts`` times (it writes ~160 kB of debug log per run from a worker
-    thread that the process does not wait for at exit)."""
+def run_reference_rounds(target: Path, prompt: str, spec_args: list[str], parse, *, max_tokens: int = 64,
+                         threads: int = 1, attempts: int = 8, binary: Path | None = None):
+    """One greedy ``llama-speculative-simple`` run of ``target`` with ``spec_args`` (``-md``, ``--spec-type``, ...)
+    and its debug log read by ``parse`` (a rounds record with ``reported_*``, ``generated`` and ``text`` fields,
+    filled here from the binary's own summary); ``None`` when the log lost its tail ``attempts`` times (it writes
+    ~160 kB of debug log per run from a worker thread that the process does not wait for at exit)."""
+    from mtp_explorer.core.errors import ToolError
     from mtp_explorer.devtools.reference import parse_reference_output
 
-    cmd = [str(reference_binary()), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
-           "--spec-draft-n-max", str(n_max), "-p", prompt, "-n", str(max_tokens), "-c", "1024", "-t", str(threads),
-           "--temp", "0", "--seed", "0", "-lv", "5"]
+    cmd = [str(binary or reference_binary()), "-m", str(target), *spec_args, "-p", prompt, "-n", str(max_tokens),
+           "-c", "1024", "-t", str(threads), "--temp", "0", "--seed", "0", "-lv", "5"]
     # the log thread sometimes loses the tail at exit, more often into pipes than files (see run_reference_spec)
     for _ in range(attempts):
         with tempfile.TemporaryDirectory() as tmp:
@@ -437,12 +438,21 @@ def run_draft_simple(draft: Path, target: Path, prompt: str, n_max: int, *, max_
             raise RuntimeError(f"{' '.join(cmd)} failed ({rc}):\n{stderr[-3000:]}")
         try:
             ref = parse_reference_output(stdout, stderr, prompt)
-        except ValueError:
+        except ToolError:  # an incomplete log: run again
             continue
-        r = draft_rounds(stderr)
+        r = parse(stderr)
         r.reported_drafted, r.reported_accepted, r.generated, r.text = ref.n_drafted, ref.n_accept, ref.n_predict, ref.text
         return r
     return None
+
+
+def run_draft_simple(draft: Path, target: Path, prompt: str, n_max: int, *, max_tokens: int = 64, threads: int = 1,
+                     attempts: int = 8) -> DraftRounds | None:
+    """One greedy ``llama-speculative-simple -md DRAFT --spec-type draft-simple`` run with its debug log
+    (:func:`run_reference_rounds`)."""
+    return run_reference_rounds(target, prompt, ["-md", str(draft), "--spec-type", "draft-simple",
+                                                 "--spec-draft-n-max", str(n_max)], draft_rounds,
+                                max_tokens=max_tokens, threads=threads, attempts=attempts)
 
 
 class DraftGreedy:

@@ -55,12 +55,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,6 +68,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from training.train import batch_at, lr_at  # the trunk's schedule and batches, on this TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
@@ -403,19 +403,6 @@ def depth_losses(head: Eagle3Head, target: Target, x: torch.Tensor, depth: int
     return losses, agree
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def batch_at(tokens: np.ndarray, step: int, cfg: TrainConfig) -> torch.Tensor:
-    rng = np.random.default_rng([cfg.seed, step])
-    starts = rng.integers(0, len(tokens) - cfg.seq_len, size=cfg.batch_size)
-    return torch.from_numpy(np.stack([tokens[s : s + cfg.seq_len] for s in starts]).astype(np.int64))
-
-
 def heldout_windows(tokens: np.ndarray, cfg: TrainConfig) -> list[torch.Tensor]:
     n = cfg.eval_windows
     stride = max(1, (len(tokens) - cfg.seq_len) // n)
@@ -697,26 +684,10 @@ def run_spec(prompt: str, spec: str, *, head: Path | None = None, n_max: int = 3
              target: Path = TARGET, threads: int = 1, attempts: int = 8, binary: Path | None = None) -> Rounds | None:
     """One greedy llama-speculative-simple run (``--spec-type spec``, ``-md head`` if given) with its debug log;
     ``None`` when the log lost its tail ``attempts`` times (llama.cpp's log thread is not joined at exit)."""
-    from mtp_explorer.devtools.reference import parse_reference_output
+    from training.draft import run_reference_rounds
 
-    cmd = [str(binary or reference_binary()), "-m", str(target), *spec_args(spec, head, n_max), "-p", prompt,
-           "-n", str(max_tokens), "-c", "1024", "-t", str(threads), "--temp", "0", "--seed", "0", "-lv", "5"]
-    for _ in range(attempts):
-        with tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp, "out"), Path(tmp, "err")
-            with out.open("wb") as fo, err.open("wb") as fe:
-                rc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=300).returncode
-            stdout, stderr = (f.read_text(encoding="utf-8", errors="replace") for f in (out, err))
-        if rc != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({rc}):\n{stderr[-3000:]}")
-        try:
-            ref = parse_reference_output(stdout, stderr, prompt)
-        except Exception:
-            continue
-        r = parse_rounds(stderr)
-        r.reported_drafted, r.reported_accepted, r.generated, r.text = ref.n_drafted, ref.n_accept, ref.n_predict, ref.text
-        return r
-    return None
+    return run_reference_rounds(target, prompt, spec_args(spec, head, n_max), parse_rounds, max_tokens=max_tokens,
+                                threads=threads, attempts=attempts, binary=binary or reference_binary())
 
 
 def measure(head: Path = SHIPPED_GGUF, *, prompts: list[str] | None = None, n_maxes=(1, 3), max_tokens: int = 64,
