@@ -12,8 +12,7 @@ from ..core.errors import ModelNotFoundError
 MODELS_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
 BUNDLED_DRAFT_MODEL = "pystdlib-draft.gguf"
-#: the draft heads that ship beside the bundled model, by llama.cpp's --spec-type (made by training/: draft.py, eagle3.py)
-BUNDLED_HEADS = {"draft-simple": BUNDLED_DRAFT_MODEL, "draft-eagle3": "pystdlib-eagle3.gguf"}
+BUNDLED_EAGLE3_HEAD = "pystdlib-eagle3.gguf"  #: for llama.cpp's --spec-type draft-eagle3 (training/eagle3.py)
 DEMO_PROMPTS_FILE = "prompts.json"
 
 
@@ -63,11 +62,15 @@ class DraftHead:
 
 
 def draft_heads() -> list[DraftHead]:
-    """The draft models and heads that ship beside the bundled model (``BUNDLED_HEADS``; the model card,
+    """The draft models and heads that ship beside the bundled model (the model card,
     ``MODEL.md``, says how each was trained and what it accepts). The engine runs ``draft-simple``; llama.cpp's
     ``llama-speculative-simple`` runs every one."""
+    from ..core.drafters import DRAFTER_SPECS
+
+    draft_model = next(s.spec_type for s in DRAFTER_SPECS.values() if s.needs_draft_model)
     target = default_model_path()
-    heads = [DraftHead(spec, MODELS_DIR / name, target) for spec, name in BUNDLED_HEADS.items()]
+    heads = [DraftHead(spec, MODELS_DIR / name, target)
+             for spec, name in ((draft_model, BUNDLED_DRAFT_MODEL), ("draft-eagle3", BUNDLED_EAGLE3_HEAD))]
     missing = [str(h.head_path) for h in heads if not h.head_path.exists()]
     if missing:
         raise ModelNotFoundError(f"the bundled draft heads {missing} are missing (training/README.md makes them)")
