@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -391,6 +391,18 @@ class DraftRounds:
     reported_accepted: int = 0
     generated: int = 0
     text: str = ""
+    by_depth: list[int] = field(default_factory=list)    #: rounds whose draft j+1 was accepted
+    drafted_at: list[int] = field(default_factory=list)  #: rounds that had a draft j+1
+
+    def add_round(self, a: int, n: int) -> None:
+        """A round that drafted ``n`` tokens and had ``a`` accepted."""
+        self.drafted, self.accepted, self.rounds = self.drafted + n, self.accepted + a, self.rounds + 1
+        while len(self.by_depth) < n:
+            self.by_depth.append(0)
+            self.drafted_at.append(0)
+        for j in range(n):
+            self.drafted_at[j] += 1
+            self.by_depth[j] += j < a
 
 
 def draft_rounds(log: str) -> DraftRounds:
@@ -406,12 +418,12 @@ def draft_rounds(log: str) -> DraftRounds:
     redo = False
     for line in log.splitlines():
         if m := _PARTIAL.search(line):
-            r.accepted, r.drafted, r.rounds = r.accepted + int(m.group(1)), r.drafted + int(m.group(2)), r.rounds + 1
+            r.add_round(int(m.group(1)), int(m.group(2)))
             r.partial += 1
             redo = True
         elif m := _ACCEPTED.search(line):
             if not redo and int(m.group(2)):
-                r.accepted, r.drafted, r.rounds = r.accepted + int(m.group(1)), r.drafted + int(m.group(2)), r.rounds + 1
+                r.add_round(int(m.group(1)), int(m.group(2)))
             redo = False
     return r
 

@@ -69,6 +69,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from training.draft import DraftRounds, draft_rounds
 from training.train import batch_at, lr_at  # the trunk's schedule and batches, on this TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -626,49 +627,9 @@ def describe_training(meta: dict) -> str | None:
 # ----------------------------------------------------------------------------------------------- measuring
 
 
-_PARTIAL = re.compile(r"partial acceptance: (\d+) < (\d+), restoring checkpoint")
-_ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens")
-
-
-@dataclass
-class Rounds:
-    """Draft rounds of one llama-speculative-simple run as the target first verified them (``-lv 5`` log):
-    ``by_depth[j]``: rounds whose draft j+1 was accepted; ``drafted_at[j]``: rounds that had a draft j+1."""
-
-    drafted: int = 0
-    accepted: int = 0
-    rounds: int = 0
-    by_depth: list[int] = field(default_factory=list)
-    drafted_at: list[int] = field(default_factory=list)
-    reported_drafted: int = 0
-    reported_accepted: int = 0
-    generated: int = 0
-    text: str = ""
-
-    def add_round(self, a: int, n: int) -> None:
-        self.drafted, self.accepted, self.rounds = self.drafted + n, self.accepted + a, self.rounds + 1
-        while len(self.by_depth) < n:
-            self.by_depth.append(0)
-            self.drafted_at.append(0)
-        for j in range(n):
-            self.drafted_at[j] += 1
-            self.by_depth[j] += j < a
-
-
-def parse_rounds(log: str) -> Rounds:
-    """Like :func:`training.draft.draft_rounds` (a partial acceptance on this recurrent target is re-verified as
-    a whole "draft" that is not a draft round), with the acceptance by depth."""
-    r = Rounds()
-    redo = False
-    for line in log.splitlines():
-        if m := _PARTIAL.search(line):
-            r.add_round(int(m.group(1)), int(m.group(2)))
-            redo = True
-        elif m := _ACCEPTED.search(line):
-            if not redo and int(m.group(2)):
-                r.add_round(int(m.group(1)), int(m.group(2)))
-            redo = False
-    return r
+#: A run's draft rounds as the target first verified them, with the acceptance by depth (training.draft's parser).
+Rounds = DraftRounds
+parse_rounds = draft_rounds
 
 
 def reference_binary() -> Path:
