@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -148,20 +149,22 @@ def lookup_limits(mode, n_max: int) -> dict[str, int]:
     return {k: v for k, v in limits.items() if k in names}
 
 
-def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3) -> dict:
+def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3,
+                     draft_model_only: bool = False) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
     on code-like and prose-like prompts,
     beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
     (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
-    reference gets it as ``-md``)."""
+    reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head)."""
     from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
     doc: dict = {"n_max": n_max, "draft_model": None if s.draft_info is None else s.draft_info.path}
     for spec in SPEC_TYPES:
         spec_n_max = reference_n_max(spec, n_max)
         mode = drafters.mode(spec)
-        if not mode.runs_with(s.info.has_mtp, s.has_draft_model):
+        if not mode.runs_with(s.info.has_mtp, s.has_draft_model and s.draft_kind) or (
+                draft_model_only and not mode.needs_draft_model):
             continue
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
         options = lookup_limits(mode, spec_n_max)
@@ -260,6 +263,11 @@ def memory_section(path, threads: int) -> dict:
     return doc
 
 
+def _same_file(a, b) -> bool:
+    """``a`` and ``b`` name the same file (``None`` names none)."""
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -332,6 +340,12 @@ def main() -> None:
             out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats)
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
+    heads = [h.head_path for h in mx.draft_heads()
+             if _same_file(h.target_path, path) and not _same_file(h.head_path, draft)]
+    for head in heads if "drafters" in args.only else ():  # the other heads for this target (draft-eagle3's)
+        with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=head) as s:
+            s.generate(PROMPTS[0], max_tokens=16, n_max=0)  # warm-up
+            out["drafters"] |= drafters_section(s, binary, path, args.tokens, args.repeats, draft_model_only=True)
     emit(out)
 
 

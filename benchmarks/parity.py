@@ -15,13 +15,15 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
 - ``draft-simple``: a separate draft model (``Session.open(draft_model=...)``) against ``--spec-type draft-simple -md
   DRAFT`` and ``ngram-simple,draft-simple``, 12 prompts x p_min {0, 0.5} on two target/draft pairs (see
   :func:`draft_simple_section`).
+- ``draft-eagle3``: the shipped EAGLE-3 head (``mx.draft_heads()``) as the bundled model's ``-md``, alone and after
+  ngram-simple, 12 prompts x p_min {0, 0.5} (see :func:`eagle3_section`).
 - ``chains``: ``ngram-mod``, ``ngram-map-k``, ``ngram-map-k4v`` and llama.cpp's chains ``ngram-mod,draft-mtp``,
   ``ngram-simple,draft-mtp`` and ``ngram-simple,ngram-map-k,draft-mtp`` (``drafter="<the same --spec-type
   value>"``, llama.cpp's ``first`` policy), 12 prompts each (see :func:`chains_section`).
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
-        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|all] [--model PATH] [--threads 2]
+        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|draft-eagle3|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
 ``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
@@ -66,7 +68,7 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple")
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple", "draft-eagle3")
 N_MAX = (1, 2, 3, 5)
 P_MIN = (0.0, 0.5)
 
@@ -310,6 +312,15 @@ def draft_cases(binary: str, spec: str, target: Path, draft: Path, label: str, t
     return cases
 
 
+def draft_summary(cases: list[dict]) -> dict:
+    """The counts of a model drafter's cases: matches, re-verified steps, acceptance, the mismatching records."""
+    return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
+            "cases_with_re_verified_steps": sum(c["re_verified_steps"] > 0 for c in cases),
+            "acceptance_rate": (sum(c["ours"]["n_accept"] for c in cases)
+                                / max(1, sum(c["ours"]["n_drafted"] for c in cases))),
+            "all_match": all(c["match"] for c in cases), "mismatches": [c for c in cases if not c["match"]]}
+
+
 def draft_simple_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
     """draft-simple (and a look-up chained before it) against the reference with ``-md``. On the recurrent bundled
     model the reference has no snapshot slots without draft-mtp, so its checkpoint rule is replayed (and its
@@ -319,14 +330,26 @@ def draft_simple_section(binary: str, picked: tuple[Path, str], tokens: int, thr
                  "pairs": [{"target": str(t), "draft_model": str(d), "label": lb,
                             "checkpoint_rule": bool(mx.model_info(t).is_recurrent)} for t, d, lb in pairs]}
     for spec in DRAFT_SPECS:
-        cases = [c for t, d, lb in pairs for c in draft_cases(binary, spec, t, d, lb, tokens, threads)]
-        out[spec] = {"cases": len(cases), "matches": sum(c["match"] for c in cases),
-                     "cases_with_re_verified_steps": sum(c["re_verified_steps"] > 0 for c in cases),
-                     "acceptance_rate": (sum(c["ours"]["n_accept"] for c in cases)
-                                         / max(1, sum(c["ours"]["n_drafted"] for c in cases))),
-                     "all_match": all(c["match"] for c in cases),
-                     "mismatches": [c for c in cases if not c["match"]]}
+        out[spec] = draft_summary([c for t, d, lb in pairs for c in draft_cases(binary, spec, t, d, lb, tokens, threads)])
     out["all_match"] = all(out[spec]["all_match"] for spec in DRAFT_SPECS)
+    return out
+
+
+#: the EAGLE-3 head's --spec-type values checked (llama.cpp 0.3.36 shares one draft context between model drafters,
+#: so draft-eagle3 is not chained with draft-mtp or draft-simple)
+EAGLE3_SPECS = ("draft-eagle3", "ngram-simple,draft-eagle3")
+
+
+def eagle3_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int) -> dict:
+    """draft-eagle3 (and ngram-simple before it) against the reference with ``-md HEAD``: the shipped head and its
+    target (a recurrent model: the reference's checkpoint rule replayed)."""
+    head = next(h for h in mx.draft_heads() if drafters.mode(h.spec_type).drafters[0].needs == "eagle3_head")
+    label = f"{picked[1]} model drafted by the shipped EAGLE-3 head"
+    out: dict = {"n_max": CHAIN_N_MAX, "p_min": list(DRAFT_P_MIN), "prompts": len(CHAIN_PROMPTS),
+                 "target": str(head.target_path), "head": str(head.head_path)}
+    for spec in EAGLE3_SPECS:
+        out[spec] = draft_summary(draft_cases(binary, spec, head.target_path, head.head_path, label, tokens, threads))
+    out["all_match"] = all(out[spec]["all_match"] for spec in EAGLE3_SPECS)
     return out
 
 
@@ -358,6 +381,8 @@ def main() -> int:
                                            tuple(args.chain or SPEC_CHAINS))
         if "draft-simple" in spec_types:
             doc["draft-simple"] = draft_simple_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
+        if "draft-eagle3" in spec_types:
+            doc["draft-eagle3"] = eagle3_section(args.binary, (path, origin), args.tokens, args.threads)
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)
     return 0 if doc["all_match"] else 1

@@ -48,9 +48,10 @@ enum class DrafterNeeds : int8_t {
     NOTHING = 0,      // the look-ups: the token history only
     MTP = 1,          // the model's MTP (nextn) layers
     DRAFT_MODEL = 2,  // a separate draft model (Session.open(draft_model=...), llama.cpp's -md)
+    EAGLE3_HEAD = 3,  // an EAGLE-3 head (an eagle3 GGUF given as the draft model) that reads the target's layers
 };
-constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model"};
-static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DRAFT_MODEL + 1, "one name per DrafterNeeds");
+constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model", "eagle3_head"};
+static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::EAGLE3_HEAD + 1, "one name per DrafterNeeds");
 
 // What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft
 // when the session has no draft model). The target's context is not among them: a drafter reads the
@@ -63,6 +64,8 @@ struct DrafterSetup {
     llama_context * ctx_mtp = nullptr;
     HiddenProbe * probe_mtp = nullptr;
     llama_context * ctx_dft = nullptr;       // the draft model's context
+    const std::vector<int32_t> * head_layers = nullptr;  // an EAGLE-3 head's target layers (eagle3.target_layers)
+    int32_t n_layer_tgt = 0;                 // the target's trunk layers
 };
 
 struct DraftRequest;
@@ -149,6 +152,7 @@ struct TargetRows {
     int32_t n_embd_layer = 0;       // the trunk's hidden size (llama_model_n_embd)
     int32_t n_layer_inp = 0;        // FeatureNeeds::layer_inp.size()
     const float * layer_inp = nullptr;  // n rows of n_layer_inp * n_embd_layer: the layers' inputs side by side
+    const int32_t * layer_ids = nullptr;  // the n_layer_inp layers, in that order (FeatureNeeds::layer_inp)
 
     const float * nextn_row(int32_t i) const { return nextn + (size_t) i * n_embd; }
     const float * layer_inp_row(int32_t i) const { return layer_inp + (size_t) i * n_layer_inp * n_embd_layer; }

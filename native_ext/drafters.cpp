@@ -11,6 +11,7 @@
 
 #include "draft_simple_drafter.h"
 #include "drafter.h"
+#include "eagle3_drafter.h"
 #include "mtp_drafter.h"
 #include "errors.h"
 #include "ngram_cache_drafter.h"
@@ -48,6 +49,13 @@ std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
     return std::make_unique<DraftSimpleDrafter>(s.id, s.ctx_dft);
 }
 
+std::unique_ptr<Drafter> make_draft_eagle3(const DrafterSetup & s) {
+    Eagle3Head head;
+    head.target_layers = s.head_layers != nullptr ? *s.head_layers : std::vector<int32_t>{};
+    head.n_layer_tgt = s.n_layer_tgt;
+    return std::make_unique<Eagle3Drafter>(s.id, *s.api, s.ctx_dft, std::move(head));
+}
+
 }  // namespace
 
 // (declared extern in drafter.h, so defined here with external linkage)
@@ -60,6 +68,7 @@ constexpr DrafterEntry DRAFTER_TABLE[] = {
     {"ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
     {"ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
     {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
+    {"draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

@@ -36,6 +36,11 @@ std::vector<std::string> NextnApi::load(const std::string & lib_path) {
             "llama_set_embeddings_layer_inp");
     resolve(get_embeddings_layer_inp, "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
             "llama_get_embeddings_layer_inp");
+    resolve(get_embeddings_nextn, "_Z26llama_get_embeddings_nextnP13llama_context", "llama_get_embeddings_nextn");
+    resolve(model_target_layer_ids, "_Z28llama_model_target_layer_idsPK11llama_model",
+            "llama_model_target_layer_ids");
+    resolve(model_target_layer_ids_n, "_Z30llama_model_target_layer_ids_nPK11llama_model",
+            "llama_model_target_layer_ids_n");
     // the handle stays open: the functions are used for the life of the process
     return missing;
 }

@@ -14,6 +14,9 @@ struct NextnApi {
     uint32_t (*n_rs_seq)(const llama_context *) = nullptr;
     void (*set_embeddings_layer_inp)(llama_context *, uint32_t, bool) = nullptr;
     float * (*get_embeddings_layer_inp)(llama_context *, uint32_t) = nullptr;
+    float * (*get_embeddings_nextn)(llama_context *) = nullptr;                // every output row (an EAGLE-3 encoder)
+    const int32_t * (*model_target_layer_ids)(const llama_model *) = nullptr;  // a draft head's target layers
+    uint32_t (*model_target_layer_ids_n)(const llama_model *) = nullptr;
 
     // Resolves the symbols in the library at lib_path (empty: the libllama this module links).
     // Returns the names that are missing.

@@ -530,7 +530,7 @@ int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t 
     const TargetRows rows = extract_features(q.needs, tokens, n, pos0, row0, q.features);
     int64_t t_model = 0;
     for (auto & d : q.drafters) {
-        if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL) {
+        if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL && DRAFTER_TABLE[d->id].needs != DrafterNeeds::EAGLE3_HEAD) {
             d->observe_target(rows);
             continue;
         }
@@ -576,6 +576,7 @@ TargetRows Engine::extract_features(const FeatureNeeds & needs, const llama_toke
     }
     if (rows.n_layer_inp > 0) {
         rows.layer_inp = into.data() + nextn_floats;
+        rows.layer_ids = needs.layer_inp.data();
     }
     return rows;
 }

@@ -231,7 +231,7 @@ class CostModel:
         pos = c["pos"].astype(np.float64)
         verify, catchup, cold_ns, fresh_ns, warm_ns = _fit_target(c, pos, depth, samples)
         draft = _fit_draft(c, pos, depth, samples, _head_drafter(), "draft")
-        model_draft = _fit_draft(c, pos, depth, samples, _draft_model_drafter(), "model_draft")
+        model_draft = _fit_draft(c, pos, depth, samples, _draft_model_drafter(c), "model_draft")
         follow_pts = c.get("t_follow_ns", np.zeros(0)).astype(np.float64)
         a, b, n = _line(pos[: follow_pts.size], follow_pts)
         samples["model_follow"] = n
@@ -403,9 +403,11 @@ class OracleTrace:
         return bool(self.settings["has_mtp"])
 
     @property
-    def has_draft_model(self) -> bool:
-        """The recording session had a draft model (``draft-simple`` was recorded)."""
-        return bool(self.settings.get("has_draft_model", False))
+    def has_draft_model(self) -> bool | str:
+        """The recording session's draft model: its kind (``"draft_model"``: ``draft-simple`` was recorded,
+        ``"eagle3_head"``: ``draft-eagle3``), ``True`` in a recording from before EAGLE-3 heads, else ``False``."""
+        value = self.settings.get("has_draft_model", False)
+        return value if isinstance(value, str) else bool(value)
 
     @property
     def limits(self) -> Limits:
@@ -524,9 +526,10 @@ def _head_drafter() -> DrafterSpec:
     return next(s for s in DRAFTER_SPECS.values() if s.needs_mtp)
 
 
-def _draft_model_drafter() -> DrafterSpec:
-    """The drafter of a separate draft model."""
-    return next(s for s in DRAFTER_SPECS.values() if s.needs_draft_model)
+def _draft_model_drafter(c: dict[str, np.ndarray]) -> DrafterSpec:
+    """The drafter of the recording's draft model (a draft model's or an EAGLE-3 head's: the one that drafted)."""
+    specs = [s for s in DRAFTER_SPECS.values() if s.needs_draft_model]
+    return next((s for s in specs if (c["draft_len"][:, s.index] > 0).any()), specs[0])
 
 
 def _match_len(draft: np.ndarray, length: np.ndarray, accept_tokens: np.ndarray) -> np.ndarray:

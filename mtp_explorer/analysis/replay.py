@@ -285,6 +285,12 @@ class DraftModelReplay(MtpReplay):
         return cost.model_follow_ns(pos) if self.available else 0.0
 
 
+class Eagle3Replay(DraftModelReplay):
+    """An EAGLE-3 head (llama.cpp's draft-eagle3): drafted, cut and estimated as a draft model (its greedy chain
+    recorded with ``p_min = 0``, cut where a confidence falls below ``p_min``); its encoder and decoder follow every
+    verify batch (the follow cost), as a draft model does."""
+
+
 # -- llama.cpp's ngram-simple ---------------------------------------------------------------------------
 class RunningAcceptance(Expectation):
     """The engine's running acceptance of a drafter without confidence (``NgramDrafter::observe`` /

@@ -23,8 +23,24 @@ from .errors import ParameterError
 from .schema import CHAIN_POLICIES, DRAFTERS
 
 #: What a drafter may need besides the target model (the engine's DrafterNeeds): nothing (a look-up), the model's
-#: MTP head, or a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``).
-NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model")
+#: MTP head, a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``), or an EAGLE-3
+#: head given the same way (an ``eagle3`` GGUF that reads the target's layers). The last two are the kinds of draft
+#: model a session can hold (``Session.draft_kind``).
+NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head")
+#: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
+DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head")
+
+
+def draft_kind(has_draft_model: bool | str) -> str:
+    """The kind of draft model a session has: ``has_draft_model`` is a kind of :data:`DRAFT_KINDS`, ``True`` (a draft
+    model, the kind every drafter before ``draft-eagle3`` took) or ``False`` / ``"nothing"`` (none)."""
+    if has_draft_model is True:
+        return DRAFT_KINDS[0]
+    if not has_draft_model or has_draft_model == NEEDS[0]:
+        return NEEDS[0]
+    if has_draft_model not in DRAFT_KINDS:
+        raise ParameterError(f"a draft model is one of {DRAFT_KINDS}, got {has_draft_model!r}")
+    return str(has_draft_model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,17 +100,19 @@ class DrafterSpec:
 
     @property
     def needs_draft_model(self) -> bool:
-        """It drafts with a separate draft model."""
-        return self.needs == "draft_model"
+        """It drafts with a model file of its own (a draft model or an EAGLE-3 head: llama.cpp's ``-md``)."""
+        return self.needs in DRAFT_KINDS
 
     @property
     def is_lookup(self) -> bool:
         """It drafts from the token history alone (no model: no decode, no confidence)."""
         return self.needs == "nothing"
 
-    def runs_with(self, has_mtp: bool, has_draft_model: bool = False) -> bool:
-        """A session with (or without) an MTP head and a draft model can run it."""
-        return {"nothing": True, "mtp": has_mtp, "draft_model": has_draft_model}[self.needs]
+    def runs_with(self, has_mtp: bool, has_draft_model: bool | str = False) -> bool:
+        """A session with (or without) an MTP head and a draft model of a kind (:func:`draft_kind`) can run it."""
+        if self.needs in DRAFT_KINDS:
+            return draft_kind(has_draft_model) == self.needs
+        return {"nothing": True, "mtp": has_mtp}[self.needs]
 
     @property
     def index(self) -> int:
@@ -132,8 +150,9 @@ class DrafterMode:
         """Some drafter of the mode drafts with a separate draft model."""
         return any(d.needs_draft_model for d in self.drafters)
 
-    def runs_with(self, has_mtp: bool, has_draft_model: bool = False) -> bool:
-        """A session with (or without) an MTP head and a draft model can draft with every drafter of the mode."""
+    def runs_with(self, has_mtp: bool, has_draft_model: bool | str = False) -> bool:
+        """A session with (or without) an MTP head and a draft model (of a kind, :func:`draft_kind`) can draft with
+        every drafter of the mode."""
         return all(d.runs_with(has_mtp, has_draft_model) for d in self.drafters)
 
     @property
@@ -235,6 +254,11 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 replay="..analysis.replay:DraftModelReplay",
                 description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
                             "llama.cpp's -md) drafts greedily; confidence compared with p_min"),
+    DrafterSpec("draft-eagle3", "draft-eagle3", "EAGLE-3 head", has_confidence=True, needs="eagle3_head",
+                replay="..analysis.replay:Eagle3Replay",
+                description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
+                            "reads three of the target's layers after every decode and drafts greedily from them, "
+                            "feeding its own hidden state forward; confidence compared with p_min"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -277,6 +301,7 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     _alone("ngram-cache"),
     _then_mtp("ngram-cache"),
     _alone("draft-simple"),
+    _alone("draft-eagle3"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
@@ -364,12 +389,12 @@ def default_mode(has_mtp: bool) -> str:
     return DEFAULT_MODE if has_mtp else next(m.name for m in MODES.values() if m.runs_with(False))
 
 
-def available_modes(has_mtp: bool, has_draft_model: bool = False) -> tuple[str, ...]:
+def available_modes(has_mtp: bool, has_draft_model: bool | str = False) -> tuple[str, ...]:
     """The listed modes that can draft in a session with (or without) an MTP head and a draft model."""
     return tuple(m.name for m in MODES.values() if m.runs_with(has_mtp, has_draft_model))
 
 
-def recording_mode(has_mtp: bool, has_draft_model: bool = False) -> DrafterMode:
+def recording_mode(has_mtp: bool, has_draft_model: bool | str = False) -> DrafterMode:
     """The mode an oracle recording runs: every drafter the session can use (in the engine's order), asked at
     every position."""
     specs = tuple(s for s in DRAFTER_SPECS.values() if s.runs_with(has_mtp, has_draft_model))

@@ -236,9 +236,12 @@ class EngineHandle:
                          doc="How much a generation records: ``\"full\"``, ``\"steps\"`` or ``\"off\"`` (see "
                              ":meth:`open`; settable between generations, ``True``/``False`` being full/steps).")
 
+    draft_kind = _engine_fact("draft_kind", "What the draft model is: ``\"draft_model\"`` (``draft-simple`` drafts "
+                              "with it), ``\"eagle3_head\"`` (``draft-eagle3``) or ``\"nothing\"`` (none).")
+
     @property
     def has_draft_model(self) -> bool:
-        """The session was opened with a draft model (``draft-simple`` can draft)."""
+        """The session was opened with a draft model (of either kind: :attr:`draft_kind`)."""
         return self.draft_info is not None
 
     @property

@@ -100,7 +100,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         values = drafters.option_values(options)
         with self._run():
             tokens = self._prompt_tokens(prompt)
-            self._mode = drafters.recording_mode(self.info.has_mtp, self.has_draft_model)
+            self._mode = drafters.recording_mode(self.info.has_mtp, self.draft_kind)
             t0 = time.perf_counter()
             done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
                                               bool(probe))
@@ -110,7 +110,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
             output = self._output(prompt, tokens)
             cols = dict(cols) | {"token_eog": np.array([engine.is_eog(t) for t in output["tokens"]], dtype=bool)}
             settings = {"max_tokens": max_tokens, "depth": depth, "probe": bool(probe),
-                        "has_mtp": bool(self.info.has_mtp), "has_draft_model": self.has_draft_model,
+                        "has_mtp": bool(self.info.has_mtp), "has_draft_model": self.has_draft_model and self.draft_kind,
                         "is_recurrent": bool(engine.is_recurrent),
                         "n_prompt": len(tokens)} | self._session_settings() | values
             oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
@@ -144,7 +144,8 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         against here."""
         reason = ("its n_rs_seq recurrent snapshot slots" if self._live().is_recurrent
                   else "the draft depth its telemetry holds, set by n_rs_seq")
-        return Limits(capacity=self.capacity, has_mtp=bool(self.info.has_mtp), has_draft_model=self.has_draft_model,
+        return Limits(capacity=self.capacity, has_mtp=bool(self.info.has_mtp),
+                      has_draft_model=self.has_draft_model and self.draft_kind,
                       model=f"{self.info.name} ({self.info.path})", reason=reason)
 
     def drafter_stats(self) -> list[dict]:

@@ -53,7 +53,7 @@ class Limits:
 
     capacity: int
     has_mtp: bool
-    has_draft_model: bool = False
+    has_draft_model: bool | str = False  #: its draft model's kind (drafters.draft_kind), True for a draft model
     model: str = "this model"
     where: str = "this session"
     reason: str = "its n_rs_seq recurrent snapshot slots"
@@ -155,6 +155,11 @@ class DraftSettings:
             return ParameterError(f"drafter={mode.name!r} drafts with a draft model, and {limits.where} has none: "
                                   f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 "
                                   f"or drafter={usable}")
+        if self.n_max > 0 and not mode.runs_with(limits.has_mtp, limits.has_draft_model):
+            kind = drafters.draft_kind(limits.has_draft_model).replace("_", " ")
+            return ParameterError(f"drafter={mode.name!r} cannot draft with the {kind} {limits.where} has (draft-simple "
+                                  f"takes a draft model, draft-eagle3 an EAGLE-3 head); use n_max=0 or "
+                                  f"drafter={usable}")
         return None
 
     def check(self, limits: Limits) -> "DraftSettings":

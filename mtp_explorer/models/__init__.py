@@ -63,14 +63,14 @@ class DraftHead:
 
 def draft_heads() -> list[DraftHead]:
     """The draft models and heads that ship beside the bundled model (the model card,
-    ``MODEL.md``, says how each was trained and what it accepts). The engine runs ``draft-simple``; llama.cpp's
-    ``llama-speculative-simple`` runs every one."""
+    ``MODEL.md``, says how each was trained and what it accepts). The engine and llama.cpp's
+    ``llama-speculative-simple`` run every one (``Session.open(target_path, draft_model=head_path)``)."""
     from ..core.drafters import DRAFTER_SPECS
 
-    draft_model = next(s.spec_type for s in DRAFTER_SPECS.values() if s.needs_draft_model)
+    by_need = {s.needs: s.spec_type for s in DRAFTER_SPECS.values()}
     target = default_model_path()
-    heads = [DraftHead(spec, MODELS_DIR / name, target)
-             for spec, name in ((draft_model, BUNDLED_DRAFT_MODEL), ("draft-eagle3", BUNDLED_EAGLE3_HEAD))]
+    heads = [DraftHead(by_need[need], MODELS_DIR / name, target)
+             for need, name in (("draft_model", BUNDLED_DRAFT_MODEL), ("eagle3_head", BUNDLED_EAGLE3_HEAD))]
     missing = [str(h.head_path) for h in heads if not h.head_path.exists()]
     if missing:
         raise ModelNotFoundError(f"the bundled draft heads {missing} are missing (training/README.md makes them)")

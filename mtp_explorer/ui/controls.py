@@ -73,7 +73,7 @@ def readable_error(exc: BaseException) -> str:
 _NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
 
 
-def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model: bool = False) -> str:
+def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model: bool | str = False) -> str:
     """What the drafter control says under itself for the ``--spec-type`` value typed or chosen: the choice's
     description and whether this session can run it, or why the value is not a choice (HTML)."""
     try:
@@ -87,6 +87,9 @@ def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model:
         text += " <b>(unavailable: this model has no MTP layers)</b>"
     if m.needs_draft_model and not has_draft_model:
         text += " <b>(unavailable: the session was opened without draft_model=...)</b>"
+    elif m.needs_draft_model and not m.runs_with(True, has_draft_model):
+        text += (" <b>(unavailable: the session's draft model is a "
+                 f"{html.escape(drafters.draft_kind(has_draft_model).replace('_', ' '))})</b>")
     return f"<span class='mtpx-drafter-note'>{text}{html.escape(_NEXT_RUN)}</span>"
 
 
@@ -112,7 +115,7 @@ class Controls(W.VBox):
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
                  temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
-                 has_draft_model: bool = False, options: dict[str, int | str] | None = None) -> None:
+                 has_draft_model: bool | str = False, options: dict[str, int | str] | None = None) -> None:
         style = {"description_width": "90px"}
         chosen = drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)

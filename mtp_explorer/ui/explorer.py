@@ -108,7 +108,7 @@ class Explorer(W.VBox):
             prompt = demo_prompt_within(lambda t: len(session.tokenize(t)), session.n_ctx_seq - max_tokens)
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
                                  n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp,
-                                 has_draft_model=session.has_draft_model, options=options,
+                                 has_draft_model=session.has_draft_model and session.draft_kind, options=options,
                                  drafter=drafters.default_mode(has_mtp) if drafter is None else drafter)
         self.progress = ProgressView()
         self.error_area = ErrorArea()

@@ -1,0 +1,80 @@
+// The EAGLE-3 drafter: llama.cpp's `draft-eagle3` (common_speculative_impl_draft_eagle3 in
+// common/speculative.cpp, driven as llama-speculative-simple drives it). A one-layer head of its own
+// (an `eagle3` GGUF, Session.open(draft_model=...), llama.cpp's -md) reads the target's hidden states at
+// three layers (the head's eagle3.target_layers: inputs of trunk layers, or id n_layer for the target's
+// nextn row). After every target decode its encoder turns each row's features into g (fc of the three
+// layers side by side) and its decoder writes (token at P+1, g at P) into its own memory at position P;
+// the last row waits for the token after it (the deferred boundary: pending_pos, pending_g). To draft it
+// decodes (id_last, pending_g) at pending_pos, then each greedy draft token with the decoder's own pre-norm
+// output as the next g, stopping when the top-10-renormalised confidence is below p_min.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "draft_ranking.h"
+#include "drafter.h"
+#include "llama-cpp.h"
+#include "llama.h"
+#include "nextn_api.h"
+
+// What an EAGLE-3 head reads from its target: its target layers as the engine extracts them.
+struct Eagle3Head {
+    std::vector<int32_t> target_layers;  // the head's eagle3.target_layers, in the order its fc concatenates them
+    int32_t n_layer_tgt = 0;             // the target's trunk layers: an id equal to it is the target's nextn row
+
+    // The features it needs: the layer inputs below n_layer_tgt, the nextn rows for an id equal to it.
+    FeatureNeeds features() const;
+
+    // Why a head with these target layers cannot draft for a target of architecture `arch` with n_embd hidden
+    // units, an MTP head (its nextn rows) or not, given the head's target_hidden_size ("": it can).
+    std::string refusal(const std::string & arch, int32_t n_embd, int32_t head_target_hidden, bool target_has_nextn) const;
+
+    // The head of an eagle3 model (its llama_model_target_layer_ids) for a target of n_layer_tgt trunk layers.
+    static Eagle3Head of(const NextnApi & api, const llama_model * head, int32_t n_layer_tgt);
+};
+
+struct Eagle3Drafter final : Drafter {
+    // ctx_dft: the head's context (made with ctx_other = the target's context and nextn output on, by the engine).
+    Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, Eagle3Head head);
+
+    // begin() forgets the sequence; draft() drafts up to req.n_cap tokens after req.id_last and leaves only the
+    // seed row in the head's memory (throws on a decode failure); the expected accepted length is the sum over k
+    // of the product of the first k confidences; accept() re-bases the deferred boundary on the first row not
+    // accepted and drops the head's memory from there (the next decode writes it with the right token).
+    void begin(const std::vector<llama_token> & prompt) override;
+    bool draft(const DraftRequest & req, Draft & out) override;
+    double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
+    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
+
+    FeatureNeeds features() const override { return head.features(); }
+
+    // Encodes the rows' features and writes the decoder rows (llama.cpp's process()).
+    void observe_target(const TargetRows & rows) override;
+    void keep(int32_t n_rows, llama_pos keep_until) override;
+
+  private:
+    // rows.toks's features in the head's order ([n][3 * n_embd_tgt]) into feats.
+    void gather(const TargetRows & rows);
+    // Adds (tok at pos, g) to the batch, with logits when `out`.
+    void add_row(llama_token tok, llama_pos pos, const float * g, bool out);
+
+    const NextnApi & api;
+    llama_context * ctx_dft;
+    const llama_vocab * vocab;
+    Eagle3Head head;
+    int32_t n_embd_tgt = 0;  // the target's hidden size (one layer's row)
+    int32_t n_embd_enc = 0;  // the encoder's input: the target layers side by side
+    int32_t n_embd_dec = 0;  // the head's hidden size (g)
+    llama_batch_ext_ptr batch;
+    llama_batch_ext_ptr batch_enc;
+    std::vector<float> feats;            // the last observed rows' features
+    std::vector<float> verify_g;         // the last observed rows' g, [n][n_embd_dec]
+    llama_pos verify_pos0 = -1;
+    int32_t verify_rows = 0;
+    std::vector<float> pending_g;        // g at pending_pos: the row whose next token is not decoded yet
+    llama_pos pending_pos = -1;
+    std::vector<float> prenorm;          // the drafted row's pre-norm output: the next row's g
+    CandidateRanking ranking;
+};
