@@ -58,8 +58,9 @@ from pathlib import Path
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, reference_n_max, reference_totals,
-                                             replay_reference_budget, run_reference, run_reference_spec, spec_type_args)
+from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_reference, reference_checkpoints,
+                                             reference_n_max, reference_totals, replay_reference_budget, run_reference,
+                                             run_reference_spec, spec_type_args)
 
 from _common import emit, machine, pick_model
 
@@ -299,7 +300,7 @@ def draft_cases(binary: str, spec: str, target: Path, draft: Path, label: str, t
     """One record per prompt x p_min: ``--spec-type spec -md draft`` against ``drafter=spec`` in a session opened with
     ``draft_model=draft`` (budget rule, and on a recurrent target the checkpoint rule, replayed)."""
     options = spec_options(spec, CHAIN_N_MAX)
-    checkpoints = bool(mx.model_info(target).is_recurrent) and not drafters.mode(spec).needs_mtp
+    checkpoints = reference_checkpoints(target, spec)
     cases = []
     with mx.Session.open(target, n_ctx=N_CTX, threads=threads, draft_model=draft) as s:
         for prompt, p_min in itertools.product(CHAIN_PROMPTS, DRAFT_P_MIN):

@@ -5,8 +5,8 @@
   ``draft-simple`` with it (and ``draft-eagle3`` with a plain draft model) with a ParameterError;
 * a head whose target does not match (hidden size, layers the target cannot give) is refused when the session opens;
 * greedy output is the plain greedy output except at reported near-ties, and drafts are accepted;
-* text and drafted/accepted totals equal ``llama-speculative-simple -md HEAD --spec-type draft-eagle3`` (the
-  reference's checkpoint rule replayed: this target is recurrent);
+* text and drafted/accepted totals equal ``llama-speculative-simple -md HEAD --spec-type draft-eagle3`` (llama.cpp
+  gives the recurrent target snapshot slots for draft-eagle3, as for draft-mtp: no checkpoint rule);
 * the simulator replays real runs exactly from one oracle recording.
 """
 
@@ -151,16 +151,17 @@ def test_simulator_replays_the_head_exactly(session, oracles, n_max):
                                             (0.0, "import os\nimport sys\n")])
 def test_matches_the_reference(reference_binary, bundled_model, head, p_min, prompt):
     """Text and drafted/accepted totals equal ``llama-speculative-simple --spec-type draft-eagle3 -md HEAD``."""
-    from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget,
-                                                 run_reference_spec, spec_type_args)
+    from mtp_explorer.devtools.reference import (compare_with_reference, reference_checkpoints,
+                                                 replay_reference_budget, run_reference_spec, spec_type_args)
 
     n_max = 3
+    assert not reference_checkpoints(bundled_model, "draft-eagle3") and reference_checkpoints(bundled_model,
+                                                                                              "draft-simple")
     flags = spec_type_args("draft-eagle3", n_max, {}) + ["-md", str(head), "--spec-draft-p-min", str(p_min)]
     ref = run_reference_spec(reference_binary, bundled_model, prompt, flags, max_tokens=48, n_ctx=1024, threads=1)
     with mx.Session.open(bundled_model, n_ctx=1024, threads=1, draft_model=head) as s:
-        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-eagle3",
-                                       checkpoints=True)
-    result = compare_with_reference(ref, ours, p_min, checkpoints=True)
+        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-eagle3")
+    result = compare_with_reference(ref, ours, p_min)
     assert result["match"], result
     assert result["ours"]["n_drafted"] > 0 and result["ours"]["n_accept"] > 0
 
@@ -177,3 +178,16 @@ def test_the_live_trace_holds_every_column(session):
     assert got.tokens == final.tokens and final.n_drafted.sum() > 0
     for name, column in final.columns.items():
         assert np.array_equal(got.columns[name], column, equal_nan=True), name
+
+
+def test_parallel_requests_equal_each_alone(bundled_model, head):
+    """Two sequences at once (a third arriving later, as a server slot frees): each request's text is its greedy
+    text alone, up to reported near-ties, and its drafts are the ones it drafts alone."""
+    from mtp_explorer.analysis.parallel_check import check_parallel
+
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1, draft_model=head, n_parallel=2) as s:
+        result = s.generate_parallel(list(PROMPTS), max_tokens=40, n_max=3, drafter="draft-eagle3", arrivals=[0, 0, 5])
+        assert [r.slot for r in result.requests][:2] == [0, 1]
+        for check in check_parallel(s, result):
+            assert not check.unexplained, check.to_dict()
+    assert all(t.n_drafted.sum() > 0 and t.n_accepted.sum() > 0 for t in result.traces)

@@ -104,6 +104,13 @@ class DrafterSpec:
         return self.needs in DRAFT_KINDS
 
     @property
+    def gets_snapshot_slots(self) -> bool:
+        """llama.cpp gives a recurrent target snapshot slots when it is in the chain (``need_n_rs_seq`` in 0.3.36's
+        common.h: draft-mtp, draft-eagle3, draft-dflash, draft-dspark); without them llama-speculative-simple restores
+        a checkpoint after a partial acceptance."""
+        return self.needs in ("mtp", "eagle3_head")
+
+    @property
     def is_lookup(self) -> bool:
         """It drafts from the token history alone (no model: no decode, no confidence)."""
         return self.needs == "nothing"

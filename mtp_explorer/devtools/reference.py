@@ -175,6 +175,17 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
     return session.last_trace
 
 
+def reference_checkpoints(target: str | Path, spec) -> bool:
+    """Whether llama-speculative-simple follows its checkpoint rule for ``--spec-type spec`` on ``target``: on a
+    recurrent target whose context gets no snapshot slots, i.e. when no drafter of the chain is one llama.cpp gives
+    them for (:attr:`DrafterSpec.gets_snapshot_slots <mtp_explorer.core.drafters.DrafterSpec.gets_snapshot_slots>`)."""
+    from ..core import drafters
+    from ..core.info import model_info
+
+    mode = drafters.mode(spec)
+    return bool(model_info(target).is_recurrent) and not any(d.gets_snapshot_slots for d in mode.drafters)
+
+
 def reference_totals(trace: Trace, *, checkpoints: bool) -> dict:
     """The n_predict/n_drafted/n_accept totals the reference prints for the run ``trace`` replays: with
     ``checkpoints``, a partially accepted draft is not counted, and its re-verification counts the accepted tokens
