@@ -40,6 +40,7 @@ from .core.trace import Step, Trace
 from .core.parallel import ParallelStep, ParallelTrace, RequestInfo
 from .analysis.batch_shift import BatchShift
 from .analysis.oracle import CostModel, OracleTrace
+from .analysis.replay import ReplayApproximate
 from .analysis.profile import CostProfile, profile_costs
 from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
 from .analysis.sweep import Recommendation, recommend, sweep
@@ -64,7 +65,7 @@ __all__ = [
     "PminNotApplicable",
     # analysis
     "BatchShift", "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
-    "simulate", "simulate_grid",
+    "simulate", "simulate_grid", "ReplayApproximate",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
     "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",
     "check_parallel",

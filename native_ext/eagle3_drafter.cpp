@@ -136,12 +136,16 @@ void Eagle3Drafter::observe_target(const TargetRows & rows) {
         }
         std::memcpy(verify_g.data() + (size_t) i0 * n_embd_dec, g, (size_t) n * n_embd_dec * sizeof(float));
     }
-    // the decoder's memory: the deferred row before these (bridge), then (token i+1, g_i) at pos0 + i
+    // the decoder's memory: the deferred row before these (bridge), then (token i+1, g_i) at pos0 + i. The bridge
+    // writes only after a step this drafter did not draft in (a draft seeds that row). llama.cpp 0.3.36 decodes it
+    // with g of these rows' LAST row, not the deferred g: its batch holds a view of pending_g_last, which process()
+    // overwrites with the new deferred g before the decode. Done here alike, for parity (a replay cannot see it:
+    // Eagle3Replay.state_note).
     llama_batch_ext_clear(batch.get());
     int32_t n_rows = 0;
     if (pending_pos >= 0 && pending_pos + 1 == rows.pos0 &&
         pending_pos > llama_memory_seq_pos_max(llama_get_memory(ctx_dft), seq_id)) {
-        add_row(rows.toks[0], pending_pos, pending_g.data(), false);
+        add_row(rows.toks[0], pending_pos, verify_g.data() + (size_t) (rows.n - 1) * n_embd_dec, false);
         ++n_rows;
     }
     for (int32_t i = 0; i + 1 < rows.n; ++i, ++n_rows) {
@@ -156,15 +160,16 @@ void Eagle3Drafter::observe_target(const TargetRows & rows) {
     }
 }
 
-void Eagle3Drafter::keep(int32_t n_rows, llama_pos /*keep_until*/) {
-    if (verify_rows <= 0) {
-        return;
+void Eagle3Drafter::keep(int32_t n_rows, llama_pos keep_until) {
+    if (verify_rows > 0) {
+        const int32_t i_g = std::min(n_rows, verify_rows - 1);
+        pending_pos = verify_pos0 + i_g;
+        std::memcpy(pending_g.data(), verify_g.data() + (size_t) i_g * n_embd_dec, n_embd_dec * sizeof(float));
     }
-    const int32_t i_g = std::min(n_rows, verify_rows - 1);
-    pending_pos = verify_pos0 + i_g;
-    std::memcpy(pending_g.data(), verify_g.data() + (size_t) i_g * n_embd_dec, n_embd_dec * sizeof(float));
-    // the row at pending_pos holds a rejected token (or nothing): the next draft's seed or decode writes it again
-    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, pending_pos, -1);
+    // the head's memory keeps what the target keeps, as llama-speculative-simple drops it: the row at pending_pos,
+    // written with the token drafted after it (rejected when n_rows < the rows verified), stays until this drafter's
+    // next draft seeds it again; a step it is not asked in (a chain's look-up drafted) leaves it, as llama.cpp does
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, keep_until, -1);
 }
 
 bool Eagle3Drafter::draft(const DraftRequest & req, Draft & out) {

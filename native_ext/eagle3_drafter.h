@@ -42,7 +42,8 @@ struct Eagle3Drafter final : Drafter {
     // begin() forgets the sequence; draft() drafts up to req.n_cap tokens after req.id_last and leaves only the
     // seed row in the head's memory (throws on a decode failure); the expected accepted length is the sum over k
     // of the product of the first k confidences; accept() re-bases the deferred boundary on the first row not
-    // accepted and drops the head's memory from there (the next decode writes it with the right token).
+    // accepted and drops the head's memory past what the target keeps (llama.cpp's accept() and
+    // llama-speculative-simple's llama_memory_seq_rm(ctx_dft, n_past)).
     void begin(const std::vector<llama_token> & prompt) override;
     bool draft(const DraftRequest & req, Draft & out) override;
     double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }

@@ -48,6 +48,11 @@ DRAFT_COLUMNS: tuple[str, ...] = ("draft", "draft_len", "draft_eos")
 CONFIDENCE_COLUMNS: tuple[str, ...] = ("draft_prob", "draft_margin", "topk_ids", "topk_probs")
 
 
+class ReplayApproximate(UserWarning):
+    """A replay cannot be exact for these settings (its drafter's state depends on what the oracle does not record);
+    the message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One drafter's proposal at every position, as arrays ``[..., T]`` (leading axes: settings of a grid)."""
@@ -111,6 +116,10 @@ class DrafterReplay(abc.ABC):
     follows_target: ClassVar[bool] = False
     #: Its proposals depend on its state along the path (:class:`StatefulReplay`): the simulator walks step by step.
     stateful: ClassVar[bool] = False
+    #: Why its drafts depend on the steps it is not asked in (a chain's earlier drafter drafted), which the oracle
+    #: (every drafter asked at every position) never has: its replay behind a ``first``-policy chain is then
+    #: approximate ('': they do not).
+    state_note: ClassVar[str] = ""
 
     def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
         self.oracle = oracle
@@ -289,6 +298,11 @@ class Eagle3Replay(DraftModelReplay):
     """An EAGLE-3 head (llama.cpp's draft-eagle3): drafted, cut and estimated as a draft model (its greedy chain
     recorded with ``p_min = 0``, cut where a confidence falls below ``p_min``); its encoder and decoder follow every
     verify batch (the follow cost), as a draft model does."""
+
+    state_note = ("after a step it does not draft in, llama.cpp 0.3.36's draft-eagle3 writes the deferred row of its "
+                  "memory with the newest g instead of the deferred one (common_speculative_impl_draft_eagle3::process "
+                  "reads pending_g_last after overwriting it), so its later drafts differ from those the oracle "
+                  "recorded, where it drafts at every position")
 
 
 # -- llama.cpp's ngram-simple ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import math
 import operator
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ from . import metrics
 from .batch_shift import BatchShift, tolerance_of
 from .oracle import OracleTrace
 from .profile import Costs, resolve_costs, with_costs
-from .replay import STOP, Candidate, DrafterReplay, DrafterState
+from .replay import STOP, Candidate, DrafterReplay, DrafterState, ReplayApproximate
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
@@ -91,7 +92,22 @@ def _check_policy(oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min,
     else:
         settings = DraftSettings(n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter,
                                  max_tokens=oracle.max_tokens if max_tokens is None else max_tokens)
-    return settings.check(oracle.limits)
+    settings = settings.check(oracle.limits)
+    _warn_approximate(oracle, settings)
+    return settings
+
+
+def _warn_approximate(oracle: OracleTrace, settings: DraftSettings) -> None:
+    """:class:`ReplayApproximate` for a ``first``-policy chain whose later drafter's state depends on the steps an
+    earlier one takes from it (:attr:`DrafterReplay.state_note`)."""
+    mode = settings.mode
+    if settings.n_max <= 0 or mode.policy != drafters.CHAIN_POLICIES[0]:
+        return
+    for spec in mode.drafters[1:]:
+        note = oracle.replay(spec).state_note
+        if note:
+            warnings.warn(f"the replay of drafter={mode.name!r} is approximate once {mode.drafters[0].spec_type} "
+                          f"drafts: {note}", ReplayApproximate, stacklevel=4)
 
 
 def _best(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Callable[[int], int]:

@@ -124,7 +124,7 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
             raise ToolError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
         try:
             return parse_reference_output(stdout, stderr, prompt)
-        except ValueError as exc:
+        except ToolError as exc:  # an incomplete log: run it again
             error = exc
     raise ToolError(f"llama-speculative-simple printed incomplete output {attempts} times") from error
 
