@@ -302,7 +302,9 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("has_mtp", &Engine::has_mtp)
         .def_prop_ro("has_draft_model", &Engine::has_draft_model)
         .def_prop_ro("draft_kind", [](const Engine & e) { return DRAFTER_NEEDS_NAMES[(int) e.draft_kind()]; },
-                     "what the draft model serves: 'draft_model', 'eagle3_head', or 'nothing' without one")
+                     "what the draft model serves: 'draft_model', 'eagle3_head', 'dflash_head', or 'nothing'")
+        .def_prop_ro("draft_block_limit", &Engine::draft_block_limit,
+                     "a non-causal DFlash head's most mask slots (block_size - 1): its drafts depend on the block; 0: none")
         .def_prop_ro("is_recurrent", &Engine::is_recurrent)
         .def_prop_ro("capacity", &Engine::capacity)
         .def_prop_ro("rs_slots", &Engine::rs_slots)

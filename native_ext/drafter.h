@@ -19,6 +19,7 @@
 #include "names.h"
 
 struct Drafter;
+struct DraftHead;
 struct HiddenProbe;
 struct NextnApi;
 
@@ -49,9 +50,15 @@ enum class DrafterNeeds : int8_t {
     MTP = 1,          // the model's MTP (nextn) layers
     DRAFT_MODEL = 2,  // a separate draft model (Session.open(draft_model=...), llama.cpp's -md)
     EAGLE3_HEAD = 3,  // an EAGLE-3 head (an eagle3 GGUF given as the draft model) that reads the target's layers
+    DFLASH_HEAD = 4,  // a DFlash block drafter (a dflash GGUF given as the draft model) that reads the target's layers
 };
-constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model", "eagle3_head"};
-static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::EAGLE3_HEAD + 1, "one name per DrafterNeeds");
+constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model", "eagle3_head", "dflash_head"};
+static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DFLASH_HEAD + 1, "one name per DrafterNeeds");
+
+// A drafter whose model file is the session's draft model (a draft model, or a head of either kind: draft_head.h).
+constexpr bool needs_draft_file(DrafterNeeds n) {
+    return n == DrafterNeeds::DRAFT_MODEL || n == DrafterNeeds::EAGLE3_HEAD || n == DrafterNeeds::DFLASH_HEAD;
+}
 
 // What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft
 // when the session has no draft model). The target's context is not among them: a drafter reads the
@@ -64,8 +71,7 @@ struct DrafterSetup {
     llama_context * ctx_mtp = nullptr;
     HiddenProbe * probe_mtp = nullptr;
     llama_context * ctx_dft = nullptr;       // the draft model's context
-    const std::vector<int32_t> * head_layers = nullptr;  // an EAGLE-3 head's target layers (eagle3.target_layers)
-    int32_t n_layer_tgt = 0;                 // the target's trunk layers
+    const DraftHead * head = nullptr;        // the draft model as a head (its kind, target layers, block)
 };
 
 struct DraftRequest;

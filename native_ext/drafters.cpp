@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "draft_simple_drafter.h"
+#include "dflash_drafter.h"
 #include "drafter.h"
 #include "eagle3_drafter.h"
 #include "mtp_drafter.h"
@@ -50,10 +51,11 @@ std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
 }
 
 std::unique_ptr<Drafter> make_draft_eagle3(const DrafterSetup & s) {
-    Eagle3Head head;
-    head.target_layers = s.head_layers != nullptr ? *s.head_layers : std::vector<int32_t>{};
-    head.n_layer_tgt = s.n_layer_tgt;
-    return std::make_unique<Eagle3Drafter>(s.id, *s.api, s.ctx_dft, std::move(head));
+    return std::make_unique<Eagle3Drafter>(s.id, *s.api, s.ctx_dft, *s.head);
+}
+
+std::unique_ptr<Drafter> make_draft_dflash(const DrafterSetup & s) {
+    return std::make_unique<DFlashDrafter>(s.id, s.ctx_dft, *s.head);
 }
 
 }  // namespace
@@ -69,6 +71,7 @@ constexpr DrafterEntry DRAFTER_TABLE[] = {
     {"ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
     {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
     {"draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
+    {"draft-dflash", DrafterNeeds::DFLASH_HEAD, make_draft_dflash},  // llama.cpp's draft-dflash: a block drafter
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

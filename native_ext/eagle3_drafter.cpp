@@ -4,64 +4,11 @@
 #include <cstring>
 
 #include "errors.h"
-#include "layer_inputs.h"
 #include "timing.h"
-
-// ---- the head and its target --------------------------------------------------------------------
-
-FeatureNeeds Eagle3Head::features() const {
-    FeatureNeeds needs;
-    for (int32_t il : target_layers) {
-        if (il == n_layer_tgt) {
-            needs.nextn = true;
-        } else if (std::find(needs.layer_inp.begin(), needs.layer_inp.end(), il) == needs.layer_inp.end()) {
-            needs.layer_inp.push_back(il);
-        }
-    }
-    return needs;
-}
-
-std::string Eagle3Head::refusal(const std::string & arch, int32_t n_embd, int32_t head_target_hidden,
-                                bool target_has_nextn) const {
-    if (target_layers.size() != 3) {
-        return "it is not an EAGLE-3 head: it names " + std::to_string(target_layers.size()) +
-               " target layers (eagle3.target_layers), llama.cpp's draft-eagle3 reads 3";
-    }
-    if (head_target_hidden != n_embd) {
-        return "it was trained on a target of hidden size " + std::to_string(head_target_hidden) +
-               " (eagle3.target_hidden_size), this target's is " + std::to_string(n_embd);
-    }
-    std::vector<int32_t> layers;
-    for (int32_t il : target_layers) {
-        if (il == n_layer_tgt) {
-            if (!target_has_nextn) {
-                return "it reads layer " + std::to_string(il) + " = the target's n_layer, which llama.cpp serves "
-                       "from the target's nextn rows, and this target has no MTP head to give them";
-            }
-        } else if (il > n_layer_tgt || il < 0) {
-            return "it reads layer " + std::to_string(il) + ", beyond this target's " + std::to_string(n_layer_tgt) +
-                   " layers (llama.cpp aborts there)";
-        } else {
-            layers.push_back(il);
-        }
-    }
-    return layers.empty() ? "" : layer_input_refusal(arch, n_layer_tgt, layers);
-}
-
-Eagle3Head Eagle3Head::of(const NextnApi & api, const llama_model * model, int32_t n_layer_tgt) {
-    Eagle3Head h;
-    const int32_t * ids = api.model_target_layer_ids(model);
-    const uint32_t n = api.model_target_layer_ids_n(model);
-    if (ids != nullptr) {
-        h.target_layers.assign(ids, ids + n);
-    }
-    h.n_layer_tgt = n_layer_tgt;
-    return h;
-}
 
 // ---- the drafter ----------------------------------------------------------------------------------
 
-Eagle3Drafter::Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, Eagle3Head head_)
+Eagle3Drafter::Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head_)
     : Drafter(id), api(api), ctx_dft(ctx_dft), head(std::move(head_)) {
     if (ctx_dft == nullptr) {
         fail(ErrorKind::PARAMETER, "draft-eagle3 needs an EAGLE-3 head: Session.open(path, draft_model=head.gguf)");

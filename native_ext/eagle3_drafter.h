@@ -13,31 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "draft_head.h"
 #include "draft_ranking.h"
 #include "drafter.h"
 #include "llama-cpp.h"
 #include "llama.h"
 #include "nextn_api.h"
 
-// What an EAGLE-3 head reads from its target: its target layers as the engine extracts them.
-struct Eagle3Head {
-    std::vector<int32_t> target_layers;  // the head's eagle3.target_layers, in the order its fc concatenates them
-    int32_t n_layer_tgt = 0;             // the target's trunk layers: an id equal to it is the target's nextn row
-
-    // The features it needs: the layer inputs below n_layer_tgt, the nextn rows for an id equal to it.
-    FeatureNeeds features() const;
-
-    // Why a head with these target layers cannot draft for a target of architecture `arch` with n_embd hidden
-    // units, an MTP head (its nextn rows) or not, given the head's target_hidden_size ("": it can).
-    std::string refusal(const std::string & arch, int32_t n_embd, int32_t head_target_hidden, bool target_has_nextn) const;
-
-    // The head of an eagle3 model (its llama_model_target_layer_ids) for a target of n_layer_tgt trunk layers.
-    static Eagle3Head of(const NextnApi & api, const llama_model * head, int32_t n_layer_tgt);
-};
-
 struct Eagle3Drafter final : Drafter {
     // ctx_dft: the head's context (made with ctx_other = the target's context and nextn output on, by the engine).
-    Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, Eagle3Head head);
+    Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head);
 
     // begin() forgets the sequence; draft() drafts up to req.n_cap tokens after req.id_last and leaves only the
     // seed row in the head's memory (throws on a decode failure); the expected accepted length is the sum over k
@@ -64,7 +49,7 @@ struct Eagle3Drafter final : Drafter {
     const NextnApi & api;
     llama_context * ctx_dft;
     const llama_vocab * vocab;
-    Eagle3Head head;
+    DraftHead head;
     int32_t n_embd_tgt = 0;  // the target's hidden size (one layer's row)
     int32_t n_embd_enc = 0;  // the encoder's input: the target layers side by side
     int32_t n_embd_dec = 0;  // the head's hidden size (g)

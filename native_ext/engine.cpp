@@ -160,12 +160,6 @@ std::string vocab_mismatch(const llama_vocab * tgt, const llama_vocab * dft) {
     return "";
 }
 
-// a model's metadata value as text ("" where it has no such key)
-std::string meta_text(const llama_model * model, const char * key) {
-    char buf[256] = {0};
-    return llama_model_meta_val_str(model, key, buf, sizeof(buf)) < 0 ? std::string() : std::string(buf);
-}
-
 }  // namespace
 
 void Engine::load_draft_model() {
@@ -181,39 +175,36 @@ void Engine::load_draft_model() {
     }
     llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr);
     cp.cb_eval = nullptr;
-    if (meta_text(model_dft.get(), "general.architecture") == "eagle3") {
-        load_eagle3_head(cp);
+    head = DraftHead::of(api, model_dft.get(), llama_model_n_layer(model.get()));
+    if (head.kind != DrafterNeeds::DRAFT_MODEL) {
+        load_draft_head(cp);
     } else if (llama_model_is_recurrent(model_dft.get()) || llama_model_is_hybrid(model_dft.get())) {
         fail(ErrorKind::PARAMETER, "the draft model " + opts.draft_path + " is recurrent: draft-simple here needs a "
                                    "draft model whose memory can drop positions (a transformer)");
     }
     ctx_dft.reset(llama_init_from_model(model_dft.get(), cp));
     if (ctx_dft == nullptr) {
-        head_layers.clear();
+        head = DraftHead{};
         fail(ErrorKind::LOAD, "llama.cpp could not create the draft model's context");
     }
-    if (draft_is_eagle3()) {  // its encoder's g and its decoder's pre-norm rows (llama.cpp's draft-eagle3 set-up)
+    if (head.kind != DrafterNeeds::DRAFT_MODEL) {  // llama.cpp's set-up of the head's context (common/speculative.cpp)
         api.set_embeddings_nextn(ctx_dft.get(), true, /*masked*/ true);
     }
+    if (head.kind == DrafterNeeds::DFLASH_HEAD) {
+        llama_set_causal_attn(ctx_dft.get(), head.causal);
+    }
 }
 
-void Engine::load_eagle3_head(llama_context_params & cp) {
-    const Eagle3Head head = Eagle3Head::of(api, model_dft.get(), llama_model_n_layer(model.get()));
+void Engine::load_draft_head(llama_context_params & cp) {
     const std::string hidden = meta_text(model_dft.get(), "eagle3.target_hidden_size");
-    const std::string refusal = head.refusal(arch(), llama_model_n_embd(model.get()),
+    const std::string refusal = head.refusal(arch(), llama_model_n_embd(model.get()), llama_model_n_embd(model_dft.get()),
                                              hidden.empty() ? -1 : std::atoi(hidden.c_str()), has_mtp());
     if (!refusal.empty()) {
-        fail(ErrorKind::PARAMETER, "the EAGLE-3 head " + opts.draft_path + " cannot draft for this model: " + refusal);
+        const char * what = head.kind == DrafterNeeds::EAGLE3_HEAD ? "EAGLE-3 head " : "DFlash head ";
+        head = DraftHead{};
+        fail(ErrorKind::PARAMETER, std::string("the ") + what + opts.draft_path + " cannot draft for this model: " + refusal);
     }
-    head_layers = head.target_layers;
     cp.ctx_other = ctx_tgt.get();  // a head without token_embd / output borrows the target's (as llama.cpp's set-up)
-}
-
-DrafterNeeds Engine::draft_kind() const {
-    if (!has_draft_model()) {
-        return DrafterNeeds::NOTHING;
-    }
-    return draft_is_eagle3() ? DrafterNeeds::EAGLE3_HEAD : DrafterNeeds::DRAFT_MODEL;
 }
 
 bool Engine::can_run(DrafterId id) const {
@@ -222,6 +213,7 @@ bool Engine::can_run(DrafterId id) const {
             return has_mtp();
         case DrafterNeeds::DRAFT_MODEL:
         case DrafterNeeds::EAGLE3_HEAD:
+        case DrafterNeeds::DFLASH_HEAD:
             return draft_kind() == DRAFTER_TABLE[id].needs;
         case DrafterNeeds::NOTHING:
             break;
@@ -240,7 +232,7 @@ void Engine::close() {
     ctx_mtp.reset();
     ctx_tgt.reset();
     model_dft.reset();
-    head_layers.clear();
+    head = DraftHead{};
     model.reset();
     cancel_requested.store(false);
 }
@@ -327,14 +319,12 @@ void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const
         if (DRAFTER_TABLE[id].needs == DrafterNeeds::MTP) {
             fail(ErrorKind::PARAMETER, "the model has no MTP layers: use n_max=0 (or the n-gram drafter)");
         }
-        if (DRAFTER_TABLE[id].needs == DrafterNeeds::EAGLE3_HEAD) {
-            fail(ErrorKind::PARAMETER, std::string("the drafter \"") + DRAFTER_TABLE[id].name + "\" needs an EAGLE-3 head " +
-                                           (has_draft_model() ? "and this session's draft model is not one" :
-                                                                ": Session.open(path, draft_model=head.gguf)"));
-        }
-        fail(ErrorKind::PARAMETER, std::string("the drafter \"") + DRAFTER_TABLE[id].name + "\" needs a draft model" +
-                                       (draft_is_eagle3() ? ", and this session's is an EAGLE-3 head (use draft-eagle3)" :
-                                                            ": Session.open(path, draft_model=...)"));
+        // "needs a draft_model / an eagle3_head / a dflash_head, and this session's draft model is a dflash_head"
+        const std::string need = DRAFTER_NEEDS_NAMES[(int) DRAFTER_TABLE[id].needs];
+        fail(ErrorKind::PARAMETER, std::string("the drafter \"") + DRAFTER_TABLE[id].name + "\" needs a draft model of kind " +
+                                       need + (has_draft_model() ? std::string(", and this session's is a ") +
+                                                                       DRAFTER_NEEDS_NAMES[(int) draft_kind()]
+                                                                 : std::string(": Session.open(path, draft_model=...)")));
     }
 }
 
@@ -448,8 +438,7 @@ std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain 
     setup.ctx_mtp = ctx_mtp.get();
     setup.probe_mtp = &probe_mtp;
     setup.ctx_dft = ctx_dft.get();
-    setup.head_layers = &head_layers;
-    setup.n_layer_tgt = llama_model_n_layer(model.get());
+    setup.head = &head;
     std::vector<std::unique_ptr<Drafter>> built;
     for (const DrafterId id : c.ids) {
         const DrafterEntry & entry = DRAFTER_TABLE[id];

@@ -14,6 +14,7 @@
 
 #include "batch_shift.h"
 #include "draft.h"
+#include "draft_head.h"
 #include "drafter.h"
 #include "hidden_probe.h"
 #include "llama-cpp.h"
@@ -74,10 +75,13 @@ struct Engine {
     int32_t n_layer_nextn() const { return layer_nextn; }
     bool has_mtp() const { return ctx_mtp != nullptr; }
     bool has_draft_model() const { return ctx_dft != nullptr; }
-    // the draft model is an EAGLE-3 head (an eagle3 GGUF: draft-eagle3 drafts with it, draft-simple cannot)
-    bool draft_is_eagle3() const { return !head_layers.empty(); }
-    // what the session's draft model serves: DRAFT_MODEL, EAGLE3_HEAD, or NOTHING without one
-    DrafterNeeds draft_kind() const;
+    // what the session's draft model serves: DRAFT_MODEL, EAGLE3_HEAD, DFLASH_HEAD (draft_head.h), or NOTHING
+    DrafterNeeds draft_kind() const { return has_draft_model() ? head.kind : DrafterNeeds::NOTHING; }
+    // a non-causal DFlash head's block_size - 1 (every slot of its block sees the others, so a draft depends on the
+    // block's length); 0 for any other draft model or none
+    int32_t draft_block_limit() const {
+        return draft_kind() == DrafterNeeds::DFLASH_HEAD && !head.causal ? head.draft_limit() : 0;
+    }
     // whether this session has what the drafter `id` needs
     bool can_run(DrafterId id) const;
     bool is_recurrent() const { return recurrent; }
@@ -138,9 +142,9 @@ struct Engine {
     void create_target_context();
     void create_mtp_context();
     void load_draft_model();    // the draft model and its context (opts.draft_path), checked against the target
-    // an eagle3 draft model: its target layers checked against the target (refused with a PARAMETER error where
-    // llama.cpp would abort or read garbage), its context made to borrow the target's embeddings and output
-    void load_eagle3_head(llama_context_params & cp);
+    // a draft head (draft_head.h): checked against the target (a PARAMETER error where llama.cpp would abort or read
+    // garbage), its context made to borrow the target's embeddings and output
+    void load_draft_head(llama_context_params & cp);
     void check_open() const;
     void validate(const DraftParams & p) const;
     void validate_chain(const DrafterChain & c, const DraftParams & p) const;
@@ -224,7 +228,7 @@ struct Engine {
     llama_context_ptr ctx_tgt;
     llama_context_ptr ctx_mtp;          // null if the model has no MTP layers
     llama_context_ptr ctx_dft;          // the draft model's context (null: none)
-    std::vector<int32_t> head_layers;   // an EAGLE-3 head's target layers (empty: the draft model is not one)
+    DraftHead head;                     // the draft model as a head (kind DRAFT_MODEL: a draft model, not a head)
     llama_batch_ext_ptr batch_tgt;
     std::vector<std::unique_ptr<Sequence>> reqs;  // this generation's requests, in order
     std::vector<Sequence *> slots;      // n_parallel entries: the request holding each sequence, or null

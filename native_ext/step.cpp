@@ -530,7 +530,7 @@ int64_t Engine::follow_target(Sequence & q, const llama_token * tokens, int32_t 
     const TargetRows rows = extract_features(q.needs, tokens, n, pos0, row0, q.features);
     int64_t t_model = 0;
     for (auto & d : q.drafters) {
-        if (DRAFTER_TABLE[d->id].needs != DrafterNeeds::DRAFT_MODEL && DRAFTER_TABLE[d->id].needs != DrafterNeeds::EAGLE3_HEAD) {
+        if (!needs_draft_file(DRAFTER_TABLE[d->id].needs)) {
             d->observe_target(rows);
             continue;
         }

@@ -55,7 +55,9 @@ def test_the_session_knows_its_head(session):
 
 
 def test_the_wrong_drafter_for_the_draft_model_is_refused(session, bundled_model):
-    with pytest.raises(mx.ParameterError, match="draft-eagle3 an EAGLE-3 head"):
+    with pytest.raises(mx.ParameterError, match=r"drafts with a draft model that drafts alone \(Session.open\(path, "
+                                                r"draft_model=...\)\), and the draft model this session has is a "
+                                                "EAGLE-3 head"):
         session.generate(PROMPTS[0], max_tokens=8, n_max=2, drafter="draft-simple")
     with mx.Session.open(bundled_model, n_ctx=512, threads=1, draft_model=draft_model_path()) as s:
         assert s.draft_kind == "draft_model"
@@ -67,7 +69,8 @@ def test_the_wrong_drafter_for_the_draft_model_is_refused(session, bundled_model
             s.generate(PROMPTS[0], max_tokens=8, n_max=2, drafter="draft-eagle3")
     # the engine's own backstop says the same where Python's check is passed by
     settings = mx.DraftSettings(n_max=2, drafter="draft-simple", max_tokens=4)
-    with pytest.raises(mx.ParameterError, match="needs a draft model, and this session's is an EAGLE-3 head"):
+    with pytest.raises(mx.ParameterError, match="needs a draft model of kind draft_model, and this session's is a "
+                                                "eagle3_head"):
         session._engine.begin(session.tokenize(PROMPTS[0]), settings.native_config(0), settings.native_params())
 
 
@@ -212,3 +215,9 @@ def test_the_replay_says_where_it_is_approximate(oracles):
         mx.simulate(oracle, 0, drafter="ngram-simple,draft-eagle3")
         mx.simulate(oracle, mx.DraftSettings(n_max=3, drafter="ngram-simple,draft-eagle3", chain_policy="best",
                                              max_tokens=oracle.max_tokens))
+
+
+def test_walk_equals_the_vectorised_path(oracles):
+    from test_replay import check_walk_equals_the_vectorised_path
+
+    check_walk_equals_the_vectorised_path(oracles[PROMPTS[1]], "draft-eagle3", ((1, 0.0, 0), (3, 0.3, 2), (4, 0.0, 0)))

@@ -126,11 +126,10 @@ def test_expectations_by_hand(oracle):
     assert (r.tested, r.accepted) == ([2, 1], [1, 0])
 
 
-@pytest.mark.parametrize("drafter", [m for m, mode in drafters.MODES.items() if not mode.is_chain])
-def test_walk_equals_the_vectorised_path(oracle, drafter):
+def check_walk_equals_the_vectorised_path(oracle, drafter, settings=((1, 0.0, 0), (4, 0.3, 2), (DEPTH, 0.0, 0))):
     """The sequential walk (compare's aligned prediction, the chain's replay) steps exactly like the vectorised
     path of a single drafter."""
-    for n_max, p_min, n_min in ((1, 0.0, 0), (4, 0.3, 2), (DEPTH, 0.0, 0)):
+    for n_max, p_min, n_min in settings:
         policy = sim._check_policy(oracle, n_max, p_min, n_min, drafter, oracle.max_tokens)
         fast = sim._run_policy(oracle, policy)
         walked = sim._run_policy(oracle, policy, start_steps=fast.g.tolist())
@@ -143,6 +142,13 @@ def test_walk_equals_the_vectorised_path(oracle, drafter):
                 assert np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f"), (drafter, n_max, f.name)
 
 
+# the drafters of this oracle's session (MTP and a draft model); the heads': tests/test_draft_eagle3.py, _dflash.py
+@pytest.mark.parametrize("drafter", [m for m, mode in drafters.MODES.items()
+                                     if not mode.is_chain and mode.runs_with(True, "draft_model")])
+def test_walk_equals_the_vectorised_path(oracle, drafter):
+    check_walk_equals_the_vectorised_path(oracle, drafter)
+
+
 def test_a_mode_reads_only_its_drafters_columns(oracle):
     """Scrambling the drafts of a drafter outside the mode (its slice of the per-drafter columns, and any
     column of its own) changes nothing of its replay."""
@@ -150,7 +156,7 @@ def test_a_mode_reads_only_its_drafters_columns(oracle):
     fixed = oracle.with_cost(oracle.cost)
     per_source = {c.name for c in schema.ORACLE_COLUMNS if c.per_source}
     for name, mode in drafters.MODES.items():
-        if mode.is_chain:
+        if mode.is_chain or not mode.runs_with(oracle.has_mtp, oracle.has_draft_model):
             continue
         others = [s for s in drafters.DRAFTER_SPECS.values() if s not in mode.drafters]
         cols = {k: v.copy() for k, v in fixed.columns.items()}

@@ -121,6 +121,12 @@ class DrafterReplay(abc.ABC):
     #: approximate ('': they do not).
     state_note: ClassVar[str] = ""
 
+    def approximation(self, mode, n_max: int) -> str:
+        """Why replaying it in ``mode`` at ``n_max`` cannot be exact ('': it is): by default, :attr:`state_note` when
+        an earlier drafter of a ``first``-policy chain takes steps from it."""
+        chained_behind = mode.policy == "first" and self.spec in mode.drafters[1:]
+        return f"once {mode.drafters[0].spec_type} drafts, {self.state_note}" if chained_behind and self.state_note else ""
+
     def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
         self.oracle = oracle
         self.spec = spec
@@ -303,6 +309,26 @@ class Eagle3Replay(DraftModelReplay):
                   "memory with the newest g instead of the deferred one (common_speculative_impl_draft_eagle3::process "
                   "reads pending_g_last after overwriting it), so its later drafts differ from those the oracle "
                   "recorded, where it drafts at every position")
+
+
+class DFlashReplay(DraftModelReplay):
+    """A DFlash block drafter (llama.cpp's draft-dflash): the block the oracle recorded at every position (n = its
+    depth clamped to the block size - 1), cut where a confidence falls below ``p_min`` or at the cap; one decode per
+    draft, its feature injection following every verify batch (the follow cost). Inside a non-causal block every
+    slot sees the others, so a smaller ``n_max`` (a smaller block) drafts other tokens: replays at another block size
+    than the recorded one are approximate (:attr:`state_note`)."""
+
+    def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
+        c = super().candidate(cap, reason, p_min, n_min, active)
+        return dataclasses.replace(c, decodes=np.where(c.decodes > 0, 1, 0))
+
+    def approximation(self, mode, n_max: int) -> str:
+        limit = int(self.oracle.settings.get("draft_block_limit", 0))  # block_size - 1 of a non-causal head
+        recorded, asked = min(self.oracle.depth, limit), min(n_max, limit)
+        if limit and asked != recorded:
+            return (f"its non-causal block at n_max={n_max} has {asked} mask slots, the oracle recorded blocks of "
+                    f"{recorded} (record it with depth={asked})")
+        return super().approximation(mode, n_max)
 
 
 # -- llama.cpp's ngram-simple ---------------------------------------------------------------------------

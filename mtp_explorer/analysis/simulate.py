@@ -98,16 +98,16 @@ def _check_policy(oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min,
 
 
 def _warn_approximate(oracle: OracleTrace, settings: DraftSettings) -> None:
-    """:class:`ReplayApproximate` for a ``first``-policy chain whose later drafter's state depends on the steps an
-    earlier one takes from it (:attr:`DrafterReplay.state_note`)."""
+    """:class:`ReplayApproximate` where a drafter's replay says it cannot be exact for these settings
+    (:meth:`DrafterReplay.approximation`)."""
     mode = settings.mode
-    if settings.n_max <= 0 or mode.policy != drafters.CHAIN_POLICIES[0]:
+    if settings.n_max <= 0:
         return
-    for spec in mode.drafters[1:]:
-        note = oracle.replay(spec).state_note
-        if note:
-            warnings.warn(f"the replay of drafter={mode.name!r} is approximate once {mode.drafters[0].spec_type} "
-                          f"drafts: {note}", ReplayApproximate, stacklevel=4)
+    for spec in mode.drafters:
+        why = oracle.replay(spec).approximation(mode, settings.n_max)
+        if why:
+            warnings.warn(f"the replay of drafter={mode.name!r} is approximate: {why}", ReplayApproximate,
+                          stacklevel=4)
 
 
 def _best(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Callable[[int], int]:

@@ -23,12 +23,15 @@ from .errors import ParameterError
 from .schema import CHAIN_POLICIES, DRAFTERS
 
 #: What a drafter may need besides the target model (the engine's DrafterNeeds): nothing (a look-up), the model's
-#: MTP head, a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``), or an EAGLE-3
-#: head given the same way (an ``eagle3`` GGUF that reads the target's layers). The last two are the kinds of draft
-#: model a session can hold (``Session.draft_kind``).
-NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head")
+#: MTP head, a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``), or a head given
+#: the same way that reads the target's layers (an ``eagle3`` GGUF: an EAGLE-3 head; a ``dflash`` GGUF: a DFlash block
+#: drafter). The last three are the kinds of draft model a session can hold (``Session.draft_kind``).
+NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head", "dflash_head")
 #: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
-DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head")
+DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head", "dflash_head")
+#: How messages name each kind of draft model.
+DRAFT_KIND_LABELS: Mapping[str, str] = {"draft_model": "draft model that drafts alone", "eagle3_head": "EAGLE-3 head",
+                                        "dflash_head": "DFlash head", "nothing": "no draft model"}
 
 
 def draft_kind(has_draft_model: bool | str) -> str:
@@ -108,7 +111,7 @@ class DrafterSpec:
         """llama.cpp gives a recurrent target snapshot slots when it is in the chain (``need_n_rs_seq`` in 0.3.36's
         common.h: draft-mtp, draft-eagle3, draft-dflash, draft-dspark); without them llama-speculative-simple restores
         a checkpoint after a partial acceptance."""
-        return self.needs in ("mtp", "eagle3_head")
+        return self.needs in ("mtp", "eagle3_head", "dflash_head")
 
     @property
     def is_lookup(self) -> bool:
@@ -266,6 +269,11 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
                             "reads three of the target's layers after every decode and drafts greedily from them, "
                             "feeding its own hidden state forward; confidence compared with p_min"),
+    DrafterSpec("draft-dflash", "draft-dflash", "DFlash block", has_confidence=True, needs="dflash_head",
+                replay="..analysis.replay:DFlashReplay",
+                description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
+                            "reads target layers into its memory after every decode and drafts a whole block in one "
+                            "pass (n_max clamped to its block size - 1); confidence compared with p_min"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -309,6 +317,7 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     _then_mtp("ngram-cache"),
     _alone("draft-simple"),
     _alone("draft-eagle3"),
+    _alone("draft-dflash"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)

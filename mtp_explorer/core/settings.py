@@ -156,9 +156,10 @@ class DraftSettings:
                                   f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 "
                                   f"or drafter={usable}")
         if self.n_max > 0 and not mode.runs_with(limits.has_mtp, limits.has_draft_model):
-            kind = drafters.draft_kind(limits.has_draft_model).replace("_", " ")
-            return ParameterError(f"drafter={mode.name!r} cannot draft with the {kind} {limits.where} has (draft-simple "
-                                  f"takes a draft model, draft-eagle3 an EAGLE-3 head); use n_max=0 or "
+            kind = drafters.DRAFT_KIND_LABELS[drafters.draft_kind(limits.has_draft_model)]
+            wanted = " and ".join(drafters.DRAFT_KIND_LABELS[d.needs] for d in mode.drafters if d.needs_draft_model)
+            return ParameterError(f"drafter={mode.name!r} drafts with a {wanted} (Session.open(path, draft_model=...)),"
+                                  f" and the draft model {limits.where} has is a {kind}; use n_max=0 or "
                                   f"drafter={usable}")
         return None
 

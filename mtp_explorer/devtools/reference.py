@@ -36,6 +36,8 @@ class ReferenceRun:
     n_accept: int
     decode_seconds: float
     tokens_per_second: float
+    log: str = dataclasses.field(default="", repr=False)
+    """Everything it printed (stdout, then stderr): with ``-lv 5``, its debug log of every draft."""
 
 
 _STAT = {
@@ -68,6 +70,7 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
         n_accept=int(found["n_accept"].group(1)),
         decode_seconds=float(found["decoded"].group(2)),
         tokens_per_second=float(found["decoded"].group(3)),
+        log=log,
     )
 
 

@@ -89,7 +89,7 @@ def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model:
         text += " <b>(unavailable: the session was opened without draft_model=...)</b>"
     elif m.needs_draft_model and not m.runs_with(True, has_draft_model):
         text += (" <b>(unavailable: the session's draft model is a "
-                 f"{html.escape(drafters.draft_kind(has_draft_model).replace('_', ' '))})</b>")
+                 f"{html.escape(drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)])})</b>")
     return f"<span class='mtpx-drafter-note'>{text}{html.escape(_NEXT_RUN)}</span>"
 
 

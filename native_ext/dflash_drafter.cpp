@@ -1,0 +1,97 @@
+#include "dflash_drafter.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "errors.h"
+#include "timing.h"
+
+DFlashDrafter::DFlashDrafter(DrafterId id, llama_context * ctx_dft, DraftHead head_)
+    : Drafter(id), ctx_dft(ctx_dft), head(std::move(head_)) {
+    if (ctx_dft == nullptr) {
+        fail(ErrorKind::PARAMETER, "draft-dflash needs a DFlash head: Session.open(path, draft_model=head.gguf)");
+    }
+    vocab = llama_model_get_vocab(llama_get_model(ctx_dft));
+    batch.reset(llama_batch_ext_init(ctx_dft));
+}
+
+void DFlashDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, -1, -1);
+    n_block = 0;
+}
+
+void DFlashDrafter::observe_target(const TargetRows & rows) {
+    const int32_t n_ids = (int32_t) head.target_layers.size();
+    const int32_t n_embd = rows.n_embd_layer;
+    const size_t width = (size_t) n_ids * n_embd;
+    std::vector<int32_t> slot(n_ids, -1);  // where each target layer sits in the extracted rows
+    for (int32_t k = 0; k < n_ids; ++k) {
+        for (int32_t l = 0; l < rows.n_layer_inp; ++l) {
+            slot[k] = rows.layer_ids[l] == head.target_layers[k] ? l : slot[k];
+        }
+        if (slot[k] < 0) {
+            fail(ErrorKind::PARAMETER, "draft-dflash was handed no input of target layer " +
+                                           std::to_string(head.target_layers[k]));
+        }
+    }
+    const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx_dft);
+    for (int32_t i0 = 0; i0 < rows.n; i0 += n_ubatch) {
+        const int32_t n = std::min(n_ubatch, rows.n - i0);
+        feats.resize((size_t) n * width);
+        llama_batch_ext_clear(batch.get());
+        for (int32_t i = 0; i < n; ++i) {
+            for (int32_t k = 0; k < n_ids; ++k) {
+                std::memcpy(feats.data() + i * width + (size_t) k * n_embd,
+                            rows.layer_inp_row(i0 + i) + (size_t) slot[k] * n_embd, (size_t) n_embd * sizeof(float));
+            }
+            const llama_pos p = rows.pos0 + i0 + i;
+            const llama_pos pos[4] = {p, p, p, 0};  // an embedding row on an M-RoPE head takes its 4 positions
+            const int32_t idx = llama_batch_ext_add_embd(batch.get(), seq_id, {feats.data() + i * width, 1, width});
+            llama_batch_ext_set_pos(batch.get(), idx, pos);
+        }
+        check_decode(llama_process(ctx_dft, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "DFlash feature injection");
+    }
+}
+
+void DFlashDrafter::keep(int32_t /*n_rows*/, llama_pos keep_until) {
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, keep_until, -1);
+}
+
+bool DFlashDrafter::draft(const DraftRequest & req, Draft & out) {
+    if (req.n_cap <= 0) {
+        return true;
+    }
+    out.clear(req.cap_reason);
+    if (n_block == 0) {
+        n_block = std::min(req.params.n_max, head.draft_limit());  // llama.cpp's clamp to the trained block
+    }
+    const int64_t t_start = req.oracle ? now_ns() : 0;
+    llama_batch_ext_clear(batch.get());
+    for (int32_t i = 0; i <= n_block; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, i == 0 ? req.id_last : head.mask_token);
+        const llama_pos pos = req.n_past + i;
+        llama_batch_ext_set_pos(batch.get(), idx, &pos);
+        llama_batch_ext_set_output_logits(batch.get(), idx, true);
+    }
+    const int32_t rc = llama_process(ctx_dft, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    out.n_decodes = 1;
+    // the block leaves the head's memory: the verify batch's rows are injected at these positions
+    llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, req.n_past, -1);
+    check_decode(rc, "DFlash block decode");
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    out.stop = req.cap_reason;
+    for (int32_t i = 1; i <= n_block; ++i) {
+        const float * logits = llama_get_logits_ith(ctx_dft, i);
+        ranking.rank(logits, n_vocab);
+        if (!ranking.take(req, logits, t_start, out) || CandidateRanking::ended(req, vocab, out)) {
+            break;
+        }
+    }
+    if (n_block < req.n_cap && out.stop == req.cap_reason && (int32_t) out.tokens.size() == n_block) {
+        out.stop = STOP_N_MAX;  // the block, not the step's cap, ended it
+    }
+    if ((int32_t) out.tokens.size() < std::min(req.params.n_min, head.draft_limit())) {
+        out.dropped = true;
+    }
+    return true;
+}

@@ -1,0 +1,49 @@
+// The DFlash drafter: llama.cpp's `draft-dflash` (common_speculative_impl_draft_dflash in common/speculative.cpp,
+// driven as llama-speculative-simple drives it). A block drafter of its own (a `dflash` GGUF, Session.open(
+// draft_model=...), llama.cpp's -md) reads the inputs of given target layers: after every target decode their rows
+// are injected into its memory at the target's positions (one fused decode runs its fc and writes K/V into every
+// layer). To draft it decodes the block [id_last, <mask> x n] at the next positions in ONE pass (attention inside
+// the block non-causal unless the head says causal) and reads the greedy token of each mask slot, stopping where the
+// top-10-renormalised confidence falls below p_min; n is n_max clamped to block_size - 1, as llama.cpp clamps it,
+// and the draft is then cut to the step's cap. The block leaves its memory before the verify batch is injected.
+// Every slot of a non-causal block sees the others, so n changes the drafts: llama.cpp fixes n when the drafter is
+// made (the configured --spec-draft-n-max) and cuts each draft to the step's n_max after the decode (a server
+// request's n_max, the budget); here n is the n_max of the generation's first draft, and a later set_params(n_max)
+// cuts drafts alike.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "draft_head.h"
+#include "draft_ranking.h"
+#include "drafter.h"
+#include "llama-cpp.h"
+#include "llama.h"
+
+struct DFlashDrafter final : Drafter {
+    DFlashDrafter(DrafterId id, llama_context * ctx_dft, DraftHead head);
+
+    // begin() forgets the sequence; draft() decodes one block and reads up to req.n_cap tokens from it (throws on a
+    // decode failure); the expected accepted length is the sum over k of the product of the first k confidences;
+    // accept() drops the head's memory past what the target keeps (llama-speculative-simple's seq_rm(ctx_dft, n_past)).
+    void begin(const std::vector<llama_token> & prompt) override;
+    bool draft(const DraftRequest & req, Draft & out) override;
+    double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
+    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
+
+    FeatureNeeds features() const override { return head.features(); }
+
+    // Injects the rows' target features at their positions (llama.cpp's process()).
+    void observe_target(const TargetRows & rows) override;
+    void keep(int32_t n_rows, llama_pos keep_until) override;
+
+  private:
+    llama_context * ctx_dft;
+    const llama_vocab * vocab;
+    DraftHead head;
+    llama_batch_ext_ptr batch;
+    std::vector<float> feats;  // one chunk's features, [n][target_layers * n_embd]
+    int32_t n_block = 0;       // mask slots of this generation's blocks (0: not drafted yet)
+    CandidateRanking ranking;
+};
