@@ -48,6 +48,7 @@ from .analysis.calibration import Calibration, best_p_min, calibrate
 from .analysis.batch import (BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs,
                              recommend_parallel)
 from .analysis.parallel_check import check_parallel
+from .analysis.drafter_comparison import DrafterComparison, compare_drafters
 from .server import LlamaServer, ServerMonitor, ServerSweep, Workload, WorkloadRequest, server_sweep
 
 __version__ = "0.1.0"
@@ -68,7 +69,7 @@ __all__ = [
     "simulate", "simulate_grid", "ReplayApproximate",
     "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
     "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",
-    "check_parallel",
+    "check_parallel", "compare_drafters", "DrafterComparison",
     # llama-server
     "LlamaServer", "ServerMonitor", "ServerSweep", "Workload", "WorkloadRequest", "server_sweep",
     # lazily imported
