@@ -6,12 +6,13 @@
 #include "errors.h"
 #include "timing.h"
 
-DFlashDrafter::DFlashDrafter(DrafterId id, llama_context * ctx_dft, DraftHead head_)
-    : Drafter(id), ctx_dft(ctx_dft), head(std::move(head_)) {
+DFlashDrafter::DFlashDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head_)
+    : Drafter(id), api(api), ctx_dft(ctx_dft), head(std::move(head_)) {
     if (ctx_dft == nullptr) {
         fail(ErrorKind::PARAMETER, "draft-dflash needs a DFlash head: Session.open(path, draft_model=head.gguf)");
     }
     vocab = llama_model_get_vocab(llama_get_model(ctx_dft));
+    n_embd_dft = llama_model_n_embd(llama_get_model(ctx_dft));
     batch.reset(llama_batch_ext_init(ctx_dft));
 }
 
@@ -53,6 +54,25 @@ void DFlashDrafter::observe_target(const TargetRows & rows) {
     }
 }
 
+bool DFlashDrafter::take(const DraftRequest & req, int32_t slot, const float * logits, int64_t t_start, Draft & out) {
+    if (head.kind != DrafterNeeds::DSPARK_HEAD || !head.has_confidence) {
+        return ranking.take(req, logits, t_start, out);  // DFlash: the top-10-renormalised probability
+    }
+    // DSpark: its confidence head's value for the slot (the first of the slot's nextn row) is the confidence
+    const float * rows = api.get_embeddings_nextn(ctx_dft);
+    if (rows == nullptr) {
+        fail(ErrorKind::DECODE, "the DSpark head gave no confidence rows");
+    }
+    const float conf = rows[(size_t) slot * n_embd_dft];
+    if (conf < req.params.p_min) {
+        out.stop = STOP_P_MIN;
+        return false;
+    }
+    ranking.record(req, logits, t_start, out);
+    out.prob.back() = conf;
+    return true;
+}
+
 void DFlashDrafter::keep(int32_t /*n_rows*/, llama_pos keep_until) {
     llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, keep_until, -1);
 }
@@ -66,8 +86,10 @@ bool DFlashDrafter::draft(const DraftRequest & req, Draft & out) {
         n_block = std::min(req.params.n_max, head.draft_limit());  // llama.cpp's clamp to the trained block
     }
     const int64_t t_start = req.oracle ? now_ns() : 0;
+    // DFlash: [id_last, <mask> x n], slots 1..n read; anchor-first DSpark: [id_last, <mask> x (n - 1)], slots 0..n-1
+    const int32_t first = head.kind == DrafterNeeds::DSPARK_HEAD && head.anchor ? 0 : 1;
     llama_batch_ext_clear(batch.get());
-    for (int32_t i = 0; i <= n_block; ++i) {
+    for (int32_t i = 0; i < n_block + first; ++i) {
         const int32_t idx = llama_batch_ext_add_token(batch.get(), seq_id, i == 0 ? req.id_last : head.mask_token);
         const llama_pos pos = req.n_past + i;
         llama_batch_ext_set_pos(batch.get(), idx, &pos);
@@ -80,10 +102,10 @@ bool DFlashDrafter::draft(const DraftRequest & req, Draft & out) {
     check_decode(rc, "DFlash block decode");
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     out.stop = req.cap_reason;
-    for (int32_t i = 1; i <= n_block; ++i) {
+    for (int32_t i = first; i < n_block + first; ++i) {
         const float * logits = llama_get_logits_ith(ctx_dft, i);
         ranking.rank(logits, n_vocab);
-        if (!ranking.take(req, logits, t_start, out) || CandidateRanking::ended(req, vocab, out)) {
+        if (!take(req, i, logits, t_start, out) || CandidateRanking::ended(req, vocab, out)) {
             break;
         }
     }

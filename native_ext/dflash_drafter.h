@@ -9,7 +9,9 @@
 // Every slot of a non-causal block sees the others, so n changes the drafts: llama.cpp fixes n when the drafter is
 // made (the configured --spec-draft-n-max) and cuts each draft to the step's n_max after the decode (a server
 // request's n_max, the budget); here n is the n_max of the generation's first draft, and a later set_params(n_max)
-// cuts drafts alike.
+// cuts drafts alike. The same class runs llama.cpp's `draft-dspark` (a DSpark head: DFlash with a Markov head in its
+// graph): anchor-first, its block is [id_last, <mask> x (n - 1)] and slot 0 drafts too (n up to block_size), and
+// p_min is compared with its confidence head's value (p_min > 0 without one is refused, as llama.cpp refuses it).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,8 @@
 #include "llama.h"
 
 struct DFlashDrafter final : Drafter {
-    DFlashDrafter(DrafterId id, llama_context * ctx_dft, DraftHead head);
+    // ctx_dft: the head's context (ctx_other = the target's, nextn output on, attention causal as the head says).
+    DFlashDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head);
 
     // begin() forgets the sequence; draft() decodes one block and reads up to req.n_cap tokens from it (throws on a
     // decode failure); the expected accepted length is the sum over k of the product of the first k confidences;
@@ -39,7 +42,13 @@ struct DFlashDrafter final : Drafter {
     void keep(int32_t n_rows, llama_pos keep_until) override;
 
   private:
+    // After rank() of block slot `slot`: its top token joins the draft unless its confidence is below p_min (the
+    // top-10 probability; a DSpark head's confidence head where it has one).
+    bool take(const DraftRequest & req, int32_t slot, const float * logits, int64_t t_start, Draft & out);
+
+    const NextnApi & api;
     llama_context * ctx_dft;
+    int32_t n_embd_dft = 0;
     const llama_vocab * vocab;
     DraftHead head;
     llama_batch_ext_ptr batch;

@@ -13,7 +13,7 @@ std::string meta_text(const llama_model * model, const char * key) {
 FeatureNeeds DraftHead::features() const {
     FeatureNeeds needs;
     for (int32_t il : target_layers) {
-        if (il == n_layer_tgt && kind == DrafterNeeds::EAGLE3_HEAD) {
+        if (il == n_layer_tgt && !is_block()) {
             needs.nextn = true;
         } else if (std::find(needs.layer_inp.begin(), needs.layer_inp.end(), il) == needs.layer_inp.end()) {
             needs.layer_inp.push_back(il);
@@ -71,7 +71,7 @@ std::string DraftHead::refusal(const std::string & arch, int32_t n_embd, int32_t
     }
     std::vector<int32_t> layers;
     for (int32_t il : target_layers) {
-        if (il > n_layer_tgt || il < 0 || (il == n_layer_tgt && kind != DrafterNeeds::EAGLE3_HEAD)) {
+        if (il > n_layer_tgt || il < 0 || (il == n_layer_tgt && is_block())) {
             return "it reads layer " + std::to_string(il) + ", beyond this target's " + std::to_string(n_layer_tgt) +
                    " layers (llama.cpp aborts there)";
         }
@@ -100,6 +100,14 @@ DraftHead DraftHead::of(const NextnApi & api, const llama_model * model, int32_t
         h.block_size = block.empty() ? 16 : std::atoi(block.c_str());  // llama.cpp's default when the key is absent
         h.mask_token = llama_vocab_mask(llama_model_get_vocab(model));
         h.causal = meta_text(model, "dflash.attention.causal") == "true";
+        // llama.cpp's defaults (common_speculative_impl_draft_dflash): anchor-first unless the key says otherwise, a
+        // confidence head unless the key says there is none
+        const std::string conf = meta_text(model, "dflash.has_confidence_head");
+        if (!conf.empty()) {  // written by llama.cpp's DSpark converter only
+            h.kind = DrafterNeeds::DSPARK_HEAD;
+            h.has_confidence = conf == "true";
+            h.anchor = meta_text(model, "dflash.sample_from_anchor") != "false";
+        }
     }
     return h;
 }

@@ -1,7 +1,9 @@
 // A draft head: a model file given as the draft model (llama.cpp's -md) that drafts from the target's hidden states
-// rather than alone. llama.cpp 0.3.36 has two kinds, told apart by general.architecture: an EAGLE-3 head
-// (`eagle3`, draft-eagle3) and a DFlash block drafter (`dflash`, draft-dflash). Both name the target layers they read
-// (llama_model_target_layer_ids) and borrow the target's embeddings and output through ctx_other when they have none.
+// rather than alone. llama.cpp 0.3.36 has three kinds: an EAGLE-3 head (general.architecture `eagle3`, draft-eagle3),
+// a DFlash block drafter (`dflash`, draft-dflash) and a DSpark block drafter (`dflash` with a Markov head and the
+// keys its converter writes, dflash.has_confidence_head / dflash.sample_from_anchor: draft-dspark). All name the
+// target layers they read (llama_model_target_layer_ids) and borrow the target's embeddings and output through
+// ctx_other when they have none.
 #pragma once
 
 #include <cstdint>
@@ -13,18 +15,23 @@
 #include "nextn_api.h"
 
 struct DraftHead {
-    DrafterNeeds kind = DrafterNeeds::DRAFT_MODEL;  // EAGLE3_HEAD or DFLASH_HEAD (DRAFT_MODEL: not a head)
+    DrafterNeeds kind = DrafterNeeds::DRAFT_MODEL;  // EAGLE3_HEAD, DFLASH_HEAD or DSPARK_HEAD (DRAFT_MODEL: not a head)
     std::vector<int32_t> target_layers;  // the head's target_layers, in the order its fc concatenates them
     int32_t n_layer_tgt = 0;             // the target's trunk layers (EAGLE-3: an id equal to it is the nextn row)
     int32_t block_size = 0;              // DFlash: the trained block (dflash.block_size, llama.cpp's default 16)
     llama_token mask_token = -1;         // DFlash: the noise token of the block (tokenizer.ggml.mask_token_id)
     bool causal = false;                 // DFlash: attention inside the block is causal (dflash.attention.causal)
+    bool anchor = false;                 // DSpark: the block's first slot (id_last's) drafts too (sample_from_anchor)
+    bool has_confidence = false;         // DSpark: a confidence head, which p_min is compared with
 
     // The features it needs: the layer inputs below n_layer_tgt, the nextn rows for an id equal to it.
     FeatureNeeds features() const;
 
-    // The most tokens one draft holds (DFlash: block_size - 1, llama.cpp's clamp of n_max; EAGLE-3: no bound).
-    int32_t draft_limit() const { return kind == DrafterNeeds::DFLASH_HEAD ? block_size - 1 : INT32_MAX; }
+    bool is_block() const { return kind == DrafterNeeds::DFLASH_HEAD || kind == DrafterNeeds::DSPARK_HEAD; }
+
+    // The most tokens one draft holds (llama.cpp's clamp of n_max: block_size - 1, or block_size for an anchor-first
+    // DSpark block; EAGLE-3: no bound).
+    int32_t draft_limit() const { return !is_block() ? INT32_MAX : anchor ? block_size : block_size - 1; }
 
     // Why it cannot draft for a target of architecture `arch` with hidden size n_embd (an MTP head giving nextn rows
     // or not), the head having hidden size head_embd and naming target_hidden ("": it can).

@@ -51,13 +51,16 @@ enum class DrafterNeeds : int8_t {
     DRAFT_MODEL = 2,  // a separate draft model (Session.open(draft_model=...), llama.cpp's -md)
     EAGLE3_HEAD = 3,  // an EAGLE-3 head (an eagle3 GGUF given as the draft model) that reads the target's layers
     DFLASH_HEAD = 4,  // a DFlash block drafter (a dflash GGUF given as the draft model) that reads the target's layers
+    DSPARK_HEAD = 5,  // a DSpark block drafter (a dflash GGUF with a Markov head, from llama.cpp's DSpark converter)
 };
-constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model", "eagle3_head", "dflash_head"};
-static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DFLASH_HEAD + 1, "one name per DrafterNeeds");
+constexpr const char * DRAFTER_NEEDS_NAMES[] = {"nothing", "mtp", "draft_model", "eagle3_head", "dflash_head",
+                                                "dspark_head"};
+static_assert(count_of(DRAFTER_NEEDS_NAMES) == (size_t) DrafterNeeds::DSPARK_HEAD + 1, "one name per DrafterNeeds");
 
-// A drafter whose model file is the session's draft model (a draft model, or a head of either kind: draft_head.h).
+// A drafter whose model file is the session's draft model (a draft model, or a head of any kind: draft_head.h).
 constexpr bool needs_draft_file(DrafterNeeds n) {
-    return n == DrafterNeeds::DRAFT_MODEL || n == DrafterNeeds::EAGLE3_HEAD || n == DrafterNeeds::DFLASH_HEAD;
+    return n == DrafterNeeds::DRAFT_MODEL || n == DrafterNeeds::EAGLE3_HEAD || n == DrafterNeeds::DFLASH_HEAD ||
+           n == DrafterNeeds::DSPARK_HEAD;
 }
 
 // What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft

@@ -55,7 +55,7 @@ std::unique_ptr<Drafter> make_draft_eagle3(const DrafterSetup & s) {
 }
 
 std::unique_ptr<Drafter> make_draft_dflash(const DrafterSetup & s) {
-    return std::make_unique<DFlashDrafter>(s.id, s.ctx_dft, *s.head);
+    return std::make_unique<DFlashDrafter>(s.id, *s.api, s.ctx_dft, *s.head);
 }
 
 }  // namespace
@@ -72,6 +72,7 @@ constexpr DrafterEntry DRAFTER_TABLE[] = {
     {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
     {"draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
     {"draft-dflash", DrafterNeeds::DFLASH_HEAD, make_draft_dflash},  // llama.cpp's draft-dflash: a block drafter
+    {"draft-dspark", DrafterNeeds::DSPARK_HEAD, make_draft_dflash},  // llama.cpp's draft-dspark: DFlash + Markov head
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));

@@ -190,7 +190,7 @@ void Engine::load_draft_model() {
     if (head.kind != DrafterNeeds::DRAFT_MODEL) {  // llama.cpp's set-up of the head's context (common/speculative.cpp)
         api.set_embeddings_nextn(ctx_dft.get(), true, /*masked*/ true);
     }
-    if (head.kind == DrafterNeeds::DFLASH_HEAD) {
+    if (head.is_block()) {
         llama_set_causal_attn(ctx_dft.get(), head.causal);
     }
 }
@@ -200,7 +200,7 @@ void Engine::load_draft_head(llama_context_params & cp) {
     const std::string refusal = head.refusal(arch(), llama_model_n_embd(model.get()), llama_model_n_embd(model_dft.get()),
                                              hidden.empty() ? -1 : std::atoi(hidden.c_str()), has_mtp());
     if (!refusal.empty()) {
-        const char * what = head.kind == DrafterNeeds::EAGLE3_HEAD ? "EAGLE-3 head " : "DFlash head ";
+        const char * what = head.kind == DrafterNeeds::EAGLE3_HEAD ? "EAGLE-3 head " : "DFlash / DSpark head ";
         head = DraftHead{};
         fail(ErrorKind::PARAMETER, std::string("the ") + what + opts.draft_path + " cannot draft for this model: " + refusal);
     }
@@ -214,6 +214,7 @@ bool Engine::can_run(DrafterId id) const {
         case DrafterNeeds::DRAFT_MODEL:
         case DrafterNeeds::EAGLE3_HEAD:
         case DrafterNeeds::DFLASH_HEAD:
+        case DrafterNeeds::DSPARK_HEAD:
             return draft_kind() == DRAFTER_TABLE[id].needs;
         case DrafterNeeds::NOTHING:
             break;
@@ -313,6 +314,10 @@ void Engine::validate(const DraftParams & p) const {
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
     for (const DrafterId id : c.ids) {
+        if (DRAFTER_TABLE[id].needs == DrafterNeeds::DSPARK_HEAD && p.p_min > 0.0f && can_run(id) && !head.has_confidence) {
+            fail(ErrorKind::PARAMETER, "this DSpark head has no confidence head, which p_min is compared with: set "
+                                       "p_min to 0 (llama.cpp refuses it too)");
+        }
         if (p.n_max <= 0 || can_run(id)) {
             continue;
         }

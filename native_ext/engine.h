@@ -77,10 +77,10 @@ struct Engine {
     bool has_draft_model() const { return ctx_dft != nullptr; }
     // what the session's draft model serves: DRAFT_MODEL, EAGLE3_HEAD, DFLASH_HEAD (draft_head.h), or NOTHING
     DrafterNeeds draft_kind() const { return has_draft_model() ? head.kind : DrafterNeeds::NOTHING; }
-    // a non-causal DFlash head's block_size - 1 (every slot of its block sees the others, so a draft depends on the
-    // block's length); 0 for any other draft model or none
+    // a non-causal DFlash / DSpark head's most draft tokens (every slot of its block sees the others, so a draft
+    // depends on the block's length); 0 for any other draft model or none
     int32_t draft_block_limit() const {
-        return draft_kind() == DrafterNeeds::DFLASH_HEAD && !head.causal ? head.draft_limit() : 0;
+        return head.is_block() && has_draft_model() && !head.causal ? head.draft_limit() : 0;
     }
     // whether this session has what the drafter `id` needs
     bool can_run(DrafterId id) const;

@@ -100,8 +100,8 @@ def test_oracle_records_every_drafter_in_the_per_drafter_columns(model_mixed, mo
     # MTP and a draft model: every drafter but the heads' (a session holds one draft model file; their slices stay
     # empty here and are recorded in tests/test_draft_eagle3.py and tests/test_draft_dflash.py)
     assert oracle.has_draft_model == "draft_model"
-    assert mode.drafters == tuple(s for s in drafters.DRAFTER_SPECS.values() if s.needs not in ("eagle3_head",
-                                                                                                "dflash_head"))
+    assert mode.drafters == tuple(s for s in drafters.DRAFTER_SPECS.values() if s.needs in ("nothing", "mtp",
+                                                                                            "draft_model"))
     for spec in set(drafters.DRAFTER_SPECS.values()) - set(mode.drafters):
         assert not oracle.replay(spec).available and not oracle.columns["draft_len"][:, spec.index].any()
     for spec in mode.drafters:

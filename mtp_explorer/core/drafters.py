@@ -25,13 +25,15 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 #: What a drafter may need besides the target model (the engine's DrafterNeeds): nothing (a look-up), the model's
 #: MTP head, a separate draft model (``Session.open(path, draft_model=...)``, llama.cpp's ``-md``), or a head given
 #: the same way that reads the target's layers (an ``eagle3`` GGUF: an EAGLE-3 head; a ``dflash`` GGUF: a DFlash block
-#: drafter). The last three are the kinds of draft model a session can hold (``Session.draft_kind``).
-NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head", "dflash_head")
+#: drafter, or a DSpark one when llama.cpp's DSpark converter wrote it). The last four are the kinds of draft model a
+#: session can hold (``Session.draft_kind``).
+NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head", "dflash_head", "dspark_head")
 #: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
-DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head", "dflash_head")
+DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head", "dflash_head", "dspark_head")
 #: How messages name each kind of draft model.
 DRAFT_KIND_LABELS: Mapping[str, str] = {"draft_model": "draft model that drafts alone", "eagle3_head": "EAGLE-3 head",
-                                        "dflash_head": "DFlash head", "nothing": "no draft model"}
+                                        "dflash_head": "DFlash head", "dspark_head": "DSpark head",
+                                        "nothing": "no draft model"}
 
 
 def draft_kind(has_draft_model: bool | str) -> str:
@@ -111,7 +113,7 @@ class DrafterSpec:
         """llama.cpp gives a recurrent target snapshot slots when it is in the chain (``need_n_rs_seq`` in 0.3.36's
         common.h: draft-mtp, draft-eagle3, draft-dflash, draft-dspark); without them llama-speculative-simple restores
         a checkpoint after a partial acceptance."""
-        return self.needs in ("mtp", "eagle3_head", "dflash_head")
+        return self.needs in ("mtp", "eagle3_head", "dflash_head", "dspark_head")
 
     @property
     def is_lookup(self) -> bool:
@@ -274,6 +276,11 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
                 description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
                             "reads target layers into its memory after every decode and drafts a whole block in one "
                             "pass (n_max clamped to its block size - 1); confidence compared with p_min"),
+    DrafterSpec("draft-dspark", "draft-dspark", "DSpark block", has_confidence=True, needs="dspark_head",
+                replay="..analysis.replay:DFlashReplay",
+                description="a DSpark block drafter (DFlash with a Markov head chained across the block; a dflash GGUF "
+                            "from llama.cpp's DSpark converter) drafts a block in one pass from its first slot on; "
+                            "p_min is compared with its confidence head (refused without one)"),
 )}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
@@ -318,6 +325,7 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
     _alone("draft-simple"),
     _alone("draft-eagle3"),
     _alone("draft-dflash"),
+    _alone("draft-dspark"),
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
@@ -332,6 +340,9 @@ SPEC_TYPE_ORDER: tuple[str, ...] = (
     "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
 )
 _SPEC_TYPE_NONE = "none"
+if set(SPEC_TYPE_ORDER) != {s.spec_type for s in DRAFTER_SPECS.values()}:  # every llama.cpp type, and only those
+    raise ImportError(f"--spec-type order {SPEC_TYPE_ORDER} differs from the registry's "
+                      f"{sorted(s.spec_type for s in DRAFTER_SPECS.values())}")
 
 
 def drafter(name: str) -> DrafterSpec:
@@ -382,9 +393,6 @@ def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
         if n not in SPEC_TYPE_ORDER:
             raise ParameterError(f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
                                  f"({', '.join(SPEC_TYPE_ORDER)}): unknown speculative type {n!r} in {value!r}")
-        if n not in by_type:
-            raise ParameterError(f"the speculative type {n!r} is not available in the explorer yet; it has "
-                                 f"{', '.join(by_type)}")
     chain = tuple(by_type[t] for t in SPEC_TYPE_ORDER if t in names)
     listed = next((m for m in MODES.values() if m.drafters == chain and m.policy == CHAIN_POLICIES[0]), None)
     if listed is not None:
