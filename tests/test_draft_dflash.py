@@ -111,3 +111,13 @@ def test_simulator_replays_the_block_and_says_where_it_cannot(session):
     from test_replay import check_walk_equals_the_vectorised_path
 
     check_walk_equals_the_vectorised_path(oracle, "draft-dflash", ((3, 0.0, 0), (3, 0.3, 2)))
+
+
+def test_parallel_requests_equal_each_alone(bundled_model, head):
+    """Two sequences at once (a third arriving later): each request's text and drafts are those it has alone."""
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1, draft_model=head) as s:
+        alone = [s.generate(p, max_tokens=32, n_max=3, drafter="draft-dflash") for p in PROMPTS]
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1, draft_model=head, n_parallel=2) as s:
+        result = s.generate_parallel(list(PROMPTS), max_tokens=32, n_max=3, drafter="draft-dflash", arrivals=[0, 0, 4])
+    for a, t in zip(alone, result.traces):
+        assert t.tokens == a.tokens and np.array_equal(t.drafted, a.drafted)
