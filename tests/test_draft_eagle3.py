@@ -221,3 +221,4 @@ def test_walk_equals_the_vectorised_path(oracles):
     from test_replay import check_walk_equals_the_vectorised_path
 
     check_walk_equals_the_vectorised_path(oracles[PROMPTS[1]], "draft-eagle3", ((1, 0.0, 0), (3, 0.3, 2), (4, 0.0, 0)))
+
