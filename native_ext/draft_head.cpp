@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "gguf.h"
 #include "layer_inputs.h"
 
 std::string meta_text(const llama_model * model, const char * key) {
@@ -82,7 +83,23 @@ std::string DraftHead::refusal(const std::string & arch, int32_t n_embd, int32_t
     return layers.empty() ? "" : layer_input_refusal(arch, n_layer_tgt, layers);
 }
 
-DraftHead DraftHead::of(const NextnApi & api, const llama_model * model, int32_t n_layer_tgt) {
+namespace {
+
+// the GGUF file at `path` holds a tensor of that name (read from its header alone)
+bool has_tensor(const std::string & path, const char * name) {
+    gguf_init_params params{/*no_alloc*/ true, /*ctx*/ nullptr};
+    gguf_context * ctx = gguf_init_from_file(path.c_str(), params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    const bool found = gguf_find_tensor(ctx, name) >= 0;
+    gguf_free(ctx);
+    return found;
+}
+
+}  // namespace
+
+DraftHead DraftHead::of(const NextnApi & api, const llama_model * model, const std::string & path, int32_t n_layer_tgt) {
     DraftHead h;
     const std::string arch = meta_text(model, "general.architecture");
     h.kind = arch == "eagle3" ? DrafterNeeds::EAGLE3_HEAD : arch == "dflash" ? DrafterNeeds::DFLASH_HEAD
@@ -100,12 +117,11 @@ DraftHead DraftHead::of(const NextnApi & api, const llama_model * model, int32_t
         h.block_size = block.empty() ? 16 : std::atoi(block.c_str());  // llama.cpp's default when the key is absent
         h.mask_token = llama_vocab_mask(llama_model_get_vocab(model));
         h.causal = meta_text(model, "dflash.attention.causal") == "true";
-        // llama.cpp's defaults (common_speculative_impl_draft_dflash): anchor-first unless the key says otherwise, a
-        // confidence head unless the key says there is none
-        const std::string conf = meta_text(model, "dflash.has_confidence_head");
-        if (!conf.empty()) {  // written by llama.cpp's DSpark converter only
+        // a DSpark head has a Markov head (llama.cpp's common_speculative_types_from_gguf); llama.cpp's defaults
+        // (common_speculative_impl_draft_dflash): anchor-first and a confidence head unless the keys say otherwise
+        if (has_tensor(path, "markov_w1.weight")) {
             h.kind = DrafterNeeds::DSPARK_HEAD;
-            h.has_confidence = conf == "true";
+            h.has_confidence = meta_text(model, "dflash.has_confidence_head") != "false";
             h.anchor = meta_text(model, "dflash.sample_from_anchor") != "false";
         }
     }

@@ -1,7 +1,7 @@
 // A draft head: a model file given as the draft model (llama.cpp's -md) that drafts from the target's hidden states
 // rather than alone. llama.cpp 0.3.36 has three kinds: an EAGLE-3 head (general.architecture `eagle3`, draft-eagle3),
-// a DFlash block drafter (`dflash`, draft-dflash) and a DSpark block drafter (`dflash` with a Markov head and the
-// keys its converter writes, dflash.has_confidence_head / dflash.sample_from_anchor: draft-dspark). All name the
+// a DFlash block drafter (`dflash`, draft-dflash) and a DSpark block drafter (`dflash` with a Markov head,
+// markov_w1.weight, as llama.cpp tells them apart: draft-dspark). All name the
 // target layers they read (llama_model_target_layer_ids) and borrow the target's embeddings and output through
 // ctx_other when they have none.
 #pragma once
@@ -38,8 +38,9 @@ struct DraftHead {
     std::string refusal(const std::string & arch, int32_t n_embd, int32_t head_embd, int32_t target_hidden,
                         bool target_has_nextn) const;
 
-    // The head in `model` (kind DRAFT_MODEL when its architecture is not a head's) for a target of n_layer_tgt layers.
-    static DraftHead of(const NextnApi & api, const llama_model * model, int32_t n_layer_tgt);
+    // The head in `model`, loaded from the GGUF at `path` (kind DRAFT_MODEL when its architecture is not a head's), for
+    // a target of n_layer_tgt layers.
+    static DraftHead of(const NextnApi & api, const llama_model * model, const std::string & path, int32_t n_layer_tgt);
 };
 
 // a model's metadata value as text ("" where it has no such key)

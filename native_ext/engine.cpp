@@ -175,7 +175,7 @@ void Engine::load_draft_model() {
     }
     llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr);
     cp.cb_eval = nullptr;
-    head = DraftHead::of(api, model_dft.get(), llama_model_n_layer(model.get()));
+    head = DraftHead::of(api, model_dft.get(), opts.draft_path, llama_model_n_layer(model.get()));
     if (head.kind != DrafterNeeds::DRAFT_MODEL) {
         load_draft_head(cp);
     } else if (llama_model_is_recurrent(model_dft.get()) || llama_model_is_hybrid(model_dft.get())) {

@@ -292,7 +292,7 @@ def run_totals(cmd: list[str], timeout: float = 300) -> dict:
     err = p.stderr.decode("utf-8", "replace")
     totals = {}
     for key in ("n_draft", "n_predict", "n_drafted", "n_accept", "accept"):
-        m = re.search(rf"^\s*{key}\s*=\s*([\d.]+%?)", err, re.M)
+        m = re.search(rf"\b{key}\s*=\s*([\d.]+%?)", err)
         if m:
             totals[key] = m.group(1)
     return {"rc": p.returncode, "totals": totals, "text": p.stdout.decode("utf-8", "replace"),
