@@ -122,3 +122,25 @@ def test_llama_cpp_drafts_what_the_pytorch_head_drafts(head_gguf, bundled_model,
         ours = D.first_draft(head, target, x, n)
         assert [t for t, _ in logged] == [t for t, _ in ours], (prompt, logged, ours)
         assert np.allclose([p for _, p in logged], [p for _, p in ours], atol=1e-2), (prompt, logged, ours)
+
+
+def test_the_shipped_head_converts_again_and_drafts_for_its_target():
+    """The shipped head (``mtp_explorer/models/pystdlib-dflash.gguf``, listed by ``mx.draft_heads()``, at most 3 MB)
+    is what llama.cpp's converter makes of the shipped weights (``training/dflash-head.pt``, the GGUF's F16 values),
+    byte for byte; the engine drafts with it and its first slot is accepted often (a trained head, not a random one)."""
+    import tempfile
+    from pathlib import Path
+
+    import mtp_explorer as mx
+
+    assert D.SHIPPED_GGUF.stat().st_size <= 3_000_000 and D.SHIPPED_HEAD.stat().st_size <= 3_000_000
+    heads = {h.spec_type: h for h in mx.draft_heads()}
+    assert heads["draft-dflash"].head_path == D.SHIPPED_GGUF
+    head, meta = D.load_head(D.SHIPPED_HEAD)
+    with tempfile.TemporaryDirectory() as tmp:
+        again = D.convert_head(head, Path(tmp) / "again.gguf", Path(tmp), description=D.describe_training(meta))
+        assert again.read_bytes() == D.SHIPPED_GGUF.read_bytes()
+    with mx.Session.open(heads["draft-dflash"].target_path, n_ctx=1024, threads=1, draft_model=D.SHIPPED_GGUF) as s:
+        traces = [s.generate(p, max_tokens=48, n_max=1, drafter="draft-dflash") for p in PROMPTS]
+    drafted = sum(int(t.n_drafted.sum()) for t in traces)
+    assert drafted > 0 and sum(int(t.n_accepted.sum()) for t in traces) / drafted > 0.5
