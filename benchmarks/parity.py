@@ -15,15 +15,15 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
 - ``draft-simple``: a separate draft model (``Session.open(draft_model=...)``) against ``--spec-type draft-simple -md
   DRAFT`` and ``ngram-simple,draft-simple``, 12 prompts x p_min {0, 0.5} on two target/draft pairs (see
   :func:`draft_simple_section`).
-- ``draft-eagle3``: the shipped EAGLE-3 head (``mx.draft_heads()``) as the bundled model's ``-md``, alone and after
-  ngram-simple, 12 prompts x p_min {0, 0.5} (see :func:`eagle3_section`).
+- ``draft-eagle3`` and ``draft-dflash``: the shipped EAGLE-3 and DFlash heads (``mx.draft_heads()``) as the bundled
+  model's ``-md``, alone and after ngram-simple, 12 prompts x p_min {0, 0.5} (see :func:`head_section`).
 - ``chains``: ``ngram-mod``, ``ngram-map-k``, ``ngram-map-k4v`` and llama.cpp's chains ``ngram-mod,draft-mtp``,
   ``ngram-simple,draft-mtp`` and ``ngram-simple,ngram-map-k,draft-mtp`` (``drafter="<the same --spec-type
   value>"``, llama.cpp's ``first`` policy), 12 prompts each (see :func:`chains_section`).
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
-        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|draft-eagle3|all] [--model PATH] [--threads 2]
+        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|draft-eagle3|draft-dflash|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
 ``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
@@ -69,7 +69,8 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple", "draft-eagle3")
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple", "draft-eagle3", "draft-dflash")
+HEAD_SPEC_TYPES = ("draft-eagle3", "draft-dflash")  #: checked with the head that ships for them (head_section)
 N_MAX = (1, 2, 3, 5)
 P_MIN = (0.0, 0.5)
 
@@ -336,21 +337,18 @@ def draft_simple_section(binary: str, picked: tuple[Path, str], tokens: int, thr
     return out
 
 
-#: the EAGLE-3 head's --spec-type values checked (llama.cpp 0.3.36 shares one draft context between model drafters,
-#: so draft-eagle3 is not chained with draft-mtp or draft-simple)
-EAGLE3_SPECS = ("draft-eagle3", "ngram-simple,draft-eagle3")
-
-
-def eagle3_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int) -> dict:
-    """draft-eagle3 (and ngram-simple before it) against the reference with ``-md HEAD``: the shipped head and its
-    target (a recurrent model: the reference's checkpoint rule replayed)."""
-    head = next(h for h in mx.draft_heads() if drafters.mode(h.spec_type).drafters[0].needs == "eagle3_head")
-    label = f"{picked[1]} model drafted by the shipped EAGLE-3 head"
+def head_section(binary: str, head_spec: str, picked: tuple[Path, str], tokens: int, threads: int) -> dict:
+    """A head's --spec-type alone and after ngram-simple against the reference with ``-md HEAD``: the head that ships
+    for it and its target (llama.cpp 0.3.36 shares one draft context between model drafters, so a head is not chained
+    with draft-mtp or draft-simple; the target gets snapshot slots, so no checkpoint rule)."""
+    head = next(h for h in mx.draft_heads() if h.spec_type == head_spec)
+    label = f"{picked[1]} model drafted by the shipped {head.head_path.name}"
+    specs = (head_spec, f"ngram-simple,{head_spec}")
     out: dict = {"n_max": CHAIN_N_MAX, "p_min": list(DRAFT_P_MIN), "prompts": len(CHAIN_PROMPTS),
                  "target": str(head.target_path), "head": str(head.head_path)}
-    for spec in EAGLE3_SPECS:
+    for spec in specs:
         out[spec] = draft_summary(draft_cases(binary, spec, head.target_path, head.head_path, label, tokens, threads))
-    out["all_match"] = all(out[spec]["all_match"] for spec in EAGLE3_SPECS)
+    out["all_match"] = all(out[spec]["all_match"] for spec in specs)
     return out
 
 
@@ -382,8 +380,8 @@ def main() -> int:
                                            tuple(args.chain or SPEC_CHAINS))
         if "draft-simple" in spec_types:
             doc["draft-simple"] = draft_simple_section(args.binary, (path, origin), args.tokens, args.threads, Path(tmp))
-        if "draft-eagle3" in spec_types:
-            doc["draft-eagle3"] = eagle3_section(args.binary, (path, origin), args.tokens, args.threads)
+        for head_spec in (t for t in HEAD_SPEC_TYPES if t in spec_types):
+            doc[head_spec] = head_section(args.binary, head_spec, (path, origin), args.tokens, args.threads)
     doc["all_match"] = all(doc[t]["all_match"] for t in spec_types)
     emit(doc)
     return 0 if doc["all_match"] else 1

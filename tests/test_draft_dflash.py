@@ -121,3 +121,23 @@ def test_parallel_requests_equal_each_alone(bundled_model, head):
         result = s.generate_parallel(list(PROMPTS), max_tokens=32, n_max=3, drafter="draft-dflash", arrivals=[0, 0, 4])
     for a, t in zip(alone, result.traces):
         assert t.tokens == a.tokens and np.array_equal(t.drafted, a.drafted)
+
+
+@pytest.mark.parametrize("spec, p_min", [("draft-dflash", 0.0), ("ngram-simple,draft-dflash", 0.5)])
+def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
+    """The trained head (mx.draft_heads()): text and drafted/accepted totals equal llama-speculative-simple's, with
+    drafts accepted (benchmarks/parity.py --spec-type draft-dflash runs 48 such cases)."""
+    from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget, run_reference_spec,
+                                                 spec_type_args)
+
+    head = next(h.head_path for h in mx.draft_heads() if h.spec_type == "draft-dflash")
+    prompt, options = "class Stack:\n    def __init__(self):", {}
+    if "ngram" in spec:
+        options = {"ngram_simple_size_n": 2, "ngram_simple_size_m": 3}
+    flags = spec_type_args(spec, 3, options) + ["-md", str(head), "--spec-draft-p-min", str(p_min)]
+    ref = run_reference_spec(reference_binary, bundled_model, prompt, flags, max_tokens=64, n_ctx=1024, threads=1)
+    with mx.Session.open(bundled_model, n_ctx=1024, threads=1, draft_model=head) as s:
+        ours = replay_reference_budget(s, prompt, max_tokens=64, n_max=3, p_min=p_min, drafter=spec, **options)
+    result = compare_with_reference(ref, ours, p_min)
+    assert result["match"], result
+    assert result["ours"]["n_accept"] > 0
