@@ -30,6 +30,28 @@ def test_parse_reference_output():
         parse_reference_output("\n\ndef fib(n): cut", (DATA / "speculative_simple.stderr").read_text(), "def fib(n):")
 
 
+def test_an_incomplete_reference_log_is_run_again(tmp_path):
+    """llama-speculative-simple sometimes exits 0 with the tail of its log lost: the run is repeated (a stand-in that
+    prints a cut log on its first call and the recorded one after), and a log that stays incomplete is a ToolError."""
+    from mtp_explorer.devtools.reference import run_reference_spec
+
+    calls = tmp_path / "calls"
+    stand_in = tmp_path / "llama-speculative-simple"
+    stand_in.write_text(f"""#!/bin/sh
+echo x >> {calls}
+if [ "$(wc -l < {calls})" -lt 2 ]; then printf 'def fib(n): cut'; exit 0; fi
+cat {DATA / "speculative_simple.stdout"}; cat {DATA / "speculative_simple.stderr"} >&2
+""")
+    stand_in.chmod(0o755)
+    run = run_reference_spec(stand_in, tmp_path / "m.gguf", "def fib(n):", [], max_tokens=40)
+    assert (run.n_predict, run.n_drafted, run.n_accept) == (43, 48, 26) and len(calls.read_text().split()) == 2
+    always_cut = tmp_path / "always-cut"
+    always_cut.write_text("#!/bin/sh\nprintf 'def fib(n): cut'\n")
+    always_cut.chmod(0o755)
+    with pytest.raises(mx.ToolError, match="incomplete output 2 times"):
+        run_reference_spec(always_cut, tmp_path / "m.gguf", "def fib(n):", [], max_tokens=40, attempts=2)
+
+
 def test_replay_matches_recorded_reference(tmp_path):
     """Our engine under the reference's budget rule reproduces the recorded run exactly."""
     path = write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.5, mtp_fidelity=1.0)
