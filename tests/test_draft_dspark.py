@@ -68,3 +68,14 @@ def test_drafts_what_llama_cpp_drafts(reference_binary, bundled_model, head, p_m
     if p_min > 0:  # the confidence head, not the token's probability, cut the drafts
         drafted = ours.n_drafted > 0
         assert (ours.draft_prob[drafted][:, 0] >= p_min).all() and ours.n_drafted.sum() < 4 * ours.n_steps
+
+
+def test_simulator_replays_the_block(bundled_model, head):
+    from conftest import check_replay_exact
+
+    path, _ = head
+    with mx.Session.open(bundled_model, n_ctx=1024, threads=1, draft_model=path) as s:
+        oracle = s.record_oracle(PROMPT, max_tokens=32, depth=4)
+        check_replay_exact(s, oracle, PROMPT, "draft-dspark", 4, 32)
+        with pytest.warns(mx.ReplayApproximate, match="mask slots"):
+            mx.simulate(oracle, 2, drafter="draft-dspark")
