@@ -75,7 +75,7 @@ def test_run_command_drafter_options_parse():
     assert (args.ngram_simple_size_n, args.ngram_simple_size_m) == (4, 6)
     assert drafters.mode(args.drafter, args.chain_policy).name == "ngram-simple,draft-mtp"
     for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"], ["--ngram-n", "1025"],
-                ["--spec-type", "draft-eagle3"], ["--chain-policy", "coin"]):
+                ["--spec-type", "draft-nope"], ["--chain-policy", "coin"]):
         with pytest.raises(SystemExit) as exc:
             _parser().parse_args(["run", *bad])
         assert exc.value.code == 2

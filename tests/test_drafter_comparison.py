@@ -41,12 +41,12 @@ def test_every_drafter_of_the_target_is_compared(cmp):
 
 
 def test_the_figure_shows_the_model_drafters_and_the_best_lookup(cmp):
-    fig = plots.drafter_comparison(cmp)
+    fig = plots.drafters_side_by_side(cmp)
     named = {t.name for t in fig.data if t.showlegend is not False and t.name}
     labels = set(cmp.frame.loc[~cmp.frame["lookup"], "label"]) | {drafters.mode(cmp.best_lookup).label}
     assert {n.split(" (")[0] for n in named} == labels
     with pytest.raises(mx.InputTypeError, match="DrafterComparison"):
-        plots.drafter_comparison(cmp.frame)
+        plots.drafters_side_by_side(cmp.frame)
 
 
 def test_bad_input_is_a_parameter_error():

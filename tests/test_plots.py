@@ -276,13 +276,13 @@ def test_whatif_figures_are_reexported(session):
 
 
 def test_whatif_figures_live_in_their_own_module():
-    """plots exports the four figure modules; trace_figures holds the per-trace figures only."""
-    from mtp_explorer.viz import parallel_figures, server_figures
+    """plots exports the five figure modules; trace_figures holds the per-trace figures only."""
+    from mtp_explorer.viz import comparison_figures, parallel_figures, server_figures
 
-    for name in (*whatif_figures.__all__, *server_figures.__all__, *parallel_figures.__all__):
+    others = (*whatif_figures.__all__, *server_figures.__all__, *parallel_figures.__all__, *comparison_figures.__all__)
+    for name in others:
         assert not hasattr(trace_figures, name), name
-    assert set(plots.__all__) == (set(trace_figures.__all__) | set(whatif_figures.__all__)
-                                  | set(server_figures.__all__) | set(parallel_figures.__all__))
+    assert set(plots.__all__) == set(trace_figures.__all__) | set(others)
 
 
 def test_metrics_come_from_one_module(changed, plain):
@@ -334,6 +334,8 @@ def _wrong_inputs(session):
         "batch_rows": (lambda: plots.batch_rows([trace]), "takes a ParallelTrace", "got list"),
         "parallel_crossover": (lambda: plots.parallel_crossover(grid), "takes a recommend_parallel or measure_crossover DataFrame",
                                "without the column(s) ['n_parallel', 'goodput']"),
+        "drafters_side_by_side": (lambda: plots.drafters_side_by_side(grid), "takes a DrafterComparison",
+                                  "got DataFrame"),
     }
 
 
@@ -357,10 +359,12 @@ def test_drafter_labels_and_colours_come_from_the_registry(session):
     from mtp_explorer.viz import style
 
     oracle = session.record_oracle(PROMPT, max_tokens=24, depth=2)
-    df = pd.concat([mx.simulate_grid([oracle], [1, 2], [0.0], drafter=d) for d in reversed(mx.DRAFTER_MODES)])
+    # every choice this session's oracle can replay (its draft model is not a head)
+    modes = [d for d in mx.DRAFTER_MODES if MODES[d].runs_with(oracle.has_mtp, oracle.has_draft_model)]
+    df = pd.concat([mx.simulate_grid([oracle], [1, 2], [0.0], drafter=d) for d in reversed(modes)])
     fig = plots.drafter_comparison(df)
-    assert [t.name for t in fig.data] == [MODES[d].label for d in mx.DRAFTER_MODES]
-    assert [t.marker.color for t in fig.data] == [style.DRAFTER_COLORS[d] for d in mx.DRAFTER_MODES]
+    assert [t.name for t in fig.data] == [MODES[d].label for d in modes]
+    assert [t.marker.color for t in fig.data] == [style.DRAFTER_COLORS[d] for d in modes]
     # the token timeline names the drafter of each draft by its registry label
     t = session.generate(PROMPT, max_tokens=24, n_max=3, drafter="chain")
     fig = plots.token_timeline(t, session.piece)

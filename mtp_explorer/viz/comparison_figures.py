@@ -1,4 +1,4 @@
-"""The figure of :func:`~mtp_explorer.compare_drafters`: ``drafter_comparison(cmp)`` puts every drafter of one target
+"""The figure of :func:`~mtp_explorer.compare_drafters`: ``drafters_side_by_side(cmp)`` puts every drafter of one target
 side by side (the best look-up only): acceptance by draft position, tokens accepted per step, drafting time per step,
 and tokens/s measured beside the simulator's prediction, plain decoding marked."""
 
@@ -11,13 +11,13 @@ from ..analysis.drafter_comparison import DrafterComparison
 from .inputs import instance, takes
 from .style import MEASURED, PLAIN, base_layout, drafter_color
 
-__all__ = ["drafter_comparison"]
+__all__ = ["drafters_side_by_side"]
 
 COMPARISON = instance("a DrafterComparison (compare_drafters)", DrafterComparison)
 
 
 @takes(COMPARISON)
-def drafter_comparison(cmp: DrafterComparison) -> go.Figure:
+def drafters_side_by_side(cmp: DrafterComparison) -> go.Figure:
     """Four panels, one colour per drafter (the look-ups but the best one left out)."""
     best = cmp.best_lookup
     rows = cmp.frame[(~cmp.frame["lookup"]) | (cmp.frame["drafter"] == best)]
