@@ -10,6 +10,7 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.analysis.sweep import COLUMNS
+from mtp_explorer.core import drafters
 
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "x = [1, 2, 3]\nx = [1, 2"]
 N_MAX = [0, 1, 2, 4]
@@ -207,10 +208,12 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
         return record(*args, **kwargs)
 
     monkeypatch.setattr(session, "record_oracle", counted)
+    # every choice this session runs (its draft model is not a head)
+    modes = [m for m in mx.DRAFTER_MODES if drafters.MODES[m].runs_with(session.info.has_mtp, session.draft_kind)]
     df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
-                  drafter=mx.DRAFTER_MODES)
+                  drafter=modes)
     assert calls == PROMPTS  # one recording per prompt for all three drafters
-    assert list(df.columns) == list(COLUMNS) and len(df) == len(mx.DRAFTER_MODES) * len(local_sim)
+    assert list(df.columns) == list(COLUMNS) and len(df) == len(modes) * len(local_sim)
     # each drafter's rows are what a sweep of that drafter alone gives
     mtp = df[df.drafter == "mtp"].reset_index(drop=True)
     pd.testing.assert_frame_equal(mtp, local_sim.reset_index(drop=True))
