@@ -47,6 +47,7 @@ def oracles(session):
 
 def test_the_session_knows_its_head(session):
     assert session.has_draft_model and session.draft_kind == "eagle3_head"
+    assert "draft-eagle3" in session.drafter_modes and "draft-simple" not in session.drafter_modes
     assert "draft-eagle3" in drafters.available_modes(True, "eagle3_head")
     assert "draft-simple" not in drafters.available_modes(True, "eagle3_head")
     assert "draft-eagle3" not in drafters.available_modes(True, True)

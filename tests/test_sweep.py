@@ -210,6 +210,7 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
     monkeypatch.setattr(session, "record_oracle", counted)
     # every choice this session runs (its draft model is not a head)
     modes = [m for m in mx.DRAFTER_MODES if drafters.MODES[m].runs_with(session.info.has_mtp, session.draft_kind)]
+    assert session.drafter_modes == tuple(modes)
     df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
                   drafter=modes)
     assert calls == PROMPTS  # one recording per prompt for all three drafters
@@ -217,6 +218,12 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
     # each drafter's rows are what a sweep of that drafter alone gives
     mtp = df[df.drafter == "mtp"].reset_index(drop=True)
     pd.testing.assert_frame_equal(mtp, local_sim.reset_index(drop=True))
+    ranked = mx.recommend(df).drafters  # recommend ranks the drafters by each one's best setting
+    assert list(ranked["drafter"]) == list(dict.fromkeys(mx.recommend(df).table["drafter"]))
+    assert set(ranked["drafter"]) == set(modes) and ranked["vs_best"].iloc[0] == 1.0
+    assert ranked["tokens_per_second"].is_monotonic_decreasing and (ranked["vs_best"] <= 1.0).all()
+    for r in ranked.itertuples():  # each row is the best of that drafter's settings
+        assert r.tokens_per_second == mx.recommend(df[df.drafter == r.drafter]).tokens_per_second
     monkeypatch.setattr(session, "record_oracle", record)
     for d in ("ngram", "chain"):
         alone = mx.sweep(session, PROMPTS[:2], n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost,

@@ -273,6 +273,15 @@ class Recommendation:
     table: Any                            # every setting, best first (pandas DataFrame)
 
     @property
+    def drafters(self) -> Any:
+        """The drafters ranked: each drafter's best setting (one row of :attr:`table` per drafter, best first) and its
+        tokens/s against the best drafter's (``vs_best``, 1.0 for the first) and plain decoding's (``vs_plain``)."""
+        ranked = self.table.drop_duplicates("drafter").reset_index(drop=True)  # the table is sorted, best first
+        ranked["vs_best"] = ranked["tokens_per_second"] / self.tokens_per_second
+        ranked["vs_plain"] = ranked["tokens_per_second"] / self.plain_tokens_per_second
+        return ranked
+
+    @property
     def settings(self) -> DraftSettings:
         """The recommended setting, ready for ``Session.generate(prompt, settings)``."""
         return DraftSettings(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min, drafter=self.drafter)

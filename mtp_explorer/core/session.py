@@ -139,6 +139,12 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         return {"n_max": p.n_max, "p_min": p.p_min, "n_min": p.n_min}
 
     @property
+    def drafter_modes(self) -> tuple[str, ...]:
+        """The listed ``drafter=`` choices (:data:`~mtp_explorer.DRAFTER_MODES`) this session can draft with: its MTP
+        head's, the look-ups, and those of its draft model's kind."""
+        return drafters.available_modes(bool(self.info.has_mtp), self.has_draft_model and self.draft_kind)
+
+    @property
     def limits(self) -> Limits:
         """What this session can draft with, and how deep: the bounds every :class:`DraftSettings` is checked
         against here."""
