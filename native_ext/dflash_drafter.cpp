@@ -27,9 +27,7 @@ void DFlashDrafter::observe_target(const TargetRows & rows) {
     const size_t width = (size_t) n_ids * n_embd;
     std::vector<int32_t> slot(n_ids, -1);  // where each target layer sits in the extracted rows
     for (int32_t k = 0; k < n_ids; ++k) {
-        for (int32_t l = 0; l < rows.n_layer_inp; ++l) {
-            slot[k] = rows.layer_ids[l] == head.target_layers[k] ? l : slot[k];
-        }
+        slot[k] = rows.layer_slot(head.target_layers[k]);
         if (slot[k] < 0) {
             fail(ErrorKind::PARAMETER, "draft-dflash was handed no input of target layer " +
                                            std::to_string(head.target_layers[k]));

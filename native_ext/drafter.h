@@ -164,6 +164,15 @@ struct TargetRows {
     const int32_t * layer_ids = nullptr;  // the n_layer_inp layers, in that order (FeatureNeeds::layer_inp)
 
     const float * nextn_row(int32_t i) const { return nextn + (size_t) i * n_embd; }
+    // where trunk layer `il`'s input sits among the layers of a layer_inp row (-1: not extracted)
+    int32_t layer_slot(int32_t il) const {
+        for (int32_t l = 0; l < n_layer_inp; ++l) {
+            if (layer_ids[l] == il) {
+                return l;
+            }
+        }
+        return -1;
+    }
     const float * layer_inp_row(int32_t i) const { return layer_inp + (size_t) i * n_layer_inp * n_embd_layer; }
 };
 

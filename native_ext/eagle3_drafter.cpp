@@ -35,10 +35,7 @@ void Eagle3Drafter::gather(const TargetRows & rows) {
     feats.resize((size_t) rows.n * n_embd_enc);
     for (size_t k = 0; k < head.target_layers.size(); ++k) {
         const int32_t il = head.target_layers[k];
-        int32_t slot = -1;
-        for (int32_t l = 0; l < rows.n_layer_inp; ++l) {
-            slot = rows.layer_ids[l] == il ? l : slot;
-        }
+        const int32_t slot = rows.layer_slot(il);
         const bool nextn = il == head.n_layer_tgt;
         if ((nextn && (rows.nextn == nullptr || rows.n_embd != n_embd_tgt)) || (!nextn && slot < 0)) {
             fail(ErrorKind::PARAMETER, "draft-eagle3 was handed no features of target layer " + std::to_string(il));
