@@ -7,13 +7,8 @@
 #include "timing.h"
 
 DFlashDrafter::DFlashDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head_)
-    : Drafter(id), api(api), ctx_dft(ctx_dft), head(std::move(head_)) {
-    if (ctx_dft == nullptr) {
-        fail(ErrorKind::PARAMETER, "draft-dflash needs a DFlash head: Session.open(path, draft_model=head.gguf)");
-    }
-    vocab = llama_model_get_vocab(llama_get_model(ctx_dft));
+    : HeadDrafter(id, api, ctx_dft, std::move(head_), drafter_name(id)) {
     n_embd_dft = llama_model_n_embd(llama_get_model(ctx_dft));
-    batch.reset(llama_batch_ext_init(ctx_dft));
 }
 
 void DFlashDrafter::begin(const std::vector<llama_token> & /*prompt*/) {

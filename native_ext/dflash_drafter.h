@@ -18,24 +18,18 @@
 #include <vector>
 
 #include "draft_head.h"
-#include "draft_ranking.h"
 #include "drafter.h"
-#include "llama-cpp.h"
 #include "llama.h"
 
-struct DFlashDrafter final : Drafter {
+struct DFlashDrafter final : HeadDrafter {
     // ctx_dft: the head's context (ctx_other = the target's, nextn output on, attention causal as the head says).
     DFlashDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head);
 
     // begin() forgets the sequence; draft() decodes one block and reads up to req.n_cap tokens from it (throws on a
-    // decode failure); the expected accepted length is the sum over k of the product of the first k confidences;
-    // accept() drops the head's memory past what the target keeps (llama-speculative-simple's seq_rm(ctx_dft, n_past)).
+    // decode failure); keep() (accept()) drops the head's memory past what the target keeps
+    // (llama-speculative-simple's seq_rm(ctx_dft, n_past)).
     void begin(const std::vector<llama_token> & prompt) override;
     bool draft(const DraftRequest & req, Draft & out) override;
-    double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
-    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
-
-    FeatureNeeds features() const override { return head.features(); }
 
     // Injects the rows' target features at their positions (llama.cpp's process()).
     void observe_target(const TargetRows & rows) override;
@@ -46,13 +40,7 @@ struct DFlashDrafter final : Drafter {
     // top-10 probability; a DSpark head's confidence head where it has one).
     bool take(const DraftRequest & req, int32_t slot, const float * logits, int64_t t_start, Draft & out);
 
-    const NextnApi & api;
-    llama_context * ctx_dft;
     int32_t n_embd_dft = 0;
-    const llama_vocab * vocab;
-    DraftHead head;
-    llama_batch_ext_ptr batch;
     std::vector<float> feats;  // one chunk's features, [n][target_layers * n_embd]
     int32_t n_block = 0;       // mask slots of this generation's blocks (0: not drafted yet)
-    CandidateRanking ranking;
 };

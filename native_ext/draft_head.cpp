@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "errors.h"
 #include "gguf.h"
 #include "layer_inputs.h"
 
@@ -126,4 +127,15 @@ DraftHead DraftHead::of(const NextnApi & api, const llama_model * model, const s
         }
     }
     return h;
+}
+
+HeadDrafter::HeadDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head_,
+                         const char * spec_type)
+    : Drafter(id), api(api), ctx_dft(ctx_dft), head(std::move(head_)) {
+    if (ctx_dft == nullptr) {
+        fail(ErrorKind::PARAMETER, std::string(spec_type) + " needs its head as the draft model: Session.open(path, "
+                                   "draft_model=head.gguf)");
+    }
+    vocab = llama_model_get_vocab(llama_get_model(ctx_dft));
+    batch.reset(llama_batch_ext_init(ctx_dft));
 }

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "draft_ranking.h"
 #include "drafter.h"
+#include "llama-cpp.h"
 #include "llama.h"
 #include "nextn_api.h"
 
@@ -41,6 +43,26 @@ struct DraftHead {
     // The head in `model`, loaded from the GGUF at `path` (kind DRAFT_MODEL when its architecture is not a head's), for
     // a target of n_layer_tgt layers.
     static DraftHead of(const NextnApi & api, const llama_model * model, const std::string & path, int32_t n_layer_tgt);
+};
+
+// What the drafters of a head share (Eagle3Drafter, DFlashDrafter): the head and its context (made by the engine with
+// ctx_other = the target's context and nextn output on), a batch, the top-10 ranking of its logits, the features it
+// declares, the expected accepted length from its confidences, and accept() as keep() of the rows accepted.
+struct HeadDrafter : Drafter {
+    // Throws a parameter error naming `spec_type` when the session has no draft model.
+    HeadDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head, const char * spec_type);
+
+    double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
+    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
+    FeatureNeeds features() const override { return head.features(); }
+
+  protected:
+    const NextnApi & api;
+    llama_context * ctx_dft;
+    const llama_vocab * vocab;
+    DraftHead head;
+    llama_batch_ext_ptr batch;
+    CandidateRanking ranking;
 };
 
 // a model's metadata value as text ("" where it has no such key)

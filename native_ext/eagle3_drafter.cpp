@@ -9,14 +9,8 @@
 // ---- the drafter ----------------------------------------------------------------------------------
 
 Eagle3Drafter::Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head_)
-    : Drafter(id), api(api), ctx_dft(ctx_dft), head(std::move(head_)) {
-    if (ctx_dft == nullptr) {
-        fail(ErrorKind::PARAMETER, "draft-eagle3 needs an EAGLE-3 head: Session.open(path, draft_model=head.gguf)");
-    }
-    const llama_model * model = llama_get_model(ctx_dft);
-    vocab = llama_model_get_vocab(model);
-    n_embd_dec = llama_model_n_embd(model);
-    batch.reset(llama_batch_ext_init(ctx_dft));
+    : HeadDrafter(id, api, ctx_dft, std::move(head_), "draft-eagle3") {
+    n_embd_dec = llama_model_n_embd(llama_get_model(ctx_dft));
     batch_enc.reset(llama_batch_ext_init(ctx_dft));
     pending_g.assign(n_embd_dec, 0.0f);
 }

@@ -14,27 +14,19 @@
 #include <vector>
 
 #include "draft_head.h"
-#include "draft_ranking.h"
 #include "drafter.h"
-#include "llama-cpp.h"
 #include "llama.h"
-#include "nextn_api.h"
 
-struct Eagle3Drafter final : Drafter {
+struct Eagle3Drafter final : HeadDrafter {
     // ctx_dft: the head's context (made with ctx_other = the target's context and nextn output on, by the engine).
     Eagle3Drafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head);
 
     // begin() forgets the sequence; draft() drafts up to req.n_cap tokens after req.id_last and leaves only the
-    // seed row in the head's memory (throws on a decode failure); the expected accepted length is the sum over k
-    // of the product of the first k confidences; accept() re-bases the deferred boundary on the first row not
-    // accepted and drops the head's memory past what the target keeps (llama.cpp's accept() and
-    // llama-speculative-simple's llama_memory_seq_rm(ctx_dft, n_past)).
+    // seed row in the head's memory (throws on a decode failure); keep() (accept()) re-bases the deferred boundary
+    // on the first row not accepted and drops the head's memory past what the target keeps (llama.cpp's accept()
+    // and llama-speculative-simple's llama_memory_seq_rm(ctx_dft, n_past)).
     void begin(const std::vector<llama_token> & prompt) override;
     bool draft(const DraftRequest & req, Draft & out) override;
-    double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
-    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
-
-    FeatureNeeds features() const override { return head.features(); }
 
     // Encodes the rows' features and writes the decoder rows (llama.cpp's process()).
     void observe_target(const TargetRows & rows) override;
@@ -46,14 +38,9 @@ struct Eagle3Drafter final : Drafter {
     // Adds (tok at pos, g) to the batch, with logits when `out`.
     void add_row(llama_token tok, llama_pos pos, const float * g, bool out);
 
-    const NextnApi & api;
-    llama_context * ctx_dft;
-    const llama_vocab * vocab;
-    DraftHead head;
     int32_t n_embd_tgt = 0;  // the target's hidden size (one layer's row)
     int32_t n_embd_enc = 0;  // the encoder's input: the target layers side by side
     int32_t n_embd_dec = 0;  // the head's hidden size (g)
-    llama_batch_ext_ptr batch;
     llama_batch_ext_ptr batch_enc;
     std::vector<float> feats;            // the last observed rows' features
     std::vector<float> verify_g;         // the last observed rows' g, [n][n_embd_dec]
@@ -62,5 +49,4 @@ struct Eagle3Drafter final : Drafter {
     std::vector<float> pending_g;        // g at pending_pos: the row whose next token is not decoded yet
     llama_pos pending_pos = -1;
     std::vector<float> prenorm;          // the drafted row's pre-norm output: the next row's g
-    CandidateRanking ranking;
 };
