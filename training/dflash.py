@@ -611,49 +611,8 @@ def random_head(seed: int = 0, cfg: HeadConfig | None = None) -> DFlashDraftMode
 def measure(head: Path, *, prompts: list[str] | None = None, n_maxes=(1, 3), max_tokens: int = 64,
             target: Path = TARGET) -> dict:
     """draft-dflash (``head``) vs draft-mtp acceptance on the demo prompts (held-out snippets), by depth
-    (as :func:`training.eagle3.measure`)."""
-    import mtp_explorer as mx
-    from training.draft import greedy_pieces
-    from training.llama_ref import LlamaMTP
-
-    prompts = prompts or [p.text for p in mx.demo_prompts()]
-    with LlamaMTP(target, n_ctx=1024, n_threads=1) as m:
-        plain = [greedy_pieces(m, p, max_tokens + 8) for p in prompts]
-    t0 = time.time()
-    res: dict = {"head": head.name, "target": target.name, "prompts": len(prompts), "max_tokens": max_tokens, "runs": []}
-    for spec, h in (("draft-dflash", head), ("draft-mtp", None)):
-        for n in n_maxes:
-            tot = E.Rounds()
-            complete = equal = 0
-            for i, p in enumerate(prompts):
-                r = E.run_spec(p, spec, head=h, n_max=n, max_tokens=max_tokens, target=target)
-                if r is None:
-                    continue
-                complete += 1
-                equal += plain[i].startswith(r.text)
-                for a in ("drafted", "accepted", "rounds", "generated", "reported_drafted", "reported_accepted"):
-                    setattr(tot, a, getattr(tot, a) + getattr(r, a))
-                for j in range(len(r.by_depth)):
-                    while len(tot.by_depth) <= j:
-                        tot.by_depth.append(0)
-                        tot.drafted_at.append(0)
-                    tot.by_depth[j] += r.by_depth[j]
-                    tot.drafted_at[j] += r.drafted_at[j]
-            res["runs"].append({
-                "spec": spec, "n_max": n, "prompts_with_complete_logs": complete,
-                "texts_equal_to_plain_greedy": f"{equal}/{complete}", "drafted": tot.drafted, "accepted": tot.accepted,
-                "rounds": tot.rounds, "acceptance": round(tot.accepted / max(1, tot.drafted), 4),
-                "accepted_per_round": round(tot.accepted / max(1, tot.rounds), 3),
-                "p_draft_d_accepted": [round(a / max(1, tot.rounds), 3) for a in tot.by_depth],
-                "p_draft_d_given_previous": [round(tot.by_depth[j] / max(1, tot.by_depth[j - 1] if j else tot.rounds), 3)
-                                             for j in range(len(tot.by_depth))],
-                "binary_totals": {"n_drafted": tot.reported_drafted, "n_accept": tot.reported_accepted}})
-    exe = E.reference_binary()
-    res["command"] = (f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
-                      f"[-md {head.name} --spec-type draft-dflash | --spec-type draft-mtp] --spec-draft-n-max N "
-                      f"-p PROMPT -n {max_tokens} -c 1024 -t 1 --temp 0 --seed 0 -lv 5")
-    res["seconds"] = round(time.time() - t0, 1)
-    return res
+    (:func:`training.eagle3.measure`)."""
+    return E.measure(head, spec="draft-dflash", prompts=prompts, n_maxes=n_maxes, max_tokens=max_tokens, target=target)
 
 
 # ----------------------------------------------------------------------------------------------- command line

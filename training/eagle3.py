@@ -651,9 +651,10 @@ def run_spec(prompt: str, spec: str, *, head: Path | None = None, n_max: int = 3
                                 threads=threads, attempts=attempts, binary=binary or reference_binary())
 
 
-def measure(head: Path = SHIPPED_GGUF, *, prompts: list[str] | None = None, n_maxes=(1, 3), max_tokens: int = 64,
-            target: Path = TARGET) -> dict:
-    """draft-eagle3 (``head``) vs draft-mtp acceptance on the demo prompts (held-out snippets), by depth."""
+def measure(head: Path = SHIPPED_GGUF, *, spec: str = "draft-eagle3", prompts: list[str] | None = None,
+            n_maxes=(1, 3), max_tokens: int = 64, target: Path = TARGET) -> dict:
+    """A head's ``--spec-type spec`` (``head`` as ``-md``; draft-eagle3, draft-dflash) vs draft-mtp acceptance on the
+    demo prompts (held-out snippets), by depth."""
     import mtp_explorer as mx
     from training.draft import greedy_pieces
     from training.llama_ref import LlamaMTP
@@ -663,12 +664,12 @@ def measure(head: Path = SHIPPED_GGUF, *, prompts: list[str] | None = None, n_ma
         plain = [greedy_pieces(m, p, max_tokens + 8) for p in prompts]
     t0 = time.time()
     res: dict = {"head": head.name, "target": target.name, "prompts": len(prompts), "max_tokens": max_tokens, "runs": []}
-    for spec, h in (("draft-eagle3", head), ("draft-mtp", None)):
+    for spec_type, h in ((spec, head), ("draft-mtp", None)):
         for n in n_maxes:
             tot = Rounds()
             complete = equal = 0
             for i, p in enumerate(prompts):
-                r = run_spec(p, spec, head=h, n_max=n, max_tokens=max_tokens, target=target)
+                r = run_spec(p, spec_type, head=h, n_max=n, max_tokens=max_tokens, target=target)
                 if r is None:
                     continue
                 complete += 1
@@ -682,7 +683,7 @@ def measure(head: Path = SHIPPED_GGUF, *, prompts: list[str] | None = None, n_ma
                     tot.by_depth[j] += r.by_depth[j]
                     tot.drafted_at[j] += r.drafted_at[j]
             res["runs"].append({
-                "spec": spec, "n_max": n, "prompts_with_complete_logs": complete,
+                "spec": spec_type, "n_max": n, "prompts_with_complete_logs": complete,
                 "texts_equal_to_plain_greedy": f"{equal}/{complete}", "drafted": tot.drafted, "accepted": tot.accepted,
                 "rounds": tot.rounds, "acceptance": round(tot.accepted / max(1, tot.drafted), 4),
                 "accepted_per_round": round(tot.accepted / max(1, tot.rounds), 3),
@@ -692,7 +693,7 @@ def measure(head: Path = SHIPPED_GGUF, *, prompts: list[str] | None = None, n_ma
                 "binary_totals": {"n_drafted": tot.reported_drafted, "n_accept": tot.reported_accepted}})
     exe = reference_binary()
     res["command"] = (f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
-                      f"[-md {head.name} --spec-type draft-eagle3 | --spec-type draft-mtp] --spec-draft-n-max N "
+                      f"[-md {head.name} --spec-type {spec} | --spec-type draft-mtp] --spec-draft-n-max N "
                       f"-p PROMPT -n {max_tokens} -c 1024 -t 1 --temp 0 --seed 0 -lv 5")
     res["seconds"] = round(time.time() - t0, 1)
     return res
