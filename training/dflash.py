@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -341,18 +340,9 @@ def first_draft(head: DFlashDraftModel, target: E.Target, ids: list[int], n: int
     return out
 
 
-_DRAFT_LINE = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+) \(\s*([\d.]+)\)")
-
-
 def logged_first_draft(log: str) -> list[tuple[int, float]]:
     """The first draft() call's top candidates (token, p) per slot, from llama-speculative-simple's ``-lv 5`` log."""
-    out: list[tuple[int, float]] = []
-    for line in log.splitlines():
-        if "called impl draft-dflash" in line and out:
-            break
-        if m := _DRAFT_LINE.search(line):
-            out.append((int(m.group(2)), float(m.group(3))))
-    return out
+    return E.logged_first_draft(log, "draft-dflash")
 
 
 def run_first_draft(head_gguf: Path, prompt: str, n: int, *, binary: Path | None = None, target: Path = TARGET,

@@ -228,7 +228,7 @@ def first_draft(head: DSparkDraftModel, target: E.Target, ids: list[int], n: int
     return out
 
 
-_DRAFT_LINE = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+) \(\s*([\d.]+)\)")
+_DRAFT_LINE = E._DRAFT_LINE
 
 
 _CALLED = re.compile(r"called impl draft-dspark, hist size = \d+, call_count = (\d+)")

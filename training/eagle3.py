@@ -368,11 +368,12 @@ def first_draft(head: Eagle3Head, target: Target, ids: list[int], n: int, top_k:
 _DRAFT_LINE = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+) \(\s*([\d.]+)\)")
 
 
-def logged_first_draft(log: str) -> list[tuple[int, float]]:
-    """The first draft() call's top candidates (token, p) per position, from llama-speculative-simple's ``-lv 5`` log."""
+def logged_first_draft(log: str, spec: str = "draft-eagle3") -> list[tuple[int, float]]:
+    """The first draft() call's top candidates (token, p) per position, from llama-speculative-simple's ``-lv 5`` log
+    of ``--spec-type spec``."""
     out: list[tuple[int, float]] = []
     for line in log.splitlines():
-        if "called impl draft-eagle3" in line and out:
+        if f"called impl {spec}" in line and out:
             break
         if m := _DRAFT_LINE.search(line):
             out.append((int(m.group(2)), float(m.group(3))))
