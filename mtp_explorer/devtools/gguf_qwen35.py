@@ -91,9 +91,11 @@ __all__ = [
     "PRE_TOKENIZER_REGEX",
     "ARCH",
     "dense_ffn_shapes",
+    "nextn_shapes",
     "hybrid_tensor_shapes",
     "hybrid_keys",
     "write_hybrid_gguf",
+    "write_f32_gguf",
 ]
 
 ARCH = "qwen35"
@@ -341,13 +343,18 @@ def hybrid_tensor_shapes(cfg: Qwen35Config, ffn: Callable[[Qwen35Config, str], S
         p = f"blk.{il}."
         common(p)
         attention(p)
-        shapes[p + "nextn.eh_proj.weight"] = ((e, 2 * e), True)
-        shapes[p + "nextn.enorm.weight"] = ((e,), True)
-        shapes[p + "nextn.hnorm.weight"] = ((e,), True)
-        shapes[p + "nextn.shared_head_norm.weight"] = ((e,), False)
-        shapes[p + "nextn.shared_head_head.weight"] = ((v, e), False)
-        shapes[p + "nextn.embed_tokens.weight"] = ((v, e), False)
+        shapes.update(nextn_shapes(p, e, v))
     return shapes
+
+
+def nextn_shapes(p: str, n_embd: int, n_vocab: int) -> Shapes:
+    """The NextN wiring of MTP block prefix ``p`` that every llama.cpp MTP architecture with ``nextn.*`` tensors
+    shares: ``eh_proj`` over ``concat(enorm(embed(token)), hnorm(h))`` and the optional shared head (norm, output,
+    token embedding; llama.cpp falls back to ``output_norm``, ``output`` and ``token_embd``)."""
+    e, v = n_embd, n_vocab
+    return {p + "nextn.eh_proj.weight": ((e, 2 * e), True), p + "nextn.enorm.weight": ((e,), True),
+            p + "nextn.hnorm.weight": ((e,), True), p + "nextn.shared_head_norm.weight": ((e,), False),
+            p + "nextn.shared_head_head.weight": ((v, e), False), p + "nextn.embed_tokens.weight": ((v, e), False)}
 
 
 
@@ -453,6 +460,24 @@ def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[s
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_f32_gguf(path: str | Path, arch: str, cfg, shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+                   keys: Mapping[str, object], tensors: Mapping[str, np.ndarray], vocab: ByteBPEVocab, *, name: str,
+                   description: str | None = None,
+                   extra_metadata: Mapping[str, str | int | float | bool] | None = None) -> Path:
+    """Write an F32 GGUF of ``arch``: check ``tensors`` against ``shapes`` (``cfg.n_vocab`` tokens), write the
+    hyperparameters ``keys`` (``add_<key>`` names, in order), the tokenizer, the metadata and the tensors in the order
+    of ``shapes``; returns the path."""
+    import gguf
+
+    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
+    w, path = open_writer(path, arch, name=name, description=description, license=None,
+                          file_type=gguf.LlamaFileType.ALL_F32)
+    add_keys(w, keys)
+    finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})},
+                  ((t, np.ascontiguousarray(tensors[t], dtype=np.float32)) for t in shapes if t in tensors))
+    return path
 
 
 def write_qwen35_gguf(

@@ -221,12 +221,17 @@ def write_synthetic(writer: Callable[..., Path], path: str | Path, cfg, vocab: B
                   extra_metadata=knobs.metadata(), **options)
 
 
-def finish_mtp_head(out: dict[str, np.ndarray], cfg, knobs: Knobs, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Make the MTP block copy the trunk by ``knobs.mtp_fidelity`` (its input projection) and share the trunk's
+def finish_mtp_head(out: dict[str, np.ndarray], cfg, knobs: Knobs, rng: np.random.Generator,
+                    fidelities: tuple[float, ...] | None = None) -> dict[str, np.ndarray]:
+    """Make each MTP block (``blk.n_layer`` .. ``blk.block_count - 1``) copy the trunk by its fidelity (its input
+    projection; ``fidelities`` one per block, default ``knobs.mtp_fidelity`` for every block) and share the trunk's
     output norm; returns ``out``."""
-    m = f"blk.{cfg.n_layer}."
-    out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, cfg.n_embd, knobs.mtp_fidelity)
-    out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
+    blocks = range(cfg.n_layer, cfg.block_count)
+    fidelities = fidelities if fidelities is not None else (knobs.mtp_fidelity,) * len(blocks)
+    for il, fidelity in zip(blocks, fidelities, strict=True):
+        m = f"blk.{il}."
+        out[m + "nextn.eh_proj.weight"] = mtp_input_projection(rng, cfg.n_embd, fidelity)
+        out[m + "nextn.shared_head_norm.weight"] = out["output_norm.weight"].copy()
     return out
 
 

@@ -50,7 +50,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import ByteBPEVocab, add_keys, check_tensors, finish_writer, open_writer, transformer_keys
+from .gguf_qwen35 import ByteBPEVocab, Shapes, dense_ffn_shapes, nextn_shapes, transformer_keys, write_f32_gguf
 from .synthetic import Knobs, finish_mtp_head, synthetic_vocab, trunk_tensors, write_synthetic
 from ..core.errors import ParameterError
 
@@ -151,26 +151,24 @@ def glm4moe_expected_tensor_shapes(cfg: Glm4MoeConfig) -> dict[str, tuple[tuple[
         shapes[p + "attn_output.weight"] = ((e, q_dim), True)
         shapes[p + "post_attention_norm.weight"] = ((e,), True)
         if cfg.is_moe(il):
-            shapes[p + "ffn_gate_inp.weight"] = ((ne, e), True)
-            shapes[p + "exp_probs_b.bias"] = ((ne,), True)
-            shapes[p + "ffn_gate_exps.weight"] = ((ne, fe, e), True)
-            shapes[p + "ffn_up_exps.weight"] = ((ne, fe, e), True)
-            shapes[p + "ffn_down_exps.weight"] = ((ne, e, fe), True)
-            shapes[p + "ffn_gate_shexp.weight"] = ((fs, e), True)
-            shapes[p + "ffn_up_shexp.weight"] = ((fs, e), True)
-            shapes[p + "ffn_down_shexp.weight"] = ((e, fs), True)
+            shapes.update(biased_moe_shapes(p, e, ne, fe, fs))
         else:
-            shapes[p + "ffn_gate.weight"] = ((cfg.n_ff, e), True)
-            shapes[p + "ffn_up.weight"] = ((cfg.n_ff, e), True)
-            shapes[p + "ffn_down.weight"] = ((e, cfg.n_ff), True)
+            shapes.update(dense_ffn_shapes(cfg, p))
         if il >= cfg.n_layer:
-            shapes[p + "nextn.eh_proj.weight"] = ((e, 2 * e), True)
-            shapes[p + "nextn.enorm.weight"] = ((e,), True)
-            shapes[p + "nextn.hnorm.weight"] = ((e,), True)
-            shapes[p + "nextn.shared_head_norm.weight"] = ((e,), False)
-            shapes[p + "nextn.shared_head_head.weight"] = ((v, e), False)
-            shapes[p + "nextn.embed_tokens.weight"] = ((v, e), False)
+            shapes.update(nextn_shapes(p, e, v))
     return shapes
+
+
+def biased_moe_shapes(p: str, n_embd: int, n_expert: int, n_ff_exp: int, n_ff_shexp: int) -> Shapes:
+    """A DeepSeek-style MoE FFN of block prefix ``p``: router, expert-selection bias ``exp_probs_b``, stacked routed
+    experts ``(n_expert, out, in)`` and one always-on shared expert of width ``n_ff_shexp`` (glm4moe, step35)."""
+    e, ne, fe, fs = n_embd, n_expert, n_ff_exp, n_ff_shexp
+    return {
+        p + "ffn_gate_inp.weight": ((ne, e), True), p + "exp_probs_b.bias": ((ne,), True),
+        p + "ffn_gate_exps.weight": ((ne, fe, e), True), p + "ffn_up_exps.weight": ((ne, fe, e), True),
+        p + "ffn_down_exps.weight": ((ne, e, fe), True), p + "ffn_gate_shexp.weight": ((fs, e), True),
+        p + "ffn_up_shexp.weight": ((fs, e), True), p + "ffn_down_shexp.weight": ((e, fs), True),
+    }
 
 
 def _glm4moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -183,18 +181,39 @@ def _glm4moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
 
 def synthetic_glm4moe_tensors(cfg: Glm4MoeConfig, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
     """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
+    return scaled_moe_tensors(cfg, vocab, knobs, glm4moe_expected_tensor_shapes(cfg), CONTEXT_SCALE)
+
+
+def scaled_moe_tensors(cfg, vocab: ByteBPEVocab, knobs: Knobs, shapes: Shapes, context_scale: float,
+                       fidelities: tuple[float, ...] | None = None) -> dict[str, np.ndarray]:
+    """Random tensors of ``shapes`` with the knobs applied: every trunk block's output projections (attention, dense
+    FFN, routed and shared experts) scaled by ``context_scale * knobs.context_mix``, the MTP blocks' by 1e-3, and each
+    MTP block's input projection set by its fidelity (:func:`~.synthetic.finish_mtp_head`)."""
     keep = lambda name: name == "output.weight" or name.endswith(("shared_head_norm.weight", ".bias"))  # noqa: E731
-    out, rng = trunk_tensors(cfg, vocab, knobs, glm4moe_expected_tensor_shapes(cfg), keep, _glm4moe_init)
+    out, rng = trunk_tensors(cfg, vocab, knobs, shapes, keep, _glm4moe_init)
 
     down = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
     for il in range(cfg.block_count):
-        scale = CONTEXT_SCALE * knobs.context_mix if il < cfg.n_layer else 1e-3
+        scale = context_scale * knobs.context_mix if il < cfg.n_layer else 1e-3
         for suffix in down:
             name = f"blk.{il}.{suffix}"
             if name in out:
                 out[name] *= scale
 
-    return finish_mtp_head(out, cfg, knobs, rng)
+    return finish_mtp_head(out, cfg, knobs, rng, fidelities)
+
+
+def glm4moe_keys(cfg: Glm4MoeConfig) -> dict[str, object]:
+    """The hyperparameters (``add_<key>`` names of the GGUF writer), as convert_hf_to_gguf writes them."""
+    import gguf
+
+    return transformer_keys(cfg, rope_dim=cfg.rope_dim) | {
+        "layer_norm_rms_eps": cfg.rms_eps, "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
+        "expert_shared_count": cfg.n_expert_shared, "expert_feed_forward_length": cfg.n_ff_exp,
+        "leading_dense_block_count": cfg.n_layer_dense_lead, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        "expert_weights_scale": cfg.expert_weights_scale, "expert_weights_norm": cfg.expert_weights_norm,
+        "nextn_predict_layers": cfg.nextn_predict_layers,
+    }
 
 
 def write_glm4moe_gguf(
@@ -212,24 +231,8 @@ def write_glm4moe_gguf(
     ``tensors`` maps GGUF names to arrays of the shapes of :func:`glm4moe_expected_tensor_shapes`
     (required ones must be present; unknown names are rejected).
     """
-    import gguf
-
-    shapes = glm4moe_expected_tensor_shapes(cfg)
-    check_tensors(tensors, shapes, vocab, cfg.n_vocab)
-    w, path = open_writer(path, ARCH, name=name, description=description, license=None,
-                          file_type=gguf.LlamaFileType.ALL_F32)
-
-    add_keys(w, transformer_keys(cfg, rope_dim=cfg.rope_dim) | {
-        "layer_norm_rms_eps": cfg.rms_eps, "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
-        "expert_shared_count": cfg.n_expert_shared, "expert_feed_forward_length": cfg.n_ff_exp,
-        "leading_dense_block_count": cfg.n_layer_dense_lead, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
-        "expert_weights_scale": cfg.expert_weights_scale, "expert_weights_norm": cfg.expert_weights_norm,
-    })
-    w.add_nextn_predict_layers(cfg.nextn_predict_layers)
-
-    finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})},
-                  ((t, np.ascontiguousarray(tensors[t], dtype=np.float32)) for t in shapes if t in tensors))
-    return path
+    return write_f32_gguf(path, ARCH, cfg, glm4moe_expected_tensor_shapes(cfg), glm4moe_keys(cfg), tensors, vocab,
+                          name=name, description=description, extra_metadata=extra_metadata)
 
 
 def write_synthetic_glm4moe(path: str | Path, **knobs: float) -> Path:
