@@ -160,11 +160,14 @@ def embeddings_and_head(rng: np.random.Generator, vocab: ByteBPEVocab, n_vocab: 
     return embd, head
 
 
-def mtp_input_projection(rng: np.random.Generator, n_embd: int, mtp_fidelity: float) -> np.ndarray:
-    """The MTP block's ``eh_proj``: ``mtp_fidelity`` blends "pass the token embedding through" (1),
-    which makes the head reproduce the trunk's token -> token function, with random (0)."""
-    select = np.concatenate([np.eye(n_embd), np.zeros((n_embd, n_embd))], axis=1)
-    random_proj = rng.standard_normal((n_embd, 2 * n_embd)) / np.sqrt(2 * n_embd)
+def mtp_input_projection(rng: np.random.Generator, n_embd: int, mtp_fidelity: float,
+                         n_out: int | None = None) -> np.ndarray:
+    """The MTP block's ``eh_proj`` (``n_out`` x ``2 * n_embd``, ``n_out`` default ``n_embd``): ``mtp_fidelity``
+    blends "pass the token embedding (its first ``n_out`` dimensions) through" (1), which makes the head reproduce
+    the trunk's token -> token function, with random (0)."""
+    n_out = n_embd if n_out is None else n_out
+    select = np.eye(n_out, 2 * n_embd)
+    random_proj = rng.standard_normal((n_out, 2 * n_embd)) / np.sqrt(2 * n_embd)
     return (mtp_fidelity * select + (1.0 - mtp_fidelity) * random_proj).astype(np.float32)
 
 
