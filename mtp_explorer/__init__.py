@@ -19,6 +19,7 @@ from .core.errors import (
     ModelLoadError,
     ModelNotFoundError,
     MtpExplorerError,
+    MtpModeUnsupportedError,
     MtpUnavailableError,
     ParameterError,
     RollbackError,
@@ -57,7 +58,7 @@ __all__ = [
     # errors
     "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "FormatError",
     "InputTypeError", "LibraryError", "ToolError",
-    "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
+    "ModelLoadError", "ModelNotFoundError", "MtpModeUnsupportedError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",

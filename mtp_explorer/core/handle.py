@@ -186,7 +186,7 @@ class EngineHandle:
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
                                  threads_batch=threads_batch, repack=repack, n_parallel=n_parallel,
                                  draft_model=None if draft_info is None else str(draft_info.path))
-        options.check_model(info.n_embd_head_k)
+        options.check_model(info, draft_info)
         engine = _load_engine(path, options)
         session = cls(engine, info, seed=options.seed, draft_info=draft_info)
         session.open_kwargs = options.as_kwargs()

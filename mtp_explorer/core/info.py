@@ -49,6 +49,24 @@ class ModelInfo:
     moe_layers: tuple[int, ...] = ()
     """Indices of the blocks with a MoE FFN (a router tensor ``blk.N.ffn_gate_inp``), MTP blocks included
     (they are numbered from ``n_layer``)."""
+    mtp_mode: str | None = None
+    """How llama.cpp's ``draft-mtp`` driver runs this model's MTP (:data:`MTP_MODES`), by llama.cpp's rule
+    (``common/speculative.cpp``): ``"single"`` (one NextN block: qwen35, qwen35moe, glm4moe), ``"chained"`` (more
+    than one NextN block and no shared memory: step35's heads, one per draft step), ``"shared_memory"`` (a separate
+    head file that reads its target's KV cache: a ``gemma4-assistant`` file, or a target paired with one by
+    ``model_info(target, head=...)``); ``None``: no MTP (a ``gemma4`` target alone has no head until its head file
+    is given)."""
+    n_mtp_heads: int = 0
+    """MTP heads a draft round can use: 1 for ``"single"`` and ``"shared_memory"`` (an assistant runs all its
+    ``n_layer_nextn`` layers in one graph at every draft step), ``n_layer_nextn`` for ``"chained"``, 0 without MTP."""
+    is_mtp_head_file: bool = False
+    """The file is a separate MTP head (llama.cpp's ``-md`` with ``--spec-type draft-mtp``): it has no trunk
+    (``n_layer`` 0) and runs only against a target's context."""
+    n_embd_out: int = 0
+    """Width of the hidden state the model exchanges with the MTP driver (``<arch>.embedding_length_out``, else
+    ``n_embd``): a head file's must equal its target's ``n_embd``."""
+    mtp_head: str | None = None
+    """The head file this information pairs the model with (``model_info(path, head=...)``), else ``None``."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -149,9 +167,61 @@ def _file_type(path: Path, reader, tensor_types: Counter) -> str:
     return _GUESS.get(top, "F32") + " (guessed)"
 
 
-def model_info(path: str | Path) -> ModelInfo:
-    """Read a GGUF file's metadata. Raises :class:`ModelLoadError` for missing, foreign or damaged files."""
-    path = Path(path)
+MTP_MODES: tuple[str, ...] = ("single", "chained", "shared_memory")
+"""llama.cpp 0.3.36's three ``draft-mtp`` modes ("One MTP draft driver, three modes" in ``common/speculative.cpp``)."""
+
+#: Architectures whose files are MTP heads that share their target's memory: llama.cpp keeps
+#: ``llama_context_params.ctx_other`` for them only, and its driver's ``is_mem_shared`` is
+#: ``llama_get_ctx_other(ctx_dft) == ctx_tgt``.
+SHARED_MEMORY_HEAD_ARCHS: dict[str, str] = {"gemma4-assistant": "gemma4"}
+"""Head architecture -> the target architecture its converter pairs it with."""
+
+
+def mtp_mode_of(arch: str, n_layer_nextn: int) -> tuple[str | None, int]:
+    """``(mtp_mode, n_mtp_heads)`` of a model file, by llama.cpp's rule: a shared-memory head file's is
+    ``"shared_memory"`` (one head); else ``n_mtp_layers = n_layer_nextn`` and ``chain_heads = n_mtp_layers > 1``."""
+    if arch in SHARED_MEMORY_HEAD_ARCHS:
+        return "shared_memory", 1
+    if n_layer_nextn <= 0:
+        return None, 0
+    return ("chained", n_layer_nextn) if n_layer_nextn > 1 else ("single", 1)
+
+
+def model_info(path: str | Path, head: str | Path | None = None) -> ModelInfo:
+    """Read a GGUF file's metadata. Raises :class:`ModelLoadError` for missing, foreign or damaged files.
+
+    ``head`` pairs the model with a separate MTP head file (llama.cpp's ``-md``): the result is the target's
+    information with the pair's ``mtp_mode`` and ``n_mtp_heads`` and ``mtp_head`` set; a head that does not fit the
+    target (not a head file, another width or vocabulary) is a :class:`ModelLoadError` naming the mismatch."""
+    info = _file_info(Path(path))
+    if head is None:
+        return info
+    return pair_with_head(info, _file_info(Path(head)))
+
+
+def pair_with_head(target: ModelInfo, head: ModelInfo) -> ModelInfo:
+    """``target``'s information paired with the head file ``head`` (see :func:`model_info`)."""
+    problems = []
+    if not head.is_mtp_head_file:
+        problems.append(f"{head.path} is a {head.arch} model, not an MTP head file "
+                        f"({', '.join(SHARED_MEMORY_HEAD_ARCHS)})")
+    if target.is_mtp_head_file:
+        problems.append(f"{target.path} is itself an MTP head file, not a target")
+    if not problems:
+        if head.n_embd_out != target.n_embd:
+            problems.append(f"the head exchanges hidden states of width {head.n_embd_out} "
+                            f"(embedding_length_out) and the target's are {target.n_embd} wide")
+        if head.n_vocab != target.n_vocab:
+            problems.append(f"the head has {head.n_vocab} tokens and the target {target.n_vocab}")
+        expected = SHARED_MEMORY_HEAD_ARCHS[head.arch]
+        if target.arch != expected:
+            problems.append(f"a {head.arch} head runs against a {expected} target, not {target.arch}")
+    if problems:
+        raise ModelLoadError(f"the MTP head {head.path} does not fit the target {target.path}: " + "; ".join(problems))
+    return dataclasses.replace(target, mtp_mode=head.mtp_mode, n_mtp_heads=head.n_mtp_heads, mtp_head=head.path)
+
+
+def _file_info(path: Path) -> ModelInfo:
     _check_file(path)
     reader = _reader(path)
     arch = _field(reader, "general.architecture")
@@ -176,13 +246,15 @@ def model_info(path: str | Path) -> ModelInfo:
         n_embd_r = (int(d_conv) - 1) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
         rs_slot_bytes = n_recurrent * 4 * (n_embd_r + n_embd_s)
+    mtp_mode, n_mtp_heads = mtp_mode_of(arch, n_nextn)
+    n_embd = int(_field(reader, f"{arch}.embedding_length", 0))
     return ModelInfo(
         path=str(path),
         name=str(_field(reader, "general.name", path.stem)),
         arch=arch,
         n_layer=block_count - n_nextn,
         n_layer_nextn=n_nextn,
-        n_embd=int(_field(reader, f"{arch}.embedding_length", 0)),
+        n_embd=n_embd,
         n_vocab=len(tokens),
         n_ctx_train=int(_field(reader, f"{arch}.context_length", 0)),
         n_params=n_params,
@@ -197,6 +269,10 @@ def model_info(path: str | Path) -> ModelInfo:
         n_ff_exp=_largest(_field(reader, f"{arch}.expert_feed_forward_length", 0)),
         moe_layers=_moe_layers(reader),
         n_embd_head_k=_head_k(reader, arch),
+        mtp_mode=mtp_mode,
+        n_mtp_heads=n_mtp_heads,
+        is_mtp_head_file=arch in SHARED_MEMORY_HEAD_ARCHS,
+        n_embd_out=int(_field(reader, f"{arch}.embedding_length_out", 0) or n_embd),
     )
 
 
