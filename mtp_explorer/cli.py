@@ -1,5 +1,6 @@
-"""The ``mtp-explorer`` command: ``run`` streams a generation, ``info`` describes a model file, ``profile``
-measures this machine's cost profile (``costs=`` of simulate and sweep)."""
+"""The ``mtp-explorer`` command: ``run`` streams a generation, ``info`` describes a model file, ``synth`` writes a
+SYNTHETIC model of an architecture, ``profile`` measures this machine's cost profile (``costs=`` of simulate and
+sweep)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,19 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="what a model file holds")
     info.add_argument("model", nargs="?", default=None, help="GGUF model (default: the bundled demo model)")
     info.add_argument("--json", action="store_true", help="print JSON")
+    info.add_argument("--head", default=None, metavar="FNAME",
+                      help="a separate MTP head file (llama.cpp's -md): report the model paired with it")
+
+    synth = sub.add_parser("synth", help="write a SYNTHETIC (random-weight) model of an architecture, with its head "
+                                         "file where its MTP mode needs one; prints each path, the target first")
+    synth.add_argument("--arch", required=True, metavar="ARCH",
+                       help="the architecture: " + ", ".join(f"{a} ({mode} MTP)" for a, (mode, _) in _synth_archs()))
+    synth.add_argument("--out", required=True, metavar="DIR", help="the folder to write into (created if missing)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    synth.add_argument("--context-mix", type=float, default=0.0,
+                       help="how much context the trunk mixes in (0: every draft accepted; default: 0)")
+    synth.add_argument("--mtp-fidelity", type=float, default=1.0,
+                       help="how faithfully the MTP head copies the trunk, in [0, 1] (default: 1)")
 
     prof = sub.add_parser("profile", help="measure this machine's cost profile for a model and save it (costs=)")
     prof.add_argument("model", nargs="?", default=None, help="GGUF model (default: the bundled demo model)")
@@ -69,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="deepest oracle the profile can price (default: --n-rs-seq)")
     add_session_args(prof)
     return p
+
+
+def _synth_archs():
+    from .devtools.synth import SYNTH_ARCHS
+
+    return SYNTH_ARCHS.items()
 
 
 def add_session_args(parser: argparse.ArgumentParser) -> None:
@@ -302,7 +322,7 @@ def _info(args, console: Console) -> int:
     from .core.info import model_info
     from .models import default_model_path
 
-    info = model_info(args.model or default_model_path())
+    info = model_info(args.model or default_model_path(), head=args.head)
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
         return 0
@@ -314,6 +334,17 @@ def _info(args, console: Console) -> int:
             table.add_row(key, f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value))
     table.add_row("experts", info.experts_label())
     console.print(table)
+    return 0
+
+
+def _synth(args, console: Console) -> int:
+    """Write a SYNTHETIC model (:func:`mtp_explorer.devtools.synth.write_synth`) and print its paths, the target
+    first, one a line."""
+    from .devtools.synth import write_synth
+
+    for path in write_synth(args.arch, args.out, seed=args.seed, context_mix=args.context_mix,
+                            mtp_fidelity=args.mtp_fidelity):
+        print(path)
     return 0
 
 
@@ -355,9 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console()
     try:
-        return {"run": _run, "info": _info, "profile": _profile}[args.command](args, console)
+        return {"run": _run, "info": _info, "synth": _synth, "profile": _profile}[args.command](args, console)
     except (MtpExplorerError, FileNotFoundError) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # one line, however long
         return 2
     except KeyboardInterrupt:
         return 130
