@@ -1,0 +1,132 @@
+"""SYNTHETIC gemma4 target with its gemma4-assistant MTP head file (llama.cpp's shared-memory draft-mtp mode): the
+files, model_info of each and of the pair, llama.cpp's reference drafting and accepting with -md, the synth command,
+and the engine's refusal of the mode it does not run yet."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.cli import main
+from mtp_explorer.devtools.reference import run_reference_spec
+from mtp_explorer.devtools.synthetic_gemma4 import (gemma4_assistant_config, gemma4_config,
+                                                    gemma4_expected_tensor_shapes, write_synthetic_gemma4)
+
+PROMPT = "def f(x):"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synthetic_gemma4")
+    return {
+        "perfect": write_synthetic_gemma4(d / "perfect.gguf"),
+        "partial": write_synthetic_gemma4(d / "partial.gguf", context_mix=0.5),
+        "random": write_synthetic_gemma4(d / "random.gguf", mtp_fidelity=0.0),
+    }
+
+
+def _metadata(path):
+    reader = gguf.GGUFReader(str(path))
+    md = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return md, {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
+
+
+def _reference(binary, pair, n_max=3, max_tokens=32):
+    target, head = pair
+    return run_reference_spec(binary, target, PROMPT, ["-md", str(head), "--spec-type", "draft-mtp",
+                                                       "--spec-draft-n-max", str(n_max)],
+                              max_tokens=max_tokens, n_ctx=512, threads=1)
+
+
+# -- the files ----------------------------------------------------------------------------------------
+def test_write_is_small_deterministic_and_names_the_head_file(tmp_path):
+    a, a_head = write_synthetic_gemma4(tmp_path / "a.gguf", seed=3, context_mix=0.5)
+    assert a_head == tmp_path / "mtp-a.gguf"  # as llama.cpp's converter names a draft-only file
+    assert a.stat().st_size < 1024 * 1024 and a_head.stat().st_size < 512 * 1024
+    b, b_head = write_synthetic_gemma4(tmp_path / "b.gguf", tmp_path / "b-head.gguf", seed=3, context_mix=0.5)
+    c, c_head = write_synthetic_gemma4(tmp_path / "c.gguf", seed=4, context_mix=0.5)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    assert a_head.read_bytes() == b_head.read_bytes() != c_head.read_bytes()
+
+
+def test_metadata_and_tensors(files):
+    target, head = files["partial"]
+    md, found = _metadata(target)
+    assert md["general.architecture"] == "gemma4" and "gemma4.nextn_predict_layers" not in md
+    assert md["gemma4.attention.sliding_window_pattern"] == [True, True, True, False]
+    assert (md["gemma4.attention.key_length"], md["gemma4.attention.key_length_swa"]) == (32, 16)
+    assert md["mtp_explorer.synthetic"] is True and "SYNTHETIC" in md["general.description"]
+    assert set(found) <= set(gemma4_expected_tensor_shapes(gemma4_config()))
+    md, found = _metadata(head)
+    assert md["general.architecture"] == "gemma4-assistant"
+    assert md["gemma4-assistant.block_count"] == md["gemma4-assistant.nextn_predict_layers"] == 2
+    assert (md["gemma4-assistant.embedding_length"], md["gemma4-assistant.embedding_length_out"]) == (32, 64)
+    assert set(found) == set(gemma4_expected_tensor_shapes(gemma4_assistant_config(gemma4_config())))
+    assert "blk.0.attn_k.weight" not in found  # the head's keys and values are the target's
+    assert found["nextn.pre_projection.weight"] == (32, 128)
+
+
+def test_model_info_of_the_target_the_head_and_the_pair(files, tmp_path):
+    target, head = files["perfect"]
+    t = mx.model_info(target)
+    assert (t.arch, t.has_mtp, t.mtp_mode, t.n_mtp_heads, t.is_mtp_head_file) == ("gemma4", False, None, 0, False)
+    h = mx.model_info(head)
+    assert (h.arch, h.n_layer, h.n_layer_nextn, h.has_mtp) == ("gemma4-assistant", 0, 2, True)
+    assert (h.mtp_mode, h.n_mtp_heads, h.is_mtp_head_file, h.n_embd, h.n_embd_out) == ("shared_memory", 1, True, 32, 64)
+    pair = mx.model_info(target, head=head)
+    assert (pair.arch, pair.mtp_mode, pair.n_mtp_heads, pair.mtp_head) == ("gemma4", "shared_memory", 1, str(head))
+    # a head that does not fit its target
+    wide, wide_head = write_synthetic_gemma4(tmp_path / "wide.gguf", n_embd=48)
+    with pytest.raises(mx.ModelLoadError, match="width 48 .* target's are 64 wide"):
+        mx.model_info(target, head=wide_head)
+    with pytest.raises(mx.ModelLoadError, match="not an MTP head file"):
+        mx.model_info(target, head=wide)
+    with pytest.raises(mx.ModelLoadError, match="itself an MTP head file"):
+        mx.model_info(head, head=head)
+
+
+# -- llama.cpp's reference --------------------------------------------------------------------------------
+def test_reference_drafts_and_accepts_with_the_head_file(files, reference_binary):
+    perfect = _reference(reference_binary, files["perfect"])
+    assert perfect.n_drafted > 0 and perfect.n_accept == perfect.n_drafted
+    deeper = _reference(reference_binary, files["perfect"], n_max=5)  # one head drafts at every depth: no cap
+    assert deeper.n_drafted > perfect.n_drafted and deeper.n_accept == deeper.n_drafted
+    partial = _reference(reference_binary, files["partial"])
+    assert 0 < partial.n_accept < partial.n_drafted
+    random = _reference(reference_binary, files["random"])
+    assert random.n_drafted > 0 and random.n_accept == 0
+    # greedy: the head changes the drafts, never the text (the reference stops past -n by up to a draft's length)
+    short, long = sorted((perfect.text, random.text), key=len)
+    assert len(short) > 20 and long.startswith(short)
+
+
+# -- the synth command ------------------------------------------------------------------------------------
+def test_synth_prints_the_target_then_the_head(tmp_path, capsys):
+    assert main(["synth", "--arch", "gemma4", "--out", str(tmp_path), "--context-mix", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [str(tmp_path / "synthetic-gemma4.gguf"), str(tmp_path / "mtp-synthetic-gemma4.gguf")]
+    assert mx.model_info(lines[0], head=lines[1]).mtp_mode == "shared_memory"
+
+
+# -- the engine -------------------------------------------------------------------------------------------
+def test_the_engine_refuses_the_shared_memory_head_before_loading(files):
+    """The engine cannot create a gemma4-assistant context (llama.cpp needs ctx_other = the target's context, which
+    it does not set: a bare 'could not create the draft model's context'): Session.open refuses the mode, naming it,
+    before the engine loads anything. The head file alone is refused too."""
+    target, head = files["perfect"]
+    with pytest.raises(mx.MtpModeUnsupportedError, match="shared_memory draft-mtp mode") as err:
+        mx.Session.open(target, draft_model=head, n_ctx=256, threads=1)
+    assert "does not run the shared_memory mode yet" in str(err.value)
+    with pytest.raises(mx.ParameterError, match="MTP head file: it runs only against its target"):
+        mx.Session.open(head, n_ctx=256, threads=1)
+
+
+def test_the_target_alone_decodes_without_mtp(files):
+    target, _ = files["partial"]
+    with mx.Session.open(target, n_ctx=256, threads=1) as s:
+        assert s.info.mtp_mode is None
+        plain = s.generate(PROMPT, max_tokens=16, n_max=0)
+        assert len(plain.tokens) == 16 and all(c == "\n" or 32 <= ord(c) < 127 for c in plain.text)
+        with pytest.raises(mx.MtpUnavailableError, match="no MTP layers"):
+            s.generate(PROMPT, max_tokens=16, n_max=3, drafter="draft-mtp")

@@ -1,0 +1,138 @@
+"""SYNTHETIC step35 model with 3 chained MTP heads (llama.cpp's chained-head draft-mtp mode): the file, model_info,
+llama.cpp's reference drafting and accepting with it (head by head), the synth command, and the engine's refusal of
+the mode it does not run yet."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.cli import main
+from mtp_explorer.devtools.reference import run_reference_spec
+from mtp_explorer.devtools.synthetic_step35 import (step35_config, step35_expected_tensor_shapes,
+                                                    write_synthetic_step35)
+
+PROMPT = "def f(x):"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synthetic_step35")
+    return {
+        "perfect": write_synthetic_step35(d / "perfect.gguf"),
+        "partial": write_synthetic_step35(d / "partial.gguf", context_mix=0.5),
+        "random": write_synthetic_step35(d / "random.gguf", mtp_fidelity=0.0),
+        "first_head_only": write_synthetic_step35(d / "first.gguf", head_fidelity=(1.0, 0.0, 0.0)),
+    }
+
+
+def _reference(binary, model, n_max=3, max_tokens=32):
+    return run_reference_spec(binary, model, PROMPT, ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)],
+                              max_tokens=max_tokens, n_ctx=512, threads=1)
+
+
+# -- the file -----------------------------------------------------------------------------------------
+def test_write_is_small_and_deterministic(tmp_path):
+    a = write_synthetic_step35(tmp_path / "a.gguf", seed=3, context_mix=0.5)
+    assert a.stat().st_size < 2 * 1024 * 1024
+    b = write_synthetic_step35(tmp_path / "b.gguf", seed=3, context_mix=0.5)
+    c = write_synthetic_step35(tmp_path / "c.gguf", seed=4, context_mix=0.5)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_knob_and_config_validation(tmp_path):
+    with pytest.raises(mx.ParameterError, match="head_fidelity needs 3 values"):
+        write_synthetic_step35(tmp_path / "x.gguf", head_fidelity=(1.0, 0.5))
+    with pytest.raises(mx.ParameterError, match="head_fidelity"):
+        write_synthetic_step35(tmp_path / "x.gguf", head_fidelity=(1.0, 0.5, 1.5))
+    with pytest.raises(mx.ParameterError):
+        write_synthetic_step35(tmp_path / "x.gguf", mtp_fidelity=1.5)
+    with pytest.raises(mx.ParameterError, match="full attention"):
+        step35_config(swa_layers=(0, 1))
+
+
+def test_metadata_and_tensors(files):
+    cfg = step35_config()
+    reader = gguf.GGUFReader(str(files["partial"]))
+    md = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert md["general.architecture"] == "step35"
+    assert md["step35.block_count"] == cfg.n_layer + 3 == 5
+    assert md["step35.nextn_predict_layers"] == 3
+    assert md["step35.attention.sliding_window_pattern"] == [True, False, False, False, False]
+    assert md["mtp_explorer.synthetic"] is True and "SYNTHETIC" in md["general.description"]
+    found = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
+    assert set(found) <= set(step35_expected_tensor_shapes(cfg))
+    for head in (2, 3, 4):  # one full decoder block with its NextN wiring per head
+        assert found[f"blk.{head}.nextn.eh_proj.weight"] == (cfg.n_embd, 2 * cfg.n_embd)
+        assert f"blk.{head}.ffn_gate_inp.weight" in found and f"blk.{head}.attn_gate.weight" in found
+
+
+def test_model_info_reports_chained_heads(files):
+    info = mx.model_info(files["perfect"])
+    assert (info.arch, info.n_layer, info.n_layer_nextn, info.has_mtp) == ("step35", 2, 3, True)
+    assert (info.mtp_mode, info.n_mtp_heads, info.is_mtp_head_file) == ("chained", 3, False)
+    assert info.moe_layers == (1, 2, 3, 4)
+
+
+# -- llama.cpp's reference --------------------------------------------------------------------------------
+def test_reference_drafts_and_accepts_with_each_head(files, reference_binary):
+    perfect = _reference(reference_binary, files["perfect"])
+    assert perfect.n_drafted > 0 and perfect.n_accept == perfect.n_drafted
+    # llama.cpp caps n_max at the number of chained heads: n_max 5 drafts as n_max 3
+    capped = _reference(reference_binary, files["perfect"], n_max=5)
+    assert (capped.text, capped.n_drafted, capped.n_accept) == (perfect.text, perfect.n_drafted, perfect.n_accept)
+    partial = _reference(reference_binary, files["partial"])
+    assert 0 < partial.n_accept < partial.n_drafted
+    random = _reference(reference_binary, files["random"])
+    assert random.n_drafted > 0 and random.n_accept == 0
+    # depth i is drafted by head i: a perfect first head and random later ones accept about one token per draft
+    first = _reference(reference_binary, files["first_head_only"])
+    n_drafts = first.n_drafted // 3
+    assert 0 < first.n_accept < first.n_drafted
+    assert abs(first.n_accept - n_drafts) <= 2
+
+
+# -- the synth command ------------------------------------------------------------------------------------
+def test_synth_writes_the_model_and_prints_its_path(tmp_path, capsys):
+    assert main(["synth", "--arch", "step35", "--out", str(tmp_path / "models")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [str(tmp_path / "models" / "synthetic-step35.gguf")]
+    assert mx.model_info(lines[0]).mtp_mode == "chained"
+
+
+def test_synth_errors(tmp_path, capsys):
+    assert main(["synth", "--arch", "llama", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().out
+    assert "unknown architecture 'llama'" in err and "qwen35, qwen35moe, glm4moe, step35, gemma4" in err
+    assert len(err.strip().splitlines()) == 1
+    (tmp_path / "file").write_text("")
+    assert main(["synth", "--arch", "step35", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().out
+    assert main(["synth", "--arch", "step35", "--out", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot create the folder" in capsys.readouterr().out
+
+
+# -- the engine -------------------------------------------------------------------------------------------
+def test_the_engine_refuses_chained_heads_before_loading(files):
+    """The engine drafts with one head only (it would draft every depth with head 0, silently): Session.open refuses
+    the chained mode, naming it, before the engine loads the file."""
+    with pytest.raises(mx.MtpModeUnsupportedError, match="chained draft-mtp mode") as err:
+        mx.Session.open(files["perfect"], n_ctx=256, threads=1)
+    assert "3 MTP heads" in str(err.value) and "does not run the chained mode yet" in str(err.value)
+    assert isinstance(err.value, mx.MtpUnavailableError)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "glm4moe"])
+def test_model_info_reports_a_single_head_for_the_other_writers(arch, tmp_path):
+    from mtp_explorer.devtools.synth import SYNTH_ARCHS, write_synth
+
+    (path,) = write_synth(arch, tmp_path)
+    info = mx.model_info(path)
+    assert (info.arch, info.mtp_mode, info.n_mtp_heads, info.is_mtp_head_file) == (arch, "single", 1, False)
+    assert SYNTH_ARCHS[arch][0] == "single"
+
+
+def test_model_info_of_the_bundled_model_reports_a_single_head():
+    info = mx.model_info(mx.default_model_path())
+    assert (info.mtp_mode, info.n_mtp_heads) == ("single", 1)
