@@ -230,12 +230,13 @@ void bind_generation_config(nb::module_ & m) {
                                  "One generation: budget, sampling, the drafter chain (names of DRAFTERS) and its policy.")
         .def("__init__",
              [](GenerationConfig * self, int32_t max_tokens, float temperature, uint32_t seed,
-                std::vector<std::string> drafters, std::string chain_policy, DrafterOptions options) {
+                std::vector<std::string> drafters, std::string chain_policy, DrafterOptions options, bool server_slot) {
                  new (self) GenerationConfig{max_tokens, temperature, seed, std::move(drafters), std::move(chain_policy),
-                                             std::move(options)};
+                                             std::move(options), server_slot};
              },
              "max_tokens"_a = gc.max_tokens, "temperature"_a = gc.temperature, "seed"_a = gc.seed,
-             "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "options"_a = gc.options)
+             "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "options"_a = gc.options,
+             "server_slot"_a = gc.server_slot)
         .def_rw("max_tokens", &GenerationConfig::max_tokens)
         .def_rw("temperature", &GenerationConfig::temperature)
         .def_rw("seed", &GenerationConfig::seed)
@@ -244,7 +245,11 @@ void bind_generation_config(nb::module_ & m) {
         .def_rw("options", &GenerationConfig::options,
                 "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, \"lookup_cache_static\": \"\", ...}: "
                 "integers, or texts for file names): each drafter reads its own keys, "
-                "a missing key meaning its default; unknown keys are ignored.");
+                "a missing key meaning its default; unknown keys are ignored.")
+        .def_rw("server_slot", &GenerationConfig::server_slot,
+                "The prompt as a llama-server slot processes it: in the server's prompt batches (for a recurrent, "
+                "hybrid or SWA target the last 4 tokens apart), the last batch with the first step, whose token is "
+                "sampled before any draft");
     nb::class_<Request>(m, "Request", "One request of a parallel generation: its prompt, config, parameters and arrival step.")
         .def("__init__",
              [](Request * self, std::vector<llama_token> prompt, GenerationConfig config, DraftParams params,

@@ -53,7 +53,9 @@ struct HeadDrafter : Drafter {
     HeadDrafter(DrafterId id, const NextnApi & api, llama_context * ctx_dft, DraftHead head, const char * spec_type);
 
     double expected_accepted(const Draft & d) const override { return expected_from_confidences(d); }
-    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
+    void accept(const DraftOutcome & outcome) override {
+        keep(outcome.row0 + outcome.n_accepted, outcome.keep_until);
+    }
     FeatureNeeds features() const override { return head.features(); }
 
   protected:

@@ -195,6 +195,8 @@ struct DraftOutcome {
     const llama_token * emitted = nullptr;  // the tokens the step emitted: the accepted drafts, then the correction
     int32_t n_emitted = 0;
     llama_pos keep_until = 0;               // the target memory keeps the positions before this
+    int32_t row0 = 0;                       // id_last's row among the rows the step's decode handed the drafters
+                                            // (prompt rows decoded with a server slot's first step come first)
 };
 
 // Per-drafter counters for one generation, counted as llama.cpp's common_speculative_draft/_accept count

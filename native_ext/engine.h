@@ -35,6 +35,9 @@ llama_token argmax(const float * logits, int32_t n_vocab);
 // norms and the draft/target cosine).
 enum class TelemetryLevel : int32_t { OFF = 0, STEPS = 1, FULL = 2 };
 constexpr const char * TELEMETRY_LEVEL_NAMES[] = {"off", "steps", "full"};
+constexpr int32_t SERVER_N_BATCH = 2048;  // llama-server's default -b, the most tokens of one of its prompt batches
+
+std::vector<int32_t> server_prompt_chunks(int32_t n, int32_t n_batch, int32_t n_ubatch, bool checkpoints);
 static_assert(count_of(TELEMETRY_LEVEL_NAMES) == (size_t) TelemetryLevel::FULL + 1, "one name per level");
 
 struct EngineOptions {
@@ -159,7 +162,7 @@ struct Engine {
     // output before turned off
     void use_layer_inputs(const std::vector<int32_t> & layers);
     void admit(int32_t step);              // waiting requests that have arrived take free sequences
-    void prefill(Sequence & q);            // its prompt but the last token, every drafter begun
+    void prefill(Sequence & q);            // its prompt but what its first step decodes, every drafter begun
     void release(Sequence & q);            // a finished request leaves its sequence
     int32_t next_arrival() const;
 

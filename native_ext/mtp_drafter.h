@@ -31,7 +31,9 @@ struct MtpDrafter final : Drafter {
     void begin(const std::vector<llama_token> & prompt) override;
     bool draft(const DraftRequest & req, Draft & out) override;
     double expected_accepted(const Draft & d) const override;
-    void accept(const DraftOutcome & outcome) override { keep(outcome.n_accepted, outcome.keep_until); }
+    void accept(const DraftOutcome & outcome) override {
+        keep(outcome.row0 + outcome.n_accepted, outcome.keep_until);
+    }
 
     FeatureNeeds features() const override { return FeatureNeeds{/*nextn*/ true}; }
 

@@ -72,8 +72,29 @@ void Engine::admit(int32_t step) {
     }
 }
 
-// The prompt but its last token on the target in the request's sequence (the drafters follow it: the MTP
-// head catches up when it drafts), every drafter begun.
+// Where llama-server 0.3.36 ends its prompt batches (update_slots): at most n_batch tokens each, and for a target
+// whose memory it checkpoints (recurrent, hybrid or SWA) a batch also ends 4 + n_ubatch and 4 tokens before the
+// prompt's end, so that a checkpoint can be made there. Returns each batch's end.
+std::vector<int32_t> server_prompt_chunks(int32_t n, int32_t n_batch, int32_t n_ubatch, bool checkpoints) {
+    std::vector<int32_t> ends;
+    for (int32_t start = 0; start < n;) {
+        int32_t end = start;
+        while (end < n && end - start < n_batch) {
+            ++end;
+            const int32_t left = n - end;
+            if (checkpoints && (left == std::min(n_batch, 4 + n_ubatch) || left == std::min(n_batch, 4))) {
+                break;
+            }
+        }
+        ends.push_back(end);
+        start = end;
+    }
+    return ends;
+}
+
+// The prompt on the target in the request's sequence, every drafter begun (the drafters follow it: the MTP head
+// catches up when it drafts): all of it but its last token, as llama-speculative-simple does; or, for a server
+// slot, its prompt batches but the last, whose rows the first step decodes before its token (n_prompt_pending).
 void Engine::prefill(Sequence & q) {
     const std::vector<llama_token> & prompt = q.request.prompt;
     const int32_t N = (int32_t) prompt.size();
@@ -86,20 +107,35 @@ void Engine::prefill(Sequence & q) {
         d->stats.n_call_begin++;
     }
     q.tokens_all = prompt;
-    if (N > 1) {
+    int32_t n_before = N - 1;  // prompt tokens decoded here, in batches ending at `ends`
+    std::vector<int32_t> ends{n_before};
+    if (q.request.config.server_slot) {
+        const bool checkpoints = recurrent || llama_model_n_swa(model.get()) > 0;
+        ends = server_prompt_chunks(N, std::min(SERVER_N_BATCH, (int32_t) llama_n_batch(ctx_tgt.get())),
+                                    (int32_t) llama_n_ubatch(ctx_tgt.get()), checkpoints);
+        ends.pop_back();
+        n_before = ends.empty() ? 0 : ends.back();
+    }
+    int32_t start = 0;
+    for (const int32_t end : ends) {
+        if (end <= start) {
+            continue;
+        }
         llama_batch_ext_clear(batch_tgt.get());
-        add_target_rows(q.slot, prompt.data(), N - 1, 0, /*logits*/ false);
+        add_target_rows(q.slot, prompt.data() + start, end - start, start, /*logits*/ false);
         check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
-        follow_target(q, prompt.data(), N - 1, 0, 0);
+        follow_target(q, prompt.data() + start, end - start, start, 0);
         if (q.params.n_max > 0) {
             catch_up_drafters(drafters_of(q), "prompt catch-up");
         }
         for (auto & d : q.drafters) {
-            d->keep(N - 2, N - 1);
+            d->keep(end - start - 1, end);
         }
+        start = end;
     }
     q.id_last = prompt[N - 1];
-    q.n_past = N - 1;
+    q.n_past = n_before;
+    q.n_prompt_pending = N - 1 - n_before;
     q.t_prefill_ns = now_ns() - t0;
 }
 

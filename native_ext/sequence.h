@@ -22,6 +22,9 @@ struct GenerationConfig {
     std::vector<std::string> drafters{drafter_name(DRAFTER_MTP)};
     std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::FIRST];
     DrafterOptions options;  // every drafter's options by keyword (each drafter reads its own keys)
+    // the prompt as a llama-server slot processes it (Engine::server_prompt_chunks): in the server's prompt
+    // batches, the last of them decoded with the first step, whose token is sampled before any draft
+    bool server_slot = false;
 };
 
 // A GenerationConfig's drafter list and policy, parsed (parse_chain throws a parameter error on
@@ -65,7 +68,9 @@ struct StepState {
     DrafterId source = DRAFTER_NONE;
     double expected = 0.0;               // the source's expected accepted length
     int32_t n_d = 0;                     // tokens verified
-    int32_t row0 = 0;                    // its first row in the step's target batch
+    int32_t row0 = 0;                    // its first row (id_last's) in the step's target batch
+    int32_t n_prompt_rows = 0;           // prompt rows decoded before it in the same batch (a server slot's first step)
+    int32_t out_row0 = 0;                // its first row among the batch's output rows (the hidden-state probe's)
     // accept / rollback
     int32_t n_acc = 0;
     llama_token correction = -1;
@@ -124,6 +129,7 @@ struct Sequence {
     // where its generation is
     llama_token id_last = -1;
     llama_pos n_past = 0;
+    int32_t n_prompt_pending = 0;        // prompt rows from n_past on that its first step decodes (server_slot)
     int32_t n_step = 0;
     DrafterId last_verified = DRAFTER_NONE;  // whose draft was verified last (llama.cpp's impl_last): told each outcome
     std::vector<llama_token> tokens_all;     // prompt + generated: the history the look-ups search

@@ -112,6 +112,10 @@ void Engine::cap(Sequence & q) const {
     if (cap_ctx < s.n_cap) { s.n_cap = cap_ctx; s.cap_reason = STOP_CONTEXT; }
     s.n_cap = std::max(s.n_cap, 0);
     s.drafting = s.p.n_max > 0;
+    if (q.request.config.server_slot && q.generated.empty()) {  // a slot samples its first token before any draft
+        s.p.n_max = s.p.n_min = s.n_cap = 0;
+        s.drafting = false;
+    }
 }
 
 DraftRequest Engine::draft_request(const Sequence & q, bool oracle) const {
@@ -339,20 +343,30 @@ void Engine::catch_up_drafters(const std::vector<Drafter *> & drafters, const ch
 void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
     int64_t t = now_ns();
     llama_batch_ext_clear(batch_tgt.get());
-    int32_t rows = 0;
-    for (Sequence * q : batch) {
-        const StepState & s = q->s;
-        q->verify_tokens.assign(1, q->id_last);
+    int32_t rows = 0, out_rows = 0;
+    for (Sequence * q : batch) {  // [prompt rows a server slot left for its first step], id_last, drafts
+        StepState & s = q->s;
+        const int32_t n_pre = q->n_prompt_pending;
+        q->verify_tokens.assign(q->tokens_all.begin() + q->n_past, q->tokens_all.begin() + q->n_past + n_pre);
+        q->verify_tokens.push_back(q->id_last);
         q->verify_tokens.insert(q->verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
-        q->s.row0 = rows;
-        add_target_rows(q->slot, q->verify_tokens.data(), s.n_d + 1, q->n_past, /*logits*/ true);
-        rows += s.n_d + 1;
+        add_target_rows(q->slot, q->verify_tokens.data(), n_pre, q->n_past, /*logits*/ false);
+        add_target_rows(q->slot, q->verify_tokens.data() + n_pre, s.n_d + 1, q->n_past + n_pre, /*logits*/ true);
+        s.n_prompt_rows = n_pre;
+        s.row0 = rows + n_pre;
+        s.out_row0 = out_rows;
+        rows += n_pre + s.n_d + 1;
+        out_rows += s.n_d + 1;
     }
     b.verify_rows = rows;
     check_decode(decode_target(), "target decode");
     int64_t t_follow = 0;
     for (Sequence * q : batch) {
-        t_follow += follow_target(*q, q->verify_tokens.data(), q->s.n_d + 1, q->n_past, q->s.row0);
+        const int32_t n_pre = q->s.n_prompt_rows;
+        t_follow += follow_target(*q, q->verify_tokens.data(), n_pre + q->s.n_d + 1, q->n_past, q->s.row0 - n_pre);
+        q->verify_tokens.erase(q->verify_tokens.begin(), q->verify_tokens.begin() + n_pre);
+        q->n_past += n_pre;
+        q->n_prompt_pending = 0;
     }
     b.t_verify_ns = now_ns() - t - t_follow;
     b.t_catchup_ns += t_follow;
@@ -410,6 +424,7 @@ void Engine::tell_drafters(Sequence & q) {
     o.emitted = q.generated.data() + q.generated.size() - (s.n_acc + 1);
     o.n_emitted = s.n_acc + 1;
     o.keep_until = s.keep_until;
+    o.row0 = s.n_prompt_rows;
     if (s.source != DRAFTER_NONE) {
         q.last_verified = s.source;
     }
@@ -467,7 +482,7 @@ void Engine::record(Sequence & q, const BatchStep & b) {
     std::copy(q.target_row.begin(), q.target_row.begin() + s.n_d + 1, tel.target_tokens.begin() + r * (D + 1));
     record_draft(q, r);
     if (full_telemetry()) {
-        const size_t row0 = (size_t) s.row0;
+        const size_t row0 = (size_t) s.out_row0;
         for (size_t j = 0; j <= (size_t) s.n_d && row0 + j < probe_tgt.row_norms.size(); ++j) {
             tel.h_norm_target[r * (D + 1) + j] = probe_tgt.row_norms[row0 + j];
         }

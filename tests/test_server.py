@@ -70,6 +70,56 @@ def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, 
                       + "\n".join(ties), stacklevel=1)
 
 
+#: llama-server 0.3.36 samples drafts on the backend by default (--spec-draft-backend-sampling); with two slots
+#: drafting draft-eagle3 together that mixes them up (a request's draft candidates carry the probabilities of its
+#: run alone but other token ids, and its totals change from run to run; measured in benchmarks/server.py). With
+#: --no-spec-draft-backend-sampling each slot drafts as it does alone, as our engine does.
+HEAD_SERVER_ARGS = {"draft-eagle3": ["--no-spec-draft-backend-sampling"], "draft-dflash": []}
+
+
+@pytest.mark.parametrize("n_parallel", [1, 2])
+@pytest.mark.parametrize("spec_type", sorted(HEAD_SERVER_ARGS))
+def test_draft_heads_match_the_server(server_binary, spec_type, n_parallel):
+    """The shipped EAGLE-3 and DFlash heads (-md) on llama-server with 1 and 2 slots: each request's text and
+    draft_n / draft_n_accepted equal our replay of it as a server slot (the prompt in the server's batches, the
+    first token sampled from them before any draft; llama.cpp's EAGLE-3 reads its deferred boundary row across
+    those batches, which a replay that decodes the prompt as llama-speculative-simple does gets wrong)."""
+    head = next(h for h in mx.draft_heads() if h.spec_type == spec_type)
+    with mx.Session.open(head.target_path, draft_model=head.head_path, n_ctx=2048 * n_parallel, threads=1,
+                         n_parallel=n_parallel) as s:
+        for batch in (list(PROMPTS[i:i + n_parallel]) for i in range(0, len(PROMPTS), n_parallel)):
+            with LlamaServer(head.target_path, n_parallel=n_parallel, n_ctx=2048 * n_parallel, threads=1,
+                             spec_type=spec_type, n_max=N_MAX, draft_model=head.head_path,
+                             args=HEAD_SERVER_ARGS[spec_type], binary=server_binary) as srv:
+                answers = srv.client().complete_many(batch, N_PREDICT)
+            ours = replay_server_parallel(s, batch, n_predict=N_PREDICT, n_max=N_MAX, drafter=spec_type)
+            for prompt, done, trace in zip(batch, answers, ours.traces):
+                result = compare_with_server(done, trace)
+                assert result["match"], (spec_type, n_parallel, prompt, result)
+                assert done.draft_n_accepted > 0
+
+
+def test_a_server_slot_decodes_the_prompt_in_the_servers_batches(bundled_model, session):
+    """server_slot=True: the first step decodes the prompt's last batch (its last 4 tokens on this hybrid model,
+    where llama-server checkpoints before them; the whole of a shorter prompt) and samples the first token before
+    any draft; the tokens are those of the default run, which decodes all but the last prompt token first."""
+    for prompt in ("def fibonacci(n):", "x ="):
+        n_prompt = len(session.tokenize(prompt))
+        slot = session.generate(prompt, max_tokens=16, n_max=3, server_slot=True)
+        plain = session.generate(prompt, max_tokens=16, n_max=3)
+        first = slot.to_pandas().iloc[0]
+        assert first["verify_rows"] == (4 if n_prompt > 4 else n_prompt), (prompt, n_prompt)
+        assert first["n_drafted"] == 0 and first["n_max"] == 0 and slot.n_drafted[1:].sum() > 0
+        assert slot.tokens == plain.tokens
+        assert slot.draft_settings.server_slot and not plain.draft_settings.server_slot
+    with mx.Session.open(mx.models.draft_model_path(), threads=1) as target:  # qwen3: no checkpoints, one batch
+        prompt = "def fibonacci(n):\n    return"
+        slot = target.generate(prompt, max_tokens=16, drafter="ngram-simple", server_slot=True)
+        assert slot.to_pandas().iloc[0]["verify_rows"] == len(target.tokenize(prompt))
+    with pytest.raises(mx.ParameterError, match="server_slot"):
+        mx.DraftSettings(server_slot="yes")
+
+
 def test_a_batch_of_slots_matches_our_parallel_replay(bundled_model, server_binary):
     """-np 4: four concurrent requests on a fresh server against the same four as one batch of our engine's four
     sequences (one target batch per step, the MTP drafts of all four decoded together): each text and draft_n /

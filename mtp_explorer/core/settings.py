@@ -26,7 +26,8 @@ from .drafters import DrafterMode
 from .errors import InputTypeError, MtpExplorerError, MtpUnavailableError, ParameterError
 
 #: The fields a trace's ``settings`` holds for its drafting settings (the drafters' options besides).
-FIELDS: tuple[str, ...] = ("max_tokens", "n_max", "p_min", "n_min", "temperature", "seed", "drafter", "chain_policy")
+FIELDS: tuple[str, ...] = ("max_tokens", "n_max", "p_min", "n_min", "temperature", "seed", "drafter", "chain_policy",
+                           "server_slot")
 SEED_MAX = 2**32 - 1
 
 
@@ -41,6 +42,12 @@ def _number(name: str, value: Any, lo: float, hi: float) -> float:
         bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
         raise ParameterError(f"{name} must be a finite number in {bound}, got {value!r}")
     return float(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ParameterError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +79,11 @@ class DraftSettings:
     or ``"best"``) is kept as the choice's policy. ``n_max`` / ``n_min`` / ``p_min`` are ``--spec-draft-n-max`` /
     ``-n-min`` / ``-p-min``; ``options`` the drafters' options by keyword (``ngram_simple_size_n=12``, ...; see
     :func:`~mtp_explorer.core.drafters.all_options`), kept with llama.cpp's default for every option not given.
-    ``seed`` ``None`` is the session's seed. Change one with :meth:`replace`.
+    ``seed`` ``None`` is the session's seed. ``server_slot=True`` runs the request as a llama-server slot does: the
+    prompt in the server's prompt batches (for a recurrent, hybrid or SWA target its last 4 tokens apart, where the
+    server checkpoints), the first token sampled from them before any draft (``llama-speculative-simple``, the
+    default, decodes the prompt but its last token, and drafts from the first step). Change one with
+    :meth:`replace`.
     """
 
     n_max: int = 3
@@ -84,6 +95,7 @@ class DraftSettings:
     max_tokens: int = 128
     temperature: float = 0.0
     seed: int | None = None
+    server_slot: bool = False
 
     def __post_init__(self) -> None:
         mode = drafters.mode(self.drafter, self.chain_policy)
@@ -98,6 +110,7 @@ class DraftSettings:
             "max_tokens": check_int("max_tokens", self.max_tokens, 1, None),
             "temperature": _number("temperature", self.temperature, 0.0, math.inf),
             "seed": None if self.seed is None else check_int("seed", self.seed, 0, SEED_MAX),
+            "server_slot": _flag("server_slot", self.server_slot),
         }
         if fixed["n_min"] > n_max:
             raise ParameterError(f"n_min={fixed['n_min']} is larger than n_max={n_max}")
@@ -187,7 +200,7 @@ class DraftSettings:
         return _native.GenerationConfig(
             max_tokens=self.max_tokens, temperature=self.temperature, seed=seed,
             drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
-            options=drafters.engine_options(self.options))
+            options=drafters.engine_options(self.options), server_slot=self.server_slot)
 
     # -- records -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -236,12 +236,10 @@ def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float, *, chec
 # -- llama-server ------------------------------------------------------------------------------------------
 def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, p_min: float = 0.0,
                   drafter: str | None = None, **options: int) -> Trace:
-    """Greedy generation with our engine as llama-server's slot runs one request: the whole prompt is decoded and
-    the first token sampled before any draft (our first step is a plain one), every later draft is cut to the budget
-    left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0."""
-    _drafting_after_first_step(session, session.stream(prompt, **_slot_start(n_predict, p_min, drafter, options)),
-                               n_max, p_min)
-    return session.last_trace
+    """Greedy generation with our engine as llama-server's slot runs one request (``server_slot=True``): the prompt
+    in the server's prompt batches and the first token sampled from them before any draft, every later draft cut to
+    the budget left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0."""
+    return session.generate(prompt, **_slot_settings(n_predict, n_max, p_min, drafter, options))
 
 
 def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: int, n_max: int, p_min: float = 0.0,
@@ -249,21 +247,13 @@ def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: i
     """:func:`replay_server` for a batch: the prompts as concurrent requests on the session's ``n_parallel``
     sequences (a ``ParallelTrace``), every slot's first token sampled from its prompt before any draft, as the server
     runs ``-np N`` slots that start together."""
-    _drafting_after_first_step(
-        session, session.stream_parallel(prompts, **_slot_start(n_predict, p_min, drafter, options)), n_max, p_min)
-    return session.last_parallel_trace
+    return session.generate_parallel(prompts, **_slot_settings(n_predict, n_max, p_min, drafter, options))
 
 
-def _slot_start(n_predict: int, p_min: float, drafter: str | None, options: dict) -> dict:
-    """A stream's arguments as a server slot starts: no drafting until the first token is sampled."""
-    return {"max_tokens": n_predict, "n_max": 0, "p_min": p_min} | ({} if drafter is None else {"drafter": drafter}) \
-        | options
-
-
-def _drafting_after_first_step(session: Session, stream, n_max: int, p_min: float) -> None:
-    for i, _ in enumerate(stream):
-        if i == 0:
-            session.set_params(n_max=n_max, p_min=p_min, n_min=0)
+def _slot_settings(n_predict: int, n_max: int, p_min: float, drafter: str | None, options: dict) -> dict:
+    """A request's settings as a server slot runs it."""
+    return {"max_tokens": n_predict, "n_max": n_max, "p_min": p_min, "server_slot": True} \
+        | ({} if drafter is None else {"drafter": drafter}) | options
 
 
 def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_predict: int, n_max: int,
