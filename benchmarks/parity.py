@@ -15,15 +15,16 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
 - ``draft-simple``: a separate draft model (``Session.open(draft_model=...)``) against ``--spec-type draft-simple -md
   DRAFT`` and ``ngram-simple,draft-simple``, 12 prompts x p_min {0, 0.5} on two target/draft pairs (see
   :func:`draft_simple_section`).
-- ``draft-eagle3`` and ``draft-dflash``: the shipped EAGLE-3 and DFlash heads (``mx.draft_heads()``) as the bundled
-  model's ``-md``, alone and after ngram-simple, 12 prompts x p_min {0, 0.5} (see :func:`head_section`).
+- ``draft-eagle3``, ``draft-dflash`` and ``draft-dspark``: the shipped EAGLE-3, DFlash and DSpark heads
+  (``mx.draft_heads()``) as the bundled model's ``-md``, alone and after ngram-simple, 12 prompts x p_min {0, 0.5}
+  (see :func:`head_section`; DSpark's p_min is compared with its confidence head).
 - ``chains``: ``ngram-mod``, ``ngram-map-k``, ``ngram-map-k4v`` and llama.cpp's chains ``ngram-mod,draft-mtp``,
   ``ngram-simple,draft-mtp`` and ``ngram-simple,ngram-map-k,draft-mtp`` (``drafter="<the same --spec-type
   value>"``, llama.cpp's ``first`` policy), 12 prompts each (see :func:`chains_section`).
 
     make reference      # builds build/reference/bin/llama-speculative-simple from the sdist
     .venv/bin/python benchmarks/parity.py --binary build/reference/bin/llama-speculative-simple \\
-        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|draft-eagle3|draft-dflash|all] [--model PATH] [--threads 2]
+        [--spec-type draft-mtp|ngram-simple|chains|draft-simple|draft-eagle3|draft-dflash|draft-dspark|all] [--model PATH] [--threads 2]
 
 Prints JSON with one section per spec type (``"draft-mtp"``, ``"ngram-simple"``; each with
 ``models``, ``cases``, ``matches``, ``all_match`` and ``mismatches``, the failing case records; the
@@ -69,8 +70,8 @@ PROMPTS = [
     "for i in range(10):", "    return self._value", "# Copyright", "with open(path) as f:",
     "if __name__ == '__main__':",
 ]
-SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple", "draft-eagle3", "draft-dflash")
-HEAD_SPEC_TYPES = ("draft-eagle3", "draft-dflash")  #: checked with the head that ships for them (head_section)
+SPEC_TYPES = ("draft-mtp", "ngram-simple", "chains", "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+HEAD_SPEC_TYPES = ("draft-eagle3", "draft-dflash", "draft-dspark")  #: checked with the head that ships for them (head_section)
 N_MAX = (1, 2, 3, 5)
 P_MIN = (0.0, 0.5)
 

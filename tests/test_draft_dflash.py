@@ -123,14 +123,13 @@ def test_parallel_requests_equal_each_alone(bundled_model, head):
         assert t.tokens == a.tokens and np.array_equal(t.drafted, a.drafted)
 
 
-@pytest.mark.parametrize("spec, p_min", [("draft-dflash", 0.0), ("ngram-simple,draft-dflash", 0.5)])
-def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
-    """The trained head (mx.draft_heads()): text and drafted/accepted totals equal llama-speculative-simple's, with
-    drafts accepted (benchmarks/parity.py --spec-type draft-dflash runs 48 such cases)."""
+def check_shipped_head(reference_binary, bundled_model, head_spec: str, spec: str, p_min: float) -> None:
+    """The head that ships for ``head_spec`` (mx.draft_heads()) run as ``spec`` (alone, or after ngram-simple): text
+    and drafted/accepted totals equal llama-speculative-simple's, with drafts accepted."""
     from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget, run_reference_spec,
                                                  spec_type_args)
 
-    head = next(h.head_path for h in mx.draft_heads() if h.spec_type == "draft-dflash")
+    head = next(h.head_path for h in mx.draft_heads() if h.spec_type == head_spec)
     prompt, options = "class Stack:\n    def __init__(self):", {}
     if "ngram" in spec:
         options = {"ngram_simple_size_n": 2, "ngram_simple_size_m": 3}
@@ -141,3 +140,10 @@ def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model,
     result = compare_with_reference(ref, ours, p_min)
     assert result["match"], result
     assert result["ours"]["n_accept"] > 0
+
+
+@pytest.mark.parametrize("spec, p_min", [("draft-dflash", 0.0), ("ngram-simple,draft-dflash", 0.5)])
+def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
+    """The trained head: :func:`check_shipped_head` (benchmarks/parity.py --spec-type draft-dflash runs 48 such
+    cases)."""
+    check_shipped_head(reference_binary, bundled_model, "draft-dflash", spec, p_min)

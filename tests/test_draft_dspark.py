@@ -5,6 +5,7 @@ The heads here are SYNTHETIC (random weights, ``training.dspark.random_dspark_he
 own converter, with and without a confidence head): these tests check that the engine drafts what llama.cpp drafts
 (every block's tokens, from the reference's debug log), its totals and text, the anchor-first block clamp, the
 confidence head as what p_min is compared with, and the refusal of p_min without one (llama.cpp aborts there).
+The last test runs the trained head that ships (``mx.draft_heads()``) against the reference, with drafts accepted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import mtp_explorer as mx
 
 from conftest import check_accounting
-from test_draft_dflash import _reference_blocks
+from test_draft_dflash import _reference_blocks, check_shipped_head
 
 PROMPT = "def fib(n):"
 
@@ -79,3 +80,11 @@ def test_simulator_replays_the_block(bundled_model, head):
         check_replay_exact(s, oracle, PROMPT, "draft-dspark", 4, 32)
         with pytest.warns(mx.ReplayApproximate, match="mask slots"):
             mx.simulate(oracle, 2, drafter="draft-dspark")
+
+
+@pytest.mark.parametrize("spec, p_min", [("draft-dspark", 0.0), ("draft-dspark", 0.5), ("ngram-simple,draft-dspark", 0.5)])
+def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
+    """The trained head: text and drafted/accepted totals equal llama-speculative-simple's, with drafts accepted, at
+    p_min 0 and at 0.5, where its confidence head decides (:func:`check_shipped_head`; benchmarks/parity.py
+    --spec-type draft-dspark runs 48 such cases)."""
+    check_shipped_head(reference_binary, bundled_model, "draft-dspark", spec, p_min)

@@ -4,6 +4,10 @@ confidence head when there is one), llama-speculative-simple loads and drafts wi
 plain greedy text, its first block draft is the PyTorch head's (anchor-first, Markov chain; with ``p_min`` cut where
 the PyTorch confidence first falls under it), and without a confidence head ``p_min > 0`` is refused.  Not the
 quality of a trained head.
+
+The last two tests are about the trained head that ships (``training.dspark``: ``training/dspark-head.pt`` and
+``mtp_explorer/models/pystdlib-dspark.gguf``): it converts again to the shipped file byte for byte, llama.cpp drafts
+what the PyTorch head drafts, and in the engine greedy output with it is plain and its confidence head cuts drafts.
 """
 
 from __future__ import annotations
@@ -83,3 +87,50 @@ def test_llama_cpp_drafts_what_the_pytorch_head_drafts(heads, p_min):
     head = S.random_dspark_head(0, confidence_head=True)
     res = S.check_first_draft(head, heads[True], p_min=p_min)
     assert res["ok"], res
+
+
+def test_the_shipped_head_converts_again_and_its_confidence_cuts_drafts():
+    """The trained head (``mtp_explorer/models/pystdlib-dspark.gguf``, listed by ``mx.draft_heads()``, at most 3 MB)
+    is what llama.cpp's converter makes of the shipped weights (``training/dspark-head.pt``, the GGUF's F16 values),
+    byte for byte.  In the engine, greedy output with it is the plain greedy output, its first slot is accepted often
+    (a trained head, not a random one), and ``p_min`` 0.5 drops drafts on its confidence head's word, with a higher
+    acceptance of what is left."""
+    import tempfile
+    from pathlib import Path
+
+    import mtp_explorer as mx
+
+    assert S.SHIPPED_GGUF.stat().st_size <= 3_000_000 and S.SHIPPED_HEAD.stat().st_size <= 3_000_000
+    heads = {h.spec_type: h for h in mx.draft_heads()}
+    assert heads["draft-dspark"].head_path == S.SHIPPED_GGUF
+    head, meta = S.load_head(S.SHIPPED_HEAD)
+    assert head.cfg.confidence_head and meta["steps"] > 0
+    with tempfile.TemporaryDirectory() as tmp:
+        again = S.convert_head(head, Path(tmp) / "again.gguf", Path(tmp), name=S.HEAD_NAME,
+                               description=S.describe_training(meta))
+        assert again.read_bytes() == S.SHIPPED_GGUF.read_bytes()
+    prompts = ("def fib(n):", "class Point:\n    def __init__(self, x, y):\n", "import os\n\n\ndef walk(top):\n")
+    with mx.Session.open(heads["draft-dspark"].target_path, n_ctx=1024, threads=1, draft_model=S.SHIPPED_GGUF) as s:
+        plain = [s.generate(p, max_tokens=48, n_max=0) for p in prompts]
+        one = [s.generate(p, max_tokens=48, n_max=1, drafter="draft-dspark") for p in prompts]
+        block = [s.generate(p, max_tokens=48, n_max=4, drafter="draft-dspark") for p in prompts]
+        cut = [s.generate(p, max_tokens=48, n_max=4, p_min=0.5, drafter="draft-dspark") for p in prompts]
+    for runs in (one, block, cut):
+        assert [t.tokens for t in runs] == [t.tokens for t in plain]
+
+    def totals(runs):
+        return sum(int(t.n_drafted.sum()) for t in runs), sum(int(t.n_accepted.sum()) for t in runs)
+
+    drafted, accepted = totals(one)
+    assert drafted > 0 and accepted / drafted > 0.5
+    (d_all, a_all), (d_cut, a_cut) = totals(block), totals(cut)
+    assert 0 < d_cut < d_all and a_cut / d_cut > a_all / d_all
+
+
+def test_llama_cpp_drafts_what_the_shipped_pytorch_head_drafts():
+    """The shipped head's first block (anchor-first, Markov chain) in llama.cpp is the PyTorch head's, and at
+    ``p_min`` 0.5 it is cut where the PyTorch confidence head first falls under 0.5."""
+    head, _ = S.load_head(S.SHIPPED_HEAD)
+    for p_min in (None, 0.5):
+        res = S.check_first_draft(head, S.SHIPPED_GGUF, p_min=p_min)
+        assert res["ok"], res

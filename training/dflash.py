@@ -391,6 +391,15 @@ def check_first_draft(head: DFlashDraftModel, head_gguf: Path, prompts=None, n: 
 # ----------------------------------------------------------------------------------------------- training
 
 
+def pick_anchors(b: int, hi: int, n_anchors: int, rng: np.random.Generator | None = None) -> torch.Tensor:
+    """(B, A) block anchors in ``1 .. hi``: evenly spaced for evaluation (``rng`` None), else ``n_anchors`` distinct
+    random ones per row, sorted."""
+    if rng is None:
+        return torch.linspace(1, hi, n_anchors).round().long().expand(b, -1)
+    return torch.from_numpy(np.stack([np.sort(rng.choice(np.arange(1, hi + 1), n_anchors, replace=False))
+                                      for _ in range(b)])).long()
+
+
 def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_anchors: int, decay: float,
                  rng: np.random.Generator | None = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(weighted loss, per-slot CE against the target's distribution, per-slot top-1 agreement with its argmax).
@@ -400,12 +409,7 @@ def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_an
     s = c.block_size
     b, t = x.shape
     feats, _, tlog = target(x)
-    hi = t - s + 1  # a + s - 2 <= t - 1
-    if rng is None:  # evaluation: evenly spaced anchors
-        anchors = torch.linspace(1, hi, n_anchors).round().long().expand(b, -1)
-    else:
-        anchors = torch.from_numpy(np.stack([np.sort(rng.choice(np.arange(1, hi + 1), n_anchors, replace=False))
-                                             for _ in range(b)])).long()
+    anchors = pick_anchors(b, t - s + 1, n_anchors, rng)  # a + s - 2 <= t - 1
     h = head.window(feats, x, anchors, target.embed)  # (B, A, S, H)
     losses, agree = [], []
     for i in range(1, s):
@@ -420,20 +424,24 @@ def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_an
 
 
 @torch.no_grad()
-def evaluate(head: DFlashDraftModel, target: E.Target, windows: list[torch.Tensor], tc: TrainConfig) -> dict:
+def evaluate(head: DFlashDraftModel, target: E.Target, windows: list[torch.Tensor], tc: TrainConfig,
+             losses=None) -> dict:
+    """Held-out per-slot CE and top-1 agreement of ``losses`` (default :func:`block_losses`; one that returns a
+    fourth item, a dict of scalars, has their means reported too)."""
     head.eval()
-    s = head.cfg.block_size - 1
-    ce, ag = np.zeros(s), np.zeros(s)
+    ce = ag = None
+    extra: dict[str, float] = {}
     for x in windows:
-        _, l, a = block_losses(head, target, x, tc.anchors, tc.slot_decay)
-        ce += [float(v) for v in l]
-        ag += [float(v) for v in a]
+        out = (losses or block_losses)(head, target, x, tc.anchors, tc.slot_decay)
+        l, a = np.array([float(v) for v in out[1]]), np.array([float(v) for v in out[2]])
+        ce, ag = (l, a) if ce is None else (ce + l, ag + a)
+        for k, v in (out[3] if len(out) > 3 else {}).items():
+            extra[k] = extra.get(k, 0.0) + float(v)
     head.train()
     n = len(windows)
-    ag_n = ag / n
-    # expected accepted per block under independence-free greedy chaining is not this; it is a proxy
     return {"soft_ce_by_slot": [round(float(v) / n, 4) for v in ce],
-            "agreement_by_slot": [round(float(v), 4) for v in ag_n]}
+            "agreement_by_slot": [round(float(v) / n, 4) for v in ag],
+            **{k: round(v / n, 4) for k, v in extra.items()}}
 
 
 def save_checkpoint(path: Path, head: DFlashDraftModel, opt, step: int, hc: HeadConfig, tc: TrainConfig,
@@ -446,23 +454,31 @@ def save_checkpoint(path: Path, head: DFlashDraftModel, opt, step: int, hc: Head
 
 
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
-          steps: int | None = None) -> Path:
-    """Train (or resume) into ``out/last.pt``; returns the checkpoint path."""
+          steps: int | None = None, head_cls=None, config_cls=None, train_config_cls=None, losses=None,
+          init=None) -> Path:
+    """Train (or resume) into ``out/last.pt``; returns the checkpoint path.
+
+    The defaults train a DFlash head; :mod:`training.dspark` passes its head class (``head_cls(config)``), config
+    classes, losses (as :func:`block_losses`, optionally with a fourth item: a dict of scalars to log) and ``init``
+    (called on a fresh head before training, returns a JSON-able record of what it did)."""
+    head_cls, config_cls = head_cls or DFlashDraftModel, config_cls or HeadConfig
+    train_config_cls, losses = train_config_cls or TrainConfig, losses or block_losses
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     ck_path = out / "last.pt"
     if fresh:
         ck_path.unlink(missing_ok=True)
     ck = torch.load(ck_path, map_location="cpu", weights_only=False) if ck_path.exists() else None
-    hc = HeadConfig(**ck["head_config"]) if ck else HeadConfig()
-    tc = TrainConfig(**ck["train_config"]) if ck else TrainConfig()
+    hc = config_cls(**ck["head_config"]) if ck else config_cls()
+    tc = train_config_cls(**ck["train_config"]) if ck else train_config_cls()
     if steps is not None:
         tc.steps = steps
     log = JsonLog(log_path)
     train_tokens, held_tokens, info = corpus_tokens(out)
     target = make_target(hc)
     torch.manual_seed(tc.seed)
-    head = DFlashDraftModel(hc)
+    head = head_cls(hc)
+    init_record = init(head) if init is not None and not ck else None
     opt = torch.optim.AdamW(head.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     step, elapsed_before, best = 0, 0.0, None
     if ck:
@@ -473,7 +489,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
     else:
         log({"event": "start", "head_config": hc.to_dict(), "train_config": asdict(tc), "corpus": info,
              "params": sum(p.numel() for p in head.parameters()), "torch": torch.__version__, "threads": threads,
-             "target": TARGET.name, "llama_cpp_target_layers": hc.llama_layer_ids})
+             "target": TARGET.name, "llama_cpp_target_layers": hc.llama_layer_ids, "init": init_record})
     held = heldout_windows(held_tokens, tc)
     stop = _Stop()
     t0 = t_ck = t_log = time.time()
@@ -485,7 +501,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
             g["lr"] = lr
         x = batch_at(train_tokens, step, tc)
         rng = np.random.default_rng([tc.seed, step, 1])
-        loss, losses, agree = block_losses(head, target, x, tc.anchors, tc.slot_decay, rng)
+        loss, ce, agree, *more = losses(head, target, x, tc.anchors, tc.slot_decay, rng)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), tc.grad_clip)
@@ -494,12 +510,13 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
         n_tok += x.numel()
         now = time.time()
         if step % tc.log_every == 0:
-            log({"step": step, "loss": round(loss.item(), 4), "soft_ce": [round(l.item(), 4) for l in losses],
+            log({"step": step, "loss": round(loss.item(), 4), "soft_ce": [round(l.item(), 4) for l in ce],
+                 **{k: round(float(v), 4) for k, v in (more[0] if more else {}).items()},
                  "agreement": [round(float(a), 4) for a in agree], "lr": round(lr, 6), "grad_norm": round(float(gnorm), 3),
                  "tok_per_s": round(n_tok / max(1e-9, now - t_log)), "elapsed_seconds": round(elapsed_before + now - t0, 1)})
             t_log, n_tok = now, 0
         if step % tc.eval_every == 0 or step == tc.steps:
-            ev = evaluate(head, target, held, tc)
+            ev = evaluate(head, target, held, tc, losses)
             best = {"step": step, **ev}
             log({"step": step, "eval_heldout": ev})
         done = step == tc.steps
@@ -529,9 +546,10 @@ def save_head(path: Path, head: DFlashDraftModel, meta: dict | None = None) -> P
     return path
 
 
-def load_head(path: Path) -> tuple[DFlashDraftModel, dict]:
+def load_head(path: Path, head_cls=None, config_cls=None) -> tuple[DFlashDraftModel, dict]:
+    """A head saved by :func:`save_head` (``head_cls(config_cls(...))``, default a DFlash head) and its meta."""
     obj = torch.load(path, map_location="cpu", weights_only=True)
-    head = DFlashDraftModel(HeadConfig(**obj["head_config"]))
+    head = (head_cls or DFlashDraftModel)((config_cls or HeadConfig)(**obj["head_config"]))
     head.load_state_dict({k: v.float() for k, v in obj["weights"].items()})
     return head.eval(), obj.get("meta", {})
 
@@ -633,14 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf = args.gguf or out / f"{HEAD_NAME}.gguf"
     head_path = args.head or out / ("dflash-random-head.pt" if args.random else "dflash-head.pt")
     if args.measure:
-        prompts = None
-        if args.prompts:
-            from training.evaluate import heldout_prompts
-
-            prompts = heldout_prompts(args.prompts)
-        res = measure(gguf, n_maxes=args.n_max, prompts=prompts)
-        res["prompt_set"] = f"training.evaluate.heldout_prompts({args.prompts})" if args.prompts else "mx.demo_prompts()"
-        print(json.dumps(res, indent=2))
+        print(json.dumps(E.measure_on(gguf, "draft-dflash", args.n_max, args.prompts), indent=2))
         return 0
     if args.check_first_draft:
         head, _ = load_head(head_path)

@@ -1,8 +1,13 @@
-"""A SYNTHETIC (random-weight) DSpark draft head for the bundled target, for llama.cpp's ``draft-dspark``.
+"""A DSpark draft head for the bundled target, trained here, for llama.cpp's ``draft-dspark`` (and SYNTHETIC
+random-weight ones for layout checks).
 
+    python -m training.dspark --out /tmp/dspark-train --max-minutes 40 --threads 1 --no-export   # train (resumes)
+    python -m training.dspark --out /tmp/dspark-train --export-only --install   # -> training/dspark-head.pt and
+                                                                                 # mtp_explorer/models/pystdlib-dspark.gguf
+    python -m training.dspark --measure [--gguf X.gguf] [--prompts 20]   # draft-dspark vs draft-mtp (JSON)
     python -m training.dspark --random --gguf /tmp/dspark/dspark-conf.gguf                   # with a confidence head
     python -m training.dspark --random --gguf /tmp/dspark/dspark-noconf.gguf --no-confidence  # without
-    python -m training.dspark --check-first-draft --gguf X.gguf [--no-confidence]  # llama.cpp vs PyTorch (JSON)
+    python -m training.dspark --check-first-draft --gguf X.gguf [--head H.pt] [--no-confidence]  # llama.cpp vs PyTorch
 
 DSpark is DFlash (see :mod:`training.dflash`: same backbone, same KV injection of the target's layer inputs, same
 borrowed ``tok_embd`` / ``output``) plus, in llama.cpp 0.3.36 (``src/models/dflash.cpp``
@@ -19,6 +24,19 @@ borrowed ``tok_embd`` / ``output``) plus, in llama.cpp 0.3.36 (``src/models/dfla
   ``n_embd``-wide rows); ``--spec-draft-p-min`` stops the draft at the first slot with ``conf_i < p_min``.
   Without a confidence head, ``p_min > 0`` throws ("DSpark draft has no confidence head").
 
+Training (:func:`anchor_block_losses`) is :func:`training.dflash.train`'s self-distillation with the anchor-first
+alignment: for an anchor a of a teacher-forced window (context rows ``0 .. a-1``, block ``[x_a, M, M, M]`` at
+``a .. a+3``), slot i (0..3) predicts the token at ``a + i + 1``, so its biased logits
+``base_i + markov(x_{a+i})`` (the Markov head fed the window's own token, which is the draft's argmax whenever the
+draft is still right) are trained with the cross-entropy against the target's distribution at position ``a + i``,
+weight ``decay ** i``.  The confidence head is trained alongside with a binary cross-entropy on whether the slot's
+argmax equals the target's (on detached features: it learns to predict the acceptance of a slot whose prefix was
+accepted, and does not move the drafts).  The backbone starts from the shipped DFlash head
+(``training/dflash-head.pt``, :func:`init_from_dflash`): the block input is the same (DFlash at ``n_max`` 3 decodes
+``[id_last, M, M, M]`` at ``pos0 .. pos0+3`` too), only which row predicts which token moves by one (DFlash's row
+``i + 1`` predicts the token that DSpark's row ``i`` does), so the context encoder (``fc``, ``hidden_norm``, the
+injected K/V) carries over and the block layers re-learn the shift.
+
 The checkpoint is a ``DSparkDraftModel`` Hugging Face checkpoint (llama.cpp's ``conversion/qwen.py``
 ``DSparkModel``): the DFlash tensors plus ``markov_head.markov_w1.weight`` [V, R], ``markov_head.markov_w2.weight``
 [V, R] and optionally ``confidence_head.proj.{weight [1, H+R], bias [1]}``; ``config.json`` with
@@ -30,14 +48,18 @@ The checkpoint is a ``DSparkDraftModel`` Hugging Face checkpoint (llama.cpp's ``
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,6 +69,26 @@ from training import eagle3 as E
 
 TARGET = E.TARGET
 LICENSE = E.LICENSE
+HEAD_NAME = "pystdlib-dspark"
+SHIPPED_GGUF = E.MODELS / f"{HEAD_NAME}.gguf"  #: the shipped head (mx.draft_heads())
+SHIPPED_HEAD = Path(__file__).resolve().parent / "dspark-head.pt"  #: its weights, converted again by the tests
+LOG_DIR = E.LOG_DIR
+DEFAULT_OUT = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "dspark"
+
+
+#: The trained head's Markov rank: the DFlash backbone in F16 is 2.89 MB, and each unit of rank costs 16 KB
+#: (``markov_w1`` and ``markov_w2``, 4096 x 2 bytes each), so 6 keeps the shipped file under 3 MB.
+TRAINED_MARKOV_RANK = 6
+
+
+@dataclass
+class DSparkTrainConfig(D.TrainConfig):
+    """:class:`training.dflash.TrainConfig` for fine-tuning from the DFlash head (shorter warm-up, lower rate)."""
+
+    steps: int = 1900  #: about 1.2 s a step on one CPU thread
+    lr: float = 1.5e-3
+    warmup_steps: int = 30
+    conf_weight: float = 1.0  #: weight of the confidence head's binary cross-entropy
 
 
 @dataclass
@@ -131,6 +173,88 @@ def random_dspark_head(seed: int = 0, *, confidence_head: bool = True, cfg: DSpa
             if v.ndim >= 2:
                 v.copy_(v.half().float())
     return head.eval()
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tensor, n_anchors: int, decay: float,
+                        rng: np.random.Generator | None = None, conf_weight: float = 1.0
+                        ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], dict]:
+    """(weighted loss, per-slot CE against the target's distribution, per-slot top-1 agreement with its argmax,
+    {confidence BCE, mean confidence, agreement of the slots the confidence passes at 0.5}).
+
+    Anchor-first: slot i of the block anchored at a (``[x_a, M, ...]`` at ``a ..``) predicts x_{a+i+1}, the target's
+    distribution at position a+i, with the Markov bias of the token before it, x_{a+i}."""
+    c = head.cfg
+    s = c.block_size
+    b, t = x.shape
+    feats, _, tlog = target(x)
+    anchors = D.pick_anchors(b, t - s, n_anchors, rng)  # a + s - 1 <= t - 1
+    h = head.window(feats, x, anchors, target.embed)  # (B, A, S, H)
+    at = anchors[..., None] + torch.arange(s)  # (B, A, S): the position whose next token slot i drafts
+    prev = torch.gather(x, 1, at.view(b, -1)).view_as(at)
+    logits = head.logits(h, target.lm_head) + head.markov_bias(prev)  # (B, A, S, V)
+    tl = torch.gather(tlog, 1, at.view(b, -1, 1).expand(-1, -1, tlog.shape[-1])).view_as(logits)
+    logp = torch.log_softmax(logits, dim=-1)
+    ce = -(torch.softmax(tl, -1) * logp).sum(-1)  # (B, A, S)
+    hit = (logits.argmax(-1) == tl.argmax(-1)).float()
+    losses = [ce[..., i].mean() for i in range(s)]
+    agree = [hit[..., i].mean().detach() for i in range(s)]
+    loss = sum(decay ** i * l for i, l in enumerate(losses))
+    extra: dict = {}
+    if head.confidence_head is not None:
+        feat = torch.cat([head.norm(h), head.markov_head.markov_w1(prev)], dim=-1).detach()
+        z = head.confidence_head.proj(feat).squeeze(-1)
+        bce = F.binary_cross_entropy_with_logits(z, hit)
+        loss = loss + conf_weight * bce
+        passed = torch.sigmoid(z) >= 0.5
+        extra = {"conf_bce": bce.detach(), "conf_mean": torch.sigmoid(z).mean().detach(),
+                 "conf_pass_rate": passed.float().mean().detach(),
+                 "agreement_where_conf_passes": (hit * passed).sum().detach() / passed.sum().clamp(min=1)}
+    return loss, losses, agree, extra
+
+
+def init_from_dflash(head: DSparkDraftModel, path: Path = D.SHIPPED_HEAD) -> dict:
+    """The backbone from a DFlash head's weights (``training/dflash-head.pt``); the Markov head starts with no bias
+    (``markov_w1`` N(0, 1), ``markov_w2`` 0) and the confidence head at 0.5 (zero projection and bias)."""
+    dflash, meta = D.load_head(path)
+    if dflash.cfg.to_dict() != {k: v for k, v in head.cfg.to_dict().items() if k in dflash.cfg.to_dict()}:
+        raise ValueError(f"{path}: its backbone {dflash.cfg.to_dict()} is not this head's")
+    missing, unexpected = head.load_state_dict(dflash.state_dict(), strict=False)
+    if unexpected or any(not k.startswith(("markov_head.", "confidence_head.")) for k in missing):
+        raise ValueError(f"{path}: unexpected {unexpected}, missing {missing}")
+    with torch.no_grad():
+        head.markov_head.markov_w1.weight.normal_(std=1.0)
+        head.markov_head.markov_w2.weight.zero_()
+        if head.confidence_head is not None:
+            head.confidence_head.proj.weight.zero_()
+            head.confidence_head.proj.bias.zero_()
+    return {"backbone_from": path.name, "backbone_steps": meta.get("steps")}
+
+
+def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
+          steps: int | None = None, init_from: Path | None = D.SHIPPED_HEAD) -> Path:
+    """Train (or resume) a DSpark head into ``out/last.pt`` with :func:`training.dflash.train`'s loop."""
+    return D.train(out, max_minutes=max_minutes, fresh=fresh, threads=threads, log_path=log_path, steps=steps,
+                   head_cls=DSparkDraftModel, config_cls=functools.partial(DSparkConfig, markov_rank=TRAINED_MARKOV_RANK),
+                   train_config_cls=DSparkTrainConfig,
+                   losses=anchor_block_losses,
+                   init=None if init_from is None else (lambda head: init_from_dflash(head, init_from)))
+
+
+def load_head(path: Path = SHIPPED_HEAD) -> tuple[DSparkDraftModel, dict]:
+    return D.load_head(path, DSparkDraftModel, DSparkConfig)
+
+
+def describe_training(meta: dict) -> str | None:
+    if not meta:
+        return None
+    return (f"mtp-explorer DSpark draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
+            f"block {meta.get('block_size')} (anchor-first), vanilla Markov head rank {meta.get('markov_rank')}, "
+            f"confidence head; {meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of "
+            f"self-distillation on the Python standard library from the DFlash head's backbone; borrows the target's "
+            f"token embeddings and output head")
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -332,29 +456,74 @@ def check_first_draft(head: DSparkDraftModel, head_gguf: Path, prompts=None, n: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoints, token cache (training resumes from it)")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop after this much wall time (checkpointed)")
+    p.add_argument("--steps", type=int, default=None, help="override the schedule length")
+    p.add_argument("--fresh", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--init-from", type=Path, default=D.SHIPPED_HEAD,
+                   help="DFlash head weights to start the backbone from (fresh runs; default training/dflash-head.pt)")
+    p.add_argument("--log", type=Path, default=None, help="JSON log (default training/logs/dspark-<time>.jsonl)")
+    p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
+    p.add_argument("--no-export", action="store_true")
+    p.add_argument("--install", action="store_true",
+                   help="export to training/dspark-head.pt and mtp_explorer/models/pystdlib-dspark.gguf")
     p.add_argument("--random", action="store_true", help="write a random-init (SYNTHETIC) DSpark head to --gguf")
-    p.add_argument("--gguf", type=Path, required=True)
-    p.add_argument("--no-confidence", action="store_true", help="no confidence head")
+    p.add_argument("--gguf", type=Path, default=None, help="output / measured GGUF (default --out/pystdlib-dspark.gguf;"
+                                                           " --measure: the shipped head)")
+    p.add_argument("--head", type=Path, default=None, help="head weights file (default --out/dspark-head.pt)")
+    p.add_argument("--no-confidence", action="store_true", help="--random: no confidence head")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="keep the HF checkpoints here (default: a temp dir)")
     p.add_argument("--p-min", type=float, default=None, help="--check-first-draft with --spec-draft-p-min")
     p.add_argument("--check-first-draft", action="store_true",
-                   help="compare llama.cpp's first block draft of --gguf with the random head of --seed (JSON)")
+                   help="compare llama.cpp's first block draft of --gguf with the PyTorch head of --head (or the "
+                        "random head of --seed) (JSON)")
+    p.add_argument("--measure", action="store_true", help="measure --gguf against draft-mtp (JSON)")
+    p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
+    p.add_argument("--prompts", type=int, default=0,
+                   help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     conf = not args.no_confidence
+    if args.measure:
+        print(json.dumps(E.measure_on(args.gguf or SHIPPED_GGUF, "draft-dspark", args.n_max, args.prompts), indent=2))
+        return 0
     if args.check_first_draft:
-        head = random_dspark_head(args.seed, confidence_head=conf)
+        if args.gguf is None:
+            p.error("--check-first-draft needs --gguf")
+        head = load_head(args.head)[0] if args.head else random_dspark_head(args.seed, confidence_head=conf)
         print(json.dumps(check_first_draft(head, args.gguf, p_min=args.p_min)))
         return 0
-    if not args.random:
-        p.error("only --random (a SYNTHETIC head) or --check-first-draft is implemented")
-    if args.work is not None:
-        out = random_dspark_head_gguf(args.gguf, args.work, seed=args.seed, confidence_head=conf)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = random_dspark_head_gguf(args.gguf, Path(tmp), seed=args.seed, confidence_head=conf)
-    print(json.dumps({"gguf": str(out), "bytes": out.stat().st_size, **gguf_summary(out)}, indent=2, default=str))
+    if args.random:
+        if args.gguf is None:
+            p.error("--random needs --gguf")
+        if args.work is not None:
+            out = random_dspark_head_gguf(args.gguf, args.work, seed=args.seed, confidence_head=conf)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = random_dspark_head_gguf(args.gguf, Path(tmp), seed=args.seed, confidence_head=conf)
+        print(json.dumps({"gguf": str(out), "bytes": out.stat().st_size, **gguf_summary(out)}, indent=2, default=str))
+        return 0
+    if not args.export_only:
+        log = args.log or LOG_DIR / f"dspark-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        train(args.out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
+              steps=args.steps, init_from=args.init_from)
+    if args.no_export:
+        return 0
+    gguf = SHIPPED_GGUF if args.install else args.gguf or args.out / f"{HEAD_NAME}.gguf"
+    head_path = SHIPPED_HEAD if args.install else args.head or args.out / "dspark-head.pt"
+    ck = torch.load(args.out / "last.pt", map_location="cpu", weights_only=False)
+    head = DSparkDraftModel(DSparkConfig(**ck["head_config"]))
+    head.load_state_dict(ck["head"])
+    meta = {"steps": ck["step"], "minutes": round(ck["elapsed_seconds"] / 60, 1),
+            "layer_ids": head.cfg.llama_layer_ids, "block_size": head.cfg.block_size,
+            "markov_rank": head.cfg.markov_rank, "eval_heldout": ck.get("best"), "train_config": ck["train_config"]}
+    D.save_head(head_path, head, meta)
+    head, meta = load_head(head_path)  # export exactly what was saved (F16-rounded matrices)
+    with tempfile.TemporaryDirectory() as tmp:
+        convert_head(head, gguf, Path(tmp), name=HEAD_NAME, description=describe_training(meta))
+    print(f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)")
     return 0
 
 

@@ -700,6 +700,19 @@ def measure(head: Path = SHIPPED_GGUF, *, spec: str = "draft-eagle3", prompts: l
     return res
 
 
+def measure_on(head: Path, spec: str, n_maxes=(1, 3), n_prompts: int = 0) -> dict:
+    """:func:`measure` on the demo prompts, or on ``n_prompts`` held-out prompts of :mod:`training.evaluate`, with the
+    prompt set named (the ``--measure`` of the head scripts)."""
+    prompts = None
+    if n_prompts:
+        from training.evaluate import heldout_prompts
+
+        prompts = heldout_prompts(n_prompts)
+    res = measure(head, spec=spec, n_maxes=n_maxes, prompts=prompts)
+    res["prompt_set"] = f"training.evaluate.heldout_prompts({n_prompts})" if n_prompts else "mx.demo_prompts()"
+    return res
+
+
 # ----------------------------------------------------------------------------------------------- command line
 
 
@@ -728,14 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out = args.out
     if args.measure:
-        prompts = None
-        if args.prompts:
-            from training.evaluate import heldout_prompts
-
-            prompts = heldout_prompts(args.prompts)
-        res = measure(args.gguf or SHIPPED_GGUF, n_maxes=args.n_max, prompts=prompts)
-        res["prompt_set"] = f"training.evaluate.heldout_prompts({args.prompts})" if args.prompts else "mx.demo_prompts()"
-        print(json.dumps(res, indent=2))
+        print(json.dumps(measure_on(args.gguf or SHIPPED_GGUF, "draft-eagle3", args.n_max, args.prompts), indent=2))
         return 0
     if args.convert_shipped:
         head, meta = load_head(SHIPPED_HEAD)

@@ -14,6 +14,7 @@ BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
 BUNDLED_DRAFT_MODEL = "pystdlib-draft.gguf"
 BUNDLED_EAGLE3_HEAD = "pystdlib-eagle3.gguf"  #: for llama.cpp's --spec-type draft-eagle3 (training/eagle3.py)
 BUNDLED_DFLASH_HEAD = "pystdlib-dflash.gguf"  #: for llama.cpp's --spec-type draft-dflash (training/dflash.py)
+BUNDLED_DSPARK_HEAD = "pystdlib-dspark.gguf"  #: for llama.cpp's --spec-type draft-dspark (training/dspark.py)
 DEMO_PROMPTS_FILE = "prompts.json"
 
 
@@ -72,7 +73,7 @@ def draft_heads() -> list[DraftHead]:
     target = default_model_path()
     heads = [DraftHead(by_need[need], MODELS_DIR / name, target)
              for need, name in (("draft_model", BUNDLED_DRAFT_MODEL), ("eagle3_head", BUNDLED_EAGLE3_HEAD),
-                                ("dflash_head", BUNDLED_DFLASH_HEAD))]
+                                ("dflash_head", BUNDLED_DFLASH_HEAD), ("dspark_head", BUNDLED_DSPARK_HEAD))]
     missing = [str(h.head_path) for h in heads if not h.head_path.exists()]
     if missing:
         raise ModelNotFoundError(f"the bundled draft heads {missing} are missing (training/README.md makes them)")
