@@ -316,8 +316,13 @@ def draft_cases(binary: str, spec: str, target: Path, draft: Path, label: str, t
 
 
 def draft_summary(cases: list[dict]) -> dict:
-    """The counts of a model drafter's cases: matches, re-verified steps, acceptance, the mismatching records."""
+    """The counts of a model drafter's cases: matches, re-verified steps, acceptance, the mismatching records, and
+    per p_min the cases, matches and our drafted/accepted totals."""
+    by_p_min = {str(p): [c for c in cases if c["p_min"] == p] for p in sorted({c["p_min"] for c in cases})}
     return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
+            "by_p_min": {p: {"cases": len(cs), "matches": sum(c["match"] for c in cs),
+                             "drafted": sum(c["ours"]["n_drafted"] for c in cs),
+                             "accepted": sum(c["ours"]["n_accept"] for c in cs)} for p, cs in by_p_min.items()},
             "cases_with_re_verified_steps": sum(c["re_verified_steps"] > 0 for c in cases),
             "acceptance_rate": (sum(c["ours"]["n_accept"] for c in cases)
                                 / max(1, sum(c["ours"]["n_drafted"] for c in cases))),
