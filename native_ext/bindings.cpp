@@ -308,6 +308,8 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("has_draft_model", &Engine::has_draft_model)
         .def_prop_ro("draft_kind", [](const Engine & e) { return DRAFTER_NEEDS_NAMES[(int) e.draft_kind()]; },
                      "what the draft model serves: 'draft_model', 'eagle3_head', 'dflash_head', or 'nothing'")
+        .def_prop_ro("mtp_head_limit", &Engine::mtp_head_limit,
+                     "Chained MTP heads' most draft tokens (llama.cpp caps n_max at the heads); 0 for one head or none")
         .def_prop_ro("draft_block_limit", &Engine::draft_block_limit,
                      "a non-causal DFlash head's most mask slots (block_size - 1): its drafts depend on the block; 0: none")
         .def_prop_ro("is_recurrent", &Engine::is_recurrent)

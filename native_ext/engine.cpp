@@ -207,6 +207,11 @@ void Engine::load_draft_head(llama_context_params & cp) {
     cp.ctx_other = ctx_tgt.get();  // a head without token_embd / output borrows the target's (as llama.cpp's set-up)
 }
 
+int32_t Engine::mtp_head_limit() const {
+    const int32_t n_heads = ctx_mtp ? api.model_n_layer_nextn(model.get()) : 0;
+    return n_heads > 1 ? n_heads : 0;
+}
+
 bool Engine::can_run(DrafterId id) const {
     switch (DRAFTER_TABLE[id].needs) {
         case DrafterNeeds::MTP:

@@ -85,6 +85,8 @@ struct Engine {
     int32_t draft_block_limit() const {
         return head.is_block() && has_draft_model() && !head.causal ? head.draft_limit() : 0;
     }
+    // chained MTP heads' most draft tokens (llama.cpp caps n_max at the heads); 0 for a single head or none
+    int32_t mtp_head_limit() const;
     // whether this session has what the drafter `id` needs
     bool can_run(DrafterId id) const;
     bool is_recurrent() const { return recurrent; }

@@ -12,6 +12,8 @@ MtpDrafter::MtpDrafter(const NextnApi & api, llama_context * ctx_mtp, HiddenProb
     : Drafter(DRAFTER_MTP), api(api), ctx_mtp(ctx_mtp), probe(probe) {
     const llama_model * model = llama_get_model(ctx_mtp);
     n_embd = llama_model_n_embd_out(model);
+    n_heads = std::max(1, api.model_n_layer_nextn(model));
+    chained = n_heads > 1;
     vocab = llama_model_get_vocab(model);
     batch.reset(llama_batch_ext_init(ctx_mtp));
 }
@@ -22,6 +24,8 @@ void MtpDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
     queue_tok.clear();
     queue_pos.clear();
     queue_h.clear();
+    queue_batches.clear();
+    chain_h.clear();
     caught_up = false;
     verify_h = nullptr;
     verify_rows = 0;
@@ -34,6 +38,7 @@ void MtpDrafter::observe_target(const TargetRows & rows) {
     }
     verify_h = rows.nextn;
     verify_rows = rows.n;
+    queue_batches.push_back(queue_tok.size());
     for (int32_t i = 0; i < rows.n; ++i) {
         const float * h = i == 0 ? pending_h.data() : verify_row(i - 1);
         queue_tok.push_back(rows.toks[i]);
@@ -56,23 +61,21 @@ struct BatchScratch {
 
 MtpDrafter & head(const DraftJob & j) { return static_cast<MtpDrafter &>(*j.drafter); }
 
+float row_norm(const float * h, int32_t n) {
+    double acc = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        acc += (double) h[i] * h[i];
+    }
+    return (float) std::sqrt(acc);
+}
+
 thread_local BatchScratch scratch;
 
 }  // namespace
 
-int32_t MtpDrafter::catch_up_together(const std::vector<Drafter *> & drafters) {
-    auto & rows = scratch.rows;
-    rows.clear();
-    for (Drafter * dr : drafters) {
-        const MtpDrafter * d = static_cast<const MtpDrafter *>(dr);
-        for (size_t i = 0; i < d->queue_tok.size(); ++i) {
-            rows.emplace_back(d, i);
-        }
-    }
-    if (rows.empty()) {
-        return 0;
-    }
-    MtpDrafter & first = static_cast<MtpDrafter &>(*drafters.front());
+// Decodes scratch.rows (queued rows of the drafters) in chunks of n_batch under the context's current head.
+int32_t MtpDrafter::decode_rows(MtpDrafter & first) {
+    const auto & rows = scratch.rows;
     const int32_t n_batch = (int32_t) llama_n_batch(first.ctx_mtp);
     for (size_t off = 0; off < rows.size(); off += n_batch) {
         const size_t end = std::min(rows.size(), off + (size_t) n_batch);
@@ -80,14 +83,64 @@ int32_t MtpDrafter::catch_up_together(const std::vector<Drafter *> & drafters) {
         for (size_t k = off; k < end; ++k) {
             const MtpDrafter & d = *rows[k].first;
             const size_t i = rows[k].second;
-            const int32_t idx = llama_batch_ext_add_token(first.batch.get(), d.seq_id, d.queue_tok[i]);
-            llama_batch_ext_set_pos(first.batch.get(), idx, &d.queue_pos[i]);
-            llama_batch_ext_set_embd_token(first.batch.get(), idx, {d.queue_h.data() + i * (size_t) d.n_embd, 1, (size_t) d.n_embd});
+            d.add_row(first.batch.get(), d.queue_tok[i], d.queue_pos[i], d.queue_h.data() + i * (size_t) d.n_embd,
+                      /*out*/ false);
         }
         const int32_t rc = llama_process(first.ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, first.batch.get());
         if (rc != 0) {
             return rc;
         }
+    }
+    return 0;
+}
+
+int32_t MtpDrafter::catch_up_together(const std::vector<Drafter *> & drafters) {
+    auto & rows = scratch.rows;
+    MtpDrafter & first = static_cast<MtpDrafter &>(*drafters.front());
+    if (!first.chained) {  // every queued row at once
+        rows.clear();
+        for (Drafter * dr : drafters) {
+            const MtpDrafter * d = static_cast<const MtpDrafter *>(dr);
+            for (size_t i = 0; i < d->queue_tok.size(); ++i) {
+                rows.emplace_back(d, i);
+            }
+        }
+        const int32_t rc = rows.empty() ? 0 : decode_rows(first);
+        if (rc != 0) {
+            return rc;
+        }
+    } else {  // decode by decode, each under every head in turn from where the decode's rows start
+        size_t n_decodes = 0;
+        for (Drafter * dr : drafters) {
+            n_decodes = std::max(n_decodes, static_cast<const MtpDrafter *>(dr)->queue_batches.size());
+        }
+        for (size_t b = 0; b < n_decodes; ++b) {
+            rows.clear();
+            for (Drafter * dr : drafters) {
+                const MtpDrafter * d = static_cast<const MtpDrafter *>(dr);
+                if (b >= d->queue_batches.size()) {
+                    continue;
+                }
+                const size_t end = b + 1 < d->queue_batches.size() ? d->queue_batches[b + 1] : d->queue_tok.size();
+                for (size_t i = d->queue_batches[b]; i < end; ++i) {
+                    rows.emplace_back(d, i);
+                }
+            }
+            for (int32_t head = 0; head < first.n_heads && !rows.empty(); ++head) {
+                for (Drafter * dr : drafters) {
+                    const MtpDrafter * d = static_cast<const MtpDrafter *>(dr);
+                    if (b < d->queue_batches.size() && d->queue_batches[b] < d->queue_pos.size()) {
+                        d->select_head(head, d->queue_pos[d->queue_batches[b]]);
+                    }
+                }
+                const int32_t rc = decode_rows(first);
+                if (rc != 0) {
+                    first.select_head(0, -1);
+                    return rc;
+                }
+            }
+        }
+        first.select_head(0, -1);  // llama.cpp restores the default head for other decodes
     }
     for (Drafter * dr : drafters) {
         MtpDrafter * d = static_cast<MtpDrafter *>(dr);
@@ -95,17 +148,36 @@ int32_t MtpDrafter::catch_up_together(const std::vector<Drafter *> & drafters) {
             d->queue_tok.clear();
             d->queue_pos.clear();
             d->queue_h.clear();
+            d->queue_batches.clear();
             d->caught_up = true;
         }
     }
     return 0;
 }
 
-void MtpDrafter::add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h) const {
+int32_t MtpDrafter::add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h, bool out) const {
     const int32_t idx = llama_batch_ext_add_token(into, seq_id, tok);
     llama_batch_ext_set_pos(into, idx, &pos);
     llama_batch_ext_set_embd_token(into, idx, {h, 1, (size_t) n_embd});
-    llama_batch_ext_set_output_logits(into, idx, true);
+    if (out) {
+        llama_batch_ext_set_output_logits(into, idx, true);
+    }
+    return idx;
+}
+
+void MtpDrafter::add_prefix(llama_batch_ext * into, const DraftRequest & req, const Draft & out) {
+    const int32_t n = (int32_t) out.tokens.size();
+    for (int32_t t = 0; t <= n; ++t) {
+        const llama_token tok = t == 0 ? req.id_last : out.tokens[t - 1];
+        i_last = add_row(into, tok, req.n_past + t, chain_h.data() + (size_t) t * n_embd, t == n);
+    }
+}
+
+void MtpDrafter::select_head(int32_t head, llama_pos pos) const {
+    if (pos >= 0) {
+        llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, pos, -1);
+    }
+    api.set_nextn_layer_offset(ctx_mtp, head);
 }
 
 void MtpDrafter::record_hidden(const DraftRequest & req, const float * h_row, float h_norm, Draft & out) const {
@@ -132,15 +204,23 @@ void MtpDrafter::take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start
         const DraftJob & j = drafting[k];
         MtpDrafter & d = head(j);
         j.out->n_decodes++;
-        const float * logits = llama_get_logits_ith(ctx, k);
-        const float * h_row = d.api.get_embeddings_nextn_ith(ctx, k);
+        const float * logits = llama_get_logits_ith(ctx, d.i_last);
+        const float * h_row = d.api.get_embeddings_nextn_ith(ctx, d.i_last);
         d.ranking.rank(logits, n_vocab);
         if (!d.ranking.take(*j.req, logits, t_start, *j.out)) {
             continue;
         }
-        const size_t i_norm = norms.size() + k;  // this decode's rows are the last n_rows norms
-        d.record_hidden(*j.req, h_row, i_norm >= (size_t) n_rows ? norms[i_norm - n_rows] : NAN, *j.out);
+        if (d.chained) {  // the probe sees every row of the prefix: the norm of the drafted row's own
+            d.record_hidden(*j.req, h_row, j.req->telemetry ? row_norm(h_row, d.n_embd) : NAN, *j.out);
+        } else {
+            const size_t i_norm = norms.size() + k;  // this decode's rows are the last n_rows norms
+            d.record_hidden(*j.req, h_row, i_norm >= (size_t) n_rows ? norms[i_norm - n_rows] : NAN, *j.out);
+        }
         if (CandidateRanking::ended(*j.req, d.vocab, *j.out)) {
+            continue;
+        }
+        if (d.chained && (int32_t) j.out->tokens.size() >= d.n_heads) {
+            j.out->stop = STOP_N_MAX;  // llama.cpp clamps n_max to the heads
             continue;
         }
         scratch.next.push_back(j);
@@ -169,7 +249,11 @@ void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<
     const int32_t n_vocab = llama_vocab_n_tokens(first.vocab);
     llama_batch_ext_clear(batch);
     for (const DraftJob & j : drafting) {
-        head(j).add_row(batch, j.req->id_last, j.req->n_past, head(j).pending_h.data());
+        MtpDrafter & d = head(j);
+        d.i_last = d.add_row(batch, j.req->id_last, j.req->n_past, d.pending_h.data());
+        if (d.chained) {
+            d.chain_h.assign(d.pending_h.begin(), d.pending_h.end());
+        }
     }
     std::vector<DraftJob> & all = scratch.all;
     all = drafting;
@@ -187,9 +271,17 @@ void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<
         if (rows_per_depth != nullptr) {
             rows_per_depth->push_back(n_rows);
         }
+        if (first.chained) {  // head i drafts depth i, its memory rebuilt over the draft region
+            for (const DraftJob & j : drafting) {
+                head(j).select_head(i, j.req->n_past);
+            }
+        }
         const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
         if (rc != 0) {
             first.probe.stop();
+            if (first.chained) {
+                first.select_head(0, -1);
+            }
             drop_drafts();
             check_decode(rc, "MTP draft decode");
         }
@@ -198,11 +290,20 @@ void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<
         const auto & next_rows = scratch.next_rows;
         llama_batch_ext_clear(batch);
         for (size_t k = 0; k < next.size(); ++k) {
-            head(next[k]).add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
+            MtpDrafter & d = head(next[k]);
+            if (d.chained) {
+                d.chain_h.insert(d.chain_h.end(), next_rows[k].second, next_rows[k].second + d.n_embd);
+                d.add_prefix(batch, *next[k].req, *next[k].out);
+            } else {
+                d.i_last = d.add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
+            }
         }
         std::swap(drafting, next);
     }
     first.probe.stop();
+    if (first.chained) {
+        first.select_head(0, -1);  // llama.cpp restores the default head for other decodes
+    }
     drop_drafts();
     for (const DraftJob & j : all) {
         if ((int32_t) j.out->tokens.size() < j.req->params.n_min) {
@@ -229,6 +330,9 @@ void MtpDrafter::keep(int32_t n_rows, llama_pos keep_until) {
     queue_tok.resize(keep);
     queue_pos.resize(keep);
     queue_h.resize(keep * (size_t) n_embd);
+    while (!queue_batches.empty() && queue_batches.back() >= keep) {
+        queue_batches.pop_back();
+    }
 }
 
 int32_t MtpDrafter::probe_follow(const TargetRows & rows) {
@@ -241,7 +345,16 @@ int32_t MtpDrafter::probe_follow(const TargetRows & rows) {
         const float * h = i == 0 ? pending_h.data() : rows.nextn_row(i - 1);
         llama_batch_ext_set_embd_token(batch.get(), idx, {h, 1, row});
     }
-    const int32_t rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    int32_t rc = 0;
+    for (int32_t head = 0; head < n_heads && rc == 0; ++head) {  // chained heads: once under each, as catch-up
+        if (chained) {
+            select_head(head, rows.pos0);
+        }
+        rc = llama_process(ctx_mtp, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    }
+    if (chained) {
+        select_head(0, -1);
+    }
     llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, rows.pos0, -1);
     return rc;
 }

@@ -8,6 +8,11 @@
 // It reads the target's nextn rows (features()), which the engine extracts after every target decode and
 // hands over in observe_target(); it queues the catch-up rows there, and keep() / accept() settle them once
 // the step's outcome is known, whether or not it drafts.
+//
+// Chained heads (Step-3.5's mtp3, llama.cpp's chain_heads: a model with n_layer_nextn > 1 trained heads): head i
+// drafts depth i (llama_set_nextn_layer_offset), so a draft is at most n_heads long, and as in llama.cpp each head
+// rebuilds its own layer's memory: the catch-up decodes every batch once per head, and depth i decodes the whole
+// draft prefix [id_last, d_1 .. d_i] again under head i (the head's hidden rows chained from one depth to the next).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +63,8 @@ struct MtpDrafter final : Drafter {
     static int32_t catch_up_together(const std::vector<Drafter *> & drafters);
 
     int32_t n_embd = 0;
+    int32_t n_heads = 1;       // the model's MTP heads (llama_model_n_layer_nextn)
+    bool chained = false;      // n_heads > 1: head i drafts depth i
 
   private:
     // Appends what telemetry records of the drafted token's hidden row (its norm, the row) to out.
@@ -65,8 +72,16 @@ struct MtpDrafter final : Drafter {
     const float * verify_row(int32_t i) const { return verify_h + (size_t) i * n_embd; }
     // draft_together's work after each decode (the jobs still drafting are in its scratch list).
     static void take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start, const std::vector<float> & norms);
-    // Adds the row (tok at pos of this drafter's sequence, hidden state h) with logits to `into`.
-    void add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h) const;
+    // catch_up_together's decode of the queued rows in its scratch list, under the context's current head.
+    static int32_t decode_rows(MtpDrafter & first);
+    // Adds the row (tok at pos of this drafter's sequence, hidden state h) to `into`, with logits if `out`;
+    // returns its index in the batch.
+    int32_t add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h, bool out = true) const;
+    // Chained heads: the next depth's rows, the draft prefix [id_last, d_1 .. d_n] with its chained hidden rows
+    // (the last with logits).
+    void add_prefix(llama_batch_ext * into, const DraftRequest & req, const Draft & out);
+    // Chained heads: head `head` decodes next; its memory is rebuilt from `pos` on.
+    void select_head(int32_t head, llama_pos pos) const;
 
     const NextnApi & api;
     llama_context * ctx_mtp;
@@ -78,6 +93,10 @@ struct MtpDrafter final : Drafter {
     std::vector<llama_token> queue_tok;   // catch-up rows not yet decoded on the MTP context
     std::vector<llama_pos> queue_pos;
     std::vector<float> queue_h;
+    std::vector<size_t> queue_batches;   // where each observed decode's rows start in the queue (chained heads
+                                         // catch up decode by decode, as llama.cpp's process() is called)
+    std::vector<float> chain_h;          // chained heads: the draft prefix's hidden rows (pending_h, h_1 .. h_n)
+    int32_t i_last = 0;                  // its row with logits in the current draft decode
     bool caught_up = false;               // the last observed rows were decoded (eagerly)
     const float * verify_h = nullptr;     // the last observed decode's nextn rows (the engine's extraction)
     int32_t verify_rows = 0;

@@ -41,6 +41,8 @@ std::vector<std::string> NextnApi::load(const std::string & lib_path) {
             "llama_model_target_layer_ids");
     resolve(model_target_layer_ids_n, "_Z30llama_model_target_layer_ids_nPK11llama_model",
             "llama_model_target_layer_ids_n");
+    resolve(set_nextn_layer_offset, "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
+            "llama_set_nextn_layer_offset");
     // the handle stays open: the functions are used for the life of the process
     return missing;
 }

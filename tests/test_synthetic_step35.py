@@ -1,6 +1,6 @@
 """SYNTHETIC step35 model with 3 chained MTP heads (llama.cpp's chained-head draft-mtp mode): the file, model_info,
-llama.cpp's reference drafting and accepting with it (head by head), the synth command, and the engine's refusal of
-the mode it does not run yet."""
+llama.cpp's reference drafting and accepting with it (head by head), the synth command, and the engine's chained
+mode against llama-speculative-simple."""
 
 from __future__ import annotations
 
@@ -114,13 +114,57 @@ def test_synth_errors(tmp_path, capsys):
 
 
 # -- the engine -------------------------------------------------------------------------------------------
-def test_the_engine_refuses_chained_heads_before_loading(files):
-    """The engine drafts with one head only (it would draft every depth with head 0, silently): Session.open refuses
-    the chained mode, naming it, before the engine loads the file."""
-    with pytest.raises(mx.MtpModeUnsupportedError, match="chained draft-mtp mode") as err:
-        mx.Session.open(files["perfect"], n_ctx=256, threads=1)
-    assert "3 MTP heads" in str(err.value) and "does not run the chained mode yet" in str(err.value)
-    assert isinstance(err.value, mx.MtpUnavailableError)
+PROMPTS = ("def f(x):", "import os\n", "class A:\n    pass\n")
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """Heads that agree with the trunk less and less deep: acceptance by depth falls head by head."""
+    return write_synthetic_step35(tmp_path_factory.mktemp("step35_mixed") / "mixed.gguf",
+                                  head_fidelity=(0.9, 0.6, 0.3), context_mix=0.25)
+
+
+@pytest.mark.parametrize("n_max", [1, 2, 3, 5])
+def test_chained_heads_match_llama_speculative_simple(reference_binary, mixed, n_max):
+    """Head i drafts depth i (llama_set_nextn_layer_offset), each head rebuilding its layer's memory, as llama.cpp's
+    draft-mtp driver in its chained mode: text and drafted/accepted totals equal llama-speculative-simple's, and
+    n_max above the 3 heads drafts 3, as llama.cpp caps it."""
+    from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, spec_type_args
+
+    with mx.Session.open(mixed, n_ctx=1024, threads=1) as s:
+        for prompt in PROMPTS:
+            ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max)
+            ref = run_reference_spec(reference_binary, mixed, prompt, spec_type_args("draft-mtp", n_max, {}),
+                                     max_tokens=48, n_ctx=1024, threads=1)
+            result = compare_with_reference(ref, ours, 0.0)
+            assert result["match"], (n_max, prompt, result)
+            assert int(ours.n_drafted.max()) == min(n_max, 3)
+
+
+def test_chained_heads_greedy_equals_plain_and_accept_head_by_head(mixed, files):
+    """Greedy speculative output equals plain output; acceptance by depth follows the heads' fidelity, and a file whose
+    later heads are random accepts only depth 1 (the heads really are chained, not head 0 at every depth)."""
+    with mx.Session.open(mixed, n_ctx=1024, threads=1) as s:
+        for prompt in PROMPTS:
+            plain = s.generate(prompt, max_tokens=48, n_max=0)
+            spec = s.generate(prompt, max_tokens=48, n_max=3)
+            assert spec.tokens == plain.tokens, prompt
+    with mx.Session.open(files["first_head_only"], n_ctx=1024, threads=1) as s:
+        t = s.generate(PROMPT, max_tokens=48, n_max=3)
+        by_depth = t.to_pandas()
+        drafted3 = by_depth[by_depth["n_drafted"] == 3]
+        assert len(drafted3) > 0 and (drafted3["n_accepted"] == 1).all()
+
+
+def test_chained_heads_replay_exactly(mixed):
+    """The oracle records each head's proposal: simulate replays n_max 1..5 exactly against real runs."""
+    with mx.Session.open(mixed, n_ctx=1024, threads=1) as s:
+        oracle = s.record_oracle(PROMPT, max_tokens=40, depth=5, probe=False, batch_shift=False)
+        for n_max in (1, 2, 3, 5):
+            sim = mx.simulate(oracle, n_max)
+            real = s.generate(PROMPT, max_tokens=40, n_max=n_max)
+            assert sim.n_drafted.tolist() == real.n_drafted.tolist(), n_max
+            assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "glm4moe"])

@@ -254,6 +254,10 @@ class MtpReplay(DrafterReplay):
     def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
         L, eos, prob = self.length, self.eos, self.confidence
         N = prob.shape[1]
+        limit = self.head_limit
+        if limit:  # chained heads: llama.cpp caps the draft at the heads
+            reason = np.where(cap > limit, STOP["n_max"], reason)
+            cap = np.minimum(cap, limit)
         valid = np.arange(N)[None, :] < L[:, None]
         # prefix length with every confidence >= p_min (the engine compares float32 values)
         ok = np.where(valid, prob >= np.asarray(p_min, dtype=np.float32)[..., None, None], False)
@@ -271,6 +275,11 @@ class MtpReplay(DrafterReplay):
         stop = np.where(drafting, stop, reason).astype(np.int8)
         # asked wherever it runs, even where the cap is 0 (the engine's candidate_len is then 0)
         return Candidate(n_raw, stop, n_raw < np.asarray(n_min)[..., None], running[..., None], decodes)
+
+    @property
+    def head_limit(self) -> int:
+        """Chained MTP heads' most draft tokens (0: no such cap)."""
+        return int(self.oracle.settings.get("mtp_head_limit", 0))
 
     def full(self, cap, active) -> Candidate:
         asked = np.broadcast_to(np.asarray(active)[..., None], cap.shape)
@@ -292,6 +301,7 @@ class DraftModelReplay(MtpReplay):
     target's caches as the MTP head's catch-up is priced to."""
 
     follows_target = False
+    head_limit = 0  #: a draft model's drafts are not capped by MTP heads
 
     def draft_ns(self, cost, proposal, cap_pos, pos) -> np.ndarray:
         return np.where(proposal.asked & np.asarray(cap_pos, bool), cost.model_draft_ns(proposal.decodes, pos), 0.0)

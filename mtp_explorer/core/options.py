@@ -150,7 +150,7 @@ class SessionOptions:
 
 
 #: The ``draft-mtp`` modes (:data:`~mtp_explorer.core.info.MTP_MODES`) the engine runs.
-ENGINE_MTP_MODES = ("single",)
+ENGINE_MTP_MODES = ("single", "chained")
 
 
 def check_mtp_mode(info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> None:

@@ -112,6 +112,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
             settings = {"max_tokens": max_tokens, "depth": depth, "probe": bool(probe),
                         "has_mtp": bool(self.info.has_mtp), "has_draft_model": self.has_draft_model and self.draft_kind,
                         "is_recurrent": bool(engine.is_recurrent), "draft_block_limit": engine.draft_block_limit,
+                        "mtp_head_limit": engine.mtp_head_limit,
                         "n_prompt": len(tokens)} | self._session_settings() | values
             oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
         if batch_shift:
