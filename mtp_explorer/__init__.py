@@ -19,7 +19,6 @@ from .core.errors import (
     ModelLoadError,
     ModelNotFoundError,
     MtpExplorerError,
-    MtpModeUnsupportedError,
     MtpUnavailableError,
     ParameterError,
     RollbackError,
@@ -58,7 +57,7 @@ __all__ = [
     # errors
     "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "FormatError",
     "InputTypeError", "LibraryError", "ToolError",
-    "ModelLoadError", "ModelNotFoundError", "MtpModeUnsupportedError", "MtpUnavailableError", "ParameterError", "RollbackError",
+    "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     # core
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",

@@ -173,6 +173,10 @@ void Engine::load_draft_model() {
     if (!mismatch.empty()) {
         fail(ErrorKind::PARAMETER, "the draft model " + opts.draft_path + " cannot draft for this model: " + mismatch);
     }
+    if (is_shared_memory_head(model_dft.get())) {
+        create_shared_mtp_context();
+        return;
+    }
     llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr);
     cp.cb_eval = nullptr;
     head = DraftHead::of(api, model_dft.get(), opts.draft_path, llama_model_n_layer(model.get()));
@@ -193,6 +197,38 @@ void Engine::load_draft_model() {
     if (head.is_block()) {
         llama_set_causal_attn(ctx_dft.get(), head.causal);
     }
+}
+
+bool is_shared_memory_head(const llama_model * m) {
+    char arch[64] = {0};
+    llama_model_meta_val_str(m, "general.architecture", arch, sizeof(arch));
+    return std::strcmp(arch, "gemma4-assistant") == 0;  // llama.cpp's one such architecture (llama-context.cpp)
+}
+
+// A head file that reads the target's memory (Gemma-4's assistant) is the MTP head of draft-mtp: its MTP context is
+// created over the target's (ctx_other), as llama.cpp's common_speculative_init does for -md with draft-mtp.
+void Engine::create_shared_mtp_context() {
+    const std::string where = "the MTP head " + opts.draft_path + " cannot draft for this model: ";
+    if (ctx_mtp) {
+        fail(ErrorKind::PARAMETER, where + "the model has MTP layers of its own");
+    }
+    if (llama_model_n_embd_out(model_dft.get()) != llama_model_n_embd_out(model.get())) {
+        fail(ErrorKind::PARAMETER, where + "it exchanges hidden states of width " +
+                                       std::to_string(llama_model_n_embd_out(model_dft.get())) + ", the model's are " +
+                                       std::to_string(llama_model_n_embd_out(model.get())) + " wide");
+    }
+    llama_context_params cm = context_params(opts, /*recurrent*/ false, nullptr);
+    cm.cb_eval = nullptr;
+    cm.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    cm.n_rs_seq = 0;
+    cm.ctx_other = ctx_tgt.get();
+    ctx_mtp.reset(llama_init_from_model(model_dft.get(), cm));
+    if (ctx_mtp == nullptr) {
+        fail(ErrorKind::LOAD, "llama.cpp could not create the MTP head's context over the model's (" +
+                                  opts.draft_path + ")");
+    }
+    api.set_embeddings_nextn(ctx_tgt.get(), true, /*masked*/ false);
+    api.set_embeddings_nextn(ctx_mtp.get(), true, /*masked*/ true);
 }
 
 void Engine::load_draft_head(llama_context_params & cp) {

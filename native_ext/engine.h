@@ -37,6 +37,8 @@ enum class TelemetryLevel : int32_t { OFF = 0, STEPS = 1, FULL = 2 };
 constexpr const char * TELEMETRY_LEVEL_NAMES[] = {"off", "steps", "full"};
 constexpr int32_t SERVER_N_BATCH = 2048;  // llama-server's default -b, the most tokens of one of its prompt batches
 
+// A head file that reads its target's memory through ctx_other (llama.cpp: gemma4-assistant).
+bool is_shared_memory_head(const llama_model * m);
 std::vector<int32_t> server_prompt_chunks(int32_t n, int32_t n_batch, int32_t n_ubatch, bool checkpoints);
 static_assert(count_of(TELEMETRY_LEVEL_NAMES) == (size_t) TelemetryLevel::FULL + 1, "one name per level");
 
@@ -146,6 +148,7 @@ struct Engine {
     void load_model();
     void create_target_context();
     void create_mtp_context();
+    void create_shared_mtp_context();  // a head file that reads the target's memory (llama.cpp's is_mem_shared)
     void load_draft_model();    // the draft model and its context (opts.draft_path), checked against the target
     // a draft head (draft_head.h): checked against the target (a PARAMETER error where llama.cpp would abort or read
     // garbage), its context made to borrow the target's embeddings and output

@@ -13,13 +13,16 @@ MtpDrafter::MtpDrafter(const NextnApi & api, llama_context * ctx_mtp, HiddenProb
     const llama_model * model = llama_get_model(ctx_mtp);
     n_embd = llama_model_n_embd_out(model);
     n_heads = std::max(1, api.model_n_layer_nextn(model));
-    chained = n_heads > 1;
+    shared = api.get_ctx_other(ctx_mtp) != nullptr;
+    chained = n_heads > 1 && !shared;
     vocab = llama_model_get_vocab(model);
     batch.reset(llama_batch_ext_init(ctx_mtp));
 }
 
 void MtpDrafter::begin(const std::vector<llama_token> & /*prompt*/) {
-    llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, -1, -1);
+    if (!shared) {  // a shared-memory head's memory is the target's
+        llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, -1, -1);
+    }
     pending_h.assign(n_embd, 0.0f);
     queue_tok.clear();
     queue_pos.clear();
@@ -38,6 +41,9 @@ void MtpDrafter::observe_target(const TargetRows & rows) {
     }
     verify_h = rows.nextn;
     verify_rows = rows.n;
+    if (shared) {  // nothing to catch up: the head reads the target's memory
+        return;
+    }
     queue_batches.push_back(queue_tok.size());
     for (int32_t i = 0; i < rows.n; ++i) {
         const float * h = i == 0 ? pending_h.data() : verify_row(i - 1);
@@ -165,6 +171,18 @@ int32_t MtpDrafter::add_row(llama_batch_ext * into, llama_token tok, llama_pos p
     return idx;
 }
 
+void MtpDrafter::add_depth(llama_batch_ext * into, const DraftJob & j, int32_t depth, llama_token tok, const float * h) {
+    if (chained) {  // the whole prefix again, its hidden rows chained from depth to depth
+        if (depth == 0) {
+            chain_h.clear();
+        }
+        chain_h.insert(chain_h.end(), h, h + n_embd);
+        add_prefix(into, *j.req, *j.out);
+    } else {  // a shared-memory head drafts every depth at the position after the target's last
+        i_last = add_row(into, tok, j.req->n_past + (shared ? 0 : depth), h);
+    }
+}
+
 void MtpDrafter::add_prefix(llama_batch_ext * into, const DraftRequest & req, const Draft & out) {
     const int32_t n = (int32_t) out.tokens.size();
     for (int32_t t = 0; t <= n; ++t) {
@@ -210,7 +228,7 @@ void MtpDrafter::take_rows(llama_context * ctx, int32_t n_vocab, int64_t t_start
         if (!d.ranking.take(*j.req, logits, t_start, *j.out)) {
             continue;
         }
-        if (d.chained) {  // the probe sees every row of the prefix: the norm of the drafted row's own
+        if (d.chained || d.shared) {  // the probe sees a prefix's rows, or another model: the drafted row's norm
             d.record_hidden(*j.req, h_row, j.req->telemetry ? row_norm(h_row, d.n_embd) : NAN, *j.out);
         } else {
             const size_t i_norm = norms.size() + k;  // this decode's rows are the last n_rows norms
@@ -249,17 +267,19 @@ void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<
     const int32_t n_vocab = llama_vocab_n_tokens(first.vocab);
     llama_batch_ext_clear(batch);
     for (const DraftJob & j : drafting) {
-        MtpDrafter & d = head(j);
-        d.i_last = d.add_row(batch, j.req->id_last, j.req->n_past, d.pending_h.data());
-        if (d.chained) {
-            d.chain_h.assign(d.pending_h.begin(), d.pending_h.end());
-        }
+        head(j).add_depth(batch, j, 0, j.req->id_last, head(j).pending_h.data());
     }
     std::vector<DraftJob> & all = scratch.all;
     all = drafting;
-    auto drop_drafts = [&]() {  // the draft rows leave the MTP memory: catch-up re-decodes the verified ones
+    auto end_drafts = [&]() {  // the draft rows leave the MTP memory: catch-up re-decodes the verified ones
+        first.probe.stop();
+        if (first.chained) {
+            first.select_head(0, -1);  // llama.cpp restores the default head for other decodes
+        }
         for (const DraftJob & j : all) {
-            llama_memory_seq_rm(llama_get_memory(ctx), j.drafter->seq_id, j.req->n_past, -1);
+            if (!head(j).shared) {
+                llama_memory_seq_rm(llama_get_memory(ctx), j.drafter->seq_id, j.req->n_past, -1);
+            }
         }
     };
     const int64_t t_start = oracle ? now_ns() : 0;
@@ -278,33 +298,18 @@ void MtpDrafter::draft_together(const std::vector<DraftJob> & jobs, std::vector<
         }
         const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
         if (rc != 0) {
-            first.probe.stop();
-            if (first.chained) {
-                first.select_head(0, -1);
-            }
-            drop_drafts();
+            end_drafts();
             check_decode(rc, "MTP draft decode");
         }
         take_rows(ctx, n_vocab, t_start, first.probe.row_norms);
         std::vector<DraftJob> & next = scratch.next;
-        const auto & next_rows = scratch.next_rows;
         llama_batch_ext_clear(batch);
         for (size_t k = 0; k < next.size(); ++k) {
-            MtpDrafter & d = head(next[k]);
-            if (d.chained) {
-                d.chain_h.insert(d.chain_h.end(), next_rows[k].second, next_rows[k].second + d.n_embd);
-                d.add_prefix(batch, *next[k].req, *next[k].out);
-            } else {
-                d.i_last = d.add_row(batch, next_rows[k].first, next[k].req->n_past + i + 1, next_rows[k].second);
-            }
+            head(next[k]).add_depth(batch, next[k], i + 1, scratch.next_rows[k].first, scratch.next_rows[k].second);
         }
         std::swap(drafting, next);
     }
-    first.probe.stop();
-    if (first.chained) {
-        first.select_head(0, -1);  // llama.cpp restores the default head for other decodes
-    }
-    drop_drafts();
+    end_drafts();
     for (const DraftJob & j : all) {
         if ((int32_t) j.out->tokens.size() < j.req->params.n_min) {
             j.out->dropped = true;
@@ -318,6 +323,9 @@ void MtpDrafter::keep(int32_t n_rows, llama_pos keep_until) {
     const int32_t i_h = std::min(n_rows, verify_rows - 1);
     if (i_h >= 0) {
         std::memcpy(pending_h.data(), verify_row(i_h), (size_t) n_embd * sizeof(float));
+    }
+    if (shared) {
+        return;
     }
     if (caught_up) {
         llama_memory_seq_rm(llama_get_memory(ctx_mtp), seq_id, keep_until, -1);
@@ -336,6 +344,9 @@ void MtpDrafter::keep(int32_t n_rows, llama_pos keep_until) {
 }
 
 int32_t MtpDrafter::probe_follow(const TargetRows & rows) {
+    if (shared) {  // no catch-up to price
+        return 0;
+    }
     const size_t row = (size_t) n_embd;
     llama_batch_ext_clear(batch.get());
     for (int32_t i = 0; i < rows.n; ++i) {

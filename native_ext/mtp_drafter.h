@@ -13,6 +13,10 @@
 // drafts depth i (llama_set_nextn_layer_offset), so a draft is at most n_heads long, and as in llama.cpp each head
 // rebuilds its own layer's memory: the catch-up decodes every batch once per head, and depth i decodes the whole
 // draft prefix [id_last, d_1 .. d_i] again under head i (the head's hidden rows chained from one depth to the next).
+//
+// A shared-memory head (Gemma-4's assistant, llama.cpp's is_mem_shared: a head file whose context reads the target's
+// memory through ctx_other) has no memory of its own: no catch-up, and every depth decodes one row at the position
+// after the target's last (pos0), with the previous depth's hidden row.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +69,7 @@ struct MtpDrafter final : Drafter {
     int32_t n_embd = 0;
     int32_t n_heads = 1;       // the model's MTP heads (llama_model_n_layer_nextn)
     bool chained = false;      // n_heads > 1: head i drafts depth i
+    bool shared = false;       // a head that reads the target's memory (its context's ctx_other)
 
   private:
     // Appends what telemetry records of the drafted token's hidden row (its norm, the row) to out.
@@ -77,8 +82,10 @@ struct MtpDrafter final : Drafter {
     // Adds the row (tok at pos of this drafter's sequence, hidden state h) to `into`, with logits if `out`;
     // returns its index in the batch.
     int32_t add_row(llama_batch_ext * into, llama_token tok, llama_pos pos, const float * h, bool out = true) const;
-    // Chained heads: the next depth's rows, the draft prefix [id_last, d_1 .. d_n] with its chained hidden rows
-    // (the last with logits).
+    // The rows of draft depth `depth` for job j (tok: id_last at depth 0, else the token drafted last; h: its
+    // hidden row), the last with logits: one row, or for chained heads the whole prefix.
+    void add_depth(llama_batch_ext * into, const DraftJob & j, int32_t depth, llama_token tok, const float * h);
+    // Chained heads: the draft prefix [id_last, d_1 .. d_n] with its chained hidden rows (the last with logits).
     void add_prefix(llama_batch_ext * into, const DraftRequest & req, const Draft & out);
     // Chained heads: head `head` decodes next; its memory is rebuilt from `pos` on.
     void select_head(int32_t head, llama_pos pos) const;

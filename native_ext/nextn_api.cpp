@@ -43,6 +43,7 @@ std::vector<std::string> NextnApi::load(const std::string & lib_path) {
             "llama_model_target_layer_ids_n");
     resolve(set_nextn_layer_offset, "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
             "llama_set_nextn_layer_offset");
+    resolve(get_ctx_other, "_Z19llama_get_ctx_otherP13llama_context", "llama_get_ctx_other");
     // the handle stays open: the functions are used for the life of the process
     return missing;
 }

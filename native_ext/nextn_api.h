@@ -18,6 +18,7 @@ struct NextnApi {
     const int32_t * (*model_target_layer_ids)(const llama_model *) = nullptr;  // a draft head's target layers
     uint32_t (*model_target_layer_ids_n)(const llama_model *) = nullptr;
     void (*set_nextn_layer_offset)(llama_context *, int32_t) = nullptr;      // which of chained MTP heads decodes
+    llama_context * (*get_ctx_other)(llama_context *) = nullptr;             // the context a head shares memory with
 
     // Resolves the symbols in the library at lib_path (empty: the libllama this module links).
     // Returns the names that are missing.

@@ -78,6 +78,7 @@ def test_library_without_nextn_api(model_mixed):
         "llama_set_embeddings_nextn", "llama_get_embeddings_nextn_ith", "llama_model_n_layer_nextn", "llama_n_rs_seq",
         "llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_get_embeddings_nextn",
         "llama_model_target_layer_ids", "llama_model_target_layer_ids_n", "llama_set_nextn_layer_offset",
+        "llama_get_ctx_other",
     ]
     with pytest.raises(mx.LibraryError, match="llama_set_embeddings_nextn"):
         check_nextn_api(ggml_base)

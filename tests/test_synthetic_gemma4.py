@@ -1,6 +1,6 @@
 """SYNTHETIC gemma4 target with its gemma4-assistant MTP head file (llama.cpp's shared-memory draft-mtp mode): the
 files, model_info of each and of the pair, llama.cpp's reference drafting and accepting with -md, the synth command,
-and the engine's refusal of the mode it does not run yet."""
+and the engine's shared-memory mode against llama-speculative-simple."""
 
 from __future__ import annotations
 
@@ -110,16 +110,56 @@ def test_synth_prints_the_target_then_the_head(tmp_path, capsys):
 
 
 # -- the engine -------------------------------------------------------------------------------------------
-def test_the_engine_refuses_the_shared_memory_head_before_loading(files):
-    """The engine cannot create a gemma4-assistant context (llama.cpp needs ctx_other = the target's context, which
-    it does not set: a bare 'could not create the draft model's context'): Session.open refuses the mode, naming it,
-    before the engine loads anything. The head file alone is refused too."""
+PROMPTS = ("def f(x):", "import os\n", "class A:\n    pass\n")
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 5])
+def test_the_shared_memory_head_matches_llama_speculative_simple(files, reference_binary, n_max):
+    """Session.open(target, draft_model=head): the head is the target's MTP head (draft-mtp), its context created
+    over the target's (ctx_other), drafting every depth at the position after the target's last, with no catch-up of
+    its own: text and drafted/accepted totals equal llama-speculative-simple -md HEAD --spec-type draft-mtp's."""
+    from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, spec_type_args
+
+    target, head = files["partial"]
+    with mx.Session.open(target, draft_model=head, n_ctx=1024, threads=1) as s:
+        assert (s.info.has_mtp, s.info.mtp_mode, s.has_draft_model, s.draft_kind) == \
+            (True, "shared_memory", False, "nothing")
+        for prompt in PROMPTS:
+            ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max)
+            ref = run_reference_spec(reference_binary, target, prompt,
+                                     [*spec_type_args("draft-mtp", n_max, {}), "-md", str(head)],
+                                     max_tokens=48, n_ctx=1024, threads=1)
+            result = compare_with_reference(ref, ours, 0.0)
+            assert result["match"], (n_max, prompt, result)
+
+
+def test_the_shared_memory_head_keeps_greedy_output_and_replays_exactly(files):
+    """Greedy speculative output equals plain output, alone and with two sequences drafting together; the oracle
+    records the head's proposals and simulate replays n_max 1..5 exactly."""
+    target, head = files["partial"]
+    with mx.Session.open(target, draft_model=head, n_ctx=1024, threads=1, n_parallel=2) as s:
+        alone = []
+        for prompt in PROMPTS[:2]:
+            plain = s.generate(prompt, max_tokens=40, n_max=0)
+            alone.append(s.generate(prompt, max_tokens=40, n_max=3))
+            assert alone[-1].tokens == plain.tokens and alone[-1].n_accepted.sum() > 0
+        together = s.generate_parallel(list(PROMPTS[:2]), max_tokens=40, n_max=3)
+        for a, t in zip(alone, together.traces):
+            assert t.tokens == a.tokens and t.n_drafted.tolist() == a.n_drafted.tolist()
+        oracle = s.record_oracle(PROMPT, max_tokens=40, depth=5, probe=False, batch_shift=False)
+        for n_max in (1, 3, 5):
+            sim, real = mx.simulate(oracle, n_max), s.generate(PROMPT, max_tokens=40, n_max=n_max)
+            assert sim.n_drafted.tolist() == real.n_drafted.tolist(), n_max
+            assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
+
+
+def test_a_head_file_alone_or_one_that_does_not_fit_is_refused(files, tmp_path):
     target, head = files["perfect"]
-    with pytest.raises(mx.MtpModeUnsupportedError, match="shared_memory draft-mtp mode") as err:
-        mx.Session.open(target, draft_model=head, n_ctx=256, threads=1)
-    assert "does not run the shared_memory mode yet" in str(err.value)
     with pytest.raises(mx.ParameterError, match="MTP head file: it runs only against its target"):
         mx.Session.open(head, n_ctx=256, threads=1)
+    _, wide_head = write_synthetic_gemma4(tmp_path / "wide.gguf", n_embd=48)
+    with pytest.raises(mx.ModelLoadError, match="width 48"):
+        mx.Session.open(target, draft_model=wide_head, n_ctx=256, threads=1)
 
 
 def test_the_target_alone_decodes_without_mtp(files):

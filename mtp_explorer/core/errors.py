@@ -27,11 +27,6 @@ class MtpUnavailableError(ParameterError):
     """MTP drafting was asked of a model (or an oracle of a model) without MTP (nextn) layers."""
 
 
-class MtpModeUnsupportedError(MtpUnavailableError):
-    """The model's MTP runs in a mode of llama.cpp's ``draft-mtp`` driver that the engine does not run yet (chained
-    heads, a shared-memory head file): the error names the mode."""
-
-
 class ContextOverflowError(ParameterError):
     """The prompt does not fit in the session's context window."""
 

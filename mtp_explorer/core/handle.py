@@ -186,7 +186,7 @@ class EngineHandle:
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
                                  threads_batch=threads_batch, repack=repack, n_parallel=n_parallel,
                                  draft_model=None if draft_info is None else str(draft_info.path))
-        options.check_model(info, draft_info)
+        info = options.check_model(info, draft_info)
         engine = _load_engine(path, options)
         session = cls(engine, info, seed=options.seed, draft_info=draft_info)
         session.open_kwargs = options.as_kwargs()
@@ -241,8 +241,8 @@ class EngineHandle:
 
     @property
     def has_draft_model(self) -> bool:
-        """The session was opened with a draft model (of either kind: :attr:`draft_kind`)."""
-        return self.draft_info is not None
+        """Opened with a draft model (:attr:`draft_kind`); a shared-memory MTP head file is ``info``'s MTP head."""
+        return self.draft_info is not None and not self.draft_info.is_mtp_head_file
 
     @property
     def placement(self) -> dict[str, Any]:

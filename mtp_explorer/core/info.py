@@ -218,7 +218,8 @@ def pair_with_head(target: ModelInfo, head: ModelInfo) -> ModelInfo:
             problems.append(f"a {head.arch} head runs against a {expected} target, not {target.arch}")
     if problems:
         raise ModelLoadError(f"the MTP head {head.path} does not fit the target {target.path}: " + "; ".join(problems))
-    return dataclasses.replace(target, mtp_mode=head.mtp_mode, n_mtp_heads=head.n_mtp_heads, mtp_head=head.path)
+    return dataclasses.replace(target, has_mtp=True, mtp_mode=head.mtp_mode, n_mtp_heads=head.n_mtp_heads,
+                               mtp_head=head.path)
 
 
 def _file_info(path: Path) -> ModelInfo:

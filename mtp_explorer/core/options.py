@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _native
 from .checks import check_int
-from .errors import MtpModeUnsupportedError, ParameterError
+from .errors import ParameterError
 
 if TYPE_CHECKING:
     from .info import ModelInfo
@@ -120,15 +120,16 @@ class SessionOptions:
         if not isinstance(self.repack, bool):
             raise ParameterError(f"repack must be True or False (llama.cpp's --repack / --no-repack), got {self.repack!r}")
 
-    def check_model(self, info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> None:
+    def check_model(self, info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
         """The checks that need the model (``info``) and the draft model (``draft_info``): a quantized K cache's block
         must divide the key head width when flash attention may be on (llama.cpp refuses the context otherwise), and
-        the model's MTP must run in the one ``draft-mtp`` mode the engine runs (:func:`check_mtp_mode`)."""
+        the model's MTP must run in a ``draft-mtp`` mode the engine runs (:func:`check_mtp_mode`). Returns what the
+        session holds: ``info``, or ``info`` paired with ``draft_info`` where that is its shared-memory MTP head."""
         n_embd_head_k = info.n_embd_head_k
         if self.type_k in _QUANTIZED_KV and self.flash_attn != "off" and n_embd_head_k % KV_BLOCK != 0:
             raise ParameterError(f"type_k={self.type_k!r} stores blocks of {KV_BLOCK} values, which do not divide this "
                                  f"model's key heads of {n_embd_head_k}; use type_k='f16', 'bf16' or 'f32'")
-        check_mtp_mode(info, draft_info)
+        return check_mtp_mode(info, draft_info)
 
     def to_native(self, path: str) -> "_native.EngineOptions":
         eo = _native.EngineOptions()
@@ -149,30 +150,16 @@ class SessionOptions:
         return dataclasses.asdict(self)
 
 
-#: The ``draft-mtp`` modes (:data:`~mtp_explorer.core.info.MTP_MODES`) the engine runs.
-ENGINE_MTP_MODES = ("single", "chained")
-
-
-def check_mtp_mode(info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> None:
-    """Refuse, before the engine loads anything, a model whose MTP runs in a mode of llama.cpp's ``draft-mtp`` driver
-    the engine does not run yet (it would draft every depth with the first of chained heads, and cannot create a
-    shared-memory head's context): :class:`MtpModeUnsupportedError` naming the mode. A head file given as the model,
-    or one that does not fit its target, is refused too."""
+def check_mtp_mode(info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
+    """What a session of ``info`` (with ``draft_info`` as its ``draft_model``) holds: ``info``, or the pair when the
+    draft model is the target's shared-memory MTP head (llama.cpp's ``-md`` with ``draft-mtp``). A head file given as
+    the model, or one that does not fit its target (:func:`~mtp_explorer.core.info.pair_with_head`), is refused. The
+    engine runs every mode of :data:`~mtp_explorer.core.info.MTP_MODES`."""
     from .info import pair_with_head
 
     if info.is_mtp_head_file:
         raise ParameterError(f"{info.path} is a {info.arch} MTP head file: it runs only against its target, "
                              f"Session.open(target, draft_model={info.path!r}) (llama.cpp's -md)")
     if draft_info is not None and draft_info.is_mtp_head_file:
-        pair = pair_with_head(info, draft_info)  # a head that does not fit its target: ModelLoadError
-        raise MtpModeUnsupportedError(
-            f"{draft_info.path} is a {draft_info.arch} MTP head that shares the target's KV cache (llama.cpp's "
-            f"{pair.mtp_mode} draft-mtp mode: -md with --spec-type draft-mtp, the head's context created with "
-            f"ctx_other = the target's); the engine does not run the {pair.mtp_mode} mode yet "
-            f"(it runs {', '.join(ENGINE_MTP_MODES)})")
-    if info.mtp_mode is not None and info.mtp_mode not in ENGINE_MTP_MODES:
-        raise MtpModeUnsupportedError(
-            f"{info.path} ({info.arch}) has {info.n_mtp_heads} MTP heads that llama.cpp chains, one per draft step "
-            f"(its {info.mtp_mode} draft-mtp mode: llama_set_nextn_layer_offset selects head i at depth i, "
-            f"llama.cpp caps the draft at {info.n_mtp_heads}); the engine does not run the {info.mtp_mode} mode yet (it runs "
-            f"{', '.join(ENGINE_MTP_MODES)}) and would draft every depth with the first head")
+        return pair_with_head(info, draft_info)  # a head that does not fit its target: ModelLoadError
+    return info
