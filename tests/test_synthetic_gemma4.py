@@ -153,6 +153,24 @@ def test_the_shared_memory_head_keeps_greedy_output_and_replays_exactly(files):
             assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
 
 
+def test_the_shared_memory_head_matches_llama_server_with_two_slots(files, server_binary):
+    """llama-server -np 2 -md HEAD --spec-type draft-mtp: each request's text and draft counters equal our two
+    sequences run as its slots (replay_server_parallel)."""
+    from mtp_explorer.devtools.reference import compare_with_server, replay_server_parallel
+    from mtp_explorer.server import LlamaServer
+
+    target, head = files["partial"]
+    batch = list(PROMPTS[:2])
+    with LlamaServer(target, n_parallel=2, n_ctx=2048, threads=1, spec_type="draft-mtp", n_max=3, draft_model=head,
+                     binary=server_binary) as srv:
+        answers = srv.client().complete_many(batch, 48)
+    with mx.Session.open(target, draft_model=head, n_ctx=2048, threads=1, n_parallel=2) as s:
+        ours = replay_server_parallel(s, batch, n_predict=48, n_max=3)
+    for prompt, done, trace in zip(batch, answers, ours.traces):
+        result = compare_with_server(done, trace)
+        assert result["match"] and done.draft_n_accepted > 0, (prompt, result)
+
+
 def test_a_head_file_alone_or_one_that_does_not_fit_is_refused(files, tmp_path):
     target, head = files["perfect"]
     with pytest.raises(mx.ParameterError, match="MTP head file: it runs only against its target"):

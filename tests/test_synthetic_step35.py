@@ -167,6 +167,23 @@ def test_chained_heads_replay_exactly(mixed):
             assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
 
 
+def test_chained_heads_match_llama_server_with_two_slots(mixed, server_binary):
+    """llama-server -np 2 --spec-type draft-mtp on the chained model: each request's text and draft counters equal
+    our two sequences run as its slots (replay_server_parallel)."""
+    from mtp_explorer.devtools.reference import compare_with_server, replay_server_parallel
+    from mtp_explorer.server import LlamaServer
+
+    batch = list(PROMPTS[:2])
+    with LlamaServer(mixed, n_parallel=2, n_ctx=2048, threads=1, spec_type="draft-mtp", n_max=3,
+                     binary=server_binary) as srv:
+        answers = srv.client().complete_many(batch, 48)
+    with mx.Session.open(mixed, n_ctx=2048, threads=1, n_parallel=2) as s:
+        ours = replay_server_parallel(s, batch, n_predict=48, n_max=3)
+    for prompt, done, trace in zip(batch, answers, ours.traces):
+        result = compare_with_server(done, trace)
+        assert result["match"] and done.draft_n_accepted > 0, (prompt, result)
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "glm4moe"])
 def test_model_info_reports_a_single_head_for_the_other_writers(arch, tmp_path):
     from mtp_explorer.devtools.synth import SYNTH_ARCHS, write_synth
