@@ -6,7 +6,9 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
 - ``draft-mtp``: our MTP drafter against ``--spec-type draft-mtp``, on ``--model`` (default: the
   bundled model), over prompts x n_max x p_min; and on a SYNTHETIC qwen35moe model (the
   Qwen3.6-35B-A3B architecture: hybrid recurrent trunk, MoE in every block and in the MTP block;
-  written to a temporary folder) over a smaller grid (``MOE_PROMPTS`` x ``MOE_N_MAX`` x p_min).
+  written to a temporary folder) over a smaller grid (``MOE_PROMPTS`` x ``MOE_N_MAX`` x p_min), and on the
+  other two modes of llama.cpp's draft-mtp driver: a SYNTHETIC step35 with 3 chained heads and a SYNTHETIC
+  gemma4 with its shared-memory head file (``-md``), ``MOE_PROMPTS`` x ``N_MAX`` x p_min.
 - ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_simple_size_m``) against
   ``--spec-type ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``, over
   prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
@@ -80,6 +82,9 @@ P_MIN = (0.0, 0.5)
 MOE_PROMPTS = PROMPTS[:4]
 MOE_N_MAX = (1, 2, 3, 4)
 MOE_KNOBS = {"context_mix": 0.5, "mtp_fidelity": 1.0}
+# the other two draft-mtp modes (chained heads, a shared-memory head), on the same grid but every n_max
+STEP35_KNOBS = {"context_mix": 0.25, "head_fidelity": (0.9, 0.6, 0.3)}
+GEMMA4_KNOBS = {"context_mix": 0.5}
 
 # n-gram: prompts that repeat themselves (so look-ups hit) and two that do not; (size_n, size_m) pairs.
 NGRAM_PROMPTS = [
@@ -91,13 +96,15 @@ N_CTX = 1024
 
 
 # -- draft-mtp ---------------------------------------------------------------------------------------
-def mtp_cases(binary: str, path: Path, label: str, tokens: int, threads: int, prompts, n_maxes, p_mins) -> list[dict]:
-    """One record per prompt x n_max x p_min: the reference's and our text and totals (n_min 0)."""
+def mtp_cases(binary: str, path: Path, label: str, tokens: int, threads: int, prompts, n_maxes, p_mins,
+              head: Path | None = None) -> list[dict]:
+    """One record per prompt x n_max x p_min: the reference's and our text and totals (n_min 0); ``head``: a
+    shared-memory MTP head file (``-md``)."""
     cases = []
-    with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
+    with mx.Session.open(path, n_ctx=N_CTX, threads=threads, draft_model=head) as s:
         for prompt, n_max, p_min, n_min in itertools.product(prompts, n_maxes, p_mins, (0,)):
             ref = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min,
-                                n_min=n_min, n_ctx=N_CTX, threads=threads)
+                                n_min=n_min, n_ctx=N_CTX, threads=threads, head=head)
             ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, p_min=p_min, n_min=n_min)
             cases.append({"model": label, "model_path": str(path), "prompt": prompt, "n_max": n_max,
                           "p_min": p_min, "n_min": n_min, "rollback_steps": int((ours.rollback > 0).sum())}
@@ -116,24 +123,35 @@ def _counts(cases: list[dict]) -> dict:
 
 
 def mtp_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
+    """The draft-mtp cases on ``picked`` and on SYNTHETIC models of llama.cpp's three draft-mtp modes: qwen35moe (one
+    head), step35 (three chained heads, fidelities falling head by head) and gemma4 with its shared-memory head."""
+    from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
     from mtp_explorer.devtools.synthetic_qwen35moe import write_synthetic_qwen35moe
+    from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
 
     path, origin = picked
     moe = write_synthetic_qwen35moe(tmp / "qwen35moe.gguf", **MOE_KNOBS)
+    step35 = write_synthetic_step35(tmp / "step35.gguf", **STEP35_KNOBS)
+    gemma4, gemma4_head = write_synthetic_gemma4(tmp / "gemma4.gguf", tmp / "gemma4-head.gguf", **GEMMA4_KNOBS)
     runs = [
-        (path, origin, PROMPTS, N_MAX, P_MIN),
-        (moe, "synthetic qwen35moe (random weights, MoE + hybrid recurrent, "
-              f"context_mix={MOE_KNOBS['context_mix']}, mtp_fidelity={MOE_KNOBS['mtp_fidelity']})",
+        (path, None, origin, PROMPTS, N_MAX, P_MIN),
+        (moe, None, "synthetic qwen35moe (random weights, MoE + hybrid recurrent, "
+                    f"context_mix={MOE_KNOBS['context_mix']}, mtp_fidelity={MOE_KNOBS['mtp_fidelity']})",
          MOE_PROMPTS, MOE_N_MAX, P_MIN),
+        (step35, None, f"synthetic step35 (random weights, 3 chained MTP heads, {STEP35_KNOBS})",
+         MOE_PROMPTS, N_MAX, P_MIN),
+        (gemma4, gemma4_head, f"synthetic gemma4 + gemma4-assistant head (random weights, shared memory, "
+                              f"{GEMMA4_KNOBS})", MOE_PROMPTS, N_MAX, P_MIN),
     ]
     cases, described, per_model = [], [], {}
-    for model_path, model_origin, prompts, n_maxes, p_mins in runs:
-        info = mx.model_info(model_path)
+    for model_path, head, model_origin, prompts, n_maxes, p_mins in runs:
+        info = mx.model_info(model_path) if head is None else mx.model_info(model_path, head=head)
         label = info.arch + (" (bundled)" if model_origin == "bundled" else "")
         described.append({"model": str(model_path), "model_origin": model_origin, "arch": info.arch,
+                          "mtp_mode": info.mtp_mode, "n_mtp_heads": info.n_mtp_heads,
                           "is_recurrent": info.is_recurrent, "n_expert": info.n_expert,
                           "prompts": len(prompts), "n_max": list(n_maxes), "p_min": list(p_mins)})
-        mine = mtp_cases(binary, model_path, label, tokens, threads, prompts, n_maxes, p_mins)
+        mine = mtp_cases(binary, model_path, label, tokens, threads, prompts, n_maxes, p_mins, head)
         per_model[label] = _counts(mine) | {"all_match": all(c["match"] for c in mine)}
         cases += mine
     return {"models": described, "per_model": per_model} | _counts(cases) | {

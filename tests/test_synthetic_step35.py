@@ -154,6 +154,10 @@ def test_chained_heads_greedy_equals_plain_and_accept_head_by_head(mixed, files)
         by_depth = t.to_pandas()
         drafted3 = by_depth[by_depth["n_drafted"] == 3]
         assert len(drafted3) > 0 and (drafted3["n_accepted"] == 1).all()
+        # per head, in the summary and the figure: head 1 accepts everything, heads 2 and 3 nothing
+        assert t.summary()["acceptance_by_head"] == [1.0, 0.0, 0.0]
+        fig = mx.plots.acceptance_by_depth(t)
+        assert list(fig.layout.xaxis.ticktext) == ["1<br>head 1", "2<br>head 2", "3<br>head 3"]
 
 
 def test_chained_heads_replay_exactly(mixed):

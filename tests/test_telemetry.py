@@ -69,6 +69,7 @@ def test_summary(trace, session_mixed):
     assert s["n_drafted"] == trace.n_drafted.sum() and s["n_accepted"] == trace.n_accepted.sum()
     assert math.isclose(s["acceptance_rate"], s["n_accepted"] / s["n_drafted"])
     assert math.isclose(s["mean_accepted_length"], trace.n_accepted.mean())
+    assert s["acceptance_by_head"] == [s["acceptance_rate"]]  # one MTP head drafts every depth
     assert len(s["acceptance_by_depth"]) == session_mixed.capacity
     assert s["acceptance_by_depth"][0] >= s["acceptance_by_depth"][3] >= 0
     assert all(math.isnan(v) for v in s["acceptance_by_depth"][4:])

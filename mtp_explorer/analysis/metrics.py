@@ -43,6 +43,17 @@ def acceptance_by_depth(n_drafted: np.ndarray, n_accepted: np.ndarray, depth: in
     return DepthAcceptance(reached=reached, accepted=accepted)
 
 
+def acceptance_by_head(n_drafted: np.ndarray, n_accepted: np.ndarray, mtp: np.ndarray, n_heads: int,
+                       chained: bool) -> list[float]:
+    """Per MTP head, accepted over drafted tokens of the steps the MTP head drafted (``mtp``): chained heads draft
+    one depth each (head i depth i: its rate is the acceptance at depth i); one head drafts every depth. NaN where
+    a head drafted nothing; empty for a model without MTP heads."""
+    n_drafted, n_accepted, mtp = np.asarray(n_drafted), np.asarray(n_accepted), np.asarray(mtp, dtype=bool)
+    if not chained:
+        return [acceptance_rate(n_drafted[mtp], n_accepted[mtp])] * min(n_heads, 1)
+    return list(acceptance_by_depth(n_drafted[mtp], n_accepted[mtp], n_heads).rate)
+
+
 def acceptance_by_depth_runs(n_drafted: np.ndarray, n_accepted: np.ndarray, depth: int,
                              where: np.ndarray | None = None) -> np.ndarray:
     """:func:`acceptance_by_depth` rates of many runs at once: per-step arrays ``[runs, steps]`` (``where``: the

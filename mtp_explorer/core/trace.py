@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -144,6 +145,7 @@ class Trace:
             "acceptance_rate": metrics.acceptance_rate(c["n_drafted"], c["n_accepted"]),
             "mean_accepted_length": metrics.mean_accepted_length(c["n_accepted"]),
             "acceptance_by_depth": metrics.acceptance_by_depth(c["n_drafted"], c["n_accepted"], self.depth).rate,
+            "acceptance_by_head": self.acceptance_by_head(),
             "tokens_per_second": metrics.tokens_per_second(len(self.tokens), sum(phases.values())),
             "n_steps": self.n_steps,
             "n_tokens": len(self.tokens),
@@ -163,6 +165,7 @@ class Trace:
             "acceptance_rate": metrics.accepted_per_drafted(t["n_accepted"], t["n_drafted"]),
             "mean_accepted_length": t["n_accepted"] / t["n_steps"],
             "acceptance_by_depth": np.full(self.depth, np.nan),
+            "acceptance_by_head": [math.nan] * int(self.model.get("n_mtp_heads", 0) or 0),
             "tokens_per_second": metrics.tokens_per_second(len(self.tokens), sum(phases.values())),
             "n_steps": int(t["n_steps"]),
             "n_tokens": len(self.tokens),
@@ -174,6 +177,14 @@ class Trace:
             "finish_reason": self.finish_reason,
             "steps_by_drafter": {},
         }
+
+    def acceptance_by_head(self) -> list[float]:
+        """Per MTP head of the model (``model["n_mtp_heads"]``), the acceptance of the tokens it drafted: with chained
+        heads (``model["mtp_mode"] == "chained"``) head i drafts depth i; one head drafts every depth."""
+        c = self.columns
+        return metrics.acceptance_by_head(c["n_drafted"], c["n_accepted"], c["drafter"] == DRAFTERS.index("mtp"),
+                                          int(self.model.get("n_mtp_heads", 0) or 0),
+                                          self.model.get("mtp_mode") == "chained")
 
     def steps_by_drafter(self) -> dict[str, int]:
         """Verified drafts per drafter (``none``: steps without a draft)."""

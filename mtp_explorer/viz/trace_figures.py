@@ -266,6 +266,10 @@ def acceptance_by_depth(trace: Trace) -> go.Figure:
     base_layout(fig, title, height=340)
     fig.update_layout(barmode="group", showlegend=len(segments) > 1)
     fig.update_xaxes(title="draft depth", dtick=1)
+    if trace.model.get("mtp_mode") == "chained":  # head i drafts depth i: its acceptance is the bar at depth i
+        heads = range(1, min(max_depth, int(trace.model.get("n_mtp_heads", 0))) + 1)
+        fig.update_xaxes(title="draft depth (chained MTP heads: head i drafts depth i)", tickvals=list(heads),
+                         ticktext=[f"{d}<br>head {d}" for d in heads])
     fig.update_yaxes(title="accepted / reached", range=[0, 1.1])
     if max_depth == 0:
         empty(fig, "no drafts" if trace.n_steps else "no steps yet")
