@@ -33,3 +33,20 @@ def machine() -> dict:
 def emit(doc: dict) -> None:
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+#: The SYNTHETIC models of llama.cpp's other two draft-mtp modes the benchmarks measure: chained heads whose fidelity
+#: falls head by head (step35) and a shared-memory head file (gemma4 + its gemma4-assistant head).
+STEP35_KNOBS = {"context_mix": 0.25, "head_fidelity": (0.9, 0.6, 0.3)}
+GEMMA4_KNOBS = {"context_mix": 0.5}
+
+
+def write_mode_models(folder: Path) -> list[tuple[Path, Path | None, str]]:
+    """(target, head file or None, description) of each SYNTHETIC draft-mtp mode model, written into ``folder``."""
+    from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
+    from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
+
+    step35 = write_synthetic_step35(folder / "step35.gguf", **STEP35_KNOBS)
+    gemma4, head = write_synthetic_gemma4(folder / "gemma4.gguf", folder / "gemma4-head.gguf", **GEMMA4_KNOBS)
+    return [(step35, None, f"synthetic step35 (random weights, 3 chained MTP heads, {STEP35_KNOBS})"),
+            (gemma4, head, f"synthetic gemma4 + gemma4-assistant head (random weights, shared memory, {GEMMA4_KNOBS})")]

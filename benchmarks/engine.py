@@ -10,7 +10,8 @@ real Qwen3.5 (see ``benchmarks/scale_model.py``), quantized to Q8_0 by ``llama-q
 section on it with fewer tokens and rounds; it adds ``memory``: load time, peak RSS against the file size
 (anonymous against file-backed pages, with llama.cpp's default mmap and with ``load_mode="none"``), and the
 recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot. ``drafters`` measures every
-``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference.
+``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference; ``modes``
+draft-mtp's chained-heads and shared-memory modes on SYNTHETIC models beside the reference.
 
 Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). A telemetry
 level's overhead is the median over triples of back-to-back runs (off, steps, full) in rotating order of its
@@ -34,9 +35,9 @@ import mtp_explorer as mx
 from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
 
-from _common import emit, machine, pick_model
+from _common import emit, machine, pick_model, write_mode_models
 
-SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters")
+SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters", "modes")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
 
 
@@ -191,9 +192,9 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
     return doc
 
 
-def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: int) -> dict:
+def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: int, head=None) -> dict:
     """Ours against llama-speculative-simple on the same settings, in :func:`alternating_pairs` per prompt and
-    repeat; the ratio is the median of the pairs' ratios."""
+    repeat; the ratio is the median of the pairs' ratios (``head``: the target's shared-memory MTP head file)."""
     ref = {}
     for n_max in (1, 2, 3, 4):
         pairs, parity = [], []
@@ -202,7 +203,7 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
 
             def reference() -> float:
                 run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
-                                    threads=s.threads)
+                                    threads=s.threads, head=head)
                 parity.append(compare_with_reference(run, t, 0.0)["match"])
                 return run.tokens_per_second
 
@@ -213,6 +214,22 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
             pairs += alternating_pairs(repeats, ours, reference)
         ref[n_max] = pairs_summary(pairs) | {"parity_of_totals_and_text": all(parity)}
     return {"binary": binary, "target_ratio": 1.0, "by_n_max": ref}
+
+
+def modes_section(binary: str, tokens: int, repeats: int, threads: int | None) -> dict:
+    """The other two modes of llama.cpp's draft-mtp driver on SYNTHETIC models (``_common.write_mode_models``):
+    chained heads and a shared-memory head file, each as :func:`reference_section` (ours against the reference at
+    n_max 1-4, with the parity of text and totals)."""
+    import tempfile
+
+    doc = {}
+    with tempfile.TemporaryDirectory(prefix="mtp-explorer-modes-") as tmp:
+        for model, head, label in write_mode_models(Path(tmp)):
+            with mx.Session.open(model, n_ctx=2048, threads=threads, draft_model=head) as s:
+                s.generate(PROMPTS[0], max_tokens=16, n_max=2)  # warm-up
+                doc[s.info.mtp_mode] = {"model": label} | reference_section(s, binary, model, tokens, repeats,
+                                                                             head=head)
+    return doc
 
 
 _MEMORY_PROBE = r"""
@@ -340,6 +357,8 @@ def main() -> None:
             out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats)
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
+    if "modes" in args.only and binary and not args.scale:
+        out["modes"] = modes_section(binary, args.tokens, args.repeats, args.threads)
     heads = [h.head_path for h in mx.draft_heads()
              if _same_file(h.target_path, path) and not _same_file(h.head_path, draft)]
     for head in heads if "drafters" in args.only else ():  # the other heads for this target (draft-eagle3's)

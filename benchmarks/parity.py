@@ -65,7 +65,7 @@ from mtp_explorer.devtools.reference import (ReferenceRun, compare_with_referenc
                                              reference_n_max, reference_totals, replay_reference_budget, run_reference,
                                              run_reference_spec, spec_type_args)
 
-from _common import emit, machine, pick_model
+from _common import emit, machine, pick_model, write_mode_models
 
 PROMPTS = [
     "def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
@@ -82,9 +82,6 @@ P_MIN = (0.0, 0.5)
 MOE_PROMPTS = PROMPTS[:4]
 MOE_N_MAX = (1, 2, 3, 4)
 MOE_KNOBS = {"context_mix": 0.5, "mtp_fidelity": 1.0}
-# the other two draft-mtp modes (chained heads, a shared-memory head), on the same grid but every n_max
-STEP35_KNOBS = {"context_mix": 0.25, "head_fidelity": (0.9, 0.6, 0.3)}
-GEMMA4_KNOBS = {"context_mix": 0.5}
 
 # n-gram: prompts that repeat themselves (so look-ups hit) and two that do not; (size_n, size_m) pairs.
 NGRAM_PROMPTS = [
@@ -125,24 +122,16 @@ def _counts(cases: list[dict]) -> dict:
 def mtp_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
     """The draft-mtp cases on ``picked`` and on SYNTHETIC models of llama.cpp's three draft-mtp modes: qwen35moe (one
     head), step35 (three chained heads, fidelities falling head by head) and gemma4 with its shared-memory head."""
-    from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
     from mtp_explorer.devtools.synthetic_qwen35moe import write_synthetic_qwen35moe
-    from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
 
     path, origin = picked
     moe = write_synthetic_qwen35moe(tmp / "qwen35moe.gguf", **MOE_KNOBS)
-    step35 = write_synthetic_step35(tmp / "step35.gguf", **STEP35_KNOBS)
-    gemma4, gemma4_head = write_synthetic_gemma4(tmp / "gemma4.gguf", tmp / "gemma4-head.gguf", **GEMMA4_KNOBS)
     runs = [
         (path, None, origin, PROMPTS, N_MAX, P_MIN),
         (moe, None, "synthetic qwen35moe (random weights, MoE + hybrid recurrent, "
                     f"context_mix={MOE_KNOBS['context_mix']}, mtp_fidelity={MOE_KNOBS['mtp_fidelity']})",
          MOE_PROMPTS, MOE_N_MAX, P_MIN),
-        (step35, None, f"synthetic step35 (random weights, 3 chained MTP heads, {STEP35_KNOBS})",
-         MOE_PROMPTS, N_MAX, P_MIN),
-        (gemma4, gemma4_head, f"synthetic gemma4 + gemma4-assistant head (random weights, shared memory, "
-                              f"{GEMMA4_KNOBS})", MOE_PROMPTS, N_MAX, P_MIN),
-    ]
+    ] + [(model, head, label, MOE_PROMPTS, N_MAX, P_MIN) for model, head, label in write_mode_models(tmp)]
     cases, described, per_model = [], [], {}
     for model_path, head, model_origin, prompts, n_maxes, p_mins in runs:
         info = mx.model_info(model_path) if head is None else mx.model_info(model_path, head=head)

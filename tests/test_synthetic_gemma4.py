@@ -146,6 +146,8 @@ def test_the_shared_memory_head_keeps_greedy_output_and_replays_exactly(files):
         together = s.generate_parallel(list(PROMPTS[:2]), max_tokens=40, n_max=3)
         for a, t in zip(alone, together.traces):
             assert t.tokens == a.tokens and t.n_drafted.tolist() == a.n_drafted.tolist()
+        note = mx.plots.rs_slots(alone[0]).layout.annotations[0].text
+        assert "shared-memory MTP head" in note and "write none of their own" in note
         oracle = s.record_oracle(PROMPT, max_tokens=40, depth=5, probe=False, batch_shift=False)
         for n_max in (1, 3, 5):
             sim, real = mx.simulate(oracle, n_max), s.generate(PROMPT, max_tokens=40, n_max=n_max)

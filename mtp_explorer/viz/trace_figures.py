@@ -392,6 +392,15 @@ def slot_states(trace: Trace) -> np.ndarray:
     return z
 
 
+#: What a draft-mtp mode does to memory, beside the target's rollback (``model["mtp_mode"]``).
+_MEMORY_NOTES = {
+    "shared_memory": "<br>shared-memory MTP head: its drafts read the target's KV cache (at the position after the"
+                     " target's last) and write none of their own",
+    "chained": "<br>chained MTP heads: each head keeps its own layer's rows in the MTP memory and rebuilds them over"
+               " the draft at its depth",
+}
+
+
 @takes(TRACE)
 def rs_slots(trace: Trace) -> go.Figure:
     """Heatmap steps × recurrent snapshot slots: slots each verify batch wrote and the slot its rollback
@@ -402,7 +411,8 @@ def rs_slots(trace: Trace) -> go.Figure:
         fig = base_layout(go.Figure(), "recurrent snapshot slots", height=240)
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
-        return empty(fig, "not a recurrent model: rollback is plain KV removal, no snapshot slots")
+        return empty(fig, "not a recurrent model: rollback is plain KV removal, no snapshot slots"
+                     + _MEMORY_NOTES.get(trace.model.get("mtp_mode"), ""))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=("slot use per step", "restores per slot"))
     z = slot_states(trace)
