@@ -74,13 +74,13 @@ def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, 
 #: drafting draft-eagle3 together that mixes them up (a request's draft candidates carry the probabilities of its
 #: run alone but other token ids, and its totals change from run to run; measured in benchmarks/server.py). With
 #: --no-spec-draft-backend-sampling each slot drafts as it does alone, as our engine does.
-HEAD_SERVER_ARGS = {"draft-eagle3": ["--no-spec-draft-backend-sampling"], "draft-dflash": []}
+HEAD_SERVER_ARGS = {"draft-eagle3": ["--no-spec-draft-backend-sampling"], "draft-dflash": [], "draft-dspark": []}
 
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
 @pytest.mark.parametrize("spec_type", sorted(HEAD_SERVER_ARGS))
 def test_draft_heads_match_the_server(server_binary, spec_type, n_parallel):
-    """The shipped EAGLE-3 and DFlash heads (-md) on llama-server with 1 and 2 slots: each request's text and
+    """The shipped EAGLE-3, DFlash and DSpark heads (-md) on llama-server with 1 and 2 slots: each request's text and
     draft_n / draft_n_accepted equal our replay of it as a server slot (the prompt in the server's batches, the
     first token sampled from them before any draft; llama.cpp's EAGLE-3 reads its deferred boundary row across
     those batches, which a replay that decodes the prompt as llama-speculative-simple does gets wrong)."""
