@@ -52,6 +52,10 @@ __all__ = [
     "LLAMA_CPP_VERSION",
     "CONVERTER_ENV_VAR",
     "export_hf_checkpoint",
+    "read_gguf_for_export",
+    "float_tensors",
+    "GGUFTokenizer",
+    "write_checkpoint",
     "hf_config",
     "tokenizer_files",
     "find_converter",
@@ -189,44 +193,79 @@ def export_hf_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
     (created): ``config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``.
     Returns ``out_dir``. Raises :class:`ParameterError` for another architecture, a file without an MTP block,
     quantized tensors or token types other than normal and control."""
-    from safetensors.numpy import save_file
+    gguf_path = Path(gguf_path)
+    meta = read_gguf_for_export(gguf_path, ARCH)
+    if not meta.get(f"{ARCH}.nextn_predict_layers"):
+        raise ParameterError(f"{gguf_path} has no MTP (nextn) block")
+    cfg = config_from_metadata(meta)
+    reader = _read_gguf(gguf_path)
+    tensors = float_tensors(reader, gguf_path)
+    sd = gguf_to_hf(tensors, cfg)
+    tied = "output.weight" not in tensors
+    if not tied:
+        sd["lm_head.weight"] = tensors["output.weight"]
+    vocab = GGUFTokenizer.read(reader, meta, n_ctx=cfg.n_ctx_train)
+    config = hf_config(cfg, eos_id=vocab.eos_id, bos_id=vocab.bos_id, tied=tied)
+    return write_checkpoint(out_dir, sd, config, vocab)
 
-    gguf_path, out = Path(gguf_path), Path(out_dir)
+
+def read_gguf_for_export(gguf_path: Path, arch: str) -> dict[str, object]:
+    """The metadata of ``gguf_path`` (:func:`~.gguf_qwen35.read_qwen35_metadata`) after checking that the file exists,
+    is of architecture ``arch`` and has a ``gpt2`` (byte-level BPE) tokenizer."""
     if not gguf_path.is_file():
         raise FileNotFoundError(f"model file not found: {gguf_path}")
     meta = read_qwen35_metadata(gguf_path)
-    if meta.get("general.architecture") != ARCH:
-        raise ParameterError(f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not {ARCH!r}")
-    if not meta.get(f"{ARCH}.nextn_predict_layers"):
-        raise ParameterError(f"{gguf_path} has no MTP (nextn) block")
+    if meta.get("general.architecture") != arch:
+        raise ParameterError(f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not {arch!r}")
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise ParameterError(f"{gguf_path}: tokenizer model {meta.get('tokenizer.ggml.model')!r}, not 'gpt2'")
-    cfg = config_from_metadata(meta)
-    reader = _read_gguf(gguf_path)
+    return meta
+
+
+def float_tensors(reader, gguf_path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of an F32/F16 GGUF as F32 (numpy shapes: ggml's reversed); :class:`ParameterError` for another type."""
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         if t.tensor_type.name not in ("F32", "F16"):
             raise ParameterError(f"{gguf_path}: tensor {t.name} is {t.tensor_type.name}; only F32/F16 files export")
         tensors[t.name] = np.asarray(t.data, dtype=np.float32)
-    sd = gguf_to_hf(tensors, cfg)
-    tied = "output.weight" not in tensors
-    if not tied:
-        sd["lm_head.weight"] = tensors["output.weight"]
+    return tensors
 
-    def field(key: str):
-        return reader.fields[key].contents() if key in reader.fields else None
 
-    tokens, types, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type"), field("tokenizer.ggml.merges")
-    eos_id, bos_id = int(meta["tokenizer.ggml.eos_token_id"]), meta.get("tokenizer.ggml.bos_token_id")
-    bos_id = None if bos_id is None else int(bos_id)
-    tokenizer, tok_config = tokenizer_files(tokens, types, merges, pre=str(meta["tokenizer.ggml.pre"]), eos_id=eos_id,
-                                            bos_id=bos_id, add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                                            n_ctx=cfg.n_ctx_train)
+@dataclass(frozen=True)
+class GGUFTokenizer:
+    """A GGUF ``gpt2`` vocabulary as Hugging Face tokenizer files (:func:`tokenizer_files`) and its special ids."""
+
+    tokenizer: dict
+    config: dict
+    eos_id: int
+    bos_id: int | None
+
+    @classmethod
+    def read(cls, reader, meta: dict[str, object], *, n_ctx: int) -> "GGUFTokenizer":
+        def value(key: str):
+            return reader.fields[key].contents() if key in reader.fields else None
+
+        eos_id, bos_id = int(meta["tokenizer.ggml.eos_token_id"]), meta.get("tokenizer.ggml.bos_token_id")
+        bos_id = None if bos_id is None else int(bos_id)
+        tokenizer, config = tokenizer_files(
+            value("tokenizer.ggml.tokens"), value("tokenizer.ggml.token_type"), value("tokenizer.ggml.merges"),
+            pre=str(meta["tokenizer.ggml.pre"]), eos_id=eos_id, bos_id=bos_id,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)), n_ctx=n_ctx)
+        return cls(tokenizer, config, eos_id, bos_id)
+
+
+def write_checkpoint(out_dir: str | Path, sd: dict[str, np.ndarray], config: dict, vocab: GGUFTokenizer) -> Path:
+    """Write a Hugging Face checkpoint in ``out_dir`` (created): ``model.safetensors`` (``sd``), ``config.json``
+    (``config``), ``tokenizer.json`` and ``tokenizer_config.json`` (``vocab``); returns ``out_dir``."""
+    from safetensors.numpy import save_file
+
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", hf_config(cfg, eos_id=eos_id, bos_id=bos_id, tied=tied))
-    _write_json(out / "tokenizer.json", tokenizer)
-    _write_json(out / "tokenizer_config.json", tok_config)
+    _write_json(out / "config.json", config)
+    _write_json(out / "tokenizer.json", vocab.tokenizer)
+    _write_json(out / "tokenizer_config.json", vocab.config)
     return out
 
 
@@ -285,13 +324,16 @@ def pre_tokenizer_name(hf_dir: str | Path) -> str | None:
 
 def convert_with_llama_cpp(hf_dir: str | Path, out_path: str | Path, *, converter: str | Path | None = None,
                            outtype: str = "f16", pre_tokenizer: str | None = None, timeout: float = 600.0,
-                           extra_args: Sequence[str] = ()) -> Path:
+                           extra_args: Sequence[str] = (), config_json: bool = False) -> Path:
     """Convert the Hugging Face checkpoint ``hf_dir`` to ``out_path`` with llama.cpp's ``convert_hf_to_gguf.py``
     (:func:`find_converter`) as ``convert_hf_to_gguf.py HF_DIR --outfile OUT --outtype OUTTYPE [extra_args]``, in a
     subprocess with the sdist's ``gguf-py`` first on ``PYTHONPATH``.
 
     ``pre_tokenizer`` names the tokenizer's llama.cpp pre-tokenizer for the converter's hash check (default:
-    :func:`pre_tokenizer_name`; see :mod:`._convert_launcher`). Raises :class:`ConverterError` with the
+    :func:`pre_tokenizer_name`; see :mod:`._convert_launcher`). With ``config_json`` the converter reads the
+    hyperparameters from ``config.json`` as is, not through transformers' ``AutoConfig`` (as under the converter's
+    pinned transformers, for a model type that the project's transformers knows in another form: ``step3p5``;
+    ``--config-json`` of :mod:`._convert_launcher`). Raises :class:`ConverterError` with the
     converter's output when it is missing, fails, runs past ``timeout`` seconds or writes nothing.
     """
     script = find_converter(converter)
@@ -302,6 +344,8 @@ def convert_with_llama_cpp(hf_dir: str | Path, out_path: str | Path, *, converte
     cmd = [sys.executable, str(_LAUNCHER), str(script)]
     if pre is not None:
         cmd += ["--register-pre", f"{hf_dir.resolve()}={pre}"]
+    if config_json:
+        cmd += ["--config-json", str(hf_dir.resolve())]
     cmd += ["--", str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra_args]
     gguf_py = script.parent / "gguf-py"
     env = dict(os.environ)
@@ -384,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..models import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", type=Path, default=None, help="source GGUF (default: the bundled model)")
+    p.add_argument("--gguf", type=Path, default=None,
+                   help="source GGUF, qwen35 or step35 (default: the bundled model)")
     p.add_argument("--out-dir", type=Path, required=True, help="where to write the Hugging Face checkpoint")
     p.add_argument("--convert", type=Path, default=None, metavar="OUT.gguf",
                    help="also convert the checkpoint with llama.cpp's convert_hf_to_gguf.py and compare")
@@ -392,10 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outtype", default="f16", choices=("f32", "f16", "bf16", "q8_0"))
     args = p.parse_args(argv)
     src = args.gguf or default_model_path()
-    out = export_hf_checkpoint(src, args.out_dir)
+    arch = read_qwen35_metadata(src).get("general.architecture")
+    if arch == "step35":
+        from .step35_hf import export_step35_checkpoint as export
+    else:
+        export = export_hf_checkpoint
+    out = export(src, args.out_dir)
     print(f"wrote {out}: {', '.join(sorted(f.name for f in out.iterdir()))}")
     if args.convert:
-        converted = convert_with_llama_cpp(out, args.convert, converter=args.converter, outtype=args.outtype)
+        converted = convert_with_llama_cpp(out, args.convert, converter=args.converter, outtype=args.outtype,
+                                           config_json=arch == "step35")
         print(f"converted to {converted} ({converted.stat().st_size / 1e6:.1f} MB); differences from {src.name}:")
         print(diff_gguf(src, converted, ignore_keys=INHERENT_KEYS))
     return 0
