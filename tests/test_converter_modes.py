@@ -6,19 +6,30 @@ blocks appended as ``model.layers.2..4``) and converted with ``convert_hf_to_ggu
 0.3.36 sdist (``--outtype f32``; a missing sdist fails, never skips).  The converted file has the written file's
 tensors bit for bit, its metadata but for what names the file, our ``mtp_explorer.*`` knobs and two keys that only
 one side writes and llama.cpp reads alike, and llama-speculative-simple drafts with it exactly as with ours.
+
+Shared-memory head: the SYNTHETIC ``gemma4`` target and its ``gemma4-assistant`` head file
+(:mod:`mtp_explorer.devtools.synthetic_gemma4`) are written back as ``Gemma4ForCausalLM`` and
+``Gemma4AssistantForCausalLM`` checkpoints (:mod:`mtp_explorer.devtools.gemma4_hf`) and converted one by one.  Tensors
+are equal bit for bit and hyperparameters but one that llama.cpp ignores; the vocabulary is llama.cpp's ``gemma4``
+one with our ids (the converter writes no other for Gemma 4), which always starts a prompt with BOS, so drafting
+matches ours once our target adds its BOS too.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import gguf
 import pytest
 
 from mtp_explorer.core.errors import ConverterError
+from mtp_explorer.devtools.gemma4_hf import export_gemma4_checkpoint
 from mtp_explorer.devtools.hf_export import INHERENT_KEYS, convert_with_llama_cpp, diff_gguf, find_converter
 from mtp_explorer.devtools.reference import run_reference_spec
 from mtp_explorer.devtools.step35_hf import export_step35_checkpoint
+from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
 from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
 
 PROMPTS = ("def f(x):", "import os\n", "class A:\n    pass\n")
@@ -82,5 +93,84 @@ def test_step35_converted_file_drafts_as_the_written_file(step35, reference_bina
                 for k in ("src", "converted")]
         assert [(r.text, r.n_predict, r.n_drafted, r.n_accept) for r in runs[1:]] == \
             [(runs[0].text, runs[0].n_predict, runs[0].n_drafted, runs[0].n_accept)], prompt
+        n_drafted, n_accept = n_drafted + runs[0].n_drafted, n_accept + runs[0].n_accept
+    assert 0 < n_accept < n_drafted
+
+
+# -- the shared-memory head: gemma4 target + gemma4-assistant head file ----------------------------------------
+#: keys that legitimately differ: the converter writes every Gemma 4 file with llama.cpp's ``gemma4`` vocabulary
+#: (SentencePiece-style BPE, same ids; llama.cpp always adds its BOS), never our ``gpt2`` one
+GEMMA4_TOKENIZER = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.add_bos_token",
+                    "tokenizer.ggml.add_space_prefix")
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory, converter) -> dict[str, Path]:
+    """SYNTHETIC gemma4 target (some context) and its assistant head, their checkpoints and their conversions."""
+    d = tmp_path_factory.mktemp("gemma4_roundtrip")
+    target, head = write_synthetic_gemma4(d / "synthetic-gemma4.gguf", mtp_fidelity=0.6, context_mix=0.25)
+    files = {"src": target, "src_head": head}
+    for key, src in (("", target), ("_head", head)):
+        files["hf" + key] = export_gemma4_checkpoint(src, d / f"hf{key}")
+        files["converted" + key] = convert_with_llama_cpp(files["hf" + key], d / f"converted{key}.gguf",
+                                                          converter=converter, outtype="f32")
+    return files
+
+
+def test_gemma4_checkpoints_are_a_causal_lm_and_its_assistant(gemma4):
+    from safetensors.numpy import load_file
+
+    target = json.loads((gemma4["hf"] / "config.json").read_text())
+    head = json.loads((gemma4["hf_head"] / "config.json").read_text())
+    assert target["architectures"] == ["Gemma4ForCausalLM"] and head["architectures"] == ["Gemma4AssistantForCausalLM"]
+    assert head["backbone_hidden_size"] == target["hidden_size"] == 64 and head["text_config"]["hidden_size"] == 32
+    assert head["text_config"]["num_kv_shared_layers"] == head["text_config"]["num_hidden_layers"] == 2
+    sd = load_file(str(gemma4["hf_head"] / "model.safetensors"))
+    assert {"pre_projection.weight", "post_projection.weight", "model.embed_tokens.weight",
+            "model.layers.1.self_attn.q_proj.weight", "model.layers.1.layer_scalar"} <= set(sd)
+    assert not any("k_proj" in k or "v_proj" in k for k in sd)  # its keys and values are the target's
+    assert "rope_freqs.weight" not in sd  # the converter generates it
+
+
+@pytest.mark.parametrize("key", ["", "_head"])
+def test_gemma4_converted_tensors_equal_the_written_files(gemma4, key):
+    """Every tensor bit for bit (rope_freqs, which the converter generates, too); every hyperparameter but the head's
+    shared_kv_layers (the converter writes num_kv_shared_layers = 2, ours 0: llama.cpp's gemma4-assistant reads it
+    and never uses it); the vocabulary's keys differ as GEMMA4_TOKENIZER says."""
+    diff = diff_gguf(gemma4["src" + key], gemma4["converted" + key],
+                     ignore_keys=INHERENT_KEYS + KNOBS + GEMMA4_TOKENIZER)
+    assert diff.tensors == [], str(diff)
+    expected = ["gemma4-assistant.attention.shared_kv_layers: ('UINT32', 0) != ('UINT32', 2)"] if key else []
+    assert diff.metadata == expected, str(diff)
+
+
+def test_gemma4_converted_vocabulary_has_our_ids(gemma4):
+    from mtp_explorer.devtools.gguf_qwen35 import bytes_to_unicode
+
+    ours = gguf.GGUFReader(str(gemma4["src"])).fields["tokenizer.ggml.tokens"].contents()
+    theirs = gguf.GGUFReader(str(gemma4["converted"])).fields["tokenizer.ggml.tokens"].contents()
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    assert len(ours) == len(theirs) == 384 and ours[-1] == theirs[-1] == "<|endoftext|>"
+    for a, b in zip(ours[:-1], theirs[:-1]):
+        raw = bytes(byte_of[c] for c in a)
+        assert (bytes([int(b[3:5], 16)]) if b.startswith("<0x") else b.replace("\u2581", " ").encode()) == raw
+
+
+def test_gemma4_converted_pair_drafts_as_the_written_pair(gemma4, reference_binary, tmp_path):
+    """llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max 3 -md HEAD: the converted target and head
+    give the same text and drafted/accepted totals as ours, once our target also starts with its BOS (llama.cpp
+    always adds a gemma4 vocabulary's BOS; the model mixes context in, so one more token changes what follows)."""
+    ours = Path(shutil.copy(gemma4["src"], tmp_path / "synthetic-gemma4-bos.gguf"))
+    field = gguf.GGUFReader(str(ours), "r+").fields["tokenizer.ggml.add_bos_token"]
+    field.parts[field.data[0]][0] = 1  # written in place (a memory map)
+    n_drafted = n_accept = 0
+    for prompt in PROMPTS:
+        runs = [run_reference_spec(reference_binary, target, prompt, ["--spec-type", "draft-mtp", "--spec-draft-n-max",
+                                                                      "3", "-md", str(head)],
+                                   max_tokens=48, n_ctx=1024, threads=1)
+                for target, head in ((ours, gemma4["src_head"]), (gemma4["converted"], gemma4["converted_head"]))]
+        assert (runs[1].text, runs[1].n_predict, runs[1].n_drafted, runs[1].n_accept) == \
+            (runs[0].text, runs[0].n_predict, runs[0].n_drafted, runs[0].n_accept), prompt
         n_drafted, n_accept = n_drafted + runs[0].n_drafted, n_accept + runs[0].n_accept
     assert 0 < n_accept < n_drafted

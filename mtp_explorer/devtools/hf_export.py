@@ -39,7 +39,7 @@ import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +56,7 @@ __all__ = [
     "float_tensors",
     "GGUFTokenizer",
     "write_checkpoint",
+    "hf_tensor_name",
     "hf_config",
     "tokenizer_files",
     "find_converter",
@@ -209,14 +210,16 @@ def export_hf_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
     return write_checkpoint(out_dir, sd, config, vocab)
 
 
-def read_gguf_for_export(gguf_path: Path, arch: str) -> dict[str, object]:
+def read_gguf_for_export(gguf_path: Path, arch: str | tuple[str, ...]) -> dict[str, object]:
     """The metadata of ``gguf_path`` (:func:`~.gguf_qwen35.read_qwen35_metadata`) after checking that the file exists,
-    is of architecture ``arch`` and has a ``gpt2`` (byte-level BPE) tokenizer."""
+    is of architecture ``arch`` (or one of them) and has a ``gpt2`` (byte-level BPE) tokenizer."""
     if not gguf_path.is_file():
         raise FileNotFoundError(f"model file not found: {gguf_path}")
     meta = read_qwen35_metadata(gguf_path)
-    if meta.get("general.architecture") != arch:
-        raise ParameterError(f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not {arch!r}")
+    archs = (arch,) if isinstance(arch, str) else arch
+    if meta.get("general.architecture") not in archs:
+        raise ParameterError(f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not "
+                             f"{' or '.join(map(repr, archs))}")
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise ParameterError(f"{gguf_path}: tokenizer model {meta.get('tokenizer.ggml.model')!r}, not 'gpt2'")
     return meta
@@ -267,6 +270,21 @@ def write_checkpoint(out_dir: str | Path, sd: dict[str, np.ndarray], config: dic
     _write_json(out / "tokenizer.json", vocab.tokenizer)
     _write_json(out / "tokenizer_config.json", vocab.config)
     return out
+
+
+def hf_tensor_name(name: str, global_names: Mapping[str, str],
+                   block_table: Callable[[int], Sequence[tuple[str, str]]], *, arch: str) -> str:
+    """The checkpoint name of the GGUF tensor ``name``: ``global_names[name]``, or for ``blk.{i}.X`` the
+    ``model.layers.{i}.H`` of the pair ``(H, X)`` in ``block_table(i)``. Raises :class:`ParameterError` for a tensor
+    without one (``arch`` names the checkpoint's class in the message)."""
+    if name in global_names:
+        return global_names[name]
+    block, _, rest = name.partition(".")[2].partition(".")
+    if name.startswith("blk.") and block.isdigit():
+        for hf, gg in block_table(int(block)):
+            if rest == gg:
+                return f"model.layers.{block}.{hf}"
+    raise ParameterError(f"tensor {name} has no {arch} name")
 
 
 def _write_json(path: Path, obj: object) -> None:
@@ -429,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", type=Path, default=None,
-                   help="source GGUF, qwen35 or step35 (default: the bundled model)")
+                   help="source GGUF: qwen35, step35, gemma4 or gemma4-assistant (default: the bundled model)")
     p.add_argument("--out-dir", type=Path, required=True, help="where to write the Hugging Face checkpoint")
     p.add_argument("--convert", type=Path, default=None, metavar="OUT.gguf",
                    help="also convert the checkpoint with llama.cpp's convert_hf_to_gguf.py and compare")
@@ -440,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     arch = read_qwen35_metadata(src).get("general.architecture")
     if arch == "step35":
         from .step35_hf import export_step35_checkpoint as export
+    elif arch in ("gemma4", "gemma4-assistant"):
+        from .gemma4_hf import export_gemma4_checkpoint as export
     else:
         export = export_hf_checkpoint
     out = export(src, args.out_dir)

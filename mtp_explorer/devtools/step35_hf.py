@@ -37,8 +37,8 @@ from typing import Mapping
 import numpy as np
 
 from ..core.errors import ParameterError
-from .hf_export import (GGUFTokenizer, _f32_literal, _read_gguf, float_tensors, read_gguf_for_export,
-                        write_checkpoint)
+from .hf_export import (GGUFTokenizer, _f32_literal, _read_gguf, float_tensors, hf_tensor_name,
+                        read_gguf_for_export, write_checkpoint)
 from .synthetic_step35 import ARCH, Step35Config
 
 __all__ = ["step35_config_from_metadata", "step35_hf_config", "step35_hf_name", "step35_gguf_to_hf",
@@ -146,15 +146,10 @@ def step35_hf_config(cfg: Step35Config, *, eos_id: int, bos_id: int | None) -> d
 
 def step35_hf_name(name: str, cfg: Step35Config) -> str:
     """The checkpoint name of the GGUF tensor ``name`` (MTP blocks appended after the trunk's layers)."""
-    if name in _GLOBAL:
-        return _GLOBAL[name]
-    block, _, rest = name.partition(".")[2].partition(".")
-    if name.startswith("blk.") and block.isdigit() and int(block) < cfg.block_count:
-        table = _BLOCK + _NEXTN if int(block) >= cfg.n_layer else _BLOCK
-        for hf, gg in table:
-            if rest == gg:
-                return f"model.layers.{block}.{hf}"
-    raise ParameterError(f"tensor {name} has no Step3p5ForCausalLM name")
+    def table(il: int):
+        return () if il >= cfg.block_count else _BLOCK + _NEXTN if il >= cfg.n_layer else _BLOCK
+
+    return hf_tensor_name(name, _GLOBAL, table, arch="Step3p5ForCausalLM")
 
 
 def step35_gguf_to_hf(tensors: Mapping[str, np.ndarray], cfg: Step35Config) -> dict[str, np.ndarray]:
