@@ -50,6 +50,23 @@ def converter() -> Path:
         pytest.fail(str(exc), pytrace=False)
 
 
+def _assert_same_drafting(binary: Path, ours: tuple[Path, Path | None], theirs: tuple[Path, Path | None]) -> None:
+    """llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max 3 (with -md HEAD where a pair has a head file)
+    prints the same text and drafted/accepted totals for both (target, head) pairs on every prompt, with some drafts
+    accepted and some rejected."""
+    totals = []
+    for prompt in PROMPTS:
+        runs = []
+        for target, head in (ours, theirs):
+            args = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"] + (["-md", str(head)] if head else [])
+            r = run_reference_spec(binary, target, prompt, args, max_tokens=48, n_ctx=1024, threads=1)
+            runs.append((r.text, r.n_predict, r.n_drafted, r.n_accept))
+        assert runs[1] == runs[0], prompt
+        totals.append(runs[0][2:])
+    n_drafted, n_accept = map(sum, zip(*totals))
+    assert 0 < n_accept < n_drafted
+
+
 @pytest.fixture(scope="module")
 def step35(tmp_path_factory, converter) -> dict[str, Path]:
     """SYNTHETIC step35 (heads of falling fidelity, some context), its checkpoint and its conversion."""
@@ -86,16 +103,7 @@ def test_step35_converted_tensors_equal_the_written_file(step35):
 def test_step35_converted_file_drafts_as_the_written_file(step35, reference_binary):
     """llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max 3 (the three chained heads): the same text
     and drafted/accepted totals with the converted file as with ours."""
-    args = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]
-    n_drafted = n_accept = 0
-    for prompt in PROMPTS:
-        runs = [run_reference_spec(reference_binary, step35[k], prompt, args, max_tokens=48, n_ctx=1024, threads=1)
-                for k in ("src", "converted")]
-        assert [(r.text, r.n_predict, r.n_drafted, r.n_accept) for r in runs[1:]] == \
-            [(runs[0].text, runs[0].n_predict, runs[0].n_drafted, runs[0].n_accept)], prompt
-        n_drafted, n_accept = n_drafted + runs[0].n_drafted, n_accept + runs[0].n_accept
-    assert 0 < n_accept < n_drafted
-
+    _assert_same_drafting(reference_binary, (step35["src"], None), (step35["converted"], None))
 
 # -- the shared-memory head: gemma4 target + gemma4-assistant head file ----------------------------------------
 #: keys that legitimately differ: the converter writes every Gemma 4 file with llama.cpp's ``gemma4`` vocabulary
@@ -162,15 +170,9 @@ def test_gemma4_converted_pair_drafts_as_the_written_pair(gemma4, reference_bina
     give the same text and drafted/accepted totals as ours, once our target also starts with its BOS (llama.cpp
     always adds a gemma4 vocabulary's BOS; the model mixes context in, so one more token changes what follows)."""
     ours = Path(shutil.copy(gemma4["src"], tmp_path / "synthetic-gemma4-bos.gguf"))
-    field = gguf.GGUFReader(str(ours), "r+").fields["tokenizer.ggml.add_bos_token"]
-    field.parts[field.data[0]][0] = 1  # written in place (a memory map)
-    n_drafted = n_accept = 0
-    for prompt in PROMPTS:
-        runs = [run_reference_spec(reference_binary, target, prompt, ["--spec-type", "draft-mtp", "--spec-draft-n-max",
-                                                                      "3", "-md", str(head)],
-                                   max_tokens=48, n_ctx=1024, threads=1)
-                for target, head in ((ours, gemma4["src_head"]), (gemma4["converted"], gemma4["converted_head"]))]
-        assert (runs[1].text, runs[1].n_predict, runs[1].n_drafted, runs[1].n_accept) == \
-            (runs[0].text, runs[0].n_predict, runs[0].n_drafted, runs[0].n_accept), prompt
-        n_drafted, n_accept = n_drafted + runs[0].n_drafted, n_accept + runs[0].n_accept
-    assert 0 < n_accept < n_drafted
+    reader = gguf.GGUFReader(str(ours), "r+")  # the same tensors and keys, with add_bos_token set in place
+    field = reader.fields["tokenizer.ggml.add_bos_token"]
+    field.parts[field.data[0]][0] = 1
+    reader.data.flush()
+    del reader, field
+    _assert_same_drafting(reference_binary, (ours, gemma4["src_head"]), (gemma4["converted"], gemma4["converted_head"]))

@@ -21,7 +21,7 @@ converter's table does not know it.  Every other step is the converter's ``main(
 ``--config-json DIR``: the converter reads a checkpoint's hyperparameters with ``AutoConfig.from_pretrained(DIR)
 .to_dict()`` and, when transformers does not know the model type, from ``config.json`` as it is
 (``ModelBase.load_hparams``).  Its pinned transformers (4.57.6, ``requirements/requirements-convert_hf_to_gguf.txt``)
-does not know ``step3p5``, so a Step-3.5 checkpoint is read from ``config.json``, the keys ``Step35Model`` reads.
+predates transformers' Step-3.5/3.7 support (huggingface/transformers#46658) and does not know ``step3p5``, so a Step-3.5 checkpoint is read from ``config.json``, the keys ``Step35Model`` reads.
 The project's transformers (5.23) maps ``step3p5`` to ``Step3p7TextConfig``, whose ``to_dict()`` renames or drops
 them (``num_attention_groups`` -> ``num_key_value_heads``; ``moe_layers_enum``, ``partial_rotary_factors`` and the
 MTP blocks' ``layer_types`` are gone), and the converter stops with ``KeyError: 'num_attention_groups'``.  For each
