@@ -160,7 +160,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
     reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head)."""
     from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
-    doc: dict = {"n_max": n_max, "draft_model": None if s.draft_info is None else s.draft_info.path}
+    doc: dict = {"n_max": n_max}  # each entry names its draft model or head (merged across sessions' sections)
     for spec in SPEC_TYPES:
         spec_n_max = reference_n_max(spec, n_max)
         mode = drafters.mode(spec)
@@ -186,7 +186,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                 pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
                                            functools.partial(ref, prompt) if binary else None)
             doc[f"{spec} / {kind}"] = pairs_summary(pairs) | {
-                "n_max": spec_n_max, "options": options,
+                "n_max": spec_n_max, "options": options, "draft_model": extra[1] if extra else None,
                 "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
                 "drafted": counts["drafted"]}
     return doc
