@@ -140,6 +140,7 @@ def test_a_server_slot_replay_is_the_engine_run_as_the_server_runs_it(bundled_mo
             assert sim.n_accepted.tolist() == real.n_accepted.tolist(), (prompt, drafter, n_max)
             assert mx.server.server_counters(sim) == mx.server.server_counters(real)
     assert not mx.simulate(oracle, 3).settings["server_slot"]
+    assert mx.simulate(oracle, mx.DraftSettings(n_max=3, max_tokens=24, server_slot=True)).settings["server_slot"]
     s.close()
 
 

@@ -436,7 +436,7 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
 # -- simulate -----------------------------------------------------------------------------------------
 def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float = 0.0, n_min: int = 0, *,
              drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
-             costs: Costs | None = None, server_slot: bool = False) -> SimTrace:
+             costs: Costs | None = None, server_slot: bool | None = None) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
     ``n_max <= oracle.depth`` (or ``n_max`` a :class:`~mtp_explorer.DraftSettings`, e.g. a trace's
@@ -446,14 +446,14 @@ def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float =
     predict (:func:`~mtp_explorer.profile_costs`), the path of a saved one, or a :class:`~mtp_explorer.CostModel`.
     ``server_slot=True`` replays the request as a llama-server slot runs it: the first token is sampled from the
     prompt before any draft (the first step is plain; its ``n_max`` column is 0), every later draft is cut to the
-    budget left minus one, as here.
+    budget left minus one, as here (``None``: the settings' :attr:`~mtp_explorer.DraftSettings.server_slot`).
     Bad input (a profile of another model or shallower than the oracle included) raises
     :class:`~mtp_explorer.ParameterError`.
     """
     policy = _check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
+    server_slot = policy.server_slot if server_slot is None else bool(server_slot)
     oracle = with_costs(oracle, costs)
-    return _build_trace(oracle, _run_policy(oracle, policy, server_slot=bool(server_slot)), policy,
-                        bool(server_slot))
+    return _build_trace(oracle, _run_policy(oracle, policy, server_slot=server_slot), policy, server_slot)
 
 
 def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False) -> SimTrace:
