@@ -332,6 +332,7 @@ DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
 """The listed ``drafter=`` choices of :meth:`Session.generate` (it also takes any ``--spec-type`` value)."""
 
 DEFAULT_MODE = "mtp"
+MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (trace's ``drafter`` column)
 
 #: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's
 #: drafters are asked in this order whatever order the value names them in (common_speculative_init).

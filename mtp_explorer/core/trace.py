@@ -30,6 +30,7 @@ from .schema import (
     columns_to_json,
     row_value,
 )
+from . import drafters
 from .errors import FormatError
 from .settings import DraftSettings
 
@@ -182,7 +183,7 @@ class Trace:
         """Per MTP head of the model (``model["n_mtp_heads"]``), the acceptance of the tokens it drafted: with chained
         heads (``model["mtp_mode"] == "chained"``) head i drafts depth i; one head drafts every depth."""
         c = self.columns
-        return metrics.acceptance_by_head(c["n_drafted"], c["n_accepted"], c["drafter"] == DRAFTERS.index("mtp"),
+        return metrics.acceptance_by_head(c["n_drafted"], c["n_accepted"], c["drafter"] == DRAFTERS.index(drafters.MTP_DRAFTER),
                                           int(self.model.get("n_mtp_heads", 0) or 0),
                                           self.model.get("mtp_mode") == "chained")
 
