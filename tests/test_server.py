@@ -99,6 +99,23 @@ def test_draft_heads_match_the_server(server_binary, spec_type, n_parallel):
                 assert done.draft_n_accepted > 0
 
 
+def test_a_draft_model_matches_the_server_through_its_checkpoint_replay(bundled_model, server_binary):
+    """draft-simple on the hybrid bundled target: the target gets no snapshot slots for it, so after a partial
+    acceptance llama-server restores a checkpoint and verifies the accepted tokens and the correction again with the
+    token after them (spec_is_replay); replay_server steps plainly there, and each request's text and draft counters
+    equal the server's (without that, 1 of 8 did)."""
+    draft = mx.draft_model_path()
+    with mx.Session.open(bundled_model, draft_model=draft, n_ctx=2048, threads=1) as s:
+        for prompt in PROMPTS:
+            with LlamaServer(bundled_model, n_parallel=1, n_ctx=2048, threads=1, spec_type="draft-simple",
+                             n_max=N_MAX, draft_model=draft, binary=server_binary) as srv:
+                done = srv.client().complete(prompt, N_PREDICT)
+            ours = replay_server(s, prompt, n_predict=N_PREDICT, n_max=N_MAX, drafter="draft-simple")
+            result = compare_with_server(done, ours)
+            assert result["match"] and done.draft_n_accepted > 0, (prompt, result)
+            assert (ours.n_drafted[1:][ours.n_accepted[:-1] < ours.n_drafted[:-1]] == 0).all()
+
+
 def test_a_server_slot_decodes_the_prompt_in_the_servers_batches(bundled_model, session):
     """server_slot=True: the first step decodes the prompt's last batch (its last 4 tokens on this hybrid model,
     where llama-server checkpoints before them; the whole of a shorter prompt) and samples the first token before

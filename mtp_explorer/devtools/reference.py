@@ -239,8 +239,18 @@ def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, 
                   drafter: str | None = None, **options: int) -> Trace:
     """Greedy generation with our engine as llama-server's slot runs one request (``server_slot=True``): the prompt
     in the server's prompt batches and the first token sampled from them before any draft, every later draft cut to
-    the budget left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0."""
-    return session.generate(prompt, **_slot_settings(n_predict, n_max, p_min, drafter, options))
+    the budget left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0.
+
+    On a recurrent target without snapshot slots for the drafter (:func:`reference_checkpoints`), the server restores
+    a checkpoint after a partial acceptance and verifies the accepted tokens and the correction again with the token
+    after them, drafting nothing (``spec_is_replay``): one plain step here, which emits that token."""
+    settings = _slot_settings(n_predict, n_max, p_min, drafter, options)
+    if not reference_checkpoints(session.path, drafter or drafters.DEFAULT_MODE):
+        return session.generate(prompt, **settings)
+    for step in session.stream(prompt, **settings):
+        partial = step.n_accepted < step.n_drafted
+        session.set_params(n_max=0 if partial else n_max, p_min=p_min, n_min=0)
+    return session.last_trace
 
 
 def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: int, n_max: int, p_min: float = 0.0,
