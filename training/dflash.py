@@ -85,11 +85,8 @@ from training.train import batch_at, lr_at
 
 ROOT = E.ROOT
 TARGET = E.TARGET
-HEAD_NAME = "pystdlib-dflash"
-SHIPPED_GGUF = E.MODELS / f"{HEAD_NAME}.gguf"  #: the shipped head (mx.draft_heads())
-SHIPPED_HEAD = Path(__file__).resolve().parent / "dflash-head.pt"  #: its weights, converted again by the tests
+HEAD_NAME, SHIPPED_GGUF, SHIPPED_HEAD, DEFAULT_OUT = E.head_files("dflash")
 LOG_DIR = E.LOG_DIR
-DEFAULT_OUT = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "dflash"
 LICENSE = E.LICENSE
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -74,11 +73,8 @@ from training import eagle3 as E
 
 TARGET = E.TARGET
 LICENSE = E.LICENSE
-HEAD_NAME = "pystdlib-dspark"
-SHIPPED_GGUF = E.MODELS / f"{HEAD_NAME}.gguf"  #: the shipped head (mx.draft_heads())
-SHIPPED_HEAD = Path(__file__).resolve().parent / "dspark-head.pt"  #: its weights, converted again by the tests
+HEAD_NAME, SHIPPED_GGUF, SHIPPED_HEAD, DEFAULT_OUT = E.head_files("dspark")
 LOG_DIR = E.LOG_DIR
-DEFAULT_OUT = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "dspark"
 
 
 #: The trained head's Markov rank: the DFlash backbone in F16 is 2.89 MB, and each unit of rank costs 16 KB

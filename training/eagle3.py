@@ -75,12 +75,19 @@ from training.train import batch_at, lr_at  # the trunk's schedule and batches, 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
 TARGET = MODELS / "pystdlib-qwen35-mtp.gguf"
-HEAD_NAME = "pystdlib-eagle3"
-SHIPPED_GGUF = MODELS / f"{HEAD_NAME}.gguf"
-SHIPPED_HEAD = Path(__file__).resolve().parent / "eagle3-head.pt"
 LOG_DIR = Path(__file__).resolve().parent / "logs"
 LOG_NAME = "eagle3.jsonl"
-DEFAULT_OUT = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "eagle3"
+TRAIN_DIR = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer")
+
+
+def head_files(kind: str) -> tuple[str, Path, Path, Path]:
+    """A draft head's name, its shipped GGUF (``mx.draft_heads()``), its weights file beside this module (converted
+    again by the tests) and its default training folder (checkpoints, token cache)."""
+    name = f"pystdlib-{kind}"
+    return name, MODELS / f"{name}.gguf", Path(__file__).resolve().parent / f"{kind}-head.pt", TRAIN_DIR / kind
+
+
+HEAD_NAME, SHIPPED_GGUF, SHIPPED_HEAD, DEFAULT_OUT = head_files("eagle3")
 REFERENCE = ROOT / "build" / "reference" / "bin" / "llama-speculative-simple"
 LICENSE = "PSF-2.0 (training data); model weights released with the mtp-explorer project"
 
