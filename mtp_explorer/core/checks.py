@@ -19,3 +19,10 @@ def check_int(name: str, value, lo: int, hi: int | None) -> int:
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ParameterError(f"{name} must be {bound}, got {value}")
     return value
+
+
+def check_bool(name: str, value, meaning: str = "") -> bool:
+    """``value`` if it is a ``bool``; ``meaning`` (e.g. llama.cpp's flags) goes in the error."""
+    if not isinstance(value, bool):
+        raise ParameterError(f"{name} must be True or False{f' ({meaning})' if meaning else ''}, got {value!r}")
+    return value

@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from .. import _native
-from .checks import check_int
+from .checks import check_bool, check_int
 from .errors import ParameterError
 
 if TYPE_CHECKING:
@@ -117,8 +117,7 @@ class SessionOptions:
                                  "flash_attn='auto' or 'on' (llama.cpp refuses it otherwise)")
         if self.threads_batch is not None:
             check_int("threads_batch", self.threads_batch, 1, None)
-        if not isinstance(self.repack, bool):
-            raise ParameterError(f"repack must be True or False (llama.cpp's --repack / --no-repack), got {self.repack!r}")
+        check_bool("repack", self.repack, "llama.cpp's --repack / --no-repack")
 
     def check_model(self, info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
         """The checks that need the model (``info``) and the draft model (``draft_info``): a quantized K cache's block

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _native
 from . import drafters
-from .checks import check_int
+from .checks import check_bool, check_int
 from .drafters import DrafterMode
 from .errors import InputTypeError, MtpExplorerError, MtpUnavailableError, ParameterError
 
@@ -42,12 +42,6 @@ def _number(name: str, value: Any, lo: float, hi: float) -> float:
         bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
         raise ParameterError(f"{name} must be a finite number in {bound}, got {value!r}")
     return float(value)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ParameterError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +104,7 @@ class DraftSettings:
             "max_tokens": check_int("max_tokens", self.max_tokens, 1, None),
             "temperature": _number("temperature", self.temperature, 0.0, math.inf),
             "seed": None if self.seed is None else check_int("seed", self.seed, 0, SEED_MAX),
-            "server_slot": _flag("server_slot", self.server_slot),
+            "server_slot": check_bool("server_slot", self.server_slot),
         }
         if fixed["n_min"] > n_max:
             raise ParameterError(f"n_min={fixed['n_min']} is larger than n_max={n_max}")
