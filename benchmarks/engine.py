@@ -25,6 +25,7 @@ import functools
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -220,8 +221,6 @@ def modes_section(binary: str, tokens: int, repeats: int, threads: int | None) -
     """The other two modes of llama.cpp's draft-mtp driver on SYNTHETIC models (``_common.write_mode_models``):
     chained heads and a shared-memory head file, each as :func:`reference_section` (ours against the reference at
     n_max 1-4, with the parity of text and totals)."""
-    import tempfile
-
     doc = {}
     with tempfile.TemporaryDirectory(prefix="mtp-explorer-modes-") as tmp:
         for model, head, label in write_mode_models(Path(tmp)):
