@@ -29,8 +29,6 @@ import torch.nn.functional as F
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm, apply_rotary_pos_emb
 
-from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config
-
 
 @dataclass
 class ModelConfig:
@@ -113,8 +111,11 @@ class ModelConfig:
         cfg._attn_implementation = "sdpa"
         return cfg
 
-    def gguf_config(self, n_ctx_train: int = 4096) -> Qwen35Config:
-        """The matching GGUF hyper-parameters."""
+    def gguf_config(self, n_ctx_train: int = 4096):
+        """The matching GGUF hyper-parameters (a :class:`mtp_explorer.devtools.gguf_qwen35.Qwen35Config`)."""
+        # imported here: training on a machine without the package's native extension needs only torch
+        from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config
+
         return Qwen35Config(
             n_vocab=self.vocab_size,
             n_embd=self.hidden_size,
