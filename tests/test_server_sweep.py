@@ -98,7 +98,16 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
     chain = p[p["spec_type"] == "ngram-mod,draft-mtp"]["prediction_note"]
     assert chain.str.contains("ngram-mod: its n-gram pool").all()  # the server keeps it across requests
     assert chain.str.contains("not by --spec-draft-n-max").all()  # nor does it cut the look-up's drafts to n_max
-    assert (p[p["spec_type"] != "ngram-mod,draft-mtp"]["prediction_note"] == "").all()
+    assert p[p["spec_type"] != "none"]["prediction_note"].str.contains("draft-mtp: each slot's pending hidden").all()
+    assert (p[p["spec_type"] == "none"]["prediction_note"] == "").all()
+    # -np 1: every request but the first its slot served ran after another, whose hidden row the MTP head carries
+    one = r[(r["n_parallel"] == 1) & r["spec_type"].ne("none")]
+    for _, run in one.groupby(["spec_type", "repeat"]):  # one slot: the requests one after another
+        after = run["served_after"].tolist()
+        assert after.count(-1) == 1 and len(set(after)) == len(after), after
+        assert run["id_slot"].tolist() == [0, 0, -1]  # a chat answer does not name its slot
+    assert one["slot_carry"].tolist() == (one["served_after"] >= 0).tolist()
+    assert not r[r["spec_type"] == "none"]["slot_carry"].any()
     back = ServerSweep.load(predicted.save(tmp_path / "p.json"))
     assert back.frame["predicted_n_accepted"].tolist() == p["predicted_n_accepted"].tolist()
     assert back.frame["prediction_note"].tolist() == p["prediction_note"].tolist()
@@ -108,6 +117,31 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
     assert len(fig.data) == 4 and "median |tokens/s error|" in fig.layout.title.text
     with pytest.raises(mx.InputTypeError, match="without predictions"):
         mx.plots.server_predictions(sweep)
+
+
+def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server_binary):
+    """Greedy acceptance predicted for single requests (-np 1, one request per server: its slot served nothing
+    before) is the measured one exactly, draft_n and draft_n_accepted of each request: draft-mtp, and ngram-simple
+    alone and before draft-mtp, whose look-up drafts past n_max on this prompt (the server cuts a look-up's draft by
+    the budget alone, and on this recurrent target restores a checkpoint after a rejection deeper than its snapshot
+    slots: predict.server_lookup_counters)."""
+    workload = Workload.from_prompts([mx.demo_prompts()[1].text], n_predict=48)
+    grid = {"spec_type": ["draft-mtp", "ngram-simple,draft-mtp", "ngram-simple"], "n_max": [2, 3], "n_parallel": [1]}
+    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=4096, binary=server_binary,
+                            timeout_s=120, progress=False)
+    with mx.Session.open(bundled_model, n_ctx=4096, threads=1, n_rs_seq=3) as session:
+        predicted = sweep.with_predictions(session, progress=False)
+    r, f = predicted.requests, predicted.frame
+    assert len(r) == 6 and r["ok"].all() and not r["slot_carry"].any() and (r["served_after"] == -1).all()
+    cols = ["spec_type", "n_max", "draft_n", "predicted_draft_n", "draft_n_accepted", "predicted_draft_n_accepted"]
+    assert r["counts_match"].all(), r[cols]
+    assert f["predicted_acceptance"].tolist() == f["acceptance"].tolist()
+    lookup = r[r["spec_type"] == "ngram-simple"]
+    assert (lookup["draft_n"] > lookup["draft_n_accepted"]).all()  # rejected look-ups: checkpoint replays
+    chain = r[r["spec_type"] == "ngram-simple,draft-mtp"].set_index("n_max")["draft_n"]
+    alone = r[r["spec_type"] == "draft-mtp"].set_index("n_max")["draft_n"]
+    assert (chain > alone).all()  # the look-up's drafts, longer than n_max, verified whole
+    assert "the predicted counters follow it" in f[f["spec_type"] == "ngram-simple"]["prediction_note"].iloc[0]
 
 
 def test_llama_server_does_not_cut_a_lookup_draft_to_n_max(bundled_model, server_binary):

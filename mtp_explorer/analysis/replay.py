@@ -376,9 +376,26 @@ class RunningAcceptance(Expectation):
             accepted[j] += 1
 
 
+def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int) -> list[int]:
+    """llama.cpp's ``common_ngram_simple_draft`` (0.3.36, common/ngram-map.cpp): after the history ``tokens`` and the
+    last sampled token, the (at most ``size_m``) tokens that followed the latest earlier occurrence of the last
+    ``size_n`` tokens; empty without a match, with too short a history (``size_n + size_m + 1`` tokens or fewer) or
+    a continuation shorter than ``size_n``. Uncut: llama.cpp's callers cut it (to the draft cap)."""
+    cur_len = len(tokens)
+    if cur_len <= size_n + size_m + 1:
+        return []
+    pattern = list(tokens[cur_len - size_n + 1:]) + [sampled]
+    for j in range(cur_len - size_n - 1, 0, -1):  # position 0 means no match in llama.cpp
+        if tokens[j:j + size_n] == pattern:
+            copy_max = min(size_m, cur_len - (j + size_n))
+            return [] if copy_max < size_n else list(tokens[j + size_n:j + size_n + copy_max])
+    return []
+
+
 class NgramSimpleReplay(DrafterReplay):
     """llama.cpp's ngram-simple prompt look-up: the oracle's look-up at every position, cut to the cap; no
-    confidence (``p_min`` does not apply), a running acceptance for its expected accepted length."""
+    confidence (``p_min`` does not apply), a running acceptance for its expected accepted length. Its whole look-up
+    (past the recorded depth) is :func:`ngram_simple_draft` of the path."""
 
     def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
         L, eos = self.length, self.eos

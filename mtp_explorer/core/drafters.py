@@ -238,6 +238,9 @@ _NGRAM_CACHE_OPTIONS = (
 DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
     DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs="mtp",
                 replay="..analysis.replay:MtpReplay",
+                server_carry="each slot's pending hidden row (common_speculative_impl_draft_mtp::pending_h: the "
+                             "catch-up pairs a request's first prompt token with the last hidden row of the request "
+                             "the slot served before, zeros on a fresh slot; a head with memory of its own)",
                 description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
     DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs="nothing",
                 options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",

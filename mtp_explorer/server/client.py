@@ -137,6 +137,7 @@ class Completion:
     draft_n: int                 #: ``timings.draft_n``: tokens drafted (0 without speculative decoding)
     draft_n_accepted: int        #: ``timings.draft_n_accepted``
     stop_type: str               #: ``eos``, ``limit``, ``word``, ...
+    id_slot: int = -1            #: ``id_slot``: the slot that served it (-1: not said)
 
     @classmethod
     def from_json(cls, prompt: str, doc: Any) -> "Completion":
@@ -146,7 +147,7 @@ class Completion:
                        predicted_ms=float(t["predicted_ms"]), predicted_per_second=float(t["predicted_per_second"]),
                        prompt_n=int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
                        draft_n=int(t.get("draft_n", 0)), draft_n_accepted=int(t.get("draft_n_accepted", 0)),
-                       stop_type=str(doc.get("stop_type", "")))
+                       stop_type=str(doc.get("stop_type", "")), id_slot=int(doc.get("id_slot", -1)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ServerProtocolError(f"malformed /completion answer ({exc!r}): {str(doc)[:300]}") from None
 
@@ -156,7 +157,8 @@ class Completion:
         try:
             choice = doc["choices"][0]
             flat = {"content": choice["message"]["content"] or "", "timings": doc["timings"],
-                    "stop_type": {"stop": "eos", "length": "limit"}.get(choice.get("finish_reason"), "")}
+                    "stop_type": {"stop": "eos", "length": "limit"}.get(choice.get("finish_reason"), ""),
+                    "id_slot": doc.get("id_slot", -1)}
         except (KeyError, IndexError, TypeError) as exc:
             raise ServerProtocolError(f"malformed chat answer ({exc!r}): {str(doc)[:300]}") from None
         return cls.from_json(prompt, flat)

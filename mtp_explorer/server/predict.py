@@ -4,9 +4,11 @@
 on the same model, measures (or takes) this machine's batch cost model, and for every configuration of the sweep's
 grid replays each request as a llama-server slot runs it (:func:`~mtp_explorer.simulate` with ``server_slot=True``)
 and schedules them on ``n_parallel`` slots (:func:`~mtp_explorer.predict_parallel`). The draft counters it predicts
-are those the server reports (:func:`server_counters`); a drafter whose state a server keeps from one request to the
-next (:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's own prompt, and
-its rows say so in ``prediction_note``.
+are those the server reports for each request on a fresh slot (:func:`request_counters`: :func:`server_counters`, or
+with ngram-simple in the chain :func:`server_lookup_counters`, which sizes its drafts and restores checkpoints as
+llama-server does); a drafter whose state a server keeps from one request to the next
+(:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's own prompt, its rows
+say so in ``prediction_note``, and each request that ran after another on its slot says so in ``slot_carry``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,88 @@ def server_counters(trace: "Trace") -> dict[str, int]:
             counters["draft_n"] += min(st.n_max, budget - generated - 1) - st.n_drafted
         generated += st.n_accepted + 1
     return counters
+
+
+def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str, int] | None:
+    """The counters llama-server 0.3.36 reports (as :func:`server_counters`) for a greedy request drafted by a chain
+    with ngram-simple, replayed as the server runs it where it differs from this engine (``None``: ``settings``
+    drafts with no look-up, another look-up, or a policy other than llama.cpp's ``first``; those take
+    :func:`server_counters` of a :func:`~mtp_explorer.simulate` replay):
+
+    - the look-up's draft is cut by the budget left minus one and the context only, not by ``n_max``
+      (``server_slot::get_n_draft_max``; :func:`~mtp_explorer.analysis.replay.ngram_simple_draft` of the path gives
+      the whole look-up past the oracle's depth); the model drafters' by ``n_max`` too;
+    - on a recurrent target, a rejection that rolls back more tokens than the target's snapshot slots
+      (``--spec-draft-n-max`` of them with a model drafter in the chain, none without) restores the speculative
+      checkpoint and verifies the accepted tokens and the correction again (``spec_is_replay``): the step emits
+      them and the token after them, its draft counts once and its accepted tokens once;
+    - no draft before the first token (a slot samples it from the prompt's last batch), and a model drafter that
+      stops at an end-of-generation token drafts on to its cap, as in :func:`server_counters`.
+    """
+    import numpy as np
+
+    from ..analysis.replay import STOP, ngram_simple_draft
+    from ..analysis.simulate import _caps
+    from ..core import drafters
+
+    settings = settings.check(oracle.limits)
+    mode = settings.mode
+    lookups = [s for s in mode.drafters if s.is_lookup]
+    if settings.n_max == 0 or not lookups or any(s.spec_type != "ngram-simple" for s in lookups):
+        return None
+    replays = [None if s.is_lookup else oracle.replay(s) for s in mode.drafters]
+    if (len(mode.drafters) > 1 and mode.policy != "first") or any(r is not None and r.stateful for r in replays):
+        return None
+    opts = drafters.option_values(settings.options)
+    size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
+    max_tokens, T = int(settings.max_tokens), oracle.n_positions
+    cap, reason = _caps(oracle, settings.n_max, max_tokens, server_slot=True)
+    cap_lookup = _caps(oracle, max_tokens, max_tokens, server_slot=True)[0]
+    history = list(oracle.prompt_tokens) + [int(t) for t in oracle.columns["token"]]
+    n_prompt = len(oracle.prompt_tokens)
+    looked = [ngram_simple_draft(history[:n_prompt - 1 + g], history[n_prompt - 1 + g], size_n, size_m)[:int(c)]
+              for g, c in enumerate(cap_lookup.tolist())]
+    width = max(1, max(map(len, looked)))
+    table = np.full((T, width), -1, dtype=np.int64)
+    for g, d in enumerate(looked):
+        table[g, :len(d)] = d
+    lookup_len = np.array([len(d) for d in looked], dtype=np.int64)
+    lookup_match = oracle.accepted_prefix(table, lookup_len)
+    cands = [None if r is None else (r.candidate(cap, reason, settings.p_min, settings.n_min, True), r.match_len)
+             for r in replays]
+    eog = oracle.columns["token_eog"].astype(bool)
+    recurrent = bool(oracle.settings.get("is_recurrent"))
+    n_rs = settings.n_max if any(s.gets_snapshot_slots for s in mode.drafters) else 0
+    g, drafted, accepted, end = 0, 0, 0, min(T, max_tokens)
+    while g < end:
+        n, a, extra = 0, 0, 0
+        for c in cands:  # llama.cpp's order: the first drafter with a draft
+            if c is None:
+                if lookup_len[g] > 0:
+                    n, a = int(lookup_len[g]), int(lookup_match[g])
+                    break
+            elif bool(c[0].usable[g]):
+                n = int(c[0].n_drafted[g])
+                a = min(n, int(c[1][g]))
+                extra = int(cap[g]) - n if int(c[0].stop[g]) == STOP["eos"] else 0
+                break
+        drafted += n + extra
+        accepted += a
+        if recurrent and n - a > n_rs:  # the checkpoint replay: accepted + correction again, then one more
+            g += a + 1 if eog[min(g + a, T - 1)] else a + 2
+        else:
+            g += a + 1
+    return {"n_predict": min(g, end), "draft_n": drafted, "draft_n_accepted": accepted}
+
+
+def request_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str, int]:
+    """The counters llama-server reports for one greedy request run alone on a slot (:func:`server_lookup_counters`
+    where the server sizes a look-up's draft otherwise than this engine, else :func:`server_counters` of the
+    :func:`~mtp_explorer.simulate` replay as a server slot)."""
+    from ..analysis.simulate import simulate
+
+    counters = server_lookup_counters(oracle, settings)
+    return counters if counters is not None else server_counters(simulate(oracle, settings, server_slot=True))
 
 
 def config_settings(config: Mapping[str, Any], n_predict: int) -> DraftSettings:
@@ -107,6 +191,11 @@ SERVER_LOOKUP_CAP = ("llama-server 0.3.36 cuts a look-up's draft only by the bud
                      "(server_slot::get_n_draft_max), not by --spec-draft-n-max: {names} draft up to their own "
                      "length; the prediction cuts them to n_max as llama-speculative-simple does, so where they draft "
                      "its counters and verify sizes are not the server's")
+#: The same for ngram-simple, whose server counters are predicted as the server sizes its drafts
+#: (:func:`server_lookup_counters`); the tokens/s prediction still cuts them.
+SERVER_LOOKUP_CAP_COUNTED = ("llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
+                             "(server_slot::get_n_draft_max), not by --spec-draft-n-max: the predicted counters "
+                             "follow it ({names}), the predicted tokens/s cuts {names} to n_max as this engine does")
 
 
 def _note(settings: DraftSettings) -> str:
@@ -120,7 +209,9 @@ def _note(settings: DraftSettings) -> str:
                      + "; ".join(carried) + ")")
     lookups = [s.spec_type for s in settings.mode.drafters if s.is_lookup]
     if lookups:
-        notes.append(SERVER_LOOKUP_CAP.format(names=", ".join(lookups)))
+        counted = all(name == "ngram-simple" for name in lookups) and (
+            len(settings.mode.drafters) == 1 or settings.mode.policy == "first")
+        notes.append((SERVER_LOOKUP_CAP_COUNTED if counted else SERVER_LOOKUP_CAP).format(names=", ".join(lookups)))
     return "; ".join(notes)
 
 
@@ -135,18 +226,21 @@ class ConfigPrediction:
 
 
 #: The columns :func:`predict_sweep` adds to a sweep's per-request frame.
-PREDICTED_REQUEST_COLUMNS = ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted", "counts_match")
+#: ``slot_carry``: the request ran on a slot that had served another request before it (``served_after``), with a
+#: drafter whose state the server keeps from one request to the next (``DrafterSpec.server_carry``), which the
+#: prediction (each request on a fresh slot) does not replay.
+PREDICTED_REQUEST_COLUMNS = ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted", "counts_match",
+                             "slot_carry")
 
 
 def predict_config(recording: Recording, workload: "Workload", config: Mapping[str, Any]) -> ConfigPrediction:
     """One configuration's prediction (:class:`ConfigPrediction`)."""
     from ..analysis.batch import predict_parallel
-    from ..analysis.simulate import simulate
     from .sweep import ALL
 
     each = [config_settings(config, req.n_predict) for req in workload.requests]
     try:
-        counters = [server_counters(simulate(o, s, server_slot=True)) for o, s in zip(recording.oracles, each)]
+        counters = [request_counters(o, s) for o, s in zip(recording.oracles, each)]
         timed = predict_parallel(recording.oracles, recording.costs, each, n_parallel=int(config.get("n_parallel", 1)),
                                  arrivals=[0] * len(each), server_slot=True)
     except ParameterError as exc:
@@ -208,11 +302,16 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
 
 def _requests(requests, predicted: Mapping[tuple, ConfigPrediction], keys: list[str]):
     """The per-request frame with each request's predicted server counters, and whether they are the measured ones."""
+    from ..core import drafters
+
     if requests is None:
         return None
     rows = []
     for row in requests.to_dict(orient="records"):
         mine = predicted[tuple(row[k] for k in keys)].per_request
+        spec = row.get("spec_type")
+        carries = spec not in (None, "none") and any(s.server_carry for s in drafters.mode(spec).drafters)
+        row["slot_carry"] = bool(carries and row.get("served_after", -1) >= 0)
         if mine:
             c = mine[row["request"]]
             row |= {"predicted_tokens": c["n_predict"], "predicted_draft_n": c["draft_n"],

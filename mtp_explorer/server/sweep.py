@@ -77,12 +77,14 @@ def command_line(model: str | os.PathLike, config: Mapping[str, Any], *, draft_m
 
 @dataclasses.dataclass(frozen=True)
 class _Answer:
-    """One request's answer (or failure) with its wall-clock latency."""
+    """One request's answer (or failure) with its wall-clock latency and when it came back (seconds from the
+    workload's start)."""
 
     request: WorkloadRequest
     completion: Completion | None
     latency: float
     error: str = ""
+    finished: float = math.nan
 
 
 @dataclasses.dataclass
@@ -168,7 +170,9 @@ def _send(client: ServerClient, workload: Workload, timeout_s: float,
         time.sleep(max(0.0, start + at - time.monotonic()))
         t0 = time.monotonic()
         try:
-            return _Answer(req, req.send(client), time.monotonic() - t0)
+            done = req.send(client)
+            now = time.monotonic()
+            return _Answer(req, done, now - t0, finished=now - start)
         except ServerError as exc:
             return _Answer(req, None, time.monotonic() - t0, _first_line(exc))
 
@@ -209,9 +213,27 @@ def _rows(config: Mapping[str, Any], run: _ConfigRun, categories: list[str]) -> 
     return rows
 
 
+def served_after(answers: Sequence[_Answer], n_slots: int) -> list[int]:
+    """Per answer, the request its slot served just before it in the run (its index; -1: the slot served nothing
+    before, or which slot served it is unknown: a chat answer does not say, unless the server has one slot): a slot
+    serves one request at a time, so in the order the answers came back. llama-server keeps a slot's state from one
+    request to the next (its draft-mtp head's pending hidden row, common_speculative_impl_draft_mtp::pending_h)."""
+    def slot(a: _Answer) -> int:
+        return a.completion.id_slot if a.completion.id_slot >= 0 or n_slots != 1 else 0
+
+    last: dict[int, int] = {}
+    out = [-1] * len(answers)
+    for i in sorted((i for i, a in enumerate(answers) if a.completion is not None and slot(a) >= 0),
+                    key=lambda i: answers[i].finished):
+        out[i] = last.get(slot(answers[i]), -1)
+        last[slot(answers[i])] = i
+    return out
+
+
 def _request_rows(config: Mapping[str, Any], run: _ConfigRun, repeat: int) -> list[dict[str, Any]]:
     """One run's answers, one row per request (those that failed included, with NaN timings)."""
     rows = []
+    after = served_after(run.answers, int(config.get("n_parallel", 1)))
     for i, a in enumerate(run.answers):
         c = a.completion
         rows.append(dict(config) | {
@@ -220,7 +242,8 @@ def _request_rows(config: Mapping[str, Any], run: _ConfigRun, repeat: int) -> li
             "draft_n_accepted": c.draft_n_accepted if c else -1, "latency": a.latency,
             "ttft": a.latency - c.predicted_ms / 1e3 if c else math.nan,
             "predicted_per_second": c.predicted_per_second if c else math.nan,
-            "text_digest": hashlib.sha1(c.text.encode()).hexdigest()[:12] if c else ""})
+            "text_digest": hashlib.sha1(c.text.encode()).hexdigest()[:12] if c else "",
+            "id_slot": c.id_slot if c else -1, "finished": a.finished, "served_after": after[i]})
     return rows
 
 
@@ -264,7 +287,9 @@ class ServerSweep:
     prompt_tokens: list[list[int]] | None = None  #: each request's prompt as the server decoded it (None: unknown)
     #: one row per configuration, run (``repeat``) and request: the grid's keys, ``request`` (its index in the
     #: workload), ``category``, ``ok``, the server's ``tokens_predicted`` / ``draft_n`` / ``draft_n_accepted`` (-1 for a
-    #: failed request), ``latency`` / ``ttft`` in seconds, ``predicted_per_second``, ``text_digest``
+    #: failed request), ``latency`` / ``ttft`` in seconds, ``predicted_per_second``, ``text_digest``, ``id_slot`` (the
+    #: slot that served it), ``finished`` (seconds from the workload's start to its answer) and ``served_after`` (the
+    #: request its slot served just before it, -1 none: :func:`served_after`)
     requests: Any = None
 
     def best(self, goal: str = "throughput", *, latency_bound: float | None = None):
