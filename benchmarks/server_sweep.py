@@ -9,13 +9,15 @@ server's own run-to-run spread). The workload: 8 greedy ``/completion`` requests
 
 For each model it prints, per configuration, measured and predicted tokens/s (aggregate) with the relative error and
 the measured spread, measured and predicted acceptance, and per request whether the predicted server counters
-(``tokens_predicted``, ``draft_n``, ``draft_n_accepted``) are the measured ones; and a summary: the median |tokens/s
-error| against the median spread, how many cells lie outside the server's own range, and the share of single-slot
-(``-np 1``) request runs whose counters were predicted exactly, per ``--spec-type``; each other one is listed with its
-cause: the server's own run-to-run variation, the slot's history (alone on a fresh server the request gives the
-predicted counters), a batch-shape near-tie (the server's text leaves plain greedy decoding at a token whose top-2
-margin is within the file's measured shift), the look-up's draft length (llama-server 0.3.36 does not cut look-up
-drafts to ``--spec-draft-n-max``), or unexplained.
+(``tokens_predicted``, ``draft_n``, ``draft_n_accepted``) are the measured ones; every request alone on two fresh
+one-slot servers per drafting configuration (``single_requests``: predicted against measured, and whether the two
+runs differ, the server's own nondeterminism); and a summary: the median |tokens/s error| against the median spread,
+how many cells lie outside the server's own range, the single requests predicted exactly, and the share of
+single-slot (``-np 1``) request runs of the sweep whose counters were predicted exactly, per ``--spec-type`` and for
+those that ran first on their slot; each other one is listed with its cause: the server's own run-to-run variation,
+the slot's carry (the server's draft-mtp head starts a request from the last hidden row of the request its slot served
+before: reproduced on fresh servers with that request first), a batch-shape near-tie (the server's text leaves plain
+greedy decoding at a token whose top-2 margin is within the file's measured shift), or unexplained.
 
     make server
     LLAMA_SERVER=build/reference/bin/llama-server .venv/bin/python benchmarks/server_sweep.py [--scale] [--repeats 2]
@@ -55,11 +57,27 @@ def _cells(frame) -> list[dict]:
     return [{k: row.get(k) for k in keep} for row in frame.to_dict(orient="records")]
 
 
+def _server(path: Path, spec_type: str, n_max: int, args) -> mx.LlamaServer:
+    return mx.LlamaServer(path, n_parallel=1, n_ctx=4096 * 4, threads=args.threads, spec_type=None, binary=args.binary,
+                          args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)])
+
+
+def _counts(done) -> list[int]:
+    return [done.tokens_predicted, done.draft_n, done.draft_n_accepted]
+
+
 def _alone(path: Path, spec_type: str, n_max: int, prompt: str, n_predict: int, args):
     """A request's answer on a fresh one-slot server that serves nothing else."""
-    with mx.LlamaServer(path, n_parallel=1, n_ctx=4096 * 4, threads=args.threads, spec_type=None, binary=args.binary,
-                        args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]) as server:
+    with _server(path, spec_type, n_max, args) as server:
         return server.client().complete(prompt, n_predict)
+
+
+def _after(path: Path, spec_type: str, n_max: int, before, req, args):
+    """A request's answer on a fresh one-slot server that served ``before`` (a request) just before it."""
+    with _server(path, spec_type, n_max, args) as server:
+        client = server.client()
+        client.complete(before.prompt, before.n_predict)
+        return client.complete(req.prompt, req.n_predict)
 
 
 def _divergence(path: Path, prompt: str, n_predict: int, n_max: int, text: str, args) -> dict | None:
@@ -82,33 +100,61 @@ def _divergence(path: Path, prompt: str, n_predict: int, n_max: int, text: str, 
     return None
 
 
-def _classify(single, wl: Workload, path: Path, args) -> list[dict]:
-    """Each single-slot request whose counters differ from the prediction in some run, with its cause:
-    ``server_run_to_run`` (the server's runs of it disagree), ``slot_history`` (alone on a fresh server it gives the
-    predicted counters: what the slot served before changed them), ``batch_shape_tie`` (alone, the server's text
-    leaves plain greedy decoding at a token whose one-row top-2 margin is within the file's measured batch-shape
-    shift), ``lookup_cap`` (the configuration drafts with a look-up, whose drafts the server does not cut to n_max),
-    else ``unexplained`` (a divergence past the shift included: a bug to report)."""
+def _single_requests(single, wl: Workload, path: Path, args) -> list[dict]:
+    """Every request of the workload alone on a fresh one-slot server (nothing served before it), twice, per drafting
+    configuration: the measured counters ``[tokens_predicted, draft_n, draft_n_accepted]`` of both runs, the
+    predicted ones, whether they are equal (``exact``) and whether the two runs differ (``run_to_run``: the server's
+    own nondeterminism, not a prediction error)."""
     out = []
-    for (spec, n_max, i), runs in single.groupby(["spec_type", "n_max", "request"]):
-        bad = runs[~runs["counts_match"].astype(bool)]
-        if bad.empty:
-            continue
-        predicted = (int(runs.iloc[0]["predicted_draft_n"]), int(runs.iloc[0]["predicted_draft_n_accepted"]))
-        req = wl.requests[i]
-        done = _alone(path, spec, int(n_max), req.prompt, req.n_predict, args)
-        alone = (done.draft_n, done.draft_n_accepted)
-        lookups = any(d.is_lookup for d in mx.core.drafters.mode(spec).drafters)
-        diverged = None if alone == predicted else _divergence(path, req.prompt, req.n_predict, int(n_max),
-                                                               done.text, args)
-        cause = ("server_run_to_run" if runs["draft_n"].nunique() > 1 else "slot_history" if alone == predicted
-                 else ("batch_shape_tie" if diverged["tie"] else "unexplained") if diverged is not None
-                 else "lookup_cap" if lookups else "unexplained")
-        out.append({"spec_type": spec, "n_max": int(n_max), "request": int(i), "runs": len(runs),
-                    "mismatched_runs": len(bad), "measured": sorted(set(zip(bad["draft_n"].astype(int),
-                                                                            bad["draft_n_accepted"].astype(int)))),
-                    "predicted": list(predicted), "alone_on_a_fresh_server": list(alone),
-                    "server_text_leaves_plain_greedy": diverged, "cause": cause})
+    for (spec, n_max), cell in single.groupby(["spec_type", "n_max"]):
+        first = cell.groupby("request").first()
+        for i, req in enumerate(wl.requests):
+            predicted = [int(first.loc[i, k]) for k in ("predicted_tokens", "predicted_draft_n",
+                                                        "predicted_draft_n_accepted")]
+            measured = [_counts(_alone(path, spec, int(n_max), req.prompt, req.n_predict, args)) for _ in range(2)]
+            out.append({"spec_type": spec, "n_max": int(n_max), "request": i, "predicted": predicted,
+                        "measured": measured, "exact": all(m == predicted for m in measured),
+                        "run_to_run": measured[0] != measured[1]})
+    return out
+
+
+def _classify(single, alone: list[dict], wl: Workload, path: Path, args) -> list[dict]:
+    """Each single-slot (-np 1) request run of the sweep whose counters differ from the prediction, with its cause:
+    ``server_run_to_run`` (alone on two fresh servers the request's counters differ: the server's own
+    nondeterminism), ``slot_carry`` (alone it gives the predicted counters, and on two fresh servers after the request
+    its slot served before it in the sweep it gives the measured ones both times: llama-server's draft-mtp head
+    pairs the request's first prompt token with that request's last hidden row, a deterministic carry the
+    prediction of a fresh slot does not replay), ``slot_history`` (alone it gives the predicted counters, after its
+    predecessor not the measured ones), ``batch_shape_tie`` (alone, the server's text leaves plain greedy decoding at
+    a token whose one-row top-2 margin is within the file's measured batch-shape shift), else ``unexplained`` (a bug
+    to report)."""
+    by_request = {(a["spec_type"], a["n_max"], a["request"]): a for a in alone}
+    out = []
+    bad = single[~single["counts_match"].astype(bool)]
+    for (spec, n_max, i, prev), runs in bad.groupby(["spec_type", "n_max", "request", "served_after"]):
+        first = runs.iloc[0]
+        predicted = [int(first[k]) for k in ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted")]
+        measured = sorted({(int(r.tokens_predicted), int(r.draft_n), int(r.draft_n_accepted))
+                           for r in runs.itertuples()})
+        req, a = wl.requests[i], by_request[(spec, int(n_max), int(i))]
+        row = {"spec_type": spec, "n_max": int(n_max), "request": int(i), "served_after": int(prev),
+               "runs": len(runs), "measured": [list(m) for m in measured], "predicted": predicted,
+               "alone_on_fresh_servers": a["measured"]}
+        if a["run_to_run"]:
+            row["cause"] = "server_run_to_run"
+        elif a["measured"][0] != predicted:
+            done = _alone(path, spec, int(n_max), req.prompt, req.n_predict, args)
+            diverged = _divergence(path, req.prompt, req.n_predict, int(n_max), done.text, args)
+            row["server_text_leaves_plain_greedy"] = diverged
+            row["cause"] = "batch_shape_tie" if diverged is not None and diverged["tie"] else "unexplained"
+        elif prev < 0:
+            row["cause"] = "server_run_to_run"  # first on a fresh slot in the sweep, yet not as alone
+        else:
+            after = [_counts(_after(path, spec, int(n_max), wl.requests[int(prev)], req, args)) for _ in range(2)]
+            row["after_its_predecessor_on_fresh_servers"] = after
+            row["cause"] = ("slot_carry" if all(tuple(x) in measured for x in after) and after[0] == after[1]
+                            else "server_run_to_run" if after[0] != after[1] else "slot_history")
+        out.append(row)
     return out
 
 
@@ -129,7 +175,9 @@ def one_model(path: Path, label: str, args) -> dict:
     requests = pd.concat([p.requests for p in predicted], ignore_index=True)
     everything = frame[(frame["category"] == "all") & (frame["status"] == "ok")]
     single = requests[(requests["n_parallel"] == 1) & requests["spec_type"].ne("none")]
-    misses = _classify(single, wl, path, args)
+    alone = _single_requests(single, wl, path, args)
+    misses = _classify(single, alone, wl, path, args)
+    fresh = single[single["served_after"] < 0]
     errors = everything["tokens_per_second_error"].abs()
     return {
         "model": label, "path": str(path), "configurations": int(len(everything)), "sweep_seconds": sweep_s,
@@ -139,13 +187,18 @@ def one_model(path: Path, label: str, args) -> dict:
             "max_abs_tokens_per_second_error": float(errors.max()),
             "median_run_to_run_spread": float(everything["tokens_per_second_spread"].median()),
             "cells_beyond_spread": int(everything["beyond_spread"].astype(bool).sum()),
+            "single_requests_exact": f"{sum(a['exact'] for a in alone)} of {len(alone)}",
+            "single_requests_run_to_run": sum(a["run_to_run"] for a in alone),
             "single_slot_counts_exact_by_spec_type": {
                 spec: f"{int(g['counts_match'].astype(bool).sum())} of {len(g)}" for spec, g in single.groupby("spec_type")},
-            "single_slot_mismatches_by_cause": dict(collections.Counter(m["cause"] for m in misses)),
+            "single_slot_fresh_slot_counts_exact": f"{int(fresh['counts_match'].astype(bool).sum())} of {len(fresh)}",
+            "single_slot_mismatches_by_cause": dict(collections.Counter(m["cause"] for m in misses for _ in
+                                                                        range(m["runs"]))),
             "all_request_runs": int(requests["spec_type"].ne("none").sum()),
             "all_counts_exact": int(requests[requests["spec_type"].ne("none")]["counts_match"].astype(bool).sum()),
             "acceptance_abs_error_median": float(everything["acceptance_error"].abs().median()),
         },
+        "single_requests": alone,
         "single_slot_mismatches": misses,
         "cells": _cells(frame),
     }
