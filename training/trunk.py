@@ -67,6 +67,7 @@ class TrunkConfig:
     distill_weight: float = 1.0
     ul_weight: float = 0.5
     ul_ngram: int = 4
+    dropout: float = 0.1  #: dropout on each trunk layer's MLP output while training (the corpus is small)
     eval_every: int = 200
     eval_batches: int = 8
     log_every: int = 20
@@ -315,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.checkpoint} has {model.cfg.num_hidden_layers} layers, not {cfg.layers}", file=sys.stderr)
         return 2
     model.to(device).train()
+    for layer in model.trunk.model.layers if cfg.dropout else ():
+        layer.mlp.register_forward_hook(lambda m, i, o: F.dropout(o, cfg.dropout, m.training))
     decay = [q for q in model.parameters() if q.ndim >= 2]
     no_decay = [q for q in model.parameters() if q.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

@@ -1,0 +1,149 @@
+"""Demo model step 2: the function-preserving growth, the loop term, the checkpoint format and the committed stretch."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from training.corpus import load_corpus, package_root, split_corpus  # noqa: E402
+from training.grow import placement, grow  # noqa: E402
+from training.model import DemoModel, ModelConfig  # noqa: E402
+from training.trunk import CHECKPOINT, CORPUS_PACKAGES, load, repeat_candidates, save, unlikelihood  # noqa: E402
+
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, full_attention_interval=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=8,
+             linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, eos_token_id=63)
+
+
+def _small_model() -> DemoModel:
+    torch.manual_seed(0)
+    m = DemoModel(ModelConfig(**SMALL)).eval()
+    with torch.no_grad():  # non-trivial norms and output projections
+        for p in m.parameters():
+            if p.ndim == 1:
+                p.normal_(0, 0.3)
+    return m
+
+
+@pytest.mark.parametrize("n_new", [8, 12, 16])
+def test_placement_keeps_order_and_layer_types(n_new):
+    old = ModelConfig(num_hidden_layers=4).layer_types
+    new = ModelConfig(num_hidden_layers=n_new).layer_types
+    where = placement(old, new)
+    assert where == sorted(set(where)) and len(where) == 4
+    assert [new[p] for p in where] == old
+    assert where[-1] == n_new - 1  # the last layer stays last
+
+
+def test_placement_refuses_to_shrink():
+    with pytest.raises(ValueError):
+        placement(["linear_attention"] * 3, ["linear_attention"] * 2)
+
+
+@pytest.mark.parametrize("n_new", [8, 12])
+def test_grown_model_computes_exactly_what_the_old_one_did(n_new):
+    old = _small_model()
+    new, where = grow(old, n_new)
+    new.eval()
+    assert new.cfg.num_hidden_layers == n_new
+    ids = torch.randint(0, 63, (2, 40))
+    with torch.no_grad():
+        a, b = old(ids), new(ids)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    fresh = [i for i in range(n_new) if i not in where]
+    assert fresh and all(float(new.trunk.model.layers[i].mlp.down_proj.weight.abs().sum()) == 0 for i in fresh)
+    # the new layers learn: one step moves their output projections off zero
+    new.train()
+    tl, ml = new(ids)
+    (tl.float().logsumexp(-1).mean() + ml.float().logsumexp(-1).mean()).backward()
+    assert float(new.trunk.model.layers[fresh[0]].mlp.down_proj.weight.grad.abs().sum()) > 0
+
+
+def _repeat_candidates_reference(x: np.ndarray, n: int) -> np.ndarray:
+    out = np.full(x.shape, -1)
+    for r, row in enumerate(x):
+        last: dict[tuple, int] = {}
+        for t in range(len(row)):
+            if t >= n - 1:
+                gram = tuple(row[t - n + 1: t + 1])
+                if gram in last:
+                    out[r, t] = row[last[gram] + 1]
+                last[gram] = t
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_repeat_candidates_match_a_direct_scan(n):
+    rng = np.random.default_rng(n)
+    x = rng.integers(0, 4, size=(3, 200))  # a small alphabet repeats n-grams often
+    got = repeat_candidates(torch.from_numpy(x), n, 64).numpy()
+    assert (got >= 0).sum() > 10
+    np.testing.assert_array_equal(got, _repeat_candidates_reference(x, n))
+
+
+def test_unlikelihood_is_zero_without_repeats_and_penalises_a_wrong_copy():
+    v = 16
+    x = torch.arange(12)[None]  # no n-gram repeats
+    logits = torch.zeros(1, 12, v)
+    loss, share = unlikelihood(logits, x, 2)
+    assert float(loss) == 0 and share == 0
+    x = torch.tensor([[1, 2, 3, 1, 2, 5]])  # "1 2" came before, followed by 3; now 5 follows
+    logits = torch.zeros(1, 6, v)
+    low, _ = unlikelihood(logits, x, 2)
+    logits[0, 4, 3] = 5.0  # the model would copy 3 at the repeat
+    high, share = unlikelihood(logits, x, 2)
+    assert float(high) > float(low) > 0 and share == pytest.approx(1 / 5)
+
+
+def test_checkpoint_round_trip_keeps_vectors_exact(tmp_path):
+    m = _small_model()
+    save(m, tmp_path / "ck.safetensors", {"steps": 3, "stretches": 1})
+    back, meta = load(tmp_path / "ck.safetensors")
+    assert meta == {"steps": 3, "stretches": 1}
+    for (k, a), b in zip(m.state_dict().items(), back.state_dict().values()):
+        if a.ndim == 2:
+            assert torch.equal(a.half().float(), b), k
+        else:
+            assert torch.equal(a, b), k
+
+
+def test_corpus_with_packages_keeps_the_stdlib_split_and_deduplicates():
+    std = load_corpus()
+    both = load_corpus(packages=CORPUS_PACKAGES)
+    assert both[: len(std)] == std  # the stdlib part, its names and its held-out split, unchanged
+    extra = both[len(std):]
+    assert {f.relpath.split("/", 1)[0] for f in extra} == set(CORPUS_PACKAGES)
+    texts = [hashlib.sha256(f.text.encode()).digest() for f in both]
+    assert len(set(texts[len(std):])) == len(extra) and not set(texts[len(std):]) & set(texts[: len(std)])
+    _, held = split_corpus(both)
+    assert any(f.relpath.startswith("numpy/") for f in held) and any(f.relpath.startswith("pandas/") for f in held)
+    with pytest.raises(ValueError, match="not a corpus package"):
+        package_root("scipy")
+
+
+def test_committed_checkpoint_is_a_trained_grown_trunk():
+    """The weights-only checkpoint of the last stretch: 12 layers within 25 MB, and on held-out stdlib files
+    its trunk predicts better than the shipped 4-layer model it was grown from."""
+    from training.export import DEFAULT_OUT as SHIPPED
+    from training.export import model_from_gguf
+    from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
+
+    assert CHECKPOINT.stat().st_size <= 25 * 2**20
+    model, meta = load(CHECKPOINT)
+    assert model.cfg.num_hidden_layers == 12 and meta["stretches"] >= 1 and meta["old_layers_at"] == [2, 5, 8, 11]
+    _, held = split_corpus(load_corpus())
+    tok = tokenizer_from_vocab(vocab_from_gguf(SHIPPED))
+    ids = np.asarray(encode_files(tok, [f.text for f in held[:6]]))
+    x = torch.from_numpy(ids[: 4 * 256].reshape(4, 256).astype(np.int64))
+
+    def ce(m: DemoModel) -> float:
+        with torch.no_grad():
+            logits = m.eval()(x)[0]
+        return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
+
+    assert ce(model) < ce(model_from_gguf(SHIPPED)) - 0.05
