@@ -79,6 +79,20 @@ def test_summary(trace, session_mixed):
     assert s["finish_reason"] == "budget"
 
 
+def test_cost_breakdown_splits_the_time_per_step(trace, session_mixed):
+    from mtp_explorer.analysis.metrics import cost_breakdown
+
+    c = cost_breakdown(trace)
+    s = trace.summary()
+    per_step = sum(c[f"{p}_ms_per_step"] for p in s["phase_seconds"])
+    assert per_step * trace.n_steps == pytest.approx(1e3 * sum(s["phase_seconds"].values()))
+    assert c["tokens_per_step"] * trace.n_steps == len(trace.tokens)
+    assert c["verify_rows_per_step"] == 1 + c["draft_tokens_per_step"] == 1 + s["n_drafted"] / trace.n_steps
+    assert c["ms_per_token"] == pytest.approx(per_step / c["tokens_per_step"])
+    plain = cost_breakdown(session_mixed.generate("def f(x):", max_tokens=8, n_max=0))
+    assert plain["tokens_per_step"] == plain["verify_rows_per_step"] == 1 and math.isnan(plain["ms_per_draft_token"])
+
+
 def test_steps_and_pandas(trace):
     steps = trace.steps
     assert len(steps) == trace.n_steps

@@ -101,6 +101,28 @@ def step_seconds(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     return sum(columns[f"t_{p}_ns"].astype(np.float64) for p in PHASES) / 1e9 if n else np.zeros(0)
 
 
+def cost_breakdown(trace) -> dict[str, float]:
+    """Where a generation's time went, per verify step: milliseconds in each phase, draft tokens and verify
+    rows per step with the milliseconds of each, tokens per step and milliseconds per token (NaN where a
+    run has no draft). A plain run (``n_max=0``) gives the cost of one target decode per token."""
+    c = trace.columns
+    n_steps = len(c["step"])
+    if not n_steps:
+        return {}
+    phases = phase_seconds(c)
+    drafted = int(c["n_drafted"].sum())
+    out = {f"{p}_ms_per_step": 1e3 * s / n_steps for p, s in phases.items()}
+    out.update({
+        "draft_tokens_per_step": drafted / n_steps,
+        "ms_per_draft_token": 1e3 * phases["draft"] / drafted if drafted else math.nan,
+        "verify_rows_per_step": (drafted + n_steps) / n_steps,
+        "ms_per_verify_row": 1e3 * phases["verify"] / (drafted + n_steps),
+        "tokens_per_step": len(trace.tokens) / n_steps,
+        "ms_per_token": 1e3 * sum(phases.values()) / max(1, len(trace.tokens)),
+    })
+    return out
+
+
 def tokens_per_second(n_tokens: int, seconds: float) -> float:
     """Decode throughput (NaN for no time)."""
     return n_tokens / seconds if seconds > 0 else math.nan
