@@ -52,6 +52,7 @@ from mtp_explorer.devtools.hf_export import convert_with_llama_cpp, tokenizer_fi
 from training.corpus import describe, load_corpus, split_corpus
 from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
 from training.train import TrainConfig, batch_at, heldout_batches, lr_at, save_checkpoint
+from training.jsonlog import JsonLog
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
@@ -151,20 +152,6 @@ def heldout_metrics(model, batches: list[torch.Tensor]) -> dict[str, float]:
         acc += (logits.argmax(-1) == x[:, 1:]).float().mean().item()
     model.train()
     return {"heldout_ce": round(ce / len(batches), 4), "heldout_top1": round(acc / len(batches), 4)}
-
-
-class JsonLog:
-    """One JSON object per line, appended to a file and echoed to stdout."""
-
-    def __init__(self, path: Path, append: bool) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a" if append else "w", encoding="utf-8")
-
-    def __call__(self, obj: dict) -> None:
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **obj})
-        self.f.write(line + "\n")
-        self.f.flush()
-        print(line, flush=True)
 
 
 def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: bool, threads: int,

@@ -71,6 +71,7 @@ import torch.nn.functional as F
 
 from training.draft import DraftRounds, draft_rounds
 from training.train import batch_at, lr_at  # the trunk's schedule and batches, on this TrainConfig
+from training.jsonlog import JsonLog
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
@@ -454,18 +455,6 @@ def corpus_tokens(out: Path, target: Path = TARGET) -> tuple[np.ndarray, np.ndar
     np.savez(cache.with_suffix(".tmp.npz"), **arrays)
     os.replace(cache.with_suffix(".tmp.npz"), cache)
     return arrays["train"], arrays["heldout"], info
-
-
-class JsonLog:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a", encoding="utf-8")
-
-    def __call__(self, obj: dict) -> None:
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **obj})
-        self.f.write(line + "\n")
-        self.f.flush()
-        print(line, flush=True)
 
 
 class _Stop:

@@ -33,7 +33,6 @@ source's (``tests/test_mtp_head.py``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -49,6 +48,7 @@ from training.corpus import load_corpus, split_corpus
 from training.export import DEFAULT_OUT as SHIPPED, convert_state_dict, model_from_gguf
 from training.model import DemoModel
 from training.train import batch_at, heldout_batches, lr_at  # they read HeadConfig's fields of the same names
+from training.jsonlog import JsonLog
 
 DEFAULT_DIR = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "mtp-head"
 LOG = Path(__file__).resolve().parent / "logs" / "mtp_head.jsonl"
@@ -222,14 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     ck_path = out / "last.pt"
-    args.log.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(args.log, "a", encoding="utf-8")
-
-    def log(obj: dict) -> None:
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **obj})
-        log_file.write(line + "\n")
-        log_file.flush()
-        print(line, flush=True)
+    log = JsonLog(args.log)
 
     cfg = HeadConfig()
     source_sha = file_sha256(args.gguf)

@@ -16,7 +16,6 @@ Checkpoints (``<out>/checkpoints/last.pt``, not committed) are written every
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -30,6 +29,7 @@ import torch
 from training.corpus import describe, load_corpus, split_corpus
 from training.model import DemoModel, ModelConfig
 from training.tokenizer import TokenizerConfig, encode_files, load_tokenizer, save_tokenizer, train_tokenizer
+from training.jsonlog import JsonLog
 
 DEFAULT_OUT = Path(__file__).resolve().parent
 
@@ -173,13 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     ck_path = out / "checkpoints" / "last.pt"
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
-    def log(obj: dict) -> None:
-        obj = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **obj}
-        line = json.dumps(obj)
-        jsonl.write(line + "\n")
-        jsonl.flush()
-        print(line, flush=True)
-
     cfg = TrainConfig()
     if args.steps is not None:
         cfg.steps = args.steps
@@ -191,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         ck_path.unlink()
         (out / "checkpoints" / "tokenizer.json").unlink(missing_ok=True)
     # A new run starts a new log; a resumed run appends to it.
-    jsonl = open(out / "logs" / "train.jsonl", "a" if resume else "w", encoding="utf-8")
+    log = JsonLog(out / "logs" / "train.jsonl", append=resume)
 
     train_tokens, held_tokens, info = prepare_data(out, cfg, log)
     torch.manual_seed(cfg.seed)

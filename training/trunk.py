@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import transformers
 
 from training.model import DemoModel, ModelConfig
+from training.jsonlog import JsonLog
 
 ROOT = Path(__file__).resolve().parent
 CHECKPOINT = ROOT / "checkpoints" / "trunk-v2.safetensors"
@@ -301,14 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # the gated delta rule's decays give denormals, ~100x slower on x86 CPUs
     device = torch.device(args.device)
     t_start = time.time()
-    args.log.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(args.log, "a", encoding="utf-8")
-
-    def log(obj: dict) -> None:
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **obj})
-        log_file.write(line + "\n")
-        log_file.flush()
-        print(line, flush=True)
+    log = JsonLog(args.log)
 
     data, corpus = load_data(args.data)
     model, meta = start_model(args.checkpoint, cfg.layers)
