@@ -165,7 +165,9 @@ def one_model(path: Path, label: str, args) -> dict:
                               timeout_s=args.timeout, repeats=args.repeats, progress=False) for grid in GRIDS]
     sweep_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=3) as s:
+    # snapshot slots for ngram-simple's longest look-up, which llama-server does not cut to n_max (the prediction runs
+    # each request as a server slot with the look-up's length as the step's n_max: predict.slot_run_counters)
+    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=max(3, args.tokens)) as s:
         costs = mx.profile_batch_costs(s, n_parallel=[1, 2, 4], n_max=[0, 2, 3])
         predicted = [sw.with_predictions(s, costs=costs, progress=False) for sw in sweeps]
     predict_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
+from mtp_explorer.server.predict import config_settings, request_counters, slot_run_counters
 from mtp_explorer.server.sweep import configurations
 
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):")
@@ -129,8 +130,13 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     grid = {"spec_type": ["draft-mtp", "ngram-simple,draft-mtp", "ngram-simple"], "n_max": [2, 3], "n_parallel": [1]}
     sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=4096, binary=server_binary,
                             timeout_s=120, progress=False)
-    with mx.Session.open(bundled_model, n_ctx=4096, threads=1, n_rs_seq=3) as session:
+    with mx.Session.open(bundled_model, n_ctx=4096, threads=1, n_rs_seq=48) as session:  # the look-ups' lengths
         predicted = sweep.with_predictions(session, progress=False)
+        prompt = workload.requests[0].prompt
+        oracle = session.record_oracle(prompt, max_tokens=48, depth=3, probe=False, batch_shift=False)
+        for config in configurations(grid):  # the engine run as a slot and the recording's replay agree here
+            settings = config_settings(config, 48)
+            assert slot_run_counters(session, prompt, settings) == request_counters(oracle, settings), config
     r, f = predicted.requests, predicted.frame
     assert len(r) == 6 and r["ok"].all() and not r["slot_carry"].any() and (r["served_after"] == -1).all()
     cols = ["spec_type", "n_max", "draft_n", "predicted_draft_n", "draft_n_accepted", "predicted_draft_n_accepted"]

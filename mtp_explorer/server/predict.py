@@ -4,9 +4,11 @@
 on the same model, measures (or takes) this machine's batch cost model, and for every configuration of the sweep's
 grid replays each request as a llama-server slot runs it (:func:`~mtp_explorer.simulate` with ``server_slot=True``)
 and schedules them on ``n_parallel`` slots (:func:`~mtp_explorer.predict_parallel`). The draft counters it predicts
-are those the server reports for each request on a fresh slot (:func:`request_counters`: :func:`server_counters`, or
-with ngram-simple in the chain :func:`server_lookup_counters`, which sizes its drafts and restores checkpoints as
-llama-server does); a drafter whose state a server keeps from one request to the next
+are those the server reports for each request on a fresh slot: this engine runs each request as the slot runs it
+(:func:`slot_run_counters`: the prompt in the server's batches, so its greedy path is the server's also past a
+near-tie that the recording, its prompt decoded otherwise, resolves the other way), else the recording is replayed
+(:func:`request_counters`: :func:`server_counters`, or with ngram-simple in the chain :func:`server_lookup_counters`);
+both size ngram-simple's drafts and restore checkpoints as llama-server does. A drafter whose state a server keeps from one request to the next
 (:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's own prompt, its rows
 say so in ``prediction_note``, and each request that ran after another on its slot says so in ``slot_carry``.
 """
@@ -130,6 +132,48 @@ def request_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str
     return counters if counters is not None else server_counters(simulate(oracle, settings, server_slot=True))
 
 
+def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> dict[str, int] | None:
+    """The counters llama-server reports for a greedy request on a fresh slot, from this engine running the request as
+    the slot runs it (:attr:`~mtp_explorer.DraftSettings.server_slot`: the prompt in the server's batches, the first
+    token sampled from the last before any draft), where :func:`request_counters` replays a recording whose prompt
+    was decoded otherwise (all but its last token at once, then that token alone): a near-tie of the target after the
+    prompt can make the recording's greedy path another than the server's. As :func:`server_lookup_counters`, each
+    step drafts ngram-simple's look-up as long as the server does (the step's ``n_max``; ``None`` where the session's
+    capacity cannot hold it: open it with a larger ``n_rs_seq``) and, on a recurrent target, a rejection deeper than
+    the server's snapshot slots is followed by a plain step (the checkpoint replay's extra token). ``None`` also for a
+    chain with another look-up or under another policy than llama.cpp's ``first``."""
+    from ..analysis.replay import ngram_simple_draft
+    from ..core import drafters
+
+    s = settings.replace(server_slot=True).check(session.limits)
+    mode = s.mode
+    lookups = [d for d in mode.drafters if d.is_lookup]
+    if s.n_max == 0:
+        return server_counters(session.generate(prompt, s))
+    if any(d.spec_type != "ngram-simple" for d in lookups) or (len(mode.drafters) > 1 and mode.policy != "first"):
+        return None
+    opts = drafters.option_values(s.options)
+    size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
+    recurrent = bool(session.info.is_recurrent)
+    n_rs = s.n_max if any(d.gets_snapshot_slots for d in mode.drafters) else 0
+    tokens, generated, held = session._prompt_tokens(prompt), [], True
+    for step in session.stream(prompt, s):
+        if not held:
+            continue
+        generated += [int(t) for t in step.drafted[:step.n_accepted]] + [int(step.correction)]
+        if recurrent and step.n_drafted - step.n_accepted > n_rs:
+            n_max = 0  # the server's checkpoint replay emits one more token, drafting nothing
+        else:
+            looked = ngram_simple_draft(tokens + generated[:-1], generated[-1], size_n, size_m) if lookups else []
+            n_max = min(len(looked), max(0, s.max_tokens - len(generated) - 1)) if looked else s.n_max
+        if n_max > session.capacity:
+            held = False
+            session.cancel()
+            continue
+        session.set_params(n_max=n_max, p_min=s.p_min, n_min=min(s.n_min, n_max))
+    return server_counters(session.last_trace) if held else None
+
+
 def config_settings(config: Mapping[str, Any], n_predict: int) -> DraftSettings:
     """The drafting settings of one request on a server of configuration ``config`` (a sweep grid's keys; llama.cpp's
     defaults for those it does not set; ``spec_type`` ``"none"`` or None: no drafting)."""
@@ -146,6 +190,14 @@ class Recording:
 
     oracles: tuple["OracleTrace", ...]
     costs: "BatchCostModel"
+    #: per drafting configuration of the grid (:func:`drafting_key`), each request's counters from this engine run as a
+    #: server slot (:func:`slot_run_counters`; None where it could not); empty: not run
+    slot_runs: Mapping[tuple, list] = dataclasses.field(default_factory=dict)
+
+
+def drafting_key(config: Mapping[str, Any]) -> tuple:
+    """What of a configuration decides a request's drafts (not ``n_parallel`` nor the placement flags)."""
+    return tuple(config.get(k) for k in ("spec_type", "n_max", "p_min", "n_min"))
 
 
 def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence[Any]], *,
@@ -177,12 +229,23 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
         prompt = req.prompt if prompt_tokens is None else list(prompt_tokens[i])
         oracles.append(session.record_oracle(prompt, max_tokens=req.n_predict, depth=max(n_max), probe=False,
                                              batch_shift=False))
+    from .sweep import configurations
+
+    if progress is not None:
+        progress("running each request as a server slot")
+    slot_runs = {}
+    for config in configurations(grid):
+        key = drafting_key(config)
+        if key not in slot_runs:
+            slot_runs[key] = [slot_run_counters(session, req.prompt if prompt_tokens is None else list(prompt_tokens[i]),
+                                                config_settings(config, req.n_predict))
+                              for i, req in enumerate(workload.requests)]
     if costs is None:
         if progress is not None:
             progress("measuring batch costs")
         costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
                                     drafter="draft-mtp" if session.info.has_mtp else "ngram-simple")
-    return Recording(tuple(oracles), costs)
+    return Recording(tuple(oracles), costs, slot_runs)
 
 
 #: How llama-server 0.3.36 sizes a look-up's draft, unlike llama-speculative-simple and this engine (measured: on
@@ -240,7 +303,8 @@ def predict_config(recording: Recording, workload: "Workload", config: Mapping[s
 
     each = [config_settings(config, req.n_predict) for req in workload.requests]
     try:
-        counters = [request_counters(o, s) for o, s in zip(recording.oracles, each)]
+        ran = recording.slot_runs.get(drafting_key(config)) or [None] * len(each)
+        counters = [c if c is not None else request_counters(o, s) for c, o, s in zip(ran, recording.oracles, each)]
         timed = predict_parallel(recording.oracles, recording.costs, each, n_parallel=int(config.get("n_parallel", 1)),
                                  arrivals=[0] * len(each), server_slot=True)
     except ParameterError as exc:
@@ -282,7 +346,7 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
 
     if Path(session.path).resolve() != Path(sweep.model).resolve():
         raise ParameterError(f"the sweep served {sweep.model}, the session runs {session.path}")
-    bar = tqdm(total=len(sweep.workload.requests) + 1, desc="predicting the sweep", disable=not progress, leave=False)
+    bar = tqdm(total=len(sweep.workload.requests) + 2, desc="predicting the sweep", disable=not progress, leave=False)
     try:
         recording = record(session, sweep.workload, sweep.grid, prompt_tokens=sweep.prompt_tokens, costs=costs,
                            progress=lambda what: (bar.set_postfix_str(what), bar.update(1)))
