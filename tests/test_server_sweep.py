@@ -150,6 +150,36 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     assert "the predicted counters follow it" in f[f["spec_type"] == "ngram-simple"]["prediction_note"].iloc[0]
 
 
+def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_model, server_binary):
+    """What ``slot_carry`` marks, on the real server: llama-server's draft-mtp head pairs a request's first prompt token
+    with the last hidden row of the request its slot served before (common_speculative_impl_draft_mtp::pending_h,
+    zeros on a fresh slot), so the head's drafts differ from the same request's on a fresh slot, the same way on
+    every fresh server (deterministic, not run-to-run), though the target's tokens do not (cache_prompt is off: the
+    prompt is decoded from position 0 either way)."""
+    first, then = "import os\n\n\ndef list_files(path):", "def fib(n):"
+
+    def drafts(before: str | None) -> tuple[str, list[str]]:
+        with mx.LlamaServer(bundled_model, n_parallel=1, n_ctx=4096, threads=1, spec_type=None, binary=server_binary,
+                            args=["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "-lv", "5"]) as server:
+            client = server.client()
+            if before is not None:
+                client.complete(before, 48)
+                time.sleep(0.5)  # llama.cpp's log thread writes the earlier request's lines first
+            mark = len(server.log)
+            done = client.complete(then, 48)
+            time.sleep(0.5)
+            log = server.log[mark:]
+        lines = [line.split("draft candidate")[1] for line in log.splitlines() if "draft candidate" in line]
+        return done.text, lines[:6]  # the head's first two drafts (3 candidates each)
+
+    fresh_text, fresh = drafts(None)
+    runs = [drafts(first) for _ in range(2)]
+    assert runs[0] == runs[1]  # the same on two fresh servers
+    text, carried = runs[0]
+    assert text == fresh_text and carried and fresh
+    assert carried[0] != fresh[0]  # the head's first draft: other probabilities
+
+
 def test_llama_server_does_not_cut_a_lookup_draft_to_n_max(bundled_model, server_binary):
     """What the prediction's note says of look-ups (predict.SERVER_LOOKUP_CAP), on the real server: ngram-simple
     drafts past --spec-draft-n-max, up to the budget left."""
