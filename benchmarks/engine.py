@@ -11,7 +11,9 @@ section on it with fewer tokens and rounds; it adds ``memory``: load time, peak 
 (anonymous against file-backed pages, with llama.cpp's default mmap and with ``load_mode="none"``), and the
 recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot. ``drafters`` measures every
 ``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference; ``modes``
-draft-mtp's chained-heads and shared-memory modes on SYNTHETIC models beside the reference.
+draft-mtp's chained-heads and shared-memory modes on SYNTHETIC models beside the reference. With ``--scale`` the
+same model's Q4_K_M copy (``--scale-copies``: llama-quantize types, each written like the Q8_0 file) then goes
+through every section but memory and modes, under ``quantized_copies``.
 
 Prints JSON. Timings are medians over repeats of decode time (prompt processing excluded). A telemetry
 level's overhead is the median over triples of back-to-back runs (off, steps, full) in rotating order of its
@@ -21,6 +23,7 @@ time over "off"'s (see :func:`telemetry_overhead`), on a shared machine far stea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
@@ -37,6 +40,7 @@ from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
 
 from _common import emit, machine, pick_model, write_mode_models
+from scale_model import write_scale_model
 
 SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters", "modes")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
@@ -151,69 +155,120 @@ def lookup_limits(mode, n_max: int) -> dict[str, int]:
     return {k: v for k, v in limits.items() if k in names}
 
 
-def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_max: int = 3,
-                     draft_model_only: bool = False) -> dict:
+def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_maxes=(3,),
+                     levels=("full", "off"), draft_model_only: bool = False) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
-    on code-like and prose-like prompts,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`). A chain
+    on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of ``levels``,
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`; the
+    session's snapshot slots as the reference's where it has any: :func:`at_capacity`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
     (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
     reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head)."""
     from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
-    doc: dict = {"n_max": n_max}  # each entry names its draft model or head (merged across sessions' sections)
+    doc: dict = {"n_max": list(n_maxes), "telemetry": list(levels)}  # each entry names its draft model or head
     for spec in SPEC_TYPES:
-        spec_n_max = reference_n_max(spec, n_max)
         mode = drafters.mode(spec)
         if not mode.runs_with(s.info.has_mtp, s.has_draft_model and s.draft_kind) or (
                 draft_model_only and not mode.needs_draft_model):
             continue
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
-        options = lookup_limits(mode, spec_n_max)
-        for kind, prompts in KIND_PROMPTS.items():
-            pairs, counts = [], {"drafted": 0, "accepted": 0}
+        for spec_n_max in dict.fromkeys(reference_n_max(spec, n) for n in n_maxes):
+            options = lookup_limits(mode, spec_n_max)
+            with at_capacity(s, spec_n_max) as sc:
+                for kind, prompts in KIND_PROMPTS.items():
+                    entry: dict = {"n_max": spec_n_max, "n_rs_seq": sc.capacity, "options": options,
+                                   "draft_model": extra[1] if extra else None}
+                    for level in levels:
+                        sc.telemetry = level
+                        pairs, counts = [], {"drafted": 0, "accepted": 0}
 
-            def ours(prompt: str) -> float:
-                secs, t = decode_seconds(s, prompt, tokens, spec_n_max, drafter=spec, **options)
-                counts["drafted"] += int(t.n_drafted.sum())
-                counts["accepted"] += int(t.n_accepted.sum())
-                return len(t.tokens) / secs
+                        def ours(prompt: str) -> float:
+                            secs, t = decode_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
+                            counts["drafted"] += int(t.totals["n_drafted"])
+                            counts["accepted"] += int(t.totals["n_accepted"])
+                            return len(t.tokens) / secs
 
-            def ref(prompt: str) -> float:
-                return run_reference_spec(binary, path, prompt, spec_type_args(spec, spec_n_max, options) + extra,
-                                          max_tokens=tokens, n_ctx=2048, threads=s.threads).tokens_per_second
+                        def ref(prompt: str) -> float:
+                            return run_reference_spec(binary, path, prompt,
+                                                      spec_type_args(spec, spec_n_max, options) + extra,
+                                                      max_tokens=tokens, n_ctx=2048, threads=sc.threads).tokens_per_second
 
-            for prompt in prompts:
-                pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
-                                           functools.partial(ref, prompt) if binary else None)
-            doc[f"{spec} / {kind}"] = pairs_summary(pairs) | {
-                "n_max": spec_n_max, "options": options, "draft_model": extra[1] if extra else None,
-                "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
-                "drafted": counts["drafted"]}
+                        for prompt in prompts:
+                            pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
+                                                       functools.partial(ref, prompt) if binary else None)
+                        entry[level] = pairs_summary(pairs)
+                        entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+                                  "drafted": counts["drafted"]}
+                    sc.telemetry = "full"
+                    key = f"{spec} / {kind}" if len(n_maxes) == 1 else f"{spec} / {kind} / n_max {spec_n_max}"
+                    doc[key] = entry
     return doc
 
 
+@contextlib.contextmanager
+def at_capacity(s: mx.Session, n_rs_seq: int):
+    """``s``, or (when its capacity differs on a recurrent model) a session of the same model, threads and draft model
+    with ``n_rs_seq`` snapshot slots. llama-speculative-simple gives its target context ``--spec-draft-n-max`` slots
+    for a draft-mtp chain (common's ``need_n_rs_seq``), and llama.cpp copies every layer's convolution state into each
+    slot at every decode, so the default capacity of 8 costs ours work the reference does not do at a smaller n_max
+    (0.7% more instructions per token at n_max 3 on the scale model): the comparison runs both with the same slots."""
+    if s.capacity == n_rs_seq or not s.info.is_recurrent:
+        yield s
+        return
+    draft = str(s.draft_info.path) if s.draft_info is not None else None
+    with mx.Session.open(s.path, n_ctx=s.n_ctx, threads=s.threads, draft_model=draft, n_rs_seq=n_rs_seq,
+                         telemetry=s.telemetry) as t:
+        t.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_rs_seq))  # warm-up
+        yield t
+
+
+TIMED_LEVELS = ("full", "off")
+
+
 def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: int, head=None) -> dict:
-    """Ours against llama-speculative-simple on the same settings, in :func:`alternating_pairs` per prompt and
-    repeat; the ratio is the median of the pairs' ratios (``head``: the target's shared-memory MTP head file)."""
+    """Ours against llama-speculative-simple on the same settings (snapshot slots included: :func:`at_capacity`),
+    in :func:`alternating_pairs` per prompt and repeat, at each telemetry level of :data:`TIMED_LEVELS`; the ratio
+    is the median of the pairs' ratios (``head``: the target's shared-memory MTP head file).
+
+    The same work on both sides: with telemetry on, ours replays the reference's steps (its budget rule, which
+    lets the last step draft the full n_max and so decode past ``tokens``: :func:`replay_reference_budget`), the
+    run whose text and totals are checked against the reference's; with telemetry off (no steps to replay) ours
+    is one ``generate(max_tokens=tokens)``, whose last steps draft only what the budget leaves (``ours_tokens`` and
+    ``reference_tokens`` say how many each side decoded)."""
     ref = {}
     for n_max in (1, 2, 3, 4):
-        pairs, parity = [], []
-        for prompt in PROMPTS:
-            t = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max)
+        with at_capacity(s, n_max) as sc:
+            parity, entry = [], {"n_rs_seq": sc.capacity}
+            for level in TIMED_LEVELS:
+                pairs, counts = [], {"ours_tokens": 0, "reference_tokens": 0}
+                for prompt in PROMPTS:
 
-            def reference() -> float:
-                run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
-                                    threads=s.threads, head=head)
-                parity.append(compare_with_reference(run, t, 0.0)["match"])
-                return run.tokens_per_second
+                    def reference() -> float:
+                        run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
+                                            threads=sc.threads, head=head)
+                        counts["reference_tokens"] += run.n_predict
+                        if level != "off":
+                            parity.append(compare_with_reference(run, sc.last_trace, 0.0)["match"])
+                        return run.tokens_per_second
 
-            def ours() -> float:
-                secs, trace = decode_seconds(s, prompt, tokens, n_max)
-                return len(trace.tokens) / secs
+                    def ours() -> float:
+                        sc.telemetry = level
+                        t0 = time.perf_counter_ns()
+                        if level == "off":
+                            trace = sc.generate(prompt, max_tokens=tokens, n_max=n_max)
+                        else:
+                            trace = replay_reference_budget(sc, prompt, max_tokens=tokens, n_max=n_max)
+                        secs = (time.perf_counter_ns() - t0 - trace.t_prefill_ns) / 1e9
+                        counts["ours_tokens"] += len(trace.tokens)
+                        return len(trace.tokens) / secs
 
-            pairs += alternating_pairs(repeats, ours, reference)
-        ref[n_max] = pairs_summary(pairs) | {"parity_of_totals_and_text": all(parity)}
+                    pairs += alternating_pairs(repeats, ours, reference)  # ours first: the trace checked
+                entry[level] = pairs_summary(pairs) | {
+                    "work": "replay of the reference's steps" if level != "off" else "generate(max_tokens)",
+                    "ours_tokens": counts["ours_tokens"] // repeats, "reference_tokens": counts["reference_tokens"] // repeats}
+            sc.telemetry = "full"
+            ref[n_max] = entry | {"parity_of_totals_and_text": all(parity)}
     return {"binary": binary, "target_ratio": 1.0, "by_n_max": ref}
 
 
@@ -284,38 +339,10 @@ def _same_file(a, b) -> bool:
     return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--draft-model", "-md", default=None,
-                    help="draft model for draft-simple (default: the bundled one with the bundled model, else none)")
-    ap.add_argument("--telemetry-rounds", type=int, default=20,
-                    help="rounds of off/steps/full triples over the prompts for the telemetry overhead (default 20)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                    help="run only these sections (default: all)")
-    ap.add_argument("--scale", action="store_true",
-                    help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
-                         "4 telemetry rounds unless given)")
-    args = ap.parse_args()
-    if args.scale:
-        from scale_model import write_scale_model
-
-        args.model = str(write_scale_model(log=lambda msg: print(msg, file=sys.stderr)))
-        given = set(sys.argv)
-        args.tokens = args.tokens if "--tokens" in given else 64
-        args.repeats = args.repeats if "--repeats" in given else 2
-        args.telemetry_rounds = args.telemetry_rounds if "--telemetry-rounds" in given else 4
-    path, origin = pick_model(args.model)
-    out: dict = {"model": str(path), "model_origin": "SYNTHETIC scale model (random weights)" if args.scale else origin,
-                 "model_info": {k: v for k, v in mx.model_info(path).to_dict().items() if k != "tensor_types"},
-                 "tokens": args.tokens, "machine": machine()}
-    if "memory" in args.only:
-        out["memory"] = memory_section(path, args.threads or 2)
-
-    draft = args.draft_model or (mx.draft_model_path() if origin == "bundled" and not args.scale else None)
+def session_sections(path, args, draft, binary: str | None) -> dict:
+    """The sections measured on one session of ``path`` (throughput, telemetry, stream, drafters, reference; with
+    ``draft``, the draft model or head file of draft-simple), and the drafters of the other heads for this target."""
+    out: dict = {}
     with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=draft) as s:
         s.generate(PROMPTS[0], max_tokens=16, n_max=2)  # warm-up
         out["threads"] = s.threads
@@ -351,19 +378,64 @@ def main() -> None:
                 "overhead_per_step_us": (statistics.median(streamed) - statistics.median(native)) / steps * 1e6,
             }
 
-        binary = os.environ.get("LLAMA_SPECULATIVE_SIMPLE")
         if "drafters" in args.only:
-            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats)
+            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max)
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
-    if "modes" in args.only and binary and not args.scale:
-        out["modes"] = modes_section(binary, args.tokens, args.repeats, args.threads)
     heads = [h.head_path for h in mx.draft_heads()
              if _same_file(h.target_path, path) and not _same_file(h.head_path, draft)]
     for head in heads if "drafters" in args.only else ():  # the other heads for this target (draft-eagle3's)
         with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=head) as s:
             s.generate(PROMPTS[0], max_tokens=16, n_max=0)  # warm-up
-            out["drafters"] |= drafters_section(s, binary, path, args.tokens, args.repeats, draft_model_only=True)
+            out["drafters"] |= drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max,
+                                                draft_model_only=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--draft-model", "-md", default=None,
+                    help="draft model for draft-simple (default: the bundled one with the bundled model, else none)")
+    ap.add_argument("--telemetry-rounds", type=int, default=20,
+                    help="rounds of off/steps/full triples over the prompts for the telemetry overhead (default 20)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                    help="run only these sections (default: all)")
+    ap.add_argument("--drafter-n-max", nargs="+", type=int, default=[3], metavar="N",
+                    help="the drafters section's n_max values (default: 3; 1 2 3 4 for the whole grid)")
+    ap.add_argument("--scale", action="store_true",
+                    help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
+                         "4 telemetry rounds unless given), then its quantized copies (--scale-copies)")
+    ap.add_argument("--scale-copies", nargs="*", default=["Q4_K_M"], metavar="TYPE",
+                    help="with --scale: the llama-quantize types of the scale model's copies also measured, every "
+                         "section but memory and modes (default: Q4_K_M; none: no copy)")
+    args = ap.parse_args()
+    if args.scale:
+        args.model = str(write_scale_model(log=lambda msg: print(msg, file=sys.stderr)))
+        given = set(sys.argv)
+        args.tokens = args.tokens if "--tokens" in given else 64
+        args.repeats = args.repeats if "--repeats" in given else 2
+        args.telemetry_rounds = args.telemetry_rounds if "--telemetry-rounds" in given else 4
+    path, origin = pick_model(args.model)
+    out: dict = {"model": str(path), "model_origin": "SYNTHETIC scale model (random weights)" if args.scale else origin,
+                 "model_info": {k: v for k, v in mx.model_info(path).to_dict().items() if k != "tensor_types"},
+                 "tokens": args.tokens, "machine": machine()}
+    if "memory" in args.only:
+        out["memory"] = memory_section(path, args.threads or 2)
+
+    draft = args.draft_model or (mx.draft_model_path() if origin == "bundled" and not args.scale else None)
+    binary = os.environ.get("LLAMA_SPECULATIVE_SIMPLE")
+    out |= session_sections(path, args, draft, binary)
+    if "modes" in args.only and binary and not args.scale:
+        out["modes"] = modes_section(binary, args.tokens, args.repeats, args.threads)
+    for file_type in args.scale_copies if args.scale else ():  # the same model quantized otherwise (Q4_K_M)
+        copy = write_scale_model(file_type=file_type, log=lambda msg: print(msg, file=sys.stderr))
+        out.setdefault("quantized_copies", {})[file_type] = {
+            "model": str(copy), "model_info": {k: v for k, v in mx.model_info(copy).to_dict().items()
+                                               if k != "tensor_types"}} | session_sections(copy, args, None, binary)
     emit(out)
 
 
