@@ -48,7 +48,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtp_explorer.devtools.hf_export import convert_with_llama_cpp, tokenizer_files
 from training.corpus import describe, load_corpus, split_corpus
 from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
 from training.train import TrainConfig, batch_at, heldout_batches, lr_at, save_checkpoint
@@ -223,6 +222,7 @@ def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: boo
 def write_hf_checkpoint(model, hf_dir: Path, target: Path = TARGET) -> Path:
     """``model`` as a Hugging Face checkpoint with the target's tokenizer files."""
     from mtp_explorer.devtools.gguf_qwen35 import read_qwen35_metadata
+    from mtp_explorer.devtools.hf_export import tokenizer_files
 
     vocab = vocab_from_gguf(target)
     meta = read_qwen35_metadata(target)
@@ -241,6 +241,8 @@ def write_hf_checkpoint(model, hf_dir: Path, target: Path = TARGET) -> Path:
 def export(checkpoint: Path, out_gguf: Path, hf_dir: Path) -> Path:
     """Checkpoint -> Hugging Face checkpoint -> llama.cpp's converter -> ``out_gguf`` (F16), checked compatible."""
     import importlib.util
+
+    from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
     if importlib.util.find_spec("sentencepiece") is None:  # imported by the converter's Qwen3 set_vocab
         raise SystemExit("llama.cpp's convert_hf_to_gguf.py needs sentencepiece for a Qwen3 checkpoint: "

@@ -313,19 +313,48 @@ class Eagle3Head(nn.Module):
 # ----------------------------------------------------------------------------------------------- the target
 
 
+def is_checkpoint(target: Path | str) -> bool:
+    """Whether ``target`` is a :mod:`training.trunk` weights-only checkpoint (``*.safetensors``), not a GGUF."""
+    return Path(target).suffix == ".safetensors"
+
+
+def target_model(target: Path | str = TARGET):
+    """The :class:`training.model.DemoModel` (F32, eval) of a qwen35 GGUF (:func:`training.export.model_from_gguf`:
+    needs ``gguf`` and ``mtp_explorer``) or of a :mod:`training.trunk` checkpoint (:func:`training.trunk.load`:
+    torch alone)."""
+    if is_checkpoint(target):
+        from training.trunk import load
+
+        return load(Path(target))[0].eval()
+    from training.export import model_from_gguf
+
+    return model_from_gguf(target).eval()
+
+
+def check_default_layer_ids(target: Path | str, n_layer: int, default: list[int], option: str = "--layer-ids",
+                            trained_for: int = 4) -> None:
+    """The default layer ids were chosen for the shipped ``trained_for``-layer trunk: refuse them on another."""
+    if n_layer != trained_for:
+        raise SystemExit(f"{Path(target).name} has {n_layer} layers; the default layer ids {default} were chosen for the "
+                         f"shipped {trained_for}-layer target: give {option} for this one")
+
+
 class Target:
-    """The frozen bundled target in PyTorch (F32): features at the head's layer ids and next-token logits."""
+    """The frozen target in PyTorch (F32): features at the head's layer ids and next-token logits.  ``target``: a
+    qwen35 GGUF (default: the bundled one) or a :mod:`training.trunk` checkpoint (``*.safetensors``)."""
 
-    def __init__(self, gguf: Path = TARGET, layer_ids: list[int] | tuple[int, ...] = (2, 3, 4)) -> None:
-        from training.export import model_from_gguf
-
-        self.model = model_from_gguf(gguf).eval()
+    def __init__(self, gguf: Path = TARGET, layer_ids: list[int] | tuple[int, ...] = (2, 3, 4),
+                 device: torch.device | str = "cpu", *, final_state: bool = True) -> None:
+        self.model = target_model(gguf).to(device)
         for p in self.model.parameters():
             p.requires_grad_(False)
+        self.path = Path(gguf)
         self.layer_ids = list(layer_ids)
         self.n_layer = self.model.cfg.num_hidden_layers
-        if any(i < 0 or i > self.n_layer for i in self.layer_ids):
-            raise ValueError(f"layer ids {self.layer_ids} outside 0..{self.n_layer}")
+        hi = self.n_layer if final_state else self.n_layer - 1  # id n_layer: the final post-norm state
+        if any(i < 0 or i > hi for i in self.layer_ids):
+            raise ValueError(f"layer ids {self.layer_ids} outside 0..{hi} for {self.path.name} ({self.n_layer} layers; "
+                             + ("id n_layer is the final post-norm state)" if final_state else "layer inputs only)"))
         self.embed = self.model.trunk.model.embed_tokens.weight
         self.lm_head = self.model.trunk.lm_head.weight
         self._captured: dict[int, torch.Tensor] = {}
@@ -403,7 +432,7 @@ def depth_losses(head: Eagle3Head, target: Target, x: torch.Tensor, depth: int
     for d, h in enumerate(outs, start=1):
         # depth 1, row p predicts x_{p+2}: the target's distribution at position p+1 (rows 0..T-3 have one);
         # depth d, chain p predicts x_{p+d+1}: the target's distribution at position p+d
-        at = torch.arange(1, t - 1) if d == 1 else starts + d
+        at = torch.arange(1, t - 1, device=x.device) if d == 1 else starts + d
         if d == 1:
             h = h[:, : t - 2]
         logits = head.logits(h, target.lm_head)
@@ -425,7 +454,7 @@ def evaluate(head: Eagle3Head, target: Target, windows: list[torch.Tensor], dept
     head.eval()
     ce, ag = np.zeros(depth), np.zeros(depth)
     for x in windows:
-        l, a = depth_losses(head, target, x, depth)
+        l, a = depth_losses(head, target, x.to(target.embed.device), depth)
         ce += [float(v) for v in l]
         ag += [float(v) for v in a]
     head.train()
@@ -435,7 +464,19 @@ def evaluate(head: Eagle3Head, target: Target, windows: list[torch.Tensor], dept
 
 
 def corpus_tokens(out: Path, target: Path = TARGET) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(training stream, held-out stream, corpus record) with the target's tokenizer; cached in ``out``."""
+    """(training stream, held-out stream, corpus record) with the target's tokenizer; cached in ``out``.
+
+    A :mod:`training.trunk` checkpoint target has no vocabulary of its own (it keeps the shipped model's tokenizer):
+    its corpus is the one it was trained on, the token file of ``python -m training.trunk --prepare``
+    (:data:`training.trunk.DATA`: ``train``, and ``heldout_stdlib`` as the held-out stream), read with numpy alone."""
+    if is_checkpoint(target):
+        from training.trunk import DATA, load_data
+
+        if not DATA.exists():
+            raise SystemExit(f"{DATA} is missing: write it with python -m training.trunk --prepare (on a machine with "
+                             f"the package) and carry it, or set MTP_EXPLORER_TRAIN_DIR to the folder holding trunk-v2/")
+        data, info = load_data(DATA)
+        return data["train"], data["heldout_stdlib"], {**info, "tokens_file": str(DATA)}
     from training.corpus import describe, load_corpus, split_corpus
     from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
 
@@ -471,14 +512,29 @@ def save_checkpoint(path: Path, head: Eagle3Head, opt, step: int, hc: HeadConfig
                     elapsed: float, best: dict | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed_seconds": elapsed,
-                "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
+    torch.save({"head": to_cpu(head.state_dict()), "optimizer": to_cpu(opt.state_dict()), "step": step,
+                "elapsed_seconds": elapsed, "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
     os.replace(tmp, path)
 
 
+def to_cpu(obj):
+    """``obj`` (a state dict, nested dicts / lists) with every tensor on the CPU (a checkpoint written on a GPU
+    loads anywhere)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, layer_ids: list[int] | None,
-          log_path: Path, steps: int | None = None) -> Path:
-    """Train (or resume) into ``out/last.pt``; returns the checkpoint path."""
+          log_path: Path, steps: int | None = None, target: Path = TARGET, device: str = "cpu",
+          overrides: dict | None = None) -> Path:
+    """Train (or resume) into ``out/last.pt`` against ``target`` (GGUF or trunk checkpoint) on ``device`` (F32 on
+    both); returns the checkpoint path."""
+    device = torch.device(device)
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     ck_path = out / "last.pt"
@@ -491,11 +547,17 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
     tc = TrainConfig(**ck["train_config"]) if ck else TrainConfig()
     if steps is not None:
         tc.steps = steps
+    for k, v in (overrides or {}).items():
+        setattr(tc, k, v)
     log = JsonLog(log_path)
-    train_tokens, held_tokens, info = corpus_tokens(out)
-    target = Target(TARGET, hc.target_layer_ids)
+    train_tokens, held_tokens, info = corpus_tokens(out, target)
+    target_path, target = target, Target(target, hc.target_layer_ids, device)
+    if not ck and not layer_ids:
+        check_default_layer_ids(target_path, target.n_layer, hc.target_layer_ids)
+    if target.embed.shape[1] != hc.hidden_size:
+        raise SystemExit(f"{target_path.name}: hidden size {target.embed.shape[1]}, the head's {hc.hidden_size}")
     torch.manual_seed(tc.seed)
-    head = Eagle3Head(hc)
+    head = Eagle3Head(hc).to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     step, elapsed_before, best = 0, 0.0, None
     if ck:
@@ -506,7 +568,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
     else:
         log({"event": "start", "head_config": hc.to_dict(), "train_config": asdict(tc), "corpus": info,
              "params": sum(p.numel() for p in head.parameters()), "torch": torch.__version__, "threads": threads,
-             "target": TARGET.name})
+             "target": target_path.name, "device": str(device)})
     held = heldout_windows(held_tokens, tc)
     stop = _Stop()
     t0 = t_ck = t_log = time.time()
@@ -516,7 +578,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
         lr = lr_at(step, tc)
         for g in opt.param_groups:
             g["lr"] = lr
-        x = batch_at(train_tokens, step, tc)
+        x = batch_at(train_tokens, step, tc).to(device)
         losses, agree = depth_losses(head, target, x, tc.depth)
         loss = sum(tc.depth_decay ** i * l for i, l in enumerate(losses))
         opt.zero_grad(set_to_none=True)
@@ -712,6 +774,17 @@ def measure_on(head: Path, spec: str, n_maxes=(1, 3), n_prompts: int = 0) -> dic
 # ----------------------------------------------------------------------------------------------- command line
 
 
+def add_train_overrides(p: argparse.ArgumentParser) -> None:
+    """``--batch-size``, ``--seq-len``, ``--eval-windows``: TrainConfig overrides (default: the config's)."""
+    p.add_argument("--batch-size", type=int, default=None, help="override TrainConfig.batch_size")
+    p.add_argument("--seq-len", type=int, default=None, help="override TrainConfig.seq_len")
+    p.add_argument("--eval-windows", type=int, default=None, help="override TrainConfig.eval_windows")
+
+
+def train_overrides(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ("batch_size", "seq_len", "eval_windows") if getattr(args, k) is not None}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoints, token cache, HF exports")
@@ -720,7 +793,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layer-ids", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                   help="target layer ids (layer inputs; n_layer = the final post-norm state), default 2,3,4 (fresh runs)")
+                   help="target layer ids (layer inputs; n_layer = the final post-norm state), default 2,3,4 (fresh runs;"
+                        " the shipped 4-layer target's: another target needs its own)")
+    p.add_argument("--target", type=Path, default=TARGET,
+                   help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
+                        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
+    add_train_overrides(p)
     p.add_argument("--log", type=Path, default=LOG_DIR / LOG_NAME)
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
@@ -734,6 +813,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=0,
                    help="--measure on N held-out prompts of training.evaluate (default: the 6 demo prompts)")
     args = p.parse_args(argv)
+    if is_checkpoint(args.target) and not args.no_export:
+        p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
     torch.set_num_threads(args.threads)
     out = args.out
     if args.measure:
@@ -753,7 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.export_only:
             train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads,
-                  layer_ids=args.layer_ids, log_path=args.log, steps=args.steps)
+                  layer_ids=args.layer_ids, log_path=args.log, steps=args.steps, target=args.target, device=args.device,
+                  overrides=train_overrides(args))
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from mtp_explorer.devtools.gguf_qwen35 import PRE_TOKENIZER_REGEX, ByteBPEVocab
+if TYPE_CHECKING:  # imported where used: encoding token files needs neither mtp_explorer nor gguf (a GPU box)
+    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
 
 VOCAB_SIZE = 4096
 EOS_TOKEN = "<|endoftext|>"
@@ -38,6 +39,8 @@ class TokenizerConfig:
 
 def _build_untrained(pre: str):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from mtp_explorer.devtools.gguf_qwen35 import PRE_TOKENIZER_REGEX
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -89,6 +92,8 @@ def tokenizer_from_vocab(vocab: ByteBPEVocab):
 def vocab_from_gguf(path: str | Path) -> ByteBPEVocab:
     """The ``gpt2`` vocabulary embedded in a GGUF file."""
     import gguf
+
+    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
 
     reader = gguf.GGUFReader(str(path))
 
@@ -145,6 +150,8 @@ def encode_files(tok, texts: Sequence[str]) -> list[int]:
 
 def to_gguf_vocab(tok, pre: str = PRE) -> ByteBPEVocab:
     """The vocabulary, merges and token types as :func:`write_qwen35_gguf` takes them."""
+    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
+
     spec = json.loads(tok.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
     added = {a["content"]: a["id"] for a in spec.get("added_tokens", [])}
