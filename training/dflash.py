@@ -263,7 +263,7 @@ class DFlashDraftModel(nn.Module):
         b, na, s, _ = emb.shape
         scale = c.head_dim ** -0.5
         h = emb
-        neg = torch.zeros(visible.shape, dtype=emb.dtype).masked_fill(~visible, float("-inf"))  # (B, A, T)
+        neg = torch.zeros(visible.shape, dtype=emb.dtype, device=emb.device).masked_fill(~visible, float("-inf"))  # (B, A, T)
         neg = neg[:, None, :, None, :]  # (B, 1, A, 1, T)
         for layer, (ck, cv) in zip(self.layers, ctx):
             a = layer.self_attn
@@ -297,21 +297,29 @@ class DFlashDraftModel(nn.Module):
         b, t, _ = feats.shape
         s = c.block_size
         g = self.encode(feats)
-        ctx = self.context_kv(g, torch.arange(t))
-        toks = torch.full((*anchors.shape, s), c.mask_token_id, dtype=torch.long)
+        dev = feats.device
+        ctx = self.context_kv(g, torch.arange(t, device=dev))
+        toks = torch.full((*anchors.shape, s), c.mask_token_id, dtype=torch.long, device=dev)
         toks[..., 0] = torch.gather(x, 1, anchors)
         emb = F.embedding(toks, embed)
-        pos = anchors[..., None] + torch.arange(s)
-        visible = torch.arange(t)[None, None, :] < anchors[..., None]
+        pos = anchors[..., None] + torch.arange(s, device=dev)
+        visible = torch.arange(t, device=dev)[None, None, :] < anchors[..., None]
         return self.blocks(emb, pos, ctx, visible)
 
 
 # ----------------------------------------------------------------------------------------------- the target
 
 
-def make_target(cfg: HeadConfig, gguf: Path = TARGET) -> E.Target:
-    """The frozen target giving the layer inputs llama.cpp extracts (``cfg.llama_layer_ids``)."""
-    return E.Target(gguf, cfg.llama_layer_ids)
+def make_target(cfg: HeadConfig, gguf: Path = TARGET, device: torch.device | str = "cpu") -> E.Target:
+    """The frozen target (a GGUF or a :mod:`training.trunk` checkpoint, see :class:`training.eagle3.Target`) giving
+    the layer inputs llama.cpp extracts (``cfg.llama_layer_ids``)."""
+    target = E.Target(gguf, [], device)
+    hi = target.n_layer - 2  # llama.cpp's DFlash reads layer inputs only: the deepest is layer n_layer - 1's
+    if any(i < 0 or i > hi for i in cfg.target_layer_ids):
+        raise ValueError(f"layer ids {cfg.target_layer_ids} (HF ids: layer outputs; llama.cpp reads the inputs "
+                         f"{cfg.llama_layer_ids}) outside 0..{hi} for {target.path.name} ({target.n_layer} layers)")
+    target.layer_ids = cfg.llama_layer_ids
+    return target
 
 
 @torch.no_grad()
@@ -406,7 +414,7 @@ def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_an
     s = c.block_size
     b, t = x.shape
     feats, _, tlog = target(x)
-    anchors = pick_anchors(b, t - s + 1, n_anchors, rng)  # a + s - 2 <= t - 1
+    anchors = pick_anchors(b, t - s + 1, n_anchors, rng).to(x.device)  # a + s - 2 <= t - 1
     h = head.window(feats, x, anchors, target.embed)  # (B, A, S, H)
     losses, agree = [], []
     for i in range(1, s):
@@ -429,7 +437,7 @@ def evaluate(head: DFlashDraftModel, target: E.Target, windows: list[torch.Tenso
     ce = ag = None
     extra: dict[str, float] = {}
     for x in windows:
-        out = (losses or block_losses)(head, target, x, tc.anchors, tc.slot_decay)
+        out = (losses or block_losses)(head, target, x.to(target.embed.device), tc.anchors, tc.slot_decay)
         l, a = np.array([float(v) for v in out[1]]), np.array([float(v) for v in out[2]])
         ce, ag = (l, a) if ce is None else (ce + l, ag + a)
         for k, v in (out[3] if len(out) > 3 else {}).items():
@@ -445,37 +453,52 @@ def save_checkpoint(path: Path, head: DFlashDraftModel, opt, step: int, hc: Head
                     elapsed: float, best: dict | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed_seconds": elapsed,
-                "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
+    torch.save({"head": E.to_cpu(head.state_dict()), "optimizer": E.to_cpu(opt.state_dict()), "step": step,
+                "elapsed_seconds": elapsed, "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
     os.replace(tmp, path)
 
 
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
           steps: int | None = None, head_cls=None, config_cls=None, train_config_cls=None, losses=None,
-          init=None) -> Path:
+          init=None, layer_ids: list[int] | None = None, target: Path = TARGET, device: str = "cpu",
+          overrides: dict | None = None) -> Path:
     """Train (or resume) into ``out/last.pt``; returns the checkpoint path.
+
+    ``target``: a qwen35 GGUF (default the bundled one) or a :mod:`training.trunk` checkpoint; ``layer_ids``: HF ids
+    (layer outputs) of a fresh run (default the config's, only for a 4-layer target); ``device``: cpu or cuda (F32
+    on both; checkpoints hold CPU tensors); ``overrides``: TrainConfig fields.
 
     The defaults train a DFlash head; :mod:`training.dspark` passes its head class (``head_cls(config)``), config
     classes, losses (as :func:`block_losses`, optionally with a fourth item: a dict of scalars to log) and ``init``
     (called on a fresh head before training, returns a JSON-able record of what it did)."""
     head_cls, config_cls = head_cls or DFlashDraftModel, config_cls or HeadConfig
     train_config_cls, losses = train_config_cls or TrainConfig, losses or block_losses
+    device = torch.device(device)
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     ck_path = out / "last.pt"
     if fresh:
         ck_path.unlink(missing_ok=True)
     ck = torch.load(ck_path, map_location="cpu", weights_only=False) if ck_path.exists() else None
-    hc = config_cls(**ck["head_config"]) if ck else config_cls()
+    hc = config_cls(**ck["head_config"]) if ck else config_cls(**({"target_layer_ids": list(layer_ids)} if layer_ids else {}))
+    if ck and layer_ids and list(layer_ids) != hc.target_layer_ids:
+        raise SystemExit(f"{ck_path} was trained with layer ids {hc.target_layer_ids}; use --fresh")
     tc = train_config_cls(**ck["train_config"]) if ck else train_config_cls()
     if steps is not None:
         tc.steps = steps
+    for k, v in (overrides or {}).items():
+        setattr(tc, k, v)
     log = JsonLog(log_path)
-    train_tokens, held_tokens, info = corpus_tokens(out)
-    target = make_target(hc)
+    train_tokens, held_tokens, info = corpus_tokens(out, target)
+    target_path, target = target, make_target(hc, target, device)
+    if not ck and not layer_ids:
+        E.check_default_layer_ids(target_path, target.n_layer, hc.target_layer_ids)
+    if target.embed.shape[1] != hc.hidden_size:
+        raise SystemExit(f"{target_path.name}: hidden size {target.embed.shape[1]}, the head's {hc.hidden_size}")
     torch.manual_seed(tc.seed)
     head = head_cls(hc)
     init_record = init(head) if init is not None and not ck else None
+    head.to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     step, elapsed_before, best = 0, 0.0, None
     if ck:
@@ -486,7 +509,8 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
     else:
         log({"event": "start", "head_config": hc.to_dict(), "train_config": asdict(tc), "corpus": info,
              "params": sum(p.numel() for p in head.parameters()), "torch": torch.__version__, "threads": threads,
-             "target": TARGET.name, "llama_cpp_target_layers": hc.llama_layer_ids, "init": init_record})
+             "target": target_path.name, "device": str(device), "llama_cpp_target_layers": hc.llama_layer_ids,
+             "init": init_record})
     held = heldout_windows(held_tokens, tc)
     stop = _Stop()
     t0 = t_ck = t_log = time.time()
@@ -496,7 +520,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
         lr = lr_at(step, tc)
         for g in opt.param_groups:
             g["lr"] = lr
-        x = batch_at(train_tokens, step, tc)
+        x = batch_at(train_tokens, step, tc).to(device)
         rng = np.random.default_rng([tc.seed, step, 1])
         loss, ce, agree, *more = losses(head, target, x, tc.anchors, tc.slot_decay, rng)
         opt.zero_grad(set_to_none=True)
@@ -623,6 +647,16 @@ def measure(head: Path, *, prompts: list[str] | None = None, n_maxes=(1, 3), max
 # ----------------------------------------------------------------------------------------------- command line
 
 
+def add_target_options(p: argparse.ArgumentParser, layer_ids_help: str) -> None:
+    """``--target``, ``--device``, ``--layer-ids`` and the TrainConfig overrides of the DFlash / DSpark trainers."""
+    p.add_argument("--target", type=Path, default=TARGET,
+                   help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
+                        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
+    p.add_argument("--layer-ids", type=lambda s: [int(v) for v in s.split(",")], default=None, help=layer_ids_help)
+    E.add_train_overrides(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoints, token cache")
@@ -642,7 +676,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
     p.add_argument("--prompts", type=int, default=0,
                    help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)")
+    add_target_options(p, "HF layer ids (layer OUTPUTS; llama.cpp reads the inputs, +1), default 0,1,2 (fresh runs; "
+                          "the shipped 4-layer target's: another target needs its own, at most n_layer - 2)")
     args = p.parse_args(argv)
+    if E.is_checkpoint(args.target) and not args.no_export:
+        p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
     torch.set_num_threads(args.threads)
     out = args.out
     gguf = args.gguf or out / f"{HEAD_NAME}.gguf"
@@ -665,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.export_only:
             log = args.log or LOG_DIR / f"dflash-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
             train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
-                  steps=args.steps)
+                  steps=args.steps, layer_ids=args.layer_ids, target=args.target, device=args.device,
+                  overrides=E.train_overrides(args))
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)
