@@ -191,9 +191,9 @@ def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tenso
     s = c.block_size
     b, t = x.shape
     feats, _, tlog = target(x)
-    anchors = D.pick_anchors(b, t - s, n_anchors, rng)  # a + s - 1 <= t - 1
+    anchors = D.pick_anchors(b, t - s, n_anchors, rng).to(x.device)  # a + s - 1 <= t - 1
     h = head.window(feats, x, anchors, target.embed)  # (B, A, S, H)
-    at = anchors[..., None] + torch.arange(s)  # (B, A, S): the position whose next token slot i drafts
+    at = anchors[..., None] + torch.arange(s, device=x.device)  # (B, A, S): the position whose next token slot i drafts
     prev = torch.gather(x, 1, at.view(b, -1)).view_as(at)
     logits = head.logits(h, target.lm_head) + head.markov_bias(prev)  # (B, A, S, V)
     tl = torch.gather(tlog, 1, at.view(b, -1, 1).expand(-1, -1, tlog.shape[-1])).view_as(logits)
@@ -216,10 +216,22 @@ def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tenso
     return loss, losses, agree, extra
 
 
+def load_dflash(path: Path = D.SHIPPED_HEAD) -> tuple[D.DFlashDraftModel, dict]:
+    """A DFlash head from its weights file (``training/dflash-head.pt``, :func:`training.dflash.save_head`) or from a
+    :func:`training.dflash.train` checkpoint (``last.pt``: what a GPU run without export leaves)."""
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    if "head" not in obj:
+        return D.load_head(path)
+    head = D.DFlashDraftModel(D.HeadConfig(**obj["head_config"]))
+    head.load_state_dict(obj["head"])
+    return head.eval(), {"steps": obj["step"]}
+
+
 def init_from_dflash(head: DSparkDraftModel, path: Path = D.SHIPPED_HEAD) -> dict:
-    """The backbone from a DFlash head's weights (``training/dflash-head.pt``); the Markov head starts with no bias
-    (``markov_w1`` N(0, 1), ``markov_w2`` 0) and the confidence head at 0.5 (zero projection and bias)."""
-    dflash, meta = D.load_head(path)
+    """The backbone from a DFlash head's weights (``training/dflash-head.pt``, or a DFlash training checkpoint); the
+    Markov head starts with no bias (``markov_w1`` N(0, 1), ``markov_w2`` 0) and the confidence head at 0.5 (zero
+    projection and bias)."""
+    dflash, meta = load_dflash(path)
     if dflash.cfg.to_dict() != {k: v for k, v in head.cfg.to_dict().items() if k in dflash.cfg.to_dict()}:
         raise ValueError(f"{path}: its backbone {dflash.cfg.to_dict()} is not this head's")
     missing, unexpected = head.load_state_dict(dflash.state_dict(), strict=False)
@@ -235,9 +247,15 @@ def init_from_dflash(head: DSparkDraftModel, path: Path = D.SHIPPED_HEAD) -> dic
 
 
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
-          steps: int | None = None, init_from: Path | None = D.SHIPPED_HEAD) -> Path:
-    """Train (or resume) a DSpark head into ``out/last.pt`` with :func:`training.dflash.train`'s loop."""
+          steps: int | None = None, init_from: Path | None = D.SHIPPED_HEAD, layer_ids: list[int] | None = None,
+          target: Path = TARGET, device: str = "cpu", overrides: dict | None = None) -> Path:
+    """Train (or resume) a DSpark head into ``out/last.pt`` with :func:`training.dflash.train`'s loop (``target``,
+    ``device``, ``overrides`` as there).  ``layer_ids`` (HF ids) default to those of an ``init_from`` head other than
+    the shipped one (trained for the shipped 4-layer target), else to the config's."""
+    if layer_ids is None and init_from is not None and Path(init_from).resolve() != D.SHIPPED_HEAD.resolve():
+        layer_ids = load_dflash(init_from)[0].cfg.target_layer_ids
     return D.train(out, max_minutes=max_minutes, fresh=fresh, threads=threads, log_path=log_path, steps=steps,
+                   layer_ids=layer_ids, target=target, device=device, overrides=overrides,
                    head_cls=DSparkDraftModel, config_cls=functools.partial(DSparkConfig, markov_rank=TRAINED_MARKOV_RANK),
                    train_config_cls=DSparkTrainConfig,
                    losses=anchor_block_losses,
@@ -463,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--init-from", type=Path, default=D.SHIPPED_HEAD,
-                   help="DFlash head weights to start the backbone from (fresh runs; default training/dflash-head.pt)")
+                   help="DFlash head weights (or a training.dflash last.pt) to start the backbone from (fresh runs; "
+                        "default training/dflash-head.pt, trained against the bundled target)")
     p.add_argument("--log", type=Path, default=None, help="JSON log (default training/logs/dspark-<time>.jsonl)")
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
@@ -484,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
     p.add_argument("--prompts", type=int, default=0,
                    help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)")
+    D.add_target_options(p, "HF layer ids (layer OUTPUTS) of a fresh run, default those of --init-from (the shipped "
+                            "DFlash head's 0,1,2 are for the shipped 4-layer target only)")
     args = p.parse_args(argv)
+    if E.is_checkpoint(args.target) and not args.no_export:
+        p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
     torch.set_num_threads(args.threads)
     conf = not args.no_confidence
     if args.measure:
@@ -509,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.export_only:
         log = args.log or LOG_DIR / f"dspark-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         train(args.out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
-              steps=args.steps, init_from=args.init_from)
+              steps=args.steps, init_from=args.init_from, layer_ids=args.layer_ids, target=args.target,
+              device=args.device, overrides=E.train_overrides(args))
     if args.no_export:
         return 0
     gguf = SHIPPED_GGUF if args.install else args.gguf or args.out / f"{HEAD_NAME}.gguf"
