@@ -2,7 +2,7 @@
 against a :mod:`training.trunk` checkpoint (``--target *.safetensors``) with torch alone, as on a lent GPU box that
 has neither ``gguf`` nor this package's native extension: in a subprocess where importing ``gguf`` or
 ``mtp_explorer`` raises, each runs 2 steps on small batches against ``training/checkpoints/trunk-v2.safetensors``
-(tokens: a small random token file in the place of ``python -m training.trunk --prepare``'s) and writes a
+(``--tokens``: a small random token file in the place of ``python -m training.trunk --prepare``'s) and writes a
 checkpoint of CPU tensors with a finite held-out loss; DSpark starts from the DFlash run's checkpoint.  Default
 layer ids (chosen for the shipped 4-layer target) are refused on the 12-layer trunk with a precise error.
 """
@@ -60,8 +60,7 @@ def train_dir(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     streams = {k: rng.integers(0, 4095, size=n).astype(np.uint16)
                for k, n in (("train", 20_000), ("heldout_stdlib", 4_000), ("heldout_packages", 4_000))}
-    (d / "trunk-v2").mkdir()
-    np.savez_compressed(d / "trunk-v2" / "tokens.npz", corpus=np.array(json.dumps({"synthetic": True})), **streams)
+    np.savez_compressed(d / "tokens.npz", corpus=np.array(json.dumps({"synthetic": True})), **streams)
     return d
 
 
@@ -78,8 +77,8 @@ def _check_checkpoint(path: Path, layer_ids: list[int]) -> None:
 
 
 def test_eagle3_dflash_dspark_train_on_a_trunk_checkpoint_with_torch_only(train_dir, tmp_path):
-    common = ["--target", str(CHECKPOINT), "--steps", "2", "--fresh", "--no-export", "--device", "cpu",
-              "--batch-size", "2", "--eval-windows", "2"]
+    common = ["--target", str(CHECKPOINT), "--tokens", str(train_dir / "tokens.npz"), "--steps", "2", "--fresh",
+              "--no-export", "--device", "cpu", "--batch-size", "2", "--eval-windows", "2"]
     runs = [("training.eagle3", [*common, "--seq-len", "64", "--layer-ids", "2,6,12", "--out", str(tmp_path / "e3"),
                                  "--log", str(tmp_path / "e3.jsonl")]),
             ("training.dflash", [*common, "--seq-len", "128", "--layer-ids", "1,5,10", "--out", str(tmp_path / "df"),
@@ -96,11 +95,12 @@ def test_eagle3_dflash_dspark_train_on_a_trunk_checkpoint_with_torch_only(train_
         _check_checkpoint(tmp_path / name / "last.pt", ids)
     start = json.loads((tmp_path / "ds.jsonl").read_text().splitlines()[0])
     assert start["target"] == CHECKPOINT.name and start["init"]["backbone_from"] == "last.pt"
+    assert start["corpus"] == {"synthetic": True, "tokens_file": str(train_dir / "tokens.npz")}
 
 
 def test_training_heads_refuse_default_layer_ids_on_another_trunk(train_dir, tmp_path):
-    common = ["--target", str(CHECKPOINT), "--steps", "1", "--fresh", "--no-export", "--batch-size", "2",
-              "--seq-len", "128", "--eval-windows", "2"]
+    common = ["--target", str(CHECKPOINT), "--tokens", str(train_dir / "tokens.npz"), "--steps", "1", "--fresh",
+              "--no-export", "--batch-size", "2", "--seq-len", "128", "--eval-windows", "2"]
     runs = [("training.eagle3", [*common, "--out", str(tmp_path / "e3"), "--log", str(tmp_path / "e3.jsonl")]),
             ("training.dflash", [*common, "--out", str(tmp_path / "df"), "--log", str(tmp_path / "df.jsonl")])]
     results, _ = _run_blocked(runs, train_dir)

@@ -461,12 +461,13 @@ def save_checkpoint(path: Path, head: DFlashDraftModel, opt, step: int, hc: Head
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
           steps: int | None = None, head_cls=None, config_cls=None, train_config_cls=None, losses=None,
           init=None, layer_ids: list[int] | None = None, target: Path = TARGET, device: str = "cpu",
-          overrides: dict | None = None) -> Path:
+          overrides: dict | None = None, tokens: Path | None = None) -> Path:
     """Train (or resume) into ``out/last.pt``; returns the checkpoint path.
 
     ``target``: a qwen35 GGUF (default the bundled one) or a :mod:`training.trunk` checkpoint; ``layer_ids``: HF ids
     (layer outputs) of a fresh run (default the config's, only for a 4-layer target); ``device``: cpu or cuda (F32
-    on both; checkpoints hold CPU tensors); ``overrides``: TrainConfig fields.
+    on both; checkpoints hold CPU tensors); ``overrides``: TrainConfig fields; ``tokens``: a checkpoint target's
+    token file (:func:`training.eagle3.corpus_tokens`).
 
     The defaults train a DFlash head; :mod:`training.dspark` passes its head class (``head_cls(config)``), config
     classes, losses (as :func:`block_losses`, optionally with a fourth item: a dict of scalars to log) and ``init``
@@ -489,7 +490,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
     for k, v in (overrides or {}).items():
         setattr(tc, k, v)
     log = JsonLog(log_path)
-    train_tokens, held_tokens, info = corpus_tokens(out, target)
+    train_tokens, held_tokens, info = corpus_tokens(out, target, tokens)
     target_path, target = target, make_target(hc, target, device)
     if not ck and not layer_ids:
         E.check_default_layer_ids(target_path, target.n_layer, hc.target_layer_ids)
@@ -655,6 +656,8 @@ def add_target_options(p: argparse.ArgumentParser, layer_ids_help: str) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
     p.add_argument("--layer-ids", type=lambda s: [int(v) for v in s.split(",")], default=None, help=layer_ids_help)
     E.add_train_overrides(p)
+    p.add_argument("--tokens", type=Path, default=None,
+                   help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -704,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             log = args.log or LOG_DIR / f"dflash-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
             train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
                   steps=args.steps, layer_ids=args.layer_ids, target=args.target, device=args.device,
-                  overrides=E.train_overrides(args))
+                  overrides=E.train_overrides(args), tokens=args.tokens)
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)

@@ -248,14 +248,14 @@ def init_from_dflash(head: DSparkDraftModel, path: Path = D.SHIPPED_HEAD) -> dic
 
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
           steps: int | None = None, init_from: Path | None = D.SHIPPED_HEAD, layer_ids: list[int] | None = None,
-          target: Path = TARGET, device: str = "cpu", overrides: dict | None = None) -> Path:
+          target: Path = TARGET, device: str = "cpu", overrides: dict | None = None, tokens: Path | None = None) -> Path:
     """Train (or resume) a DSpark head into ``out/last.pt`` with :func:`training.dflash.train`'s loop (``target``,
     ``device``, ``overrides`` as there).  ``layer_ids`` (HF ids) default to those of an ``init_from`` head other than
     the shipped one (trained for the shipped 4-layer target), else to the config's."""
     if layer_ids is None and init_from is not None and Path(init_from).resolve() != D.SHIPPED_HEAD.resolve():
         layer_ids = load_dflash(init_from)[0].cfg.target_layer_ids
     return D.train(out, max_minutes=max_minutes, fresh=fresh, threads=threads, log_path=log_path, steps=steps,
-                   layer_ids=layer_ids, target=target, device=device, overrides=overrides,
+                   layer_ids=layer_ids, target=target, device=device, overrides=overrides, tokens=tokens,
                    head_cls=DSparkDraftModel, config_cls=functools.partial(DSparkConfig, markov_rank=TRAINED_MARKOV_RANK),
                    train_config_cls=DSparkTrainConfig,
                    losses=anchor_block_losses,
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         log = args.log or LOG_DIR / f"dspark-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         train(args.out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
               steps=args.steps, init_from=args.init_from, layer_ids=args.layer_ids, target=args.target,
-              device=args.device, overrides=E.train_overrides(args))
+              device=args.device, overrides=E.train_overrides(args), tokens=args.tokens)
     if args.no_export:
         return 0
     gguf = SHIPPED_GGUF if args.install else args.gguf or args.out / f"{HEAD_NAME}.gguf"

@@ -463,20 +463,22 @@ def evaluate(head: Eagle3Head, target: Target, windows: list[torch.Tensor], dept
             "agreement_by_depth": [round(float(v) / n, 4) for v in ag]}
 
 
-def corpus_tokens(out: Path, target: Path = TARGET) -> tuple[np.ndarray, np.ndarray, dict]:
+def corpus_tokens(out: Path, target: Path = TARGET, tokens: Path | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """(training stream, held-out stream, corpus record) with the target's tokenizer; cached in ``out``.
 
     A :mod:`training.trunk` checkpoint target has no vocabulary of its own (it keeps the shipped model's tokenizer):
-    its corpus is the one it was trained on, the token file of ``python -m training.trunk --prepare``
-    (:data:`training.trunk.DATA`: ``train``, and ``heldout_stdlib`` as the held-out stream), read with numpy alone."""
+    its corpus is the one it was trained on, the token file of ``python -m training.trunk --prepare`` (``tokens``,
+    default :data:`training.trunk.DATA`: ``train``, and ``heldout_stdlib`` as the held-out stream), read with numpy
+    alone."""
     if is_checkpoint(target):
         from training.trunk import DATA, load_data
 
-        if not DATA.exists():
-            raise SystemExit(f"{DATA} is missing: write it with python -m training.trunk --prepare (on a machine with "
-                             f"the package) and carry it, or set MTP_EXPLORER_TRAIN_DIR to the folder holding trunk-v2/")
-        data, info = load_data(DATA)
-        return data["train"], data["heldout_stdlib"], {**info, "tokens_file": str(DATA)}
+        tokens = Path(tokens or DATA)
+        if not tokens.exists():
+            raise SystemExit(f"{tokens} is missing: write it with python -m training.trunk --prepare [--data PATH] (on a "
+                             f"machine with the package) and carry it (--tokens PATH)")
+        data, info = load_data(tokens)
+        return data["train"], data["heldout_stdlib"], {**info, "tokens_file": str(tokens)}
     from training.corpus import describe, load_corpus, split_corpus
     from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
 
@@ -531,9 +533,9 @@ def to_cpu(obj):
 
 def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, layer_ids: list[int] | None,
           log_path: Path, steps: int | None = None, target: Path = TARGET, device: str = "cpu",
-          overrides: dict | None = None) -> Path:
-    """Train (or resume) into ``out/last.pt`` against ``target`` (GGUF or trunk checkpoint) on ``device`` (F32 on
-    both); returns the checkpoint path."""
+          overrides: dict | None = None, tokens: Path | None = None) -> Path:
+    """Train (or resume) into ``out/last.pt`` against ``target`` (GGUF or trunk checkpoint; ``tokens``: its token
+    file, :func:`corpus_tokens`) on ``device`` (F32 on both); returns the checkpoint path."""
     device = torch.device(device)
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
@@ -550,7 +552,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
     for k, v in (overrides or {}).items():
         setattr(tc, k, v)
     log = JsonLog(log_path)
-    train_tokens, held_tokens, info = corpus_tokens(out, target)
+    train_tokens, held_tokens, info = corpus_tokens(out, target, tokens)
     target_path, target = target, Target(target, hc.target_layer_ids, device)
     if not ck and not layer_ids:
         check_default_layer_ids(target_path, target.n_layer, hc.target_layer_ids)
@@ -800,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
                         "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
     add_train_overrides(p)
+    p.add_argument("--tokens", type=Path, default=None,
+                   help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)")
     p.add_argument("--log", type=Path, default=LOG_DIR / LOG_NAME)
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
@@ -835,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.export_only:
             train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads,
                   layer_ids=args.layer_ids, log_path=args.log, steps=args.steps, target=args.target, device=args.device,
-                  overrides=train_overrides(args))
+                  overrides=train_overrides(args), tokens=args.tokens)
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)
