@@ -281,6 +281,7 @@ void bind_engine_options(nb::module_ & m) {
         .def_rw("n_ctx", &EngineOptions::n_ctx)
         .def_rw("n_threads", &EngineOptions::n_threads)
         .def_rw("n_rs_seq", &EngineOptions::n_rs_seq)
+        .def_rw("capacity", &EngineOptions::capacity)
         .def_rw("n_parallel", &EngineOptions::n_parallel)
         .def_rw("topk", &EngineOptions::topk)
         .def_prop_rw("telemetry", [](const EngineOptions & o) { return telemetry_name(o.telemetry); },
@@ -313,6 +314,7 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def_prop_ro("draft_block_limit", &Engine::draft_block_limit,
                      "a non-causal DFlash head's most mask slots (block_size - 1): its drafts depend on the block; 0: none")
         .def_prop_ro("is_recurrent", &Engine::is_recurrent)
+        .def_prop_ro("checkpoints", &Engine::checkpoints)
         .def_prop_ro("capacity", &Engine::capacity)
         .def_prop_ro("rs_slots", &Engine::rs_slots)
         .def_prop_ro("eos", &Engine::eos)

@@ -58,7 +58,21 @@ Engine::Engine(const EngineOptions & o) : opts(o) {
         opts.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     }
     opts.placement.validate();
+    if (opts.n_rs_seq < 0 || opts.capacity < 0) {
+        fail(ErrorKind::PARAMETER, "n_rs_seq and capacity must be at least 0");
+    }
+    if (opts.capacity == 0) {
+        opts.capacity = opts.n_rs_seq;
+    }
+    if (opts.capacity < 1) {
+        fail(ErrorKind::PARAMETER, "a session without snapshot slots (n_rs_seq=0) needs its capacity, the largest n_max");
+    }
     load_model();
+    if (recurrent && opts.n_rs_seq > 0 && opts.capacity > opts.n_rs_seq) {
+        fail(ErrorKind::PARAMETER, "capacity " + std::to_string(opts.capacity) + " is over the " +
+                                       std::to_string(opts.n_rs_seq) + " snapshot slots (n_rs_seq) a recurrent target "
+                                       "rolls back through: raise n_rs_seq, or set it to 0 for checkpoints");
+    }
     create_target_context();
     if (layer_nextn > 0) {
         create_mtp_context();
@@ -341,9 +355,9 @@ std::string Engine::detokenize(const std::vector<llama_token> & tokens) const {
 // ---- parameters ---------------------------------------------------------------------------------
 
 void Engine::validate(const DraftParams & p) const {
-    if (p.n_max < 0 || p.n_max > opts.n_rs_seq) {
-        fail(ErrorKind::PARAMETER, "n_max must be between 0 and the session's capacity n_rs_seq=" +
-                                       std::to_string(opts.n_rs_seq) + ", got " + std::to_string(p.n_max));
+    if (p.n_max < 0 || p.n_max > opts.capacity) {
+        fail(ErrorKind::PARAMETER, "n_max must be between 0 and the session's capacity " +
+                                       std::to_string(opts.capacity) + ", got " + std::to_string(p.n_max));
     }
     if (!(p.p_min >= 0.0f && p.p_min <= 1.0f)) {
         fail(ErrorKind::PARAMETER, "p_min must be in [0, 1]");
@@ -355,6 +369,11 @@ void Engine::validate(const DraftParams & p) const {
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
     for (const DrafterId id : c.ids) {
+        if (checkpoints() && DRAFTER_TABLE[id].needs != DrafterNeeds::NOTHING) {
+            fail(ErrorKind::PARAMETER, std::string("\"") + drafter_name(id) + "\" needs the target's snapshot slots "
+                                       "here (llama.cpp gives draft-mtp them; the model drafters' own contexts are not "
+                                       "checkpointed): this session has none (n_rs_seq=0), so it runs the look-ups only");
+        }
         if (DRAFTER_TABLE[id].needs == DrafterNeeds::DSPARK_HEAD && p.p_min > 0.0f && can_run(id) && !head.has_confidence) {
             fail(ErrorKind::PARAMETER, "this DSpark head has no confidence head, which p_min is compared with: set "
                                        "p_min to 0 (llama.cpp refuses it too)");
@@ -453,7 +472,7 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
         validate(r.params);
         validate_chain(parsed, r.params);
         validate_request(r, i, requests.size());
-        made.push_back(std::make_unique<Sequence>((int32_t) i, r, parsed, opts.n_rs_seq, opts.topk));
+        made.push_back(std::make_unique<Sequence>((int32_t) i, r, parsed, opts.capacity, opts.topk));
         Sequence & q = *made.back();
         q.drafters = build_drafters(parsed, q.request.config.options);
         for (auto & d : q.drafters) {

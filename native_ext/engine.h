@@ -47,7 +47,8 @@ struct EngineOptions {
     std::string draft_path;     // a draft model for draft-simple (llama.cpp's -md); empty: none
     int32_t n_ctx = 4096;
     int32_t n_threads = 0;      // 0: hardware concurrency
-    int32_t n_rs_seq = 8;       // recurrent snapshot slots per sequence = largest n_max the session accepts
+    int32_t n_rs_seq = 8;       // recurrent snapshot slots per sequence (0 on a recurrent target: checkpoints)
+    int32_t capacity = 0;       // largest n_max the session accepts (0: n_rs_seq); at most n_rs_seq where slots roll back
     int32_t n_parallel = 1;     // sequences (llama.cpp's -np); n_ctx is shared among them as llama.cpp splits it
     int32_t topk = 5;           // top-k alternatives recorded per draft depth
     TelemetryLevel telemetry = TelemetryLevel::FULL;
@@ -95,7 +96,10 @@ struct Engine {
     int32_t n_ctx() const;      // the whole context (all sequences)
     int32_t n_ctx_seq() const;  // one sequence's share of it
     int32_t n_parallel() const { return opts.n_parallel; }
-    int32_t capacity() const { return opts.n_rs_seq; }
+    int32_t capacity() const { return opts.capacity; }
+    // a recurrent target without snapshot slots: a partial acceptance restores the checkpoint saved before its
+    // verify and the accepted tokens and the correction are verified again next step (llama.cpp's use_ckpt_tgt)
+    bool checkpoints() const { return recurrent && opts.n_rs_seq == 0; }
     int32_t rs_slots() const;  // snapshot slots the target context really has per sequence (0 if non-recurrent)
     bool is_eog(llama_token t) const;
     llama_token eos() const;
@@ -193,6 +197,9 @@ struct Engine {
     const std::vector<Drafter *> & drafters_of(Sequence & q);
     void accept_or_rollback(Sequence & q);
     void sample_verified(Sequence & q);
+    void sample_replayed(Sequence & q);
+    void save_checkpoint(Sequence & q);
+    void restore_checkpoint(Sequence & q);
     void tell_drafters(Sequence & q);
     void record(Sequence & q, const BatchStep & b);
     void record_draft(Sequence & q, size_t r);

@@ -11,9 +11,13 @@
 bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
                            const DrafterOptions & options, bool probe, OracleRecord & out) {
     check_open();
-    if (depth < 1 || depth > opts.n_rs_seq) {
-        fail(ErrorKind::PARAMETER, "the oracle depth must be between 1 and the session's capacity n_rs_seq=" +
-                                       std::to_string(opts.n_rs_seq) + ", got " + std::to_string(depth));
+    if (checkpoints()) {
+        fail(ErrorKind::PARAMETER, "the oracle rolls the target back through its snapshot slots: open the session "
+                                   "with n_rs_seq of at least the depth (this one has none, n_rs_seq=0)");
+    }
+    if (depth < 1 || depth > opts.capacity) {
+        fail(ErrorKind::PARAMETER, "the oracle depth must be between 1 and the session's capacity " +
+                                       std::to_string(opts.capacity) + ", got " + std::to_string(depth));
     }
     GenerationConfig c;
     c.max_tokens = max_tokens;

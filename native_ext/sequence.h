@@ -69,13 +69,17 @@ struct StepState {
     double expected = 0.0;               // the source's expected accepted length
     int32_t n_d = 0;                     // tokens verified
     int32_t row0 = 0;                    // its first row (id_last's) in the step's target batch
-    int32_t n_prompt_rows = 0;           // prompt rows decoded before it in the same batch (a server slot's first step)
+    int32_t n_prompt_rows = 0;           // rows decoded before it in the same batch (a server slot's first step's
+                                         // prompt, or the last step's tokens verified again after a checkpoint)
     int32_t out_row0 = 0;                // its first row among the batch's output rows (the hidden-state probe's)
     // accept / rollback
     int32_t n_acc = 0;
     llama_token correction = -1;
     int32_t n_rollback = 0;
     llama_pos keep_until = 0;
+    // the replay of the last step after its checkpoint was restored (Engine::checkpoints)
+    int32_t n_replayed = 0;              // its accepted tokens and correction, verified again before id_last
+    int32_t replay_agreed = -1;          // how many of them the target sampled again as they were
 };
 
 // The phase times and batch shape of one engine step, shared by the sequences in it.
@@ -129,7 +133,11 @@ struct Sequence {
     // where its generation is
     llama_token id_last = -1;
     llama_pos n_past = 0;
-    int32_t n_prompt_pending = 0;        // prompt rows from n_past on that its first step decodes (server_slot)
+    int32_t n_prompt_pending = 0;        // rows from n_past on that its next step decodes before id_last: a server
+                                         // slot's last prompt rows, or a replay (below)
+    bool replay = false;                 // those rows are the last step's, verified again: logits on, sampled again
+    std::vector<uint8_t> checkpoint;     // the target's state of its sequence before this step's verify (checkpoints)
+    llama_sampler_ptr smpl_saved;        // its sampler then (temperature > 0)
     int32_t n_step = 0;
     DrafterId last_verified = DRAFTER_NONE;  // whose draft was verified last (llama.cpp's impl_last): told each outcome
     std::vector<llama_token> tokens_all;     // prompt + generated: the history the look-ups search

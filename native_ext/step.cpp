@@ -112,7 +112,8 @@ void Engine::cap(Sequence & q) const {
     if (cap_ctx < s.n_cap) { s.n_cap = cap_ctx; s.cap_reason = STOP_CONTEXT; }
     s.n_cap = std::max(s.n_cap, 0);
     s.drafting = s.p.n_max > 0;
-    if (q.request.config.server_slot && q.generated.empty()) {  // a slot samples its first token before any draft
+    const bool first_of_slot = q.request.config.server_slot && q.generated.empty();  // sampled before any draft
+    if (first_of_slot || q.replay) {  // a replay drafts nothing: its token after the correction is the step's
         s.p.n_max = s.p.n_min = s.n_cap = 0;
         s.drafting = false;
     }
@@ -350,13 +351,17 @@ void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
         q->verify_tokens.assign(q->tokens_all.begin() + q->n_past, q->tokens_all.begin() + q->n_past + n_pre);
         q->verify_tokens.push_back(q->id_last);
         q->verify_tokens.insert(q->verify_tokens.end(), s.chosen->tokens.begin(), s.chosen->tokens.begin() + s.n_d);
-        add_target_rows(q->slot, q->verify_tokens.data(), n_pre, q->n_past, /*logits*/ false);
+        add_target_rows(q->slot, q->verify_tokens.data(), n_pre, q->n_past, /*logits*/ q->replay);
         add_target_rows(q->slot, q->verify_tokens.data() + n_pre, s.n_d + 1, q->n_past + n_pre, /*logits*/ true);
         s.n_prompt_rows = n_pre;
         s.row0 = rows + n_pre;
-        s.out_row0 = out_rows;
+        const int32_t n_pre_out = q->replay ? n_pre : 0;
+        s.out_row0 = out_rows + n_pre_out;
         rows += n_pre + s.n_d + 1;
-        out_rows += s.n_d + 1;
+        out_rows += n_pre_out + s.n_d + 1;
+        if (checkpoints() && s.n_d > 0) {
+            save_checkpoint(*q);
+        }
     }
     b.verify_rows = rows;
     check_decode(decode_target(), "target decode");
@@ -382,10 +387,15 @@ void Engine::verify(std::vector<Sequence *> & batch, BatchStep & b) {
 // sequence's target memory; the emitted tokens join its history; every drafter hears the outcome
 void Engine::accept_or_rollback(Sequence & q) {
     StepState & s = q.s;
+    if (q.replay) {
+        sample_replayed(q);
+    }
     sample_verified(q);
     s.n_rollback = s.n_d - s.n_acc;
     s.keep_until = q.n_past + 1 + s.n_acc;
-    if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, s.keep_until, -1)) {
+    if (s.n_rollback > 0 && checkpoints()) {
+        restore_checkpoint(q);
+    } else if (s.n_rollback > 0 && !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, s.keep_until, -1)) {
         fail(ErrorKind::ROLLBACK, "rollback of " + std::to_string(s.n_rollback) + " tokens failed (n_rs_seq=" +
                                       std::to_string(rs_slots()) + ")");
     }
@@ -393,6 +403,52 @@ void Engine::accept_or_rollback(Sequence & q) {
     q.generated.push_back(s.correction);
     q.tokens_all.insert(q.tokens_all.end(), q.generated.end() - (s.n_acc + 1), q.generated.end());
     tell_drafters(q);
+}
+
+// checkpoints: the target's state of the sequence (its recurrent rows; llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+// checkpoint) and its sampler, before a verify with drafts, as llama-speculative-simple saves them
+void Engine::save_checkpoint(Sequence & q) {
+    const size_t size = llama_state_seq_get_size_ext(ctx_tgt.get(), q.slot, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    q.checkpoint.resize(size);
+    if (llama_state_seq_get_data_ext(ctx_tgt.get(), q.checkpoint.data(), size, q.slot,
+                                     LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != size) {
+        fail(ErrorKind::ROLLBACK, "the target's checkpoint could not be saved");
+    }
+    if (q.smpl) {
+        q.smpl_saved.reset(llama_sampler_clone(q.smpl.get()));
+    }
+}
+
+// a partial acceptance under checkpoints: the target and the sampler back to the checkpoint, id_last's row on
+// removed, and the step's id_last, accepted tokens and correction verified again next step (llama.cpp's replay)
+void Engine::restore_checkpoint(Sequence & q) {
+    StepState & s = q.s;
+    const size_t n = llama_state_seq_set_data_ext(ctx_tgt.get(), q.checkpoint.data(), q.checkpoint.size(), q.slot,
+                                                  LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    if (n != q.checkpoint.size() || !llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, q.n_past, -1)) {
+        fail(ErrorKind::ROLLBACK, "the target's checkpoint could not be restored after a partial acceptance");
+    }
+    if (q.smpl_saved) {
+        q.smpl = std::move(q.smpl_saved);
+    }
+    s.keep_until = q.n_past;
+    q.n_prompt_pending = s.n_acc + 1;
+    q.replay = true;
+}
+
+// a replay: the target samples the rows verified again, up to the first that differs from what was emitted (a
+// batch-shape shift, recorded in replay_agreed); the row after them, id_last's, gives the step's token
+void Engine::sample_replayed(Sequence & q) {
+    StepState & s = q.s;
+    const int32_t n = s.n_prompt_rows;
+    const size_t first = (size_t) (q.n_past - n) + 1;  // the token each replayed row should give again
+    int32_t agreed = 0;
+    while (agreed < n && sample(q, s.row0 - n + agreed) == q.tokens_all[first + (size_t) agreed]) {
+        ++agreed;
+    }
+    s.n_replayed = n;
+    s.replay_agreed = agreed;
+    q.replay = false;
 }
 
 void Engine::sample_verified(Sequence & q) {
@@ -478,7 +534,9 @@ void Engine::record(Sequence & q, const BatchStep & b) {
     tel.n_accepted[r] = s.n_acc;
     tel.correction[r] = s.correction;
     tel.rollback[r] = s.n_rollback;
-    tel.rs_slot[r] = (recurrent && s.n_rollback > 0) ? s.n_rollback : -1;
+    tel.rs_slot[r] = (recurrent && !checkpoints() && s.n_rollback > 0) ? s.n_rollback : -1;
+    tel.replayed[r] = s.n_replayed;
+    tel.replay_agreed[r] = s.replay_agreed;
     std::copy(q.target_row.begin(), q.target_row.begin() + s.n_d + 1, tel.target_tokens.begin() + r * (D + 1));
     record_draft(q, r);
     if (full_telemetry()) {

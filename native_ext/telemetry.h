@@ -30,6 +30,8 @@
     X(correction, int32_t, SCALAR, -1)            /* the token the target emitted after the drafts */\
     X(rollback, int32_t, SCALAR, 0)               /* rejected drafts removed from the memory */      \
     X(rs_slot, int32_t, SCALAR, -1)               /* recurrent snapshot used (-1: none) */           \
+    X(replayed, int32_t, SCALAR, 0)               /* last step's tokens verified again (checkpoints) */ \
+    X(replay_agreed, int32_t, SCALAR, -1)         /* of them, sampled again as they were (-1: none) */ \
     X(h_norm_target, float, DEPTH1, NAN_F)        /* pre-norm residual norm of each target row */    \
     X(h_norm_draft, float, DEPTH, NAN_F)          /* the same for each MTP draft row */              \
     X(draft_target_cos, float, DEPTH, NAN_F)      /* cosine of draft and target h_nextn rows */      \

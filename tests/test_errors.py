@@ -133,9 +133,12 @@ def test_capacity_follows_n_rs_seq(model_mixed):
         assert s.capacity == 12
         t = s.generate("import os", max_tokens=30, n_max=12)
         assert t.drafted.shape[1] == 12
-    for bad in (0, -1, 65):
+    for bad in (-1, 65):  # (0: no slots, checkpoints: tests/test_checkpoints.py)
         with pytest.raises(mx.ParameterError, match="n_rs_seq"):
             mx.Session.open(model_mixed, n_rs_seq=bad)
+    for bad in (0, 65):
+        with pytest.raises(mx.ParameterError, match="capacity"):
+            mx.Session.open(model_mixed, capacity=bad)
     with pytest.raises(mx.ParameterError, match="topk"):
         mx.Session.open(model_mixed, topk=11)
     with pytest.raises(mx.ParameterError, match="n_ctx"):

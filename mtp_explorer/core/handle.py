@@ -132,6 +132,7 @@ class EngineHandle:
         threads: int | None = None,
         seed: int = 0,
         n_rs_seq: int = DEFAULT_N_RS_SEQ,
+        capacity: int | None = None,
         topk: int = 5,
         telemetry: bool | str = "full",
         clock: str = "wall",
@@ -157,12 +158,11 @@ class EngineHandle:
         ``False`` is ``-nr``/``--no-repack``: the CPU keeps the file's weight layout, so quantized matrix products
         run the same kernels at every batch size, at some cost in speed: see :meth:`batch_shift`).
 
-        ``n_rs_seq`` is the number of recurrent snapshot slots, which is also the largest ``n_max``
-        the session accepts; ``topk`` is how many draft alternatives are recorded per depth; ``telemetry`` how much
-        a generation records (:data:`~mtp_explorer.core.options.TELEMETRY_LEVELS`: full, steps or off).
-        ``clock="cpu"`` times the phases with the calling thread's CPU time instead of the wall
-        clock (needs ``threads=1``, where llama.cpp computes on that thread): the work, without the
-        time a busy machine kept the thread waiting. Tokens/s are then work-rate figures.
+        ``n_rs_seq`` (recurrent snapshot slots; 0: checkpoints) and ``capacity`` (the largest ``n_max``): see
+        :class:`SessionOptions`; ``topk`` is how many draft alternatives are recorded per depth; ``telemetry`` how much
+        a generation records (:data:`~mtp_explorer.core.options.TELEMETRY_LEVELS`: full, steps or off). ``clock="cpu"``
+        times the phases with the calling thread's CPU time instead of the wall clock (needs ``threads=1``, where
+        llama.cpp computes on that thread): the work, without the time a busy machine kept the thread waiting.
 
         ``draft_model`` loads a second, smaller GGUF with the same vocabulary for ``drafter="draft-simple"``
         (llama.cpp's ``-md``; placed as the target). A vocabulary llama.cpp would refuse, or a recurrent draft
@@ -170,8 +170,7 @@ class EngineHandle:
 
         ``n_parallel`` is llama.cpp's ``-np``: the sequences (server slots) the session runs at once in one target
         context (each with ``n_ctx / n_parallel`` of it, padded by llama.cpp to 256 tokens at least, and its own
-        ``n_rs_seq`` snapshot slots) and one MTP context;
-        see :meth:`~mtp_explorer.Session.generate_parallel`.
+        ``n_rs_seq`` snapshot slots) and one MTP context; see :meth:`~mtp_explorer.Session.generate_parallel`.
         """
         if path is None:
             from ..models import default_model_path
@@ -181,7 +180,7 @@ class EngineHandle:
         info = model_info(path)
         draft_info = None if draft_model is None else model_info(Path(draft_model))
         load_mode = _load_mode(load_mode, use_mmap)
-        options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, topk=topk,
+        options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, capacity=capacity, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
                                  threads_batch=threads_batch, repack=repack, n_parallel=n_parallel,
@@ -229,7 +228,8 @@ class EngineHandle:
                                   "shared by the ``n_parallel`` sequences.")
     n_ctx_seq = _engine_fact("n_ctx_seq", "One sequence's context: ``n_ctx / n_parallel``, as llama.cpp splits it.")
     n_parallel = _engine_fact("n_parallel", "Sequences (llama.cpp's ``-np`` slots) the session runs at once.")
-    capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (its ``n_rs_seq`` snapshot slots).")
+    capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (``n_rs_seq`` unless set).")
+    checkpoints = _engine_fact("checkpoints", "Whether it rolls back by checkpoint (recurrent, ``n_rs_seq=0``).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
     telemetry = property(lambda self: self._live().telemetry,
                          lambda self, level: setattr(self._live(), "telemetry", telemetry_level(level)),
@@ -300,6 +300,6 @@ class EngineHandle:
 
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""
-        return {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "capacity": self.capacity, "threads": self.threads,
-                "telemetry": self.telemetry, "clock": self.clock,
+        return {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "capacity": self.capacity,
+                "checkpoints": self.checkpoints, "threads": self.threads, "telemetry": self.telemetry, "clock": self.clock,
                 "draft_model": None if self.draft_info is None else self.draft_info.name} | self.placement

@@ -62,12 +62,21 @@ class SessionOptions:
     (``--repack``; ``False`` is ``-nr``/``--no-repack``: no extra buffer types, so no repacked CPU kernels). ``draft_model`` is
     the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target. ``n_parallel`` is
     llama.cpp's ``-np``: the sequences sharing the context, ``n_ctx / n_parallel`` each.
+
+    ``n_rs_seq`` is the number of recurrent snapshot slots per sequence, through which a recurrent target rolls back
+    rejected drafts; ``capacity`` the largest ``n_max`` the session accepts (``None``: ``n_rs_seq``; at most
+    ``n_rs_seq``). ``n_rs_seq=0`` gives a recurrent target no slots, as llama.cpp does when no drafter of the chain
+    gets them (its ``need_n_rs_seq``: a chain of look-ups): a partial acceptance then restores a checkpoint saved
+    before the verify, and the next step verifies the accepted tokens and the correction again, drafting nothing
+    (llama-speculative-simple's and llama-server's checkpoints; ``capacity`` defaults to 8 there). Such a session
+    runs the look-up drafters only.
     """
 
     n_ctx: int = 4096
     threads: int | None = None
     seed: int = 0
     n_rs_seq: int = DEFAULT_N_RS_SEQ
+    capacity: int | None = None
     topk: int = 5
     telemetry: bool | str = "full"
     clock: str = "wall"
@@ -88,7 +97,13 @@ class SessionOptions:
         check_int("n_ctx", self.n_ctx, 8, None)
         check_int("n_parallel", self.n_parallel, 1, MAX_PARALLEL)
         object.__setattr__(self, "n_ctx", -(-self.n_ctx // 256) * 256)
-        check_int("n_rs_seq", self.n_rs_seq, 1, 64)
+        check_int("n_rs_seq", self.n_rs_seq, 0, 64)
+        if self.capacity is None:
+            object.__setattr__(self, "capacity", self.n_rs_seq or DEFAULT_N_RS_SEQ)
+        check_int("capacity", self.capacity, 1, 64)
+        if self.n_rs_seq and self.capacity > self.n_rs_seq:
+            raise ParameterError(f"capacity {self.capacity} is over the {self.n_rs_seq} snapshot slots (n_rs_seq) a "
+                                 "recurrent target rolls back through: raise n_rs_seq, or set it to 0 for checkpoints")
         check_int("topk", self.topk, 1, MAX_TOPK)
         check_int("seed", self.seed, 0, 2**32 - 1)
         if self.threads is not None:
@@ -133,6 +148,7 @@ class SessionOptions:
     def to_native(self, path: str) -> "_native.EngineOptions":
         eo = _native.EngineOptions()
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
+        eo.capacity = self.capacity
         eo.topk, eo.telemetry, eo.cpu_clock = self.topk, self.telemetry, self.clock == "cpu"
         eo.draft_path = self.draft_model or ""
         eo.n_parallel = self.n_parallel

@@ -143,13 +143,16 @@ class Session(ParallelGeneration, Probes, EngineHandle):
     def drafter_modes(self) -> tuple[str, ...]:
         """The listed ``drafter=`` choices (:data:`~mtp_explorer.DRAFTER_MODES`) this session can draft with: its MTP
         head's, the look-ups, and those of its draft model's kind."""
+        if self.checkpoints:  # no snapshot slots: the look-ups only
+            return drafters.available_modes(False, False)
         return drafters.available_modes(bool(self.info.has_mtp), self.has_draft_model and self.draft_kind)
 
     @property
     def limits(self) -> Limits:
         """What this session can draft with, and how deep: the bounds every :class:`DraftSettings` is checked
         against here."""
-        reason = ("its n_rs_seq recurrent snapshot slots" if self._live().is_recurrent
+        reason = ("the draft depth its telemetry holds, its capacity (no snapshot slots: checkpoints)"
+                  if self.checkpoints else "its n_rs_seq recurrent snapshot slots" if self._live().is_recurrent
                   else "the draft depth its telemetry holds, set by n_rs_seq")
         return Limits(capacity=self.capacity, has_mtp=bool(self.info.has_mtp),
                       has_draft_model=self.has_draft_model and self.draft_kind,

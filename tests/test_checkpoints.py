@@ -1,0 +1,121 @@
+"""Sessions without snapshot slots (``n_rs_seq=0``): a recurrent target rolls back by checkpoint, as llama.cpp does
+for a chain of look-ups (llama-speculative-simple's ``use_ckpt_tgt``, llama-server's speculative checkpoints).
+
+A partial acceptance restores the target's state saved before the verify, and the next step verifies the accepted
+tokens and the correction again, drafting nothing; it emits the token after them. The trace records that replay
+(``replayed``, ``replay_agreed``), and the run does the reference's work, which these tests compare with the
+reference itself and with the emulation of that rule on a session with slots.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mtp_explorer as mx
+from mtp_explorer.devtools.reference import (compare_with_reference, reference_checkpoints, replay_reference_budget,
+                                             run_reference_spec, spec_type_args)
+from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+
+CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fibonacci"
+IMPORTS = "import os\nimport sys\n\nimport os"
+
+
+def replay_rows(t: mx.Trace) -> np.ndarray:
+    return np.flatnonzero(t.columns["replayed"] > 0)
+
+
+def test_a_partial_acceptance_is_verified_again_after_the_checkpoint(bundled_model):
+    """Every partially accepted step is followed by a replay row: no draft, n_max 0, the step's accepted tokens and
+    correction verified again (all agreed on this F16 model), and the same text and counts as the rule emulated on a
+    session with slots (the parity harness's emulation)."""
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
+        assert s.checkpoints and s.capacity == 4
+        t = s.generate(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2)
+    c = t.columns
+    partial = np.flatnonzero(c["n_accepted"] < c["n_drafted"])
+    assert len(partial) >= 2
+    np.testing.assert_array_equal(replay_rows(t), partial + 1)
+    r = partial + 1
+    np.testing.assert_array_equal(c["replayed"][r], c["n_accepted"][partial] + 1)
+    np.testing.assert_array_equal(c["replay_agreed"][r], c["replayed"][r])
+    assert (c["n_drafted"][r] == 0).all() and (c["n_max"][r] == 0).all()
+    assert (c["rs_slot"] == -1).all() and (c["verify_rows"][r] == c["replayed"][r] + 1).all()
+    with mx.Session.open(bundled_model, threads=1) as slots:
+        for st in slots.stream(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2):
+            slots.set_params(n_max=0 if st.n_accepted < st.n_drafted else 4)
+        emulated = slots.last_trace
+    assert emulated.tokens == t.tokens
+    np.testing.assert_array_equal(emulated.n_drafted, t.n_drafted)
+    np.testing.assert_array_equal(emulated.n_accepted, t.n_accepted)
+
+
+# (--spec-type, prompt): look-up chains on a recurrent target, where llama-speculative-simple restores checkpoints
+LOOKUP_CASES = [
+    ("ngram-simple", CODE),
+    ("ngram-mod", IMPORTS),
+    ("ngram-simple,ngram-map-k", CODE),
+]
+
+
+@pytest.mark.parametrize("spec, prompt", LOOKUP_CASES)
+def test_lookups_on_checkpoints_match_the_reference(tmp_path, reference_binary, spec, prompt):
+    """Text and drafted/accepted totals equal llama-speculative-simple's on a SYNTHETIC qwen35 target, the session
+    doing the reference's rollback (no slots) rather than emulating it."""
+    from mtp_explorer.core import drafters
+
+    path = write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.6, mtp_fidelity=1.0)
+    assert reference_checkpoints(path, spec)
+    n_max = 3
+    names = {o.name for o in drafters.mode(spec).options}
+    options = {k: v for k, v in {"ngram_simple_size_n": 2, "ngram_simple_size_m": n_max, "ngram_mod_n_match": 2,
+                                 "ngram_mod_n_min": 1, "ngram_mod_n_max": n_max, "ngram_map_k_size_n": 2,
+                                 "ngram_map_k_size_m": n_max}.items() if k in names}
+    ref = run_reference_spec(reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48,
+                             n_ctx=1024, threads=1)
+    with mx.Session.open(path, n_ctx=1024, threads=1, n_rs_seq=0, capacity=n_max) as s:
+        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, drafter=spec, checkpoints=True,
+                                       **options)
+    result = compare_with_reference(ref, ours, 0.0, checkpoints=True)
+    assert result["match"], result
+    assert result["re_verified_steps"] > 0 and len(replay_rows(ours)) == result["re_verified_steps"]
+
+
+def test_sampling_restores_the_sampler_with_the_checkpoint(bundled_model):
+    """At temperature > 0 the replay samples its rows again from the sampler state saved with the checkpoint, so it
+    draws the tokens it drew before (llama-speculative-simple clones the sampler for that)."""
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
+        t = s.generate(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2, temperature=0.7,
+                       seed=3)
+        again = s.generate(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2,
+                           temperature=0.7, seed=3)
+    r = replay_rows(t)
+    assert len(r) > 0
+    np.testing.assert_array_equal(t.columns["replay_agreed"][r], t.columns["replayed"][r])
+    assert again.tokens == t.tokens
+
+
+def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
+    """draft-mtp and the oracle need snapshot slots; a capacity over the slots is refused before loading; a
+    non-recurrent target has no use for them and runs every drafter as before."""
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0) as s:
+        assert s.capacity == 8
+        assert s.drafter_modes == ("ngram", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
+        with pytest.raises(mx.ParameterError, match="snapshot slots"):
+            s.generate("def f(x):", max_tokens=8, n_max=2)
+        with pytest.raises(mx.ParameterError, match="snapshot slots"):
+            s.generate("def f(x):", max_tokens=8, n_max=2, drafter="ngram-simple,draft-mtp")
+        with pytest.raises(mx.ParameterError, match="snapshot slots"):
+            s.record_oracle("def f(x):", max_tokens=8, depth=2)
+        t = s.generate("def f(x):", max_tokens=8, n_max=2, drafter="ngram-mod")  # the session is still usable
+        assert len(t.tokens) == 8 and t.settings["checkpoints"] is True
+    with pytest.raises(mx.ParameterError, match="over the 2 snapshot slots"):
+        mx.Session.open(bundled_model, n_rs_seq=2, capacity=3)
+    with pytest.raises(mx.ParameterError, match="n_rs_seq"):
+        mx.Session.open(bundled_model, n_rs_seq=-1)
+    draft = mx.models.draft_model_path()  # qwen3: no recurrent layers
+    assert not mx.model_info(draft).is_recurrent
+    with mx.Session.open(draft, threads=1, n_rs_seq=0) as s:
+        assert not s.checkpoints
+        t = s.generate(CODE, max_tokens=32, n_max=3, drafter="ngram-simple", ngram_simple_size_n=2)
+    assert (t.columns["replayed"] == 0).all() and (t.n_accepted < t.n_drafted).any()
