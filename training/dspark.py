@@ -429,15 +429,20 @@ def expected_length(draft: list[tuple[int, float, float | None]], p_min: float |
     return next((i for i, (_, _, c) in enumerate(draft) if c < p_min), len(draft))
 
 
-def run_totals(cmd: list[str], timeout: float = 300) -> dict:
-    """Run llama-speculative-simple; its return code, the totals lines it printed and its generated text."""
-    p = subprocess.run(cmd, capture_output=True, timeout=timeout)
-    err = p.stderr.decode("utf-8", "replace")
-    totals = {}
-    for key in ("n_draft", "n_predict", "n_drafted", "n_accept", "accept"):
-        m = re.search(rf"\b{key}\s*=\s*([\d.]+%?)", err)
-        if m:
-            totals[key] = m.group(1)
+def run_totals(cmd: list[str], timeout: float = 300, attempts: int = 8) -> dict:
+    """Run llama-speculative-simple; its return code, the totals lines it printed and its generated text. A run that
+    exits 0 without its summary (0.3.36 sometimes loses the tail of its log, as mtp_explorer.devtools.reference
+    notes) is run again, up to ``attempts`` times."""
+    for _ in range(attempts):
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        err = p.stderr.decode("utf-8", "replace")
+        totals = {}
+        for key in ("n_draft", "n_predict", "n_drafted", "n_accept", "accept"):
+            m = re.search(rf"\b{key}\s*=\s*([\d.]+%?)", err)
+            if m:
+                totals[key] = m.group(1)
+        if p.returncode != 0 or "n_accept" in totals:
+            break
     return {"rc": p.returncode, "totals": totals, "text": p.stdout.decode("utf-8", "replace"),
             "stderr_tail": err[-1500:]}
 
