@@ -27,7 +27,7 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
-.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-server-sweep bench-parallel clean
+.PHONY: all lab test headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-server-sweep bench-parallel profile-build bench-instructions clean
 
 all: $(EXT)
 
@@ -133,6 +133,24 @@ bench-parallel: $(EXT)
 bench-scale: $(EXT) $(QUANTIZE) $(REFERENCE)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) LLAMA_SPECULATIVE_SIMPLE=$(CURDIR)/$(REFERENCE) \
 	    $(VPY) benchmarks/engine.py --scale $(BENCH_ARGS)
+
+# benchmarks/instructions.py: instructions per token, ours against the reference, under callgrind. valgrind 3.19
+# stops on AVX-512, so both sides run on this AVX2 build of the same sources with symbols (7-10 min, once).
+PROFILE_DIR := build/profile
+PROFILE_REFERENCE := $(PROFILE_DIR)/bin/llama-speculative-simple
+
+$(PROFILE_REFERENCE): $(HEADERS)
+	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
+	cmake -S $(REF_SRC) -B $(PROFILE_DIR) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-g -DCMAKE_CXX_FLAGS=-g \
+	    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+	nice cmake --build $(PROFILE_DIR) --target llama-speculative-simple -j$$(nproc)
+	touch $@
+
+profile-build: $(PROFILE_REFERENCE)
+
+bench-instructions: $(EXT) $(QUANTIZE) $(PROFILE_REFERENCE)
+	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) benchmarks/instructions.py --lib $(PROFILE_DIR)/bin $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)

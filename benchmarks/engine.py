@@ -156,18 +156,19 @@ def lookup_limits(mode, n_max: int) -> dict[str, int]:
 
 
 def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_maxes=(3,),
-                     levels=("full", "off"), draft_model_only: bool = False) -> dict:
+                     levels=("full", "off"), draft_model_only: bool = False, spec_types=None) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
     on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of ``levels``,
     beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`; the
     session's snapshot slots as the reference's where it has any: :func:`at_capacity`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
     (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
-    reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head)."""
+    reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head);
+    ``spec_types``: only these ``--spec-type`` values (default: :data:`SPEC_TYPES`)."""
     from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
     doc: dict = {"n_max": list(n_maxes), "telemetry": list(levels)}  # each entry names its draft model or head
-    for spec in SPEC_TYPES:
+    for spec in spec_types or SPEC_TYPES:
         mode = drafters.mode(spec)
         if not mode.runs_with(s.info.has_mtp, s.has_draft_model and s.draft_kind) or (
                 draft_model_only and not mode.needs_draft_model):
@@ -175,9 +176,9 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
         for spec_n_max in dict.fromkeys(reference_n_max(spec, n) for n in n_maxes):
             options = lookup_limits(mode, spec_n_max)
-            with at_capacity(s, spec_n_max) as sc:
+            with at_capacity(s, spec_n_max, spec) as sc:
                 for kind, prompts in KIND_PROMPTS.items():
-                    entry: dict = {"n_max": spec_n_max, "n_rs_seq": sc.capacity, "options": options,
+                    entry: dict = {"n_max": spec_n_max, "n_rs_seq": sc.open_kwargs["n_rs_seq"], "options": options,
                                    "draft_model": extra[1] if extra else None}
                     for level in levels:
                         sc.telemetry = level
@@ -206,20 +207,33 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
     return doc
 
 
+def reference_rs_seq(spec: str | None, n_max: int) -> int:
+    """The snapshot slots llama-speculative-simple gives a recurrent target for ``--spec-type spec`` at ``n_max``
+    (``None``: draft-mtp): ``n_max`` where a drafter of the chain gets them (common's ``need_n_rs_seq``), else 0 for a
+    chain of look-ups, which then restores checkpoints (ours too, opened with ``n_rs_seq=0``). draft-simple also runs
+    on checkpoints there; ours runs it with slots (the engine does not checkpoint a draft model's context)."""
+    mode = drafters.mode(spec or drafters.DEFAULT_MODE)
+    if any(d.gets_snapshot_slots for d in mode.drafters) or not all(d.is_lookup for d in mode.drafters):
+        return n_max
+    return 0
+
+
 @contextlib.contextmanager
-def at_capacity(s: mx.Session, n_rs_seq: int):
-    """``s``, or (when its capacity differs on a recurrent model) a session of the same model, threads and draft model
-    with ``n_rs_seq`` snapshot slots. llama-speculative-simple gives its target context ``--spec-draft-n-max`` slots
-    for a draft-mtp chain (common's ``need_n_rs_seq``), and llama.cpp copies every layer's convolution state into each
-    slot at every decode, so the default capacity of 8 costs ours work the reference does not do at a smaller n_max
-    (0.7% more instructions per token at n_max 3 on the scale model): the comparison runs both with the same slots."""
-    if s.capacity == n_rs_seq or not s.info.is_recurrent:
+def at_capacity(s: mx.Session, n_max: int, spec: str | None = None):
+    """``s``, or (when its slots differ on a recurrent model) a session of the same model, threads and draft model with
+    the reference's snapshot slots for ``spec`` (:func:`reference_rs_seq`) and capacity ``n_max``.
+    llama-speculative-simple gives its target context ``--spec-draft-n-max`` slots for a draft-mtp chain, and llama.cpp
+    copies every layer's convolution state into each slot at every decode, so the default capacity of 8 costs ours
+    work the reference does not do at a smaller n_max (0.7% more instructions per token at n_max 3 on the scale
+    model); a look-up chain's reference has no slots at all and restores checkpoints: the comparison runs both alike."""
+    n_rs_seq = reference_rs_seq(spec, n_max)
+    if not s.info.is_recurrent or (s.open_kwargs["n_rs_seq"] == n_rs_seq and s.capacity == n_max):
         yield s
         return
     draft = str(s.draft_info.path) if s.draft_info is not None else None
     with mx.Session.open(s.path, n_ctx=s.n_ctx, threads=s.threads, draft_model=draft, n_rs_seq=n_rs_seq,
-                         telemetry=s.telemetry) as t:
-        t.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_rs_seq))  # warm-up
+                         capacity=n_max, telemetry=s.telemetry) as t:
+        t.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_max), **({"drafter": spec} if spec else {}))  # warm-up
         yield t
 
 
@@ -239,7 +253,7 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
     ref = {}
     for n_max in (1, 2, 3, 4):
         with at_capacity(s, n_max) as sc:
-            parity, entry = [], {"n_rs_seq": sc.capacity}
+            parity, entry = [], {"n_rs_seq": sc.open_kwargs["n_rs_seq"]}
             for level in TIMED_LEVELS:
                 pairs, counts = [], {"ours_tokens": 0, "reference_tokens": 0}
                 for prompt in PROMPTS:
@@ -379,7 +393,8 @@ def session_sections(path, args, draft, binary: str | None) -> dict:
             }
 
         if "drafters" in args.only:
-            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max)
+            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max,
+                                               spec_types=args.spec_type)
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
     heads = [h.head_path for h in mx.draft_heads()
@@ -388,7 +403,7 @@ def session_sections(path, args, draft, binary: str | None) -> dict:
         with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=head) as s:
             s.generate(PROMPTS[0], max_tokens=16, n_max=0)  # warm-up
             out["drafters"] |= drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max,
-                                                draft_model_only=True)
+                                                draft_model_only=True, spec_types=args.spec_type)
     return out
 
 
@@ -406,6 +421,8 @@ def main() -> None:
                     help="run only these sections (default: all)")
     ap.add_argument("--drafter-n-max", nargs="+", type=int, default=[3], metavar="N",
                     help="the drafters section's n_max values (default: 3; 1 2 3 4 for the whole grid)")
+    ap.add_argument("--spec-type", nargs="+", choices=SPEC_TYPES, default=None, metavar="SPEC",
+                    help="the drafters section's --spec-type values (default: every drafter and chain)")
     ap.add_argument("--scale", action="store_true",
                     help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
                          "4 telemetry rounds unless given), then its quantized copies (--scale-copies)")

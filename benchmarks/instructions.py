@@ -1,0 +1,131 @@
+"""Instructions per generated token, ours against llama-speculative-simple, counted by callgrind (JSON on stdout).
+
+    make bench-instructions                                   # builds build/profile, then the default cases
+    .venv/bin/python benchmarks/instructions.py --lib build/profile/bin --case draft-mtp:1 ngram-simple:3
+
+The wall clock on a shared 2-core machine moves by 3-5% between runs, more than the differences this measures; an
+instruction count does not. Both sides run under ``valgrind --tool=callgrind`` at 1 thread on the same libllama (an
+AVX2 build of the 0.3.36 sources with symbols: valgrind 3.19 stops on AVX-512, so the project's native builds cannot
+be counted), greedy, on the same prompt and model. Each side runs twice, to ``--tokens`` LOW and HIGH tokens;
+the difference of the two totals over the difference of the tokens is the cost of one token without the load and
+the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
+draft-mtp; none, so checkpoints, for a chain of look-ups: ``benchmarks/engine.py``'s ``reference_rs_seq``),
+telemetry ``off``, and generates as many tokens as the reference decoded in its run.
+
+``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
+copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import emit, machine  # noqa: E402
+from engine import reference_rs_seq  # noqa: E402
+from scale_model import write_scale_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "def fibonacci(n):"
+DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draft-mtp:3")
+
+# Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH).
+OURS = r"""
+import json, sys
+import mtp_explorer as mx
+path, spec, n_max, n_rs_seq, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+options = json.loads(sys.argv[6])
+with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off") as s:
+    t = s.generate(sys.argv[7], max_tokens=tokens, n_max=n_max, drafter=spec, **options)
+    print(json.dumps({"tokens": len(t.tokens), "drafted": int(t.totals["n_drafted"]),
+                      "accepted": int(t.totals["n_accepted"])}))
+"""
+
+
+def lookup_options(spec: str, n_max: int) -> dict:
+    """The look-ups' lengths at n_max, as the reference is given them (``--spec-ngram-*``)."""
+    options = {}
+    if "ngram-simple" in spec:
+        options["ngram_simple_size_m"] = n_max
+    if "ngram-mod" in spec:
+        options |= {"ngram_mod_n_max": n_max, "ngram_mod_n_min": n_max}
+    return options
+
+
+def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
+    """The instructions ``cmd`` executes under callgrind, and its stdout + stderr."""
+    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib)}
+    run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
+                         capture_output=True, text=True)
+    log = run.stdout + run.stderr
+    if run.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed under callgrind ({run.returncode}):\n{log[-2000:]}")
+    return int(re.search(r"Collected : (\d+)", log).group(1)), log
+
+
+def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str) -> dict:
+    from mtp_explorer.devtools.reference import spec_type_args
+
+    options = lookup_options(spec, n_max)
+    cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
+           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options)]
+    instructions, log = callgrind(cmd, lib, out)
+    counts = {k: int(re.search(rf"{k}\s*=\s*(\d+)", log).group(1)) for k in ("n_drafted", "n_accept")}
+    tokens = int(re.search(r"decoded\s+(\d+) tokens", log).group(1))
+    return {"instructions": instructions, "tokens": tokens, "drafted": counts["n_drafted"],
+            "accepted": counts["n_accept"]}
+
+
+def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str) -> dict:
+    cmd = [sys.executable, "-c", OURS, str(model), spec, str(n_max), str(reference_rs_seq(spec, n_max)), str(tokens),
+           json.dumps(lookup_options(spec, n_max)), prompt]
+    instructions, log = callgrind(cmd, lib, out)
+    result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
+    return {"instructions": instructions} | result
+
+
+def per_token(low: dict, high: dict) -> float:
+    return (high["instructions"] - low["instructions"]) / (high["tokens"] - low["tokens"])
+
+
+def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str) -> dict:
+    spec, n_max = case.rsplit(":", 1)
+    n_max = int(n_max)
+    runs: dict = {}
+    for n in (low, high):
+        ref = reference(lib, model, spec, n_max, n, work / f"ref-{n}.cg", prompt)
+        runs[n] = {"reference": ref, "ours": ours(lib, model, spec, n_max, ref["tokens"], work / f"ours-{n}.cg", prompt)}
+        print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
+    ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
+    return {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max),
+            "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
+            "runs": {str(n): r for n, r in runs.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True, help="the AVX2 profile build's bin directory (make profile-build)")
+    ap.add_argument("--model", help="default: the SYNTHETIC 0.4 B Q8_0 scale model (benchmarks/scale_model.py)")
+    ap.add_argument("--case", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC:N_MAX")
+    ap.add_argument("--tokens", nargs=2, type=int, default=[8, 24], metavar=("LOW", "HIGH"))
+    ap.add_argument("--prompt", default=PROMPT)
+    args = ap.parse_args()
+    lib = Path(args.lib).resolve()
+    model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
+    out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(), "cases": {}}
+    with tempfile.TemporaryDirectory() as work:
+        for case in args.case:
+            out["cases"][case] = measure(lib, model, case, *args.tokens, Path(work), args.prompt)
+    emit(out)
+
+
+if __name__ == "__main__":
+    main()
