@@ -10,7 +10,10 @@ be counted), greedy, on the same prompt and model. Each side runs twice, to ``--
 the difference of the two totals over the difference of the tokens is the cost of one token without the load and
 the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
 draft-mtp; none, so checkpoints, for a chain of look-ups: ``benchmarks/engine.py``'s ``reference_rs_seq``),
-telemetry ``off``, and generates as many tokens as the reference decoded in its run.
+telemetry ``off``, and generates as many tokens as the reference decoded in its run. A case that drafts with a
+model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``); draft-simple's
+reference on a recurrent target restores checkpoints where ours keeps slots (the engine does not checkpoint a draft
+model's context).
 
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
@@ -30,11 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, machine  # noqa: E402
+from mtp_explorer.core import drafters  # noqa: E402
 from engine import reference_rs_seq  # noqa: E402
 from scale_model import write_scale_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = "def fibonacci(n):"
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef fibonacci"
 DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draft-mtp:3")
 
 # Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH).
@@ -42,22 +46,27 @@ OURS = r"""
 import json, sys
 import mtp_explorer as mx
 path, spec, n_max, n_rs_seq, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-options = json.loads(sys.argv[6])
-with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off") as s:
+options, draft = json.loads(sys.argv[6]), sys.argv[8] or None
+with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off",
+                     draft_model=draft) as s:
     t = s.generate(sys.argv[7], max_tokens=tokens, n_max=n_max, drafter=spec, **options)
     print(json.dumps({"tokens": len(t.tokens), "drafted": int(t.totals["n_drafted"]),
                       "accepted": int(t.totals["n_accepted"])}))
 """
 
 
+# The look-ups' key lengths: 2 tokens, as the parity tests use (llama.cpp's defaults, 12 for ngram-simple, rarely
+# draft in a few dozen tokens, which would leave their drafting and rollback out of the count).
+SHORT_KEYS = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_map_k_size_n": 2, "ngram_map_k4v_size_n": 2}
+
+
 def lookup_options(spec: str, n_max: int) -> dict:
-    """The look-ups' lengths at n_max, as the reference is given them (``--spec-ngram-*``)."""
-    options = {}
-    if "ngram-simple" in spec:
-        options["ngram_simple_size_m"] = n_max
-    if "ngram-mod" in spec:
-        options |= {"ngram_mod_n_max": n_max, "ngram_mod_n_min": n_max}
-    return options
+    """The look-ups' options at n_max (their lengths, :data:`SHORT_KEYS`), as the reference is given them
+    (``--spec-ngram-*``)."""
+    names = {o.name for o in drafters.mode(spec).options}
+    lengths = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_mod_n_min": 1,
+               "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max}
+    return {k: v for k, v in (SHORT_KEYS | lengths).items() if k in names}
 
 
 def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
@@ -71,12 +80,12 @@ def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
     return int(re.search(r"Collected : (\d+)", log).group(1)), log
 
 
-def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str) -> dict:
+def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str, draft: str) -> dict:
     from mtp_explorer.devtools.reference import spec_type_args
 
     options = lookup_options(spec, n_max)
     cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
-           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options)]
+           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options), *(["-md", draft] if draft else [])]
     instructions, log = callgrind(cmd, lib, out)
     counts = {k: int(re.search(rf"{k}\s*=\s*(\d+)", log).group(1)) for k in ("n_drafted", "n_accept")}
     tokens = int(re.search(r"decoded\s+(\d+) tokens", log).group(1))
@@ -84,9 +93,9 @@ def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, 
             "accepted": counts["n_accept"]}
 
 
-def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str) -> dict:
+def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str) -> dict:
     cmd = [sys.executable, "-c", OURS, str(model), spec, str(n_max), str(reference_rs_seq(spec, n_max)), str(tokens),
-           json.dumps(lookup_options(spec, n_max)), prompt]
+           json.dumps(lookup_options(spec, n_max)), prompt, draft]
     instructions, log = callgrind(cmd, lib, out)
     result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     return {"instructions": instructions} | result
@@ -96,16 +105,21 @@ def per_token(low: dict, high: dict) -> float:
     return (high["instructions"] - low["instructions"]) / (high["tokens"] - low["tokens"])
 
 
-def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str) -> dict:
+def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
+            draft_model: str | None) -> dict:
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
+    draft = draft_model if drafters.mode(spec).needs_draft_model else ""
+    if draft is None:
+        raise SystemExit(f"{spec} drafts with a model file: give it with --draft-model")
     runs: dict = {}
     for n in (low, high):
-        ref = reference(lib, model, spec, n_max, n, work / f"ref-{n}.cg", prompt)
-        runs[n] = {"reference": ref, "ours": ours(lib, model, spec, n_max, ref["tokens"], work / f"ours-{n}.cg", prompt)}
+        ref = reference(lib, model, spec, n_max, n, work / f"ref-{n}.cg", prompt, draft)
+        runs[n] = {"reference": ref,
+                   "ours": ours(lib, model, spec, n_max, ref["tokens"], work / f"ours-{n}.cg", prompt, draft)}
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
-    return {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max),
+    return {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
             "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
             "runs": {str(n): r for n, r in runs.items()}}
 
@@ -117,13 +131,15 @@ def main() -> None:
     ap.add_argument("--case", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC:N_MAX")
     ap.add_argument("--tokens", nargs=2, type=int, default=[8, 24], metavar=("LOW", "HIGH"))
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--draft-model", "-md", help="the draft model or head file of the cases that draft with one "
+                                                   "(draft-simple, draft-eagle3, draft-dflash, draft-dspark)")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
     out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(), "cases": {}}
     with tempfile.TemporaryDirectory() as work:
         for case in args.case:
-            out["cases"][case] = measure(lib, model, case, *args.tokens, Path(work), args.prompt)
+            out["cases"][case] = measure(lib, model, case, *args.tokens, Path(work), args.prompt, args.draft_model)
     emit(out)
 
 
