@@ -41,6 +41,9 @@ def test_a_partial_acceptance_is_verified_again_after_the_checkpoint(bundled_mod
     np.testing.assert_array_equal(c["replay_agreed"][r], c["replayed"][r])
     assert (c["n_drafted"][r] == 0).all() and (c["n_max"][r] == 0).all()
     assert (c["rs_slot"] == -1).all() and (c["verify_rows"][r] == c["replayed"][r] + 1).all()
+    timeline = mx.plots.token_timeline(t)
+    hovers = [h for tr in timeline.data if tr.hovertext is not None for h in tr.hovertext if "from its checkpoint" in h]
+    assert len(hovers) == len(partial)
     with mx.Session.open(bundled_model, threads=1) as slots:
         for st in slots.stream(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2):
             slots.set_params(n_max=0 if st.n_accepted < st.n_drafted else 4)

@@ -154,7 +154,11 @@ def _timeline_cells(trace: Trace, lookup: Piece) -> list[_Cell]:
                 f"target wanted {_escape(repr(lookup(target)))}<br>"
                 f"{_confidence(trace, i, j, lookup, name)}"), step, False))
         text = trace.pieces[g]
-        if n_d == 0:
+        replayed = int(c["replayed"][i]) if "replayed" in c else 0  # (traces saved before the column)
+        if replayed:
+            kind, what = "plain", (f"target token after the last step's {replayed} tokens were verified again from "
+                                   f"its checkpoint ({int(c['replay_agreed'][i])} sampled alike)")
+        elif n_d == 0:
             kind, what = "plain", "target token (no draft)"
         elif n_a == n_d:
             kind, what = "correction", f"bonus token after {n_d} accepted drafts"
