@@ -122,3 +122,32 @@ def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
         assert not s.checkpoints
         t = s.generate(CODE, max_tokens=32, n_max=3, drafter="ngram-simple", ngram_simple_size_n=2)
     assert (t.columns["replayed"] == 0).all() and (t.n_accepted < t.n_drafted).any()
+
+
+SIM_CASES = [
+    ("ngram-simple", 4, {"ngram_simple_size_n": 2}),
+    ("ngram-mod", 4, {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1}),  # a stateful drafter: its table replayed
+    ("ngram-simple,ngram-map-k", 4, {"ngram_simple_size_n": 2, "ngram_map_k_size_n": 2}),
+    ("ngram-cache", 8, {}),
+]
+
+
+@pytest.mark.parametrize("spec, n_max, options", SIM_CASES)
+def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_max, options):
+    """``simulate(..., checkpoints=True)`` on an oracle recorded with slots gives the checkpoint session's steps
+    exactly (replays included), and ``compare`` finds every step of that run where the oracle predicts it."""
+    from mtp_explorer.analysis.simulate import compare, simulate
+
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=8) as s:
+        oracle = s.record_oracle(CODE, max_tokens=96, depth=n_max, **options)
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=8) as s:
+        t = s.generate(CODE, max_tokens=96, n_max=n_max, drafter=spec, **options)
+    assert len(replay_rows(t)) > 0
+    sim = simulate(oracle, n_max, drafter=spec, checkpoints=True)
+    assert sim.tokens == t.tokens and sim.settings["checkpoints"]
+    for name in ("pos", "n_max", "n_drafted", "n_accepted", "drafter", "drafted", "stop_reason", "candidate_len",
+                 "replayed", "replay_agreed", "rs_slot", "verify_rows"):
+        np.testing.assert_array_equal(sim.columns[name], t.columns[name], err_msg=name)
+    assert compare(oracle, t).exact
+    with_slots = simulate(oracle, n_max, drafter=spec)
+    assert (with_slots.columns["replayed"] == 0).all() and with_slots.n_steps < sim.n_steps

@@ -202,6 +202,7 @@ class _Steps:
     head: np.ndarray              #: a drafter's model followed the target (catch-up, cold caches)
     proposals: tuple[Candidate, ...]  #: each drafter of the mode, at the steps
     expected: np.ndarray          #: [drafters of the mode, steps]: each one's expected accepted length
+    replayed: np.ndarray          #: tokens of the step before verified again from its checkpoint (0: none)
 
     @property
     def n_decodes(self) -> np.ndarray:
@@ -210,9 +211,10 @@ class _Steps:
 
 
 def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequence[int] | None = None,
-                server_slot: bool = False) -> _Steps:
+                server_slot: bool = False, checkpoints: bool = False) -> _Steps:
     """The per-step outcome of a policy: steps start at the positions it visits, or (``start_steps``
-    given) at those positions (aligned prediction for :func:`compare`)."""
+    given) at those positions (aligned prediction for :func:`compare`); ``checkpoints``: each partial acceptance is
+    followed by a replay step that drafts nothing (:func:`simulate`)."""
     replays = _replays(oracle, policy.mode)
     cap, reason = _caps(oracle, policy.n_max, policy.max_tokens, server_slot)
     active = policy.n_max > 0
@@ -223,7 +225,7 @@ def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequenc
     stateful = [r.state if r.stateful else None for r in replays]
     if len(replays) == 1 and start_steps is None and stateful[0] is None:
         # the choice does not depend on the history: vectorised, then follow the path
-        path = _follow(cands[0], matches[0], T_end)
+        path, replayed = _follow(cands[0], matches[0], T_end, checkpoints)
         chosen = np.zeros(len(path), dtype=np.int64)
         acc = np.minimum(cands[0].n_drafted[path], matches[0][path])
         expected = (replays[0].expectation().along(path, cands[0].n_raw, matches[0], acc) if running[0]
@@ -232,10 +234,10 @@ def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequenc
         # sequential: the policy's choice may read the drafters' running statistics
         walker = _Walk(cands, matches, [r.expectation() if on else None for r, on in zip(replays, running)],
                        _choose(policy.mode), CHAIN_POLICY_ASKS_ALL[policy.mode.policy], stateful)
-        path, chosen, expected = walker.run(T_end, start_steps)
+        path, chosen, expected, replayed = walker.run(T_end, start_steps, checkpoints)
         # a stateful drafter's proposals are those its state made along the walk
         cands = [c if st is None else st.candidate() for c, st in zip(cands, stateful)]
-    return _gather(policy.mode, replays, cands, matches, cap, path, chosen, expected)
+    return _gather(policy.mode, replays, cands, matches, cap, path, chosen, expected, replayed)
 
 
 def _asked_along(mode: DrafterMode, cands: Sequence[Candidate], path: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -255,15 +257,22 @@ def _only_asked(cand: Candidate, asked: np.ndarray) -> Candidate:
                      np.where(asked, cand.decodes, 0))
 
 
-def _follow(cand: Candidate, match: np.ndarray, T_end: int) -> np.ndarray:
-    """The positions a single drafter's steps start at."""
+def _follow(cand: Candidate, match: np.ndarray, T_end: int, checkpoints: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The positions a single drafter's steps start at, and the tokens each verifies again (``checkpoints``: the
+    step after a partial acceptance replays its accepted tokens and correction, drafting nothing)."""
     acc = np.minimum(cand.n_drafted, match)
     nxt = (np.arange(len(match)) + acc + 1).tolist()
-    path, g = [], 0
+    partial = (acc < cand.n_drafted).tolist() if checkpoints else None
+    path, replayed, g, replay = [], [], 0, 0
     while g < T_end:
         path.append(g)
-        g = nxt[g]
-    return np.asarray(path, dtype=np.int64)
+        replayed.append(replay)
+        if replay:
+            g, replay = g + 1, 0
+        else:
+            replay = int(acc[g]) + 1 if checkpoints and partial[g] else 0
+            g = nxt[g]
+    return np.asarray(path, dtype=np.int64), np.asarray(replayed, dtype=np.int64)
 
 
 class _Walk:
@@ -287,14 +296,29 @@ class _Walk:
         self.learning = [(d, e) for d, e in enumerate(estimators) if e is not None and not e.stateless]
         self.pick = policy(self.usable, self.expected)
 
-    def run(self, T_end: int, starts: Sequence[int] | None):
-        path, chosen = [], []
+    def run(self, T_end: int, starts: Sequence[int] | None, checkpoints: bool = False):
+        path, chosen, replayed, replay = [], [], [], 0
         starts = list(starts) if starts is not None else None
         n_raw, dropped, match, pick = self.n_raw, self.dropped, self.match, self.pick
         expects = [(self.expected[d], est.expected, n_raw[d]) for d, est in self.learning]
         observers = [(d, est.observe, n_raw[d], match[d]) for d, est in self.learning]
         g, i, last = (starts[0] if starts else 0), 0, -1
         while g < T_end:
+            if replay:  # a checkpoint replay: nothing drafted or asked; the drafters hear the step
+                for d, st in enumerate(self.states):
+                    if st is not None:
+                        st.told(g, False, d == last, 0)
+                path.append(g)
+                chosen.append(0)
+                replayed.append(replay)
+                replay, i = 0, i + 1
+                if starts is None:
+                    g += 1
+                elif i < len(starts):
+                    g = starts[i]
+                else:
+                    break
+                continue
             if self.states:
                 self._ask(g)
             for out, expect, proposed in expects:
@@ -314,6 +338,9 @@ class _Walk:
                     st.told(g, bool(st.asked[g]), d == last, a)
             path.append(g)
             chosen.append(c)
+            replayed.append(0)
+            if checkpoints and self.usable[c][g] and a < n_raw[c][g]:
+                replay = a + 1
             i += 1
             if starts is not None:
                 if i >= len(starts):
@@ -324,7 +351,7 @@ class _Walk:
         P = np.asarray(path, dtype=np.int64)
         expected = np.stack([(f if f is not None else np.asarray(e, dtype=np.float64))[P]
                              for f, e in zip(self.fixed, self.expected)]) if path else np.zeros((len(n_raw), 0))
-        return P, np.asarray(chosen, dtype=np.int64), expected
+        return P, np.asarray(chosen, dtype=np.int64), expected, np.asarray(replayed, dtype=np.int64)
 
     def _ask(self, g: int) -> None:
         """The stateful drafters propose at ``g`` in the mode's order (under a policy that stops at the first usable
@@ -340,8 +367,8 @@ class _Walk:
                 break
 
 
-def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expected) -> _Steps:
-    """Per-step arrays along a path from the chosen drafters' proposals."""
+def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expected, replayed) -> _Steps:
+    """Per-step arrays along a path from the chosen drafters' proposals (none at a checkpoint replay)."""
     def pick(arrays) -> np.ndarray:
         out = np.asarray(arrays[0])[path].astype(np.result_type(*arrays), copy=False)
         for i in range(1, len(arrays)):
@@ -349,19 +376,21 @@ def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expec
             out[rows] = np.asarray(arrays[i])[path[rows]]
         return out
 
-    n_d = pick([c.n_drafted for c in cands])
+    replay = replayed > 0
+    n_d = np.where(replay, 0, pick([c.n_drafted for c in cands]))
     acc = np.minimum(n_d, pick(matches))
     index = np.array([s.index for s in mode.drafters], dtype=np.int64)
-    src = np.where(pick([c.usable for c in cands]), index[chosen], -1).astype(np.int8)
+    src = np.where(pick([c.usable for c in cands]) & ~replay, index[chosen], -1).astype(np.int8)
     proposals = tuple(c.take(path) for c in cands)
     head = _head(replays, proposals, (len(path),))  # a model follows the target whether or not it is asked
-    asked = _asked_along(mode, cands, path, chosen)
+    asked = _asked_along(mode, cands, path, chosen) & ~replay[None, :]
     proposals = tuple(_only_asked(p, a) for p, a in zip(proposals, asked))
     e = expected[chosen, np.arange(len(path))]
     return _Steps(
-        g=path, chosen=chosen, n_drafted=n_d, n_accepted=acc, stop_reason=pick([c.stop for c in cands]).astype(np.int8),
-        drafter=src, expected_accepted=np.where(src >= 0, e, np.nan), cap=cap[path],
-        head=head, proposals=proposals, expected=expected,
+        g=path, chosen=chosen, n_drafted=n_d, n_accepted=acc,
+        stop_reason=np.where(replay, STOP["n_max"], pick([c.stop for c in cands])).astype(np.int8),
+        drafter=src, expected_accepted=np.where(src >= 0, e, np.nan), cap=np.where(replay, 0, cap[path]),
+        head=head, proposals=proposals, expected=expected, replayed=replayed,
     )
 
 
@@ -386,8 +415,8 @@ def _follow_ns(oracle: OracleTrace, replays, pos):
 
 def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[str, np.ndarray]:
     """Predicted time of each phase of each step (the verify graph reused when ``k`` repeats)."""
-    k = steps.n_drafted + 1
-    rows = np.where(is_full_telemetry(oracle.settings.get("telemetry")), k, steps.n_accepted + 1)
+    k = steps.replayed + steps.n_drafted + 1  # a checkpoint replay's rows have logits and are sampled again
+    rows = np.where(is_full_telemetry(oracle.settings.get("telemetry")), k, steps.replayed + steps.n_accepted + 1)
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
     pos = oracle.columns["pos"][steps.g].astype(np.float64)
@@ -436,7 +465,7 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
 # -- simulate -----------------------------------------------------------------------------------------
 def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float = 0.0, n_min: int = 0, *,
              drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
-             costs: Costs | None = None, server_slot: bool | None = None) -> SimTrace:
+             costs: Costs | None = None, server_slot: bool | None = None, checkpoints: bool = False) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
     ``n_max <= oracle.depth`` (or ``n_max`` a :class:`~mtp_explorer.DraftSettings`, e.g. a trace's
@@ -447,16 +476,21 @@ def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float =
     ``server_slot=True`` replays the request as a llama-server slot runs it: the first token is sampled from the
     prompt before any draft (the first step is plain; its ``n_max`` column is 0), every later draft is cut to the
     budget left minus one, as here (``None``: the settings' :attr:`~mtp_explorer.DraftSettings.server_slot`).
-    Bad input (a profile of another model or shallower than the oracle included) raises
+    ``checkpoints=True`` replays the run of a session without snapshot slots (``Session.open(n_rs_seq=0)``, as llama.cpp
+    runs a chain of look-ups on a recurrent target): each partial acceptance is followed by a step that verifies its
+    accepted tokens and correction again, drafting nothing (``replayed``), priced as a verify of those rows and one
+    more; the checkpoint's save and restore are not priced. Bad input (a profile of another model or shallower than the oracle included) raises
     :class:`~mtp_explorer.ParameterError`.
     """
     policy = _check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
     server_slot = policy.server_slot if server_slot is None else bool(server_slot)
     oracle = with_costs(oracle, costs)
-    return _build_trace(oracle, _run_policy(oracle, policy, server_slot=server_slot), policy, server_slot)
+    steps = _run_policy(oracle, policy, server_slot=server_slot, checkpoints=checkpoints)
+    return _build_trace(oracle, steps, policy, server_slot, checkpoints)
 
 
-def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False) -> SimTrace:
+def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False,
+                 checkpoints: bool = False) -> SimTrace:
     """The steps as a trace: the schema's columns, filled with what the oracle knows."""
     S = len(steps.g)
     cols = empty_columns(S, Dims(depth=int(oracle.settings["capacity"]), topk=oracle.dims.topk))
@@ -464,7 +498,7 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, serv
     if server_slot:
         cols["n_max"][steps.g == 0] = 0
     _fill_drafts(cols, _replays(oracle, policy.mode), steps, oracle.depth)
-    _fill_verification(cols, oracle, steps)
+    _fill_verification(cols, oracle, steps, checkpoints)
     _fill_candidates(cols, steps, policy.mode)
     _fill_batch(cols, steps, policy.mode)
     times = _phase_times(oracle, steps, policy.mode)
@@ -472,7 +506,8 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, serv
         cols[f"t_{phase}_ns"][:] = np.rint(times[phase])
     n_tok = int(steps.g[-1] + steps.n_accepted[-1] + 1) if S else 0
     pieces = oracle.pieces[:n_tok]
-    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True, "server_slot": server_slot}
+    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True, "server_slot": server_slot,
+                                                           "checkpoints": checkpoints}
     return SimTrace(
         oracle=oracle, policy=policy.to_dict(), sim={"n_decodes": steps.n_decodes, "g": steps.g},
         prompt=oracle.prompt, prompt_tokens=list(oracle.prompt_tokens), tokens=[int(t) for t in oracle.tokens[:n_tok]],
@@ -490,6 +525,10 @@ def _fill_step(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, 
     cols["n_min"][:] = policy.n_min
     cols["n_drafted"][:] = steps.n_drafted
     cols["n_accepted"][:] = steps.n_accepted
+    replay = steps.replayed > 0  # a checkpoint replay drafts nothing (n_max 0, as the engine records it)
+    cols["n_max"][replay] = cols["n_min"][replay] = 0
+    cols["replayed"][:] = steps.replayed
+    cols["replay_agreed"][:] = np.where(replay, steps.replayed, -1)  # the oracle's greedy path, sampled alike
     cols["stop_reason"][:] = steps.stop_reason
     cols["drafter"][:] = steps.drafter
     cols["expected_accepted"][:] = steps.expected_accepted
@@ -510,8 +549,9 @@ def _fill_drafts(cols: dict[str, np.ndarray], replays: Sequence[DrafterReplay], 
             cols["topk_probs"][rows, :N] = np.where(m[..., None], probs[at], np.nan)
 
 
-def _fill_verification(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps) -> None:
-    """The target's tokens (the greedy path up to the first rejection), the correction and the rollback."""
+def _fill_verification(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, checkpoints: bool = False) -> None:
+    """The target's tokens (the greedy path up to the first rejection), the correction and the rollback (by
+    snapshot slot on a recurrent target, unless ``checkpoints``)."""
     tok = np.asarray(oracle.columns["token"], dtype=np.int32)
     P, acc = steps.g, steps.n_accepted
     width = cols["target_tokens"].shape[1]
@@ -521,7 +561,7 @@ def _fill_verification(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: 
     cols["correction"][:] = tok[P + acc]
     rollback = steps.n_drafted - acc
     cols["rollback"][:] = rollback
-    recurrent = bool(oracle.settings.get("is_recurrent", False))
+    recurrent = bool(oracle.settings.get("is_recurrent", False)) and not checkpoints
     cols["rs_slot"][:] = np.where(recurrent & (rollback > 0), rollback, -1)
 
 
@@ -537,7 +577,7 @@ def _fill_batch(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMode) -
     draft decode)."""
     cols["batch_step"][:] = np.arange(len(steps.g))
     cols["n_active"][:] = 1
-    cols["verify_rows"][:] = steps.n_drafted + 1
+    cols["verify_rows"][:] = steps.replayed + steps.n_drafted + 1
     depth = cols["draft_rows"].shape[1]
     for spec, proposal in zip(mode.drafters, steps.proposals):
         if spec.needs_mtp:
@@ -781,13 +821,24 @@ def _step_starts(n_accepted: np.ndarray) -> list[int]:
     return starts
 
 
+def _settings_along(trace: Trace) -> list[tuple]:
+    """Each step's (n_max, p_min, n_min); a checkpoint replay's (n_max 0, drafting nothing) are the step's before it."""
+    c = trace.columns
+    settings = list(zip(c["n_max"].tolist(), c["p_min"].tolist(), c["n_min"].tolist()))
+    replayed = c["replayed"].tolist() if "replayed" in c else []  # (traces saved before the column)
+    for j, r in enumerate(replayed):
+        if r > 0 and j > 0:
+            settings[j] = settings[j - 1]
+    return settings
+
+
 def _predict_at(oracle: OracleTrace, trace: Trace, starts: list[int]) -> dict[int, tuple[_Steps, int]]:
     """The prediction for each step of ``trace`` at its position, with the settings in force there (the
     drafters' running statistics are replayed per stretch of constant settings)."""
-    c = trace.columns
     mode = _trace_mode(trace)
     max_tokens = int(trace.settings.get("max_tokens", oracle.max_tokens))
-    settings = list(zip(c["n_max"].tolist(), c["p_min"].tolist(), c["n_min"].tolist()))
+    checkpoints = bool(trace.settings.get("checkpoints", False))
+    settings = _settings_along(trace)
     out: dict[int, tuple[_Steps, int]] = {}
     i = 0
     while i < trace.n_steps:
@@ -799,7 +850,7 @@ def _predict_at(oracle: OracleTrace, trace: Trace, starts: list[int]) -> dict[in
         if seg:
             policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
                                    max_tokens=max_tokens)
-            steps = _run_policy(oracle, policy, start_steps=seg)
+            steps = _run_policy(oracle, policy, start_steps=seg, checkpoints=checkpoints)
             out.update({step: (steps, q) for q, step in enumerate(range(i, i + len(seg)))})
         i = j
     return out
@@ -952,16 +1003,18 @@ def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None =
     c = trace.columns
     oracle = with_costs(oracle, costs)
     mode = _trace_mode(trace)
-    n_max, p_min, n_min = int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0])
-    if not ((c["n_max"] == n_max).all() and (c["p_min"] == c["p_min"][0]).all()):
+    settings = _settings_along(trace)
+    n_max, p_min, n_min = settings[0] if settings else (int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0]))
+    if any(st != settings[0] for st in settings):
         raise ParameterError("cost_consistency needs a trace with constant settings")
-    policy = DraftSettings(n_max=n_max, p_min=float(np.float32(p_min)), n_min=n_min, drafter=mode,
+    policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
                            max_tokens=int(trace.settings.get("max_tokens", oracle.max_tokens)))
-    steps = _run_policy(oracle, policy, start_steps=_step_starts(c["n_accepted"]))
+    steps = _run_policy(oracle, policy, start_steps=_step_starts(c["n_accepted"]),
+                        checkpoints=bool(trace.settings.get("checkpoints", False)))
     if len(steps.g) != trace.n_steps or not np.array_equal(steps.n_drafted, c["n_drafted"]):
         raise ParameterError("the trace's steps differ from the oracle's prediction (see compare())")
     pred = _phase_times(oracle, steps, mode)
-    k = steps.n_drafted + 1
+    k = steps.replayed + steps.n_drafted + 1
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
     keys = {"verify": k * 2 + fresh, "catchup": k, "draft": steps.n_decodes, "sample": np.zeros(len(k), int)}
