@@ -99,7 +99,10 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", "-t", type=int, default=None, help="generation threads (default: all cores)")
     parser.add_argument("--threads-batch", "-tb", dest="threads_batch", type=int, default=None,
                         help="threads for prompt batches (default: --threads)")
-    parser.add_argument("--n-rs-seq", type=int, default=8, help="recurrent snapshot slots (largest n_max)")
+    parser.add_argument("--n-rs-seq", type=int, default=8,
+                        help="recurrent snapshot slots (largest n_max; 0: checkpoints, the look-ups only)")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="largest n_max (default: --n-rs-seq; 8 with --n-rs-seq 0)")
     parser.add_argument("--n-gpu-layers", "-ngl", "--gpu-layers", dest="n_gpu_layers", default="auto", metavar="N",
                         type=_gpu_layers, help="layers offloaded to the GPU: a number, 'auto' or 'all' (default: auto)")
     parser.add_argument("--main-gpu", "-mg", dest="main_gpu", type=int, default=0, help="GPU index (default: 0)")
@@ -118,7 +121,7 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
                         help="draft model for --spec-type draft-simple (same vocabulary; default: none)")
 
 
-SESSION_ARGS = ("n_ctx", "threads", "threads_batch", "n_rs_seq", "n_gpu_layers", "main_gpu", "flash_attn", "type_k",
+SESSION_ARGS = ("n_ctx", "threads", "threads_batch", "n_rs_seq", "capacity", "n_gpu_layers", "main_gpu", "flash_attn", "type_k",
                 "type_v", "load_mode", "repack", "draft_model")
 
 

@@ -218,13 +218,14 @@ def _cpu_model() -> str:
 
 def machine_key(session: "Session") -> dict[str, Any]:
     """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads, placement and the target
-    context's shape (a recurrent layer with snapshot slots keeps each row's state: ``n_rs_seq``)."""
+    context's shape (a recurrent layer with snapshot slots keeps each row's state: ``n_rs_seq``, the session's
+    capacity, and ``checkpoints``, a session without slots)."""
     from importlib.metadata import version
 
     placement = {k: v for k, v in session.placement.items() if k not in ("devices", "gpu_offload")}
     return {"cpu": _cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
             "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement,
-            "n_rs_seq": session.capacity, "n_parallel": session.n_parallel}
+            "n_rs_seq": session.capacity, "checkpoints": session.checkpoints, "n_parallel": session.n_parallel}
 
 
 def cache_dir() -> Path:
