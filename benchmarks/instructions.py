@@ -70,8 +70,9 @@ def lookup_options(spec: str, n_max: int) -> dict:
 
 
 def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
-    """The instructions ``cmd`` executes under callgrind, and its stdout + stderr."""
-    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib)}
+    """The instructions ``cmd`` executes under callgrind, and its stdout + stderr (Python with a fixed hash seed: a
+    random one moves the start-up's count by millions from run to run)."""
+    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0"}
     run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
                          capture_output=True, text=True)
     log = run.stdout + run.stderr
@@ -86,9 +87,16 @@ def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, 
     options = lookup_options(spec, n_max)
     cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
            "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options), *(["-md", draft] if draft else [])]
-    instructions, log = callgrind(cmd, lib, out)
-    counts = {k: int(re.search(rf"{k}\s*=\s*(\d+)", log).group(1)) for k in ("n_drafted", "n_accept")}
-    tokens = int(re.search(r"decoded\s+(\d+) tokens", log).group(1))
+    for _ in range(8):  # 0.3.36 sometimes exits 0 with the tail of its log lost: run it again
+        instructions, log = callgrind(cmd, lib, out)
+        found = [re.search(pattern, log) for pattern in (r"n_drafted\s*=\s*(\d+)", r"n_accept\s*=\s*(\d+)",
+                                                            r"decoded\s+(\d+) tokens")]
+        if all(found):
+            break
+    else:
+        raise RuntimeError(f"llama-speculative-simple printed no summary 8 times:\n{log[-2000:]}")
+    counts = {k: int(m.group(1)) for k, m in zip(("n_drafted", "n_accept"), found)}
+    tokens = int(found[2].group(1))
     return {"instructions": instructions, "tokens": tokens, "drafted": counts["n_drafted"],
             "accepted": counts["n_accept"]}
 
