@@ -588,7 +588,7 @@ def _fill_batch(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMode) -
 # -- grids ---------------------------------------------------------------------------------------------
 def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[int], p_min: Sequence[float],
                   n_min: int | Sequence[int] = 0, *, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
-                  labels: Sequence[Any] | None = None, costs: Costs | None = None):
+                  labels: Sequence[Any] | None = None, costs: Costs | None = None, checkpoints: bool = False):
     """Summary metrics of every (oracle, n_max, p_min) combination as a pandas DataFrame.
 
     Vectorised over settings for single-drafter modes (a chain replays each setting). Columns: ``prompt``
@@ -600,7 +600,8 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     the predicted text at; ``None``: none), ``tokens_per_second_low`` / ``_high`` and
     ``mean_accepted_length_low`` / ``_high``. ``costs``: price every oracle with one
     :class:`~mtp_explorer.CostProfile` (or the path of a saved one, or a :class:`~mtp_explorer.CostModel`) instead
-    of its own cost model, as :func:`simulate`. Bad input raises
+    of its own cost model, as :func:`simulate`. ``checkpoints=True``: each setting run as a session without snapshot
+    slots runs it (:func:`simulate`'s ``checkpoints``; one replay per setting). Bad input raises
     :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
@@ -619,8 +620,8 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     for label, oracle in zip(labels, oracles):
         policies = [_check_policy(oracle, n, p, m, mode, None)
                     for n, p, m in zip(grid_n.tolist(), grid_p.tolist(), grid_nmin.tolist())]
-        if mode.is_chain or any(oracle.replay(d).stateful for d in mode.drafters):
-            stats = [_stats_of(oracle, _run_policy(oracle, pol), pol) for pol in policies]
+        if checkpoints or mode.is_chain or any(oracle.replay(d).stateful for d in mode.drafters):
+            stats = [_stats_of(oracle, _run_policy(oracle, pol, checkpoints=checkpoints), pol) for pol in policies]
         else:
             stats = _grid_stats(oracle, grid_n, grid_p, grid_nmin, mode)
         for i, st in enumerate(stats):
