@@ -42,7 +42,7 @@ PHASES: tuple[str, ...] = tuple(c[len("t_"):-len("_ns")] for c, _, w in _native.
 ENUM_COLUMNS: Mapping[str, tuple[str, ...]] = {"stop_reason": STOP_REASONS, "drafter": DRAFTERS}
 
 #: Columns whose -1 means "none" (``None`` in :class:`Step` records).
-OPTIONAL_COLUMNS: frozenset[str] = frozenset({"rs_slot"})
+OPTIONAL_COLUMNS: frozenset[str] = frozenset({"rs_slot", "replay_agreed"})
 
 #: Depth-indexed columns about the step's batch rather than the verified draft (``draft_rows``: rows of each MTP
 #: draft decode, every sequence's): their real entries run up to the padding, not to ``n_drafted``.
