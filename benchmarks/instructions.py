@@ -10,7 +10,10 @@ be counted), greedy, on the same prompt and model. Each side runs twice, to ``--
 the difference of the two totals over the difference of the tokens is the cost of one token without the load and
 the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
 draft-mtp; none, so checkpoints, for a chain of look-ups: ``benchmarks/engine.py``'s ``reference_rs_seq``),
-telemetry ``off``, and generates as many tokens as the reference decoded in its run. A case that drafts with a
+telemetry ``off``, and generates as many tokens as the reference decoded in its run. The last steps may still
+draft differently: ours caps a draft at the tokens left of that count, the reference at what ``-n`` leaves (its
+budget rule, replayed in Python by ``devtools.reference.replay_reference_budget``); each run's ``drafted`` says
+whether both did the same work. A case that drafts with a
 model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``); draft-simple's
 reference on a recurrent target restores checkpoints where ours keeps slots (the engine does not checkpoint a draft
 model's context).

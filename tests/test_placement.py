@@ -98,10 +98,12 @@ def test_default_placement_resolves_threads_batch(model_mixed):
 def test_cli_takes_llama_cpp_flags():
     args = _parser().parse_args(["run", "x", "-ngl", "all", "-mg", "0", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
                                  "-lm", "none", "-t", "1", "-tb", "2", "-c", "512", "-md", "small.gguf", "-nr"])
-    assert session_kwargs(args) == {"n_ctx": 512, "threads": 1, "threads_batch": 2, "n_rs_seq": 8,
+    assert session_kwargs(args) == {"n_ctx": 512, "threads": 1, "threads_batch": 2, "n_rs_seq": 8, "capacity": None,
                                     "n_gpu_layers": "all", "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0",
                                     "type_v": "q4_0", "load_mode": "none", "repack": False, "draft_model": "small.gguf"}
     assert _parser().parse_args(["run", "-ngl", "12"]).n_gpu_layers == 12
+    slotless = session_kwargs(_parser().parse_args(["run", "--n-rs-seq", "0", "--capacity", "4"]))
+    assert (slotless["n_rs_seq"], slotless["capacity"]) == (0, 4)
     for argv, repack in ((["run"], True), (["run", "--no-repack"], False), (["run", "--repack"], True)):
         assert _parser().parse_args(argv).repack is repack, argv
 
