@@ -212,10 +212,7 @@ def reference_rs_seq(spec: str | None, n_max: int) -> int:
     (``None``: draft-mtp): ``n_max`` where a drafter of the chain gets them (common's ``need_n_rs_seq``), else 0 for a
     chain of look-ups, which then restores checkpoints (ours too, opened with ``n_rs_seq=0``). draft-simple also runs
     on checkpoints there; ours runs it with slots (the engine does not checkpoint a draft model's context)."""
-    mode = drafters.mode(spec or drafters.DEFAULT_MODE)
-    if any(d.gets_snapshot_slots for d in mode.drafters) or not all(d.is_lookup for d in mode.drafters):
-        return n_max
-    return 0
+    return 0 if all(d.is_lookup for d in drafters.mode(spec or drafters.DEFAULT_MODE).drafters) else n_max
 
 
 @contextlib.contextmanager

@@ -37,10 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, machine  # noqa: E402
 from mtp_explorer.core import drafters  # noqa: E402
-from engine import reference_rs_seq  # noqa: E402
+from engine import lookup_limits, reference_rs_seq  # noqa: E402
 from scale_model import write_scale_model  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef fibonacci"
 DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draft-mtp:3")
 
@@ -64,12 +63,12 @@ SHORT_KEYS = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_map_k_siz
 
 
 def lookup_options(spec: str, n_max: int) -> dict:
-    """The look-ups' options at n_max (their lengths, :data:`SHORT_KEYS`), as the reference is given them
-    (``--spec-ngram-*``)."""
-    names = {o.name for o in drafters.mode(spec).options}
-    lengths = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_mod_n_min": 1,
-               "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max}
-    return {k: v for k, v in (SHORT_KEYS | lengths).items() if k in names}
+    """The look-ups' options at n_max (engine.py's :func:`lookup_limits`, ngram-mod's n_min 1 and the keys of
+    :data:`SHORT_KEYS`), as the reference is given them (``--spec-ngram-*``)."""
+    mode = drafters.mode(spec)
+    names = {o.name for o in mode.options}
+    short = SHORT_KEYS | {"ngram_mod_n_min": 1}
+    return lookup_limits(mode, n_max) | {k: v for k, v in short.items() if k in names}
 
 
 def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:

@@ -205,6 +205,11 @@ class _Steps:
     replayed: np.ndarray          #: tokens of the step before verified again from its checkpoint (0: none)
 
     @property
+    def verify_rows(self) -> np.ndarray:
+        """Target rows each step verifies: a checkpoint replay's, then id_last and the drafts."""
+        return self.replayed + self.n_drafted + 1
+
+    @property
     def n_decodes(self) -> np.ndarray:
         """Model decodes of the steps' draft calls."""
         return sum(p.decodes for p in self.proposals)
@@ -415,7 +420,7 @@ def _follow_ns(oracle: OracleTrace, replays, pos):
 
 def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[str, np.ndarray]:
     """Predicted time of each phase of each step (the verify graph reused when ``k`` repeats)."""
-    k = steps.replayed + steps.n_drafted + 1  # a checkpoint replay's rows have logits and are sampled again
+    k = steps.verify_rows  # a checkpoint replay's rows have logits and are sampled again
     rows = np.where(is_full_telemetry(oracle.settings.get("telemetry")), k, steps.replayed + steps.n_accepted + 1)
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
@@ -577,7 +582,7 @@ def _fill_batch(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMode) -
     draft decode)."""
     cols["batch_step"][:] = np.arange(len(steps.g))
     cols["n_active"][:] = 1
-    cols["verify_rows"][:] = steps.replayed + steps.n_drafted + 1
+    cols["verify_rows"][:] = steps.verify_rows
     depth = cols["draft_rows"].shape[1]
     for spec, proposal in zip(mode.drafters, steps.proposals):
         if spec.needs_mtp:
@@ -1005,7 +1010,7 @@ def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None =
     oracle = with_costs(oracle, costs)
     mode = _trace_mode(trace)
     settings = _settings_along(trace)
-    n_max, p_min, n_min = settings[0] if settings else (int(c["n_max"][0]), float(c["p_min"][0]), int(c["n_min"][0]))
+    n_max, p_min, n_min = settings[0]
     if any(st != settings[0] for st in settings):
         raise ParameterError("cost_consistency needs a trace with constant settings")
     policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
@@ -1015,7 +1020,7 @@ def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None =
     if len(steps.g) != trace.n_steps or not np.array_equal(steps.n_drafted, c["n_drafted"]):
         raise ParameterError("the trace's steps differ from the oracle's prediction (see compare())")
     pred = _phase_times(oracle, steps, mode)
-    k = steps.replayed + steps.n_drafted + 1
+    k = steps.verify_rows
     fresh = np.ones(len(k), dtype=bool)
     fresh[1:] = k[1:] != k[:-1]
     keys = {"verify": k * 2 + fresh, "catchup": k, "draft": steps.n_decodes, "sample": np.zeros(len(k), int)}
