@@ -153,4 +153,5 @@ def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_ma
     assert (with_slots.columns["replayed"] == 0).all() and with_slots.n_steps < sim.n_steps
     grid = mx.simulate_grid(oracle, [n_max], [0.0], drafter=spec, checkpoints=True)
     assert (int(grid["n_steps"][0]), int(grid["n_drafted"][0])) == (sim.n_steps, int(sim.n_drafted.sum()))
-    assert grid["tokens_per_second"][0] == pytest.approx(sim.predicted_tokens_per_second)
+    # (a simulated trace stores each phase time rounded to the nanosecond; the grid sums them unrounded)
+    assert grid["tokens_per_second"][0] == pytest.approx(sim.predicted_tokens_per_second, rel=1e-4)
