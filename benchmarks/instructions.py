@@ -10,10 +10,9 @@ be counted), greedy, on the same prompt and model. Each side runs twice, to ``--
 the difference of the two totals over the difference of the tokens is the cost of one token without the load and
 the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
 draft-mtp; none, so checkpoints, for a chain of look-ups: ``benchmarks/engine.py``'s ``reference_rs_seq``),
-telemetry ``off``, and generates as many tokens as the reference decoded in its run. The last steps may still
-draft differently: ours caps a draft at the tokens left of that count, the reference at what ``-n`` leaves (its
-budget rule, replayed in Python by ``devtools.reference.replay_reference_budget``); each run's ``drafted`` says
-whether both did the same work. A case that drafts with a
+telemetry ``off``, and under the reference's budget rule for ``-n`` (``devtools.reference.draft_cap_rule``), so
+both generate the same tokens with the same drafts; each run's ``drafted`` and ``tokens`` show it (``same_work``).
+A case that drafts with a
 model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``); draft-simple's
 reference on a recurrent target restores checkpoints where ours keeps slots (the engine does not checkpoint a draft
 model's context).
@@ -43,17 +42,44 @@ from scale_model import write_scale_model  # noqa: E402
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef fibonacci"
 DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draft-mtp:3")
 
-# Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH).
+# Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH), under the
+# reference's budget rule for ``-n tokens`` (devtools.reference.draft_cap_rule): it drafts at most the tokens left
+# but the last, a full draft once none are left, and stops once it has more than ``tokens``. Session.stream drives
+# that rule in devtools.reference.replay_reference_budget, but it builds a Step record per step (about 1% of a
+# scale step's instructions); this drives the native step loop as stream does, with telemetry off.
 OURS = r"""
 import json, sys
 import mtp_explorer as mx
+from mtp_explorer import _native
+from mtp_explorer.core.settings import resolve
+from mtp_explorer.devtools.reference import draft_cap_rule
 path, spec, n_max, n_rs_seq, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-options, draft = json.loads(sys.argv[6]), sys.argv[8] or None
+options, prompt, draft = json.loads(sys.argv[6]), sys.argv[7], sys.argv[8] or None
 with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off",
                      draft_model=draft) as s:
-    t = s.generate(sys.argv[7], max_tokens=tokens, n_max=n_max, drafter=spec, **options)
-    print(json.dumps({"tokens": len(t.tokens), "drafted": int(t.totals["n_drafted"]),
-                      "accepted": int(t.totals["n_accepted"])}))
+    n_max_for = draft_cap_rule(s, prompt, tokens, n_max)
+    settings = resolve(None, dict(max_tokens=tokens + n_max + 2, n_max=n_max_for(0), drafter=spec, **options))
+    counted = {"drafted": 0, "accepted": 0}  # as the reference counts them (devtools.reference.reference_totals)
+    with s._run():
+        prompt_tokens = s._begin(prompt, settings)
+        engine, before = s._engine, (0, 0)
+        while True:
+            more = engine.step()
+            totals = engine.request_state(0)["totals"]
+            drafted, accepted = totals["n_drafted"] - before[0], totals["n_accepted"] - before[1]
+            before = (totals["n_drafted"], totals["n_accepted"])
+            if s.checkpoints and accepted < drafted:  # not counted; its replay counts accepted + 1 as both
+                drafted = accepted = accepted + 1
+            counted["drafted"] += drafted
+            counted["accepted"] += accepted
+            if not more:
+                break
+            if engine.n_generated > tokens:
+                engine.cancel()
+            else:
+                engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
+        t = s._finish(prompt, prompt_tokens)
+    print(json.dumps({"tokens": len(t.tokens)} | counted))
 """
 
 
@@ -117,6 +143,7 @@ def per_token(low: dict, high: dict) -> float:
 
 def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
             draft_model: str | None) -> dict:
+    """One case's instructions per token on both sides (``work`` keeps the callgrind files)."""
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
     draft = draft_model if drafters.mode(spec).needs_draft_model else ""
@@ -124,13 +151,15 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
         raise SystemExit(f"{spec} drafts with a model file: give it with --draft-model")
     runs: dict = {}
     for n in (low, high):
-        ref = reference(lib, model, spec, n_max, n, work / f"ref-{n}.cg", prompt, draft)
-        runs[n] = {"reference": ref,
-                   "ours": ours(lib, model, spec, n_max, ref["tokens"], work / f"ours-{n}.cg", prompt, draft)}
+        name = f"{spec}-{n_max}-{n}"
+        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft),
+                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft)}
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
     return {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
             "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
+            "same_work": all(r["reference"][k] == r["ours"][k] for r in runs.values()
+                             for k in ("tokens", "drafted", "accepted")),
             "runs": {str(n): r for n, r in runs.items()}}
 
 
@@ -143,13 +172,16 @@ def main() -> None:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--draft-model", "-md", help="the draft model or head file of the cases that draft with one "
                                                    "(draft-simple, draft-eagle3, draft-dflash, draft-dspark)")
+    ap.add_argument("--keep", help="a directory to keep the callgrind files in (callgrind_annotate reads them)")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
     out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(), "cases": {}}
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for case in args.case:
-            out["cases"][case] = measure(lib, model, case, *args.tokens, Path(work), args.prompt, args.draft_model)
+            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model)
     emit(out)
 
 

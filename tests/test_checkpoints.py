@@ -155,3 +155,28 @@ def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_ma
     assert (int(grid["n_steps"][0]), int(grid["n_drafted"][0])) == (sim.n_steps, int(sim.n_drafted.sum()))
     # (a simulated trace stores each phase time rounded to the nanosecond; the grid sums them unrounded)
     assert grid["tokens_per_second"][0] == pytest.approx(sim.predicted_tokens_per_second, rel=1e-4)
+
+
+def test_a_sweep_predicts_the_runs_without_slots(bundled_model):
+    """``sweep(..., checkpoints=True)`` gives each look-up setting's run on a session without slots (its tokens,
+    steps and totals); it refuses a session without slots (no oracle), measure mode and model drafters."""
+    settings = {"n_max": [2, 4], "p_min": [0.0], "max_tokens": 64, "drafter": ["ngram-simple", "ngram-mod"],
+                "ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1}
+    options = {k: v for k, v in settings.items() if k.startswith("ngram_")}
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=4) as s:
+        df = mx.sweep(s, [CODE, IMPORTS], checkpoints=True, progress=False, **settings)
+        with_slots = mx.sweep(s, [CODE], progress=False, **settings)
+        with pytest.raises(mx.ParameterError, match="mode='simulate'"):
+            mx.sweep(s, [CODE], mode="measure", checkpoints=True, progress=False, **settings)
+        with pytest.raises(mx.ParameterError, match="draft with a model"):
+            mx.sweep(s, [CODE], n_max=[2], checkpoints=True, drafter=["ngram-simple", "mtp"], progress=False)
+    assert len(df) == 8
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
+        for row in df.itertuples():
+            t = s.generate(row.prompt, max_tokens=64, n_max=row.n_max, drafter=row.drafter, **options)
+            assert (row.n_tokens, row.n_steps) == (len(t.tokens), t.n_steps), row
+            assert (row.n_drafted, row.n_accepted) == (int(t.n_drafted.sum()), int(t.n_accepted.sum())), row
+        with pytest.raises(mx.ParameterError, match="n_rs_seq=0"):
+            mx.sweep(s, [CODE], n_max=[2], drafter="ngram-simple", progress=False)
+    replays = df.merge(with_slots, on=["prompt", "drafter", "n_max", "p_min"], suffixes=("", "_slots"))
+    assert (replays["n_steps"] > replays["n_steps_slots"]).any()  # the replay steps the slots save

@@ -56,6 +56,8 @@ class _Job:
 
     settings: tuple[DraftSettings, ...]
     repeats: int = 1
+    checkpoints: bool = False
+    """Predict each setting as a session without snapshot slots runs it (simulate mode only)."""
 
     @property
     def modes(self) -> list[str]:
@@ -91,7 +93,8 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
         grid = job.grid(drafter)
         wanted = set(grid)
         n_max, p_min = sorted({g[0] for g in grid}), sorted({g[1] for g in grid})
-        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=drafter, labels=[prompt])
+        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=drafter, labels=[prompt],
+                           checkpoints=job.checkpoints)
         for rec in df.to_dict("records"):
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
                 rec["mode"] = "simulate"
@@ -156,7 +159,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
           max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
           cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
-          **options: int | str | None):
+          checkpoints: bool = False, **options: int | str | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
@@ -174,11 +177,16 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
+    ``checkpoints=True`` (simulate mode, look-up drafters): predict each setting as a session without snapshot
+    slots runs it (``Session.open(n_rs_seq=0)``; llama.cpp's rollback for a chain of look-ups on a recurrent
+    target; :func:`~mtp_explorer.simulate`'s ``checkpoints``) from oracles recorded on this session, which needs
+    slots: an oracle rolls back through them.
     Bad input raises :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
 
-    prompts, job = _check_sweep(session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options)
+    prompts, job = _check_sweep(session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options,
+                                checkpoints)
     if cost is not None and costs is not None:
         raise ParameterError("give cost (a CostModel) or costs (a CostProfile), not both")
     if cost is not None and not isinstance(cost, CostModel):  # a profile given as cost=
@@ -203,10 +211,17 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
 
 
 def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats,
-                 options) -> tuple[list, _Job]:
+                 options, checkpoints: bool = False) -> tuple[list, _Job]:
     """The prompts and the job, or a :class:`ParameterError` naming what is wrong."""
     if mode not in SWEEP_MODES:
         raise ParameterError(f"mode must be one of {SWEEP_MODES}, got {mode!r}")
+    if session.checkpoints:
+        raise ParameterError("a sweep records oracle traces, which roll the target back through snapshot slots, and "
+                             "this session has none (n_rs_seq=0): open one with slots and sweep with checkpoints=True "
+                             "to predict the run without them")
+    if checkpoints and mode != "simulate":
+        raise ParameterError("checkpoints=True predicts from oracle traces (mode='simulate'); to measure the rollback "
+                             "without slots, generate on a session opened with n_rs_seq=0")
     given = [drafter] if isinstance(drafter, (str, DrafterMode)) else list(drafter)
     if not given:
         raise ParameterError("no drafter: give one of the drafter modes or several of them")
@@ -216,6 +231,10 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
         raise ParameterError(f"{exc} (or several of them)") from None
     if len(set(names)) != len(names):
         raise ParameterError(f"drafter lists one drafter twice: {names}")
+    models = [n for n in names if not all(d.is_lookup for d in drafters.mode(n).drafters)]
+    if checkpoints and models:
+        raise ParameterError(f"checkpoints=True predicts look-up drafters, as a session without slots runs only "
+                             f"them; {models} draft with a model")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ParameterError("no prompts")
@@ -230,7 +249,7 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
     base = DraftSettings(max_tokens=max_tokens, options={k: v for k, v in options.items() if v is not None})
     settings = tuple(base.replace(drafter=d, n_max=n, p_min=p, n_min=min(n_min, n)).check(session.limits)
                      for d in names for n in n_max for p in p_min)
-    return prompts, _Job(settings, repeats)
+    return prompts, _Job(settings, repeats, bool(checkpoints))
 
 
 def _run_distributed(client, session: Session, mode: str, prompts: list, job: _Job, cost: CostModel, bar) -> list:
