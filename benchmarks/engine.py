@@ -210,9 +210,9 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
 def reference_rs_seq(spec: str | None, n_max: int) -> int:
     """The snapshot slots llama-speculative-simple gives a recurrent target for ``--spec-type spec`` at ``n_max``
     (``None``: draft-mtp): ``n_max`` where a drafter of the chain gets them (common's ``need_n_rs_seq``), else 0 for a
-    chain of look-ups, which then restores checkpoints (ours too, opened with ``n_rs_seq=0``). draft-simple also runs
-    on checkpoints there; ours runs it with slots (the engine does not checkpoint a draft model's context)."""
-    return 0 if all(d.is_lookup for d in drafters.mode(spec or drafters.DEFAULT_MODE).drafters) else n_max
+    chain of look-ups or draft-simple, which then restores checkpoints (ours too, opened with ``n_rs_seq=0``)."""
+    slotted = any(d.gets_snapshot_slots for d in drafters.mode(spec or drafters.DEFAULT_MODE).drafters)
+    return n_max if slotted else 0
 
 
 @contextlib.contextmanager

@@ -9,13 +9,11 @@ AVX2 build of the 0.3.36 sources with symbols: valgrind 3.19 stops on AVX-512, s
 be counted), greedy, on the same prompt and model. Each side runs twice, to ``--tokens`` LOW and HIGH tokens;
 the difference of the two totals over the difference of the tokens is the cost of one token without the load and
 the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
-draft-mtp; none, so checkpoints, for a chain of look-ups: ``benchmarks/engine.py``'s ``reference_rs_seq``),
+draft-mtp; none, so checkpoints, for a chain of look-ups or draft-simple: ``benchmarks/engine.py``'s ``reference_rs_seq``),
 telemetry ``off``, and under the reference's budget rule for ``-n`` (``devtools.reference.draft_cap_rule``), so
 both generate the same tokens with the same drafts; each run's ``drafted`` and ``tokens`` show it (``same_work``).
 A case that drafts with a
-model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``); draft-simple's
-reference on a recurrent target restores checkpoints where ours keeps slots (the engine does not checkpoint a draft
-model's context).
+model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``).
 
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.

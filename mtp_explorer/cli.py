@@ -100,7 +100,7 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads-batch", "-tb", dest="threads_batch", type=int, default=None,
                         help="threads for prompt batches (default: --threads)")
     parser.add_argument("--n-rs-seq", type=int, default=8,
-                        help="recurrent snapshot slots (largest n_max; 0: checkpoints, the look-ups only)")
+                        help="recurrent snapshot slots (largest n_max; 0: checkpoints, the look-ups and draft-simple only)")
     parser.add_argument("--capacity", type=int, default=None,
                         help="largest n_max (default: --n-rs-seq; 8 with --n-rs-seq 0)")
     parser.add_argument("--n-gpu-layers", "-ngl", "--gpu-layers", dest="n_gpu_layers", default="auto", metavar="N",

@@ -369,10 +369,14 @@ void Engine::validate(const DraftParams & p) const {
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
     for (const DrafterId id : c.ids) {
-        if (checkpoints() && DRAFTER_TABLE[id].needs != DrafterNeeds::NOTHING) {
+        // no slots: the drafters llama.cpp gives none either (common's need_n_rs_seq), the look-ups and draft-simple
+        // (its draft model is a transformer: its context drops the rejected rows as it does after any verify)
+        const DrafterNeeds needs = DRAFTER_TABLE[id].needs;
+        if (checkpoints() && needs != DrafterNeeds::NOTHING && needs != DrafterNeeds::DRAFT_MODEL) {
             fail(ErrorKind::PARAMETER, std::string("\"") + drafter_name(id) + "\" needs the target's snapshot slots "
-                                       "here (llama.cpp gives draft-mtp them; the model drafters' own contexts are not "
-                                       "checkpointed): this session has none (n_rs_seq=0), so it runs the look-ups only");
+                                       "(llama.cpp gives them for draft-mtp, draft-eagle3, draft-dflash and "
+                                       "draft-dspark): this session has none (n_rs_seq=0), so it runs the look-ups "
+                                       "and draft-simple only");
         }
         if (DRAFTER_TABLE[id].needs == DrafterNeeds::DSPARK_HEAD && p.p_min > 0.0f && can_run(id) && !head.has_confidence) {
             fail(ErrorKind::PARAMETER, "this DSpark head has no confidence head, which p_min is compared with: set "

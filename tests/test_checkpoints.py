@@ -99,7 +99,7 @@ def test_sampling_restores_the_sampler_with_the_checkpoint(bundled_model):
 
 
 def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
-    """draft-mtp and the oracle need snapshot slots; a capacity over the slots is refused before loading; a
+    """draft-mtp, the model heads and the oracle need snapshot slots (draft-simple does not); a capacity over the slots is refused before loading; a
     non-recurrent target has no use for them and runs every drafter as before."""
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0) as s:
         assert s.capacity == 8
@@ -112,6 +112,13 @@ def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
             s.record_oracle("def f(x):", max_tokens=8, depth=2)
         t = s.generate("def f(x):", max_tokens=8, n_max=2, drafter="ngram-mod")  # the session is still usable
         assert len(t.tokens) == 8 and t.settings["checkpoints"] is True
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, draft_model=mx.models.draft_model_path()) as s:
+        assert "draft-simple" in s.drafter_modes
+    head = next(h.head_path for h in mx.models.draft_heads() if h.spec_type == "draft-eagle3")
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, draft_model=head) as s:
+        assert "draft-eagle3" not in s.drafter_modes
+        with pytest.raises(mx.ParameterError, match="snapshot slots"):
+            s.generate("def f(x):", max_tokens=8, n_max=2, drafter="draft-eagle3")
     with pytest.raises(mx.ParameterError, match="over the 2 snapshot slots"):
         mx.Session.open(bundled_model, n_rs_seq=2, capacity=3)
     with pytest.raises(mx.ParameterError, match="n_rs_seq"):
@@ -168,7 +175,7 @@ def test_a_sweep_predicts_the_runs_without_slots(bundled_model):
         with_slots = mx.sweep(s, [CODE], progress=False, **settings)
         with pytest.raises(mx.ParameterError, match="mode='simulate'"):
             mx.sweep(s, [CODE], mode="measure", checkpoints=True, progress=False, **settings)
-        with pytest.raises(mx.ParameterError, match="draft with a model"):
+        with pytest.raises(mx.ParameterError, match="no snapshot slots"):
             mx.sweep(s, [CODE], n_max=[2], checkpoints=True, drafter=["ngram-simple", "mtp"], progress=False)
     assert len(df) == 8
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
@@ -180,3 +187,24 @@ def test_a_sweep_predicts_the_runs_without_slots(bundled_model):
             mx.sweep(s, [CODE], n_max=[2], drafter="ngram-simple", progress=False)
     replays = df.merge(with_slots, on=["prompt", "drafter", "n_max", "p_min"], suffixes=("", "_slots"))
     assert (replays["n_steps"] > replays["n_steps_slots"]).any()  # the replay steps the slots save
+
+
+def test_draft_simple_runs_without_slots_and_is_simulated(bundled_model):
+    """draft-simple, which llama.cpp gives no snapshot slots, runs on checkpoints: the draft model's context drops the
+    replayed rows and decodes them again with the target's; ``simulate(..., checkpoints=True)`` gives that run's
+    steps from an oracle recorded with slots, and a sweep predicts it."""
+    from mtp_explorer.analysis.simulate import simulate
+
+    draft = mx.models.draft_model_path()
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=3, draft_model=draft) as s:
+        oracle = s.record_oracle(CODE, max_tokens=64, depth=3)
+        df = mx.sweep(s, [CODE], n_max=[3], p_min=[0.0], max_tokens=64, drafter="draft-simple", checkpoints=True,
+                      progress=False)
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=3, draft_model=draft) as s:
+        t = s.generate(CODE, max_tokens=64, n_max=3, drafter="draft-simple")
+    assert len(replay_rows(t)) > 0
+    sim = simulate(oracle, 3, drafter="draft-simple", checkpoints=True)
+    assert sim.tokens == t.tokens
+    for name in ("pos", "n_drafted", "n_accepted", "drafted", "replayed", "replay_agreed"):
+        np.testing.assert_array_equal(sim.columns[name], t.columns[name], err_msg=name)
+    assert (int(df["n_steps"][0]), int(df["n_drafted"][0])) == (t.n_steps, int(t.n_drafted.sum()))

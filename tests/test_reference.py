@@ -103,8 +103,9 @@ def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, 
     assert result["ours"]["n_drafted"] > 0
 
 
-# (target, p_min, prompt): draft-simple with -md on the bundled pair (a recurrent target: the reference's checkpoint
-# rule replayed) and on a non-recurrent synthetic pair (benchmarks/parity.py --spec-type draft-simple runs 96 cases)
+# (target, p_min, prompt): draft-simple with -md on the bundled pair (a recurrent target, which the reference gives no
+# snapshot slots: ours opened without them too, so it restores checkpoints as the reference does) and on a
+# non-recurrent synthetic pair (benchmarks/parity.py --spec-type draft-simple runs 96 cases)
 DRAFT_CASES = [
     ("bundled", 0.0, "class Stack:\n    def __init__(self):"),
     ("bundled", 0.5, "def fibonacci(n):"),
@@ -129,11 +130,14 @@ def test_draft_simple_matches_the_reference(tmp_path, reference_binary, bundled_
     checkpoints = bool(mx.model_info(path).is_recurrent)
     flags = spec_type_args("draft-simple", n_max, {}) + ["-md", str(draft), "--spec-draft-p-min", str(p_min)]
     ref = run_reference_spec(reference_binary, path, prompt, flags, max_tokens=48, n_ctx=1024, threads=1)
-    with mx.Session.open(path, n_ctx=1024, threads=1, draft_model=draft) as s:
+    slots = {"n_rs_seq": 0, "capacity": n_max} if checkpoints else {}
+    with mx.Session.open(path, n_ctx=1024, threads=1, draft_model=draft, **slots) as s:
+        assert s.checkpoints == checkpoints
         ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-simple",
                                        checkpoints=checkpoints)
     result = compare_with_reference(ref, ours, p_min, checkpoints=checkpoints)
     assert result["match"], result
     assert result["ours"]["n_drafted"] > 0 and result["ours"]["n_accept"] > 0
-    if checkpoints:
-        assert result["re_verified_steps"] > 0  # the rule was exercised, not vacuous
+    if checkpoints:  # the rule was exercised, not vacuous, and the session replayed each partial acceptance itself
+        assert result["re_verified_steps"] > 0
+        assert int((ours.columns["replayed"] > 0).sum()) == result["re_verified_steps"]

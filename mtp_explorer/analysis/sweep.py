@@ -177,7 +177,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
-    ``checkpoints=True`` (simulate mode, look-up drafters): predict each setting as a session without snapshot
+    ``checkpoints=True`` (simulate mode; the look-ups and draft-simple): predict each setting as a session without snapshot
     slots runs it (``Session.open(n_rs_seq=0)``; llama.cpp's rollback for a chain of look-ups on a recurrent
     target; :func:`~mtp_explorer.simulate`'s ``checkpoints``) from oracles recorded on this session, which needs
     slots: an oracle rolls back through them.
@@ -231,10 +231,10 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
         raise ParameterError(f"{exc} (or several of them)") from None
     if len(set(names)) != len(names):
         raise ParameterError(f"drafter lists one drafter twice: {names}")
-    models = [n for n in names if not all(d.is_lookup for d in drafters.mode(n).drafters)]
-    if checkpoints and models:
-        raise ParameterError(f"checkpoints=True predicts look-up drafters, as a session without slots runs only "
-                             f"them; {models} draft with a model")
+    slotted = [n for n in names if any(d.gets_snapshot_slots for d in drafters.mode(n).drafters)]
+    if checkpoints and slotted:
+        raise ParameterError(f"checkpoints=True predicts the drafters llama.cpp gives no snapshot slots (the look-ups "
+                             f"and draft-simple), as a session without slots runs only them; not {slotted}")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ParameterError("no prompts")

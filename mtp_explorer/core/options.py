@@ -66,10 +66,10 @@ class SessionOptions:
     ``n_rs_seq`` is the number of recurrent snapshot slots per sequence, through which a recurrent target rolls back
     rejected drafts; ``capacity`` the largest ``n_max`` the session accepts (``None``: ``n_rs_seq``; at most
     ``n_rs_seq``). ``n_rs_seq=0`` gives a recurrent target no slots, as llama.cpp does when no drafter of the chain
-    gets them (its ``need_n_rs_seq``: a chain of look-ups): a partial acceptance then restores a checkpoint saved
-    before the verify, and the next step verifies the accepted tokens and the correction again, drafting nothing
-    (llama-speculative-simple's and llama-server's checkpoints; ``capacity`` defaults to 8 there). Such a session
-    runs the look-up drafters only.
+    gets them (its ``need_n_rs_seq``: a chain of look-ups or draft-simple): a partial acceptance then restores a
+    checkpoint saved before the verify, and the next step verifies the accepted tokens and the correction again,
+    drafting nothing (llama-speculative-simple's and llama-server's checkpoints; ``capacity`` defaults to 8 there).
+    Such a session runs the look-up drafters and draft-simple only.
     """
 
     n_ctx: int = 4096

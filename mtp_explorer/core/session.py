@@ -143,8 +143,9 @@ class Session(ParallelGeneration, Probes, EngineHandle):
     def drafter_modes(self) -> tuple[str, ...]:
         """The listed ``drafter=`` choices (:data:`~mtp_explorer.DRAFTER_MODES`) this session can draft with: its MTP
         head's, the look-ups, and those of its draft model's kind."""
-        if self.checkpoints:  # no snapshot slots: the look-ups only
-            return drafters.available_modes(False, False)
+        if self.checkpoints:  # no snapshot slots: the look-ups, and draft-simple with a draft model
+            plain_draft_model = self.has_draft_model and self.draft_kind == "draft_model"
+            return drafters.available_modes(False, "draft_model" if plain_draft_model else False)
         return drafters.available_modes(bool(self.info.has_mtp), self.has_draft_model and self.draft_kind)
 
     @property
