@@ -156,6 +156,12 @@ def run_reference_ngram(binary: str | Path, model: str | Path, prompt: str, *, m
     return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads)
 
 
+def as_the_reference(checkpoints: bool, capacity: int) -> dict:
+    """``Session.open``'s rollback keywords for the reference's: no snapshot slots where it restores checkpoints (the
+    session then does so too), else ``capacity`` slots."""
+    return {"n_rs_seq": 0, "capacity": capacity} if checkpoints else {"n_rs_seq": capacity}
+
+
 def compare_ngram(ref: ReferenceRun, ours: mx.Trace, *, checkpoints: bool) -> dict:
     """Text and the n_predict/n_drafted/n_accept totals (expected: :func:`reference_totals`)."""
     mine = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
@@ -189,7 +195,8 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
         checkpoints = bool(info.is_recurrent)
         described.append({"model": str(path), "model_origin": origin, "arch": info.arch,
                           "is_recurrent": info.is_recurrent, "checkpoint_rule": checkpoints})
-        with mx.Session.open(path, n_ctx=N_CTX, threads=threads, n_rs_seq=max(m for _, m in NGRAM_SIZES)) as s:
+        with mx.Session.open(path, n_ctx=N_CTX, threads=threads,
+                             **as_the_reference(checkpoints, max(m for _, m in NGRAM_SIZES))) as s:
             for prompt, (size_n, size_m) in itertools.product(NGRAM_PROMPTS, NGRAM_SIZES):
                 ref = run_reference_ngram(binary, path, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
                                           threads=threads)
@@ -231,27 +238,30 @@ def spec_options(spec: str, n_max: int) -> dict[str, int]:
 
 
 def spec_cases(binary: str, spec: str, path: Path, label: str, tokens: int, threads: int) -> list[dict]:
-    """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed)."""
+    """One record per prompt: ``--spec-type spec`` against our engine with ``drafter=spec`` (budget rule replayed; where
+    the reference restores checkpoints, a session without slots that does too)."""
     n_max = reference_n_max(spec, CHAIN_N_MAX)
     options = spec_options(spec, n_max)
     flags = spec_type_args(spec, n_max, options)
+    checkpoints = reference_checkpoints(path, spec)
     cases = []
-    with mx.Session.open(path, n_ctx=N_CTX, threads=threads) as s:
+    with mx.Session.open(path, n_ctx=N_CTX, threads=threads, **as_the_reference(checkpoints, max(8, n_max))) as s:
         for prompt in CHAIN_PROMPTS:
             ref = run_reference_spec(binary, path, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
-            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec, **options)
+            ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec,
+                                           checkpoints=checkpoints, **options)
             won = {name: int((ours.drafter == mx.DRAFTERS.index(name)).sum()) for name in mx.DRAFTERS}
             cases.append({"model": label, "model_path": str(path), "prompt": prompt, "spec_type": spec, "n_max": n_max,
                           "options": options, "steps_by_drafter": {k: v for k, v in won.items() if v}}
-                         | compare_with_reference(ref, ours, 0.0))
+                         | compare_with_reference(ref, ours, 0.0, checkpoints=checkpoints))
     return cases
 
 
 def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path,
                    specs: tuple[str, ...] = SPEC_CHAINS) -> dict:
-    """The look-up drafters alone on the non-recurrent glm4moe model (on a recurrent model the reference's checkpoint
-    rule re-verifies partially accepted drafts and tells the stateful look-ups other acceptance counts than our
-    engine, which is not replayed); the chains with draft-mtp (the reference then removes rejected drafts itself) on the
+    """The look-up drafters alone on the non-recurrent glm4moe model and on the SYNTHETIC qwen35 model, where the
+    reference restores checkpoints after a partial acceptance (and tells the stateful look-ups the re-verified tokens)
+    and ours, opened without slots, does too; the chains with draft-mtp (the target then gets snapshot slots) on the
     SYNTHETIC qwen35 and qwen35moe models and ``--model``/the bundled model."""
     from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
     from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
@@ -266,7 +276,7 @@ def chains_section(binary: str, picked: tuple[Path, str], tokens: int, threads: 
     without = [(write_synthetic_glm4moe(tmp / "glm4moe-chain.gguf"), "synthetic glm4moe (random weights, KV rollback)")]
     out: dict = {"n_max": CHAIN_N_MAX, "prompts": len(CHAIN_PROMPTS), "small_options": SPEC_SMALL}
     for spec in specs:
-        models = with_mtp if drafters.mode(spec).needs_mtp else without
+        models = with_mtp if drafters.mode(spec).needs_mtp else without + with_mtp[:1]
         cases = []
         for path, origin in models:
             info = mx.model_info(path)
@@ -307,11 +317,13 @@ def draft_pairs(picked: tuple[Path, str], tmp: Path) -> list[tuple[Path, Path, s
 
 def draft_cases(binary: str, spec: str, target: Path, draft: Path, label: str, tokens: int, threads: int) -> list[dict]:
     """One record per prompt x p_min: ``--spec-type spec -md draft`` against ``drafter=spec`` in a session opened with
-    ``draft_model=draft`` (budget rule, and on a recurrent target the checkpoint rule, replayed)."""
+    ``draft_model=draft`` (budget rule replayed; on a recurrent target a session without slots, restoring checkpoints
+    as the reference does)."""
     options = spec_options(spec, CHAIN_N_MAX)
     checkpoints = reference_checkpoints(target, spec)
     cases = []
-    with mx.Session.open(target, n_ctx=N_CTX, threads=threads, draft_model=draft) as s:
+    with mx.Session.open(target, n_ctx=N_CTX, threads=threads, draft_model=draft,
+                         **as_the_reference(checkpoints, CHAIN_N_MAX)) as s:
         for prompt, p_min in itertools.product(CHAIN_PROMPTS, DRAFT_P_MIN):
             flags = spec_type_args(spec, CHAIN_N_MAX, options) + ["-md", str(draft), "--spec-draft-p-min", str(p_min)]
             ref = run_reference_spec(binary, target, prompt, flags, max_tokens=tokens, n_ctx=N_CTX, threads=threads)
@@ -338,8 +350,9 @@ def draft_summary(cases: list[dict]) -> dict:
 
 def draft_simple_section(binary: str, picked: tuple[Path, str], tokens: int, threads: int, tmp: Path) -> dict:
     """draft-simple (and a look-up chained before it) against the reference with ``-md``. On the recurrent bundled
-    model the reference has no snapshot slots without draft-mtp, so its checkpoint rule is replayed (and its
-    printed acceptance is 100% by construction: the re-verified tokens count as drafted and accepted)."""
+    model the reference has no snapshot slots without draft-mtp, so it restores checkpoints, and so does ours, opened
+    without them (the reference's printed acceptance is then 100% by construction: the re-verified tokens count as
+    drafted and accepted)."""
     pairs = draft_pairs(picked, tmp)
     out: dict = {"n_max": CHAIN_N_MAX, "p_min": list(DRAFT_P_MIN), "prompts": len(CHAIN_PROMPTS),
                  "pairs": [{"target": str(t), "draft_model": str(d), "label": lb,

@@ -197,6 +197,10 @@ struct DraftOutcome {
     llama_pos keep_until = 0;               // the target memory keeps the positions before this
     int32_t row0 = 0;                       // id_last's row among the rows the step's decode handed the drafters
                                             // (prompt rows decoded with a server slot's first step come first)
+    bool replay = false;                    // a checkpoint replay: no drafter was asked, the last draft's accepted
+                                            // tokens and correction were verified again, and n_accepted of them
+                                            // agreed: the acceptance llama.cpp tells the drafter verified last then
+                                            // (it tells none at the partial acceptance before, whose last is false)
 };
 
 // Per-drafter counters for one generation, counted as llama.cpp's common_speculative_draft/_accept count

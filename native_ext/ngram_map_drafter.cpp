@@ -180,7 +180,7 @@ void NgramMap::accept(int32_t n_accepted) {
 }
 
 void NgramMapDrafter::on_outcome(const DraftOutcome & outcome) {
-    if (outcome.proposal == nullptr) {
+    if (outcome.proposal == nullptr && !outcome.replay) {
         map.last_draft_created = false;  // not asked this step: no draft of its to judge
     }
     if (outcome.last) {

@@ -125,7 +125,7 @@ std::vector<llama_token> NgramModDrafter::lookup(const DraftRequest & req) {
 }
 
 void NgramModDrafter::on_outcome(const DraftOutcome & outcome) {
-    if (outcome.proposal == nullptr) {
+    if (outcome.proposal == nullptr && !outcome.replay) {
         n_draft_last = 0;  // not asked this step: no draft of its to judge
     }
     if (!outcome.last || n_draft_last == 0) {

@@ -474,9 +474,13 @@ void Engine::sample_verified(Sequence & q) {
 
 void Engine::tell_drafters(Sequence & q) {
     const StepState & s = q.s;
+    // under checkpoints llama.cpp tells the drafters a partial acceptance only at its replay, as the replayed tokens
+    // that agreed, all accepted (llama-speculative-simple's `continue` before common_speculative_accept)
+    const bool restored = checkpoints() && s.n_rollback > 0;
     DraftOutcome o;
+    o.replay = s.n_replayed > 0;
     o.n_drafted = s.n_d;
-    o.n_accepted = s.n_acc;
+    o.n_accepted = o.replay ? s.replay_agreed : s.n_acc;
     o.emitted = q.generated.data() + q.generated.size() - (s.n_acc + 1);
     o.n_emitted = s.n_acc + 1;
     o.keep_until = s.keep_until;
@@ -490,9 +494,9 @@ void Engine::tell_drafters(Sequence & q) {
         if (o.verified) {
             d->stats.on_verified(s.n_d);
         }
-        o.last = d->id == q.last_verified;
+        o.last = !restored && d->id == q.last_verified;
         if (o.last) {
-            d->stats.on_accept(s.n_acc);
+            d->stats.on_accept(o.n_accepted);
         }
         const int64_t t = wall_ns();
         d->accept(o);

@@ -421,8 +421,10 @@ class DrafterState(abc.ABC):
 
     @abc.abstractmethod
     def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
-        """The step at ``g`` ended: ``asked``: it drafted there; ``last``: its draft is the one verified last
-        (llama.cpp's impl_last, this step or before); ``n_accepted``: the step's accepted tokens."""
+        """The step at ``g`` ended: ``asked``: it drafted there (or the step is a checkpoint replay, which keeps the
+        last draft to judge); ``last``: its draft is the one verified last (llama.cpp's impl_last, this step or
+        before) and llama.cpp tells it the outcome (at a partial acceptance under checkpoints it tells none; the
+        replay after it tells the replayed tokens, all accepted); ``n_accepted``: the tokens accepted."""
 
     @abc.abstractmethod
     def candidate(self) -> Candidate:

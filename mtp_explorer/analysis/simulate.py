@@ -309,10 +309,10 @@ class _Walk:
         observers = [(d, est.observe, n_raw[d], match[d]) for d, est in self.learning]
         g, i, last = (starts[0] if starts else 0), 0, -1
         while g < T_end:
-            if replay:  # a checkpoint replay: nothing drafted or asked; the drafters hear the step
-                for d, st in enumerate(self.states):
+            if replay:  # a checkpoint replay: nothing drafted or asked; the drafter verified last hears the replayed
+                for d, st in enumerate(self.states):  # tokens as accepted, as llama.cpp tells it only now
                     if st is not None:
-                        st.told(g, False, d == last, 0)
+                        st.told(g, True, d == last, replay)
                 path.append(g)
                 chosen.append(0)
                 replayed.append(replay)
@@ -338,13 +338,14 @@ class _Walk:
                     observe(g, proposed[g], matched[g], a + 1)
             if self.usable[c][g]:
                 last = c
+            restored = checkpoints and self.usable[c][g] and a < n_raw[c][g]
             for d, st in enumerate(self.states):
                 if st is not None:
-                    st.told(g, bool(st.asked[g]), d == last, a)
+                    st.told(g, bool(st.asked[g]), d == last and not restored, a)
             path.append(g)
             chosen.append(c)
             replayed.append(0)
-            if checkpoints and self.usable[c][g] and a < n_raw[c][g]:
+            if restored:
                 replay = a + 1
             i += 1
             if starts is not None:
