@@ -68,7 +68,7 @@ $(CHROMIUM):
 # tests/test_draft_model.py runs the draft model with the reference llama-speculative-simple (same configure);
 # tests/test_server.py starts a real llama-server; tests/test_ngram_cache.py writes static n-gram caches with
 # llama-lookup-create.
-test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(SERVER) $(LOOKUP_CREATE)
+test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(FLUSH_LOG) $(SERVER) $(LOOKUP_CREATE)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
 
 lab: $(EXT)
@@ -92,7 +92,13 @@ $(REFERENCE) $(QUANTIZE) $(SERVER) $(LOOKUP_CREATE): $(REF_CONFIGURED)
 	$(REF_LOCK) nice cmake --build $(REF_DIR) --target $(notdir $@) -j$$(nproc)
 	touch $@
 
-reference: $(REFERENCE)
+# preloaded into the reference by mtp_explorer.devtools.reference: llama.cpp's logger loses a program's last lines
+# when the program exits before its printing thread ran (a loaded machine); this waits for that thread at exit
+FLUSH_LOG := $(REF_DIR)/bin/libflush-common-log.so
+$(FLUSH_LOG): mtp_explorer/devtools/flush_common_log.cpp $(REFERENCE)
+	$(CXX) -shared -fPIC -O2 -o $@ $< -L$(REF_DIR)/bin -lllama-common -Wl,-rpath,'$$ORIGIN'
+
+reference: $(REFERENCE) $(FLUSH_LOG)
 
 quantize: $(QUANTIZE)
 
@@ -100,7 +106,7 @@ server: $(SERVER)
 
 lookup-create: $(LOOKUP_CREATE)
 
-parity: $(EXT) $(REFERENCE)
+parity: $(EXT) $(REFERENCE) $(FLUSH_LOG)
 	$(VPY) benchmarks/parity.py --binary $(REFERENCE) $(PARITY_ARGS)
 
 # Each benchmark prints its own JSON document; `bench` runs both, one after the other (in one recipe,
@@ -130,7 +136,7 @@ bench-parallel: $(EXT)
 
 # benchmarks/engine.py --scale: a SYNTHETIC 0.4 B Q8_0 model (written once into the temporary directory by
 # benchmarks/scale_model.py with llama-quantize), beside the reference driver on the same settings.
-bench-scale: $(EXT) $(QUANTIZE) $(REFERENCE)
+bench-scale: $(EXT) $(QUANTIZE) $(REFERENCE) $(FLUSH_LOG)
 	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) LLAMA_SPECULATIVE_SIMPLE=$(CURDIR)/$(REFERENCE) \
 	    $(VPY) benchmarks/engine.py --scale $(BENCH_ARGS)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -106,6 +107,21 @@ def reference_n_max(spec: str, n_max: int) -> int:
     return max((d.fixed_draft_len for d in drafters.mode(spec).drafters), default=0) or n_max
 
 
+FLUSH_LOG = "libflush-common-log.so"
+"""Beside the reference binary (the Makefile builds it): preloaded, it prints llama.cpp's log to its end at exit."""
+
+
+def reference_env(binary: str | Path) -> dict[str, str] | None:
+    """The environment to run ``binary`` in: with :data:`FLUSH_LOG` preloaded where it lies beside it (llama.cpp's
+    logger, leaked on purpose, loses a program's last lines when the program exits before its printing thread ran,
+    as on a loaded machine); ``None`` (this process's) otherwise."""
+    flush = Path(binary).resolve().parent / FLUSH_LOG
+    if not flush.is_file():
+        return None
+    preload = " ".join(p for p in (str(flush), os.environ.get("LD_PRELOAD", "")) if p)
+    return os.environ | {"LD_PRELOAD": preload}
+
+
 def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
                        max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
                        attempts: int = 8) -> ReferenceRun:
@@ -115,14 +131,16 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
         str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
         "--temp", "0", "--seed", "0", *spec_args,
     ]
-    # llama.cpp's log is written by a worker thread that sometimes loses its tail when the program
-    # exits; the run is deterministic, so it is repeated until the output is complete.
+    # llama.cpp's log is written by a worker thread that loses its tail when the program exits before it ran
+    # (reference_env preloads a library that waits for it); the run is deterministic, so one that printed an
+    # incomplete log all the same is repeated until the output is complete.
+    env = reference_env(binary)
     error: Exception | None = None
     for _ in range(attempts):
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
             with out.open("w") as fo, err.open("w") as fe:
-                proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout)
+                proc = subprocess.run(cmd, stdout=fo, stderr=fe, timeout=timeout, env=env)
             stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         if proc.returncode != 0:
             raise ToolError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
