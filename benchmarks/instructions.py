@@ -97,8 +97,10 @@ def lookup_options(spec: str, n_max: int) -> dict:
 
 def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
     """The instructions ``cmd`` executes under callgrind, and its stdout + stderr (Python with a fixed hash seed: a
-    random one moves the start-up's count by millions from run to run)."""
-    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0"}
+    random one moves the start-up's count by millions from run to run; numpy's OpenBLAS without worker threads,
+    whose idle spinning counted 16-23 M instructions a run, as the machine's load let them run)."""
+    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0",
+                        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
                          capture_output=True, text=True)
     log = run.stdout + run.stderr
