@@ -66,13 +66,14 @@ with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_
             totals = engine.request_state(0)["totals"]
             drafted, accepted = totals["n_drafted"] - before[0], totals["n_accepted"] - before[1]
             before = (totals["n_drafted"], totals["n_accepted"])
-            if s.checkpoints and accepted < drafted:  # not counted; its replay counts accepted + 1 as both
+            partial = s.checkpoints and accepted < drafted
+            if partial:  # not counted; its replay counts accepted + 1 as both
                 drafted = accepted = accepted + 1
             counted["drafted"] += drafted
             counted["accepted"] += accepted
             if not more:
                 break
-            if engine.n_generated > tokens:
+            if engine.n_generated > tokens and not partial:  # the reference counts a partial step at its replay
                 engine.cancel()
             else:
                 engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
