@@ -211,8 +211,7 @@ def reference_rs_seq(spec: str | None, n_max: int) -> int:
     """The snapshot slots llama-speculative-simple gives a recurrent target for ``--spec-type spec`` at ``n_max``
     (``None``: draft-mtp): ``n_max`` where a drafter of the chain gets them (common's ``need_n_rs_seq``), else 0 for a
     chain of look-ups or draft-simple, which then restores checkpoints (ours too, opened with ``n_rs_seq=0``)."""
-    slotted = any(d.gets_snapshot_slots for d in drafters.mode(spec or drafters.DEFAULT_MODE).drafters)
-    return n_max if slotted else 0
+    return n_max if drafters.mode(spec or drafters.DEFAULT_MODE).gets_snapshot_slots else 0
 
 
 @contextlib.contextmanager

@@ -231,7 +231,7 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
         raise ParameterError(f"{exc} (or several of them)") from None
     if len(set(names)) != len(names):
         raise ParameterError(f"drafter lists one drafter twice: {names}")
-    slotted = [n for n in names if any(d.gets_snapshot_slots for d in drafters.mode(n).drafters)]
+    slotted = [n for n in names if drafters.mode(n).gets_snapshot_slots]
     if checkpoints and slotted:
         raise ParameterError(f"checkpoints=True predicts the drafters llama.cpp gives no snapshot slots (the look-ups "
                              f"and draft-simple), as a session without slots runs only them; not {slotted}")

@@ -149,6 +149,12 @@ class DrafterMode:
     description: str = ""
 
     @property
+    def gets_snapshot_slots(self) -> bool:
+        """llama.cpp gives a recurrent target snapshot slots for it (a drafter of it does: its ``need_n_rs_seq``);
+        otherwise it restores checkpoints after a partial acceptance."""
+        return any(d.gets_snapshot_slots for d in self.drafters)
+
+    @property
     def is_chain(self) -> bool:
         return len(self.drafters) > 1
 

@@ -205,7 +205,7 @@ def reference_checkpoints(target: str | Path, spec) -> bool:
     from ..core.info import model_info
 
     mode = drafters.mode(spec)
-    return bool(model_info(target).is_recurrent) and not any(d.gets_snapshot_slots for d in mode.drafters)
+    return bool(model_info(target).is_recurrent) and not mode.gets_snapshot_slots
 
 
 def reference_totals(trace: Trace, *, checkpoints: bool) -> dict:

@@ -99,7 +99,7 @@ def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> di
              for r in replays]
     eog = oracle.columns["token_eog"].astype(bool)
     recurrent = bool(oracle.settings.get("is_recurrent"))
-    n_rs = settings.n_max if any(s.gets_snapshot_slots for s in mode.drafters) else 0
+    n_rs = settings.n_max if mode.gets_snapshot_slots else 0
     g, drafted, accepted, end = 0, 0, 0, min(T, max_tokens)
     while g < end:
         n, a, extra = 0, 0, 0
@@ -155,7 +155,7 @@ def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> di
     opts = drafters.option_values(s.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
     recurrent = bool(session.info.is_recurrent)
-    n_rs = s.n_max if any(d.gets_snapshot_slots for d in mode.drafters) else 0
+    n_rs = s.n_max if mode.gets_snapshot_slots else 0
     tokens, generated, held = session._prompt_tokens(prompt), [], True
     for step in session.stream(prompt, s):
         if not held:
