@@ -153,10 +153,22 @@ $(PROFILE_REFERENCE): $(HEADERS)
 	nice cmake --build $(PROFILE_DIR) --target llama-speculative-simple -j$$(nproc)
 	touch $@
 
-profile-build: $(PROFILE_REFERENCE)
+# The extension as installed, but with its symbols and debug info (nanobind strips a release build), so that the
+# profile names our functions too; instructions.py --ext loads it in place of the installed one.
+PROFILE_EXT_DIR := $(PROFILE_DIR)/ext
+PROFILE_EXT := $(PROFILE_EXT_DIR)/.built
 
-bench-instructions: $(EXT) $(QUANTIZE) $(PROFILE_REFERENCE)
-	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) benchmarks/instructions.py --lib $(PROFILE_DIR)/bin $(BENCH_ARGS)
+$(PROFILE_EXT): $(EXT)
+	cmake -S . -B $(PROFILE_EXT_DIR) -G Ninja -C build/$$(ls build | grep -m1 '^cp3')/CMakeInit.txt \
+	    -DCMAKE_BUILD_TYPE=Release -DMTP_EXPLORER_SYMBOLS=ON
+	nice cmake --build $(PROFILE_EXT_DIR) -j$$(nproc)
+	touch $@
+
+profile-build: $(PROFILE_REFERENCE) $(PROFILE_EXT)
+
+bench-instructions: $(EXT) $(QUANTIZE) $(PROFILE_REFERENCE) $(PROFILE_EXT)
+	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) benchmarks/instructions.py --lib $(PROFILE_DIR)/bin \
+	    --ext $(PROFILE_EXT_DIR) $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)

@@ -1,7 +1,8 @@
 """Instructions per generated token, ours against llama-speculative-simple, counted by callgrind (JSON on stdout).
 
     make bench-instructions                                   # builds build/profile, then the default cases
-    .venv/bin/python benchmarks/instructions.py --lib build/profile/bin --case draft-mtp:1 ngram-simple:3
+    .venv/bin/python benchmarks/instructions.py --lib build/profile/bin --ext build/profile/ext \
+        --case draft-mtp:1 ngram-simple:3
 
 The wall clock on a shared 2-core machine moves by 3-5% between runs, more than the differences this measures; an
 instruction count does not. Both sides run under ``valgrind --tool=callgrind`` at 1 thread on the same libllama (an
@@ -14,6 +15,18 @@ telemetry ``off``, and under the reference's budget rule for ``-n`` (``devtools.
 both generate the same tokens with the same drafts; each run's ``drafted`` and ``tokens`` show it (``same_work``).
 A case that drafts with a
 model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``).
+
+Each run also reports its ``llama_process`` calls, the target's and the drafters' (``decodes``: the HIGH run's
+less the LOW run's). ``same_decodes`` false means the two windows hold different decodes, so their difference is
+not the engines': llama.cpp's drafters draft ``n_max`` and the base then truncates the draft to the budget left, so
+a run of the reference that ends on a truncated draft decodes more than it keeps, where ours drafts only what it
+keeps; if the LOW run ends so and the HIGH run does not, the reference's window holds a draft decode fewer.
+
+With ``--ext`` (the extension built with its symbols: make profile-build) ours also reports
+``ours_engine_per_token``, the instructions inside ``Engine::step`` alone, and ``engine_ratio``. Python's start-up
+executes tens of millions of instructions more or less as the process's memory layout falls (the same command
+with another build of the extension, or another ``-n``, moved it by 17-27 M), which the whole-process difference
+of two runs then spreads over the tokens between them; the native loop's count does not move.
 
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
@@ -46,7 +59,11 @@ DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draf
 # that rule in devtools.reference.replay_reference_budget, but it builds a Step record per step (about 1% of a
 # scale step's instructions); this drives the native step loop as stream does, with telemetry off.
 OURS = r"""
-import json, sys
+import importlib.util, json, os, sys
+if os.environ.get("MTP_EXPLORER_PROFILE_EXT"):  # --ext: the extension with symbols, in place of the installed one
+    spec = importlib.util.spec_from_file_location("mtp_explorer._native", os.environ["MTP_EXPLORER_PROFILE_EXT"])
+    sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[spec.name])
 import mtp_explorer as mx
 from mtp_explorer import _native
 from mtp_explorer.core.settings import resolve
@@ -96,12 +113,12 @@ def lookup_options(spec: str, n_max: int) -> dict:
     return lookup_limits(mode, n_max) | {k: v for k, v in short.items() if k in names}
 
 
-def callgrind(cmd: list[str], lib: Path, out: Path) -> tuple[int, str]:
+def callgrind(cmd: list[str], lib: Path, out: Path, env: dict | None = None) -> tuple[int, str]:
     """The instructions ``cmd`` executes under callgrind, and its stdout + stderr (Python with a fixed hash seed: a
     random one moves the start-up's count by millions from run to run; numpy's OpenBLAS without worker threads,
     whose idle spinning counted 16-23 M instructions a run, as the machine's load let them run)."""
     env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0",
-                        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+                        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"} | (env or {})
     run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
                          capture_output=True, text=True)
     log = run.stdout + run.stderr
@@ -130,20 +147,53 @@ def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, 
             "accepted": counts["n_accept"]}
 
 
-def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str) -> dict:
+def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str,
+         ext: Path | None) -> dict:
     cmd = [sys.executable, "-c", OURS, str(model), spec, str(n_max), str(reference_rs_seq(spec, n_max)), str(tokens),
            json.dumps(lookup_options(spec, n_max)), prompt, draft]
-    instructions, log = callgrind(cmd, lib, out)
+    instructions, log = callgrind(cmd, lib, out, {"MTP_EXPLORER_PROFILE_EXT": str(ext)} if ext else None)
     result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     return {"instructions": instructions} | result
 
 
-def per_token(low: dict, high: dict) -> float:
-    return (high["instructions"] - low["instructions"]) / (high["tokens"] - low["tokens"])
+# Who calls llama_process, read from a callgrind file's caller tree: the target's decodes (the reference's main,
+# our engine's prefill and verify) and the drafters' (every other caller but the reference's set-up).
+TARGET_CALLERS = ("speculative-simple.cpp:main", "Engine::decode_target(", "Engine::prefill(")
+SETUP_CALLERS = ("common_init_from_params(", "common_context_can_seq_rm(", "(below main)")
+CALLER = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+<\s+(\S.*?) \((\d+)x\)")
+
+
+def decodes(cg: Path) -> dict:
+    """The run's llama_process calls (``target``, ``drafter``) and, for ours with symbols (``--ext``), the
+    instructions inside ``Engine::step`` (``engine``: the native loop alone, without Python's start-up and the
+    driver, whose counts move by tens of millions with the process's memory layout)."""
+    out = subprocess.run(["callgrind_annotate", "--tree=caller", "--inclusive=yes", "--threshold=100", str(cg)],
+                         capture_output=True, text=True, check=True).stdout
+    counts = {"target": 0, "drafter": 0}
+    block: list[str] = []
+    for line in out.splitlines():
+        if not line.strip():
+            block = []
+        elif "*  " in line and re.search(r":llama_process( \[|$)", line):  # listed twice: with its library, without
+            if any(counts.values()):
+                break
+            for caller in block:
+                m = CALLER.match(caller)
+                if m and not any(c in m.group(2) for c in SETUP_CALLERS):
+                    kind = "target" if any(c in m.group(2) for c in TARGET_CALLERS) else "drafter"
+                    counts[kind] += int(m.group(3))
+        else:
+            block.append(line)
+    engine = re.search(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\*?\s*\S*:Engine::step\(\)( \[|$)", out, re.M)
+    return counts | ({"engine": int(engine.group(1).replace(",", ""))} if engine else {})
+
+
+def per_token(low: dict, high: dict, key: str = "instructions") -> float:
+    return (high[key] - low[key]) / (high["tokens"] - low["tokens"])
 
 
 def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
-            draft_model: str | None) -> dict:
+            draft_model: str | None, ext: Path | None = None) -> dict:
     """One case's instructions per token on both sides (``work`` keeps the callgrind files)."""
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
@@ -154,14 +204,23 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
     for n in (low, high):
         name = f"{spec}-{n_max}-{n}"
         runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft),
-                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft)}
+                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext)}
+        for side in ("reference", "ours"):
+            runs[n][side] |= decodes(work / f"{'ref' if side == 'reference' else 'ours'}-{name}.cg")
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
-    return {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
-            "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
-            "same_work": all(r["reference"][k] == r["ours"][k] for r in runs.values()
-                             for k in ("tokens", "drafted", "accepted")),
-            "runs": {str(n): r for n, r in runs.items()}}
+    window = {side: {k: runs[high][side][k] - runs[low][side][k] for k in ("target", "drafter")}
+              for side in ("reference", "ours")}
+    out = {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
+           "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
+           "same_work": all(r["reference"][k] == r["ours"][k] for r in runs.values()
+                            for k in ("tokens", "drafted", "accepted")),
+           "decodes": window, "same_decodes": window["reference"] == window["ours"],
+           "runs": {str(n): r for n, r in runs.items()}}
+    if all("engine" in runs[n]["ours"] for n in (low, high)):
+        out["ours_engine_per_token"] = per_token(runs[low]["ours"], runs[high]["ours"], "engine")
+        out["engine_ratio"] = ref_pt / out["ours_engine_per_token"]
+    return out
 
 
 def main() -> None:
@@ -173,16 +232,24 @@ def main() -> None:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--draft-model", "-md", help="the draft model or head file of the cases that draft with one "
                                                    "(draft-simple, draft-eagle3, draft-dflash, draft-dspark)")
+    ap.add_argument("--ext", help="a directory with the extension built with its symbols (make profile-build: "
+                                  "build/profile/ext), loaded by ours in place of the installed one")
     ap.add_argument("--keep", help="a directory to keep the callgrind files in (callgrind_annotate reads them)")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
+    ext = None
+    if args.ext:
+        found = sorted(Path(args.ext).glob("_native*.so"))
+        if not found:
+            raise SystemExit(f"no _native*.so in {args.ext}: make profile-build")
+        ext = found[0].resolve()
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
     out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(), "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for case in args.case:
-            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model)
+            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext)
     emit(out)
 
 
