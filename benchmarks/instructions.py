@@ -164,12 +164,13 @@ CALLER = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+<\s+(\S.*?) \((\d+)x\)")
 
 
 def decodes(cg: Path) -> dict:
-    """The run's llama_process calls (``target``, ``drafter``) and, for ours with symbols (``--ext``), the
+    """The run's llama_process calls: the target's (``target``), the drafts' (``draft``, and the instructions they
+    execute, ``draft_instructions``) and the drafters' others (``drafter``: catch-up, ...); and, for ours with symbols (``--ext``), the
     instructions inside ``Engine::step`` (``engine``: the native loop alone, without Python's start-up and the
     driver, whose counts move by tens of millions with the process's memory layout)."""
     out = subprocess.run(["callgrind_annotate", "--tree=caller", "--inclusive=yes", "--threshold=100", str(cg)],
                          capture_output=True, text=True, check=True).stdout
-    counts = {"target": 0, "drafter": 0}
+    counts = {"target": 0, "draft": 0, "drafter": 0, "draft_instructions": 0}
     block: list[str] = []
     for line in out.splitlines():
         if not line.strip():
@@ -180,8 +181,11 @@ def decodes(cg: Path) -> dict:
             for caller in block:
                 m = CALLER.match(caller)
                 if m and not any(c in m.group(2) for c in SETUP_CALLERS):
-                    kind = "target" if any(c in m.group(2) for c in TARGET_CALLERS) else "drafter"
+                    kind = ("target" if any(c in m.group(2) for c in TARGET_CALLERS) else
+                            "draft" if re.search(r"::draft(_together)?\(", m.group(2)) else "drafter")
                     counts[kind] += int(m.group(3))
+                    if kind == "draft":
+                        counts["draft_instructions"] += int(m.group(1).replace(",", ""))
         else:
             block.append(line)
     engine = re.search(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\*?\s*\S*:Engine::step\(\)( \[|$)", out, re.M)
@@ -209,7 +213,7 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
             runs[n][side] |= decodes(work / f"{'ref' if side == 'reference' else 'ours'}-{name}.cg")
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
-    window = {side: {k: runs[high][side][k] - runs[low][side][k] for k in ("target", "drafter")}
+    window = {side: {k: runs[high][side][k] - runs[low][side][k] for k in ("target", "draft", "drafter")}
               for side in ("reference", "ours")}
     out = {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
            "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
@@ -217,9 +221,19 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
                             for k in ("tokens", "drafted", "accepted")),
            "decodes": window, "same_decodes": window["reference"] == window["ours"],
            "runs": {str(n): r for n, r in runs.items()}}
+    ref_w, ours_w = window["reference"], window["ours"]
+    if ref_w["draft"] != ours_w["draft"] and ref_w["draft"] > 0 and all(
+            ref_w[k] == ours_w[k] for k in ("target", "drafter")):
+        # the reference's window completed with the draft decodes one run wasted on a truncated draft, each at the
+        # window's mean draft decode
+        ref = {n: runs[n]["reference"] for n in (low, high)}
+        cost = (ref[high]["draft_instructions"] - ref[low]["draft_instructions"]) / ref_w["draft"]
+        tokens = ref[high]["tokens"] - ref[low]["tokens"]
+        out["reference_steady_per_token"] = ref_pt + (ours_w["draft"] - ref_w["draft"]) * cost / tokens
+        out["steady_ratio"] = out["reference_steady_per_token"] / ours_pt
     if all("engine" in runs[n]["ours"] for n in (low, high)):
         out["ours_engine_per_token"] = per_token(runs[low]["ours"], runs[high]["ours"], "engine")
-        out["engine_ratio"] = ref_pt / out["ours_engine_per_token"]
+        out["engine_ratio"] = out.get("reference_steady_per_token", ref_pt) / out["ours_engine_per_token"]
     return out
 
 
