@@ -147,3 +147,38 @@ def test_committed_checkpoint_is_a_trained_grown_trunk():
         return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
 
     assert ce(model) < ce(model_from_gguf(SHIPPED)) - 0.05
+
+
+def _stretch(tmp_path: Path, lr: float) -> tuple[list[dict], Path]:
+    """A 4-step stretch of the small model on a repeating stream (SYNTHETIC), evaluated after every step, with
+    ``--best``; returns the log's records and the best path."""
+    import json
+
+    from training.trunk import main
+
+    stream = np.tile(np.arange(5, 21), 64)
+    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
+             corpus=json.dumps({"synthetic": True}))
+    save(_small_model(), tmp_path / "ck.safetensors", {"steps": 0, "tokens": 0, "seconds": 0.0, "stretches": 1})
+    best = tmp_path / "best.safetensors"
+    assert main(["--steps", "4", "--layers", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "1",
+                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--lr", str(lr),
+                 "--data", str(tmp_path / "tokens.npz"), "--checkpoint", str(tmp_path / "ck.safetensors"),
+                 "--log", str(tmp_path / "log.jsonl"), "--best", str(best)]) == 0
+    return [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()], best
+
+
+def test_best_keeps_the_lowest_heldout_ce_of_the_stretch(tmp_path):
+    records, best = _stretch(tmp_path, lr=1e-2)
+    evals = [r for r in records if r.get("event") == "eval"]
+    ces = [r["heldout_stdlib"]["ce"] for r in evals]
+    kept = [r for r in records if r.get("event") == "best"]
+    assert min(ces[1:]) < ces[0] and kept[-1]["heldout_stdlib_ce"] == min(ces)
+    assert [k["heldout_stdlib_ce"] for k in kept] == sorted({k["heldout_stdlib_ce"] for k in kept}, reverse=True)
+    model, meta = load(best)
+    assert meta["steps"] == evals[ces.index(min(ces))]["step"] == kept[-1]["step"]
+
+
+def test_best_is_not_written_without_an_improvement(tmp_path):
+    records, best = _stretch(tmp_path, lr=0.0)
+    assert not best.exists() and not [r for r in records if r.get("event") == "best"]

@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=DATA, help="token streams written by --prepare")
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT, help="weights-only F16 checkpoint (read and written)")
     p.add_argument("--log", type=Path, default=LOG, help="JSON lines log (appended)")
+    p.add_argument("--best", type=Path, default=None,
+                   help="also keep the weights of this stretch's lowest held-out stdlib CE here (written at each eval "
+                        "that improves on the stretch's start)")
     p.add_argument("--max-minutes", type=float, required=False, help="wall-clock budget of this stretch")
     p.add_argument("--steps", type=int, default=None, help="steps of this stretch (default: planned from the budget)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -322,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     log({"event": "stretch_start", "stretch": stretch, "config": asdict(cfg),
          "model_config": model.cfg.to_dict(), "params": model.n_params(), "totals": meta, "corpus": corpus,
          "device": str(device), "torch": torch.__version__, "transformers": transformers.__version__, "budget_minutes": args.max_minutes})
-    log({"event": "eval", "stretch": stretch, "step": meta["steps"], "tokens": meta["tokens"],
-         **{k: evaluate(model, b, cfg, device) for k, b in held.items()}})
+    first = {k: evaluate(model, b, cfg, device) for k, b in held.items()}
+    log({"event": "eval", "stretch": stretch, "step": meta["steps"], "tokens": meta["tokens"], **first})
+    best_ce = first["heldout_stdlib"]["ce"]
 
     budget = None if args.max_minutes is None else args.max_minutes * 60 - (time.time() - t_start)
     planned = args.steps or 10**9
@@ -358,8 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         totals = {**meta, "steps": base + step, "tokens": meta["tokens"] + seen,
                   "seconds": round(meta["seconds"] + now - t_loop, 1), "stretches": stretch}
         if step % cfg.eval_every == 0 or step == planned:
-            log({"event": "eval", "stretch": stretch, "step": base + step, "tokens": totals["tokens"],
-                 **{k: evaluate(model, b, cfg, device) for k, b in held.items()}})
+            ev = {k: evaluate(model, b, cfg, device) for k, b in held.items()}
+            log({"event": "eval", "stretch": stretch, "step": base + step, "tokens": totals["tokens"], **ev})
+            if args.best is not None and ev["heldout_stdlib"]["ce"] < best_ce:
+                best_ce = ev["heldout_stdlib"]["ce"]
+                save(model, args.best, totals)
+                log({"event": "best", "stretch": stretch, "step": base + step, "heldout_stdlib_ce": best_ce,
+                     "path": str(args.best)})
         out_of_time = budget is not None and now - t_start >= args.max_minutes * 60 - 20
         if step == planned or out_of_time or (now - t_ck) / 60 >= cfg.checkpoint_minutes:
             save(model, args.checkpoint, totals)
