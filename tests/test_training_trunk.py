@@ -182,3 +182,35 @@ def test_best_keeps_the_lowest_heldout_ce_of_the_stretch(tmp_path):
 def test_best_is_not_written_without_an_improvement(tmp_path):
     records, best = _stretch(tmp_path, lr=0.0)
     assert not best.exists() and not [r for r in records if r.get("event") == "best"]
+
+
+def test_average_is_the_elementwise_mean_and_records_its_sources(tmp_path):
+    from training.trunk import main
+
+    a, b = _small_model(), _small_model()
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(0.5)
+    save(a, tmp_path / "a.safetensors", {"steps": 10, "stretches": 2})
+    save(b, tmp_path / "b.safetensors", {"steps": 12, "stretches": 2})
+    out = tmp_path / "soup.safetensors"
+    assert main(["--average", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"),
+                 "--checkpoint", str(out)]) == 0
+    soup, meta = load(out)
+    a, _ = load(tmp_path / "a.safetensors")
+    b, _ = load(tmp_path / "b.safetensors")
+    for k, v in soup.state_dict().items():
+        mean = (a.state_dict()[k] + b.state_dict()[k]) / 2
+        assert torch.equal(v, mean.half().float() if v.ndim == 2 else mean), k
+    assert meta["steps"] == 10 and [s["checkpoint"] for s in meta["averaged"]] == ["a.safetensors", "b.safetensors"]
+    assert meta["averaged"][1]["steps"] == 12
+
+
+def test_average_refuses_checkpoints_of_another_shape(tmp_path):
+    save(_small_model(), tmp_path / "a.safetensors", {"steps": 1})
+    bigger = DemoModel(ModelConfig(**{**SMALL, "intermediate_size": 64}))
+    save(bigger, tmp_path / "b.safetensors", {"steps": 1})
+    from training.trunk import average
+
+    with pytest.raises(ValueError, match="does not have the shape"):
+        average([tmp_path / "a.safetensors", tmp_path / "b.safetensors"])

@@ -235,6 +235,20 @@ def load(path: Path) -> tuple[DemoModel, dict]:
     return model, json.loads(md["meta"])
 
 
+def average(paths: list[Path]) -> tuple[DemoModel, dict]:
+    """The element-wise mean of checkpoints of one model shape (a "soup" of stretches run from one start), with
+    the first one's totals and the sources' names and totals under ``averaged``."""
+    loaded = [load(p) for p in paths]
+    model, meta = loaded[0]
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    for p, (m, _) in zip(paths[1:], loaded[1:]):
+        if {k: v.shape for k, v in m.state_dict().items()} != shapes:
+            raise ValueError(f"{p} does not have the shape of {paths[0]}")
+    states = [m.state_dict() for m, _ in loaded]
+    model.load_state_dict({k: sum(sd[k] for sd in states) / len(states) for k in shapes})
+    return model, {**meta, "averaged": [{"checkpoint": p.name, **m} for p, (_, m) in zip(paths, loaded)]}
+
+
 def start_model(checkpoint: Path, layers: int) -> tuple[DemoModel, dict]:
     """(model, totals so far): the checkpoint's, else the shipped model's; an untrained one (stretch 0)
     with fewer than ``layers`` layers is grown to ``layers`` (:func:`training.grow.grow`, deterministic)."""
@@ -269,6 +283,8 @@ def lr_at(step: int, planned: int, warmup: int, cfg: TrunkConfig) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prepare", action="store_true", help="tokenize the corpus into --data and stop")
+    p.add_argument("--average", type=Path, nargs="+", metavar="CHECKPOINT",
+                   help="write the element-wise mean of these checkpoints as --checkpoint and stop")
     p.add_argument("--init-only", action="store_true",
                    help="write the shipped model as --checkpoint (stretch 0: the first stretch grows it) and stop; "
                         "a machine without the package's native extension (a GPU box) then trains with torch alone")
@@ -288,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.prepare:
         print(prepare(args.data))
+        return 0
+    if args.average:
+        model, meta = average(args.average)
+        save(model, args.checkpoint, meta)
+        print(args.checkpoint)
         return 0
     if args.init_only:
         if args.checkpoint.exists():
