@@ -28,6 +28,10 @@ executes tens of millions of instructions more or less as the process's memory l
 with another build of the extension, or another ``-n``, moved it by 17-27 M), which the whole-process difference
 of two runs then spreads over the tokens between them; the native loop's count does not move.
 
+``--numpy-printf`` runs the reference with the library numpy loads into every Python process preloaded
+(``numpy_printf_preload``): its printf hooks make each ``ggml_format_name`` of a graph build cost 1.6 times as much,
+which ours pays and the reference, a C++ program, does not. With it both engines run on the same glibc path.
+
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
 """
@@ -127,14 +131,28 @@ def callgrind(cmd: list[str], lib: Path, out: Path, env: dict | None = None) -> 
     return int(re.search(r"Collected : (\d+)", log).group(1)), log
 
 
-def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str, draft: str) -> dict:
+def numpy_printf_preload() -> str:
+    """The library numpy brings into every Python process that makes glibc's printf family slower: the libquadmath
+    its OpenBLAS needs, whose constructor registers printf hooks (``register_printf_specifier``, for ``%Q``), after
+    which glibc formats every call on its positional path. llama.cpp formats a name for each tensor of each graph it
+    builds (``ggml_format_name``), so ours pays it and the reference, a C++ program, does not."""
+    import numpy
+
+    found = sorted((Path(numpy.__file__).resolve().parent.parent / "numpy.libs").glob("libquadmath*.so*"))
+    if not found:
+        raise SystemExit("this numpy brings no libquadmath: --numpy-printf has nothing to preload")
+    return str(found[0])
+
+
+def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str, draft: str,
+              env: dict | None = None) -> dict:
     from mtp_explorer.devtools.reference import spec_type_args
 
     options = lookup_options(spec, n_max)
     cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
            "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options), *(["-md", draft] if draft else [])]
     for _ in range(8):  # 0.3.36 sometimes exits 0 with the tail of its log lost: run it again
-        instructions, log = callgrind(cmd, lib, out)
+        instructions, log = callgrind(cmd, lib, out, env)
         found = [re.search(pattern, log) for pattern in (r"n_drafted\s*=\s*(\d+)", r"n_accept\s*=\s*(\d+)",
                                                             r"decoded\s+(\d+) tokens")]
         if all(found):
@@ -199,7 +217,7 @@ def per_token(low: dict, high: dict, key: str = "instructions") -> float:
 
 
 def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
-            draft_model: str | None, ext: Path | None = None) -> dict:
+            draft_model: str | None, ext: Path | None = None, ref_env: dict | None = None) -> dict:
     """One case's instructions per token on both sides (``work`` keeps the callgrind files)."""
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
@@ -209,7 +227,7 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
     runs: dict = {}
     for n in (low, high):
         name = f"{spec}-{n_max}-{n}"
-        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft),
+        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env),
                    "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext)}
         for side in ("reference", "ours"):
             runs[n][side] |= decodes(work / f"{'ref' if side == 'reference' else 'ours'}-{name}.cg")
@@ -253,6 +271,9 @@ def main() -> None:
     ap.add_argument("--ext", help="a directory with the extension built with its symbols (make profile-build: "
                                   "build/profile/ext), loaded by ours in place of the installed one")
     ap.add_argument("--keep", help="a directory to keep the callgrind files in (callgrind_annotate reads them)")
+    ap.add_argument("--numpy-printf", action="store_true",
+                    help="run the reference with numpy's libquadmath preloaded, as ours runs: the engines alone, "
+                         "without the printf hooks a Python process with numpy has (numpy_printf_preload)")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     ext = None
@@ -262,12 +283,15 @@ def main() -> None:
             raise SystemExit(f"no _native*.so in {args.ext}: make profile-build")
         ext = found[0].resolve()
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
-    out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(), "cases": {}}
+    ref_env = {"LD_PRELOAD": numpy_printf_preload()} if args.numpy_printf else None
+    out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(),
+           "reference_env": ref_env, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for case in args.case:
-            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext)
+            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext,
+                                         ref_env)
     emit(out)
 
 
