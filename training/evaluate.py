@@ -331,9 +331,12 @@ def gguf_summary(path: Path) -> dict[str, object]:
 
 
 def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, baseline: dict | None = None,
-             write_prompts: bool = False) -> dict[str, object]:
+             write_prompts: bool = False, train_log: Path | None = DEFAULT_LOG,
+             head_log: Path | None = HEAD_LOG) -> dict[str, object]:
     """All the numbers of the model card, as a JSON-able dict (``baseline``: another file's, for the
-    before/after table; ``write_prompts``: also choose the demo prompts and write ``prompts.json``)."""
+    before/after table; ``write_prompts``: also choose the demo prompts and write ``prompts.json``;
+    ``train_log`` / ``head_log``: the logs of the runs that made the file, summarised into ``training`` and
+    ``mtp_head``, or ``None`` where the file was made otherwise)."""
     t0 = time.time()
     files = load_corpus()
     _, held = split_corpus(files)
@@ -363,8 +366,8 @@ def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, base
     return {
         "model": gguf_summary(gguf_path),
         "corpus": describe(files),
-        "training": training_summary(DEFAULT_LOG),
-        "mtp_head": head_summary(),
+        "training": training_summary(train_log) if train_log else None,
+        "mtp_head": head_summary(head_log) if head_log else None,
         "acceptance_n_max_1": round(s1.acceptance, 4),
         "acceptance_n_max_1_prompt_mean": round(float(np.mean(per1)), 4),
         "acceptance_n_max_1_prompt_min": round(float(np.min(per1)), 4),
@@ -395,7 +398,7 @@ CARD_END = "<!-- END MEASURED -->"
 def render_measured(r: dict) -> str:
     """The measured section of the model card."""
     md = r["model"]
-    tr = r.get("training", {})
+    tr = r.get("training") or {}
     meta = md["metadata"]
     depth = r["acceptance_n_max_4_by_depth"]
     lines = [
@@ -576,6 +579,10 @@ def write_card(r: dict, card: Path = DEFAULT_CARD) -> Path:
     return card
 
 
+def _log_path(value: str) -> Path | None:
+    return None if value == "none" else Path(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
@@ -587,9 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, default=None, metavar="JSON",
                    help="another file's evaluation (this command's --json), shown before/after in the card")
     p.add_argument("--write-prompts", action="store_true", help="choose the demo prompts and write prompts.json")
+    p.add_argument("--train-log", type=_log_path, default=DEFAULT_LOG,
+                   help="the training log of --gguf's trunk, or 'none' (a file made otherwise, e.g. a "
+                        "training.trunk checkpoint's); default: the shipped model's")
+    p.add_argument("--head-log", type=_log_path, default=HEAD_LOG,
+                   help="the training.mtp_head log of --gguf's MTP block, or 'none'; default: the shipped model's")
     args = p.parse_args(argv)
     baseline = json.loads(args.baseline.read_text(encoding="utf-8")) if args.baseline else None
-    r = evaluate(args.gguf, args.prompts, args.threads, baseline=baseline, write_prompts=args.write_prompts)
+    r = evaluate(args.gguf, args.prompts, args.threads, baseline=baseline, write_prompts=args.write_prompts,
+                 train_log=args.train_log, head_log=args.head_log)
     out = json.dumps(r, indent=2, default=str)
     print(out)
     if args.json:
