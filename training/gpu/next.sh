@@ -7,7 +7,9 @@
 # 2 x MINUTES at a peak learning rate of 2e-4.  What was trained comes back in parts, the logs in $OUT/next-logs.tgz.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.gpu/site:$PWD
 minutes=$1; bar=${2:-2.555}
-read c ce step < /tmp/s2/ranking.txt; echo "best: $c, held-out stdlib CE $ce at step $step"
+read c ce step < /tmp/s2/ranking.txt || true
+[ -n "$c" ] || { echo "no stretch of stretch.sh improved on its start: nothing to go on from"; exit 1; }
+echo "best: $c, held-out stdlib CE $ce at step $step"
 mkdir -p /tmp/h
 if awk "BEGIN{exit !($ce > $bar)}"; then
   flags=$(grep "^$c " /tmp/s2/configs.txt | cut -d' ' -f2-)
