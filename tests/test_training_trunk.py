@@ -214,3 +214,23 @@ def test_average_refuses_checkpoints_of_another_shape(tmp_path):
 
     with pytest.raises(ValueError, match="does not have the shape"):
         average([tmp_path / "a.safetensors", tmp_path / "b.safetensors"])
+
+
+def test_export_writes_the_checkpoint_as_a_gguf_that_computes_the_same(tmp_path):
+    import json
+
+    import gguf
+
+    from training.export import model_from_gguf
+    from training.trunk import main
+
+    out = tmp_path / "trunk.gguf"
+    assert main(["--checkpoint", str(CHECKPOINT), "--export", str(out)]) == 0
+    model, meta = load(CHECKPOINT)
+    back = model_from_gguf(out)
+    x = torch.arange(100, 164).reshape(1, 64)
+    with torch.no_grad():
+        a, b = model.eval()(x)[0], back.eval()(x)[0]
+    assert torch.allclose(a, b, atol=1e-3, rtol=0), float((a - b).abs().max())
+    field = gguf.GGUFReader(out).fields["mtp_explorer.trunk_meta"]
+    assert json.loads(bytes(field.parts[field.data[0]]).decode()) == meta

@@ -249,6 +249,18 @@ def average(paths: list[Path]) -> tuple[DemoModel, dict]:
     return model, {**meta, "averaged": [{"checkpoint": p.name, **m} for p, (_, m) in zip(paths, loaded)]}
 
 
+def export_gguf(checkpoint: Path, out: Path) -> Path:
+    """The GGUF of a checkpoint (F16 matrices, F32 vectors), with the shipped model's tokenizer, which every
+    checkpoint keeps, and its totals as ``mtp_explorer.trunk_meta``."""
+    from training.export import DEFAULT_OUT as SHIPPED
+    from training.export import export_model
+    from training.tokenizer import vocab_from_gguf
+
+    model, meta = load(checkpoint)
+    return export_model(model, vocab_from_gguf(SHIPPED), out, dtype="f16",
+                        **{"mtp_explorer.trunk_meta": json.dumps(meta)})
+
+
 def start_model(checkpoint: Path, layers: int) -> tuple[DemoModel, dict]:
     """(model, totals so far): the checkpoint's, else the shipped model's; an untrained one (stretch 0)
     with fewer than ``layers`` layers is grown to ``layers`` (:func:`training.grow.grow`, deterministic)."""
@@ -285,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", action="store_true", help="tokenize the corpus into --data and stop")
     p.add_argument("--average", type=Path, nargs="+", metavar="CHECKPOINT",
                    help="write the element-wise mean of these checkpoints as --checkpoint and stop")
+    p.add_argument("--export", type=Path, metavar="GGUF",
+                   help="write --checkpoint as a qwen35 GGUF (F16 matrices) with the shipped model's vocabulary and stop")
     p.add_argument("--init-only", action="store_true",
                    help="write the shipped model as --checkpoint (stretch 0: the first stretch grows it) and stop; "
                         "a machine without the package's native extension (a GPU box) then trains with torch alone")
@@ -309,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         model, meta = average(args.average)
         save(model, args.checkpoint, meta)
         print(args.checkpoint)
+        return 0
+    if args.export:
+        print(export_gguf(args.checkpoint, args.export))
         return 0
     if args.init_only:
         if args.checkpoint.exists():
