@@ -162,7 +162,7 @@ def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, 
     counts = {k: int(m.group(1)) for k, m in zip(("n_drafted", "n_accept"), found)}
     tokens = int(found[2].group(1))
     return {"instructions": instructions, "tokens": tokens, "drafted": counts["n_drafted"],
-            "accepted": counts["n_accept"]}
+            "accepted": counts["n_accept"]} | decodes(out)
 
 
 def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str,
@@ -171,7 +171,7 @@ def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, 
            json.dumps(lookup_options(spec, n_max)), prompt, draft]
     instructions, log = callgrind(cmd, lib, out, {"MTP_EXPLORER_PROFILE_EXT": str(ext)} if ext else None)
     result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
-    return {"instructions": instructions} | result
+    return {"instructions": instructions} | result | decodes(out)
 
 
 # Who calls llama_process, read from a callgrind file's caller tree: the target's decodes (the reference's main,
@@ -229,8 +229,6 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
         name = f"{spec}-{n_max}-{n}"
         runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env),
                    "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext)}
-        for side in ("reference", "ours"):
-            runs[n][side] |= decodes(work / f"{'ref' if side == 'reference' else 'ours'}-{name}.cg")
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
     out = {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
