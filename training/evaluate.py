@@ -395,6 +395,19 @@ CARD_BEGIN = "<!-- BEGIN MEASURED (written by python -m training.evaluate) -->"
 CARD_END = "<!-- END MEASURED -->"
 
 
+def layer_pattern(meta: dict) -> str:
+    """The trunk's layer types in order, a repeated group written once with its count (from the GGUF's
+    ``recurrent_layers``, the nextn layers left out)."""
+    n_trunk = int(meta["qwen35.block_count"]) - int(meta["qwen35.nextn_predict_layers"])
+    kinds = ["gated delta net" if r else "gated full attention"
+             for r in meta["qwen35.attention.recurrent_layers"][:n_trunk]]
+    for size in range(1, n_trunk + 1):
+        if n_trunk % size == 0 and kinds == kinds[:size] * (n_trunk // size):
+            group = ", ".join(kinds[:size])
+            return group if size == n_trunk else f"{n_trunk // size} × ({group})"
+    raise AssertionError("unreachable: the whole list is a group of itself")
+
+
 def render_measured(r: dict) -> str:
     """The measured section of the model card."""
     md = r["model"]
@@ -410,8 +423,7 @@ def render_measured(r: dict) -> str:
         "| --- | --- |",
         f"| llama.cpp architecture | `qwen35` ({int(meta['qwen35.block_count']) - 1} trunk layers + "
         f"{meta['qwen35.nextn_predict_layers']} NextN/MTP block) |",
-        f"| layers | gated delta net, gated delta net, gated delta net, gated full attention "
-        f"(`full_attention_interval` {meta['qwen35.full_attention_interval']}) |",
+        f"| layers | {layer_pattern(meta)} (`full_attention_interval` {meta['qwen35.full_attention_interval']}) |",
         f"| hidden size / FFN | {meta['qwen35.embedding_length']} / {meta['qwen35.feed_forward_length']} (SwiGLU) |",
         f"| attention | {meta['qwen35.attention.head_count']} query heads, {meta['qwen35.attention.head_count_kv']} KV heads, "
         f"head dim {meta['qwen35.attention.key_length']}, output gate, QK RMS-norm, RoPE on "
