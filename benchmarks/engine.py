@@ -147,11 +147,13 @@ def pairs_summary(pairs: list[tuple]) -> dict:
 
 def lookup_limits(mode, n_max: int) -> dict[str, int]:
     """The look-ups' length options at ``n_max`` (llama-speculative-simple verifies a look-up's whole draft, where the
-    engine cuts it to n_max: so both sides draft alike) and ngram-mod's n_min at most that; the other options keep
-    llama.cpp's defaults."""
+    engine cuts it to n_max: so both sides draft alike), ngram-mod's n_min at most that, and ngram-simple's key no
+    longer than its continuation (llama.cpp drops a continuation shorter than the key: with the default key of 12 it
+    would never draft, :class:`mtp_explorer.NeverDrafts`); the other options keep llama.cpp's defaults."""
     names = {o.name for o in mode.options}
     limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_mod_n_min": n_max,
-              "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max}
+              "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max,
+              "ngram_simple_size_n": min(n_max, drafters.option_values()["ngram_simple_size_n"])}
     return {k: v for k, v in limits.items() if k in names}
 
 

@@ -33,7 +33,7 @@ from .core.info import ModelInfo, model_info
 from .models import (DemoPrompt, DraftHead, default_model_path, demo_prompt, demo_prompt_within, demo_prompts,
                      draft_heads, draft_model_path)
 from .core.session import Session
-from .core.settings import DraftSettings, Limits, PminNotApplicable
+from .core.settings import DraftSettings, Limits, NeverDrafts, PminNotApplicable
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
@@ -63,6 +63,7 @@ __all__ = [
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec", "DraftSettings", "Limits",
+    "NeverDrafts",
     "PminNotApplicable",
     # analysis
     "BatchShift", "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",

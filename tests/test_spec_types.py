@@ -5,12 +5,14 @@ statistics are counted as ``common_speculative_print_stats`` counts them."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.analysis import simulate as sim
 from mtp_explorer.core import drafters
-from mtp_explorer.core.settings import PminNotApplicable
+from mtp_explorer.core.settings import NeverDrafts, PminNotApplicable
 
 from conftest import check_drafter_stats
 
@@ -85,6 +87,20 @@ def test_p_min_on_a_drafter_without_confidence_is_a_warning(session_mixed):
     with pytest.warns(PminNotApplicable, match="does not apply"):
         t = session_mixed.generate(REPETITIVE, max_tokens=8, n_max=2, p_min=0.5, drafter="ngram-simple")
     assert len(t.tokens) == 8
+
+
+def test_ngram_simple_with_a_continuation_shorter_than_its_key_warns_and_drafts_nothing(session_mixed):
+    """llama.cpp drops ngram-simple's continuation when it is shorter than the key (size_m < size_n): a warning,
+    and the run decodes plainly; size_m == size_n drafts."""
+    with pytest.warns(NeverDrafts, match="ngram_simple_size_m=3 < ngram_simple_size_n=4"):
+        t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple",
+                                   ngram_simple_size_n=4, ngram_simple_size_m=3)
+    assert int(t.totals["n_drafted"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeverDrafts)
+        t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple",
+                                   ngram_simple_size_n=3, ngram_simple_size_m=3)
+    assert int(t.totals["n_drafted"]) > 0
 
 
 def test_ceiling_prices_only_the_drafters_a_policy_asks(session_mixed):

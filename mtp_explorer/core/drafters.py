@@ -195,7 +195,8 @@ _NGRAM_OPTIONS = (
     DrafterOption("ngram_simple_size_n", "--spec-ngram-simple-size-n", 12, 1, 1024,
                   "length of the n-gram looked up (ending with the last token)", aliases=("ngram_n",)),
     DrafterOption("ngram_simple_size_m", "--spec-ngram-simple-size-m", 48, 1, 1024,
-                  "length of the continuation proposed after a match (cut to n_max)", aliases=("ngram_m",)),
+                  "length of the continuation proposed after a match (cut to n_max); below ngram_simple_size_n nothing "
+                  "is proposed (llama.cpp drops a continuation shorter than the n-gram)", aliases=("ngram_m",)),
 )
 
 _NGRAM_MOD_OPTIONS = (

@@ -36,6 +36,11 @@ class PminNotApplicable(UserWarning):
     grid over drafters keeps working)."""
 
 
+class NeverDrafts(UserWarning):
+    """A drafter of the choice can never propose a token with its options (llama.cpp's ngram-simple with
+    ``ngram_simple_size_m`` < ``ngram_simple_size_n``): it runs, and decodes plainly."""
+
+
 def _number(name: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not math.isfinite(value) or not lo <= value <= hi:
@@ -178,10 +183,17 @@ class DraftSettings:
         return self
 
     def warn_unused(self, stacklevel: int = 2) -> None:
-        """Warn (:class:`PminNotApplicable`) when ``p_min`` > 0 applies to no drafter of the choice."""
+        """Warn when a setting does nothing: :class:`PminNotApplicable` when ``p_min`` > 0 applies to no drafter of
+        the choice, :class:`NeverDrafts` when a drafter's options leave it nothing to propose."""
         if self.p_min > 0 and not self.mode.has_confidence:
             warnings.warn(f"p_min={self.p_min} does not apply to drafter={self.drafter!r}: its drafts have no "
                           "confidence", PminNotApplicable, stacklevel=stacklevel + 1)
+        size_n, size_m = self.options["ngram_simple_size_n"], self.options["ngram_simple_size_m"]
+        if self.n_max > 0 and size_m < size_n and any(d.spec_type == "ngram-simple" for d in self.mode.drafters):
+            warnings.warn(f"ngram-simple never drafts with ngram_simple_size_m={size_m} < ngram_simple_size_n={size_n}:"
+                          " llama.cpp drops a continuation shorter than the n-gram it looked up (common_ngram_simple_"
+                          "draft); set ngram_simple_size_m >= ngram_simple_size_n", NeverDrafts,
+                          stacklevel=stacklevel + 1)
 
     # -- the engine's structs ----------------------------------------------------------------------------
     def native_params(self) -> "_native.DraftParams":
