@@ -95,15 +95,12 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
                 wall[level].append(got[level][0] / got["off"][0])
                 phases[level].append(got[level][1] / got["off"][1])
     s.telemetry = "full"
-    rng = np.random.default_rng(0)
     out = {"n_max": n_max, "triples": len(wall["full"]),
            "tokens_per_second": {lv: statistics.median(v) for lv, v in rates.items()},
            "targets": {"full": 0.02, "steps": 0.005}}
     for level in LEVELS[1:]:
-        # 95% bootstrap interval of the median ratio (how precisely this machine's noise lets us tell)
-        boot = np.median(rng.choice(np.asarray(wall[level]), size=(2000, len(wall[level]))), axis=1) - 1
         out[level] = {"overhead": statistics.median(wall[level]) - 1,
-                      "overhead_95ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+                      "overhead_95ci": [x - 1 for x in median_95ci(wall[level])],
                       "overhead_phase_time": statistics.median(phases[level]) - 1}
     return out
 
@@ -135,13 +132,21 @@ def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[],
     return pairs
 
 
+def median_95ci(values: list[float], seed: int = 0) -> list[float]:
+    """95% bootstrap interval of the median of ``values``: how precisely this machine's noise lets a median tell."""
+    v = np.asarray(values, dtype=float)
+    boot = np.median(np.random.default_rng(seed).choice(v, size=(2000, len(v))), axis=1)
+    return [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+
+
 def pairs_summary(pairs: list[tuple]) -> dict:
-    """Medians of the pairs' tokens/s and of their ratios (ours / reference)."""
+    """Medians of the pairs' tokens/s and of their ratios (ours / reference), the ratio's with its 95% interval."""
     with_ref = [(o, r) for o, r in pairs if r is not None]
     doc = {"ours_tokens_per_second": statistics.median(o for o, _ in pairs), "pairs": len(pairs)}
     if with_ref:
+        ratios = [o / r for o, r in with_ref]
         doc |= {"reference_tokens_per_second": statistics.median(r for _, r in with_ref),
-                "ratio": statistics.median(o / r for o, r in with_ref)}
+                "ratio": statistics.median(ratios), "ratio_95ci": median_95ci(ratios)}
     return doc
 
 
