@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from training.corpus import load_corpus, package_root, split_corpus  # noqa: E402
 from training.grow import placement, grow  # noqa: E402
 from training.model import DemoModel, ModelConfig  # noqa: E402
-from training.trunk import CHECKPOINT, CORPUS_PACKAGES, load, repeat_candidates, save, unlikelihood  # noqa: E402
+from training.trunk import (CHECKPOINT, CORPUS_PACKAGES, load, repeat_candidates, save,  # noqa: E402
+                            sequence_unlikelihood, unlikelihood)
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, full_attention_interval=4,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=8,
@@ -98,6 +99,64 @@ def test_unlikelihood_is_zero_without_repeats_and_penalises_a_wrong_copy():
     logits[0, 4, 3] = 5.0  # the model would copy 3 at the repeat
     high, share = unlikelihood(logits, x, 2)
     assert float(high) > float(low) > 0 and share == pytest.approx(1 / 5)
+
+
+def test_sequence_unlikelihood_penalises_every_repeat_of_the_generated_part_only():
+    v = 16
+    x = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3]])  # a loop of period 3
+    logits = torch.zeros(1, 9, v)
+    # generated part from index 6: positions 5..7 predict x[6..8]; each has a candidate (the loop's next token)
+    loss, share = sequence_unlikelihood(logits, x, 2, start=6)
+    assert share == 1.0 and float(loss) == pytest.approx(-np.log1p(-1 / v), rel=1e-5)
+    logits[0, 6, 2] = 5.0  # more weight on the loop's next token at a generated position: a larger loss
+    assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) > float(loss)
+    before = logits.clone()
+    logits[0, 2, 1] = 9.0  # a prompt position (its candidate is not scored): the same loss
+    assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) == float(sequence_unlikelihood(before, x, 2, start=6)[0])
+    assert sequence_unlikelihood(torch.zeros(1, 6, v), torch.arange(6)[None], 2, start=3) == (0, 0.0)
+
+
+def test_a_stretch_with_continuations_logs_the_sequence_unlikelihood(tmp_path):
+    """The continuations (SYNTHETIC rows: a prompt of 8 tokens, then a loop of period 3) join each step's loss: the
+    4-grams of the loop repeat from position 14 on, 17 of the 24 generated positions."""
+    import json
+
+    from training.trunk import main
+
+    stream = np.tile(np.arange(5, 21), 64)
+    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
+             corpus=json.dumps({"synthetic": True}))
+    rows = np.concatenate([np.tile(np.arange(30, 38), (3, 1)), np.tile([40, 41, 42], (3, 8))], axis=1)
+    np.savez(tmp_path / "cont.npz", rows=rows.astype(np.uint16), start=np.int64(8), source=np.array("synthetic"))
+    save(_small_model(), tmp_path / "ck.safetensors", {"steps": 0, "tokens": 0, "seconds": 0.0, "stretches": 1})
+    assert main(["--steps", "2", "--layers", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "2",
+                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--ul-seq-batch", "2", "--log-every", "1",
+                 "--data", str(tmp_path / "tokens.npz"), "--checkpoint", str(tmp_path / "ck.safetensors"),
+                 "--continuations", str(tmp_path / "cont.npz"), "--log", str(tmp_path / "log.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "ul_seq" in r]
+    assert len(steps) == 2 and all(r["ul_seq"] > 0 and r["ul_seq_share"] == pytest.approx(17 / 24, abs=1e-3) for r in steps)
+    assert records[0]["continuations"]["rows"] == [3, 32] and records[0]["continuations"]["start"] == 8
+
+
+def test_make_continuations_are_the_checkpoint_s_greedy_text(tmp_path):
+    """Greedy continuations through llama.cpp of the committed checkpoint, each after a prompt from the stream."""
+    pytest.importorskip("llama_cpp")
+    import json
+
+    from training.llama_ref import LlamaMTP
+    from training.trunk import export_gguf, make_continuations
+
+    stream = np.arange(100, 400)
+    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
+             corpus=json.dumps({"synthetic": True}))
+    out = make_continuations(CHECKPOINT, tmp_path / "tokens.npz", tmp_path / "cont.npz", n=2, prompt_len=16, n_new=8)
+    z = np.load(out)
+    assert z["rows"].shape == (2, 24) and int(z["start"]) == 16 and str(z["source"]) == CHECKPOINT.name
+    with LlamaMTP(export_gguf(CHECKPOINT, tmp_path / "m.gguf"), n_ctx=64, n_threads=1, n_rs_seq=0) as m:
+        for row in z["rows"].astype(int).tolist():
+            assert row[:16] == list(range(row[0], row[0] + 16))  # a window of the stream
+            assert m.greedy(row[:16], 8, stop_at_eos=False) == row[16:]
 
 
 def test_checkpoint_round_trip_keeps_vectors_exact(tmp_path):

@@ -15,7 +15,14 @@ Loss per step (nats/token): the trunk's next-token CE, plus ``mtp_weight`` times
 objective at depths 1..``depth`` (``training.mtp_head``: 0.25 x CE of the data + 1.0 x CE against the
 trunk's distribution, averaged over depths), plus ``ul_weight`` times an unlikelihood term against loops:
 where the last ``ul_ngram`` tokens occurred earlier in the window and the token that followed them then is
-not the next token now, ``-log(1 - p(that token))``.
+not the next token now, ``-log(1 - p(that token))``.  With ``--continuations`` (the model's own greedy
+continuations, written by ``--make-continuations``), plus ``ul_seq_weight`` times the sequence-level
+unlikelihood of Welleck et al. (2019) on them: at every generated position whose last ``ul_ngram`` tokens
+occurred earlier in the row, ``-log(1 - p(the token that followed them then))``, whether or not the model
+went on to copy it (greedy loops are the model's own, never the data's).
+
+    python -m training.trunk --make-continuations /tmp/cont.npz      # 512 greedy continuations, llama.cpp
+    python -m training.trunk --continuations /tmp/cont.npz --ul-seq-weight 1.0 --max-minutes 30
 
 Corpus: the standard library (held-out files unchanged) plus the pinned numpy and pandas sources
 (``training.corpus.PACKAGES``), deduplicated, tokenized with the shipped model's own tokenizer.
@@ -28,6 +35,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +76,8 @@ class TrunkConfig:
     distill_weight: float = 1.0
     ul_weight: float = 0.5
     ul_ngram: int = 4
+    ul_seq_weight: float = 1.0  #: the sequence-level unlikelihood's weight, where --continuations are given
+    ul_seq_batch: int = 8  #: continuations per step
     dropout: float = 0.1  #: dropout on each trunk layer's MLP output while training (the corpus is small)
     eval_every: int = 200
     eval_batches: int = 8
@@ -168,8 +178,25 @@ def unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int) -> tuple[torch.T
     return -torch.log1p(-p).mean(), float(wrong.float().mean())
 
 
-def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The step's loss terms (see the module docstring)."""
+def sequence_unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int, start: int) -> tuple[torch.Tensor, float]:
+    """Mean ``-log(1 - p(c))`` over the positions predicting a token of ``x[:, start:]`` (the generated part) whose
+    repeat candidate ``c`` exists, copied or not, and the share of those positions that have one."""
+    v = logits.shape[-1]
+    cand = repeat_candidates(x, n, v)[:, :-1]
+    generated = torch.arange(x.shape[1] - 1, device=x.device)[None] >= start - 1
+    hit = (cand >= 0) & generated
+    if not bool(hit.any()):
+        return logits.new_zeros(()), 0.0
+    lg = logits[:, :-1][hit].float()
+    logp = lg.gather(-1, cand[hit][:, None]).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+    p = logp.exp().clamp(max=1 - 1e-6)
+    return -torch.log1p(-p).mean(), float(hit.sum()) / float(generated.expand_as(hit).sum())
+
+
+def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Tensor,
+           cont: tuple[torch.Tensor, int] | None = None) -> dict[str, torch.Tensor]:
+    """The step's loss terms (see the module docstring); ``cont``: a batch of the model's own continuations and
+    where their generated part starts."""
     h = model.trunk_hidden(x)
     logits = model.logits(h)
     v = logits.shape[-1]
@@ -177,9 +204,44 @@ def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Te
     mtp_ce, soft, agree = model.mtp_terms(x, h, logits.detach(), cfg.depth, starts)
     mtp = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(mtp_ce, soft)) / cfg.depth
     ul, ul_share = unlikelihood(logits, x, cfg.ul_ngram) if cfg.ul_weight else (ce.new_zeros(()), 0.0)
-    return {"loss": ce + cfg.mtp_weight * mtp + cfg.ul_weight * ul, "ce": ce, "mtp": mtp, "ul": ul,
-            "ul_share": torch.tensor(ul_share), "mtp_ce": torch.stack([c.detach() for c in mtp_ce]),
-            "agreement": torch.stack(agree)}
+    terms = {"ce": ce, "mtp": mtp, "ul": ul, "ul_share": torch.tensor(ul_share),
+             "mtp_ce": torch.stack([c.detach() for c in mtp_ce]), "agreement": torch.stack(agree)}
+    loss = ce + cfg.mtp_weight * mtp + cfg.ul_weight * ul
+    if cont is not None:
+        rows, start = cont
+        ul_seq, seq_share = sequence_unlikelihood(model.logits(model.trunk_hidden(rows)), rows, cfg.ul_ngram, start)
+        terms |= {"ul_seq": ul_seq, "ul_seq_share": torch.tensor(seq_share)}
+        loss = loss + cfg.ul_seq_weight * ul_seq
+    return {"loss": loss, **terms}
+
+
+def make_continuations(checkpoint: Path, data: Path, out: Path, n: int = 512, prompt_len: int = 64,
+                       n_new: int = 128, seed: int = 7, threads: int = 1) -> Path:
+    """``n`` greedy continuations of ``n_new`` tokens by the checkpoint's model (through llama.cpp, its GGUF), each
+    after a prompt of ``prompt_len`` tokens drawn from the training stream: ``rows`` (n, prompt_len + n_new) and
+    ``start`` (= prompt_len), for :func:`sequence_unlikelihood`."""
+    from training.llama_ref import LlamaMTP
+
+    train = load_data(data)[0]["train"]
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(train) - prompt_len, size=n)
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = export_gguf(checkpoint, Path(tmp) / "model.gguf")
+        with LlamaMTP(gguf, n_ctx=prompt_len + n_new + 8, n_threads=threads, n_rs_seq=0) as m:
+            rows = []
+            for s0 in starts:
+                prompt = [int(t) for t in train[s0:s0 + prompt_len]]
+                rows.append(prompt + m.greedy(prompt, n_new, stop_at_eos=False))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, rows=np.asarray(rows, dtype=np.uint16), start=np.int64(prompt_len),
+                        source=np.array(checkpoint.name))
+    return out
+
+
+def continuations_at(rows: np.ndarray, step: int, cfg: TrunkConfig) -> torch.Tensor:
+    """Step ``step``'s continuations, drawn from ``default_rng([seed, step, 2])``."""
+    rng = np.random.default_rng([cfg.seed, step, 2])
+    return torch.from_numpy(rows[rng.integers(0, len(rows), size=cfg.ul_seq_batch)].astype(np.int64))
 
 
 @torch.no_grad()
@@ -302,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-only", action="store_true",
                    help="write the shipped model as --checkpoint (stretch 0: the first stretch grows it) and stop; "
                         "a machine without the package's native extension (a GPU box) then trains with torch alone")
+    p.add_argument("--make-continuations", type=Path, metavar="NPZ",
+                   help="write 512 greedy continuations of --checkpoint's model (llama.cpp) here and stop")
+    p.add_argument("--continuations", type=Path, metavar="NPZ",
+                   help="train with the sequence-level unlikelihood on these continuations (ul_seq_weight)")
     p.add_argument("--data", type=Path, default=DATA, help="token streams written by --prepare")
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT, help="weights-only F16 checkpoint (read and written)")
     p.add_argument("--log", type=Path, default=LOG, help="JSON lines log (appended)")
@@ -327,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.export:
         print(export_gguf(args.checkpoint, args.export))
         return 0
+    if args.make_continuations:
+        print(make_continuations(args.checkpoint, args.data, args.make_continuations, threads=args.threads))
+        return 0
     if args.init_only:
         if args.checkpoint.exists():
             print(f"{args.checkpoint} exists", file=sys.stderr)
@@ -346,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     log = JsonLog(args.log)
 
     data, corpus = load_data(args.data)
+    cont = np.load(args.continuations) if args.continuations else None
     model, meta = start_model(args.checkpoint, cfg.layers)
     if model.cfg.num_hidden_layers != cfg.layers:
         print(f"{args.checkpoint} has {model.cfg.num_hidden_layers} layers, not {cfg.layers}", file=sys.stderr)
@@ -362,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     stretch = meta["stretches"] + 1
     log({"event": "stretch_start", "stretch": stretch, "config": asdict(cfg),
          "model_config": model.cfg.to_dict(), "params": model.n_params(), "totals": meta, "corpus": corpus,
-         "device": str(device), "torch": torch.__version__, "transformers": transformers.__version__, "budget_minutes": args.max_minutes})
+         "device": str(device), "torch": torch.__version__, "transformers": transformers.__version__, "budget_minutes": args.max_minutes,
+         "continuations": None if cont is None else {"path": str(args.continuations), "rows": list(cont["rows"].shape),
+                                                     "start": int(cont["start"]), "source": str(cont["source"])}})
     first = {k: evaluate(model, b, cfg, device) for k, b in held.items()}
     log({"event": "eval", "stretch": stretch, "step": meta["steps"], "tokens": meta["tokens"], **first})
     best_ce = first["heldout_stdlib"]["ce"]
@@ -383,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             g["lr"] = lr
         x = batch_at(data["train"], base + step, cfg).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=True):
-            terms = losses(model, x, cfg, chain_starts(base + step, cfg).to(device))
+            own = None if cont is None else (continuations_at(cont["rows"], base + step, cfg).to(device), int(cont["start"]))
+            terms = losses(model, x, cfg, chain_starts(base + step, cfg).to(device), own)
         opt.zero_grad(set_to_none=True)
         terms["loss"].backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
