@@ -114,6 +114,10 @@ def test_sequence_unlikelihood_penalises_every_repeat_of_the_generated_part_only
     logits[0, 2, 1] = 9.0  # a prompt position (its candidate is not scored): the same loss
     assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) == float(sequence_unlikelihood(before, x, 2, start=6)[0])
     assert sequence_unlikelihood(torch.zeros(1, 6, v), torch.arange(6)[None], 2, start=3) == (0, 0.0)
+    # run=2: position t counts once t-2 and t-1 both copied their candidate
+    x = torch.tensor([[7, 1, 2, 3, 1, 2, 3, 1, 2]])  # candidates (all copied) at positions 5, 6, 7
+    assert sequence_unlikelihood(torch.zeros(1, 9, v), x, 2, start=1, run=0)[1] == pytest.approx(3 / 8)
+    assert sequence_unlikelihood(torch.zeros(1, 9, v), x, 2, start=1, run=2)[1] == pytest.approx(1 / 8)  # 7 only
 
 
 def test_a_stretch_with_continuations_logs_the_sequence_unlikelihood(tmp_path):
@@ -130,7 +134,7 @@ def test_a_stretch_with_continuations_logs_the_sequence_unlikelihood(tmp_path):
     np.savez(tmp_path / "cont.npz", rows=rows.astype(np.uint16), start=np.int64(8), source=np.array("synthetic"))
     save(_small_model(), tmp_path / "ck.safetensors", {"steps": 0, "tokens": 0, "seconds": 0.0, "stretches": 1})
     assert main(["--steps", "2", "--layers", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "2",
-                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--ul-seq-batch", "2", "--log-every", "1",
+                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--ul-seq-batch", "2", "--ul-seq-run", "0", "--log-every", "1",
                  "--data", str(tmp_path / "tokens.npz"), "--checkpoint", str(tmp_path / "ck.safetensors"),
                  "--continuations", str(tmp_path / "cont.npz"), "--log", str(tmp_path / "log.jsonl")]) == 0
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
