@@ -1,6 +1,7 @@
 #!/bin/bash
 # Fills .gpu/ (ignored by git) with what training/gpu/*.sh need on a lent GPU machine, which has torch but not
-# transformers 5.23 and cannot download: the token streams and transformers 5.23 pruned to what the trunk and the
+# transformers 5.23 and cannot download: the token streams, the tracked checkpoint's greedy continuations (for
+# --continuations) and transformers 5.23 pruned to what the trunk and the
 # heads import (the tracked checkpoint leaves ~12 MB of the 64 MiB a call may carry).  Run from the repository root.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -8,6 +9,12 @@ grep -qx '/.gpu/' .git/info/exclude || echo /.gpu/ >> .git/info/exclude
 mkdir -p .gpu
 PY=${PYTHON:-.venv/bin/python}
 [ -f .gpu/tokens.npz ] || "$PY" -m training.trunk --prepare --data .gpu/tokens.npz
+# the tracked checkpoint's own greedy continuations (llama.cpp, which the GPU machine lacks) for --continuations;
+# made again when the checkpoint changed
+ck=training/checkpoints/trunk-v2.safetensors
+if [ ! -f .gpu/continuations.npz ] || [ "$ck" -nt .gpu/continuations.npz ]; then
+  "$PY" -m training.trunk --make-continuations .gpu/continuations.npz --checkpoint "$ck" --data .gpu/tokens.npz
+fi
 if [ ! -d .gpu/site/transformers ]; then
   version=$(grep -o '"transformers==[^"]*"' pyproject.toml | head -1 | tr -d '"' | cut -d= -f3)
   tmp=$(mktemp -d)

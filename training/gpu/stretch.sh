@@ -12,9 +12,13 @@ for setting in "$@"; do
   c=${setting%%:*}; flags=${setting#*:}
   cp training/checkpoints/trunk-v2.safetensors /tmp/s2/ck-$c.safetensors
   echo "$c $flags" >> /tmp/s2/configs.txt
+  # a setting with the sequence-level unlikelihood (--continuations .gpu/continuations.npz) trades held-out CE for
+  # fewer loops, so its lowest-CE weights predate its gain: it comes back with its last weights instead
+  best="--best /tmp/s2/best-$c.safetensors"
+  case "$flags" in *--continuations*) best="" ;; esac
   timeout -s INT $(awk "BEGIN{print int($minutes * 60 + 30)}") python3 -m training.trunk --device cuda \
      --max-minutes "$minutes" --data .gpu/tokens.npz --checkpoint /tmp/s2/ck-$c.safetensors \
-     --best /tmp/s2/best-$c.safetensors --log /tmp/s2/trunk-$c.jsonl --eval-every 100 $flags \
+     $best --log /tmp/s2/trunk-$c.jsonl --eval-every 100 $flags \
      > /tmp/s2/stdout-$c.txt 2>&1 &
 done
 sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
@@ -23,13 +27,18 @@ python3 - <<'PY' > /tmp/s2/ranking.txt
 import glob, json, os
 best = {}
 for f in glob.glob("/tmp/s2/trunk-*.jsonl"):
-    kept = [json.loads(line) for line in open(f) if '"best"' in line]
+    c = os.path.basename(f)[len("trunk-"):-len(".jsonl")]
+    rows = [json.loads(line) for line in open(f)]
+    kept = [r for r in rows if r.get("event") == "best"]
+    evals = [r for r in rows if r.get("event") == "eval"]
     if kept:
-        best[os.path.basename(f)[len("trunk-"):-len(".jsonl")]] = (kept[-1]["heldout_stdlib_ce"], kept[-1]["step"])
-for c, (ce, step) in sorted(best.items(), key=lambda kv: kv[1]):
-    print(c, ce, step)
+        best[c] = (kept[-1]["heldout_stdlib_ce"], kept[-1]["step"], f"/tmp/s2/best-{c}.safetensors")
+    elif len(evals) > 1 and os.path.exists(f"/tmp/s2/ck-{c}.safetensors"):  # the last weights (no --best)
+        best[c] = (evals[-1]["heldout_stdlib"]["ce"], evals[-1]["step"], f"/tmp/s2/ck-{c}.safetensors")
+for c, (ce, step, path) in sorted(best.items(), key=lambda kv: kv[1]):
+    print(c, ce, step, path)
 PY
 cat /tmp/s2/ranking.txt
-for c in $(head -2 /tmp/s2/ranking.txt | cut -d' ' -f1); do split -b 12M /tmp/s2/best-$c.safetensors $OUT/best-$c.part-; done
+head -2 /tmp/s2/ranking.txt | while read -r c ce step path; do split -b 12M "$path" $OUT/best-$c.part-; done
 tar czf $OUT/logs.tgz -C /tmp/s2 configs.txt ranking.txt $(cd /tmp/s2 && ls trunk-*.jsonl stdout-*.txt)
 ls -la $OUT
