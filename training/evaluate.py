@@ -401,11 +401,9 @@ def layer_pattern(meta: dict) -> str:
     n_trunk = int(meta["qwen35.block_count"]) - int(meta["qwen35.nextn_predict_layers"])
     kinds = ["gated delta net" if r else "gated full attention"
              for r in meta["qwen35.attention.recurrent_layers"][:n_trunk]]
-    for size in range(1, n_trunk + 1):
-        if n_trunk % size == 0 and kinds == kinds[:size] * (n_trunk // size):
-            group = ", ".join(kinds[:size])
-            return group if size == n_trunk else f"{n_trunk // size} × ({group})"
-    raise AssertionError("unreachable: the whole list is a group of itself")
+    size = next(k for k in range(1, n_trunk + 1) if kinds == kinds[:k] * (n_trunk // k))  # n_trunk at the latest
+    group = ", ".join(kinds[:size])
+    return group if size == n_trunk else f"{n_trunk // size} × ({group})"
 
 
 def render_measured(r: dict) -> str:

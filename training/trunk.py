@@ -175,10 +175,14 @@ def unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int) -> tuple[torch.T
     wrong = (cand >= 0) & (cand != x[:, 1:])
     if not bool(wrong.any()):
         return logits.new_zeros(()), 0.0
-    lg = logits[:, :-1][wrong].float()
-    logp = lg.gather(-1, cand[wrong][:, None]).squeeze(-1) - torch.logsumexp(lg, dim=-1)
-    p = logp.exp().clamp(max=1 - 1e-6)
-    return -torch.log1p(-p).mean(), float(wrong.float().mean())
+    return _unlikely(logits, cand, wrong), float(wrong.float().mean())
+
+
+def _unlikely(logits: torch.Tensor, cand: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Mean ``-log(1 - p(cand))`` over the positions ``where`` (of ``logits[:, :-1]``)."""
+    lg = logits[:, :-1][where].float()
+    logp = lg.gather(-1, cand[where][:, None]).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+    return -torch.log1p(-logp.exp().clamp(max=1 - 1e-6)).mean()
 
 
 def sequence_unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int, start: int,
@@ -195,10 +199,7 @@ def sequence_unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int, start: 
         hit &= F.pad(copied, (run, 0))[:, :-1].unfold(1, run, 1).amin(-1) > 0
     if not bool(hit.any()):
         return logits.new_zeros(()), 0.0
-    lg = logits[:, :-1][hit].float()
-    logp = lg.gather(-1, cand[hit][:, None]).squeeze(-1) - torch.logsumexp(lg, dim=-1)
-    p = logp.exp().clamp(max=1 - 1e-6)
-    return -torch.log1p(-p).mean(), float(hit.sum()) / float(generated.expand_as(hit).sum())
+    return _unlikely(logits, cand, hit), float(hit.sum()) / float(generated.expand_as(hit).sum())
 
 
 def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Tensor,
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     log = JsonLog(args.log)
 
     data, corpus = load_data(args.data)
-    cont = np.load(args.continuations) if args.continuations else None
+    cont = dict(np.load(args.continuations)) if args.continuations else None  # read once, not at every step
     model, meta = start_model(args.checkpoint, cfg.layers)
     if model.cfg.num_hidden_layers != cfg.layers:
         print(f"{args.checkpoint} has {model.cfg.num_hidden_layers} layers, not {cfg.layers}", file=sys.stderr)
