@@ -269,6 +269,23 @@ def test_average_is_the_elementwise_mean_and_records_its_sources(tmp_path):
     assert meta["averaged"][1]["steps"] == 12
 
 
+def test_average_weights_a_checkpoint_given_twice_twice(tmp_path):
+    from training.trunk import average
+
+    a, b = _small_model(), _small_model()
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(0.75)
+    save(a, tmp_path / "a.safetensors", {"steps": 10})
+    save(b, tmp_path / "b.safetensors", {"steps": 12})
+    soup, meta = average([tmp_path / "a.safetensors", tmp_path / "a.safetensors", tmp_path / "b.safetensors"])
+    a, _ = load(tmp_path / "a.safetensors")
+    b, _ = load(tmp_path / "b.safetensors")
+    for k, v in soup.state_dict().items():
+        assert torch.allclose(v, (2 * a.state_dict()[k] + b.state_dict()[k]) / 3, atol=1e-6), k
+    assert [s["checkpoint"] for s in meta["averaged"]] == ["a.safetensors", "a.safetensors", "b.safetensors"]
+
+
 def test_average_refuses_checkpoints_of_another_shape(tmp_path):
     save(_small_model(), tmp_path / "a.safetensors", {"steps": 1})
     bigger = DemoModel(ModelConfig(**{**SMALL, "intermediate_size": 64}))

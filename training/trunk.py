@@ -308,8 +308,8 @@ def load(path: Path) -> tuple[DemoModel, dict]:
 
 
 def average(paths: list[Path]) -> tuple[DemoModel, dict]:
-    """The element-wise mean of checkpoints of one model shape (a "soup" of stretches run from one start), with
-    the first one's totals and the sources' names and totals under ``averaged``."""
+    """The element-wise mean of checkpoints of one model shape (a "soup" of stretches run from one start; a path
+    given n times weighs n), with the first one's totals and the sources' names and totals under ``averaged``."""
     loaded = [load(p) for p in paths]
     model, meta = loaded[0]
     shapes = {k: v.shape for k, v in model.state_dict().items()}
@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prepare", action="store_true", help="tokenize the corpus into --data and stop")
     p.add_argument("--average", type=Path, nargs="+", metavar="CHECKPOINT",
-                   help="write the element-wise mean of these checkpoints as --checkpoint and stop")
+                   help="write the element-wise mean of these checkpoints as --checkpoint and stop (a checkpoint given n "
+                        "times weighs n)")
     p.add_argument("--export", type=Path, metavar="GGUF",
                    help="write --checkpoint as a qwen35 GGUF (F16 matrices) with the shipped model's vocabulary and stop")
     p.add_argument("--init-only", action="store_true",
