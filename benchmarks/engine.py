@@ -37,7 +37,7 @@ import numpy as np
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import compare_with_reference, replay_reference_budget, run_reference
+from mtp_explorer.devtools.reference import compare_with_reference, generate_reference_budget, run_reference
 
 from _common import emit, machine, pick_model, write_mode_models
 from scale_model import write_scale_model
@@ -167,7 +167,8 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
     """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
     on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of ``levels``,
     beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`; the
-    session's snapshot slots as the reference's where it has any: :func:`at_capacity`). A chain
+    session's snapshot slots as the reference's where it has any: :func:`at_capacity`; ours does the reference's work,
+    its budget rule included: :func:`generate_reference_budget`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
     (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
     reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head);
@@ -191,11 +192,14 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                         sc.telemetry = level
                         pairs, counts = [], {"drafted": 0, "accepted": 0}
 
-                        def ours(prompt: str) -> float:
-                            secs, t = decode_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
-                            counts["drafted"] += int(t.totals["n_drafted"])
-                            counts["accepted"] += int(t.totals["n_accepted"])
-                            return len(t.tokens) / secs
+                        def ours(prompt: str) -> float:  # the reference's work: its budget rule
+                            t0 = time.perf_counter_ns()
+                            run = generate_reference_budget(sc, prompt, max_tokens=tokens, n_max=spec_n_max,
+                                                            drafter=spec, **options)
+                            secs = (time.perf_counter_ns() - t0 - run.trace.t_prefill_ns) / 1e9
+                            counts["drafted"] += run.n_drafted
+                            counts["accepted"] += run.n_accepted
+                            return len(run.trace.tokens) / secs
 
                         def ref(prompt: str) -> float:
                             return run_reference_spec(binary, path, prompt,
@@ -248,11 +252,10 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
     in :func:`alternating_pairs` per prompt and repeat, at each telemetry level of :data:`TIMED_LEVELS`; the ratio
     is the median of the pairs' ratios (``head``: the target's shared-memory MTP head file).
 
-    The same work on both sides: with telemetry on, ours replays the reference's steps (its budget rule, which
-    lets the last step draft the full n_max and so decode past ``tokens``: :func:`replay_reference_budget`), the
-    run whose text and totals are checked against the reference's; with telemetry off (no steps to replay) ours
-    is one ``generate(max_tokens=tokens)``, whose last steps draft only what the budget leaves (``ours_tokens`` and
-    ``reference_tokens`` say how many each side decoded)."""
+    The same work on both sides at every level: ours runs the reference's budget rule on the native step loop
+    (:func:`generate_reference_budget`: its last step drafts the full n_max and so decodes past ``tokens``, as the
+    reference's does), and with telemetry on its text and totals are checked against the reference's
+    (``ours_tokens`` and ``reference_tokens`` say how many each side decoded)."""
     ref = {}
     for n_max in (1, 2, 3, 4):
         with at_capacity(s, n_max) as sc:
@@ -272,17 +275,13 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
                     def ours() -> float:
                         sc.telemetry = level
                         t0 = time.perf_counter_ns()
-                        if level == "off":
-                            trace = sc.generate(prompt, max_tokens=tokens, n_max=n_max)
-                        else:
-                            trace = replay_reference_budget(sc, prompt, max_tokens=tokens, n_max=n_max)
+                        trace = generate_reference_budget(sc, prompt, max_tokens=tokens, n_max=n_max).trace
                         secs = (time.perf_counter_ns() - t0 - trace.t_prefill_ns) / 1e9
                         counts["ours_tokens"] += len(trace.tokens)
                         return len(trace.tokens) / secs
 
                     pairs += alternating_pairs(repeats, ours, reference)  # ours first: the trace checked
                 entry[level] = pairs_summary(pairs) | {
-                    "work": "replay of the reference's steps" if level != "off" else "generate(max_tokens)",
                     "ours_tokens": counts["ours_tokens"] // repeats, "reference_tokens": counts["reference_tokens"] // repeats}
             sc.telemetry = "full"
             ref[n_max] = entry | {"parity_of_totals_and_text": all(parity)}

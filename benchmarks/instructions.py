@@ -59,9 +59,9 @@ DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draf
 
 # Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH), under the
 # reference's budget rule for ``-n tokens`` (devtools.reference.draft_cap_rule): it drafts at most the tokens left
-# but the last, a full draft once none are left, and stops once it has more than ``tokens``. Session.stream drives
-# that rule in devtools.reference.replay_reference_budget, but it builds a Step record per step (about 1% of a
-# scale step's instructions); this drives the native step loop as stream does, with telemetry off.
+# but the last, a full draft once none are left, and stops once it has more than ``tokens``: the native step loop
+# with telemetry off (devtools.reference.generate_reference_budget; replay_reference_budget's Session.stream would
+# build a Step record per step, about 1% of a scale step's instructions).
 OURS = r"""
 import importlib.util, json, os, sys
 if os.environ.get("MTP_EXPLORER_PROFILE_EXT"):  # --ext: the extension with symbols, in place of the installed one
@@ -69,37 +69,13 @@ if os.environ.get("MTP_EXPLORER_PROFILE_EXT"):  # --ext: the extension with symb
     sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[spec.name])
 import mtp_explorer as mx
-from mtp_explorer import _native
-from mtp_explorer.core.settings import resolve
-from mtp_explorer.devtools.reference import draft_cap_rule
+from mtp_explorer.devtools.reference import generate_reference_budget
 path, spec, n_max, n_rs_seq, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 options, prompt, draft = json.loads(sys.argv[6]), sys.argv[7], sys.argv[8] or None
 with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off",
                      draft_model=draft) as s:
-    n_max_for = draft_cap_rule(s, prompt, tokens, n_max)
-    settings = resolve(None, dict(max_tokens=tokens + n_max + 2, n_max=n_max_for(0), drafter=spec, **options))
-    counted = {"drafted": 0, "accepted": 0}  # as the reference counts them (devtools.reference.reference_totals)
-    with s._run():
-        prompt_tokens = s._begin(prompt, settings)
-        engine, before = s._engine, (0, 0)
-        while True:
-            more = engine.step()
-            totals = engine.request_state(0)["totals"]
-            drafted, accepted = totals["n_drafted"] - before[0], totals["n_accepted"] - before[1]
-            before = (totals["n_drafted"], totals["n_accepted"])
-            partial = s.checkpoints and accepted < drafted
-            if partial:  # not counted; its replay counts accepted + 1 as both
-                drafted = accepted = accepted + 1
-            counted["drafted"] += drafted
-            counted["accepted"] += accepted
-            if not more:
-                break
-            if engine.n_generated > tokens and not partial:  # the reference counts a partial step at its replay
-                engine.cancel()
-            else:
-                engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
-        t = s._finish(prompt, prompt_tokens)
-    print(json.dumps({"tokens": len(t.tokens)} | counted))
+    run = generate_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec, **options)
+    print(json.dumps({"tokens": len(run.trace.tokens), "drafted": run.n_drafted, "accepted": run.n_accepted}))
 """
 
 

@@ -197,6 +197,53 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
     return session.last_trace
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetRun:
+    """A generation under the reference's budget rule (:func:`generate_reference_budget`)."""
+
+    trace: Trace
+    n_drafted: int
+    """Drafted tokens as llama-speculative-simple counts them (a checkpoint replay counts its accepted tokens
+    and the bonus as drafted and accepted, the partial step before it not at all)."""
+    n_accepted: int
+
+
+def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int,
+                              drafter: str | None = None, **options: int | str) -> BudgetRun:
+    """:func:`replay_reference_budget`'s generation (greedy, ``p_min`` and ``n_min`` 0) driven by the native step
+    loop instead of :meth:`Session.stream`: no :class:`Step` is built per step and any telemetry level works,
+    ``"off"`` included. So the same tokens with the same drafts as the reference can be timed without the
+    stream's Python work per step. The checkpoint rule follows ``session.checkpoints``."""
+    from ..core.settings import resolve
+    from .. import _native
+
+    n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
+    chosen = {} if drafter is None else {"drafter": drafter}
+    settings = resolve(None, dict(max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), **chosen, **options))
+    drafted = accepted = 0
+    with session._run():
+        prompt_tokens = session._begin(prompt, settings)
+        engine, before = session._engine, (0, 0)
+        while True:
+            more = engine.step()
+            totals = engine.request_state(0)["totals"]
+            step_drafted, step_accepted = totals["n_drafted"] - before[0], totals["n_accepted"] - before[1]
+            before = (totals["n_drafted"], totals["n_accepted"])
+            partial = session.checkpoints and step_accepted < step_drafted
+            if partial:  # not counted; its replay counts accepted + 1 as both
+                step_drafted = step_accepted = step_accepted + 1
+            drafted += step_drafted
+            accepted += step_accepted
+            if not more:
+                break
+            if engine.n_generated > max_tokens and not partial:  # the reference counts a partial step at its replay
+                engine.cancel()
+            else:
+                engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
+        trace = session._finish(prompt, prompt_tokens)
+    return BudgetRun(trace, drafted, accepted)
+
+
 def reference_checkpoints(target: str | Path, spec) -> bool:
     """Whether llama-speculative-simple follows its checkpoint rule for ``--spec-type spec`` on ``target``: on a
     recurrent target whose context gets no snapshot slots, i.e. when no drafter of the chain is one llama.cpp gives
