@@ -53,6 +53,13 @@ def decode_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int, **kwargs
     return (wall - trace.t_prefill_ns) / 1e9, trace
 
 
+def budget_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int, **kwargs):
+    """As :func:`decode_seconds`, on the reference's work (:func:`generate_reference_budget`)."""
+    t0 = time.perf_counter_ns()
+    run = generate_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, **kwargs)
+    return (time.perf_counter_ns() - t0 - run.trace.t_prefill_ns) / 1e9, run
+
+
 def tokens_per_second(s, tokens, n_max, repeats) -> tuple[float, list[mx.Trace]]:
     rates, traces = [], []
     for prompt in PROMPTS:
@@ -193,10 +200,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                         pairs, counts = [], {"drafted": 0, "accepted": 0}
 
                         def ours(prompt: str) -> float:  # the reference's work: its budget rule
-                            t0 = time.perf_counter_ns()
-                            run = generate_reference_budget(sc, prompt, max_tokens=tokens, n_max=spec_n_max,
-                                                            drafter=spec, **options)
-                            secs = (time.perf_counter_ns() - t0 - run.trace.t_prefill_ns) / 1e9
+                            secs, run = budget_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
                             counts["drafted"] += run.n_drafted
                             counts["accepted"] += run.n_accepted
                             return len(run.trace.tokens) / secs
@@ -274,9 +278,8 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
 
                     def ours() -> float:
                         sc.telemetry = level
-                        t0 = time.perf_counter_ns()
-                        trace = generate_reference_budget(sc, prompt, max_tokens=tokens, n_max=n_max).trace
-                        secs = (time.perf_counter_ns() - t0 - trace.t_prefill_ns) / 1e9
+                        secs, run = budget_seconds(sc, prompt, tokens, n_max)
+                        trace = run.trace
                         counts["ours_tokens"] += len(trace.tokens)
                         return len(trace.tokens) / secs
 
