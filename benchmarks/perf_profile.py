@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/perf_profile.py --scale              # SYNTHETIC 0.4 B Q8_0 model, off and full
     .venv/bin/python benchmarks/perf_profile.py --threads 2 --levels off steps full --ext build/profile/ext
+    .venv/bin/python benchmarks/perf_profile.py --scale --spec-type ngram-mod,draft-mtp --prompts code
 
 Each level runs in a child process under ``perf record`` (Debian's ``linux-perf``). Sampling starts disabled
 (``--delay=-1``). The child loads the model and runs one warm-up generation. It then enables sampling through perf's
@@ -33,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, machine, pick_model  # noqa: E402
+from engine import KIND_PROMPTS, lookup_limits, reference_rs_seq  # noqa: E402
+from mtp_explorer.core import drafters  # noqa: E402
 from scale_model import write_scale_model  # noqa: E402
 
 LEVELS = ("off", "steps", "full")
@@ -46,7 +49,7 @@ if os.environ.get("MTP_EXPLORER_PROFILE_EXT"):  # --ext: the extension with symb
     sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[spec.name])
 import mtp_explorer as mx
-path, level, threads, n_max, tokens, repeats, prompt = sys.argv[1:8]
+run = json.loads(sys.argv[1])  # path, level, threads, n_max, tokens, repeats, prompts, drafter, options, open
 ctl, ack = os.environ["PERF_CTL_FIFO"], os.environ["PERF_ACK_FIFO"]
 
 def perf(command):
@@ -55,10 +58,13 @@ def perf(command):
     with open(ack) as f:
         f.readline()
 
-with mx.Session.open(path, n_ctx=1024, threads=int(threads), telemetry=level) as s:
-    s.generate(prompt, max_tokens=int(tokens), n_max=int(n_max))
+def generate(s, prompt):
+    return s.generate(prompt, max_tokens=run["tokens"], n_max=run["n_max"], **run["drafter"], **run["options"])
+
+with mx.Session.open(run["path"], n_ctx=1024, threads=run["threads"], telemetry=run["level"], **run["open"]) as s:
+    generate(s, run["prompts"][0])
     perf("enable")
-    made = [len(s.generate(prompt, max_tokens=int(tokens), n_max=int(n_max)).tokens) for _ in range(int(repeats))]
+    made = [len(generate(s, p).tokens) for _ in range(run["repeats"]) for p in run["prompts"]]
     perf("disable")
 print(json.dumps({"tokens": sum(made)}))
 """
@@ -79,13 +85,25 @@ def record(path: Path, level: str, args, work: Path) -> tuple[Path, int]:
         if not found:
             raise SystemExit(f"no _native*.so in {args.ext} (make profile-build)")
         env["MTP_EXPLORER_PROFILE_EXT"] = str(found[0])
+    child = {"path": str(path), "level": level, "threads": args.threads, "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens,
+             "repeats": args.repeats, "prompts": KIND_PROMPTS[args.prompts] if args.prompts else [PROMPT],
+             **spec_settings(args.spec_type, args.n_max)}
     cmd = ["perf", "record", "-q", "-F", str(args.frequency), "--delay=-1", f"--control=fifo:{ctl},{ack}",
-           "-o", str(data), "--", sys.executable, "-c", CHILD, str(path), level, str(args.threads),
-           str(args.n_max), str(args.tokens), str(args.repeats), PROMPT]
+           "-o", str(data), "--", sys.executable, "-c", CHILD, json.dumps(child)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"perf record failed ({run.returncode}):\n{run.stderr[-2000:]}")
     return data, json.loads(run.stdout.strip().splitlines()[-1])["tokens"]
+
+
+def spec_settings(spec: str | None, n_max: int) -> dict:
+    """The child's drafter, its options and the session's slots, as ``benchmarks/engine.py``'s drafters section runs
+    ``--spec-type spec`` beside the reference (:func:`lookup_limits`, :func:`reference_rs_seq`); ``None``: the
+    session's default drafter and slots."""
+    if spec is None:
+        return {"drafter": {}, "options": {}, "open": {}}
+    return {"drafter": {"drafter": spec}, "options": lookup_limits(drafters.mode(spec), n_max),
+            "open": {"n_rs_seq": reference_rs_seq(spec, n_max), "capacity": n_max}}
 
 
 def samples(data: Path) -> dict[tuple[str, str], int]:
@@ -129,6 +147,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-max", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--spec-type", help="a drafter or chain, with the drafters section's options and slots "
+                    "(benchmarks/engine.py); default: the session's draft-mtp")
+    ap.add_argument("--prompts", choices=sorted(KIND_PROMPTS), help="the drafters section's prompts of this kind, "
+                    "each generated --repeats times; default: one code prompt")
     ap.add_argument("--repeats", type=int, default=6, help="generations sampled per level, after one warm-up")
     ap.add_argument("--frequency", type=int, default=1999, help="perf record -F")
     ap.add_argument("--min-share", type=float, default=0.005, help="list symbols with at least this share")
@@ -152,7 +174,7 @@ def main() -> None:
                              for lib, v in got["libraries"].items() if lib in base}
             got["samples_per_token_vs_off"] = got["samples_per_token"] / levels["off"]["samples_per_token"]
     emit({"model": str(path), "model_origin": origin, "machine": machine(), "threads": args.threads,
-          "n_max": args.n_max, "tokens": args.tokens, "repeats": args.repeats, "frequency": args.frequency,
+          "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "frequency": args.frequency,
           "symbols_from": args.ext or "the installed extension (stripped)", "levels": levels})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .core.errors import (
     CancelledError,
     ContextOverflowError,
+    CpuKernelWarning,
     DecodeError,
     EngineError,
     FormatError,
@@ -29,6 +30,7 @@ from .core.errors import (
     SessionClosedError,
     ToolError,
 )
+from .core.cpu_kernels import ExtraBufferCheck, check_extra_buffers
 from .core.info import ModelInfo, model_info
 from .models import (DemoPrompt, DraftHead, default_model_path, demo_prompt, demo_prompt_within, demo_prompts,
                      draft_heads, draft_model_path)
@@ -59,7 +61,9 @@ __all__ = [
     "InputTypeError", "LibraryError", "ToolError",
     "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
+    "CpuKernelWarning",
     # core
+    "check_extra_buffers", "ExtraBufferCheck",
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
     "FINISH_REASONS",
     "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec", "DraftSettings", "Limits",

@@ -114,8 +114,9 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
                         metavar="TYPE", help="V cache type, as -ctk (default: f16)")
     parser.add_argument("--load-mode", "-lm", dest="load_mode", choices=LOAD_MODES, default="auto",
                         help="how the model is loaded (default: auto, i.e. mmap)")
-    parser.add_argument("--repack", action=argparse.BooleanOptionalAction, default=True,
-                        help="repack weights for the CPU's GEMM kernels (llama.cpp's default; --no-repack is -nr)")
+    parser.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                        help="repack weights for the CPU's GEMM kernels (default: llama.cpp's --repack, except where "
+                             "its AMX kernels stop the process: mtp_explorer.check_extra_buffers; --no-repack is -nr)")
     parser.add_argument("-nr", dest="repack", action="store_false", help="--no-repack")
     parser.add_argument("--model-draft", "-md", dest="draft_model", default=None, metavar="FNAME",
                         help="draft model for --spec-type draft-simple (same vocabulary; default: none)")

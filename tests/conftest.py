@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -155,17 +156,24 @@ def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess
 def check_replay_exact(session: mx.Session, oracle, prompt: str, drafter, n_max: int, max_tokens: int,
                        **options: int) -> mx.Trace:
     """A real greedy run and the simulator's replay of it on ``oracle`` agree step by step (drafter, drafts,
-    acceptance, the candidates asked); returns the real run."""
+    acceptance, the candidates asked) up to the first batch-shape near-tie, if any: each such divergence must be
+    explained (a margin within the shift measured for the file on this machine) and is reported as a warning; the
+    tokens agree unless the tie was the target's. Returns the real run."""
     from mtp_explorer.analysis.simulate import compare, simulate
 
     t = session.generate(prompt, max_tokens=max_tokens, n_max=n_max, drafter=drafter, **options)
     check_accounting(t)
     sim = simulate(oracle, n_max, drafter=drafter)
     case = (prompt, getattr(drafter, "name", drafter), n_max)
-    assert compare(oracle, t).exact, case
-    assert sim.tokens == t.tokens, case
+    comparison = compare(oracle, t)
+    assert not comparison.unexplained, (case, comparison.unexplained)
+    upto = min((m["step"] for m in comparison.ties), default=len(t.n_drafted))
+    if comparison.ties:
+        warnings.warn(f"{case}: " + "; ".join(f"step {m['step']}: {m['explanation']}" for m in comparison.ties))
+    if not any(m["cause"] == "target_argmax" for m in comparison.ties):
+        assert sim.tokens == t.tokens, case
     for name in ("n_drafted", "n_accepted", "drafter", "drafted", "candidate_len"):
-        assert np.array_equal(sim.columns[name], t.columns[name]), (case, name)
+        assert np.array_equal(sim.columns[name][:upto], t.columns[name][:upto]), (case, name)
     return t
 
 

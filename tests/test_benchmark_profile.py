@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from perf_profile import parse_report, summarise  # noqa: E402
+from perf_profile import parse_report, spec_settings, summarise  # noqa: E402
 
 REPORT = """\
 # Samples: 41K of event 'cycles:P'
@@ -43,3 +43,12 @@ def test_the_summary_gives_shares_per_token_and_the_symbols_above_the_threshold(
     assert [(s["library"], s["symbol"]) for s in got["symbols"]] == [("libggml-cpu.so.0", "(no symbol)"),
                                                                      ("libc.so.6", "__memmove_avx512_unaligned_erms"),
                                                                      ("libggml-cpu.so.0", "ggml_vec_dot_q8_0_q8_0")]
+
+
+def test_a_spec_type_runs_with_the_drafters_sections_options_and_slots():
+    assert spec_settings(None, 3) == {"drafter": {}, "options": {}, "open": {}}
+    chain = spec_settings("ngram-mod,draft-mtp", 3)
+    assert chain["drafter"] == {"drafter": "ngram-mod,draft-mtp"}
+    assert chain["options"] == {"ngram_mod_n_max": 3, "ngram_mod_n_min": 3}
+    assert chain["open"] == {"n_rs_seq": 3, "capacity": 3}  # draft-mtp's snapshot slots, as the reference's
+    assert spec_settings("ngram-simple", 4)["open"] == {"n_rs_seq": 0, "capacity": 4}  # checkpoints

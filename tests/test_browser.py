@@ -180,8 +180,10 @@ def test_quickstart_in_jupyterlab(jupyterlab):
             # done when no cell is queued or running and the last one ran, or when a cell failed
             page.wait_for_function("""() => {
                 const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
-                const failed = document.querySelector(
-                    ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
+                // a cell failed: an error on stderr (a warning there, e.g. CpuKernelWarning, is not one)
+                const failed = [...document.querySelectorAll(
+                    ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+                    .some(o => /Error|Traceback/.test(o.textContent));
                 return failed || (prompts.length && !prompts.some(p => p.includes('*'))
                                   && /\\[\\d+\\]/.test(prompts[prompts.length - 1]));
             }""", timeout=240_000)

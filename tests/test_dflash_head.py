@@ -90,7 +90,8 @@ def test_training_windows_compute_what_the_drafter_computes(head, target):
             assert np.allclose([p for _, p in ours], [p for _, p in fresh], atol=1e-5)
             # the block does not see context rows at or after its anchor
             h2 = head.window(feats[:, : a], x[:, : a + 1], torch.tensor([[a]]), target.embed)
-            assert torch.allclose(h2[0, 0], h[0, j], atol=1e-5)
+            # float32 rounding of other matrix shapes moves it by up to 2e-5 on an AVX-512 CPU; a leak would be O(1)
+            assert torch.allclose(h2[0, 0], h[0, j], atol=1e-4)
 
 
 def test_speculative_simple_runs_the_head_and_gives_the_plain_greedy_text(head_gguf, bundled_model,

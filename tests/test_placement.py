@@ -104,7 +104,7 @@ def test_cli_takes_llama_cpp_flags():
     assert _parser().parse_args(["run", "-ngl", "12"]).n_gpu_layers == 12
     slotless = session_kwargs(_parser().parse_args(["run", "--n-rs-seq", "0", "--capacity", "4"]))
     assert (slotless["n_rs_seq"], slotless["capacity"]) == (0, 4)
-    for argv, repack in ((["run"], True), (["run", "--no-repack"], False), (["run", "--repack"], True)):
+    for argv, repack in ((["run"], None), (["run", "--no-repack"], False), (["run", "--repack"], True)):
         assert _parser().parse_args(argv).repack is repack, argv
 
 

@@ -208,7 +208,14 @@ def test_the_probe_covers_the_shift_on_the_generated_text(quantized, greedy_runs
 
 def test_no_repack_changes_the_q4_k_kernels(quantized):
     """llama.cpp's -nr (repack=False) keeps Q4_K's weights as the file has them: the session's placement says so,
-    it decodes the same greedy text up to ties, and its shift is measured as its own cache entry."""
+    it decodes the same greedy text up to ties, and its shift is measured as its own cache entry. On a machine whose
+    AMX kernels stop the process (mx.check_extra_buffers), repack=True is refused and the default runs as -nr."""
+    if not mx.check_extra_buffers().usable:
+        with pytest.raises(mx.ParameterError, match="would stop this process"):
+            mx.Session.open(quantized["Q4_K_M"], n_ctx=512, threads=1, n_rs_seq=4, repack=True)
+        with pytest.warns(mx.CpuKernelWarning), mx.Session.open(quantized["Q4_K_M"], n_ctx=512, threads=1) as s:
+            assert s.placement["repack"] is False
+        return
     shifts = {}
     for repack in (True, False):
         with mx.Session.open(quantized["Q4_K_M"], n_ctx=512, threads=1, n_rs_seq=4, repack=repack) as s:

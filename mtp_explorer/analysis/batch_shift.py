@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from ..core.cache import cache_root
 from ..core.checks import check_int
+from ..core.cpu_kernels import cpu_model
 from ..core.errors import FormatError, ParameterError
 
 if TYPE_CHECKING:
@@ -206,16 +208,6 @@ def file_id(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_key(session: "Session") -> dict[str, Any]:
     """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads, placement and the target
     context's shape (a recurrent layer with snapshot slots keeps each row's state: ``n_rs_seq``, the session's
@@ -223,13 +215,13 @@ def machine_key(session: "Session") -> dict[str, Any]:
     from importlib.metadata import version
 
     placement = {k: v for k, v in session.placement.items() if k not in ("devices", "gpu_offload")}
-    return {"cpu": _cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
+    return {"cpu": cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
             "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement,
             "n_rs_seq": session.capacity, "checkpoints": session.checkpoints, "n_parallel": session.n_parallel}
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MTP_EXPLORER_CACHE", Path.home() / ".cache" / "mtp-explorer")) / "batch-shift"
+    return cache_root() / "batch-shift"
 
 
 def _cache_path(fid: str, machine: dict[str, Any], tokens: Sequence[int]) -> Path:

@@ -85,6 +85,11 @@ class ServerProtocolError(ServerError):
     """The server answered something it should not: an HTTP error, malformed JSON or Prometheus metrics."""
 
 
+class CpuKernelWarning(UserWarning):
+    """llama.cpp's extra CPU buffer types were left off (``-nr``) because they stop the process on this machine
+    (:func:`~mtp_explorer.check_extra_buffers`)."""
+
+
 #: The engine's error kinds (``native_ext/errors.h``) and the exception each becomes: the native module's exception
 #: translator raises ``ENGINE_ERROR_KINDS[kind](message)`` for every engine error, so no call needs a wrapper.
 ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {

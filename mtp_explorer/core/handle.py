@@ -12,6 +12,7 @@ from typing import Any, Iterator, Sequence
 import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this one instance)
 
 from .. import _native
+from .cpu_kernels import resolve_repack
 from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
                      SessionClosedError)
 from .info import ModelInfo, model_info
@@ -57,6 +58,11 @@ def _load_mode(load_mode: str, use_mmap: bool | None) -> str:
     if load_mode != "auto":
         raise ParameterError("give use_mmap or load_mode, not both")
     return "mmap" if use_mmap else "none"
+
+
+def _weight_types(*infos: ModelInfo | None) -> list[str]:
+    """The tensor types of the target and draft model files (``None``: none)."""
+    return [t for info in infos if info is not None for t in info.tensor_types]
 
 
 def _placement(engine: "_native.Engine") -> dict[str, Any]:
@@ -144,19 +150,18 @@ class EngineHandle:
         load_mode: str = "auto",
         use_mmap: bool | None = None,
         threads_batch: int | None = None,
-        repack: bool = True,
+        repack: bool | None = None,
         draft_model: str | os.PathLike | None = None,
         n_parallel: int = 1,
     ) -> "EngineHandle":
         """Load a GGUF model (``None``: the bundled demo model).
 
-        Placement, shared by the target and MTP contexts, has llama.cpp's names and defaults: ``n_gpu_layers``
-        (``-ngl``; ``"auto"``/-1 offloads every layer on a GPU build, as ``"all"``/-2), ``main_gpu`` (``-mg``),
-        ``flash_attn`` (``-fa``: auto/on/off), ``type_k``/``type_v`` (``-ctk``/``-ctv``: f16, q8_0, ...),
-        ``load_mode`` (``-lm``: auto/mmap/none/...; ``use_mmap=True``/``False`` is llama-cpp-python's
-        ``"mmap"``/``"none"``), ``threads_batch`` (``-tb``; ``None``: ``threads``) and ``repack`` (``--repack``;
-        ``False`` is ``-nr``/``--no-repack``: the CPU keeps the file's weight layout, so quantized matrix products
-        run the same kernels at every batch size, at some cost in speed: see :meth:`batch_shift`).
+        Placement, shared by the target and MTP contexts, has llama.cpp's names and defaults (:class:`SessionOptions`):
+        ``n_gpu_layers`` (``-ngl``; ``"auto"``/-1, ``"all"``/-2), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``),
+        ``type_k``/``type_v`` (``-ctk``/``-ctv``), ``load_mode`` (``-lm``; ``use_mmap=True``/``False`` is
+        llama-cpp-python's ``"mmap"``/``"none"``), ``threads_batch`` (``-tb``) and ``repack`` (``False``: ``-nr``, the
+        file's weight layout, the same kernels at every batch size: :meth:`batch_shift`; ``None``: llama.cpp's default,
+        ``--repack``, but ``-nr`` where its AMX kernels fail: :func:`~mtp_explorer.check_extra_buffers`).
 
         ``n_rs_seq`` (recurrent snapshot slots; 0: checkpoints) and ``capacity`` (the largest ``n_max``): see
         :class:`SessionOptions`; ``topk`` is how many draft alternatives are recorded per depth; ``telemetry`` how much
@@ -183,7 +188,8 @@ class EngineHandle:
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, capacity=capacity, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
                                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
-                                 threads_batch=threads_batch, repack=repack, n_parallel=n_parallel,
+                                 threads_batch=threads_batch, n_parallel=n_parallel,
+                                 repack=resolve_repack(repack, _weight_types(info, draft_info)),
                                  draft_model=None if draft_info is None else str(draft_info.path))
         info = options.check_model(info, draft_info)
         engine = _load_engine(path, options)

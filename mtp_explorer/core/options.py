@@ -59,7 +59,8 @@ class SessionOptions:
     The placement options keep llama.cpp's names and defaults: ``n_gpu_layers`` (``-ngl``; -1 "auto",
     -2 "all"), ``main_gpu`` (``-mg``), ``flash_attn`` (``-fa``), ``type_k``/``type_v`` (``-ctk``/``-ctv``),
     ``load_mode`` (``-lm``), ``threads_batch`` (``-tb``; ``None``: the generation threads) and ``repack``
-    (``--repack``; ``False`` is ``-nr``/``--no-repack``: no extra buffer types, so no repacked CPU kernels). ``draft_model`` is
+    (``--repack``; ``False`` is ``-nr``/``--no-repack``: no extra buffer types, so no repacked CPU kernels; resolved by
+    :func:`~mtp_explorer.core.cpu_kernels.resolve_repack` when a session opens). ``draft_model`` is
     the path of a draft model for ``draft-simple`` (llama.cpp's ``-md``), placed as the target. ``n_parallel`` is
     llama.cpp's ``-np``: the sequences sharing the context, ``n_ctx / n_parallel`` each.
 

@@ -443,16 +443,41 @@ def transformer_keys(cfg, *, rope_dim: int) -> dict[str, object]:
             "rope_dimension_count": rope_dim}
 
 
+@dataclass(frozen=True)
+class Q8Tensor:
+    """A matrix stored as Q8_0 blocks (``gguf.quants``' byte layout, what llama.cpp's ``llama-quantize`` writes)."""
+    blocks: np.ndarray
+
+
+# the dtypes the hybrid writers store matrices in; 1-D tensors and the conv kernel stay F32
+WRITER_DTYPES = ("f32", "f16", "q8_0")
+
+
+def stored_matrix(tname: str, arr: np.ndarray, dtype: str) -> "np.ndarray | Q8Tensor":
+    """``arr`` (F32) as ``dtype`` stores it: F32 kept for 1-D tensors and the conv kernel, F16, or Q8_0 blocks of 32
+    along the rows (F16 for a matrix whose rows do not split into blocks, as llama-quantize falls back)."""
+    import gguf
+
+    if dtype == "f32" or _keep_f32(tname, arr):
+        return arr
+    if dtype == "q8_0" and arr.shape[-1] % 32 == 0:
+        return Q8Tensor(gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0))
+    return arr.astype(np.float16)
+
+
 def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[str, str | int | float | bool],
-                  arrays: Iterable[tuple[str, np.ndarray]]) -> None:
-    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array), then ``general.size_label`` from
+                  arrays: Iterable[tuple[str, "np.ndarray | Q8Tensor"]]) -> None:
+    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array or :class:`Q8Tensor`), then ``general.size_label`` from
     the parameter count (as llama.cpp's ``convert_hf_to_gguf.py`` does: ``gguf.size_label``), and write the file."""
     import gguf
 
     add_tokenizer(w, vocab)
     add_metadata(w, metadata)
     for tname, arr in arrays:
-        w.add_tensor(tname, arr)
+        if isinstance(arr, Q8Tensor):
+            w.add_tensor(tname, arr.blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(tname, arr)
     total, shared, expert, expert_count = w.get_total_parameter_count()
     if total > 0:
         w.add_size_label(gguf.size_label(total, shared, expert, expert_count))
@@ -496,8 +521,9 @@ def write_qwen35_gguf(
 
     ``tensors`` maps GGUF tensor names to arrays in llama.cpp's convention (see the module
     docstring); every required tensor of :func:`expected_tensor_shapes` must be present with
-    exactly that shape, and unknown names are rejected.  ``dtype`` is ``"f32"`` or ``"f16"``;
-    with ``"f16"`` matrix weights are stored as F16 and 1-D tensors and the conv kernel as F32.
+    exactly that shape, and unknown names are rejected.  ``dtype`` is ``"f32"``, ``"f16"`` or ``"q8_0"``
+    (:data:`WRITER_DTYPES`): with ``"f16"``/``"q8_0"`` matrix weights are stored so and 1-D tensors and the conv kernel
+    as F32 (:func:`stored_matrix`).
     ``extra_metadata`` adds string/number/bool keys (e.g. ``"mtp_explorer.synthetic"``).
 
     The metadata and tensor types are what llama.cpp's ``convert_hf_to_gguf.py`` writes for the same model
@@ -539,11 +565,12 @@ def write_hybrid_gguf(
     and the tensors in the order of ``shapes`` (see :func:`write_qwen35_gguf` for ``dtype``)."""
     import gguf
 
-    if dtype not in ("f32", "f16"):
-        raise ParameterError("dtype must be 'f32' or 'f16'")
+    if dtype not in WRITER_DTYPES:
+        raise ParameterError(f"dtype must be one of {WRITER_DTYPES}, got {dtype!r}")
     check_tensors(tensors, shapes, vocab, cfg.n_vocab)
-    w, path = open_writer(path, arch, name=name, description=description, license=license,
-                          file_type=gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    w, path = open_writer(path, arch, name=name, description=description, license=license, file_type=file_type)
 
     add_keys(w, keys)
     w.add_nextn_predict_layers(cfg.nextn_predict_layers)
@@ -554,8 +581,7 @@ def write_hybrid_gguf(
     def arrays():
         for tname in shapes:
             if tname in tensors:
-                arr = np.ascontiguousarray(tensors[tname], dtype=np.float32)
-                yield tname, arr.astype(np.float16) if dtype == "f16" and not _keep_f32(tname, arr) else arr
+                yield tname, stored_matrix(tname, np.ascontiguousarray(tensors[tname], dtype=np.float32), dtype)
 
     finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})}, arrays())
     return path

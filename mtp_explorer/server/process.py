@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ..core.cpu_kernels import no_repack_args
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 from .client import ServerClient
 
@@ -47,7 +48,8 @@ class LlamaServer:
     :meth:`stop`). Flags keep llama.cpp's names: ``n_parallel`` (``-np``), ``n_ctx`` (``-c``, shared by the slots),
     ``threads`` (``-t``), ``spec_type`` (``--spec-type``, e.g. ``"draft-mtp"``; None: no speculative decoding),
     ``n_max`` (``--spec-draft-n-max``), ``p_min`` (``--spec-draft-p-min``), ``draft_model`` (``-md``); ``args``
-    are further flags. ``/metrics`` is on. The server's log is kept in a temporary file (:attr:`log`)."""
+    are further flags. ``/metrics`` is on; ``-nr`` where llama.cpp's extra CPU buffer types stop the process
+    (:func:`~mtp_explorer.check_extra_buffers`). The server's log is kept in a temporary file (:attr:`log`)."""
 
     def __init__(self, model: str | os.PathLike, *, n_parallel: int = 1, n_ctx: int = 4096, threads: int = 2,
                  spec_type: str | None = "draft-mtp", n_max: int = 3, p_min: float | None = None,
@@ -59,7 +61,7 @@ class LlamaServer:
             raise ServerUnavailableError(f"model file not found: {self.model}")
         self.n_parallel = int(n_parallel)
         self.argv_tail = ["-m", str(self.model), "-np", str(n_parallel), "-c", str(n_ctx), "-t", str(threads),
-                          "--metrics", "--no-webui", *(str(a) for a in args)]
+                          "--metrics", "--no-webui", *no_repack_args(self.model, draft_model), *(str(a) for a in args)]
         if spec_type is not None:
             self.argv_tail += ["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
             if p_min is not None:

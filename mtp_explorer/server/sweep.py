@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.checks import check_int
+from ..core.cpu_kernels import no_repack_args
 from ..core.errors import FormatError, ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
 from .process import LlamaServer
@@ -70,9 +71,10 @@ def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> 
 
 def command_line(model: str | os.PathLike, config: Mapping[str, Any], *, draft_model: str | os.PathLike | None = None,
                  n_ctx: int = 4096, threads: int = 2) -> list[str]:
-    """The llama-server arguments of one configuration (after the binary; without host and port)."""
+    """The llama-server arguments of one configuration (after the binary; without host and port; ``-nr`` where
+    llama.cpp's extra CPU buffer types stop the process: :func:`~mtp_explorer.check_extra_buffers`)."""
     return ["-m", str(model), "--parallel", str(config.get("n_parallel", 1)), "-c", str(n_ctx), "-t", str(threads),
-            "--metrics", "--no-webui", *_flags(config, draft_model)]
+            "--metrics", "--no-webui", *no_repack_args(model, draft_model), *_flags(config, draft_model)]
 
 
 @dataclasses.dataclass(frozen=True)
