@@ -56,6 +56,18 @@ def test_truncated_gguf(tmp_path, model_mixed, fraction):
     _open_isolated(cut, "ModelLoadError")
 
 
+def test_a_hybrid_model_without_attention_is_refused_before_llama_cpp_aborts(tmp_path):
+    """SYNTHETIC 2-layer qwen35: both trunk layers recurrent (full_attention_interval 4). llama.cpp 0.3.36 aborts the
+    process at its first decode (GGML_ASSERT(buffer) in set_input_k_idxs); the session refuses it first."""
+    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+
+    path = write_synthetic_qwen35(tmp_path / "no-attention.gguf", n_layer=2)
+    assert mx.model_info(path).n_layer_attention == 0
+    out = _open_isolated(path, "ModelLoadError")
+    assert "no attention layer" in out
+    assert mx.model_info(write_synthetic_qwen35(tmp_path / "one.gguf", n_layer=4)).n_layer_attention == 1
+
+
 def test_model_without_mtp_layers(model_no_mtp):
     info = mx.model_info(model_no_mtp)
     assert not info.has_mtp and info.n_layer_nextn == 0

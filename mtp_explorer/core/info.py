@@ -67,6 +67,9 @@ class ModelInfo:
     ``n_embd``): a head file's must equal its target's ``n_embd``."""
     mtp_head: str | None = None
     """The head file this information pairs the model with (``model_info(path, head=...)``), else ``None``."""
+    n_layer_attention: int | None = None
+    """Trunk layers with attention in a hybrid recurrent model (``<arch>.attention.recurrent_layers``, else
+    ``full_attention_interval``); ``None`` for other models."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -236,6 +239,7 @@ def _file_info(path: Path) -> ModelInfo:
     d_conv = _field(reader, f"{arch}.ssm.conv_kernel")
     is_recurrent = d_conv is not None
     rs_slot_bytes = 0
+    n_layer_attention = None
     if is_recurrent:
         d_inner = int(_field(reader, f"{arch}.ssm.inner_size"))
         d_state = int(_field(reader, f"{arch}.ssm.state_size"))
@@ -243,6 +247,11 @@ def _file_info(path: Path) -> ModelInfo:
         interval = int(_field(reader, f"{arch}.full_attention_interval", 0) or 0)
         n_trunk = block_count - n_nextn
         n_recurrent = n_trunk - (n_trunk // interval if interval else 0)
+        layers = _field(reader, f"{arch}.attention.recurrent_layers")
+        if layers is not None:
+            n_layer_attention = sum(not bool(r) for r in list(layers)[:n_trunk])
+        elif interval:
+            n_layer_attention = n_trunk // interval
         # llama_hparams::n_embd_r / n_embd_s, f32 states
         n_embd_r = (int(d_conv) - 1) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
@@ -273,6 +282,7 @@ def _file_info(path: Path) -> ModelInfo:
         mtp_mode=mtp_mode,
         n_mtp_heads=n_mtp_heads,
         is_mtp_head_file=arch in SHARED_MEMORY_HEAD_ARCHS,
+        n_layer_attention=n_layer_attention,
         n_embd_out=int(_field(reader, f"{arch}.embedding_length_out", 0) or n_embd),
     )
 

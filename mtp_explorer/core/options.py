@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _native
 from .checks import check_bool, check_int
-from .errors import ParameterError
+from .errors import ModelLoadError, ParameterError
 
 if TYPE_CHECKING:
     from .info import ModelInfo
@@ -136,10 +136,15 @@ class SessionOptions:
         check_bool("repack", self.repack, "llama.cpp's --repack / --no-repack")
 
     def check_model(self, info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
-        """The checks that need the model (``info``) and the draft model (``draft_info``): a quantized K cache's block
+        """The checks that need the model (``info``) and the draft model (``draft_info``): a hybrid model needs an
+        attention layer (llama.cpp aborts otherwise: a :class:`ModelLoadError`), a quantized K cache's block
         must divide the key head width when flash attention may be on (llama.cpp refuses the context otherwise), and
         the model's MTP must run in a ``draft-mtp`` mode the engine runs (:func:`check_mtp_mode`). Returns what the
         session holds: ``info``, or ``info`` paired with ``draft_info`` where that is its shared-memory MTP head."""
+        if info.n_layer_attention == 0:
+            raise ModelLoadError(f"{info.path}: a hybrid {info.arch} model with no attention layer in its "
+                                 f"{info.n_layer} trunk layers; llama.cpp 0.3.36 aborts at its first decode "
+                                 "(GGML_ASSERT in llama_kv_cache::set_input_k_idxs)")
         n_embd_head_k = info.n_embd_head_k
         if self.type_k in _QUANTIZED_KV and self.flash_attn != "off" and n_embd_head_k % KV_BLOCK != 0:
             raise ParameterError(f"type_k={self.type_k!r} stores blocks of {KV_BLOCK} values, which do not divide this "
