@@ -85,7 +85,7 @@ def record(path: Path, level: str, args, work: Path) -> tuple[Path, int]:
         if not found:
             raise SystemExit(f"no _native*.so in {args.ext} (make profile-build)")
         env["MTP_EXPLORER_PROFILE_EXT"] = str(found[0])
-    child = {"path": str(path), "level": level, "threads": args.threads, "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens,
+    child = {"path": str(path), "level": level, "threads": args.threads, "n_max": args.n_max, "tokens": args.tokens,
              "repeats": args.repeats, "prompts": KIND_PROMPTS[args.prompts] if args.prompts else [PROMPT],
              **spec_settings(args.spec_type, args.n_max)}
     cmd = ["perf", "record", "-q", "-F", str(args.frequency), "--delay=-1", f"--control=fifo:{ctl},{ack}",
@@ -174,7 +174,8 @@ def main() -> None:
                              for lib, v in got["libraries"].items() if lib in base}
             got["samples_per_token_vs_off"] = got["samples_per_token"] / levels["off"]["samples_per_token"]
     emit({"model": str(path), "model_origin": origin, "machine": machine(), "threads": args.threads,
-          "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "frequency": args.frequency,
+          "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens,
+          "repeats": args.repeats, "frequency": args.frequency,
           "symbols_from": args.ext or "the installed extension (stripped)", "levels": levels})
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from ..core.cache import cache_root
+from ..core.cache import cache_root, write_json
 from ..core.checks import check_int
 from ..core.cpu_kernels import cpu_model
 from ..core.errors import FormatError, ParameterError
@@ -275,7 +275,7 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
             raw = engine.probe_batch_shift(tokens, missing)
         per_k = cached.get("per_k", {}) | {str(k): v for k, v in _summarise(raw, starts).items()}
         cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}
-        _write_cache(path, cached)
+        write_json(path, cached)
     rows = [cached["per_k"][str(k)] for k in ks]
     return BatchShift(model=Path(session.info.path).name, file_id=fid, machine=machine, n_positions=len(tokens),
                       ks=tuple(ks), margin_shift=tuple(float(r[0]) for r in rows),
@@ -297,14 +297,6 @@ def _read_cache(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}  # none yet, or unreadable: measured again
     return doc if isinstance(doc, dict) and isinstance(doc.get("per_k"), dict) else {}
-
-
-def _write_cache(path: Path, doc: dict[str, Any]) -> None:
-    """Written whole to a temporary file, then renamed: a concurrent reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, allow_nan=False))
-    os.replace(tmp, path)
 
 
 def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None,

@@ -32,9 +32,9 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from .cache import cache_root
+from .cache import cache_root, write_json
 from .errors import CpuKernelWarning, ParameterError
 
 FORMAT = 1
@@ -58,26 +58,25 @@ class ExtraBufferCheck:
     signal: str | None = None
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (``/proc/cpuinfo``; empty elsewhere)."""
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key`` line's value in ``/proc/cpuinfo`` (``None`` where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (``/proc/cpuinfo``; empty elsewhere)."""
+    return frozenset((_cpuinfo("flags") or "").split())
 
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``; the platform's processor name elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _ggml_cpu_library() -> str:
@@ -139,10 +138,7 @@ def _checked() -> ExtraBufferCheck:
     except (OSError, ValueError, TypeError):
         pass
     found = probe()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(found)))
-    tmp.replace(path)
+    write_json(path, dataclasses.asdict(found))
     return found
 
 
@@ -161,7 +157,7 @@ def has_amx_types(tensor_types: Iterable[str]) -> bool:
     return any(t in AMX_TYPES for t in tensor_types)
 
 
-def resolve_repack(repack: bool | None, tensor_types: Iterable[str] = AMX_TYPES) -> bool:
+def resolve_repack(repack: bool | None, tensor_types: Iterable[str]) -> bool:
     """The ``repack`` a session of a model with weights of ``tensor_types`` runs with: ``False`` as given; ``None``
     (default) llama.cpp's default, unless the model has weights for the AMX kernels and they stop the process here
     (then ``False``, with a :class:`CpuKernelWarning`); ``True`` as given, unless so (then a
@@ -179,6 +175,12 @@ def resolve_repack(repack: bool | None, tensor_types: Iterable[str] = AMX_TYPES)
     warnings.warn(f"{check.reason}: running without extra buffer types (llama.cpp's -nr, repack=False)",
                   CpuKernelWarning, stacklevel=3)
     return False
+
+
+def model_files(argv: Sequence[str]) -> list[str]:
+    """The model files (``-m``, ``-md`` and their long names) among a llama.cpp tool's arguments."""
+    flags = ("-m", "--model", "-md", "--model-draft")
+    return [str(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a in flags]
 
 
 def no_repack_args(*models: str | os.PathLike | None) -> list[str]:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ..core import drafters
-from ..core.cpu_kernels import no_repack_args
+from ..core.cpu_kernels import model_files, no_repack_args
 from ..core.session import Session
 from ..core.trace import Trace
 from ..analysis.batch_shift import measure_batches
@@ -123,11 +123,6 @@ def reference_env(binary: str | Path) -> dict[str, str] | None:
     return os.environ | {"LD_PRELOAD": preload}
 
 
-def _md_args(args: list[str]) -> list[str]:
-    """The draft model files (``-md``) among llama.cpp arguments."""
-    return [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-md", "--model-draft")]
-
-
 def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
                        max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
                        attempts: int = 8) -> ReferenceRun:
@@ -136,8 +131,9 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
     the sessions do (:func:`~mtp_explorer.check_extra_buffers`)."""
     cmd = [
         str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
-        "--temp", "0", "--seed", "0", *spec_args, *no_repack_args(model, *_md_args(spec_args)),
+        "--temp", "0", "--seed", "0", *spec_args,
     ]
+    cmd += no_repack_args(*model_files(cmd))
     # llama.cpp's log is written by a worker thread that loses its tail when the program exits before it ran
     # (reference_env preloads a library that waits for it); the run is deterministic, so one that printed an
     # incomplete log all the same is repeated until the output is complete.

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..core.cpu_kernels import no_repack_args
+from ..core.cpu_kernels import model_files, no_repack_args
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 from .client import ServerClient
 
@@ -61,13 +61,14 @@ class LlamaServer:
             raise ServerUnavailableError(f"model file not found: {self.model}")
         self.n_parallel = int(n_parallel)
         self.argv_tail = ["-m", str(self.model), "-np", str(n_parallel), "-c", str(n_ctx), "-t", str(threads),
-                          "--metrics", "--no-webui", *no_repack_args(self.model, draft_model), *(str(a) for a in args)]
+                          "--metrics", "--no-webui", *(str(a) for a in args)]
         if spec_type is not None:
             self.argv_tail += ["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
             if p_min is not None:
                 self.argv_tail += ["--spec-draft-p-min", str(p_min)]
         if draft_model is not None:
             self.argv_tail += ["-md", str(draft_model)]
+        self.argv_tail += no_repack_args(*model_files(self.argv_tail))  # a draft model in ``args`` too
         self.startup_timeout = float(startup_timeout)
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
