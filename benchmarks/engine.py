@@ -124,11 +124,13 @@ KIND_PROMPTS = {
 }
 
 
-def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[], float] | None = None) -> list[tuple]:
+def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[], float] | None = None,
+                      start: int = 0) -> list[tuple]:
     """``repeats`` back-to-back (ours, reference) tokens/s pairs, the order alternating so that load drift hits
-    both alike (``ref=None``: ours alone, the reference entry None)."""
+    both alike (``ref=None``: ours alone, the reference entry None); ``start``: the pair the alternation counts
+    from (odd: the reference first)."""
     pairs = []
-    for r in range(repeats):
+    for r in range(start, start + repeats):
         pair = {"ref": None}
         for side in (("ours", "ref") if r % 2 == 0 else ("ref", "ours")):
             if side == "ours":
@@ -136,6 +138,20 @@ def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[],
             elif ref is not None:
                 pair["ref"] = ref()
         pairs.append((pair["ours"], pair["ref"]))
+    return pairs
+
+
+def interleaved_pairs(s: mx.Session, levels, repeats: int, ours: Callable[[], float],
+                      ref: Callable[[], float] | None = None) -> dict[str, list[tuple]]:
+    """:func:`alternating_pairs` at each telemetry level of ``levels``, the levels taking turns pair by pair (their
+    order rotating each round), so that drift over a section hits every level alike: where one level's pairs all
+    ran before another's, drift read as a difference between the levels."""
+    pairs: dict[str, list[tuple]] = {level: [] for level in levels}
+    for r in range(repeats):
+        for i in range(len(levels)):
+            level = levels[(r + i) % len(levels)]
+            s.telemetry = level
+            pairs[level] += alternating_pairs(1, ours, ref, start=r)
     return pairs
 
 
@@ -173,7 +189,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                      levels=("full", "off"), draft_model_only: bool = False, spec_types=None) -> dict:
     """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
     on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of ``levels``,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`alternating_pairs`; the
+    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`interleaved_pairs`; the
     session's snapshot slots as the reference's where it has any: :func:`at_capacity`; ours does the reference's work,
     its budget rule included: :func:`generate_reference_budget`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
@@ -195,27 +211,29 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                 for kind, prompts in KIND_PROMPTS.items():
                     entry: dict = {"n_max": spec_n_max, "n_rs_seq": sc.open_kwargs["n_rs_seq"], "options": options,
                                    "draft_model": extra[1] if extra else None}
-                    for level in levels:
-                        sc.telemetry = level
-                        pairs, counts = [], {"drafted": 0, "accepted": 0}
+                    counts = {"drafted": 0, "accepted": 0}
 
-                        def ours(prompt: str) -> float:  # the reference's work: its budget rule
-                            secs, run = budget_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
-                            counts["drafted"] += run.n_drafted
-                            counts["accepted"] += run.n_accepted
-                            return len(run.trace.tokens) / secs
+                    def ours(prompt: str) -> float:  # the reference's work: its budget rule
+                        secs, run = budget_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
+                        counts["drafted"] += run.n_drafted
+                        counts["accepted"] += run.n_accepted
+                        return len(run.trace.tokens) / secs
 
-                        def ref(prompt: str) -> float:
-                            return run_reference_spec(binary, path, prompt,
-                                                      spec_type_args(spec, spec_n_max, options) + extra,
-                                                      max_tokens=tokens, n_ctx=2048, threads=sc.threads).tokens_per_second
+                    def ref(prompt: str) -> float:
+                        return run_reference_spec(binary, path, prompt,
+                                                  spec_type_args(spec, spec_n_max, options) + extra,
+                                                  max_tokens=tokens, n_ctx=2048, threads=sc.threads).tokens_per_second
 
-                        for prompt in prompts:
-                            pairs += alternating_pairs(repeats, functools.partial(ours, prompt),
-                                                       functools.partial(ref, prompt) if binary else None)
-                        entry[level] = pairs_summary(pairs)
-                        entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
-                                  "drafted": counts["drafted"]}
+                    pairs: dict[str, list[tuple]] = {level: [] for level in levels}
+                    for prompt in prompts:
+                        got = interleaved_pairs(sc, levels, repeats, functools.partial(ours, prompt),
+                                                functools.partial(ref, prompt) if binary else None)
+                        for level in levels:
+                            pairs[level] += got[level]
+                    entry |= {level: pairs_summary(pairs[level]) for level in levels}
+                    # every level runs the same drafts: the counts of one level's runs
+                    entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+                              "drafted": counts["drafted"] // len(levels)}
                     sc.telemetry = "full"
                     key = f"{spec} / {kind}" if len(n_maxes) == 1 else f"{spec} / {kind} / n_max {spec_n_max}"
                     doc[key] = entry
