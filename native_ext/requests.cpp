@@ -26,13 +26,16 @@ void Engine::end_generations() {
     active.clear();
 }
 
+// Every memory emptied for a new generation: its cells only (data false), as llama-server empties a slot
+// (seq_rm): a cell's old K/V rows are masked until written again and a recurrent cell taken anew starts from
+// llama.cpp's zeroed state (rs_z), so the buffers need no clearing. Clearing them wrote every byte of the KV
+// cache and the snapshot slots at each begin: about 9 ms on the 0.4 B scale model at n_ctx 2048, more with
+// the context, and none of it in the reference's timed decode.
 void Engine::clear_memories() {
-    llama_memory_clear(llama_get_memory(ctx_tgt.get()), true);
-    if (ctx_mtp) {
-        llama_memory_clear(llama_get_memory(ctx_mtp.get()), true);
-    }
-    if (ctx_dft) {
-        llama_memory_clear(llama_get_memory(ctx_dft.get()), true);
+    for (llama_context * ctx : {ctx_tgt.get(), ctx_mtp.get(), ctx_dft.get()}) {
+        if (ctx != nullptr) {
+            llama_memory_clear(llama_get_memory(ctx), /*data*/ false);
+        }
     }
 }
 
