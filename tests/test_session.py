@@ -118,3 +118,30 @@ def test_open_generate_close_cycles_do_not_leak(model_mixed):
         cycle()
     growth = proc.memory_info().rss - before
     assert growth < 50 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB over 100 cycles"
+
+
+def test_a_generation_starts_from_empty_memories(bundled_model):
+    """A generation after others in the same session is the one a fresh session makes, bit for bit (its tokens, its
+    drafts' probabilities, its hidden-state norms), on the hybrid recurrent bundled model with snapshot slots: a
+    generation's end and begin empty the memories by their cells only (their buffers keep old rows, masked, and a
+    recurrent cell taken anew starts from llama.cpp's zeroed state), and no K/V row or recurrent state of the runs
+    before it may reach it (a longer run first leaves KV cells and snapshot slots past where the second writes)."""
+    import numpy as np
+
+    long_prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
+    prompt = "def fibonacci(n):"
+    columns = ("drafted", "n_accepted", "correction", "rs_slot", "draft_prob", "topk_probs", "h_norm_target",
+               "h_norm_draft", "draft_target_cos")
+
+    def run(s):
+        t = s.generate(prompt, max_tokens=48, n_max=3)
+        return {c: t.columns[c] for c in columns} | {"tokens": np.asarray(t.tokens)}
+
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=3) as s:
+        fresh = run(s)
+    with mx.Session.open(bundled_model, threads=1, n_rs_seq=3) as s:
+        s.generate(long_prompt, max_tokens=96, n_max=3)
+        s.generate(long_prompt, max_tokens=32, n_max=0)
+        after = run(s)
+    for c, values in fresh.items():
+        assert np.array_equal(values, after[c], equal_nan=values.dtype.kind == "f"), c
