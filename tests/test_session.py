@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -126,8 +127,6 @@ def test_a_generation_starts_from_empty_memories(bundled_model):
     generation's end and begin empty the memories by their cells only (their buffers keep old rows, masked, and a
     recurrent cell taken anew starts from llama.cpp's zeroed state), and no K/V row or recurrent state of the runs
     before it may reach it (a longer run first leaves KV cells and snapshot slots past where the second writes)."""
-    import numpy as np
-
     long_prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
     prompt = "def fibonacci(n):"
     columns = ("drafted", "n_accepted", "correction", "rs_slot", "draft_prob", "topk_probs", "h_norm_target",

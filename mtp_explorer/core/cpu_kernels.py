@@ -15,7 +15,7 @@ On one with AMX it decodes small SYNTHETIC Q8_0 and F16 models with the extra bu
 :func:`resolve_repack` turns a session's ``repack`` option into what the engine runs: ``None`` is llama.cpp's default
 where the check passes and ``-nr`` (no extra buffer types) where it does not, with a :class:`CpuKernelWarning`;
 ``True`` where the check fails is a :class:`~mtp_explorer.ParameterError`, not a crash. A model without weights of
-:data:`AMX_TYPES` (an F32 or BF16 file) keeps llama.cpp's default without a check. :func:`no_repack_args` gives llama.cpp's own
+:data:`AMX_TYPES` (an F32 or BF16 file) keeps llama.cpp's default without a check. :func:`with_no_repack` gives llama.cpp's own
 tools (the reference, llama-server) the same placement.
 """
 
@@ -41,7 +41,7 @@ FORMAT = 1
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 # the weight types llama.cpp 0.3.36's AMX buffer takes (ggml-cpu/amx/amx.cpp, supports_op: its quantized kernels and F16)
 AMX_TYPES = frozenset({"F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
-WRONG_RESULTS = 3  # the probe's exit when the kernels ran but computed other tokens (devtools.cpu_probe)
+WRONG_RESULTS = 3  # the probe's exit (devtools.cpu_probe) when the kernels ran but computed other tokens
 PROBE_MODULE = "mtp_explorer.devtools.cpu_probe"
 PROBE_TIMEOUT = 180.0
 _IN_PROBE = "MTP_EXPLORER_CPU_PROBE"  # set in the probe's child: it runs the kernels under test itself
@@ -198,3 +198,9 @@ def no_repack_args(*models: str | os.PathLike | None) -> list[str]:
         except (MtpExplorerError, OSError):  # a file the tool itself will refuse, with its own message
             continue
     return ["-nr"] if has_amx_types(types) else []
+
+
+def with_no_repack(argv: Sequence[str]) -> list[str]:
+    """A llama.cpp tool's arguments, with ``-nr`` added where a model file among them (:func:`model_files`) needs it
+    here (:func:`no_repack_args`)."""
+    return [*argv, *no_repack_args(*model_files(argv))]

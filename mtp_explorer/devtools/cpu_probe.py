@@ -5,7 +5,7 @@ weights) decoded with llama.cpp's extra CPU buffer types.
 
 A Q8_0 model decodes one row at a time and in verify batches (the AMX kernels stop the process where they fail);
 then an F16 model decodes four sequences in one batch, which must give each sequence's tokens alone (where the AMX
-buffer's F16 kernels fail, they do not). Exit :data:`WRONG_RESULTS` with a line on stderr says the second failed.
+buffer's F16 kernels fail, they do not). Exit ``cpu_kernels.WRONG_RESULTS`` with a line on stderr says the second failed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-WRONG_RESULTS = 3
+from ..core.cpu_kernels import WRONG_RESULTS
 PROMPTS = ("abc", "hello world", "xyz xyz", "the cat")
 
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ..core import drafters
-from ..core.cpu_kernels import model_files, no_repack_args
+from ..core.cpu_kernels import with_no_repack
 from ..core.session import Session
 from ..core.trace import Trace
 from ..analysis.batch_shift import measure_batches
@@ -129,11 +129,10 @@ def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_
     """Run llama-speculative-simple greedily with the drafting options ``spec_args`` (``--spec-type ...``)
     and parse what it printed. Where llama.cpp's extra CPU buffer types stop the process, it runs with ``-nr``, as
     the sessions do (:func:`~mtp_explorer.check_extra_buffers`)."""
-    cmd = [
+    cmd = with_no_repack([
         str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
         "--temp", "0", "--seed", "0", *spec_args,
-    ]
-    cmd += no_repack_args(*model_files(cmd))
+    ])
     # llama.cpp's log is written by a worker thread that loses its tail when the program exits before it ran
     # (reference_env preloads a library that waits for it); the run is deterministic, so one that printed an
     # incomplete log all the same is repeated until the output is complete.

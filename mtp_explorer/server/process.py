@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..core.cpu_kernels import model_files, no_repack_args
+from ..core.cpu_kernels import with_no_repack
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 from .client import ServerClient
 
@@ -68,7 +68,7 @@ class LlamaServer:
                 self.argv_tail += ["--spec-draft-p-min", str(p_min)]
         if draft_model is not None:
             self.argv_tail += ["-md", str(draft_model)]
-        self.argv_tail += no_repack_args(*model_files(self.argv_tail))  # a draft model in ``args`` too
+        self.argv_tail = with_no_repack(self.argv_tail)  # a draft model in ``args`` too
         self.startup_timeout = float(startup_timeout)
         self.port: int | None = None
         self.process: subprocess.Popen | None = None

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.checks import check_int
-from ..core.cpu_kernels import model_files, no_repack_args
+from ..core.cpu_kernels import with_no_repack
 from ..core.errors import FormatError, ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
 from .process import LlamaServer
@@ -73,9 +73,8 @@ def command_line(model: str | os.PathLike, config: Mapping[str, Any], *, draft_m
                  n_ctx: int = 4096, threads: int = 2) -> list[str]:
     """The llama-server arguments of one configuration (after the binary; without host and port; ``-nr`` where
     llama.cpp's extra CPU buffer types stop the process: :func:`~mtp_explorer.check_extra_buffers`)."""
-    argv = ["-m", str(model), "--parallel", str(config.get("n_parallel", 1)), "-c", str(n_ctx), "-t", str(threads),
-            "--metrics", "--no-webui", *_flags(config, draft_model)]
-    return argv + no_repack_args(*model_files(argv))
+    return with_no_repack(["-m", str(model), "--parallel", str(config.get("n_parallel", 1)), "-c", str(n_ctx),
+                           "-t", str(threads), "--metrics", "--no-webui", *_flags(config, draft_model)])
 
 
 @dataclasses.dataclass(frozen=True)
