@@ -32,6 +32,9 @@ of two runs then spreads over the tokens between them; the native loop's count d
 (``numpy_printf_preload``): its printf hooks make each ``ggml_format_name`` of a graph build cost 1.6 times as much,
 which ours pays and the reference, a C++ program, does not. With it both engines run on the same glibc path.
 
+``--no-repack`` (``-nr``) runs both sides without llama.cpp's extra buffer types, as the wall-clock benchmarks run on
+a CPU whose AMX kernels fail (README, "AMX machines"): a Q4_K file then runs the kernels it runs there.
+
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
 """
@@ -72,8 +75,9 @@ import mtp_explorer as mx
 from mtp_explorer.devtools.reference import generate_reference_budget
 path, spec, n_max, n_rs_seq, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 options, prompt, draft = json.loads(sys.argv[6]), sys.argv[7], sys.argv[8] or None
+repack = False if sys.argv[9] == "-nr" else None
 with mx.Session.open(path, n_ctx=2048, threads=1, n_rs_seq=n_rs_seq, capacity=n_max, telemetry="off",
-                     draft_model=draft) as s:
+                     draft_model=draft, repack=repack) as s:
     run = generate_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, drafter=spec, **options)
     print(json.dumps({"tokens": len(run.trace.tokens), "drafted": run.n_drafted, "accepted": run.n_accepted}))
 """
@@ -96,11 +100,13 @@ def lookup_options(spec: str, n_max: int) -> dict:
 def callgrind(cmd: list[str], lib: Path, out: Path, env: dict | None = None) -> tuple[int, str]:
     """The instructions ``cmd`` executes under callgrind, and its stdout + stderr (Python with a fixed hash seed: a
     random one moves the start-up's count by millions from run to run; numpy's OpenBLAS without worker threads,
-    whose idle spinning counted 16-23 M instructions a run, as the machine's load let them run)."""
+    whose idle spinning counted 16-23 M instructions a run, as the machine's load let them run; valgrind's fair
+    scheduling, without which the reference's log thread, which prints its summary, rarely ran before the process
+    exited: 8 runs of 8 without a summary on the Q4_K_M copy)."""
     env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0",
                         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"} | (env or {})
-    run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(["valgrind", "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}", *cmd],
+                         env=env, capture_output=True, text=True)
     log = run.stdout + run.stderr
     if run.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed under callgrind ({run.returncode}):\n{log[-2000:]}")
@@ -121,12 +127,13 @@ def numpy_printf_preload() -> str:
 
 
 def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str, draft: str,
-              env: dict | None = None) -> dict:
+              env: dict | None = None, no_repack: bool = False) -> dict:
     from mtp_explorer.devtools.reference import spec_type_args
 
     options = lookup_options(spec, n_max)
     cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
-           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options), *(["-md", draft] if draft else [])]
+           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options),
+           *(["-md", draft] if draft else []), *(["-nr"] if no_repack else [])]
     for _ in range(8):  # 0.3.36 sometimes exits 0 with the tail of its log lost: run it again
         instructions, log = callgrind(cmd, lib, out, env)
         found = [re.search(pattern, log) for pattern in (r"n_drafted\s*=\s*(\d+)", r"n_accept\s*=\s*(\d+)",
@@ -142,9 +149,9 @@ def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, 
 
 
 def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str,
-         ext: Path | None) -> dict:
+         ext: Path | None, no_repack: bool = False) -> dict:
     cmd = [sys.executable, "-c", OURS, str(model), spec, str(n_max), str(reference_rs_seq(spec, n_max)), str(tokens),
-           json.dumps(lookup_options(spec, n_max)), prompt, draft]
+           json.dumps(lookup_options(spec, n_max)), prompt, draft, "-nr" if no_repack else ""]
     instructions, log = callgrind(cmd, lib, out, {"MTP_EXPLORER_PROFILE_EXT": str(ext)} if ext else None)
     result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     return {"instructions": instructions} | result | decodes(out)
@@ -193,7 +200,8 @@ def per_token(low: dict, high: dict, key: str = "instructions") -> float:
 
 
 def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
-            draft_model: str | None, ext: Path | None = None, ref_env: dict | None = None) -> dict:
+            draft_model: str | None, ext: Path | None = None, ref_env: dict | None = None,
+            no_repack: bool = False) -> dict:
     """One case's instructions per token on both sides (``work`` keeps the callgrind files)."""
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
@@ -203,8 +211,9 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
     runs: dict = {}
     for n in (low, high):
         name = f"{spec}-{n_max}-{n}"
-        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env),
-                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext)}
+        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env,
+                                          no_repack),
+                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext, no_repack)}
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
     out = {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
@@ -248,6 +257,9 @@ def main() -> None:
     ap.add_argument("--numpy-printf", action="store_true",
                     help="run the reference with numpy's libquadmath preloaded, as ours runs: the engines alone, "
                          "without the printf hooks a Python process with numpy has (numpy_printf_preload)")
+    ap.add_argument("--no-repack", "-nr", action="store_true",
+                    help="both sides without extra buffer types (llama.cpp's -nr; ours repack=False), as the wall-clock "
+                         "benchmarks run on a CPU whose AMX kernels fail (README, 'AMX machines')")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     ext = None
@@ -259,13 +271,13 @@ def main() -> None:
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
     ref_env = {"LD_PRELOAD": numpy_printf_preload()} if args.numpy_printf else None
     out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(),
-           "reference_env": ref_env, "cases": {}}
+           "reference_env": ref_env, "no_repack": args.no_repack, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for case in args.case:
             out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext,
-                                         ref_env)
+                                         ref_env, args.no_repack)
     emit(out)
 
 
