@@ -10,7 +10,8 @@ real Qwen3.5 (see ``benchmarks/scale_model.py``), quantized to Q8_0 by ``llama-q
 section on it with fewer tokens and rounds; it adds ``memory``: load time, peak RSS against the file size
 (anonymous against file-backed pages, with llama.cpp's default mmap and with ``load_mode="none"``), and the
 recurrent state memory llama.cpp allocates per ``n_rs_seq`` snapshot slot. ``drafters`` measures every
-``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference; ``modes``
+``--spec-type`` the engine runs (and two chains) on code-like and prose-like prompts, beside the reference, ours in a
+new process each round as each reference run is one (``ours_process.py``); ``modes``
 draft-mtp's chained-heads and shared-memory modes on SYNTHETIC models beside the reference. With ``--scale`` the
 same model's Q4_K_M copy (``--scale-copies``: llama-quantize types, each written like the Q8_0 file) then goes
 through every section but memory and modes, under ``quantized_copies``.
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, generate_reference_budget, run_reference
 
 from _common import emit, machine, pick_model, write_mode_models
+from ours_process import OursProcess
 from scale_model import write_scale_model
 
 SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters", "modes")
@@ -141,17 +143,19 @@ def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[],
     return pairs
 
 
-def interleaved_pairs(s: mx.Session, levels, repeats: int, ours: Callable[[], float],
+def interleaved_pairs(levels, repeats: int, ours_round: Callable[[], ContextManager[Callable[[str], float]]],
                       ref: Callable[[], float] | None = None) -> dict[str, list[tuple]]:
     """:func:`alternating_pairs` at each telemetry level of ``levels``, the levels taking turns pair by pair (their
     order rotating each round), so that drift over a section hits every level alike: where one level's pairs all
-    ran before another's, drift read as a difference between the levels."""
+    ran before another's, drift read as a difference between the levels. Each of the ``repeats`` rounds times ours
+    with the function ``ours_round()`` gives (telemetry level -> tokens/s): a new process each round
+    (:class:`~ours_process.OursProcess`)."""
     pairs: dict[str, list[tuple]] = {level: [] for level in levels}
     for r in range(repeats):
-        for i in range(len(levels)):
-            level = levels[(r + i) % len(levels)]
-            s.telemetry = level
-            pairs[level] += alternating_pairs(1, ours, ref, start=r)
+        with ours_round() as ours:
+            for i in range(len(levels)):
+                level = levels[(r + i) % len(levels)]
+                pairs[level] += alternating_pairs(1, functools.partial(ours, level), ref, start=r)
     return pairs
 
 
@@ -207,36 +211,40 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
         for spec_n_max in dict.fromkeys(reference_n_max(spec, n) for n in n_maxes):
             options = lookup_limits(mode, spec_n_max)
-            with at_capacity(s, spec_n_max, spec) as sc:
-                for kind, prompts in KIND_PROMPTS.items():
-                    entry: dict = {"n_max": spec_n_max, "n_rs_seq": sc.open_kwargs["n_rs_seq"], "options": options,
-                                   "draft_model": extra[1] if extra else None}
-                    counts = {"drafted": 0, "accepted": 0}
+            kwargs = capacity_kwargs(s, spec_n_max, spec)
+            for kind, prompts in KIND_PROMPTS.items():
+                entry: dict = {"n_max": spec_n_max, "n_rs_seq": kwargs["n_rs_seq"], "options": options,
+                               "draft_model": extra[1] if extra else None}
+                counts = {"drafted": 0, "accepted": 0}
 
-                    def ours(prompt: str) -> float:  # the reference's work: its budget rule
-                        secs, run = budget_seconds(sc, prompt, tokens, spec_n_max, drafter=spec, **options)
-                        counts["drafted"] += run.n_drafted
-                        counts["accepted"] += run.n_accepted
-                        return len(run.trace.tokens) / secs
+                @contextlib.contextmanager
+                def ours_round(prompt: str):  # a process of its own; the reference's work: its budget rule
+                    with OursProcess(s.path, kwargs, warm={"n_max": min(2, spec_n_max), "drafter": spec}) as proc:
 
-                    def ref(prompt: str) -> float:
-                        return run_reference_spec(binary, path, prompt,
-                                                  spec_type_args(spec, spec_n_max, options) + extra,
-                                                  max_tokens=tokens, n_ctx=2048, threads=sc.threads).tokens_per_second
+                        def ours(level: str) -> float:
+                            got = proc.run(prompt, tokens, spec_n_max, level, drafter=spec, **options)
+                            counts["drafted"] += got["drafted"]
+                            counts["accepted"] += got["accepted"]
+                            return got["tokens_per_second"]
 
-                    pairs: dict[str, list[tuple]] = {level: [] for level in levels}
-                    for prompt in prompts:
-                        got = interleaved_pairs(sc, levels, repeats, functools.partial(ours, prompt),
-                                                functools.partial(ref, prompt) if binary else None)
-                        for level in levels:
-                            pairs[level] += got[level]
-                    entry |= {level: pairs_summary(pairs[level]) for level in levels}
-                    # every level runs the same drafts: the counts of one level's runs
-                    entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
-                              "drafted": counts["drafted"] // len(levels)}
-                    sc.telemetry = "full"
-                    key = f"{spec} / {kind}" if len(n_maxes) == 1 else f"{spec} / {kind} / n_max {spec_n_max}"
-                    doc[key] = entry
+                        yield ours
+
+                def ref(prompt: str) -> float:
+                    return run_reference_spec(binary, path, prompt, spec_type_args(spec, spec_n_max, options) + extra,
+                                              max_tokens=tokens, n_ctx=2048, threads=s.threads).tokens_per_second
+
+                pairs: dict[str, list[tuple]] = {level: [] for level in levels}
+                for prompt in prompts:
+                    got = interleaved_pairs(levels, repeats, functools.partial(ours_round, prompt),
+                                            functools.partial(ref, prompt) if binary else None)
+                    for level in levels:
+                        pairs[level] += got[level]
+                entry |= {level: pairs_summary(pairs[level]) for level in levels}
+                # every level runs the same drafts: the counts of one level's runs
+                entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+                          "drafted": counts["drafted"] // len(levels)}
+                key = f"{spec} / {kind}" if len(n_maxes) == 1 else f"{spec} / {kind} / n_max {spec_n_max}"
+                doc[key] = entry
     return doc
 
 
@@ -247,21 +255,26 @@ def reference_rs_seq(spec: str | None, n_max: int) -> int:
     return n_max if drafters.mode(spec or drafters.DEFAULT_MODE).gets_snapshot_slots else 0
 
 
+def capacity_kwargs(s: mx.Session, n_max: int, spec: str | None = None) -> dict:
+    """The options that open a session like ``s``, on a recurrent model with the reference's snapshot slots for ``spec``
+    (:func:`reference_rs_seq`) and capacity ``n_max`` (:func:`at_capacity`)."""
+    if not s.info.is_recurrent:
+        return dict(s.open_kwargs)
+    return s.open_kwargs | {"n_rs_seq": reference_rs_seq(spec, n_max), "capacity": n_max}
+
+
 @contextlib.contextmanager
 def at_capacity(s: mx.Session, n_max: int, spec: str | None = None):
-    """``s``, or (when its slots differ on a recurrent model) a session of the same model, threads and draft model with
-    the reference's snapshot slots for ``spec`` (:func:`reference_rs_seq`) and capacity ``n_max``.
+    """``s``, or (when its slots differ on a recurrent model) a session like it with :func:`capacity_kwargs`.
     llama-speculative-simple gives its target context ``--spec-draft-n-max`` slots for a draft-mtp chain, and llama.cpp
     copies every layer's convolution state into each slot at every decode, so the default capacity of 8 costs ours
     work the reference does not do at a smaller n_max (0.7% more instructions per token at n_max 3 on the scale
     model); a look-up chain's reference has no slots at all and restores checkpoints: the comparison runs both alike."""
-    n_rs_seq = reference_rs_seq(spec, n_max)
-    if not s.info.is_recurrent or (s.open_kwargs["n_rs_seq"] == n_rs_seq and s.capacity == n_max):
+    kwargs = capacity_kwargs(s, n_max, spec)
+    if kwargs == s.open_kwargs:
         yield s
         return
-    draft = str(s.draft_info.path) if s.draft_info is not None else None
-    with mx.Session.open(s.path, n_ctx=s.n_ctx, threads=s.threads, draft_model=draft, n_rs_seq=n_rs_seq,
-                         capacity=n_max, telemetry=s.telemetry) as t:
+    with mx.Session.open(s.path, **kwargs) as t:
         t.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_max), **({"drafter": spec} if spec else {}))  # warm-up
         yield t
 
@@ -453,6 +466,8 @@ def main() -> None:
                     help="with --scale: the llama-quantize types of the scale model's copies also measured, every "
                          "section but memory and modes (default: Q4_K_M; none: no copy)")
     args = ap.parse_args()
+    if args.scale and args.model:  # --scale measures its own files: a --model beside it would go unmeasured
+        ap.error("--model and --scale exclude each other (--scale measures the scale model and --scale-copies)")
     if args.scale:
         args.model = str(write_scale_model(log=lambda msg: print(msg, file=sys.stderr)))
         given = set(sys.argv)
