@@ -219,7 +219,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
 
                 @contextlib.contextmanager
                 def ours_round(prompt: str):  # a process of its own; the reference's work: its budget rule
-                    with OursProcess(s.path, kwargs, warm={"n_max": min(2, spec_n_max), "drafter": spec}) as proc:
+                    with OursProcess(s.path, kwargs, warm={"n_max": spec_n_max, "spec": spec}) as proc:
 
                         def ours(level: str) -> float:
                             got = proc.run(prompt, tokens, spec_n_max, level, drafter=spec, **options)
@@ -275,8 +275,13 @@ def at_capacity(s: mx.Session, n_max: int, spec: str | None = None):
         yield s
         return
     with mx.Session.open(s.path, **kwargs) as t:
-        t.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_max), **({"drafter": spec} if spec else {}))  # warm-up
+        warm_up(t, n_max, spec)
         yield t
+
+
+def warm_up(s: mx.Session, n_max: int, spec: str | None = None) -> None:
+    """A 16-token generation at ``n_max`` (2 at most) with ``spec``'s drafter, before a new session is timed."""
+    s.generate(PROMPTS[0], max_tokens=16, n_max=min(2, n_max), **({"drafter": spec} if spec else {}))
 
 
 TIMED_LEVELS = ("full", "off")

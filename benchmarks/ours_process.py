@@ -21,11 +21,11 @@ WORKER = r"""
 import json, sys, warnings
 sys.path.insert(0, sys.argv[1])
 import mtp_explorer as mx
-from engine import PROMPTS, budget_seconds
+from engine import budget_seconds, warm_up
 warnings.simplefilter("ignore", mx.CpuKernelWarning)  # the benchmark's own session has said it
 path, kwargs, warm = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 with mx.Session.open(path, **kwargs) as s:
-    s.generate(PROMPTS[0], max_tokens=16, **warm)
+    warm_up(s, **warm)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         r = json.loads(line)
@@ -37,14 +37,14 @@ with mx.Session.open(path, **kwargs) as s:
 
 
 class OursProcess:
-    """A session of ``path`` opened with ``open_kwargs`` (a session's ``open_kwargs``) in a child process, warmed up by a
-    16-token generation with ``warm``'s arguments, which times generations on the reference's work: :meth:`run`. A
-    context manager; :meth:`close` ends the child."""
+    """A session of ``path`` opened with ``open_kwargs`` (a session's ``open_kwargs``) in a child process, warmed up
+    by ``engine.warm_up`` with ``warm``'s arguments (``n_max``, ``spec``), which times generations on the reference's
+    work: :meth:`run`. A context manager; :meth:`close` ends the child."""
 
-    def __init__(self, path: str | Path, open_kwargs: dict, warm: dict | None = None):
+    def __init__(self, path: str | Path, open_kwargs: dict, warm: dict):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(Path(__file__).resolve().parent), str(path),
-             json.dumps(open_kwargs), json.dumps(warm or {})],
+             json.dumps(open_kwargs), json.dumps(warm)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._answer()
 
