@@ -30,6 +30,35 @@ def test_parse_reference_output():
         parse_reference_output("\n\ndef fib(n): cut", (DATA / "speculative_simple.stderr").read_text(), "def fib(n):")
 
 
+# The closing lines of a real run (the SYNTHETIC scale model, -n 96, --spec-draft-n-max 1): the target context's perf
+# counters come after "target:"; a draft model's context prints its own under "draft:" (here a made-up pair).
+PERF_TAIL = """
+draft:
+
+common_perf_print: prompt eval time =      11.00 ms /    20 tokens (    0.55 ms per token,  1818.18 tokens per second)
+common_perf_print:        eval time =      22.00 ms /    40 runs   (    0.55 ms per token,  1818.18 tokens per second)
+
+target:
+
+common_perf_print:    sampling time =       5.51 ms
+common_perf_print:    samplers time =       2.62 ms /    98 tokens
+common_perf_print:        load time =     133.48 ms
+common_perf_print: prompt eval time =    3907.91 ms /   114 tokens (   34.28 ms per token,    29.17 tokens per second)
+common_perf_print:        eval time =      12.50 ms /     1 runs   (   12.50 ms per token,    80.00 tokens per second)
+common_perf_print:       total time =    4753.70 ms /   115 tokens
+"""
+
+
+def test_target_decode_seconds_are_the_target_contexts_perf_counters():
+    """The target's decode time is its context's prompt eval and eval time (not the draft context's, printed
+    before it); a log cut to the summary (the recorded one) has none."""
+    stderr = (DATA / "speculative_simple.stderr").read_text()
+    stdout = (DATA / "speculative_simple.stdout").read_text()
+    assert parse_reference_output(stdout, stderr, "def fib(n):").target_decode_seconds is None
+    run = parse_reference_output(stdout, stderr + PERF_TAIL, "def fib(n):")
+    assert run.target_decode_seconds == pytest.approx(3.92041)
+
+
 def test_an_incomplete_reference_log_is_run_again(tmp_path):
     """llama-speculative-simple sometimes exits 0 with the tail of its log lost: the run is repeated (a stand-in that
     prints a cut log on its first call and the recorded one after), and a log that stays incomplete is a ToolError."""
@@ -101,6 +130,7 @@ def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, 
     result = compare_with_reference(ref, ours, 0.0)
     assert result["match"], result
     assert result["ours"]["n_drafted"] > 0
+    assert 0 < ref.target_decode_seconds  # its target context's perf counters, printed by every real run
 
 
 # (target, p_min, prompt): draft-simple with -md on the bundled pair (a recurrent target, which the reference gives no

@@ -38,6 +38,9 @@ class ReferenceRun:
     n_accept: int
     decode_seconds: float
     tokens_per_second: float
+    target_decode_seconds: float | None = None
+    """The time its target context spent in its decodes, prompt and verify steps (llama.cpp's perf counters of that
+    context, printed under "target:": prompt eval and eval time); ``None`` where it printed none."""
     log: str = dataclasses.field(default="", repr=False)
     """Everything it printed (stdout, then stderr): with ``-lv 5``, its debug log of every draft."""
 
@@ -48,6 +51,15 @@ _STAT = {
     "n_accept": re.compile(r"n_accept\s*=\s*(\d+)"),
     "decoded": re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s"),
 }
+_TARGET_EVAL = re.compile(r"(?:prompt eval|\beval) time =\s+([\d.]+) ms")
+
+
+def target_decode_seconds(log: str) -> float | None:
+    """The target context's decode time from llama-speculative-simple's closing perf print (its prompt eval and eval
+    time, after "target:"), or ``None`` where the log has no such lines."""
+    at = log.rfind("target:")
+    times = _TARGET_EVAL.findall(log[at:]) if at >= 0 else []
+    return sum(float(ms) for ms in times) / 1e3 if len(times) == 2 else None
 
 
 def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> ReferenceRun:
@@ -72,6 +84,7 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
         n_accept=int(found["n_accept"].group(1)),
         decode_seconds=float(found["decoded"].group(2)),
         tokens_per_second=float(found["decoded"].group(3)),
+        target_decode_seconds=target_decode_seconds(log),
         log=log,
     )
 
