@@ -14,6 +14,9 @@ excluded, as ``engine.budget_seconds``; the reference: its "decoded ... in T s")
 
 Each round is a new process on each side, as in engine.py's drafters section (``ours_process``): the rounds sample
 the memory layout a process draws. Medians over the rounds, with 95% intervals; a ratio above 1 means ours is faster.
+A round's slope is the difference of two windows, so it scatters several times as much as a window does: at the
+SYNTHETIC 0.4 B scale model 6 rounds gave intervals of +-3-8% for the steady ratios and +-1-3% for the windows' (the
+fixed costs, extrapolated from the slopes, are rougher still). More rounds narrow them.
 
     LLAMA_SPECULATIVE_SIMPLE=build/reference/bin/llama-speculative-simple .venv/bin/python benchmarks/steady.py \\
         --scale [TYPE] [--spec-type draft-mtp] [--n-max 1 4] [--tokens 48 96] [--rounds 6]
@@ -81,7 +84,7 @@ def summary(rounds: list[dict]) -> dict:
     for side in ("ours", "reference"):
         doc[side] = {k: statistics.median(r[side][k] for r in rounds) for k in rounds[0][side]}
     for key, name in (("steady_ms", "steady_speed_ratio"), ("target_ms", "target_speed_ratio"),
-                      ("window_ms", "window_speed_ratio")):
+                      ("rest_ms", "rest_speed_ratio"), ("window_ms", "window_speed_ratio")):
         ratios = [r["reference"][key] / r["ours"][key] for r in rounds]
         doc[name] = statistics.median(ratios)
         doc[name + "_95ci"] = median_95ci(ratios)
