@@ -117,6 +117,9 @@ def main() -> None:
         session = mx.Session.open(path, n_ctx=2048, threads=args.threads)
     out["warnings"] = [str(w.message) for w in said]
     with session:
+        needs_file = [spec for spec in args.spec_type if not drafters.mode(spec).runs_with(session.info.has_mtp, False)]
+        if needs_file:
+            ap.error(f"{', '.join(needs_file)}: not with this model alone (a draft model or head file, or MTP layers)")
         for spec in args.spec_type:
             for n_max in dict.fromkeys(reference_n_max(spec, n) for n in args.n_max):
                 for kind, prompts in KIND_PROMPTS.items():
