@@ -32,8 +32,7 @@ with mx.Session.open(path, **kwargs) as s:
         s.telemetry = r["telemetry"]
         secs, run = budget_seconds(s, r["prompt"], r["tokens"], r["n_max"], **r["options"])
         print(json.dumps({"tokens_per_second": len(run.trace.tokens) / secs, "drafted": run.n_drafted,
-                          "accepted": run.n_accepted, "seconds": secs, "tokens": len(run.trace.tokens),
-                          "totals": run.trace.totals}), flush=True)
+                          "accepted": run.n_accepted, "seconds": secs, "totals": run.trace.totals}), flush=True)
 """
 
 
@@ -56,8 +55,8 @@ class OursProcess:
         return json.loads(line)
 
     def run(self, prompt: str, tokens: int, n_max: int, telemetry: str, **options) -> dict:
-        """One generation at ``telemetry``: ``tokens_per_second`` over ``seconds`` (decode, the prompt excluded) for
-        ``tokens``, ``drafted`` and ``accepted`` (the reference's counting), and the trace's ``totals``."""
+        """One generation at ``telemetry``: ``tokens_per_second`` and ``seconds`` (decode, the prompt excluded),
+        ``drafted`` and ``accepted`` (the reference's counting), and the trace's ``totals``."""
         self.proc.stdin.write(json.dumps({"prompt": prompt, "tokens": tokens, "n_max": n_max,
                                           "telemetry": telemetry, "options": options}) + "\n")
         self.proc.stdin.flush()

@@ -51,7 +51,8 @@ def decompose(windows: list[float], target: list[float], steps: list[int]) -> di
 
 def one_round(session: mx.Session, binary: str, spec: str, n_max: int, prompt: str, budgets: list[int],
               ours_first: bool) -> dict | None:
-    """Both sides' costs (:func:`decompose`) on ``prompt``, each in a new process; ``None`` where the drafts differ."""
+    """Both sides' costs (:func:`decompose`) on ``prompt``, each in a new process; ``None`` where the drafts differ or the
+    reference printed no target perf counters (counted as ``other_drafts``)."""
     options = lookup_limits(drafters.mode(spec), n_max)
     kwargs = capacity_kwargs(session, n_max, spec)
 
