@@ -56,10 +56,11 @@ def decode_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int, **kwargs
 
 
 def budget_seconds(s: mx.Session, prompt: str, tokens: int, n_max: int, **kwargs):
-    """As :func:`decode_seconds`, on the reference's work (:func:`generate_reference_budget`)."""
+    """As :func:`decode_seconds`, on the reference's work (:func:`generate_reference_budget`), its budget rule's Python
+    between the steps left out (``BudgetRun.t_harness_ns``: :meth:`Session.generate` runs the steps back to back)."""
     t0 = time.perf_counter_ns()
     run = generate_reference_budget(s, prompt, max_tokens=tokens, n_max=n_max, **kwargs)
-    return (time.perf_counter_ns() - t0 - run.trace.t_prefill_ns) / 1e9, run
+    return (time.perf_counter_ns() - t0 - run.trace.t_prefill_ns - run.t_harness_ns) / 1e9, run
 
 
 def tokens_per_second(s, tokens, n_max, repeats) -> tuple[float, list[mx.Trace]]:

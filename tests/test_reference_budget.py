@@ -3,6 +3,8 @@ time the reference's own work (the same tokens and drafts) at any telemetry leve
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import mtp_explorer as mx
@@ -38,3 +40,14 @@ def test_it_generates_what_the_stream_replay_generates(bundled_model):
     assert list(native.trace.tokens) == list(streamed.tokens)
     assert (native.n_drafted, native.n_accepted) == (int(streamed.n_drafted.sum()), int(streamed.n_accepted.sum()))
     assert native.trace.columns.keys() == streamed.columns.keys()
+
+
+def test_the_python_between_the_steps_is_measured_apart(bundled_model):
+    """BudgetRun.t_harness_ns: the budget rule's Python between the engine's steps, which a benchmark leaves out
+    (Session.generate runs the steps back to back) — part of the call's time, none of the engine's."""
+    with mx.Session.open(bundled_model, n_ctx=1024, threads=1, n_rs_seq=3, capacity=3, telemetry="off") as s:
+        t0 = time.perf_counter_ns()
+        run = generate_reference_budget(s, CODE, max_tokens=40, n_max=3)
+        wall = time.perf_counter_ns() - t0
+    phases = sum(int(run.trace.totals[k]) for k in ("t_catchup_ns", "t_draft_ns", "t_verify_ns", "t_sample_ns"))
+    assert 0 < run.t_harness_ns < wall - run.trace.t_prefill_ns - phases

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from ..core import drafters
@@ -221,6 +222,10 @@ class BudgetRun:
     """Drafted tokens as llama-speculative-simple counts them (a checkpoint replay counts its accepted tokens
     and the bonus as drafted and accepted, the partial step before it not at all)."""
     n_accepted: int
+    t_harness_ns: int = 0
+    """Time spent in Python between the engine's steps, applying the budget rule. :meth:`Session.generate` does not
+    pay it, because its native loop runs the steps back to back (``Engine::run``). A timing of ours against the
+    reference subtracts it, as the reference's timing leaves out its own set-up."""
 
 
 def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int,
@@ -228,19 +233,21 @@ def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int,
     """:func:`replay_reference_budget`'s generation (greedy, ``p_min`` and ``n_min`` 0) driven by the native step
     loop instead of :meth:`Session.stream`: no :class:`Step` is built per step and any telemetry level works,
     ``"off"`` included. So the same tokens with the same drafts as the reference can be timed without the
-    stream's Python work per step. The checkpoint rule follows ``session.checkpoints``."""
+    stream's Python work per step; the Python left between the steps is measured (``BudgetRun.t_harness_ns``).
+    The checkpoint rule follows ``session.checkpoints``."""
     from ..core.settings import resolve
     from .. import _native
 
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     chosen = {} if drafter is None else {"drafter": drafter}
     settings = resolve(None, dict(max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), **chosen, **options))
-    drafted = accepted = 0
+    drafted = accepted = harness_ns = 0
     with session._run():
         prompt_tokens = session._begin(prompt, settings)
         engine, before = session._engine, (0, 0)
         while True:
             more = engine.step()
+            t0 = time.perf_counter_ns()
             totals = engine.request_state(0)["totals"]
             step_drafted, step_accepted = totals["n_drafted"] - before[0], totals["n_accepted"] - before[1]
             before = (totals["n_drafted"], totals["n_accepted"])
@@ -250,13 +257,15 @@ def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int,
             drafted += step_drafted
             accepted += step_accepted
             if not more:
+                harness_ns += time.perf_counter_ns() - t0
                 break
             if engine.n_generated > max_tokens and not partial:  # the reference counts a partial step at its replay
                 engine.cancel()
             else:
                 engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
+            harness_ns += time.perf_counter_ns() - t0
         trace = session._finish(prompt, prompt_tokens)
-    return BudgetRun(trace, drafted, accepted)
+    return BudgetRun(trace, drafted, accepted, harness_ns)
 
 
 def reference_checkpoints(target: str | Path, spec) -> bool:
