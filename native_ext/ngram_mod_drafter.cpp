@@ -23,7 +23,10 @@ std::vector<std::vector<int32_t>> pool;
 
 }  // namespace
 
-NgramModTable::NgramModTable(size_t n) : n(n) {
+void NgramModTable::acquire() {
+    if (!entries.empty()) {
+        return;
+    }
     {
         std::lock_guard<std::mutex> lk(pool_mutex);
         if (!pool.empty()) {
@@ -37,6 +40,9 @@ NgramModTable::NgramModTable(size_t n) : n(n) {
 }
 
 NgramModTable::~NgramModTable() {
+    if (entries.empty()) {
+        return;
+    }
     reset();
     std::lock_guard<std::mutex> lk(pool_mutex);
     if (pool.size() < 2) {
@@ -80,6 +86,7 @@ void NgramModDrafter::on_begin(const std::vector<llama_token> & prompt) {
     n_draft_last = 0;
     n_low = 0;
     n_resets = 0;
+    table.acquire();
     const size_t n = table.n, P = prompt.empty() ? 0 : prompt.size() - 1;  // without the last token
     if (P < n) {
         return;
@@ -101,6 +108,7 @@ std::vector<llama_token> NgramModDrafter::lookup(const DraftRequest & req) {
     if (cur_len < n) {
         return found;
     }
+    table.acquire();  // begun: a no-op
     if (i_last + 32 < cur_len) {
         for (size_t i = i_last; i < cur_len - n; ++i) {
             table.add(history + i);

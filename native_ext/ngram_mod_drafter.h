@@ -26,13 +26,15 @@ struct NgramModConfig {
 // common_ngram_mod: the table. idx() hashes n tokens (res = res * 6364136223846793005 + token, modulo the
 // size, in size_t arithmetic); add() stores the token after them; get() reads it (EMPTY when none).
 // A table starts empty, as llama.cpp's does in a new process. Its 16 MB of entries come from a small
-// process-wide pool and go back to it cleared (only the entries it filled), so that a generation does not
-// pay for allocating and clearing the whole table.
+// process-wide pool when the drafter begins (acquire), after the engine has released the last generation's
+// drafters, and go back to it cleared (only the entries it filled), so that a generation does not pay for
+// allocating, faulting in and clearing the whole table (llama.cpp allocates its table before its timed loop).
 struct NgramModTable {
     static constexpr int32_t EMPTY = -1;
     static constexpr size_t SIZE = 4 * 1024 * 1024;  // llama.cpp's size
 
-    explicit NgramModTable(size_t n);
+    explicit NgramModTable(size_t n) : n(n) {}
+    void acquire();  // the entries, from the pool or new; none before
     ~NgramModTable();
     NgramModTable(const NgramModTable &) = delete;
     NgramModTable & operator=(const NgramModTable &) = delete;
