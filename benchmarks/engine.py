@@ -148,14 +148,16 @@ def interleaved_pairs(levels, repeats: int, ours_round: Callable[[], ContextMana
                       ref: Callable[[], float] | None = None) -> dict[str, list[tuple]]:
     """:func:`alternating_pairs` at each telemetry level of ``levels``, the levels taking turns pair by pair (their
     order rotating each round), so that drift over a section hits every level alike: where one level's pairs all
-    ran before another's, drift read as a difference between the levels. Each of the ``repeats`` rounds times ours
-    with the function ``ours_round()`` gives (telemetry level -> tokens/s): a new process each round
-    (:class:`~ours_process.OursProcess`)."""
+    ran before another's, drift read as a difference between the levels. Each pair times ours with the function
+    ``ours_round()`` gives (telemetry level -> tokens/s): a new process each pair (:class:`~ours_process.OursProcess`),
+    so that ours' timed run is its process's first at these settings, as the reference's is. A later one is faster:
+    llama.cpp grows its output buffer at a process's first decode with more outputs than any before (a new buffer,
+    faulted in and cleared: 2 MB on the bundled model, where the second level's run read 2-3% faster)."""
     pairs: dict[str, list[tuple]] = {level: [] for level in levels}
     for r in range(repeats):
-        with ours_round() as ours:
-            for i in range(len(levels)):
-                level = levels[(r + i) % len(levels)]
+        for i in range(len(levels)):
+            level = levels[(r + i) % len(levels)]
+            with ours_round() as ours:
                 pairs[level] += alternating_pairs(1, functools.partial(ours, level), ref, start=r)
     return pairs
 
@@ -220,7 +222,7 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
 
                 @contextlib.contextmanager
                 def ours_round(prompt: str):  # a process of its own; the reference's work: its budget rule
-                    with OursProcess(s.path, kwargs, warm={"n_max": spec_n_max, "spec": spec}) as proc:
+                    with OursProcess(s.path, kwargs, spec) as proc:
 
                         def ours(level: str) -> float:
                             got = proc.run(prompt, tokens, spec_n_max, level, drafter=spec, **options)

@@ -23,9 +23,9 @@ sys.path.insert(0, sys.argv[1])
 import mtp_explorer as mx
 from engine import budget_seconds, warm_up
 warnings.simplefilter("ignore", mx.CpuKernelWarning)  # the benchmark's own session has said it
-path, kwargs, warm = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+path, kwargs, spec = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 with mx.Session.open(path, **kwargs) as s:
-    warm_up(s, **warm)
+    warm_up(s, 1, spec)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         r = json.loads(line)
@@ -38,13 +38,16 @@ with mx.Session.open(path, **kwargs) as s:
 
 class OursProcess:
     """A session of ``path`` opened with ``open_kwargs`` (a session's ``open_kwargs``) in a child process, warmed up
-    by ``engine.warm_up`` with ``warm``'s arguments (``n_max``, ``spec``), which times generations on the reference's
-    work: :meth:`run`. A context manager; :meth:`close` ends the child."""
+    by ``engine.warm_up`` with drafter ``spec`` at ``n_max`` 1, which times generations on the reference's work:
+    :meth:`run`. A context manager; :meth:`close` ends the child.
 
-    def __init__(self, path: str | Path, open_kwargs: dict, warm: dict):
+    The warm-up drafts one token a step, so that ours' first timed run grows llama.cpp's output buffer at its first
+    verify of more rows, as the reference's run does in its timed loop (at ``n_max`` 1, ours' has grown already)."""
+
+    def __init__(self, path: str | Path, open_kwargs: dict, spec: str | None):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(Path(__file__).resolve().parent), str(path),
-             json.dumps(open_kwargs), json.dumps(warm)],
+             json.dumps(open_kwargs), json.dumps(spec)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._answer()
 

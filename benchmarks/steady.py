@@ -12,8 +12,10 @@ excluded, as ``engine.budget_seconds``; the reference: its "decoded ... in T s")
   ``ReferenceRun.target_decode_seconds``), the rest is the drafters' and the loop's;
 - the fixed cost of a run is W2 - S2 x the steady cost.
 
-Each round is a new process on each side, as in engine.py's drafters section (``ours_process``): the rounds sample
-the memory layout a process draws. Medians over the rounds, with 95% intervals; a ratio above 1 means ours is faster.
+Each run is a new process on each side, as in engine.py's drafters section (``ours_process``): the rounds sample
+the memory layout a process draws, and each run pays a process's first-run costs, as the reference's does (until
+2026-11-27 ours ran both budgets in one process, so its second run did not grow llama.cpp's output buffer, and its
+slope read low: ours' windows 3-6% ahead on the bundled model's look-ups). Medians over the rounds, with 95% intervals; a ratio above 1 means ours is faster.
 A round's slope is the difference of two windows, so it scatters several times as much as a window does: at the
 SYNTHETIC 0.4 B scale model 6 rounds gave intervals of +-3-8% for the steady ratios and +-1-3% for the windows' (the
 fixed costs, extrapolated from the slopes, are rougher still). More rounds narrow them.
@@ -51,14 +53,17 @@ def decompose(windows: list[float], target: list[float], steps: list[int]) -> di
 
 def one_round(session: mx.Session, binary: str, spec: str, n_max: int, prompt: str, budgets: list[int],
               ours_first: bool) -> dict | None:
-    """Both sides' costs (:func:`decompose`) on ``prompt``, each in a new process; ``None`` where the drafts differ or the
+    """Both sides' costs (:func:`decompose`) on ``prompt``, each run in a new process; ``None`` where the drafts differ or the
     reference printed no target perf counters (counted as ``other_drafts``)."""
     options = lookup_limits(drafters.mode(spec), n_max)
     kwargs = capacity_kwargs(session, n_max, spec)
 
-    def ours() -> list[dict]:
-        with OursProcess(session.path, kwargs, warm={"n_max": n_max, "spec": spec}) as proc:
-            return [proc.run(prompt, n, n_max, "off", drafter=spec, **options) for n in budgets]
+    def ours() -> list[dict]:  # each budget its process's first timed run, as the reference's (OursProcess)
+        runs = []
+        for n in budgets:
+            with OursProcess(session.path, kwargs, spec) as proc:
+                runs.append(proc.run(prompt, n, n_max, "off", drafter=spec, **options))
+        return runs
 
     def ref() -> list:
         return [run_reference_spec(binary, session.path, prompt, spec_type_args(spec, n_max, options), max_tokens=n,
