@@ -152,7 +152,7 @@ def interleaved_pairs(levels, repeats: int, ours_round: Callable[[], ContextMana
     ``ours_round()`` gives (telemetry level -> tokens/s): a new process each pair (:class:`~ours_process.OursProcess`),
     so that ours' timed run is its process's first at these settings, as the reference's is. A later one is faster:
     llama.cpp grows its output buffer at a process's first decode with more outputs than any before (a new buffer,
-    faulted in and cleared: 2 MB on the bundled model, where the second level's run read 2-3% faster)."""
+    faulted in and cleared: 2 MB on the bundled model with the MTP head's rows, where a second run read 2-3% faster)."""
     pairs: dict[str, list[tuple]] = {level: [] for level in levels}
     for r in range(repeats):
         for i in range(len(levels)):

@@ -138,8 +138,7 @@ void Engine::create_mtp_context() {
         fail(ErrorKind::LOAD, "llama.cpp could not create the MTP context");
     }
     probe_mtp.node_name = "mtp_post_ffn-" + std::to_string(llama_model_n_layer(model.get()));
-    // the target hands every row's h_nextn to the MTP head, which takes them as inputs
-    api.set_embeddings_nextn(ctx_tgt.get(), true, /*masked*/ false);
+    // the MTP head takes every row's h_nextn of the target as inputs (the target's: use_nextn_rows)
     api.set_embeddings_nextn(ctx_mtp.get(), true, /*masked*/ true);
 }
 
@@ -241,8 +240,7 @@ void Engine::create_shared_mtp_context() {
         fail(ErrorKind::LOAD, "llama.cpp could not create the MTP head's context over the model's (" +
                                   opts.draft_path + ")");
     }
-    api.set_embeddings_nextn(ctx_tgt.get(), true, /*masked*/ false);
-    api.set_embeddings_nextn(ctx_mtp.get(), true, /*masked*/ true);
+    api.set_embeddings_nextn(ctx_mtp.get(), true, /*masked*/ true);  // the target's: use_nextn_rows
 }
 
 void Engine::load_draft_head(llama_context_params & cp) {
@@ -458,6 +456,17 @@ void Engine::validate_request(const Request & r, size_t i, size_t n) const {
     }
 }
 
+// llama.cpp's target context outputs h_nextn unmasked (every row of a batch: the MTP catch-up takes them all) and keeps
+// n_batch of them in its output buffer, which it reallocates and clears whenever a decode has more outputs than any
+// before (2 MB on the bundled model): without an MTP head in the chain neither is needed, as in llama.cpp
+void Engine::use_nextn_rows(bool on) {
+    if (!has_mtp() || on == nextn_on) {
+        return;
+    }
+    api.set_embeddings_nextn(ctx_tgt.get(), on, /*masked*/ false);
+    nextn_on = on;
+}
+
 void Engine::begin(const std::vector<llama_token> & prompt, const GenerationConfig & c, const DraftParams & p) {
     begin_requests({Request{prompt, c, p, 0}});
 }
@@ -488,6 +497,7 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
         all |= q->needs;
     }
     use_layer_inputs(all.layer_inp);  // refused here, before anything changes, where the model cannot give them
+    use_nextn_rows(all.nextn);
     {
         std::lock_guard<std::mutex> plk(params_mutex);
         std::fill(slots.begin(), slots.end(), nullptr);

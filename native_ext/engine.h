@@ -170,6 +170,9 @@ struct Engine {
     // the target context outputs the inputs of exactly `layers` (checked first: layer_input_refusal), the ones it
     // output before turned off
     void use_layer_inputs(const std::vector<int32_t> & layers);
+    // the target context hands its MTP head every row's h_nextn only where `on` (a generation with a drafter that
+    // reads them), as llama.cpp's target gets them only with draft-mtp in the chain
+    void use_nextn_rows(bool on);
     void admit(int32_t step);              // waiting requests that have arrived take free sequences
     void prefill(Sequence & q);            // its prompt but what its first step decodes, every drafter begun
     void release(Sequence & q);            // a finished request leaves its sequence
@@ -270,4 +273,5 @@ struct Engine {
     std::vector<llama_token> probe_tokens;
     std::vector<float> probe_features;     // the probe's extracted features
     std::vector<int32_t> layer_inp_on;     // the trunk layers whose inputs the target context outputs now
+    bool nextn_on = false;                 // the target context outputs every row's h_nextn now (use_nextn_rows)
 };

@@ -230,3 +230,26 @@ def pooled_runs(session, prompts, max_tokens: int, n_max: int, columns: tuple[st
     drafted = sum(int(t.n_drafted.sum()) for t in traces)
     accepted = sum(int(t.n_accepted.sum()) for t in traces)
     return (accepted / drafted, *(np.concatenate([t.columns[c] for t in traces]) for c in columns))
+
+
+FAULTS = r"""
+import json, resource, sys, mtp_explorer as mx
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+first, second = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1) as s:
+    s.generate(first.pop("prompt"), **first)
+    before = faults()
+    s.generate(second.pop("prompt"), **second)
+    print(faults() - before)
+"""
+
+
+def page_faults_of_second_generation(model: Path, first: dict, second: dict) -> int:
+    """The minor page faults of a session's second generation (``Session.generate`` keywords and ``prompt``) after its
+    first, in a new process: memory a generation touches for the first time, which one-time costs show as."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", FAULTS, str(model), json.dumps(first), json.dumps(second)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+

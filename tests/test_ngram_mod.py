@@ -4,13 +4,10 @@ five low-acceptance steps) agree exactly, alone and chained with the MTP head un
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_replay_exact
+from conftest import check_replay_exact, page_faults_of_second_generation
 from mtp_explorer.analysis.replay import NgramModTable
 from mtp_explorer.core import drafters
 
@@ -60,20 +57,12 @@ def test_defaults_and_bad_options(session_mixed):
     assert t.n_drafted.sum() == 0
 
 
+
 TABLE_PAGES = 4 * 1024 * 1024 * 4 // 4096  # llama.cpp's 4 Mi int32 entries, in 4 KiB pages
-FAULTS = r"""
-import resource, sys, mtp_explorer as mx
-faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1) as s:
-    s.generate("def fibonacci(n):", max_tokens=8, n_max=2, drafter="ngram-mod", ngram_mod_n_match=2)
-    before = faults()
-    s.generate("def fibonacci(n):", max_tokens=8, n_max=2, drafter="ngram-mod", ngram_mod_n_match=2)
-    print(faults() - before)
-"""
 
 
 def test_a_generation_reuses_the_last_generations_table(bundled_model):
     """The next generation takes the 16 MB table the last one released (4096 pages), where it used to fault in a new
     one while the last generation's drafters still held theirs; a new process, so that the pool starts empty."""
-    out = subprocess.run([sys.executable, "-c", FAULTS, str(bundled_model)], capture_output=True, text=True, check=True)
-    assert int(out.stdout.split()[-1]) < TABLE_PAGES // 4
+    settings = dict(prompt="def fibonacci(n):", max_tokens=8, n_max=2, drafter="ngram-mod", ngram_mod_n_match=2)
+    assert page_faults_of_second_generation(bundled_model, settings, settings) < TABLE_PAGES // 4

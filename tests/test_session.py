@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import mtp_explorer as mx
-from conftest import check_accounting
+from conftest import check_accounting, page_faults_of_second_generation
 
 
 def test_stream_yields_each_step_and_keeps_trace(session_mixed):
@@ -126,7 +126,8 @@ def test_a_generation_starts_from_empty_memories(bundled_model):
     drafts' probabilities, its hidden-state norms), on the hybrid recurrent bundled model with snapshot slots: a
     generation's end and begin empty the memories by their cells only (their buffers keep old rows, masked, and a
     recurrent cell taken anew starts from llama.cpp's zeroed state), and no K/V row or recurrent state of the runs
-    before it may reach it (a longer run first leaves KV cells and snapshot slots past where the second writes)."""
+    before it may reach it (a longer run first leaves KV cells and snapshot slots past where the second writes), nor
+    a look-up generation between them, whose target context does not hand its MTP head the nextn rows."""
     long_prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
     prompt = "def fibonacci(n):"
     columns = ("drafted", "n_accepted", "correction", "rs_slot", "draft_prob", "topk_probs", "h_norm_target",
@@ -141,6 +142,18 @@ def test_a_generation_starts_from_empty_memories(bundled_model):
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=3) as s:
         s.generate(long_prompt, max_tokens=96, n_max=3)
         s.generate(long_prompt, max_tokens=32, n_max=0)
+        s.generate(long_prompt, max_tokens=32, n_max=3, drafter="ngram-simple",  # the target without nextn rows
+                   ngram_simple_size_n=2, ngram_simple_size_m=3)
         after = run(s)
     for c, values in fresh.items():
         assert np.array_equal(values, after[c], equal_nan=values.dtype.kind == "f"), c
+
+
+def test_without_the_mtp_head_the_target_keeps_no_nextn_rows(bundled_model):
+    """A generation whose drafters do not read the MTP head's rows turns the target's off, as llama.cpp's target gets
+    them only with draft-mtp in the chain: llama.cpp keeps n_batch of them in its output buffer (2 MB here, 512
+    pages), reallocated and cleared whenever a decode has more outputs than any before (here up to 9 rows, after 2).
+    With them, this second generation faulted in 886 pages."""
+    first = dict(prompt="def fibonacci(n):", max_tokens=16, n_max=1, drafter="ngram-cache")
+    second = dict(prompt="import os\nimport sys\n", max_tokens=64, n_max=8, drafter="ngram-cache")
+    assert page_faults_of_second_generation(bundled_model, first, second) < 512 // 2
