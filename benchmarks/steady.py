@@ -15,7 +15,8 @@ excluded, as ``engine.budget_seconds``; the reference: its "decoded ... in T s")
 Each run is a new process on each side, as in engine.py's drafters section (``ours_process``): the rounds sample
 the memory layout a process draws, and each run pays a process's first-run costs, as the reference's does (until
 2026-11-27 ours ran both budgets in one process, so its second run did not grow llama.cpp's output buffer, and its
-slope read low: ours' windows 3-6% ahead on the bundled model's look-ups). Medians over the rounds, with 95% intervals; a ratio above 1 means ours is faster.
+slope read low: ours' windows 3-6% ahead on the bundled model's look-ups). Medians over the rounds, with 95%
+intervals; a ratio above 1 means ours is faster.
 A round's slope is the difference of two windows, so it scatters several times as much as a window does: at the
 SYNTHETIC 0.4 B scale model 6 rounds gave intervals of +-3-8% for the steady ratios and +-1-3% for the windows' (the
 fixed costs, extrapolated from the slopes, are rougher still). More rounds narrow them.
@@ -53,8 +54,8 @@ def decompose(windows: list[float], target: list[float], steps: list[int]) -> di
 
 def one_round(session: mx.Session, binary: str, spec: str, n_max: int, prompt: str, budgets: list[int],
               ours_first: bool) -> dict | None:
-    """Both sides' costs (:func:`decompose`) on ``prompt``, each run in a new process; ``None`` where the drafts differ or the
-    reference printed no target perf counters (counted as ``other_drafts``)."""
+    """Both sides' costs (:func:`decompose`) on ``prompt``, each run in a new process; ``None`` where the drafts differ
+    or the reference printed no target perf counters (counted as ``other_drafts``)."""
     options = lookup_limits(drafters.mode(spec), n_max)
     kwargs = capacity_kwargs(session, n_max, spec)
 

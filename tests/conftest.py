@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -247,9 +248,6 @@ with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1) as s:
 def page_faults_of_second_generation(model: Path, first: dict, second: dict) -> int:
     """The minor page faults of a session's second generation (``Session.generate`` keywords and ``prompt``) after its
     first, in a new process: memory a generation touches for the first time, which one-time costs show as."""
-    import json
-
     out = subprocess.run([sys.executable, "-c", FAULTS, str(model), json.dumps(first), json.dumps(second)],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
-

@@ -57,7 +57,6 @@ def test_defaults_and_bad_options(session_mixed):
     assert t.n_drafted.sum() == 0
 
 
-
 TABLE_PAGES = 4 * 1024 * 1024 * 4 // 4096  # llama.cpp's 4 Mi int32 entries, in 4 KiB pages
 
 

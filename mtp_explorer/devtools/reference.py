@@ -256,14 +256,14 @@ def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int,
                 step_drafted = step_accepted = step_accepted + 1
             drafted += step_drafted
             accepted += step_accepted
-            if not more:
-                harness_ns += time.perf_counter_ns() - t0
-                break
-            if engine.n_generated > max_tokens and not partial:  # the reference counts a partial step at its replay
-                engine.cancel()
-            else:
-                engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
+            if more:
+                if engine.n_generated > max_tokens and not partial:  # the reference counts a partial step at its replay
+                    engine.cancel()
+                else:
+                    engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
             harness_ns += time.perf_counter_ns() - t0
+            if not more:
+                break
         trace = session._finish(prompt, prompt_tokens)
     return BudgetRun(trace, drafted, accepted, harness_ns)
 
