@@ -101,21 +101,10 @@ void Engine::load_model() {
 
 namespace {
 
-// llama.cpp's output reserve for a speculative set-up (common_speculative_get_output_limits, which llama-server and
-// llama-speculative-simple set): the target verifies at most capacity + 1 rows a sequence, a drafter's context outputs
-// a row a sequence (a DFlash / DSpark block capacity + 1). It sizes only the worst-case compute buffer reserved at
-// creation (llama.cpp's default, n_batch outputs, reserves n_ubatch rows of logits: 0.5 GB at a 248 k vocabulary); a
-// decode with more outputs (the oracle, the batch-shift probe) grows that buffer when it runs.
-uint32_t outputs_per_decode(const EngineOptions & opts, int32_t rows_per_seq) {
-    return (uint32_t) std::min<int64_t>(opts.n_ctx, (int64_t) opts.n_parallel * rows_per_seq);
-}
-
-llama_context_params context_params(const EngineOptions & opts, bool recurrent, HiddenProbe * probe,
-                                    int32_t rows_per_seq) {
+llama_context_params context_params(const EngineOptions & opts, bool recurrent, HiddenProbe * probe) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) opts.n_ctx;
     cp.n_batch = (uint32_t) opts.n_ctx;
-    cp.n_outputs_max = outputs_per_decode(opts, rows_per_seq);
     cp.n_ubatch = (uint32_t) std::min(opts.n_ctx, 512);
     cp.n_seq_max = (uint32_t) opts.n_parallel;  // each sequence gets n_ctx / n_parallel (llama.cpp's non-unified KV)
     cp.n_threads = opts.n_threads;
@@ -129,7 +118,7 @@ llama_context_params context_params(const EngineOptions & opts, bool recurrent, 
 }  // namespace
 
 void Engine::create_target_context() {
-    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt, opts.capacity + 1)));
+    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt)));
     if (ctx_tgt == nullptr) {
         fail(ErrorKind::LOAD, "llama.cpp could not create the target context");
     }
@@ -141,7 +130,7 @@ void Engine::create_target_context() {
 }
 
 void Engine::create_mtp_context() {
-    llama_context_params cm = context_params(opts, recurrent, &probe_mtp, 1);
+    llama_context_params cm = context_params(opts, recurrent, &probe_mtp);
     cm.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     cm.n_rs_seq = 0;
     ctx_mtp.reset(llama_init_from_model(model.get(), cm));
@@ -201,12 +190,9 @@ void Engine::load_draft_model() {
         create_shared_mtp_context();
         return;
     }
-    llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr, 1);
+    llama_context_params cp = context_params(opts, /*recurrent*/ false, nullptr);
     cp.cb_eval = nullptr;
     head = DraftHead::of(api, model_dft.get(), opts.draft_path, llama_model_n_layer(model.get()));
-    if (head.is_block()) {  // a block decodes its anchor and n_max masks at once
-        cp.n_outputs_max = outputs_per_decode(opts, opts.capacity + 1);
-    }
     if (head.kind != DrafterNeeds::DRAFT_MODEL) {
         load_draft_head(cp);
     } else if (llama_model_is_recurrent(model_dft.get()) || llama_model_is_hybrid(model_dft.get())) {
@@ -244,7 +230,7 @@ void Engine::create_shared_mtp_context() {
                                        std::to_string(llama_model_n_embd_out(model_dft.get())) + ", the model's are " +
                                        std::to_string(llama_model_n_embd_out(model.get())) + " wide");
     }
-    llama_context_params cm = context_params(opts, /*recurrent*/ false, nullptr, 1);
+    llama_context_params cm = context_params(opts, /*recurrent*/ false, nullptr);
     cm.cb_eval = nullptr;
     cm.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     cm.n_rs_seq = 0;

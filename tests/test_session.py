@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 import threading
 import time
 
@@ -161,24 +157,3 @@ def test_without_the_mtp_head_the_target_keeps_no_nextn_rows(bundled_model):
     first = dict(prompt="def fibonacci(n):", max_tokens=16, n_max=1, drafter="ngram-cache")
     second = dict(prompt="import os\nimport sys\n", max_tokens=64, n_max=8, drafter="ngram-cache")
     assert page_faults_of_second_generation(bundled_model, first, second) < 512 // 2
-
-
-OUTPUT_RESERVE = r"""
-import sys, mtp_explorer as mx
-with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1, capacity=3, n_parallel=2) as s:
-    spec = s.generate("def fibonacci(n):", max_tokens=24, n_max=3)
-    plain = s.generate("def fibonacci(n):", max_tokens=24, n_max=0)
-    oracle = s.record_oracle("def fibonacci(n):", max_tokens=24, depth=3)
-    print(list(spec.tokens) == list(plain.tokens), len(oracle.tokens) > 0)
-"""
-
-
-def test_contexts_reserve_the_outputs_llama_cpp_reserves(bundled_model):
-    """The target reserves compute for n_parallel x (capacity + 1) outputs and the MTP context for n_parallel, as
-    llama-server and llama-speculative-simple set them (common_speculative_get_output_limits), not llama.cpp's
-    default n_batch, which reserves n_ubatch rows of logits (0.5 GB at a 248 k vocabulary; here the MTP context's
-    compute buffer 25 MiB where it was 36, the reference's). Generations and the oracle run as before."""
-    out = subprocess.run([sys.executable, "-c", OUTPUT_RESERVE, str(bundled_model)], capture_output=True, text=True,
-                         check=True, env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"})
-    assert re.findall(r"n_outputs_max\s+= (\d+)", out.stderr) == ["8", "2"]
-    assert out.stdout.split() == ["True", "True"]
