@@ -8,6 +8,12 @@
 
 from __future__ import annotations
 
+# llama-cpp-python loads libllama before the extension does, so that where both load one file libllama binds its
+# C++ runtime symbols in its own scope (an extension whose toolchain links libstdc++ statically would otherwise lend
+# libllama its copy: a SIGSEGV in llama.cpp's model load, seen on a CUDA build), and the extension's log callback, set
+# when it loads, is the one libllama calls (ModelLoadError carries llama.cpp's last lines).
+import llama_cpp  # noqa: F401
+
 from .core.errors import (
     CancelledError,
     ContextOverflowError,

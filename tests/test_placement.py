@@ -127,3 +127,47 @@ def test_cli_run_echoes_placement(model_mixed, tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "x", "-m", str(model_mixed), "-n", "2", "-ctk", "q8_0"]) == 2
     assert "stores blocks of 32 values" in capsys.readouterr().out
+
+
+def test_the_extension_exports_its_module_init_alone():
+    """libllama loads beside the extension: a C++ symbol the extension exported (a toolchain's static libstdc++,
+    nanobind, a template instance) would take libllama's calls to it. On the device's CUDA build, with its GCC's
+    static libstdc++, libllama's model load called the extension's ``basic_ostream::_M_insert`` and crashed (SIGSEGV
+    in ``llama_model::print_info``)."""
+    import shutil
+    import subprocess
+
+    from mtp_explorer import _native
+
+    nm = shutil.which("nm")
+    assert nm is not None, "binutils' nm is needed (it comes with the compiler the extension is built with)"
+    out = subprocess.run([nm, "-D", "--defined-only", _native.__file__], capture_output=True, text=True, check=True)
+    assert [line.split()[-1] for line in out.stdout.splitlines() if line.strip()] == ["PyInit__native"]
+
+
+def test_libllama_is_loaded_before_the_extension_by_any_import():
+    """Any first import of the package (here a submodule that uses the extension) loads libllama through
+    llama-cpp-python before the extension: libllama then binds its symbols in its own scope, and the extension's log
+    callback, set as it loads, is the one libllama calls (a load failure carries llama.cpp's last lines)."""
+    from conftest import run_isolated
+
+    got = run_isolated("""
+        import sys
+        order = []
+
+        class Record:
+            def find_spec(self, name, path=None, target=None):
+                if name in ("llama_cpp", "mtp_explorer._native"):
+                    order.append(name)
+                return None
+
+        sys.meta_path.insert(0, Record())
+        import mtp_explorer.core.drafters
+        from mtp_explorer import _native
+        import mtp_explorer as mx
+        with mx.Session.open(mx.default_model_path()) as s:
+            pass
+        print(order, len(_native.take_log()) > 0)
+    """)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("\n")[0] == "['llama_cpp', 'mtp_explorer._native'] True"

@@ -9,8 +9,6 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import llama_cpp  # noqa: F401  (loads libllama first: the extension shares this one instance)
-
 from .. import _native
 from .cpu_kernels import resolve_repack
 from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
