@@ -11,6 +11,9 @@ OUT=${OUT:-/tmp/device-out}; mkdir -p "$OUT"
 WORK=${DEVICE_WORK:-/tmp/device-work}; mkdir -p "$WORK"
 PY=${PYTHON:-python3}
 JOBS=$(nproc)
+# the system's compilers where there are: the device machines' default CXX (/opt/gcc) links libstdc++ statically into
+# every shared library, and libllama's, ggml's and the extension's copies in one process crashed llama.cpp's model load
+[ -x /usr/bin/g++ ] && export CC=${DEVICE_CC:-/usr/bin/gcc} CXX=${DEVICE_CXX:-/usr/bin/g++}
 ARGS=${LLAMA_CMAKE_ARGS--DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF}
 DEADLINE=${DEVICE_DEADLINE:-570}
 stamp() { echo ">> $(date +%T) $*" | tee -a "$OUT/build.log"; }
@@ -24,7 +27,7 @@ cmake -S "$WORK/llama.cpp" -B "$WORK/lb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DL
 stamp "build llama.cpp"
 cmake --build "$WORK/lb" --target llama-speculative-simple llama-quantize -j"$JOBS" >>"$OUT/build.log" 2>&1
 BIN="$WORK/lb/bin"
-g++ -shared -fPIC -O2 -o "$BIN/libflush-common-log.so" "$REPO/mtp_explorer/devtools/flush_common_log.cpp" \
+"${CXX:-g++}" -shared -fPIC -O2 -o "$BIN/libflush-common-log.so" "$REPO/mtp_explorer/devtools/flush_common_log.cpp" \
     -L"$BIN" -lllama-common -Wl,-rpath,'$ORIGIN'
 stamp "site packages"
 SITE="$WORK/site"; rm -rf "$SITE"; cp -r "$REPO/.device/site" "$SITE"; mkdir -p "$SITE/llama_cpp/lib"

@@ -189,6 +189,8 @@ void bind_errors(nb::module_ & m) {
 
 void bind_functions(nb::module_ & m) {
     m.def("take_log", &take_log, "llama.cpp log lines (info and above) since the last call.");
+    m.def("capture_log", [] { llama_log_set(log_callback, nullptr); },
+          "Make the extension's callback llama.cpp's logger again (it is process-wide: llama-cpp-python sets its own).");
     m.def("missing_nextn_symbols", [](const std::string & path) { return NextnApi{}.load(path); }, "path"_a = "",
           "Names of the nextn API functions that the libllama at `path` (default: the linked one) lacks.");
     m.def("libllama_path", &linked_libllama_path, "Path of the libllama this module is linked against.");

@@ -148,7 +148,8 @@ def test_the_extension_exports_its_module_init_alone():
 def test_libllama_is_loaded_before_the_extension_by_any_import():
     """Any first import of the package (here a submodule that uses the extension) loads libllama through
     llama-cpp-python before the extension: libllama then binds its symbols in its own scope, and the extension's log
-    callback, set as it loads, is the one libllama calls (a load failure carries llama.cpp's last lines)."""
+    callback, set as it loads and again as a session opens, is the one libllama calls (a load failure carries
+    llama.cpp's last lines), also after llama-cpp-python code set its own."""
     from conftest import run_isolated
 
     got = run_isolated("""
@@ -165,6 +166,13 @@ def test_libllama_is_loaded_before_the_extension_by_any_import():
         import mtp_explorer.core.drafters
         from mtp_explorer import _native
         import mtp_explorer as mx
+        import ctypes, llama_cpp
+
+        @llama_cpp.llama_log_callback
+        def silent(level, text, user_data):  # llama-cpp-python code taking llama.cpp's logger (training.llama_ref)
+            return None
+
+        llama_cpp.llama_log_set(silent, ctypes.c_void_p(0))
         with mx.Session.open(mx.default_model_path()) as s:
             pass
         print(order, len(_native.take_log()) > 0)

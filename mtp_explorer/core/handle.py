@@ -40,6 +40,7 @@ def check_nextn_api(path: str | None = None) -> None:
 def _load_engine(path: Path, options: SessionOptions) -> "_native.Engine":
     """The native engine for the model at ``path``; a load failure carries llama.cpp's last log lines."""
     check_nextn_api(_libllama_path())
+    _native.capture_log()  # llama.cpp's logger is the process's: llama-cpp-python code may have taken it since
     _native.take_log()
     try:
         return _native.Engine(options.to_native(str(path)))
