@@ -47,15 +47,17 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
                                BatchShiftRecord & out) {
     check_open();
     const int32_t P = (int32_t) tokens.size();
-    const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx_tgt.get());
+    // a batch within n_ubatch, and within the outputs the target context reserved (libllama aborts past them)
+    const int32_t rows_max = (int32_t) std::min(llama_n_ubatch(ctx_tgt.get()), n_outputs_tgt);
     if (P < 2 || P > n_ctx_seq()) {
         fail(ErrorKind::PARAMETER, "the batch-shape probe needs 2 .. n_ctx_seq=" + std::to_string(n_ctx_seq()) +
                                        " tokens, got " + std::to_string(P));
     }
     for (int32_t k : ks) {
-        if (k < 2 || k > std::min(P, n_ubatch)) {
-            fail(ErrorKind::PARAMETER, "batch sizes must be between 2 and min(tokens, n_ubatch=" +
-                                           std::to_string(n_ubatch) + "), got " + std::to_string(k));
+        if (k < 2 || k > std::min(P, rows_max)) {
+            fail(ErrorKind::PARAMETER, "batch sizes must be between 2 and min(tokens, n_ubatch, the target's " +
+                                           std::to_string(n_outputs_tgt) + " outputs) = " +
+                                           std::to_string(std::min(P, rows_max)) + ", got " + std::to_string(k));
         }
     }
     std::lock_guard<std::mutex> lk(run_mutex);

@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <vector>
 
+// The widest batch the probe decodes: one sequence's rows standing for several slots' verify rows together (the
+// target context reserves as many outputs, at least: Engine::create_target_context).
+constexpr int32_t BATCH_SHIFT_ROWS_MAX = 64;
+
 // Every position from 0 is probed, in whole passes: the shift accumulates through the KV cache and the recurrent
 // state as it does in a run, and its dependence on the KV length (e.g. llama.cpp's attention over more than 256
 // cells) is seen where it starts.

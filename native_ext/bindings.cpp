@@ -198,6 +198,7 @@ void bind_functions(nb::module_ & m) {
 
 void bind_tables(nb::module_ & m) {
     m.attr("STOP_REASONS") = names_tuple(STOP_REASON_NAMES);
+    m.attr("BATCH_SHIFT_ROWS_MAX") = BATCH_SHIFT_ROWS_MAX;
     m.attr("LAYER_INPUT_ARCHS") = names_tuple(LAYER_INPUT_ARCHS);
     m.attr("DRAFTERS") = drafters_tuple();
     m.attr("DRAFTER_NEEDS") = drafter_needs_tuple();

@@ -101,10 +101,20 @@ void Engine::load_model() {
 
 namespace {
 
-llama_context_params context_params(const EngineOptions & opts, bool recurrent, HiddenProbe * probe) {
+// llama.cpp's output limit for a speculative set-up (common_speculative_get_output_limits, which llama-server and
+// llama-speculative-simple set): n_parallel x rows_per_seq outputs a decode. It sizes the logits rows of the worst-case
+// compute buffer reserved at creation (llama.cpp's default, n_batch outputs, reserves n_ubatch rows: 0.5 GB at a 248 k
+// vocabulary); libllama asserts every decode's outputs within it (GGML_ASSERT in output_reserve: the process aborts).
+uint32_t output_limit(const EngineOptions & opts, int64_t rows_per_seq) {
+    return (uint32_t) std::min<int64_t>(opts.n_ctx, (int64_t) opts.n_parallel * rows_per_seq);
+}
+
+llama_context_params context_params(const EngineOptions & opts, bool recurrent, HiddenProbe * probe,
+                                    uint32_t n_outputs_max = 0) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) opts.n_ctx;
     cp.n_batch = (uint32_t) opts.n_ctx;
+    cp.n_outputs_max = n_outputs_max;  // 0: llama.cpp's default, n_batch
     cp.n_ubatch = (uint32_t) std::min(opts.n_ctx, 512);
     cp.n_seq_max = (uint32_t) opts.n_parallel;  // each sequence gets n_ctx / n_parallel (llama.cpp's non-unified KV)
     cp.n_threads = opts.n_threads;
@@ -118,7 +128,11 @@ llama_context_params context_params(const EngineOptions & opts, bool recurrent, 
 }  // namespace
 
 void Engine::create_target_context() {
-    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt)));
+    // verify rows as llama.cpp reserves them, and at least the batch-shape probe's widest batch (one sequence's rows
+    // standing for several slots' verify rows together)
+    n_outputs_tgt = std::max(output_limit(opts, (int64_t) opts.capacity + 1),
+                             (uint32_t) std::min<int64_t>(opts.n_ctx, BATCH_SHIFT_ROWS_MAX));
+    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt, n_outputs_tgt)));
     if (ctx_tgt == nullptr) {
         fail(ErrorKind::LOAD, "llama.cpp could not create the target context");
     }
@@ -130,7 +144,7 @@ void Engine::create_target_context() {
 }
 
 void Engine::create_mtp_context() {
-    llama_context_params cm = context_params(opts, recurrent, &probe_mtp);
+    llama_context_params cm = context_params(opts, recurrent, &probe_mtp, output_limit(opts, 1));  // a row a sequence
     cm.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     cm.n_rs_seq = 0;
     ctx_mtp.reset(llama_init_from_model(model.get(), cm));
@@ -230,7 +244,7 @@ void Engine::create_shared_mtp_context() {
                                        std::to_string(llama_model_n_embd_out(model_dft.get())) + ", the model's are " +
                                        std::to_string(llama_model_n_embd_out(model.get())) + " wide");
     }
-    llama_context_params cm = context_params(opts, /*recurrent*/ false, nullptr);
+    llama_context_params cm = context_params(opts, /*recurrent*/ false, nullptr, output_limit(opts, 1));
     cm.cb_eval = nullptr;
     cm.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     cm.n_rs_seq = 0;

@@ -244,6 +244,7 @@ struct Engine {
     llama_model_ptr model;
     llama_model_ptr model_dft;          // the draft model (null: none)
     llama_context_ptr ctx_tgt;
+    uint32_t n_outputs_tgt = 0;  // the outputs a target decode may have (its n_outputs_max)
     llama_context_ptr ctx_mtp;          // null if the model has no MTP layers
     llama_context_ptr ctx_dft;          // the draft model's context (null: none)
     DraftHead head;                     // the draft model as a head (kind DRAFT_MODEL: a draft model, not a head)

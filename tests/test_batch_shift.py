@@ -93,6 +93,10 @@ def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
         session.batch_shift([1])
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([600])
+    # past the outputs the target reserves (libllama would abort the process): a clear error, then the session works
+    with pytest.raises(mx.ParameterError, match=r"the target's 64 outputs\) = 64, got 65"):
+        session.batch_shift([65])
+    assert session.batch_shift([64]).ks == (64,)
     with pytest.raises(mx.ParameterError, match="batch sizes"):
         session.batch_shift([])
     with pytest.raises(mx.ParameterError, match="max_position must be >= 2"):

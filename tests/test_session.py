@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +15,8 @@ import pytest
 
 import mtp_explorer as mx
 from conftest import check_accounting, page_faults_of_second_generation
+from mtp_explorer.core.cpu_kernels import with_no_repack
+from mtp_explorer.devtools.reference import reference_env
 
 
 def test_stream_yields_each_step_and_keeps_trace(session_mixed):
@@ -157,3 +163,36 @@ def test_without_the_mtp_head_the_target_keeps_no_nextn_rows(bundled_model):
     first = dict(prompt="def fibonacci(n):", max_tokens=16, n_max=1, drafter="ngram-cache")
     second = dict(prompt="import os\nimport sys\n", max_tokens=64, n_max=8, drafter="ngram-cache")
     assert page_faults_of_second_generation(bundled_model, first, second) < 512 // 2
+
+
+OUTPUT_RESERVE = r"""
+import sys, mtp_explorer as mx
+with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1, n_rs_seq=3, n_parallel=int(sys.argv[2])) as s:
+    spec = s.generate("def fibonacci(n):", max_tokens=24, n_max=3)
+    plain = s.generate("def fibonacci(n):", max_tokens=24, n_max=0)
+    oracle = s.record_oracle("def fibonacci(n):", max_tokens=24, depth=3)
+    print(list(spec.tokens) == list(plain.tokens), len(oracle.tokens) > 0, flush=True)
+"""
+RESERVE = re.compile(r"n_outputs_max\s+= (\d+).*?compute buffer size =\s+([\d.]+) MiB", re.S)
+
+
+def test_contexts_reserve_the_outputs_llama_cpp_reserves(bundled_model, reference_binary):
+    """llama-server and llama-speculative-simple give a draft context n_parallel outputs a decode and the target
+    n_parallel x (n_max + 1) (common_speculative_get_output_limits); llama.cpp's default, n_batch, reserves n_ubatch
+    rows of logits in each compute buffer (0.5 GB a context at a 248 k vocabulary). The MTP context reserves what the
+    reference's does (the same compute buffer); the target at least 64 rows, the batch-shape probe's widest batch."""
+    ours = {}
+    for n_parallel in (1, 2):
+        run = subprocess.run([sys.executable, "-c", OUTPUT_RESERVE, str(bundled_model), str(n_parallel)],
+                             capture_output=True, text=True, check=True, env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"})
+        assert run.stdout.split() == ["True", "True"]
+        ours[n_parallel] = [(int(n), float(mib)) for n, mib in RESERVE.findall(run.stderr)]
+    ref = subprocess.run(with_no_repack([str(reference_binary), "-m", str(bundled_model), "-p", "def fibonacci(n):",
+                                         "-n", "8", "-c", "1024", "-t", "1", "--temp", "0", "--spec-type", "draft-mtp",
+                                         "--spec-draft-n-max", "3", "-lv", "4"]),
+                         capture_output=True, text=True, check=True, env=reference_env(reference_binary))
+    reference = [(int(n), float(mib)) for n, mib in RESERVE.findall(ref.stderr)]
+    assert [n for n, _ in reference] == [4, 1]                     # the target's n_max + 1, the MTP context's 1
+    assert [n for n, _ in ours[1]] == [64, 1] and [n for n, _ in ours[2]] == [64, 2]
+    assert ours[1][1] == reference[1]                              # the MTP context: the reference's compute buffer
+    assert reference[0][1] <= ours[1][0][1] < reference[0][1] + 1  # the target: 60 rows of logits more

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from .. import _native
 from ..core.cache import cache_root, write_json
 from ..core.checks import check_int
 from ..core.cpu_kernels import cpu_model
@@ -287,8 +288,8 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
 def measure_batches(session: "Session", depth: int, rows: int) -> BatchShift:
     """The shift for every verify batch of one sequence drafting up to ``depth`` tokens, and for a batch of
     ``rows`` rows (several sequences' verify rows together, as parallel requests or server slots make; at most
-    64)."""
-    return measure(session, {*range(2, depth + 2), max(2, min(rows, 64))})
+    ``BATCH_SHIFT_ROWS_MAX``, 64, the outputs every target context reserves for the probe)."""
+    return measure(session, {*range(2, depth + 2), max(2, min(rows, _native.BATCH_SHIFT_ROWS_MAX))})
 
 
 def _read_cache(path: Path) -> dict[str, Any]:

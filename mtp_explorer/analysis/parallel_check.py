@@ -53,7 +53,7 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
     (``tol_logit``, default: measured) is the session's :meth:`~mtp_explorer.Session.batch_shift` for batches up
     to every request's verify rows together, as the engine batches them."""
     depth_all = max((int(t.columns["n_max"].max()) for t in result.traces if t.n_steps), default=1)
-    rows = min(len(result.traces) * (depth_all + 1), 64)
+    rows = len(result.traces) * (depth_all + 1)  # measure_batches caps it at the probe's widest batch
     shift = measure_batches(session, depth_all, rows) if tol_logit is None else None
     checks = []
     for info, trace in zip(result.requests, result.traces):

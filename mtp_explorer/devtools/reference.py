@@ -397,7 +397,7 @@ def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
 
 def server_batch_shift(session: Session, max_rows: int | None = None):
     """The session's measured batch-shape shift for every verify batch of one slot and for a server batch of
-    ``max_rows`` rows (its slots' verify rows together, at most 64; default: one slot's largest)."""
+    ``max_rows`` rows (its slots' verify rows together, at most ``BATCH_SHIFT_ROWS_MAX``; default: one slot's largest)."""
     return measure_batches(session, session.capacity, max_rows or session.capacity + 1)
 
 
