@@ -8,10 +8,9 @@
 
 from __future__ import annotations
 
-# llama-cpp-python loads libllama before the extension does, so that where both load one file libllama binds its
-# C++ runtime symbols in its own scope (an extension whose toolchain links libstdc++ statically would otherwise lend
-# libllama its copy: a SIGSEGV in llama.cpp's model load, seen on a CUDA build), and the extension's log callback, set
-# when it loads, is the one libllama calls (ModelLoadError carries llama.cpp's last lines).
+# llama-cpp-python loads libllama before the extension does: the process then holds one libllama (the wheel's
+# libllama.so and libllama.so.0 are two files), and the extension's log callback, set when it loads, is the one
+# libllama calls (ModelLoadError carries llama.cpp's last lines; sessions set it again as they open).
 import llama_cpp  # noqa: F401
 
 from .core.errors import (

@@ -48,7 +48,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
     check_open();
     const int32_t P = (int32_t) tokens.size();
     // a batch within n_ubatch, and within the outputs the target context reserved (libllama aborts past them)
-    const int32_t rows_max = (int32_t) std::min(llama_n_ubatch(ctx_tgt.get()), n_outputs_tgt);
+    const int32_t rows_max = (int32_t) std::min(llama_n_ubatch(ctx_tgt.get()), target_outputs());
     if (P < 2 || P > n_ctx_seq()) {
         fail(ErrorKind::PARAMETER, "the batch-shape probe needs 2 .. n_ctx_seq=" + std::to_string(n_ctx_seq()) +
                                        " tokens, got " + std::to_string(P));
@@ -56,7 +56,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
     for (int32_t k : ks) {
         if (k < 2 || k > std::min(P, rows_max)) {
             fail(ErrorKind::PARAMETER, "batch sizes must be between 2 and min(tokens, n_ubatch, the target's " +
-                                           std::to_string(n_outputs_tgt) + " outputs) = " +
+                                           std::to_string(target_outputs()) + " outputs) = " +
                                            std::to_string(std::min(P, rows_max)) + ", got " + std::to_string(k));
         }
     }

@@ -127,12 +127,13 @@ llama_context_params context_params(const EngineOptions & opts, bool recurrent, 
 
 }  // namespace
 
+uint32_t Engine::target_outputs() const {
+    return std::max(output_limit(opts, (int64_t) opts.capacity + 1),
+                    (uint32_t) std::min<int64_t>(opts.n_ctx, BATCH_SHIFT_ROWS_MAX));
+}
+
 void Engine::create_target_context() {
-    // verify rows as llama.cpp reserves them, and at least the batch-shape probe's widest batch (one sequence's rows
-    // standing for several slots' verify rows together)
-    n_outputs_tgt = std::max(output_limit(opts, (int64_t) opts.capacity + 1),
-                             (uint32_t) std::min<int64_t>(opts.n_ctx, BATCH_SHIFT_ROWS_MAX));
-    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt, n_outputs_tgt)));
+    ctx_tgt.reset(llama_init_from_model(model.get(), context_params(opts, recurrent, &probe_tgt, target_outputs())));
     if (ctx_tgt == nullptr) {
         fail(ErrorKind::LOAD, "llama.cpp could not create the target context");
     }

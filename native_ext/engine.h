@@ -97,6 +97,9 @@ struct Engine {
     int32_t n_ctx_seq() const;  // one sequence's share of it
     int32_t n_parallel() const { return opts.n_parallel; }
     int32_t capacity() const { return opts.capacity; }
+    // the outputs a target decode may have (its context's n_outputs_max): llama.cpp's verify rows, n_parallel x
+    // (capacity + 1), and at least the batch-shape probe's widest batch
+    uint32_t target_outputs() const;
     // a recurrent target without snapshot slots: a partial acceptance restores the checkpoint saved before its
     // verify and the accepted tokens and the correction are verified again next step (llama.cpp's use_ckpt_tgt)
     bool checkpoints() const { return recurrent && opts.n_rs_seq == 0; }
@@ -244,7 +247,6 @@ struct Engine {
     llama_model_ptr model;
     llama_model_ptr model_dft;          // the draft model (null: none)
     llama_context_ptr ctx_tgt;
-    uint32_t n_outputs_tgt = 0;  // the outputs a target decode may have (its n_outputs_max)
     llama_context_ptr ctx_mtp;          // null if the model has no MTP layers
     llama_context_ptr ctx_dft;          // the draft model's context (null: none)
     DraftHead head;                     // the draft model as a head (kind DRAFT_MODEL: a draft model, not a head)
