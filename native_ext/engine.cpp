@@ -214,6 +214,9 @@ void Engine::load_draft_model() {
         fail(ErrorKind::PARAMETER, "the draft model " + opts.draft_path + " is recurrent: draft-simple here needs a "
                                    "draft model whose memory can drop positions (a transformer)");
     }
+    // llama.cpp's reserve for a draft context (common_base_params_to_speculative): a row a sequence, a DFlash / DSpark
+    // block's n_max + 1 (libllama keeps n_batch for the architectures it runs as encoders: EAGLE-3, DFlash)
+    cp.n_outputs_max = output_limit(opts, head.is_block() ? (int64_t) opts.capacity + 1 : 1);
     ctx_dft.reset(llama_init_from_model(model_dft.get(), cp));
     if (ctx_dft == nullptr) {
         head = DraftHead{};

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 
@@ -105,6 +106,42 @@ def test_library_without_nextn_api(model_mixed):
             print("RAISED", exc)
     """)
     assert proc.returncode == 0 and "RAISED" in proc.stdout and "nextn API" in proc.stdout, proc.stdout + proc.stderr
+
+
+CXX_SOURCE = "#include <string>\nstd::string answer() { return std::to_string(42); }\n"
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static-libstdc++", "shared-libstdc++"])
+def test_a_library_with_its_own_cxx_runtime_is_refused(tmp_path, model_mixed, static):
+    """A build whose libraries each hold a copy of libstdc++ (the device machines' default g++: a session crashed as it
+    opened) is refused with a LibraryError naming the library; a shared runtime passes, as the installed build does."""
+    from mtp_explorer import _native
+    from mtp_explorer.core.runtime import check_shared_cxx_runtime, native_libraries, needed_libraries
+
+    (tmp_path / "answer.cpp").write_text(CXX_SOURCE)
+    lib = tmp_path / "libanswer.so"
+    subprocess.run(["g++", "-shared", "-fPIC", *(["-static-libstdc++"] if static else []), "-o", str(lib),
+                    str(tmp_path / "answer.cpp")], check=True)
+    assert ("libstdc++.so.6" in needed_libraries(lib)) is not static
+    installed = native_libraries(_native.__file__, _native.libllama_path())
+    assert {p.name.split(".")[0] for p in installed} >= {"_native", "libllama", "libggml", "libggml-base", "libggml-cpu"}
+    check_shared_cxx_runtime(installed)
+    if not static:
+        check_shared_cxx_runtime([lib])
+        return
+    with pytest.raises(mx.LibraryError, match=f"{lib} links the C\\+\\+ runtime statically"):
+        check_shared_cxx_runtime(installed + [lib])
+    assert needed_libraries(tmp_path / "answer.cpp") is None  # not an ELF file: nothing to check
+    proc = run_isolated(f"""
+        import mtp_explorer as mx
+        import mtp_explorer.core.handle as handle
+        handle.native_libraries = lambda *paths: [{str(lib)!r}]
+        try:
+            mx.Session.open({str(model_mixed)!r})
+        except mx.LibraryError as exc:
+            print("RAISED", exc)
+    """)
+    assert proc.returncode == 0 and "RAISED" in proc.stdout and "statically" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(

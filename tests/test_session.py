@@ -196,3 +196,37 @@ def test_contexts_reserve_the_outputs_llama_cpp_reserves(bundled_model, referenc
     assert [n for n, _ in ours[1]] == [64, 1] and [n for n, _ in ours[2]] == [64, 2]
     assert ours[1][1] == reference[1]                              # the MTP context: the reference's compute buffer
     assert reference[0][1] <= ours[1][0][1] < reference[0][1] + 1  # the target: 60 rows of logits more
+
+
+DRAFT_RESERVE = r"""
+import sys, mtp_explorer as mx
+from mtp_explorer.models import MODELS_DIR
+with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1, n_rs_seq=3, n_parallel=int(sys.argv[2]),
+                     draft_model=MODELS_DIR / sys.argv[3]) as s:
+    print(len(s.generate("def fibonacci(n):", max_tokens=24, n_max=3, drafter=sys.argv[4]).tokens), flush=True)
+"""
+
+
+@pytest.mark.parametrize("head, spec, outputs", [("pystdlib-draft.gguf", "draft-simple", "n_parallel"),
+                                                 ("pystdlib-eagle3.gguf", "draft-eagle3", "n_batch"),
+                                                 ("pystdlib-dflash.gguf", "draft-dflash", "n_batch")])
+def test_draft_contexts_reserve_what_llama_cpp_reserves(bundled_model, reference_binary, head, spec, outputs):
+    """A draft model's context reserves n_parallel outputs a decode, as llama.cpp's (common_base_params_to_speculative;
+    before, llama.cpp's default of n_batch: 8.50 MiB of compute buffer for the bundled draft model, the reference's
+    4.26); EAGLE-3 and DFlash heads keep n_batch, which libllama gives the architectures it runs as encoders. Each is the
+    reference's context: the same limit and compute buffer."""
+    ours = {}
+    for n_parallel in (1, 2):
+        run = subprocess.run([sys.executable, "-c", DRAFT_RESERVE, str(bundled_model), str(n_parallel), head, spec],
+                             capture_output=True, text=True, check=True, env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"})
+        assert run.stdout.split() == ["24"]
+        ours[n_parallel] = [(int(n), float(mib)) for n, mib in RESERVE.findall(run.stderr)]
+    ref = subprocess.run(with_no_repack([str(reference_binary), "-m", str(bundled_model), "-md",
+                                         str(mx.default_model_path().parent / head), "-p", "def fibonacci(n):", "-n",
+                                         "8", "-c", "1024", "-t", "1", "--temp", "0", "--spec-type", spec,
+                                         "--spec-draft-n-max", "3", "-lv", "4"]),
+                         capture_output=True, text=True, check=True, env=reference_env(reference_binary))
+    reference = [(int(n), float(mib)) for n, mib in RESERVE.findall(ref.stderr)]
+    assert len(reference) == 2 and len(ours[1]) == 3           # target and draft; ours: target, MTP and draft
+    assert ours[1][2] == reference[1]                            # the draft context: the reference's
+    assert ours[2][2][0] == (2 if outputs == "n_parallel" else 1024)

@@ -4,6 +4,7 @@ one-generation-at-a-time guard. :class:`~mtp_explorer.core.session.Session` gene
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from pathlib import Path
@@ -15,6 +16,7 @@ from .errors import (ContextOverflowError, LibraryError, ModelLoadError, Paramet
                      SessionClosedError)
 from .info import ModelInfo, model_info
 from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
+from .runtime import check_shared_cxx_runtime, native_libraries
 from .schema import FINISH_REASONS
 from .trace import Trace
 
@@ -37,9 +39,16 @@ def check_nextn_api(path: str | None = None) -> None:
         )
 
 
+@functools.cache
+def check_native_runtime() -> None:
+    """Raise :class:`LibraryError` if the extension or a library it loads holds its own C++ runtime (checked once)."""
+    check_shared_cxx_runtime(native_libraries(_native.__file__, _libllama_path()))
+
+
 def _load_engine(path: Path, options: SessionOptions) -> "_native.Engine":
     """The native engine for the model at ``path``; a load failure carries llama.cpp's last log lines."""
     check_nextn_api(_libllama_path())
+    check_native_runtime()
     _native.capture_log()  # llama.cpp's logger is the process's: llama-cpp-python code may have taken it since
     _native.take_log()
     try:
