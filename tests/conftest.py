@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,7 @@ from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
 
 # measured batch-shape shifts (Session.batch_shift) are cached here, not in the user's ~/.cache
 os.environ["MTP_EXPLORER_CACHE"] = tempfile.mkdtemp(prefix="mtp-explorer-test-cache-")
+atexit.register(shutil.rmtree, os.environ["MTP_EXPLORER_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

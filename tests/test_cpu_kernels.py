@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,25 @@ def test_the_probe_reads_how_its_child_ended(code, usable, signal):
         assert "exited with 4: no model" in got.reason
     if code.endswith(f"exit({ck.WRONG_RESULTS})"):  # the kernels ran and computed other tokens
         assert got.reason.startswith("2 of 4 sequences differ on this CPU")
+
+
+def test_a_probe_that_dies_leaves_no_files(monkeypatch):
+    """The child writes its models in the parent's folder, which the parent removes: where the AMX kernels stop the
+    child, its own clean-up never ran (each check had left a folder with its Q8_0 model in the temporary directory)."""
+    code = ("import os, pathlib, signal; d = pathlib.Path(os.environ['MTP_EXPLORER_PROBE_DIR']); "
+            "(d / 'probe-q8_0.gguf').write_bytes(b'x' * 4096); print(d, flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    folders = []
+    real_run = ck.subprocess.run
+
+    def run(*args, **kwargs):
+        done = real_run(*args, **kwargs)
+        folders.append(Path(done.stdout.strip()))
+        assert (folders[-1] / "probe-q8_0.gguf").is_file()  # written while the parent's folder existed
+        return done
+
+    monkeypatch.setattr(ck.subprocess, "run", run)
+    got = ck.probe(command=[sys.executable, "-c", code])
+    assert got.signal == "SIGSEGV" and len(folders) == 1 and not folders[0].exists()
 
 
 def test_a_probe_that_does_not_end_is_a_failed_check():

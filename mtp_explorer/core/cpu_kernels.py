@@ -30,6 +30,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -43,6 +44,7 @@ AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 AMX_TYPES = frozenset({"F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
 WRONG_RESULTS = 3  # the probe's exit (devtools.cpu_probe) when the kernels ran but computed other tokens
 PROBE_MODULE = "mtp_explorer.devtools.cpu_probe"
+PROBE_DIR = "MTP_EXPLORER_PROBE_DIR"  # the folder the probe writes its models in (the parent removes it)
 PROBE_TIMEOUT = 180.0
 _IN_PROBE = "MTP_EXPLORER_CPU_PROBE"  # set in the probe's child: it runs the kernels under test itself
 
@@ -105,9 +107,14 @@ def probe(timeout: float = PROBE_TIMEOUT, command: list[str] | None = None) -> E
     :data:`PROBE_MODULE`'s) and read how it ended: exit 0 is usable; a signal, :data:`WRONG_RESULTS` (its last line
     on stderr says what differed), another exit or no end within ``timeout`` seconds is not."""
     cmd = command or [sys.executable, "-m", PROBE_MODULE]
-    try:
-        run = subprocess.run(cmd, env=os.environ | {_IN_PROBE: "1"}, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    # the probe's models are written in a folder of this process's, removed however the child ends
+    with tempfile.TemporaryDirectory(prefix="mtp-explorer-cpu-probe-") as tmp:
+        try:
+            run = subprocess.run(cmd, env=os.environ | {_IN_PROBE: "1", PROBE_DIR: tmp}, capture_output=True, text=True,
+                                 timeout=timeout)
+        except subprocess.TimeoutExpired:
+            run = None
+    if run is None:
         return ExtraBufferCheck(False, f"llama.cpp's extra CPU buffer types did not finish a small decode in "
                                        f"{timeout:.0f} s on this CPU ({cpu_model()})", probed=True)
     if run.returncode == 0:

@@ -10,12 +10,14 @@ buffer's F16 kernels fail, they do not). Exit ``cpu_kernels.WRONG_RESULTS`` with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from ..core.cpu_kernels import WRONG_RESULTS
+from ..core.cpu_kernels import PROBE_DIR, WRONG_RESULTS
+
 PROMPTS = ("abc", "hello world", "xyz xyz", "the cat")
 
 
@@ -24,7 +26,10 @@ def main() -> None:
     from .synthetic import write_synthetic_qwen35
 
     threads = min(2, os.cpu_count() or 1)  # worker threads too: AMX needs a tile permission in each
-    with tempfile.TemporaryDirectory(prefix="mtp-explorer-cpu-probe-") as tmp:
+    # in the parent's folder (PROBE_DIR): where the AMX kernels stop this process, nothing here could remove it
+    with contextlib.ExitStack() as stack:
+        tmp = os.environ.get(PROBE_DIR) or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="mtp-explorer-cpu-probe-"))
         # n_embd 64: every matrix splits into Q8_0 blocks and AMX tiles; 4 layers hold an attention layer
         q8 = write_synthetic_qwen35(Path(tmp) / "probe-q8_0.gguf", n_embd=64, n_layer=4, dtype="q8_0")
         with Session.open(q8, n_ctx=256, threads=threads, repack=True, telemetry="off") as s:
