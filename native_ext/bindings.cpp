@@ -194,6 +194,23 @@ void bind_functions(nb::module_ & m) {
     m.def("missing_nextn_symbols", [](const std::string & path) { return NextnApi{}.load(path); }, "path"_a = "",
           "Names of the nextn API functions that the libllama at `path` (default: the linked one) lacks.");
     m.def("libllama_path", &linked_libllama_path, "Path of the libllama this module is linked against.");
+    using Row = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    m.def("argmax", [](const Row & logits) { return argmax(logits.data(), (int32_t) logits.shape(0)); }, "logits"_a,
+          "The engine's greedy token of a row of logits (float32): the first of the largest.");
+    m.def("top_logits",
+          [](const Row & logits, int32_t k) {
+              const int32_t n = (int32_t) logits.shape(0);
+              if (k < 1 || k > n) {
+                  fail(ErrorKind::PARAMETER, "k must be between 1 and the row's " + std::to_string(n) + " logits");
+              }
+              std::vector<int32_t> ids((size_t) k);
+              std::vector<float> vals((size_t) k);
+              top_logits(logits.data(), n, k, ids.data(), vals.data());
+              return ids;
+          },
+          "logits"_a, "k"_a,
+          "The ids of the k largest of a row of logits (float32) as the engine's drafters rank them: largest first, "
+          "equal ones by increasing id.");
 }
 
 void bind_tables(nb::module_ & m) {

@@ -3,20 +3,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "logits_scan.h"
 #include "timing.h"
 
 void CandidateRanking::rank(const float * logits, int32_t n_vocab) {
     n_cand = std::min(DRAFT_N_CANDIDATES, n_vocab);
-    order.resize(n_vocab);
-    for (int32_t t = 0; t < n_vocab; ++t) {
-        order[t] = t;
-    }
-    std::partial_sort(order.begin(), order.begin() + n_cand, order.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    float top[DRAFT_N_CANDIDATES];
+    top_logits(logits, n_vocab, n_cand, order, top);
     double sum = 0.0;
-    const float max_l = logits[order[0]];
     for (int32_t c = 0; c < n_cand; ++c) {
-        probs[c] = expf(logits[order[c]] - max_l);
+        probs[c] = expf(top[c] - top[0]);
         sum += probs[c];
     }
     for (int32_t c = 0; c < n_cand; ++c) {

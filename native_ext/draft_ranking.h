@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "draft.h"
 #include "drafter.h"
@@ -28,7 +27,7 @@ struct CandidateRanking {
     // After take(): the draft ends at an end-of-generation token or at the cap (true, out.stop set).
     static bool ended(const DraftRequest & req, const llama_vocab * vocab, Draft & out);
 
-    std::vector<int32_t> order;  // token ids, the candidates first
+    int32_t order[DRAFT_N_CANDIDATES] = {};  // the candidates' token ids, the most likely first
     float probs[DRAFT_N_CANDIDATES] = {};
     int32_t n_cand = 0;
 };

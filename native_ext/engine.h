@@ -17,6 +17,7 @@
 #include "draft_head.h"
 #include "drafter.h"
 #include "hidden_probe.h"
+#include "logits_scan.h"
 #include "llama-cpp.h"
 #include "llama.h"
 
@@ -25,9 +26,6 @@
 #include "placement.h"
 #include "sequence.h"
 #include "telemetry.h"
-
-// The index of the largest of n_vocab logits (greedy sampling).
-llama_token argmax(const float * logits, int32_t n_vocab);
 
 // How much a generation records: nothing per step (OFF: the request's totals only, llama.cpp's loop alone),
 // a row per step (STEPS: counts, settings, stop reasons, batch shape, phase times), or every per-depth detail

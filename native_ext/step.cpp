@@ -26,10 +26,6 @@ float cosine(const float * a, const float * b, int32_t n) {
 
 }  // namespace
 
-llama_token argmax(const float * logits, int32_t n_vocab) {
-    return (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
-}
-
 bool Engine::step() {
     std::lock_guard<std::mutex> lk(run_mutex);
     ClockScope clock(opts.cpu_clock);
