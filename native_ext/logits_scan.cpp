@@ -8,7 +8,7 @@ namespace {
 
 constexpr int32_t CHUNK = 256;  // logits per chunk: the chunk's maximum is taken before any of them is looked at
 
-// Four floats in one register (SSE on x86-64, NEON on arm64), compared lane by lane.
+// Four floats in one 128-bit vector register (SSE on x86-64), compared lane by lane.
 typedef float f4 __attribute__((vector_size(16)));
 
 // The largest logit of [t0, t1) (-inf if none is larger: NaN never wins).
