@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -155,14 +156,14 @@ def test_llama_cpp_tools_get_no_repack_where_the_sessions_do(monkeypatch, q8_mod
     assert ck.no_repack_args(q8_model) == []
 
 
-def test_a_quantized_model_opens_on_this_machine_whatever_its_amx(q8_model):
+def test_a_quantized_model_opens_on_this_machine_whatever_its_amx(q8_model, tmp_path):
     """The real check on this machine: where the probe found the AMX kernels stop the process, the session runs
     with -nr and says why; elsewhere it runs llama.cpp's default. Either way it decodes."""
     check = mx.check_extra_buffers()
     assert check.probed == bool(ck.cpu_flags() & ck.AMX_FLAGS)
-    if check.probed:  # the verdict is what the probe's own child does
+    if check.probed:  # the verdict is what the probe's own child does (its models in a folder this test removes)
         child = subprocess.run([sys.executable, "-m", ck.PROBE_MODULE], capture_output=True,
-                               env={**__import__("os").environ, "MTP_EXPLORER_CPU_PROBE": "1"})
+                               env=os.environ | {"MTP_EXPLORER_CPU_PROBE": "1", ck.PROBE_DIR: str(tmp_path)})
         assert (child.returncode == 0) == check.usable, (child.returncode, check)
     expect = contextlib.nullcontext() if check.usable else pytest.warns(mx.CpuKernelWarning)
     with expect, mx.Session.open(q8_model, n_ctx=256, threads=1) as s:
