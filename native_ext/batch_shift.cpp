@@ -76,6 +76,10 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
 
     clear_memories();
     for (int32_t i = 0; i < P; ++i) {
+        if (interrupted()) {
+            clear_memories();
+            throw Interrupted{};
+        }
         decode_probe_rows(tokens, i, 1);
         const float * l = llama_get_logits_ith(ctx_tgt.get(), 0);
         std::copy(l, l + V, one_row.begin() + (size_t) i * V);
@@ -90,6 +94,10 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
         clear_memories();
         for (int32_t i0 = 0; i0 < P; i0 += k) {
             const int32_t n = std::min(k, P - i0);
+            if (interrupted()) {
+                clear_memories();
+                throw Interrupted{};
+            }
             decode_probe_rows(tokens, i0, n);
             if (n < k) {
                 continue;  // a shorter last batch: another shape

@@ -10,6 +10,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -350,7 +351,97 @@ void bind_engine_facts(nb::class_<Engine> & c) {
         .def("piece", &Engine::piece);
 }
 
-// generation: the long calls release the GIL (their arguments copied first)
+// ---- interrupts: Python's signal handlers run between the steps of a long call -------------------------
+
+// How often a long call on Python's main thread takes the GIL to run pending signal handlers, at most
+// (benchmarks/interrupt_cost.py measures what the checks cost; 0 turns them off).
+std::chrono::microseconds signal_check_interval{10000};
+
+bool on_main_thread() {
+    static const unsigned long main_ident =
+        nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+    return PyThread_get_thread_ident() == main_ident;
+}
+
+// Installed in the engine for one long call made on Python's main thread (where Python runs signal handlers):
+// between steps it takes the GIL and runs the pending handlers (PyErr_CheckSignals). A handler that raises
+// (SIGINT's: KeyboardInterrupt) stops the call as cancel() would, and its exception is kept to be raised when
+// the call has returned.
+class SignalChecks {
+  public:
+    explicit SignalChecks(Engine & e) : engine(e) {
+        if (signal_check_interval.count() > 0 && on_main_thread()) {
+            engine.set_interrupt_check([this] { return check(); });
+        }
+    }
+    ~SignalChecks() {  // the GIL held
+        engine.set_interrupt_check(nullptr);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    SignalChecks(const SignalChecks &) = delete;
+    SignalChecks & operator=(const SignalChecks &) = delete;
+
+    // the GIL held: raises the exception a handler raised during the call, if one did
+    void raise_pending() {
+        if (type != nullptr) {
+            PyErr_Restore(type, value, traceback);
+            type = value = traceback = nullptr;
+            throw nb::python_error();
+        }
+    }
+
+  private:
+    bool check() {
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_check) {
+            return false;
+        }
+        next_check = now + signal_check_interval;
+        nb::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() == 0) {
+            return false;
+        }
+        PyErr_Fetch(&type, &value, &traceback);
+        return true;
+    }
+
+    Engine & engine;
+    std::chrono::steady_clock::time_point next_check = std::chrono::steady_clock::now() + signal_check_interval;
+    PyObject * type = nullptr;
+    PyObject * value = nullptr;
+    PyObject * traceback = nullptr;
+};
+
+// Runs `work` (which touches no Python object) with the GIL released and the engine checking for signals; a
+// signal handler's exception is raised once it has returned, in place of whatever it returned or threw.
+template <class Work> void interruptible(Engine & e, Work && work) {
+    SignalChecks checks(e);
+    try {
+        nb::gil_scoped_release release;
+        work();
+    } catch (const Interrupted &) {
+    } catch (...) {
+        checks.raise_pending();
+        throw;
+    }
+    checks.raise_pending();
+}
+
+// run_mutex for a call that holds the GIL: waited for with the GIL released, since a long call holds run_mutex
+// while it takes the GIL to check for signals
+std::unique_lock<std::mutex> lock_run(const Engine & e) {
+    std::unique_lock<std::mutex> lk(e.run_mutex, std::try_to_lock);
+    if (!lk.owns_lock()) {
+        nb::gil_scoped_release release;
+        lk.lock();
+    }
+    return lk;
+}
+
+// generation: the long calls release the GIL (their arguments copied first); run, record_oracle and the probes
+// check for signals between steps
 void bind_engine_generation(nb::class_<Engine> & c) {
     c.def("close", [](Engine & e) { nb::gil_scoped_release r; e.close(); })
         .def("begin",
@@ -370,27 +461,21 @@ void bind_engine_generation(nb::class_<Engine> & c) {
              },
              "requests"_a)
         .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })
-        .def("run", [](Engine & e) { nb::gil_scoped_release r; e.run(); })
+        .def("run", [](Engine & e) { interruptible(e, [&] { e.run(); }); })
         .def("record_oracle",
              [](Engine & e, const std::vector<llama_token> & prompt, int32_t max_tokens, int32_t depth,
                 const DrafterOptions & options, bool probe) {
                  const DrafterOptions opts = options;
                  OracleRecord rec;
-                 bool done;
-                 {
-                     nb::gil_scoped_release r;
-                     done = e.record_oracle(prompt, max_tokens, depth, opts, probe, rec);
-                 }
+                 bool done = false;
+                 interruptible(e, [&] { done = e.record_oracle(prompt, max_tokens, depth, opts, probe, rec); });
                  return nb::make_tuple(done, columns_dict(rec, 0));
              },
              "prompt"_a, "max_tokens"_a, "depth"_a, "options"_a, "probe"_a = true)
         .def("probe_batch_shift",
              [](Engine & e, const std::vector<llama_token> & tokens, const std::vector<int32_t> & ks) {
                  BatchShiftRecord rec;
-                 {
-                     nb::gil_scoped_release r;
-                     e.probe_batch_shift(tokens, ks, rec);
-                 }
+                 interruptible(e, [&] { e.probe_batch_shift(tokens, ks, rec); });
                  const size_t P = rec.top1.size(), K = rec.ks.size();
                  nb::dict d;
                  d["ks"] = column(rec.ks, 0, K, {});
@@ -407,10 +492,7 @@ void bind_engine_generation(nb::class_<Engine> & c) {
         .def("probe_layer_inputs",
              [](Engine & e, const std::vector<llama_token> & tokens, const std::vector<int32_t> & layers) {
                  std::vector<float> rows;
-                 {
-                     nb::gil_scoped_release r;
-                     e.probe_layer_inputs(tokens, layers, rows);
-                 }
+                 interruptible(e, [&] { e.probe_layer_inputs(tokens, layers, rows); });
                  const size_t L = layers.size(), P = tokens.size();
                  return column(rows, 0, P, {L, rows.size() / std::max<size_t>(1, P * L)});
              },
@@ -425,21 +507,21 @@ void bind_engine_generation(nb::class_<Engine> & c) {
 // results: per request (0: a single generation's) the trace, the tokens, the drafters' statistics
 void bind_engine_results(nb::class_<Engine> & c) {
     c.def("columns", [](const Engine & e, size_t row0, size_t request) {
-             std::lock_guard<std::mutex> lk(e.run_mutex);
+             const auto lk = lock_run(e);
              return columns_dict(e.request(request).tel, row0);
          }, "row0"_a = 0, "request"_a = 0)
         .def_prop_ro("n_rows", [](const Engine & e) { return e.requests().empty() ? (size_t) 0 : e.tel().rows(); })
         .def("generated", [](const Engine & e, size_t from, size_t request) {
-                 std::lock_guard<std::mutex> lk(e.run_mutex);
+                 const auto lk = lock_run(e);
                  const std::vector<llama_token> & g = e.request(request).generated;
                  return std::vector<llama_token>(g.begin() + std::min(from, g.size()), g.end());
              }, "from"_a = 0, "request"_a = 0)
         .def("drafter_stats", [](const Engine & e, size_t request) {
-                 std::lock_guard<std::mutex> lk(e.run_mutex);
+                 const auto lk = lock_run(e);
                  return drafter_stats(e.request(request));
              }, "request"_a = 0)
         .def("request_state", [](const Engine & e, size_t request) {
-                 std::lock_guard<std::mutex> lk(e.run_mutex);
+                 const auto lk = lock_run(e);
                  const Sequence & q = e.request(request);
                  nb::dict d;
                  d["n_rows"] = q.tel.rows();
@@ -474,6 +556,17 @@ void bind_engine_results(nb::class_<Engine> & c) {
 }
 
 void bind_engine(nb::module_ & m) {
+    m.def("signal_check_interval", [] { return (double) signal_check_interval.count() * 1e-6; },
+          "Seconds between a long call's checks for signals, at most (0: no checks).");
+    m.def("set_signal_check_interval",
+          [](double seconds) {
+              if (!(seconds >= 0.0 && seconds <= 10.0)) {
+                  fail(ErrorKind::PARAMETER, "the signal check interval must be between 0 and 10 s");
+              }
+              signal_check_interval = std::chrono::microseconds((int64_t) (seconds * 1e6));
+          },
+          "seconds"_a, "How often run, record_oracle and the probes check for signals on Python's main thread, at "
+                       "most (0: never; for measuring what the checks cost).");
     nb::class_<Engine> c(m, "Engine");
     c.def("__init__", [](Engine * self, const EngineOptions & options) {
         const EngineOptions o = options;

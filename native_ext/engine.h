@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -131,6 +132,9 @@ struct Engine {
     void set_params(const DraftParams & p);
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
+    // Asked between steps by run and record_oracle, and between decodes by the probes, while they hold run_mutex:
+    // true stops them as cancel() does (a probe throws Interrupted). Empty: never asked.
+    void set_interrupt_check(std::function<bool()> check) { interrupt_check = std::move(check); }
     void set_telemetry(TelemetryLevel level) { opts.telemetry = level; }
     TelemetryLevel telemetry() const { return opts.telemetry; }
     bool full_telemetry() const { return opts.telemetry == TelemetryLevel::FULL; }
@@ -257,6 +261,8 @@ struct Engine {
 
     mutable std::mutex params_mutex;
     std::atomic<bool> cancel_requested{false};
+    std::function<bool()> interrupt_check;
+    bool interrupted() const { return interrupt_check && interrupt_check(); }
     int32_t batch_index = 0;            // the next engine step
 
     // step scratch, kept between steps so that a step allocates nothing

@@ -26,6 +26,10 @@ struct EngineError : std::runtime_error {
     ErrorKind kind;
 };
 
+// Thrown by a probe when the caller's interrupt check (Engine::set_interrupt_check) asked it to stop, after it has
+// left the memories empty; bindings.cpp then raises the exception the Python signal handler raised.
+struct Interrupted {};
+
 [[noreturn]] inline void fail(ErrorKind kind, const std::string & message) { throw EngineError(kind, message); }
 
 // Throws a DECODE error naming `what` when llama_process returned rc != 0.

@@ -75,6 +75,11 @@ void Engine::probe_layer_inputs(const std::vector<llama_token> & tokens, const s
     clear_memories();
     for (int32_t i0 = 0; i0 < P; i0 += n_ubatch) {
         const int32_t n = std::min(n_ubatch, P - i0);
+        if (interrupted()) {
+            clear_memories();
+            use_layer_inputs({});
+            throw Interrupted{};
+        }
         llama_batch_ext_clear(batch_tgt.get());
         add_target_rows(0, tokens.data() + i0, n, i0, /*logits*/ false);
         if (llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()) != 0) {

@@ -36,7 +36,7 @@ bool Engine::record_oracle(const std::vector<llama_token> & prompt, int32_t max_
     }
     const int32_t ctx_size = n_ctx_seq();
     while (q.finish == FINISH_NONE) {
-        if (cancel_requested.exchange(false)) {
+        if (cancel_requested.exchange(false) || interrupted()) {
             q.finish = FINISH_CANCELLED;
             return false;
         }

@@ -89,6 +89,9 @@ bool Engine::step() {
 
 void Engine::run() {
     while (step()) {
+        if (interrupted()) {
+            cancel();  // the next step finishes every running request as cancelled
+        }
     }
 }
 

@@ -8,7 +8,7 @@ import functools
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import _native
 from .cpu_kernels import resolve_repack
@@ -298,6 +298,19 @@ class EngineHandle:
             yield
         finally:
             self._busy.release()
+
+    @contextlib.contextmanager
+    def _partial_on_interrupt(self, keep: Callable[[], object]) -> Iterator[None]:
+        """Around a begun generation: on ``KeyboardInterrupt`` (a signal handler's, raised between two steps) or a
+        stream closed early, every running request is finished as cancelled and ``keep()`` records what was made
+        (``last_trace``, ``last_parallel_trace``) before the exception goes on; the session stays usable."""
+        try:
+            yield
+        except (KeyboardInterrupt, GeneratorExit):
+            self._engine.cancel()
+            self._engine.step()  # a cancelled step decodes nothing: it finishes the running requests
+            keep()
+            raise
 
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         return _prompt_tokens(self, prompt)

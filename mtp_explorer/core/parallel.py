@@ -165,11 +165,13 @@ class ParallelGeneration:
         lets them join a running batch, each waiting for a free sequence. Greedy requests generate what each would
         alone (up to floating-point near-ties between batch shapes: :func:`~mtp_explorer.check_parallel` finds them);
         with ``temperature`` > 0 request ``i`` samples with ``seed + i`` (a list of settings: each its own ``seed``,
-        or the session's + ``i`` where it has none).
+        or the session's + ``i`` where it has none). A ``KeyboardInterrupt`` stops it within one step, as for
+        :meth:`generate`, and :attr:`last_parallel_trace` then holds what each request generated.
         """
         with self._run():
             self._begin_parallel(prompts, settings, arrivals, params, keywords)
-            self._engine.run()
+            with self._partial_on_interrupt(self._finish_parallel):
+                self._engine.run()
             return self._finish_parallel()
 
     def stream_parallel(self, prompts: Sequence[Prompt], settings: DraftSettings | Sequence[DraftSettings] | None = None,
@@ -182,13 +184,14 @@ class ParallelGeneration:
             self._begin_parallel(prompts, settings, arrivals, params, keywords)
             engine = self._engine
             seen = [0] * engine.n_requests
-            while True:
-                more = engine.step()
-                fresh = self._fresh_rows(seen)
-                if fresh:
-                    yield fresh
-                if not more:
-                    break
+            with self._partial_on_interrupt(self._finish_parallel):
+                while True:
+                    more = engine.step()
+                    fresh = self._fresh_rows(seen)
+                    if fresh:
+                        yield fresh
+                    if not more:
+                        break
             self._finish_parallel()
 
     def _fresh_rows(self, seen: list[int]) -> list[ParallelStep]:

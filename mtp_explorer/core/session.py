@@ -31,6 +31,9 @@ class Session(ParallelGeneration, Probes, EngineHandle):
     def generate(self, prompt: Prompt, settings: DraftSettings | None = None, **keywords: Any) -> Trace:
         """Run one generation to the end (or until :meth:`cancel`) and return its trace.
 
+        A ``KeyboardInterrupt`` (JupyterLab's "Interrupt the kernel") stops it within one step on Python's main thread;
+        :attr:`last_trace` then holds what it generated (``finish_reason`` ``"cancelled"``).
+
         ``settings`` (a :class:`~mtp_explorer.DraftSettings`; default: its defaults) says how to draft, and
         ``keywords`` change any of its fields or drafter options: ``max_tokens`` (128), ``n_max`` (3), ``p_min``
         (0.0), ``n_min`` (0), ``temperature`` (0.0), ``seed`` (``None``: the session's), ``drafter`` and
@@ -49,24 +52,27 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         """
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
-            self._engine.run()
+            with self._partial_on_interrupt(lambda: self._finish(prompt, prompt_tokens)):
+                self._engine.run()
             return self._finish(prompt, prompt_tokens)
 
     def stream(self, prompt: Prompt, settings: DraftSettings | None = None, **keywords: Any) -> Iterator[Step]:
         """Generate step by step, yielding a :class:`Step` after each verification (arguments as
-        :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace. A session with
+        :meth:`generate`). When the iteration ends, :attr:`last_trace` holds the whole trace (after an interrupt or a
+        ``close()`` of the iterator, what was generated, finished as cancelled). A session with
         ``telemetry="off"`` records no steps to yield: a :class:`ParameterError`."""
         check_streamable(self)
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
             engine = self._engine
-            while True:
-                more = engine.step()
-                last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
-                if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):
-                    yield Step.from_columns(last, 0)
-                if not more:
-                    break
+            with self._partial_on_interrupt(lambda: self._finish(prompt, prompt_tokens)):
+                while True:
+                    more = engine.step()
+                    last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
+                    if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):
+                        yield Step.from_columns(last, 0)
+                    if not more:
+                        break
             self._finish(prompt, prompt_tokens)
 
     def record_oracle(

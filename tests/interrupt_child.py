@@ -1,0 +1,85 @@
+"""Run by tests/test_interrupts.py in a process of its own: each long call named on the command line is started,
+SIGINT is sent to this process once the call has run for a moment (what JupyterLab's "Interrupt the kernel"
+sends), and one JSON line per call says whether KeyboardInterrupt came, how long after the signal, how long
+the engine's longest step of that call took, what the call kept, and whether the same session generated again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import mtp_explorer as mx
+from mtp_explorer.core.schema import PHASES
+
+LONG = 16000  # tokens: half a minute or more of decoding if the interrupt were ignored
+DELAY = 0.4  # seconds into the call when the signal is sent
+
+
+def _calls(s: mx.Session) -> dict:
+    prompt = mx.demo_prompt()
+    many = [mx.demo_prompt(i) for i in range(2)]
+    return {
+        "generate": lambda: s.generate(prompt, max_tokens=LONG, n_max=3),
+        "stream": lambda: [None for _ in s.stream(prompt, max_tokens=LONG, n_max=3)],
+        "generate_parallel": lambda: s.generate_parallel(many, max_tokens=LONG // 2, n_max=3),
+        "stream_parallel": lambda: [None for _ in s.stream_parallel(many, max_tokens=LONG // 2, n_max=3)],
+        "record_oracle": lambda: s.record_oracle(prompt, max_tokens=LONG, depth=3),
+        "profile_costs": lambda: mx.profile_costs(s, [prompt], max_tokens=LONG, progress=False),
+        "profile_batch_costs": lambda: mx.profile_batch_costs(s, many, max_tokens=LONG // 2, repeats=1),
+        "measure_crossover": lambda: mx.measure_crossover(s, many, max_tokens=LONG // 2, repeats=1),
+        "sweep": lambda: mx.sweep(s, [prompt], n_max=[0, 3], p_min=[0.0], mode="measure", max_tokens=LONG,
+                                  progress=False),
+    }
+
+
+def _longest_step_seconds(s: mx.Session) -> float:
+    """The longest engine step of the call's last generation (0 where it kept no trace)."""
+    traces = []
+    if s.last_trace is not None:
+        traces.append(s.last_trace)
+    if getattr(s, "last_parallel_trace", None) is not None:
+        traces += list(s.last_parallel_trace.traces)
+    longest = 0.0
+    for t in traces:
+        if t.n_steps:
+            step_ns = sum(t.columns[f"t_{p}_ns"].astype(float) for p in PHASES)
+            longest = max(longest, float(step_ns.max()) * 1e-9)
+    return longest
+
+
+def main(names: list[str]) -> None:
+    with mx.Session.open(None, n_ctx=32768, n_parallel=2) as s:
+        calls = _calls(s)
+        for _ in range(2):  # a context's first decodes allocate its buffers (a second at this n_ctx): not a step's time
+            s.generate_parallel([mx.demo_prompt(i) for i in range(2)], max_tokens=8, n_max=3)
+        for name in names:
+            s.last_trace = None
+            s.last_parallel_trace = None
+            sent: list[float] = []
+            timer = threading.Timer(DELAY, lambda: (sent.append(time.perf_counter()),
+                                                    os.kill(os.getpid(), signal.SIGINT)))
+            out: dict = {"call": name, "interrupted": False}
+            timer.start()
+            try:
+                calls[name]()
+            except KeyboardInterrupt:
+                out["interrupted"] = True
+                out["latency"] = time.perf_counter() - sent[0]
+            timer.join()
+            out["longest_step"] = _longest_step_seconds(s)
+            t = s.last_trace
+            out["partial"] = None if t is None else {"finish_reason": t.finish_reason, "n_tokens": len(t.tokens)}
+            p = s.last_parallel_trace
+            out["partial_parallel"] = None if p is None else [
+                {"finish_reason": r.finish_reason, "n_tokens": len(r.tokens)} for r in p.traces]
+            again = s.generate(mx.demo_prompt(1), max_tokens=8, n_max=3)
+            out["again"] = {"n_tokens": len(again.tokens), "finish_reason": again.finish_reason}
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

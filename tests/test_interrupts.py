@@ -1,0 +1,49 @@
+"""SIGINT (JupyterLab's "Interrupt the kernel") stops every long call within one engine step: KeyboardInterrupt
+comes, what the call made is kept where it makes a trace, and the same session generates again. Each call runs
+in a process of its own (tests/interrupt_child.py) that signals itself a moment into the call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).with_name("interrupt_child.py")
+SLACK = 0.5  # seconds beyond the call's longest step (the issue's bound: one step plus 0.5 s)
+TRACED = {"generate", "stream"}
+PARALLEL = {"generate_parallel", "stream_parallel"}
+CALLS = ["generate", "stream", "generate_parallel", "stream_parallel", "record_oracle", "profile_costs",
+         "profile_batch_costs", "measure_crossover", "sweep"]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    # every call would decode for a minute or more if the signal were ignored; the timeout catches a hang
+    done = subprocess.run([sys.executable, str(CHILD), *CALLS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {r["call"]: r for r in rows}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_sigint_stops_the_call_within_a_step_and_the_session_goes_on(results, call):
+    r = results[call]
+    assert r["interrupted"], f"{call} ran to its end: the signal was not honoured"
+    assert r["latency"] <= r["longest_step"] + SLACK, r
+    assert r["again"] == {"n_tokens": 8, "finish_reason": "budget"}
+
+
+@pytest.mark.parametrize("call", sorted(TRACED))
+def test_an_interrupted_generation_keeps_what_it_made(results, call):
+    partial = results[call]["partial"]
+    assert partial["finish_reason"] == "cancelled" and 0 < partial["n_tokens"] < 16000
+
+
+@pytest.mark.parametrize("call", sorted(PARALLEL))
+def test_an_interrupted_parallel_generation_keeps_each_request(results, call):
+    partial = results[call]["partial_parallel"]
+    assert len(partial) == 2
+    assert all(p["finish_reason"] == "cancelled" and 0 < p["n_tokens"] < 8000 for p in partial)
