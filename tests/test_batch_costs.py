@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 import pytest
 
@@ -82,30 +80,22 @@ def test_the_schedule_is_the_engines(session, costs, oracles):
         assert pred["mean_verify_rows"] == pytest.approx(real.summary()["mean_verify_rows"])
 
 
-def test_prediction_is_near_measured_runs(session, costs, oracles):
-    """Predicted aggregate decode tokens/s against the median of five measured runs of the same batch (CPU time of
-    the one compute thread). This machine's runs vary: the median verify time of a run of 48 plain steps moved
-    between 0.48 and 1.15 ms from one run to the next (2 to 3.5 times), so the bound is wide (the median ratio over
-    the settings within 0.6-1.67, each within 0.4-2.5), and a miss is measured once more with a fresh profile. A
-    model that ignored the batch's rows or ubatches would miss it by more at N = 4."""
-
-    def ratios(model) -> dict:
-        out = {}
-        for n in (1, 2, 4):
-            for k in (0, 3):
-                pred = predict_parallel(oracles[:n], model, n_parallel=n, n_max=k, max_tokens=48)
-                measured = statistics.median(session.generate_parallel(PROMPTS[:n], max_tokens=48, n_max=k)
-                                             .summary()["decode_tokens_per_second"] for _ in range(5))
-                out[(n, k)] = pred["decode_tokens_per_second"] / measured
-        return out
-
-    def ok(r: dict) -> bool:
-        return 0.6 <= statistics.median(r.values()) <= 1.67 and all(0.4 <= x <= 2.5 for x in r.values())
-
-    r = ratios(costs)
-    if not ok(r):
-        r = ratios(profile_batch_costs(session))
-    assert ok(r), {k: round(v, 3) for k, v in r.items()}
+def test_the_prediction_prices_the_engines_own_steps(session, costs, oracles):
+    """Predicted aggregate decode tokens/s against the real batch's own steps (their shapes read back by batch_shapes)
+    priced by the same cost model, at N = 1, 2, 4 and n_max 0 and 3: equal, so a schedule or step shape unlike the
+    engine's (rows, ubatches, draft decodes, graph reuse) shows at once. Both sides are priced by one model; no
+    measured time is compared (how near the model comes to this machine's measured runs, which vary by a quarter to a
+    half from one run to the next here, is benchmarks/parallel.py's)."""
+    for n in (1, 2, 4):
+        for k in (0, 3):
+            pred = predict_parallel(oracles[:n], costs, n_parallel=n, n_max=k, max_tokens=48)
+            real = session.generate_parallel(PROMPTS[:n], max_tokens=48, n_max=k)
+            shapes = [shape for shape, _ in batch_shapes(real)]
+            assert pred["n_steps"] == len(shapes) and pred["n_tokens"] == real.summary()["n_tokens"], (n, k)
+            seconds = sum(sum(costs.step_ns(shape).values()) for shape in shapes) / 1e9
+            assert pred["decode_tokens_per_second"] == pytest.approx(pred["n_tokens"] / seconds, rel=1e-9), (n, k)
+            if n == 4 and k == 3:  # the steps batch several rows and sequences: a model of one row a step differs
+                assert max(sum(shape.rows) for shape in shapes) > 4
 
 
 def test_recommendation_per_batch_size(costs, oracles):

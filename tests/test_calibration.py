@@ -152,8 +152,11 @@ def test_ceiling_is_reached_when_every_draft_is_accepted(model_full):
             sim = mx.simulate(o, n_max, 0.0, max_tokens=max_tokens)
             assert sim.summary()["acceptance_rate"] == 1.0
             # the same steps, so the same predicted time (every phase of every step counted once), up to
-            # the trace's whole-nanosecond timing columns
-            assert sim.predicted_tokens_per_second == pytest.approx(sim.ceiling_tokens_per_second(), rel=1e-5)
+            # the trace's whole-nanosecond timing columns (each phase of each step rounded: half a ns at most)
+            s = sim.summary()
+            ns, ceiling_ns = (s["n_tokens"] / tps * 1e9 for tps in (s["tokens_per_second"],
+                                                                    sim.ceiling_tokens_per_second()))
+            assert abs(ns - ceiling_ns) <= 0.5 * len(mx.core.schema.PHASES) * s["n_steps"], (n_max, max_tokens)
 
 
 def test_ceiling_bounds_every_prediction(model_mixed):

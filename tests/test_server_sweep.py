@@ -275,9 +275,7 @@ def test_a_sweep_records_each_faulty_configuration_and_goes_on(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")  # the stand-in does not read it
     grid = {"spec_type": ["draft-mtp", "crash", "hang", "garbage", "draft-mtp"], "n_parallel": [2]}
-    t0 = time.monotonic()
     sweep = mx.server_sweep(model, ["a", "b"], grid, n_predict=8, binary=binary, timeout_s=5, progress=False)
-    assert time.monotonic() - t0 < 60  # the hang is cut at timeout_s
     status = list(sweep.frame["status"])
     assert status[0] == "ok" and status[4] == "ok"  # the sweep went on past the faults
     assert status[1].startswith("crashed (exit code 3)") or "requests failed" in status[1], status[1]

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 import mtp_explorer as mx
+from mtp_explorer.analysis.simulate import ceiling_tokens_per_second
 from mtp_explorer.analysis.sweep import COLUMNS
+from mtp_explorer.core.schema import PHASES
 from mtp_explorer.core import drafters
 
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "x = [1, 2, 3]\nx = [1, 2"]
@@ -44,14 +46,30 @@ def test_simulate_sweep_shape_and_values(session, cost, local_sim):
     assert (df["n_tokens"] == TOKENS).all()
     # greedy: the same tokens for every setting of a prompt
     assert (df.groupby("prompt")["tokens_digest"].nunique() == 1).all()
-    # each row is the simulator's answer for that oracle and setting
-    o = session.record_oracle(PROMPTS[1], max_tokens=TOKENS, depth=4, probe=False).with_cost(cost)
+    # oracles recorded before and given to the sweep: replayed as they are, nothing recorded; the same greedy
+    # outputs and counts as the sweep that recorded its own (times are compared below on one recording only)
+    oracles = [session.record_oracle(p, max_tokens=TOKENS, depth=4, probe=False) for p in PROMPTS]
+    record = session.record_oracle
+    session.record_oracle = None  # a recording would fail
+    try:
+        replayed = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
+                            oracles=oracles)
+    finally:
+        session.record_oracle = record
+    pd.testing.assert_frame_equal(replayed[TOKEN_COLUMNS], df[TOKEN_COLUMNS])
+    # each row is the simulator's answer for that oracle and setting (both sides from the same recording)
+    o = oracles[1].with_cost(cost)
     for n_max, p_min in ((2, 0.5), (4, 0.0), (0, 0.8)):
         sim = mx.simulate(o, n_max, p_min)
-        row = df[(df.prompt == PROMPTS[1]) & (df.n_max == n_max) & (df.p_min == p_min)].iloc[0]
+        row = replayed[(replayed.prompt == PROMPTS[1]) & (replayed.n_max == n_max) & (replayed.p_min == p_min)].iloc[0]
         s = sim.summary()
-        assert row.n_steps == s["n_steps"] and row.n_accepted == s["n_accepted"]
-        assert row.tokens_per_second == pytest.approx(s["tokens_per_second"], rel=1e-5)  # the trace rounds to ns
+        assert (row.n_steps, row.n_drafted, row.n_accepted) == (s["n_steps"], s["n_drafted"], s["n_accepted"])
+        # the sweep sums each step's phase times as they are, the simulated trace stores each rounded to the ns
+        ns = row.n_tokens / row.tokens_per_second * 1e9
+        assert abs(ns - s["n_tokens"] / s["tokens_per_second"] * 1e9) <= 0.5 * len(PHASES) * s["n_steps"]
+        assert row.seconds == pytest.approx(ns / 1e9, rel=1e-12)
+        assert row.ceiling_tokens_per_second == pytest.approx(sim.ceiling_tokens_per_second(), rel=1e-12)
+        assert row.plain_tokens_per_second == pytest.approx(ceiling_tokens_per_second(o, 0), rel=1e-12)
     plain = df[df.n_max == 0]
     assert (plain.n_drafted == 0).all() and (plain.n_steps == TOKENS).all()
     assert (df.ceiling_tokens_per_second > 0).all() and (df.plain_tokens_per_second > 0).all()
@@ -131,6 +149,30 @@ def test_sweep_parameter_errors(session, kwargs, match):
     """Bad input is a ParameterError (a ValueError) naming the problem, raised before anything runs."""
     with pytest.raises(mx.ParameterError, match=match):
         mx.sweep(session, PROMPTS, progress=False, **kwargs)
+
+
+def test_sweep_replays_given_oracles_and_checks_them(session):
+    """oracles=: one per prompt, replayed as recorded (no cost given: the first one's cost model prices them all);
+    oracles that cannot replay the sweep are a ParameterError naming why."""
+    a, b = (session.record_oracle(p, max_tokens=16, depth=2, probe=False) for p in PROMPTS[:2])
+    kw = dict(n_max=[0, 2], p_min=[0.0], max_tokens=16, progress=False)
+    df = mx.sweep(session, PROMPTS[:2], oracles=[a, b], **kw)
+    assert list(df.prompt.unique()) == PROMPTS[:2] and len(df) == 4
+    pd.testing.assert_frame_equal(df, mx.sweep(session, PROMPTS[:2], oracles=[a, b], cost=a.cost, **kw))
+    for given, match in (([a], "1 oracles for 2 prompts"), ([b, a], "recorded for the prompt"),
+                         ([a, "x"], "not an OracleTrace")):
+        with pytest.raises(mx.ParameterError, match=match):
+            mx.sweep(session, PROMPTS[:2], oracles=given, **kw)
+    with pytest.raises(mx.ParameterError, match="max_tokens=16, the sweep asks for max_tokens=8"):
+        mx.sweep(session, PROMPTS[0], oracles=a, **(kw | {"max_tokens": 8}))
+    with pytest.raises(mx.ParameterError, match="depth 2, the sweep asks for n_max=4"):
+        mx.sweep(session, PROMPTS[0], oracles=a, **(kw | {"n_max": [4]}))
+    with pytest.raises(mx.ParameterError, match="other drafter options"):
+        mx.sweep(session, PROMPTS[0], oracles=a, ngram_n=2, **kw)
+    with pytest.raises(mx.ParameterError, match="simulate mode"):
+        mx.sweep(session, PROMPTS[0], oracles=a, mode="measure", **kw)
+    with pytest.raises(mx.ParameterError, match="give no client"):
+        mx.sweep(session, PROMPTS[0], oracles=a, client=object(), **kw)
 
 
 def test_recommend_parameter_errors(local_sim):

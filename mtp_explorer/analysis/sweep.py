@@ -82,9 +82,12 @@ class _Job:
 
 
 # -- one prompt (runs here or on a worker) -------------------------------------------------------------
-def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None) -> list[dict]:
-    """One oracle of ``prompt`` (it holds every drafter's drafts), replayed for every drafter and setting."""
-    oracle = job.record(session, prompt, probe=cost is None)
+def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None,
+                     oracle: OracleTrace | None = None) -> list[dict]:
+    """One oracle of ``prompt`` (it holds every drafter's drafts; ``oracle``: one recorded before, else recorded
+    here), replayed for every drafter and setting."""
+    if oracle is None:
+        oracle = job.record(session, prompt, probe=cost is None)
     if cost is not None:
         oracle = oracle.with_cost(cost)
     rows = []
@@ -159,7 +162,8 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
           p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
           max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
           cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
-          checkpoints: bool = False, **options: int | str | None):
+          checkpoints: bool = False, oracles: OracleTrace | Sequence[OracleTrace] | None = None,
+          **options: int | str | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
@@ -181,6 +185,11 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     slots runs it (``Session.open(n_rs_seq=0)``; llama.cpp's rollback for a chain of look-ups on a recurrent
     target; :func:`~mtp_explorer.simulate`'s ``checkpoints``) from oracles recorded on this session, which needs
     slots: an oracle rolls back through them.
+    ``oracles`` (simulate mode): one :class:`~mtp_explorer.OracleTrace` per prompt, in the prompts' order, recorded
+    before (``session.record_oracle(prompt, max_tokens, depth)`` with ``depth >= max(n_max)`` and the sweep's drafter
+    options): they are replayed as they are and nothing is recorded, so one recording serves several sweeps (other
+    grids, drafters or cost models); without ``cost`` or ``costs`` the times come from the first one's cost model. The
+    replay runs here (not with ``client``).
     Bad input raises :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
@@ -191,14 +200,19 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
         raise ParameterError("give cost (a CostModel) or costs (a CostProfile), not both")
     if cost is not None and not isinstance(cost, CostModel):  # a profile given as cost=
         cost, costs = None, cost
+    given = _check_oracles(oracles, prompts, job, mode, client)
     if costs is not None:
         cost = check_costs(resolve_costs(costs), session.info.to_dict(), job.depth, "the sweep")
     if cost is None:
-        cost = job.record(session, prompts[0], probe=True).fitted_cost
+        cost = given[0].cost if given else job.record(session, prompts[0], probe=True).fitted_cost
     rows: list[dict] = []
     bar = _progress(len(prompts), f"sweep ({mode})", progress)
     try:
-        if client is None:
+        if given:
+            for prompt, oracle in zip(prompts, given):
+                rows += _simulate_prompt(session, prompt, job, cost, oracle)
+                bar.update(1)
+        elif client is None:
             for prompt in prompts:
                 rows += _run_prompt(session, mode, prompt, job, cost)
                 bar.update(1)
@@ -250,6 +264,35 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
     settings = tuple(base.replace(drafter=d, n_max=n, p_min=p, n_min=min(n_min, n)).check(session.limits)
                      for d in names for n in n_max for p in p_min)
     return prompts, _Job(settings, repeats, bool(checkpoints))
+
+
+def _check_oracles(oracles, prompts: list, job: _Job, mode: str, client) -> list[OracleTrace] | None:
+    """The oracles given to a sweep, one per prompt and fit to replay its job, or a :class:`ParameterError`."""
+    if oracles is None:
+        return None
+    if mode != "simulate":
+        raise ParameterError("oracles are replayed in simulate mode; mode='measure' runs the engine")
+    if client is not None:
+        raise ParameterError("given oracles are replayed here, with nothing to record: give no client")
+    oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
+    if len(oracles) != len(prompts):
+        raise ParameterError(f"{len(oracles)} oracles for {len(prompts)} prompts: give one per prompt, in their order")
+    wanted = drafters.option_values(job.settings[0].options)
+    for i, (prompt, o) in enumerate(zip(prompts, oracles)):
+        if not isinstance(o, OracleTrace):
+            raise ParameterError(f"oracles[{i}] is a {type(o).__name__}, not an OracleTrace")
+        if isinstance(prompt, str) and o.prompt != prompt:
+            raise ParameterError(f"oracles[{i}] was recorded for the prompt {o.prompt!r}, not {prompt!r}")
+        if o.max_tokens != job.max_tokens:
+            raise ParameterError(f"oracles[{i}] was recorded with max_tokens={o.max_tokens}, the sweep asks for "
+                                 f"max_tokens={job.max_tokens}")
+        if o.depth < job.depth:
+            raise ParameterError(f"oracles[{i}] was recorded to depth {o.depth}, the sweep asks for n_max={job.depth}")
+        recorded = drafters.recorded_options(o.settings)
+        differ = {k: (recorded[k], v) for k, v in wanted.items() if k in recorded and recorded[k] != v}
+        if differ:
+            raise ParameterError(f"oracles[{i}] was recorded with other drafter options (recorded, asked): {differ}")
+    return oracles
 
 
 def _run_distributed(client, session: Session, mode: str, prompts: list, job: _Job, cost: CostModel, bar) -> list:
