@@ -150,6 +150,16 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     assert "the predicted counters follow it" in f[f["spec_type"] == "ngram-simple"]["prediction_note"].iloc[0]
 
 
+def released(server, n: int, timeout: float = 120.0) -> str:
+    """The server's log once it holds ``n`` slot releases: llama.cpp's log thread writes a request's lines before its
+    slot's "stop processing" line, in order, some time after the response."""
+    deadline = time.monotonic() + timeout
+    while server.log.count("stop processing") < n:
+        assert time.monotonic() < deadline, f"no {n} slot releases in llama-server's log after {timeout:.0f} s"
+        time.sleep(0.05)
+    return server.log
+
+
 def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_model, server_binary):
     """What ``slot_carry`` marks, on the real server: llama-server's draft-mtp head pairs a request's first prompt token
     with the last hidden row of the request its slot served before (common_speculative_impl_draft_mtp::pending_h,
@@ -164,11 +174,10 @@ def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_m
             client = server.client()
             if before is not None:
                 client.complete(before, 48)
-                time.sleep(0.5)  # llama.cpp's log thread writes the earlier request's lines first
+                released(server, 1)  # llama.cpp's log thread has written the earlier request's lines
             mark = len(server.log)
             done = client.complete(then, 48)
-            time.sleep(0.5)
-            log = server.log[mark:]
+            log = released(server, 2 if before is not None else 1)[mark:]
         lines = [line.split("draft candidate")[1] for line in log.splitlines() if "draft candidate" in line]
         return done.text, lines[:6]  # the head's first two drafts (3 candidates each)
 
