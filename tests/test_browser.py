@@ -235,7 +235,7 @@ def test_quickstart_in_jupyterlab(jupyterlab):
             }""")
             explorer.locator("button", has_text="Run").click()
             expect(explorer.locator("button", has_text="Run")).to_be_enabled(timeout=120_000)
-            page.wait_for_function("() => window.__mtpx.status.some(s => s.startsWith('running'))", timeout=10_000)
+            page.wait_for_function("() => window.__mtpx.status.some(s => s.startsWith('running'))", timeout=60_000)
             page.wait_for_function(
                 "() => /^(budget|eos|context) /.test(window.__mtpx.status[window.__mtpx.status.length - 1])",
                 timeout=120_000)
