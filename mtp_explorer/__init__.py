@@ -22,6 +22,7 @@ from .core.errors import (
     FormatError,
     InputTypeError,
     LibraryError,
+    ModelFileChangedError,
     ModelLoadError,
     ModelNotFoundError,
     MtpExplorerError,
@@ -64,7 +65,7 @@ __all__ = [
     # errors
     "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "FormatError",
     "InputTypeError", "LibraryError", "ToolError",
-    "ModelLoadError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
+    "ModelLoadError", "ModelFileChangedError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
     "CpuKernelWarning",
     # core

@@ -35,6 +35,7 @@ from ..core.cache import cache_root, write_json
 from ..core.checks import check_int
 from ..core.cpu_kernels import cpu_model
 from ..core.errors import FormatError, ParameterError
+from ..core.schema import check_fields
 
 if TYPE_CHECKING:
     from ..core.session import Session
@@ -101,6 +102,12 @@ def segment_starts(limit: int) -> list[int]:
         starts.append(edge)
         edge *= 2
     return starts
+
+
+#: A saved record's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
+_SAVED_FIELDS = {"model": "str", "file_id": "str", "machine": "dict", "n_positions": "int", "ks": "int[]",
+                 "margin_shift": "float[]", "logit_shift": "float[]", "n_flips": "int[]", "smallest_margin": "float",
+                 "starts": "int[]", "segment_shift": "float[][]"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,9 +183,16 @@ class BatchShift:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BatchShift":
+        if not isinstance(d, dict):
+            raise FormatError(f"not an mtp-explorer batch-shift record: a {type(d).__name__}")
         d = dict(d)
         if d.pop("format", None) != FORMAT:
             raise FormatError("not an mtp-explorer batch-shift record (or one of an older version: measure again)")
+        check_fields(d, _SAVED_FIELDS, "batch-shift record")
+        per_k = ("ks", "margin_shift", "logit_shift", "n_flips", "segment_shift")
+        if len({len(d[f]) for f in per_k}) != 1 or any(len(w) != len(d["starts"]) for w in d["segment_shift"]):
+            raise FormatError(f"a malformed batch-shift record: {', '.join(per_k)} of different lengths, or a "
+                              "segment_shift row not one per start")
         try:
             return cls(**{**d, **{f: tuple(d[f]) for f in ("ks", "margin_shift", "logit_shift", "n_flips", "starts")},
                           "segment_shift": tuple(tuple(w) for w in d["segment_shift"])})

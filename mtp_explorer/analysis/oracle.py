@@ -41,8 +41,8 @@ import numpy as np
 
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
-from ..core.schema import (ORACLE_COLUMNS, Column, Dims, check_columns, columns_from_json, columns_to_json,
-                           read_document, reading)
+from ..core.schema import (MODEL_FIELDS, ORACLE_COLUMNS, Column, Dims, check_columns, check_fields,
+                           columns_from_json, columns_to_json, read_document, reading)
 from .batch_shift import BatchShift
 from ..core.errors import FormatError
 from ..core.options import is_full_telemetry
@@ -58,6 +58,21 @@ _OLD_FORMATS = ("mtp-explorer-oracle/1",)
 #: An oracle recording's columns: the engine's (:data:`~mtp_explorer.core.schema.ORACLE_COLUMNS`) and
 #: ``token_eog`` (the greedy token ends the generation), which the session adds.
 ORACLE_SCHEMA: tuple[Column, ...] = ORACLE_COLUMNS + (Column("token_eog", np.dtype(bool), ""),)
+
+#: A saved oracle's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
+SAVED_FIELDS: dict[str, str] = {
+    "prompt": "str", "prompt_tokens": "int[]", "tokens": "int[]", "pieces": "str[]", "text": "str", "columns": "dict",
+    "finish_reason": "str", "settings": "dict", "model": "dict", "wall_seconds": "float", "cost_model": "dict?",
+    "batch_shift": "dict?"}
+#: The settings an oracle reads, and their kinds.
+SAVED_SETTINGS: dict[str, str] = {"depth": "int", "max_tokens": "int", "has_mtp": "bool",
+                                  "has_draft_model": "bool|str", "telemetry": "any"}
+#: The deepest recording a saved oracle may claim (a session's capacity is far below).
+_MAX_DEPTH = 1024
+#: The kinds of the cost model's saved fields (by their annotation; others are floats), and the fewest rows of its
+#: tables (``None``: one pair).
+_COST_KINDS = {"np.ndarray": "float[][]|float[]", "dict[str, Any]": "dict", "bool": "bool"}
+_COST_ROWS = {"verify": 2, "catchup": 2, "draft": 1, "model_draft": 1, "ngram": None, "model_follow": None}
 
 
 def _line(x: np.ndarray, y: np.ndarray, max_points: int = 160) -> tuple[float, float, int]:
@@ -218,10 +233,22 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
+        """The model :meth:`to_dict` wrote; anything else is a :class:`FormatError`."""
+        fields = dataclasses.fields(cls)
+        if isinstance(d, dict):
+            d = {k: v.tolist() if isinstance(v, np.ndarray | np.generic) else v for k, v in d.items()}
+        check_fields(d, {f.name: _COST_KINDS.get(f.type, "float") for f in fields}, "cost model",
+                     optional=[f.name for f in fields if f.default is not dataclasses.MISSING
+                               or f.default_factory is not dataclasses.MISSING])
         d = dict(d)
-        for f in dataclasses.fields(cls):
-            if f.type == "np.ndarray":
-                d[f.name] = np.asarray(d[f.name], dtype=np.float64)
+        for f in fields:
+            if f.type == "np.ndarray" and f.name in d:
+                rows, table = _COST_ROWS[f.name], np.asarray(d[f.name], dtype=np.float64)
+                bad = table.shape != (2,) if rows is None else (table.ndim != 2 or table.shape[1] != 2
+                                                                 or len(table) < rows)
+                if bad:
+                    raise FormatError(f"a corrupt cost model: its {f.name} has the shape {table.shape}")
+                d[f.name] = table
         return cls(**d)
 
     @classmethod
@@ -504,13 +531,24 @@ class OracleTrace:
                              "columns this version no longer reads; record it again (Session.record_oracle)")
         if fmt != ORACLE_FORMAT:
             raise FormatError("not an mtp-explorer oracle trace")
+        check_fields(doc, SAVED_FIELDS, "oracle trace", optional=("wall_seconds", "cost_model", "batch_shift"))
+        check_fields(doc["settings"], SAVED_SETTINGS, "oracle trace's settings", exact=False,
+                     optional=("has_draft_model", "telemetry"))
+        check_fields(doc["model"], MODEL_FIELDS, "oracle trace's model", optional=MODEL_FIELDS, exact=False)
+        if not 1 <= doc["settings"]["depth"] <= _MAX_DEPTH or doc["settings"]["max_tokens"] < 1:
+            raise FormatError("a corrupt oracle trace: its depth or max_tokens is out of range")
+        if len(doc["pieces"]) != len(doc["tokens"]):
+            raise FormatError(f"a corrupt oracle trace: {len(doc['pieces'])} pieces of {len(doc['tokens'])} tokens")
         with reading("oracle trace"):
             cost = doc.pop("cost_model", None)
             shift = doc.pop("batch_shift", None)
-            oracle = cls(columns=columns_from_json(doc.pop("columns")),
+            oracle = cls(columns=columns_from_json(doc.pop("columns"), ORACLE_SCHEMA),
                          cost_model=CostModel.from_dict(cost) if cost else None,
                          batch_shift=BatchShift.from_dict(shift) if shift else None, **doc)
             check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
+            if oracle.n_positions != len(oracle.tokens):
+                raise FormatError(f"a corrupt oracle trace: {oracle.n_positions} positions of {len(oracle.tokens)} "
+                                  "tokens")
             return oracle
 
     def __getstate__(self):

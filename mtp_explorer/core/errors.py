@@ -15,6 +15,12 @@ class ModelNotFoundError(ModelLoadError, FileNotFoundError):
     """The model file does not exist."""
 
 
+class ModelFileChangedError(ModelLoadError):
+    """A model file a session maps into memory (llama.cpp's default ``load_mode``) was truncated or rewritten in
+    place after it was opened: its weights can no longer be read (a truncated file's pages would stop the process
+    with SIGBUS). Removing or replacing the file at its path is harmless: the session keeps the old file's data."""
+
+
 class LibraryError(MtpExplorerError):
     """The libllama in use lacks an API the engine needs."""
 

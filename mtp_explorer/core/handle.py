@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import _native
 from .cpu_kernels import resolve_repack
-from .errors import (ContextOverflowError, LibraryError, ModelLoadError, ParameterError, SessionBusyError,
-                     SessionClosedError)
+from .errors import (ContextOverflowError, LibraryError, ModelFileChangedError, ModelLoadError, ParameterError,
+                     SessionBusyError, SessionClosedError)
 from .info import ModelInfo, model_info
 from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
 from .runtime import check_shared_cxx_runtime, native_libraries
@@ -66,6 +66,48 @@ def _load_mode(load_mode: str, use_mmap: bool | None) -> str:
     if load_mode != "auto":
         raise ParameterError("give use_mmap or load_mode, not both")
     return "mmap" if use_mmap else "none"
+
+
+#: The load modes in which llama.cpp maps the model files into memory (llama_mmap): their weights are read from the
+#: files' pages as they are used, so the files must stay as they were (:class:`MappedFile`).
+MAPPED_LOAD_MODES = frozenset({"auto", "mmap", "mmap+mlock"})
+
+
+class MappedFile:
+    """A model file the engine maps into memory, held open from before the load: the file's size and modification
+    time then. :meth:`check` tells a file truncated or rewritten in place since (whose mapped pages now fault with
+    SIGBUS past its end, or hold other weights) from one merely removed or replaced at its path (the mapping, like
+    this handle, keeps the old file's data: harmless)."""
+
+    def __init__(self, path: Path, load_mode: str) -> None:
+        self.path, self.load_mode = path, load_mode
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(self.fd)
+        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+
+    def check(self) -> None:
+        """A :class:`ModelFileChangedError` if the file was truncated or rewritten since it was opened."""
+        if self.fd is None:
+            return
+        st = os.fstat(self.fd)
+        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
+            return
+        what = (f"truncated from {self.size} to {st.st_size} bytes" if st.st_size < self.size
+                else "rewritten in place")
+        raise ModelFileChangedError(
+            f"{self.path} was {what} while this session held it mapped in memory (load_mode={self.load_mode!r}): "
+            "its weights can no longer be read safely. Open a new session on an intact file (with load_mode='none' "
+            "a session copies the weights into memory, and later changes to the file do not matter)")
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _map_files(paths: Sequence[Path], load_mode: str) -> list[MappedFile]:
+    """The files the engine will map (none where ``load_mode`` copies the weights into memory)."""
+    return [MappedFile(p, load_mode) for p in paths] if load_mode in MAPPED_LOAD_MODES else []
 
 
 def _weight_types(*infos: ModelInfo | None) -> list[str]:
@@ -135,6 +177,7 @@ class EngineHandle:
         """The last :meth:`~mtp_explorer.Session.generate_parallel` result (a ``ParallelTrace``)."""
         self.open_kwargs: dict = {}
         """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
+        self._mapped: list[MappedFile] = []
 
     # -- life cycle ------------------------------------------------------------------------------
     @classmethod
@@ -200,8 +243,15 @@ class EngineHandle:
                                  repack=resolve_repack(repack, _weight_types(info, draft_info)),
                                  draft_model=None if draft_info is None else str(draft_info.path))
         info = options.check_model(info, draft_info)
-        engine = _load_engine(path, options)
+        mapped = _map_files([path] + ([] if draft_info is None else [Path(draft_info.path)]), load_mode)
+        try:
+            engine = _load_engine(path, options)
+        except BaseException:
+            for f in mapped:
+                f.close()
+            raise
         session = cls(engine, info, seed=options.seed, draft_info=draft_info)
+        session._mapped = mapped
         session.open_kwargs = options.as_kwargs()
         return session
 
@@ -210,6 +260,8 @@ class EngineHandle:
         if not self._closed:
             self._closed = True
             self._engine.close()
+            for f in self._mapped:
+                f.close()
 
     @property
     def closed(self) -> bool:
@@ -282,6 +334,14 @@ class EngineHandle:
         """Whether ``token`` ends a generation (end of sequence, end of turn, ...)."""
         return self._live().is_eog(int(token))
 
+    def check_model_files(self) -> None:
+        """A :class:`ModelFileChangedError` if a model file the session maps into memory was truncated or rewritten
+        in place since it was opened (every generation, recording and probe checks first: reading its weights then
+        could stop the process with SIGBUS). A file removed or replaced at its path is no change: the session keeps
+        reading the old file's data."""
+        for f in self._mapped:
+            f.check()
+
     # -- internals -------------------------------------------------------------------------------
     def _live(self) -> "_native.Engine":
         if self._closed:
@@ -290,8 +350,10 @@ class EngineHandle:
 
     @contextlib.contextmanager
     def _run(self) -> Iterator[None]:
-        """Hold the session for one generation (a second one at the same time is a SessionBusyError)."""
+        """Hold the session for one generation (a second one at the same time is a SessionBusyError; a model file
+        truncated or rewritten under the session a ModelFileChangedError)."""
         self._live()
+        self.check_model_files()
         if not self._busy.acquire(blocking=False):
             raise SessionBusyError("a generation is already running on this session")
         try:

@@ -186,6 +186,7 @@ class ParallelGeneration:
             seen = [0] * engine.n_requests
             with self._partial_on_interrupt(self._finish_parallel):
                 while True:
+                    self.check_model_files()  # a stream may pause between steps
                     more = engine.step()
                     fresh = self._fresh_rows(seen)
                     if fresh:

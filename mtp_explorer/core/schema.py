@@ -208,37 +208,133 @@ def reading(what: str) -> Iterator[None]:
         yield
     except FormatError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-        raise FormatError(f"a corrupt {what}: {type(exc).__name__}: {exc}") from exc
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+        raise FormatError(f"a corrupt {what}: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
-def read_document(text: str, what: str) -> dict[str, Any]:
-    """A saved document's JSON object (a :class:`FormatError` if it is not JSON or not an object)."""
+def _finite(text: str) -> float:
+    """A JSON number as a float: one too large for a float (``1e999``) is no number mtp-explorer writes."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise FormatError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise FormatError(f"{name} is not JSON mtp-explorer writes (it saves no NaN nor infinity)")
+
+
+def read_document(text: str | bytes, what: str) -> dict[str, Any]:
+    """A saved document's JSON object (a :class:`FormatError` if it is not JSON, holds NaN or infinities, or is
+    not an object). Only JSON is parsed: nothing in the text is ever executed or unpickled."""
     with reading(what):
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     if not isinstance(doc, dict):
         raise FormatError(f"not an mtp-explorer {what}: a JSON {type(doc).__name__}, not an object")
     return doc
 
 
-def columns_from_json(specs: Mapping[str, dict]) -> dict[str, np.ndarray]:
-    """The inverse of :func:`columns_to_json`."""
-    out = {}
-    for name, spec in specs.items():
-        data = spec["data"]
-        if np.dtype(spec["dtype"]).kind == "f":
-            data = _none_to_nan(data)
-        out[name] = np.array(data, dtype=spec["dtype"]).reshape(spec["shape"])
-    return out
+#: What :func:`check_fields` accepts of each kind (bool is not an int here, though Python's bool is one).
+_KINDS: Mapping[str, Any] = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+    "any": lambda v: True,
+}
+
+
+def _conforms(value: Any, kind: str) -> bool:
+    if "|" in kind:
+        return any(_conforms(value, k) for k in kind.split("|"))
+    if kind.endswith("?"):
+        return value is None or _conforms(value, kind[:-1])
+    if kind.endswith("[]"):
+        return isinstance(value, (list, tuple)) and all(_conforms(v, kind[:-2]) for v in value)
+    return _KINDS[kind](value)
+
+
+def check_fields(doc: Mapping[str, Any], kinds: Mapping[str, str], what: str, optional: Iterable[str] = (),
+                 exact: bool = True) -> None:
+    """A :class:`FormatError` unless the JSON object ``doc`` has the fields of ``kinds`` (those in ``optional`` may
+    be absent; with ``exact``, no others), each of its kind: ``str``, ``int``, ``float`` (or an int), ``bool``,
+    ``dict``, ``any``; ``k[]`` a list of ``k``; ``k?`` ``k`` or null; ``a|b`` either (``|`` binds last)."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"a corrupt {what}: a JSON {type(doc).__name__}, not an object")
+    unknown = sorted(set(doc) - set(kinds), key=str) if exact else []
+    missing = sorted(set(kinds) - set(doc) - set(optional))
+    if unknown or missing:
+        raise FormatError(f"a corrupt {what}: " + "; ".join(
+            ([f"unknown field(s) {[str(k)[:40] for k in unknown[:5]]}"] if unknown else [])
+            + ([f"missing field(s) {missing}"] if missing else [])))
+    for name, kind in kinds.items():
+        if name in doc and not _conforms(doc[name], kind):
+            raise FormatError(f"a corrupt {what}: its {name!r} is not a {kind} ({type(doc[name]).__name__})")
+
+
+#: The model facts a trace or an oracle reads from its ``model`` (where there), and their kinds.
+MODEL_FIELDS: Mapping[str, str] = {"name": "str", "rs_slot_bytes": "int", "n_mtp_heads": "int?", "mtp_mode": "str?"}
+
+#: The most axes a saved column has (rows, then at most sources x depth x topk).
+_MAX_NDIM = 4
+
+
+def columns_from_json(specs: Mapping[str, dict], schema: Iterable[Column] | None = None) -> dict[str, np.ndarray]:
+    """The inverse of :func:`columns_to_json`, for documents from anywhere: every column's dtype (``schema``'s, where
+    given; else a number or boolean type), shape and nested lists are checked against each other before its
+    array is made, so a corrupt or hostile document is a :class:`FormatError` and allocates no more than its
+    own data."""
+    if type(specs) is not dict:
+        raise FormatError(f"columns are a JSON object of columns, not a {type(specs).__name__}")
+    want = None if schema is None else {c.name: c.dtype for c in schema}
+    if want is not None and set(specs) != set(want):
+        missing, extra = sorted(set(want) - set(specs)), sorted(set(specs) - set(want))
+        raise FormatError(f"columns differ from the schema: missing {missing}, unexpected "
+                          f"{[e[:40] for e in extra[:5]]}")
+    return {name: _column_from_json(name, spec, None if want is None else want[name]) for name, spec in specs.items()}
+
+
+def _column_from_json(name: str, spec: Any, dtype: np.dtype | None) -> np.ndarray:
+    """One column of :func:`columns_from_json` (of ``dtype`` where the schema says)."""
+    where = f"column {name[:40]!r}"
+    if type(spec) is not dict or set(spec) != {"dtype", "shape", "data"}:
+        raise FormatError(f"{where} is not a {{dtype, shape, data}} object")
+    if type(spec["dtype"]) is not str or len(spec["dtype"]) > 16:
+        raise FormatError(f"{where}: its dtype is not a numpy type name")
+    if dtype is None:
+        dtype = np.dtype(spec["dtype"])
+        if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
+            raise FormatError(f"{where}: dtype {spec['dtype']!r} is not a number or boolean type")
+    elif spec["dtype"] != str(dtype):
+        raise FormatError(f"{where}: dtype {spec['dtype']!r}, the schema says {dtype}")
+    shape = spec["shape"]
+    if type(shape) is not list or not 1 <= len(shape) <= _MAX_NDIM or any(type(n) is not int or n < 0 for n in shape):
+        raise FormatError(f"{where}: shape {str(shape)[:80]} is not a list of 1 to {_MAX_NDIM} sizes")
+    flat = [spec["data"]]
+    for size in shape:  # the nested lists, one axis at a time: their lengths must be the shape's
+        inner = []
+        for part in flat:
+            if type(part) is not list or len(part) != size:
+                raise FormatError(f"{where}: its data is not nested lists of its shape {shape}")
+            inner.extend(part)
+        flat = inner
+    kinds = set(map(type, flat))
+    allowed = {bool} if dtype.kind == "b" else {int, float, type(None)} if dtype.kind == "f" else {int}
+    if not kinds <= allowed:
+        raise FormatError(f"{where}: {sorted(k.__name__ for k in kinds - allowed)} in a {dtype} column")
+    if dtype.kind in "iu" and flat:
+        info = np.iinfo(dtype)
+        if min(flat) < info.min or max(flat) > info.max:
+            raise FormatError(f"{where}: a value out of {dtype}'s range")
+    if dtype.kind == "f":
+        flat = [math.nan if v is None else v for v in flat]
+        if flat and max(map(abs, (v for v in flat if v == v)), default=0.0) > np.finfo(dtype).max:
+            raise FormatError(f"{where}: a value out of {dtype}'s range")
+    return np.array(flat, dtype=dtype).reshape(shape)
 
 
 def _nan_to_none(x):
     if isinstance(x, list):
         return [_nan_to_none(v) for v in x]
     return None if isinstance(x, float) and math.isnan(x) else x
-
-
-def _none_to_nan(x):
-    if isinstance(x, list):
-        return [_none_to_nan(v) for v in x]
-    return math.nan if x is None else x

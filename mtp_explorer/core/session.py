@@ -67,6 +67,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
             engine = self._engine
             with self._partial_on_interrupt(lambda: self._finish(prompt, prompt_tokens)):
                 while True:
+                    self.check_model_files()  # a stream may pause between steps
                     more = engine.step()
                     last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
                     if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):

@@ -21,9 +21,11 @@ from .schema import (
     TRACE_COLUMN_NAMES,
     TRACE_COLUMNS,
     ENUM_COLUMNS,
+    MODEL_FIELDS,
     OPTIONAL_COLUMNS,
     Column,
     check_columns,
+    check_fields,
     columns_from_json,
     read_document,
     reading,
@@ -36,6 +38,12 @@ from .settings import DraftSettings
 
 COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
 """The per-step column names, in the engine's order (:data:`~mtp_explorer.core.schema.TRACE_COLUMNS`)."""
+
+#: A saved trace's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
+SAVED_FIELDS: dict[str, str] = {
+    "prompt": "str", "prompt_tokens": "int[]", "tokens": "int[]", "text": "str", "pieces": "str[]",
+    "columns": "dict", "finish_reason": "str", "settings": "dict", "model": "dict", "t_prefill_ns": "int",
+    "totals": "dict?"}
 
 
 def _field_type(c: Column) -> type:
@@ -210,10 +218,33 @@ class Trace:
         doc = read_document(text, "trace")
         if doc.pop("format", None) != "mtp-explorer-trace/1":
             raise FormatError("not an mtp-explorer trace")
+        check_fields(doc, SAVED_FIELDS, "trace", optional=("t_prefill_ns", "totals"))
+        check_fields(doc["model"], MODEL_FIELDS, "trace's model", optional=MODEL_FIELDS, exact=False)
+        if len(doc["pieces"]) != len(doc["tokens"]):
+            raise FormatError(f"a corrupt trace: {len(doc['pieces'])} pieces of {len(doc['tokens'])} tokens")
+        totals = doc.get("totals")
+        if totals is not None and not (set(totals) >= {"n_steps", "n_drafted", "n_accepted"}
+                                       | {f"t_{p}_ns" for p in PHASES}
+                                       and all(type(v) is int for v in totals.values())):
+            raise FormatError("a corrupt trace: its totals are not the step counts and phase times")
         with reading("trace"):
-            columns = columns_from_json(doc.pop("columns"))
+            columns = columns_from_json(doc.pop("columns"), TRACE_COLUMNS)
             check_columns(columns)
+            check_steps(columns)
+            DraftSettings.from_dict(doc["settings"])  # the settings it records are drafting settings
             return cls(columns=columns, **doc)
+
+
+def check_steps(columns: dict[str, np.ndarray]) -> None:
+    """A :class:`FormatError` unless every row's names (``drafter``, ``stop_reason``) are indices of their tables and
+    ``0 <= n_accepted <= n_drafted <= depth``."""
+    for name, names in ENUM_COLUMNS.items():
+        values = columns[name]
+        if values.size and not (-1 <= values.min() and values.max() < len(names)):
+            raise FormatError(f"a corrupt trace: {name} indices outside [-1, {len(names)})")
+    n_drafted, n_accepted = columns["n_drafted"], columns["n_accepted"]
+    if ((n_accepted < 0) | (n_accepted > n_drafted) | (n_drafted > columns["drafted"].shape[1])).any():
+        raise FormatError("a corrupt trace: n_accepted / n_drafted outside 0 <= n_accepted <= n_drafted <= depth")
 
 
 def drafter_name(cols: dict[str, np.ndarray], i: int) -> str | None:

@@ -137,6 +137,9 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=timeout)
+            except BaseException:  # interrupted while it shuts down (a second Ctrl-C): leave nothing running
+                proc.kill()
+                raise
         if self._log is not None:
             self._log.close()
             Path(self._log.name).unlink(missing_ok=True)

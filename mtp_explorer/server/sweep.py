@@ -4,8 +4,8 @@ llama-server on loopback serves the user's workload at that concurrency, then st
 :func:`server_sweep` starts one :class:`~mtp_explorer.server.LlamaServer` per configuration, sends the
 :class:`Workload` (all requests at once, or at Poisson arrival times), reads the timings of every answer and the
 speculative counters of ``/metrics``, and stops the server, whatever happened. A server that fails to start,
-crashes, hangs past ``timeout_s`` or answers garbage is that configuration's failure (its ``status``), and the
-sweep goes on. The result, a :class:`ServerSweep`, holds one row per configuration and category.
+crashes or is killed, hangs past ``timeout_s`` or answers garbage is that configuration's failure (its ``status``),
+and the sweep goes on. The result, a :class:`ServerSweep`, holds one row per configuration and category.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import itertools
 import json
 import math
 import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -103,7 +105,8 @@ class _ConfigRun:
 
 
 def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_model, n_ctx: int, threads: int,
-                binary, timeout_s: float, want_tokens: bool) -> _ConfigRun:
+                binary, timeout_s: float, want_tokens: bool,
+                on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None) -> _ConfigRun:
     run = _ConfigRun("llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx,
                                                              threads=threads)))
     server = LlamaServer(model, n_parallel=int(config.get("n_parallel", 1)), n_ctx=n_ctx, threads=threads,
@@ -114,6 +117,8 @@ def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_m
         except ServerError as exc:
             run.status = f"failed to start: {_first_line(exc)}"
             return run
+        if on_server_started is not None:
+            on_server_started(server, dict(config))
         client = ServerClient(server.url, timeout=timeout_s)
         if want_tokens:
             try:
@@ -121,13 +126,21 @@ def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_m
             except ServerError:
                 run.prompt_tokens = None
         before = _metrics(client)
+        if _exited(server, 0.0):
+            run.status = f"crashed ({_exit_reason(server.process.returncode)}) before the workload"
+            return run
         run.answers, run.wall, timed_out = _send(client, workload, timeout_s, server)
         failed = [a for a in run.answers if a.completion is None]
-        after = None if timed_out or not server.running or failed else _metrics(client)
+        # a killed server's connections close before its exit status is there to read: wait a moment for it
+        crashed = not timed_out and _exited(server, 1.0 if failed else 0.0)
+        after = None if timed_out or crashed or failed else _metrics(client)
+        crashed = crashed or (isinstance(after, str) and _exited(server, 1.0))  # died before its counters were read
         if timed_out:
             run.status = f"timed out after {timeout_s:g} s"
-        elif not server.running:
-            run.status = f"crashed (exit code {server.process.returncode})"
+        elif crashed:
+            run.status = f"crashed ({_exit_reason(server.process.returncode)}) during the workload"
+            if failed:
+                run.status += f": {len(failed)} of {len(run.answers)} requests failed"
         elif failed:
             run.status = f"{len(failed)} of {len(run.answers)} requests failed: {failed[0].error}"
         elif isinstance(before, str) or isinstance(after, str):
@@ -137,6 +150,26 @@ def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_m
         return run
     finally:
         server.stop()
+
+
+def _exited(server: LlamaServer, wait_s: float) -> bool:
+    """Whether the server's process has exited (waiting at most ``wait_s`` seconds for it); its status is then
+    collected (``server.process.returncode``)."""
+    try:
+        server.process.wait(timeout=wait_s) if wait_s > 0 else server.process.poll()
+    except subprocess.TimeoutExpired:
+        pass
+    return server.process.returncode is not None
+
+
+def _exit_reason(returncode: int) -> str:
+    """A process's exit status in words: ``exit code 3``, ``killed by SIGKILL``."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -157,19 +190,21 @@ def _send(client: ServerClient, workload: Workload, timeout_s: float,
     killed, which ends the requests still waiting)."""
     arrivals = workload.arrivals()
     start = time.monotonic()
-    fired = threading.Event()
+    fired, stopping = threading.Event(), threading.Event()
 
     def expire() -> None:
         fired.set()
-        if server.process is not None:
-            server.process.kill()
+        proc = server.process
+        if proc is not None:
+            proc.kill()
 
     deadline = threading.Timer(timeout_s, expire)
     deadline.daemon = True
     deadline.start()
 
     def one(req: WorkloadRequest, at: float) -> _Answer:
-        time.sleep(max(0.0, start + at - time.monotonic()))
+        if stopping.wait(max(0.0, start + at - time.monotonic())):
+            return _Answer(req, None, 0.0, "not sent: the sweep was interrupted")
         t0 = time.monotonic()
         try:
             done = req.send(client)
@@ -178,11 +213,21 @@ def _send(client: ServerClient, workload: Workload, timeout_s: float,
         except ServerError as exc:
             return _Answer(req, None, time.monotonic() - t0, _first_line(exc))
 
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(workload.requests))
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(workload.requests)) as pool:
-            answers = list(pool.map(one, workload.requests, arrivals))
+        answers = list(pool.map(one, workload.requests, arrivals))
+    except BaseException:
+        # an interrupt: kill the server first, which ends the requests the pool waits for (a busy llama-server
+        # outlasts the 10 s stop() gives SIGTERM; its half-done work is discarded either way)
+        stopping.set()
+        proc = server.process
+        if proc is not None:
+            proc.kill()
+        server.stop()
+        raise
     finally:
         deadline.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
     return answers, time.monotonic() - start, fired.is_set()
 
 
@@ -375,12 +420,18 @@ class ServerSweep:
 def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], grid: Mapping[str, Sequence[Any]], *,
                  n_predict: int = 128, draft_model: str | os.PathLike | None = None, timeout_s: float = 600.0,
                  n_ctx: int = 4096, threads: int = 2, binary: str | os.PathLike | None = None,
-                 repeats: int = 1, progress: bool = True) -> ServerSweep:
+                 repeats: int = 1, progress: bool = True,
+                 on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None) -> ServerSweep:
     """Every configuration of ``grid`` (llama.cpp's option names without dashes, :data:`GRID_FLAGS`, to lists of
     values) measured on a real llama-server serving ``workload`` (a :class:`Workload`, or prompts of ``n_predict``
     tokens each, all at once). Each configuration is bounded by ``timeout_s`` seconds (start-up and workload each);
-    its server is stopped whatever happens, also when the sweep is interrupted. ``repeats`` runs each configuration
-    on that many fresh servers (the timed columns are then medians, with the run-to-run spread)."""
+    its server is stopped whatever happens, also when the sweep is interrupted (``KeyboardInterrupt`` goes on once
+    no server of the sweep runs). A server that dies (a crash, a kill) is that configuration's ``status``, e.g.
+    ``"crashed (killed by SIGKILL) during the workload: 2 of 2 requests failed"``, and the sweep goes on with a new
+    server. ``repeats`` runs each configuration on that many fresh servers (the timed columns are then medians, with
+    the run-to-run spread). ``on_server_started(server, config)`` is called with each :class:`LlamaServer` once it
+    answers ``/health``, before the workload (to watch it, or to inject a fault); what it raises ends the sweep,
+    its server stopped."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -399,7 +450,8 @@ def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], g
             runs = []
             for repeat in range(repeats):
                 run = _run_config(model, config, workload, draft_model=draft_model, n_ctx=n_ctx, threads=threads,
-                                  binary=binary, timeout_s=timeout_s, want_tokens=tokens is None)
+                                  binary=binary, timeout_s=timeout_s, want_tokens=tokens is None,
+                                  on_server_started=on_server_started)
                 tokens = tokens or run.prompt_tokens
                 runs.append(_rows(config, run, workload.categories))
                 per_request += _request_rows(config, run, repeat)
