@@ -440,8 +440,8 @@ std::unique_lock<std::mutex> lock_run(const Engine & e) {
     return lk;
 }
 
-// generation: the long calls release the GIL (their arguments copied first); run, record_oracle and the probes
-// check for signals between steps
+// generation: the long calls release the GIL (their arguments copied first); begin, run, record_oracle and the
+// probes check for signals between steps (and a prompt's decode between its graph nodes)
 void bind_engine_generation(nb::class_<Engine> & c) {
     c.def("close", [](Engine & e) { nb::gil_scoped_release r; e.close(); })
         .def("begin",
@@ -449,15 +449,13 @@ void bind_engine_generation(nb::class_<Engine> & c) {
                 const DraftParams & params) {
                  const GenerationConfig cfg = config;
                  const DraftParams p = params;
-                 nb::gil_scoped_release r;
-                 e.begin(prompt, cfg, p);
+                 interruptible(e, [&] { e.begin(prompt, cfg, p); });
              },
              "prompt"_a, "config"_a, "params"_a)
         .def("begin_requests",
              [](Engine & e, const std::vector<Request> & requests) {
                  const std::vector<Request> copy = requests;
-                 nb::gil_scoped_release r;
-                 e.begin_requests(copy);
+                 interruptible(e, [&] { e.begin_requests(copy); });
              },
              "requests"_a)
         .def("step", [](Engine & e) { nb::gil_scoped_release r; return e.step(); })

@@ -263,6 +263,8 @@ struct Engine {
     std::atomic<bool> cancel_requested{false};
     std::function<bool()> interrupt_check;
     bool interrupted() const { return interrupt_check && interrupt_check(); }
+    // llama.cpp's abort callback while a prompt decodes: the interrupt check between its graph nodes (CPU backends)
+    static bool prompt_aborted(void * engine) { return static_cast<const Engine *>(engine)->interrupted(); }
     int32_t batch_index = 0;            // the next engine step
 
     // step scratch, kept between steps so that a step allocates nothing

@@ -126,7 +126,20 @@ void Engine::prefill(Sequence & q) {
         }
         llama_batch_ext_clear(batch_tgt.get());
         add_target_rows(q.slot, prompt.data() + start, end - start, start, /*logits*/ false);
-        check_decode(llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get()), "prompt decode");
+        // a long prompt is one decode: it is interrupted between its graph nodes (llama.cpp returns 2, aborted)
+        const bool abortable = (bool) interrupt_check;
+        if (abortable) {
+            llama_set_abort_callback(ctx_tgt.get(), &Engine::prompt_aborted, this);
+        }
+        const int32_t rc = llama_process(ctx_tgt.get(), LLAMA_PROCESS_TYPE_DECODE, batch_tgt.get());
+        if (abortable) {
+            llama_set_abort_callback(ctx_tgt.get(), nullptr, nullptr);
+            if (rc == 2) {
+                llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, -1, -1);
+                throw Interrupted{};
+            }
+        }
+        check_decode(rc, "prompt decode");
         follow_target(q, prompt.data() + start, end - start, start, 0);
         if (q.params.n_max > 0) {
             catch_up_drafters(drafters_of(q), "prompt catch-up");

@@ -1,5 +1,5 @@
-"""SIGINT (JupyterLab's "Interrupt the kernel") stops every long call within one engine step: KeyboardInterrupt
-comes, what the call made is kept where it makes a trace, and the same session generates again. Each call runs
+"""SIGINT (JupyterLab's "Interrupt the kernel") stops every long call within one engine step (a long prompt's decode
+within one of its graph nodes): KeyboardInterrupt comes, what the call made is kept where it makes a trace, and the same session generates again. Each call runs
 in a process of its own (tests/interrupt_child.py) that signals itself a moment into the call."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 CHILD = Path(__file__).with_name("interrupt_child.py")
-SLACK = 0.5  # seconds beyond the call's longest step (the issue's bound: one step plus 0.5 s)
+SLACK = 0.5  # seconds beyond the call's longest step or prefill (the issue's bound: one step plus 0.5 s)
 TRACED = {"generate", "stream"}
 PARALLEL = {"generate_parallel", "stream_parallel"}
-CALLS = ["generate", "stream", "generate_parallel", "stream_parallel", "record_oracle", "profile_costs",
+CALLS = ["prefill", "generate", "stream", "generate_parallel", "stream_parallel", "record_oracle", "profile_costs",
          "profile_batch_costs", "measure_crossover", "sweep"]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    # every call would decode for a minute or more if the signal were ignored; the timeout catches a hang
+    # every call would decode for ten seconds or more if the signal were ignored; the timeout catches a hang
     done = subprocess.run([sys.executable, str(CHILD), *CALLS], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -39,11 +39,11 @@ def test_sigint_stops_the_call_within_a_step_and_the_session_goes_on(results, ca
 @pytest.mark.parametrize("call", sorted(TRACED))
 def test_an_interrupted_generation_keeps_what_it_made(results, call):
     partial = results[call]["partial"]
-    assert partial["finish_reason"] == "cancelled" and 0 < partial["n_tokens"] < 16000
+    assert partial["finish_reason"] == "cancelled" and 0 < partial["n_tokens"] < 7000
 
 
 @pytest.mark.parametrize("call", sorted(PARALLEL))
 def test_an_interrupted_parallel_generation_keeps_each_request(results, call):
     partial = results[call]["partial_parallel"]
     assert len(partial) == 2
-    assert all(p["finish_reason"] == "cancelled" and 0 < p["n_tokens"] < 8000 for p in partial)
+    assert all(p["finish_reason"] == "cancelled" and 0 < p["n_tokens"] < 3500 for p in partial)
