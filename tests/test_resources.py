@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "resources.py"
-#: what RSS may swing by over open/generate/close cycles: glibc keeps freed model and context buffers for reuse,
-#: and 1,000 cycles stayed within 77 -> 196 MiB (the measurements page); a model file kept mapped or a context
-#: leaked per cycle (25 MB and more each) passes it within a few cycles
+#: what RSS may swing by over open/generate/close cycles: glibc keeps freed model and context buffers for reuse
+#: (1,000 cycles: 77 MiB before, 153.5 at most, flat from the 100th; 100 cycles beside a compiler: 180 at most; the
+#: measurements page); a model file kept mapped or a context leaked per cycle (25 MB and more each) passes it within
+#: a few cycles
 CYCLE_SWING_MIB = 160
 #: generations in one session allocate nothing that stays: the step scratch is reused
 GENERATION_GROWTH_MIB = 16
