@@ -78,7 +78,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
     for (int32_t i = 0; i < P; ++i) {
         if (interrupted()) {
             clear_memories();
-            throw Interrupted{};
+            fail(ErrorKind::INTERRUPTED, "interrupted");
         }
         decode_probe_rows(tokens, i, 1);
         const float * l = llama_get_logits_ith(ctx_tgt.get(), 0);
@@ -96,7 +96,7 @@ void Engine::probe_batch_shift(const std::vector<llama_token> & tokens, const st
             const int32_t n = std::min(k, P - i0);
             if (interrupted()) {
                 clear_memories();
-                throw Interrupted{};
+                fail(ErrorKind::INTERRUPTED, "interrupted");
             }
             decode_probe_rows(tokens, i0, n);
             if (n < k) {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 
 #include "engine.h"
@@ -418,15 +419,17 @@ class SignalChecks {
 // signal handler's exception is raised once it has returned, in place of whatever it returned or threw.
 template <class Work> void interruptible(Engine & e, Work && work) {
     SignalChecks checks(e);
+    std::exception_ptr failure;
     try {
         nb::gil_scoped_release release;
         work();
-    } catch (const Interrupted &) {
     } catch (...) {
-        checks.raise_pending();
-        throw;
+        failure = std::current_exception();
     }
-    checks.raise_pending();
+    checks.raise_pending();  // before the engine's own error (an INTERRUPTED one without it: CancelledError)
+    if (failure) {
+        std::rethrow_exception(failure);
+    }
 }
 
 // run_mutex for a call that holds the GIL: waited for with the GIL released, since a long call holds run_mutex

@@ -133,7 +133,7 @@ struct Engine {
     DraftParams params() const;
     void cancel() { cancel_requested.store(true); }
     // Asked between steps by run and record_oracle, and between decodes by the probes, while they hold run_mutex:
-    // true stops them as cancel() does (a probe throws Interrupted). Empty: never asked.
+    // true stops them as cancel() does (a probe or a prompt's decode throws an INTERRUPTED EngineError). Empty: never asked.
     void set_interrupt_check(std::function<bool()> check) { interrupt_check = std::move(check); }
     void set_telemetry(TelemetryLevel level) { opts.telemetry = level; }
     TelemetryLevel telemetry() const { return opts.telemetry; }

@@ -16,19 +16,19 @@ enum class ErrorKind : int8_t {
     LOAD = 4,       // the model or a context could not be created
     LIBRARY = 5,    // libllama lacks the nextn API
     CLOSED = 6,     // the session is closed
+    // the caller's interrupt check (Engine::set_interrupt_check) stopped a probe or a prompt's decode; bindings.cpp
+    // raises the exception the Python signal handler raised in its place
+    INTERRUPTED = 7,
 };
-constexpr const char * ERROR_KIND_NAMES[] = {"parameter", "context", "decode", "rollback", "load", "library", "closed"};
-static_assert(count_of(ERROR_KIND_NAMES) == (size_t) ErrorKind::CLOSED + 1, "one name per ErrorKind");
+constexpr const char * ERROR_KIND_NAMES[] = {"parameter", "context", "decode", "rollback", "load", "library", "closed",
+                                             "interrupted"};
+static_assert(count_of(ERROR_KIND_NAMES) == (size_t) ErrorKind::INTERRUPTED + 1, "one name per ErrorKind");
 
 struct EngineError : std::runtime_error {
     EngineError(ErrorKind kind, const std::string & message) : std::runtime_error(message), kind(kind) {}
     const char * kind_name() const { return ERROR_KIND_NAMES[(int) kind]; }
     ErrorKind kind;
 };
-
-// Thrown by a probe when the caller's interrupt check (Engine::set_interrupt_check) asked it to stop, after it has
-// left the memories empty; bindings.cpp then raises the exception the Python signal handler raised.
-struct Interrupted {};
 
 [[noreturn]] inline void fail(ErrorKind kind, const std::string & message) { throw EngineError(kind, message); }
 

@@ -78,7 +78,7 @@ void Engine::probe_layer_inputs(const std::vector<llama_token> & tokens, const s
         if (interrupted()) {
             clear_memories();
             use_layer_inputs({});
-            throw Interrupted{};
+            fail(ErrorKind::INTERRUPTED, "interrupted");
         }
         llama_batch_ext_clear(batch_tgt.get());
         add_target_rows(0, tokens.data() + i0, n, i0, /*logits*/ false);

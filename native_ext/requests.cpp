@@ -136,7 +136,7 @@ void Engine::prefill(Sequence & q) {
             llama_set_abort_callback(ctx_tgt.get(), nullptr, nullptr);
             if (rc == 2) {
                 llama_memory_seq_rm(llama_get_memory(ctx_tgt.get()), q.slot, -1, -1);
-                throw Interrupted{};
+                fail(ErrorKind::INTERRUPTED, "interrupted");
             }
         }
         check_decode(rc, "prompt decode");

@@ -72,7 +72,7 @@ _MAX_DEPTH = 1024
 #: The kinds of the cost model's saved fields (by their annotation; others are floats), and the fewest rows of its
 #: tables (``None``: one pair).
 _COST_KINDS = {"np.ndarray": "float[][]|float[]", "dict[str, Any]": "dict", "bool": "bool"}
-_COST_ROWS = {"verify": 2, "catchup": 2, "draft": 1, "model_draft": 1, "ngram": None, "model_follow": None}
+_COST_ROWS = dict(verify=2, catchup=2, draft=1, model_draft=1, ngram=None, model_follow=None)
 
 
 def _line(x: np.ndarray, y: np.ndarray, max_points: int = 160) -> tuple[float, float, int]:

@@ -67,7 +67,7 @@ class RollbackError(EngineError):
 
 
 class CancelledError(MtpExplorerError):
-    """A long operation (an oracle recording, a sweep) was cancelled before it finished."""
+    """A long operation (an oracle recording, a sweep, a probe) was cancelled before it finished."""
 
 
 class ToolError(MtpExplorerError, RuntimeError):
@@ -106,4 +106,5 @@ ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "load": ModelLoadError,
     "library": LibraryError,
     "closed": SessionClosedError,
+    "interrupted": CancelledError,  # raised only where no signal handler's exception takes its place
 }

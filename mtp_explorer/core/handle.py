@@ -105,9 +105,59 @@ class MappedFile:
             os.close(fd)
 
 
-def _map_files(paths: Sequence[Path], load_mode: str) -> list[MappedFile]:
-    """The files the engine will map (none where ``load_mode`` copies the weights into memory)."""
-    return [MappedFile(p, load_mode) for p in paths] if load_mode in MAPPED_LOAD_MODES else []
+class ModelFiles:
+    """The model files a session maps into memory (none where ``load_mode`` copies the weights), held open from
+    before the load (:class:`MappedFile`)."""
+
+    def __init__(self, paths: Sequence[Path] = (), load_mode: str = "none") -> None:
+        self.files = [MappedFile(p, load_mode) for p in paths] if load_mode in MAPPED_LOAD_MODES else []
+
+    def check(self) -> None:
+        """A :class:`ModelFileChangedError` if a file was truncated or rewritten in place since it was opened (every
+        generation, recording, probe and streamed step checks first: reading its weights then could stop the process
+        with SIGBUS). A file removed or replaced at its path is no change: the mapping keeps the old file's data."""
+        for f in self.files:
+            f.check()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+@contextlib.contextmanager
+def finishing_on_interrupt(engine: "_native.Engine", keep: Callable[[], object]) -> Iterator[None]:
+    """Around a begun generation: on ``KeyboardInterrupt`` (a signal handler's, raised between two steps) or a stream
+    closed early, every running request is finished as cancelled and ``keep()`` records what was made
+    (``last_trace``, ``last_parallel_trace``) before the exception goes on; the session stays usable."""
+    try:
+        yield
+    except (KeyboardInterrupt, GeneratorExit):
+        engine.cancel()
+        engine.step()  # a cancelled step decodes nothing: it finishes the running requests
+        keep()
+        raise
+
+
+def _model_facts(path: str | os.PathLike | None, draft_model: str | os.PathLike | None
+                 ) -> tuple[Path, ModelInfo, ModelInfo | None]:
+    """The target's path (``None``: the bundled demo model) and facts, and the draft model's facts (or ``None``)."""
+    if path is None:
+        from ..models import default_model_path
+
+        path = default_model_path()
+    path = Path(path)
+    return path, model_info(path), None if draft_model is None else model_info(Path(draft_model))
+
+
+def _load_engine_holding_files(path: Path, draft_info: ModelInfo | None, options: SessionOptions
+                               ) -> tuple["_native.Engine", ModelFiles]:
+    """The engine, and the model files it maps held open from before it loads them (:class:`ModelFiles`)."""
+    files = ModelFiles([path] + ([] if draft_info is None else [Path(draft_info.path)]), options.load_mode)
+    try:
+        return _load_engine(path, options), files
+    except BaseException:
+        files.close()
+        raise
 
 
 def _weight_types(*infos: ModelInfo | None) -> list[str]:
@@ -177,7 +227,8 @@ class EngineHandle:
         """The last :meth:`~mtp_explorer.Session.generate_parallel` result (a ``ParallelTrace``)."""
         self.open_kwargs: dict = {}
         """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
-        self._mapped: list[MappedFile] = []
+        self.model_files = ModelFiles()
+        """The model files it maps into memory: :meth:`ModelFiles.check` tells one truncated or rewritten since."""
 
     # -- life cycle ------------------------------------------------------------------------------
     @classmethod
@@ -228,13 +279,7 @@ class EngineHandle:
         context (each with ``n_ctx / n_parallel`` of it, padded by llama.cpp to 256 tokens at least, and its own
         ``n_rs_seq`` snapshot slots) and one MTP context; see :meth:`~mtp_explorer.Session.generate_parallel`.
         """
-        if path is None:
-            from ..models import default_model_path
-
-            path = default_model_path()
-        path = Path(path)
-        info = model_info(path)
-        draft_info = None if draft_model is None else model_info(Path(draft_model))
+        path, info, draft_info = _model_facts(path, draft_model)
         load_mode = _load_mode(load_mode, use_mmap)
         options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, capacity=capacity, topk=topk,
                                  telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
@@ -243,15 +288,9 @@ class EngineHandle:
                                  repack=resolve_repack(repack, _weight_types(info, draft_info)),
                                  draft_model=None if draft_info is None else str(draft_info.path))
         info = options.check_model(info, draft_info)
-        mapped = _map_files([path] + ([] if draft_info is None else [Path(draft_info.path)]), load_mode)
-        try:
-            engine = _load_engine(path, options)
-        except BaseException:
-            for f in mapped:
-                f.close()
-            raise
+        engine, files = _load_engine_holding_files(path, draft_info, options)
         session = cls(engine, info, seed=options.seed, draft_info=draft_info)
-        session._mapped = mapped
+        session.model_files = files
         session.open_kwargs = options.as_kwargs()
         return session
 
@@ -260,8 +299,7 @@ class EngineHandle:
         if not self._closed:
             self._closed = True
             self._engine.close()
-            for f in self._mapped:
-                f.close()
+            self.model_files.close()
 
     @property
     def closed(self) -> bool:
@@ -334,14 +372,6 @@ class EngineHandle:
         """Whether ``token`` ends a generation (end of sequence, end of turn, ...)."""
         return self._live().is_eog(int(token))
 
-    def check_model_files(self) -> None:
-        """A :class:`ModelFileChangedError` if a model file the session maps into memory was truncated or rewritten
-        in place since it was opened (every generation, recording and probe checks first: reading its weights then
-        could stop the process with SIGBUS). A file removed or replaced at its path is no change: the session keeps
-        reading the old file's data."""
-        for f in self._mapped:
-            f.check()
-
     # -- internals -------------------------------------------------------------------------------
     def _live(self) -> "_native.Engine":
         if self._closed:
@@ -353,26 +383,13 @@ class EngineHandle:
         """Hold the session for one generation (a second one at the same time is a SessionBusyError; a model file
         truncated or rewritten under the session a ModelFileChangedError)."""
         self._live()
-        self.check_model_files()
+        self.model_files.check()
         if not self._busy.acquire(blocking=False):
             raise SessionBusyError("a generation is already running on this session")
         try:
             yield
         finally:
             self._busy.release()
-
-    @contextlib.contextmanager
-    def _partial_on_interrupt(self, keep: Callable[[], object]) -> Iterator[None]:
-        """Around a begun generation: on ``KeyboardInterrupt`` (a signal handler's, raised between two steps) or a
-        stream closed early, every running request is finished as cancelled and ``keep()`` records what was made
-        (``last_trace``, ``last_parallel_trace``) before the exception goes on; the session stays usable."""
-        try:
-            yield
-        except (KeyboardInterrupt, GeneratorExit):
-            self._engine.cancel()
-            self._engine.step()  # a cancelled step decodes nothing: it finishes the running requests
-            keep()
-            raise
 
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         return _prompt_tokens(self, prompt)

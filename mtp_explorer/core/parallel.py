@@ -18,7 +18,7 @@ from .. import _native
 from ..analysis import metrics
 from .checks import check_int
 from .errors import ParameterError
-from .handle import Prompt, check_streamable
+from .handle import Prompt, check_streamable, finishing_on_interrupt
 from .schema import PHASES
 from .settings import DraftSettings, resolve_each
 from .trace import Step, Trace
@@ -170,7 +170,7 @@ class ParallelGeneration:
         """
         with self._run():
             self._begin_parallel(prompts, settings, arrivals, params, keywords)
-            with self._partial_on_interrupt(self._finish_parallel):
+            with finishing_on_interrupt(self._engine, self._finish_parallel):
                 self._engine.run()
             return self._finish_parallel()
 
@@ -184,9 +184,9 @@ class ParallelGeneration:
             self._begin_parallel(prompts, settings, arrivals, params, keywords)
             engine = self._engine
             seen = [0] * engine.n_requests
-            with self._partial_on_interrupt(self._finish_parallel):
+            with finishing_on_interrupt(self._engine, self._finish_parallel):
                 while True:
-                    self.check_model_files()  # a stream may pause between steps
+                    self.model_files.check()  # a stream may pause between steps
                     more = engine.step()
                     fresh = self._fresh_rows(seen)
                     if fresh:

@@ -10,7 +10,7 @@ import numpy as np
 from . import drafters
 from .checks import check_int
 from .errors import CancelledError, ParameterError
-from .handle import EngineHandle, Prompt, check_streamable
+from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt
 from .parallel import ParallelGeneration
 from .probes import Probes
 from .schema import FINISH_REASONS
@@ -52,7 +52,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         """
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
-            with self._partial_on_interrupt(lambda: self._finish(prompt, prompt_tokens)):
+            with finishing_on_interrupt(self._engine, lambda: self._finish(prompt, prompt_tokens)):
                 self._engine.run()
             return self._finish(prompt, prompt_tokens)
 
@@ -65,9 +65,9 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
             engine = self._engine
-            with self._partial_on_interrupt(lambda: self._finish(prompt, prompt_tokens)):
+            with finishing_on_interrupt(self._engine, lambda: self._finish(prompt, prompt_tokens)):
                 while True:
-                    self.check_model_files()  # a stream may pause between steps
+                    self.model_files.check()  # a stream may pause between steps
                     more = engine.step()
                     last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
                     if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):
