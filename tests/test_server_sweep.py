@@ -47,6 +47,8 @@ def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_bin
     row = spec[spec["n_parallel"] == 2].iloc[0]
     assert "--spec-type draft-mtp" in sweep.command(row) and "--spec-draft-n-max 3" in sweep.command(row)
     assert "--parallel 2" in sweep.command(row) and "--spec-type" not in plain.iloc[0]["command"]
+    assert "--spec-draft" not in plain.iloc[0]["command"]  # plain decoding: no speculative setting to pass
+    assert "spec-draft" not in sweep.preset(plain.iloc[0]) and "parallel" in sweep.preset(plain.iloc[0])
     preset = sweep.preset(row)
     assert preset.startswith("[mtp-explorer]\nmodel = ") and "spec-type = draft-mtp" in preset
     assert "spec-draft-n-max = 3" in preset and "parallel = 2" in preset

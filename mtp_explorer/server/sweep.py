@@ -39,6 +39,8 @@ GRID_FLAGS: Mapping[str, str] = {
     "p_min": "--spec-draft-p-min", "n_parallel": "--parallel", "n_gpu_layers": "--n-gpu-layers",
     "flash_attn": "--flash-attn", "type_k": "--cache-type-k",
 }
+#: The grid's keys that set speculative decoding: a plain configuration (``spec_type`` none) passes none of them.
+SPECULATIVE_KEYS = frozenset({"spec_type", "n_max", "n_min", "p_min"})
 #: What the best configuration can be chosen for (:meth:`ServerSweep.best`).
 GOALS = ("throughput", "p95_latency", "goodput")
 FORMAT = "mtp-explorer-server-sweep-1"
@@ -61,13 +63,22 @@ def grid_lists(grid: Mapping[str, Any]) -> dict[str, list[Any]]:
     return {k: [v] if isinstance(v, (str, int, float)) else list(v) for k, v in grid.items()}
 
 
+def _is_plain(config: Mapping[str, Any]) -> bool:
+    """A configuration whose grid says plain decoding (``spec_type`` none; a grid without ``spec_type`` says nothing)."""
+    return "spec_type" in config and config["spec_type"] in (None, "none")
+
+
+def _passed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a configuration that llama-server is given: a plain one's without the speculative ones."""
+    return {k: v for k, v in config.items() if not (_is_plain(config) and k in SPECULATIVE_KEYS)}
+
+
 def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> list[str]:
     """A configuration's llama-server flags besides the slots (``--parallel``)."""
     argv = []
-    for key, value in config.items():
-        if key == "n_parallel" or (key == "spec_type" and value in (None, "none")):
-            continue
-        argv += [GRID_FLAGS[key], str(value)]
+    for key, value in _passed(config).items():
+        if key != "n_parallel":
+            argv += [GRID_FLAGS[key], str(value)]
     return argv + ([] if draft_model is None else ["-md", str(draft_model)])
 
 
@@ -375,10 +386,7 @@ class ServerSweep:
         """A row's configuration as a llama.cpp INI preset section (``docs/preset.md``): llama-server's long option
         names without dashes, and the model."""
         lines = [f"[{name}]", f"model = {self.model}"]
-        for key in self.grid:
-            value = row[key]
-            if key == "spec_type" and value in (None, "none"):
-                continue
+        for key, value in _passed({key: row[key] for key in self.grid}).items():
             lines.append(f"{GRID_FLAGS[key].lstrip('-')} = {value}")
         return "\n".join(lines) + "\n"
 
