@@ -112,7 +112,7 @@ def test_bad_batch_sizes_and_records_are_clear_errors(session, bundled_model):
     with pytest.raises(mx.ParameterError, match="not an mtp-explorer batch-shift"):
         bs.BatchShift.from_dict({"ks": [2]})
     good = session.batch_shift([2]).to_dict()
-    with pytest.raises(mx.ParameterError, match="malformed"):
+    with pytest.raises(mx.FormatError, match=r"corrupt batch-shift record: missing field\(s\) \['ks'\]"):
         bs.BatchShift.from_dict({k: v for k, v in good.items() if k != "ks"})
     with pytest.raises(mx.ParameterError, match="no batch of at most 2 rows"):
         session.batch_shift([3]).shift(2)
