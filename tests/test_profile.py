@@ -91,7 +91,7 @@ def test_progress_reports_each_recording(session):
     (lambda d: json.dumps(d | {"format": "mtp-explorer-oracle/2"}), "format"),
     (lambda d: json.dumps({k: v for k, v in d.items() if k != "model"}), "lacks"),
     (lambda d: json.dumps(d | {"model": "qwen"}), "'model' is not a dict"),
-    (lambda d: json.dumps(d | {"cost": d["cost"] | {"verify": [[0, 0]]}}), "'verify' has shape"),
+    (lambda d: json.dumps(d | {"cost": d["cost"] | {"verify": [[0, 0]]}}), r"verify has the shape \(1, 2\)"),
     (lambda d: json.dumps(d | {"cost": d["cost"] | {"bogus": 1}}), "malformed"),
     (lambda d: json.dumps(d | {"cost": d["cost"] | {"fresh_ns": "fast"}}), "fresh_ns"),
 ])
