@@ -395,6 +395,9 @@ class SignalChecks {
 
   private:
     bool check() {
+        if (type != nullptr) {  // asked again after a handler raised (a decode that finished anyway): still stop
+            return true;
+        }
         const auto now = std::chrono::steady_clock::now();
         if (now < next_check) {
             return false;

@@ -96,9 +96,16 @@ def stand_in(tmp_path) -> tuple[Path, Path]:
 
 
 def _servers_left() -> list[psutil.Process]:
-    """Processes this test process started that still run (not zombies)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    """llama-servers (real or stand-in) this test process started that still run (not zombies); the suite's other
+    children (a fixture's server, workers) are not the sweep's."""
+    left = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and any("llama-server" in a for a in p.cmdline()[:2]):
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return left
 
 
 def _child(pid: int) -> bool:
