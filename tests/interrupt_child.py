@@ -64,6 +64,10 @@ def _longest_oracle_step_seconds(s: mx.Session) -> float:
 
 
 def main(names: list[str]) -> None:
+    # what a Jupyter kernel has: SIGINT delivered and raising KeyboardInterrupt (the test suite's process, whose
+    # signal mask a child inherits, has had SIGINT blocked by the time this test runs)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with mx.Session.open(None, n_ctx=16384, n_parallel=2) as s:
         calls = _calls(s)
         for _ in range(2):  # a context's first decodes allocate its buffers (a second at this n_ctx): not a step's time

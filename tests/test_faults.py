@@ -196,14 +196,16 @@ def _interrupted_sweep(model, workload, grid, **kw) -> tuple[float, list[int]]:
         pids.append(server.process.pid)
         _when_busy(server, interrupt)
 
-    # Python's own SIGINT handler, as a kernel has one that raises KeyboardInterrupt (an earlier test of the suite may
-    # have left another)
+    # SIGINT delivered to Python's own handler, as in a kernel (an earlier test of the suite may have left it blocked
+    # or handled otherwise)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the suite's process may have it blocked
     try:
         with pytest.raises(KeyboardInterrupt):
             mx.server_sweep(model, workload, grid, progress=False, on_server_started=hook, **kw)
             time.sleep(5)  # not reached: the interrupt comes while the server serves
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)
     assert len(sent) == 1 and len(pids) == 1
     return time.monotonic() - sent[0], pids
