@@ -122,6 +122,28 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
         mx.plots.server_predictions(sweep)
 
 
+def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed(bundled_model, server_binary):
+    """with_predictions predicts every row that ran and leaves the others' predictions empty, with the reason: a
+    configuration that failed on the server, and one the session cannot run (draft-eagle3 without a draft model)."""
+    workload = Workload.from_prompts(PROMPTS[:1], n_predict=8)
+    grid = {"spec_type": ["none", "draft-mtp", "draft-eagle3"], "n_max": [3]}
+    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=1024, binary=server_binary,
+                            timeout_s=120, progress=False)
+    frame = sweep.frame.copy()
+    frame.loc[frame["spec_type"] == "draft-mtp", "status"] = "failed to start: SYNTHETIC failure"
+    broken = dataclasses.replace(sweep, frame=frame)
+    with mx.Session.open(bundled_model, n_ctx=1024, threads=1) as session:
+        p = broken.with_predictions(session, progress=False).frame.set_index("spec_type")
+    assert p.loc["none", "predicted_tokens_per_second"] > 0 and p.loc["none", "prediction_note"] == ""
+    assert math.isnan(p.loc["draft-mtp", "predicted_tokens_per_second"])
+    assert p.loc["draft-mtp", "prediction_note"] == ("not predicted: it failed on the server "
+                                                     "(failed to start: SYNTHETIC failure)")
+    assert math.isnan(p.loc["draft-eagle3", "predicted_tokens_per_second"])
+    assert p.loc["draft-eagle3", "prediction_note"].startswith("not predicted: ")
+    assert "draft model" in p.loc["draft-eagle3", "prediction_note"]
+    assert p["tokens_per_second_error"].notna().tolist() == [True, False, False]
+
+
 def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server_binary):
     """Greedy acceptance predicted for single requests (-np 1, one request per server: its slot served nothing
     before) is the measured one exactly, draft_n and draft_n_accepted of each request: draft-mtp, and ngram-simple

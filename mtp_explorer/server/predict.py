@@ -193,6 +193,8 @@ class Recording:
     #: per drafting configuration of the grid (:func:`drafting_key`), each request's counters from this engine run as a
     #: server slot (:func:`slot_run_counters`; None where it could not); empty: not run
     slot_runs: Mapping[tuple, list] = dataclasses.field(default_factory=dict)
+    #: per drafting configuration this session cannot run (:func:`drafting_key`), why: not predicted
+    refused: Mapping[tuple, str] = dataclasses.field(default_factory=dict)
 
 
 def drafting_key(config: Mapping[str, Any]) -> tuple:
@@ -202,10 +204,12 @@ def drafting_key(config: Mapping[str, Any]) -> tuple:
 
 def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence[Any]], *,
            prompt_tokens: Sequence[Sequence[int]] | None = None, costs: "BatchCostModel | None" = None,
-           progress: Callable[[str], None] | None = None) -> Recording:
+           progress: Callable[[str], None] | None = None, ran: Sequence[Mapping[str, Any]] | None = None) -> Recording:
     """Record ``workload`` with ``session`` as deep as the grid drafts (each request's ``prompt_tokens`` where the
-    server's are known, else its prompt as the session tokenizes it), and measure its batch costs (unless given) for
-    the grid's ``n_parallel`` and ``n_max``."""
+    server's are known, else its prompt as the session tokenizes it), run each request as a server slot for each
+    configuration in ``ran`` (default: the grid's; a drafting configuration the session refuses is kept in
+    :attr:`Recording.refused` with the reason), and measure its batch costs (unless given) for the grid's
+    ``n_parallel`` and ``n_max``."""
     from ..analysis.batch import profile_batch_costs
 
     if workload.rate is not None:
@@ -233,19 +237,24 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
 
     if progress is not None:
         progress("running each request as a server slot")
-    slot_runs = {}
-    for config in configurations(grid):
+    slot_runs: dict[tuple, list] = {}
+    refused: dict[tuple, str] = {}
+    for config in configurations(grid) if ran is None else ran:
         key = drafting_key(config)
-        if key not in slot_runs:
+        if key in slot_runs or key in refused:
+            continue
+        try:
             slot_runs[key] = [slot_run_counters(session, req.prompt if prompt_tokens is None else list(prompt_tokens[i]),
                                                 config_settings(config, req.n_predict))
                               for i, req in enumerate(workload.requests)]
+        except ParameterError as exc:
+            refused[key] = str(exc)
     if costs is None:
         if progress is not None:
             progress("measuring batch costs")
         costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
                                     drafter="draft-mtp" if session.info.has_mtp else "ngram-simple")
-    return Recording(tuple(oracles), costs, slot_runs)
+    return Recording(tuple(oracles), costs, slot_runs, refused)
 
 
 #: How llama-server 0.3.36 sizes a look-up's draft, unlike llama-speculative-simple and this engine (measured: on
@@ -303,6 +312,8 @@ def predict_config(recording: Recording, workload: "Workload", config: Mapping[s
 
     each = [config_settings(config, req.n_predict) for req in workload.requests]
     try:
+        if drafting_key(config) in recording.refused:
+            raise ParameterError(recording.refused[drafting_key(config)])
         ran = recording.slot_runs.get(drafting_key(config)) or [None] * len(each)
         counters = [c if c is not None else request_counters(o, s) for c, o, s in zip(ran, recording.oracles, each)]
         timed = predict_parallel(recording.oracles, recording.costs, each, n_parallel=int(config.get("n_parallel", 1)),
@@ -346,15 +357,19 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
 
     if Path(session.path).resolve() != Path(sweep.model).resolve():
         raise ParameterError(f"the sweep served {sweep.model}, the session runs {session.path}")
+    keys = list(sweep.grid)
+    failed = _failed(sweep.frame, keys)
+    ran = [c for c in configurations(sweep.grid) if tuple(c[k] for k in keys) not in failed]
     bar = tqdm(total=len(sweep.workload.requests) + 2, desc="predicting the sweep", disable=not progress, leave=False)
     try:
         recording = record(session, sweep.workload, sweep.grid, prompt_tokens=sweep.prompt_tokens, costs=costs,
-                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)))
+                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)), ran=ran)
     finally:
         bar.close()
-    keys = list(sweep.grid)
-    predicted = {tuple(c[k] for k in keys): predict_config(recording, sweep.workload, c)
-                 for c in configurations(sweep.grid)}
+    predicted = {tuple(c[k] for k in keys): predict_config(recording, sweep.workload, c) for c in ran}
+    for values, status in failed.items():
+        predicted[values] = ConfigPrediction({cat: {"prediction_note": f"not predicted: it failed on the server ({status})"}
+                                              for cat in sweep.frame["category"].unique()}, [])
     rows = []
     for row in sweep.frame.to_dict(orient="records"):
         row |= predicted[tuple(row[k] for k in keys)].by_category.get(row["category"], {})
@@ -362,6 +377,12 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
     frame = _with_columns(rows, PREDICTED_COLUMNS)
     frame["prediction_note"] = frame["prediction_note"].fillna("").astype(str)
     return frame, _requests(sweep.requests, predicted, keys)
+
+
+def _failed(frame, keys: Sequence[str]) -> dict[tuple, str]:
+    """The configurations of a sweep's frame that did not run (their values of ``keys``), with the server's status."""
+    rows = frame[frame["status"] != "ok"]
+    return {tuple(row[k] for k in keys): str(row["status"]) for row in rows.to_dict(orient="records")}
 
 
 def _requests(requests, predicted: Mapping[tuple, ConfigPrediction], keys: list[str]):
