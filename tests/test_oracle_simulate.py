@@ -429,3 +429,42 @@ def test_oracle_recording_can_be_cancelled(model_mixed):
         assert not worker.is_alive() and "cancelled" in str(out["error"])
         o = s.record_oracle("import os", max_tokens=16, depth=4)  # still usable
         assert o.tokens == s.generate("import os", max_tokens=16, n_max=0).tokens
+
+
+def _priced(cost: mx.CostModel, verify_per_row: float = 1.0, draft_per_decode: float = 1.0) -> mx.CostModel:
+    """``cost`` with each verify row beyond the first ``verify_per_row`` times a one-token decode (SYNTHETIC: an output
+    layer that dominates small verify batches, as a large vocabulary's does) and each MTP draft decode
+    ``draft_per_decode`` times as dear as measured."""
+    verify = cost.verify.copy()
+    verify[1:] = verify[1] + verify_per_row * verify[1] * (np.arange(1, len(verify))[:, None] - 1)
+    return dataclasses.replace(cost, verify=verify, draft=cost.draft * draft_per_decode)
+
+
+@pytest.mark.parametrize("verify_per_row,draft_per_decode", [(None, None), (1.5, 1.0), (0.2, 4.0)])
+def test_no_prediction_exceeds_its_ceiling(oracles, verify_per_row, draft_per_decode):
+    """The "every draft accepted" ceiling bounds every prediction at its n_max: over a grid of n_max, p_min and n_min,
+    every drafter mode the oracle replays, each oracle, priced as measured and with SYNTHETIC costs under which a
+    step drafting fewer tokens is cheaper per token (where a ceiling that drafts n_max at every step lay below)."""
+    for o in oracles.values():
+        costs = None if verify_per_row is None else _priced(o.cost, verify_per_row, draft_per_decode)
+        for drafter in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp", "ngram-mod"):
+            for n_max in (1, 2, 3, 5, 8):
+                ceiling = ceiling_tokens_per_second(o, n_max, drafter, costs=costs)
+                for p_min in (0.0, 0.5, 0.9):
+                    for n_min in {0, min(2, n_max)}:
+                        predicted = simulate(o, n_max, p_min, n_min, drafter=drafter, costs=costs)
+                        assert predicted.predicted_tokens_per_second <= ceiling * (1 + 1e-12), (drafter, n_max, p_min)
+                        assert predicted.ceiling_tokens_per_second() == ceiling
+
+
+def test_the_ceiling_drafts_what_pays_best():
+    """The ceiling's run: a step may draft fewer tokens than it may where a longer draft costs more per token, and a
+    change of verify size pays the graph's rebuild."""
+    from mtp_explorer.analysis.simulate import _fastest_ns
+
+    flat = np.array([[1.0] * 6, [1.5] * 6, [3.3] * 6])  # drafting 1 pays (0.75 per token), 2 does not (1.1)
+    assert _fastest_ns(flat, 0.0) == pytest.approx(4.5)
+    assert _fastest_ns(flat, 0.1) == pytest.approx(4.6)  # the first graph only
+    ends = np.array([[1.0] * 5, [1.5] * 4 + [np.inf], [2.8] * 3 + [np.inf] * 2])  # the budget cuts the last steps
+    assert _fastest_ns(ends, 0.0) == pytest.approx(1.5 + 1.5 + 1.0)  # 1, 1, 0 beats 2, 1 (4.3) and 0 x 5 (5.0)
+    assert _fastest_ns(ends, 10.0) == pytest.approx(5.0 + 10.0)  # with dear rebuilds: one size, plain

@@ -438,34 +438,48 @@ def _total_ns(phases: Mapping[str, np.ndarray]):
 
 def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
                               max_tokens: int | None = None, *, costs: Costs | None = None) -> float:
-    """Tokens/s if every draft were accepted: each step drafts as many tokens as it may (``n_max``,
-    cut by the budget and the context as the engine cuts it) and keeps them all, at the positions
-    the steps reach (``n_max = 0``: plain decoding), from the oracle's cost model (or ``costs``: a
-    :class:`~mtp_explorer.CostProfile`, the path of a saved one, or a :class:`~mtp_explorer.CostModel`)."""
+    """Tokens/s if every draft were accepted: the fastest run whose steps each keep every token they draft, each step
+    drafting as many tokens as pays best (0 to ``n_max``, cut by the budget and the context as the engine cuts it),
+    from the oracle's cost model (or ``costs``: a :class:`~mtp_explorer.CostProfile`, the path of a saved one, or a
+    :class:`~mtp_explorer.CostModel`). No policy at this ``n_max`` is predicted faster (``n_max = 0``: plain
+    decoding). Where a verify of more rows costs more per token than a plain decode, as a large vocabulary's
+    output layer can make it, that run drafts less than ``n_max`` at some steps."""
     mode = drafters.mode(drafter)
     oracle = with_costs(oracle, costs)
     max_tokens = oracle.max_tokens if max_tokens is None else int(max_tokens)
     T = min(oracle.n_positions, max_tokens)
     if T == 0:
         return math.nan
-    cap_at = _caps(oracle, n_max, max_tokens)[0]
-    starts, g = [], 0
-    while g < T:
-        starts.append(g)
-        g += int(cap_at[g]) + 1
-    g = np.asarray(starts)
-    cap = cap_at[g]
-    k = cap + 1
-    pos = oracle.columns["pos"][g].astype(np.float64)
+    cap_at = _caps(oracle, n_max, max_tokens)[0][:T]
+    pos = oracle.columns["pos"][:T].astype(np.float64)
     replays = _replays(oracle, mode)
-    full = [r.full(cap, n_max > 0) for r in replays]
-    head = _head(replays, full, g.shape)
-    if not CHAIN_POLICY_ASKS_ALL[mode.policy]:  # the first drafter's full draft is verified, the others not asked
-        full = [f if i == 0 else _only_asked(f, np.zeros(g.shape, bool)) for i, f in enumerate(full)]
-    parts = oracle.cost.phase_ns(head, k, _draft_ns(oracle, replays, full, cap > 0, pos),
-                                 k, 0, pos, np.r_[True, k[1:] != k[:-1]], _follow_ns(oracle, replays, pos))
-    seconds = float(sum(np.broadcast_to(np.asarray(p, dtype=np.float64), g.shape).sum() for p in parts.values())) / 1e9
-    return T / seconds
+    lengths = range(int(cap_at.max()) + 1)
+    step_ns = np.full((len(lengths), T), np.inf)
+    for j in lengths:  # every position's step drafting j tokens, all kept (its graph reused: fresh_ns added apart)
+        cap = np.minimum(cap_at, j)
+        full = [r.full(cap, n_max > 0) for r in replays]
+        head = _head(replays, full, cap.shape)
+        if not CHAIN_POLICY_ASKS_ALL[mode.policy]:  # the first drafter's full draft is verified, the others not asked
+            full = [f if i == 0 else _only_asked(f, np.zeros(cap.shape, bool)) for i, f in enumerate(full)]
+        parts = oracle.cost.phase_ns(head, cap + 1, _draft_ns(oracle, replays, full, cap > 0, pos), cap + 1, 0, pos,
+                                     False, _follow_ns(oracle, replays, pos))
+        total = sum(np.broadcast_to(np.asarray(v, dtype=np.float64), (T,)) for v in parts.values())
+        step_ns[j] = np.where(j <= cap_at, total, np.inf)
+    return T / (_fastest_ns(step_ns, float(oracle.cost.fresh_ns)) / 1e9)
+
+
+def _fastest_ns(step_ns: np.ndarray, fresh_ns: float) -> float:
+    """The least time to generate every position when a step at position ``g`` drafting ``j`` tokens (all kept)
+    costs ``step_ns[j, g]`` and goes on at ``g + j + 1``, plus ``fresh_ns`` where its verify size differs from the
+    previous step's (the first step's graph is always built)."""
+    J, T = step_ns.shape
+    switch = np.where(np.eye(J, dtype=bool), 0.0, fresh_ns)  # [previous j, j]
+    best = np.zeros((T + 1, J))  # best[g, p]: the least time from position g on, the previous step having drafted p
+    ahead, lanes = np.arange(J) + 1, np.arange(J)
+    for g in range(T - 1, -1, -1):
+        rest = step_ns[:, g] + best[np.minimum(g + ahead, T), lanes]  # [j]: this step drafting j, then the best
+        best[g] = (switch + rest[None, :]).min(axis=1)
+    return float((step_ns[:, 0] + fresh_ns + best[np.minimum(ahead, T), lanes]).min())
 
 
 # -- simulate -----------------------------------------------------------------------------------------
