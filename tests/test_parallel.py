@@ -252,6 +252,9 @@ def test_explorer_slots_tab(session_np4, session_mixed):
     df = view.measure()
     assert list(df["n_parallel"]) == [1, 2, 4] and len(view.crossover.data) == 2
     assert ("stops paying" in view.status) == (df.attrs["crossover"] is not None)
+    assert (df["repeats"] >= 1).all() and (df["goodput_spread"] >= 0).all() and (df["speedup_spread"] >= 0).all()
+    assert df.attrs["crossover_within_spread"] in ((None,) if df.attrs["crossover"] is None else (True, False))
+    assert "run-to-run spread up to" in view.status
     view.run_button.click()  # the button runs it in the background
     view.wait(60)
     assert view.state == "idle" and "3 requests" in view.status

@@ -22,20 +22,26 @@ from mtp_explorer.server.sweep import configurations
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):")
 
 
-def _servers_left() -> list[psutil.Process]:
-    """llama-server processes (or stand-ins) this test process started that still run."""
+def _children() -> set[psutil.Process]:
+    """The processes this test process started that still run (the suite's other children included)."""
     me = psutil.Process()
-    return [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return {p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _servers_left(before: set[psutil.Process]) -> list[psutil.Process]:
+    """llama-server processes (or stand-ins) started since ``before`` (:func:`_children`) that still run."""
+    return sorted(_children() - before, key=lambda p: p.pid)
 
 
 def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_binary, tmp_path):
     workload = Workload.from_prompts(PROMPTS, n_predict=24, categories=["code", "code", "prose"])
     grid = {"spec_type": ["none", "draft-mtp"], "n_max": [3], "n_parallel": [1, 2]}
+    before = _children()
     sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary,
                             timeout_s=120, progress=False)
     f = sweep.frame
     assert len(f) == 4 * 3  # 4 configurations x (all, code, prose)
-    assert set(f["status"]) == {"ok"} and not _servers_left()
+    assert set(f["status"]) == {"ok"} and not _servers_left(before)
     everything = f[f["category"] == "all"]
     assert (everything["n_requests"] == 3).all() and (everything["tokens_per_second"] > 0).all()
     plain, spec = everything[everything["spec_type"] == "none"], everything[everything["spec_type"] == "draft-mtp"]
@@ -308,6 +314,7 @@ def test_a_sweep_records_each_faulty_configuration_and_goes_on(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")  # the stand-in does not read it
     grid = {"spec_type": ["draft-mtp", "crash", "hang", "garbage", "draft-mtp"], "n_parallel": [2]}
+    before = _children()
     sweep = mx.server_sweep(model, ["a", "b"], grid, n_predict=8, binary=binary, timeout_s=5, progress=False)
     status = list(sweep.frame["status"])
     assert status[0] == "ok" and status[4] == "ok"  # the sweep went on past the faults
@@ -317,7 +324,7 @@ def test_a_sweep_records_each_faulty_configuration_and_goes_on(tmp_path):
     ok = sweep.frame.iloc[0]
     assert ok["acceptance"] == 0.75 and ok["mean_accepted_length"] == 1.5 and ok["n_requests"] == 2
     assert math.isnan(sweep.frame.iloc[2]["tokens_per_second"])
-    assert not _servers_left()
+    assert not _servers_left(before)
     assert list(sweep.best()["spec_type"]) == ["draft-mtp"]  # failures are never recommended
 
 

@@ -89,6 +89,33 @@ def test_measure_sweep_agrees_with_simulation(session, cost, local_sim):
         assert (row.n_steps, row.n_drafted, row.n_accepted) == (expect.n_steps, expect.n_drafted, expect.n_accepted)
         # measured tokens/s beside the same cost model's ceiling the simulated sweep shows
         assert row.ceiling_tokens_per_second == pytest.approx(expect.ceiling_tokens_per_second, rel=1e-12)
+        assert expect.repeats == 0 and math.isnan(expect.tokens_per_second_spread)
+        assert expect.speedup == pytest.approx(expect.tokens_per_second / expect.plain_tokens_per_second, rel=1e-12)
+    assert (df.repeats == 1).all() and df.tokens_per_second_spread.isna().all() and (df.speedup > 0).all()
+
+
+def test_a_measured_sweep_alternates_with_its_baseline_and_gives_its_spread(session, cost, monkeypatch):
+    """Each setting's runs alternate with plain runs (setting, plain, plain, setting, ...); tokens/s and the speedup
+    are the medians, with their run-to-run spread; a recommendation says when its margin is within that spread."""
+    ran, generate = [], session.generate
+
+    def logged(prompt, settings=None, **kw):
+        ran.append(settings.n_max)
+        return generate(prompt, settings, **kw)
+
+    monkeypatch.setattr(session, "generate", logged)
+    df = mx.sweep(session, PROMPTS[:1], n_max=[2, 3], p_min=[0.0], mode="measure", max_tokens=TOKENS,
+                  repeats=3, progress=False, cost=cost)
+    assert ran == [2, 0, 0, 2, 2, 0] + [3, 0, 0, 3, 3, 0]
+    assert (df.repeats == 3).all() and (df.tokens_per_second_spread >= 0).all() and (df.speedup_spread >= 0).all()
+    assert np.isfinite(df[["tokens_per_second", "plain_tokens_per_second", "speedup"]].to_numpy()).all()
+    rec = mx.recommend(df)
+    assert rec.spread == pytest.approx(df.tokens_per_second_spread.max())
+    assert bool(rec.note) == (rec.margin_over_runner_up <= rec.spread)
+    assert not rec.note or "within the runs' spread" in rec.note
+    simulated = mx.recommend(mx.sweep(session, PROMPTS[:1], n_max=[2, 3], p_min=[0.0], max_tokens=TOKENS,
+                                      progress=False, cost=cost))
+    assert math.isnan(simulated.spread) and simulated.note == ""
 
 
 def test_recommend(local_sim):

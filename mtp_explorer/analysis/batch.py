@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from . import metrics
 from ..core import drafters
 from ..core.checks import check_int
 from ..core.errors import ParameterError
@@ -418,7 +419,10 @@ def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMP
     """Measured aggregate decode tokens/s of N requests at once (the prompts in turn), speculative at ``n_max`` /
     ``p_min`` and plain, for each batch size (default: 1, 2, 4, ... up to the session's ``n_parallel``): the medians
     of ``repeats`` runs each, alternating. A DataFrame with :func:`recommend_parallel`'s columns (``goodput``: the
-    speculative runs'), ``crossover`` in its ``attrs``."""
+    speculative runs'; ``speedup``: the median of each speculative run over the plain run beside it), ``repeats``,
+    and the run-to-run spreads ((max - min) / median) ``goodput_spread`` and ``speedup_spread``; ``crossover`` in
+    its ``attrs`` (the first batch size whose speedup is below 1) and ``crossover_within_spread`` (that speedup's
+    distance below 1 is within its spread: the crossover is not told apart from no crossover)."""
     import statistics
 
     import pandas as pd
@@ -441,16 +445,24 @@ def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMP
             progress(done, len(sizes))
         goodput = statistics.median(s["decode_tokens_per_second"] for s in spec)
         plain_tps = statistics.median(s["decode_tokens_per_second"] for s in plain)
+        ratios = [a["decode_tokens_per_second"] / b["decode_tokens_per_second"] for a, b in zip(spec, plain)]
         rows.append({"n_parallel": n, "n_max": n_max, "p_min": p_min, "goodput": goodput,
-                     "plain_tokens_per_second": plain_tps, "speedup": goodput / plain_tps,
+                     "plain_tokens_per_second": plain_tps, "speedup": statistics.median(ratios),
                      "mean_verify_rows": statistics.median(s["mean_verify_rows"] for s in spec),
                      "latency_seconds": statistics.median(
-                         statistics.mean(q["latency_seconds"] for q in s["requests"]) for s in spec)})
+                         statistics.mean(q["latency_seconds"] for q in s["requests"]) for s in spec),
+                     "repeats": repeats,
+                     "goodput_spread": metrics.spread([s["decode_tokens_per_second"] for s in spec]),
+                     "speedup_spread": metrics.spread(ratios)})
     return _with_crossover(pd.DataFrame(rows))
 
 
 def _with_crossover(df):
-    """``df`` with ``attrs["crossover"]``: the first batch size whose speedup is below 1 (None: none)."""
+    """``df`` with ``attrs["crossover"]``: the first batch size whose speedup is below 1 (None: none), and, where
+    ``df`` has a measured ``speedup_spread``, ``attrs["crossover_within_spread"]`` (None without a crossover)."""
     below = df[df["speedup"] < 1.0]
     df.attrs["crossover"] = int(below["n_parallel"].iloc[0]) if len(below) else None
+    if "speedup_spread" in df:
+        df.attrs["crossover_within_spread"] = (
+            bool(1.0 - below["speedup"].iloc[0] <= below["speedup_spread"].iloc[0]) if len(below) else None)
     return df

@@ -128,6 +128,14 @@ def tokens_per_second(n_tokens: int, seconds: float) -> float:
     return n_tokens / seconds if seconds > 0 else math.nan
 
 
+def spread(values: Sequence[float]) -> float:
+    """The run-to-run spread of repeated measurements: (max - min) / median (NaN for fewer than two runs, whose
+    spread is unknown, and without a positive median)."""
+    values = [float(v) for v in values]
+    middle = float(np.median(values)) if len(values) > 1 else math.nan
+    return (max(values) - min(values)) / middle if middle > 0 else math.nan
+
+
 def speedup(tokens_per_second_a: float, tokens_per_second_b: float) -> float:
     """``a`` over ``b`` (NaN where ``b`` is unknown or zero)."""
     b = tokens_per_second_b

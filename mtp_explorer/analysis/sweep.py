@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from . import metrics
 from .oracle import CostModel, OracleTrace
 from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second, simulate_grid
@@ -41,9 +42,13 @@ SWEEP_MODES = ("simulate", "measure")
 COLUMNS = (
     "prompt", "mode", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_steps", "n_drafted", "n_accepted",
     "acceptance_rate", "mean_accepted_length", "acceptance_by_depth", "tokens_per_second",
-    "ceiling_tokens_per_second", "plain_tokens_per_second", "seconds", "tokens_digest",
+    "ceiling_tokens_per_second", "plain_tokens_per_second", "seconds", "tokens_digest", "repeats",
+    "tokens_per_second_spread", "speedup", "speedup_spread",
 )
-"""Columns of a sweep's DataFrame (one row per prompt and setting)."""
+"""Columns of a sweep's DataFrame (one row per prompt and setting). ``repeats``: runs per setting (0: simulated);
+``tokens_per_second_spread`` and ``speedup_spread``: the run-to-run spread ((max - min) / median; NaN where
+simulated) of the measured tokens/s and of the speedup, the median of each run over the plain run beside it
+(simulated: predicted tokens/s over predicted plain)."""
 
 
 def _digest(tokens: Sequence[int]) -> str:
@@ -102,34 +107,43 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
                 rec["mode"] = "simulate"
                 rec["tokens_digest"] = digest
+                rec |= {"repeats": 0, "tokens_per_second_spread": math.nan, "speedup_spread": math.nan,
+                        "speedup": rec["tokens_per_second"] / rec["plain_tokens_per_second"]}
                 rows.append(rec)
     return rows
 
 
 def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> list[dict]:
-    """Real runs of ``prompt``: one plain baseline, then every drafter and setting; the ceiling with
-    every draft accepted from ``cost`` at the positions of this prompt's generation (an oracle
-    recorded without probes)."""
+    """Real runs of ``prompt``: for every drafter and setting ``repeats`` runs alternating with as many plain
+    baselines (setting first, then baseline, then the other way round), their median tokens/s, the plain median,
+    the median of the paired speedups and the spreads; the ceiling with every draft accepted from ``cost`` at the
+    positions of this prompt's generation (an oracle recorded without probes)."""
     oracle = job.record(session, prompt, probe=False).with_cost(cost)
     ceiling = {(st.drafter, st.n_max): ceiling_tokens_per_second(oracle, st.n_max, st.drafter) for st in job.settings}
-    plain_tps = [session.generate(prompt, job.settings[0].replace(n_max=0)).summary()["tokens_per_second"]
-                 for _ in range(job.repeats)]
-    plain = float(np.median(plain_tps))
     rows = []
     for st in job.settings:
-        tps, secs = [], []
-        for _ in range(job.repeats):
-            t = session.generate(prompt, st)
-            s = t.summary()
-            tps.append(s["tokens_per_second"])
-            secs.append(sum(s["phase_seconds"].values()))
+        base = st.replace(n_max=0)
+        tps, plain, secs = [], [], []
+        for r in range(job.repeats):
+            for settings in (st, base) if r % 2 == 0 else (base, st):
+                t = session.generate(prompt, settings)
+                if settings is base:
+                    plain.append(t.summary()["tokens_per_second"])
+                else:
+                    run, s = t, t.summary()
+                    tps.append(s["tokens_per_second"])
+                    secs.append(sum(s["phase_seconds"].values()))
+        ratios = [a / b for a, b in zip(tps, plain)]
         rows.append({
             "prompt": prompt, "mode": "measure", "drafter": st.drafter, "n_max": st.n_max, "p_min": st.p_min,
             "n_min": st.n_min, "n_tokens": s["n_tokens"], "n_steps": s["n_steps"], "n_drafted": s["n_drafted"],
             "n_accepted": s["n_accepted"], "acceptance_rate": s["acceptance_rate"],
             "mean_accepted_length": s["mean_accepted_length"], "acceptance_by_depth": s["acceptance_by_depth"],
             "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": ceiling[st.drafter, st.n_max],
-            "plain_tokens_per_second": plain, "seconds": float(np.median(secs)), "tokens_digest": _digest(t.tokens),
+            "plain_tokens_per_second": float(np.median(plain)), "seconds": float(np.median(secs)),
+            "tokens_digest": _digest(run.tokens), "repeats": job.repeats,
+            "tokens_per_second_spread": metrics.spread(tps), "speedup": float(np.median(ratios)),
+            "speedup_spread": metrics.spread(ratios),
         })
     return rows
 
@@ -177,7 +191,8 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     measured on another machine (or the path of a saved one): the sweep predicts that machine's tokens/s from
     the acceptance recorded here (the profile must be of this session's model, measured to a depth of at least
     ``max(n_max)``). ``mode="measure"``: real runs (``repeats``
-    each, median tokens/s), plus a plain run per prompt for ``plain_tokens_per_second``; its
+    each, median tokens/s and its spread), alternating with as many plain runs (``plain_tokens_per_second``,
+    ``speedup``: the median of each run over the plain run beside it); its
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
@@ -333,6 +348,10 @@ class Recommendation:
     plain_tokens_per_second: float
     margin_over_plain: float              # best / plain - 1
     table: Any                            # every setting, best first (pandas DataFrame)
+    #: the larger run-to-run spread of the best and the runner-up (a measured sweep's ``tokens_per_second_spread``,
+    #: the largest over the prompts; NaN where simulated)
+    spread: float = math.nan
+    note: str = ""                        #: in words, when the margin over the runner-up is within that spread
 
     @property
     def drafters(self) -> Any:
@@ -370,10 +389,13 @@ def recommend(df) -> Recommendation:
     d = df.copy()
     d["_sec"] = d["n_tokens"] / d["tokens_per_second"]
     d["_plain_sec"] = d["n_tokens"] / d["plain_tokens_per_second"]
+    if "tokens_per_second_spread" not in d:
+        d["tokens_per_second_spread"] = math.nan
     agg = d.groupby(keys, as_index=False).agg(n_tokens=("n_tokens", "sum"), seconds=("_sec", "sum"),
                                               plain_seconds=("_plain_sec", "sum"),
                                               acceptance_rate=("acceptance_rate", "mean"),
-                                              n_prompts=("prompt", "nunique"))
+                                              n_prompts=("prompt", "nunique"),
+                                              tokens_per_second_spread=("tokens_per_second_spread", "max"))
     agg["tokens_per_second"] = agg["n_tokens"] / agg["seconds"]
     agg = agg.sort_values("tokens_per_second", ascending=False, kind="stable").reset_index(drop=True)
     best = agg.iloc[0]
@@ -384,15 +406,21 @@ def recommend(df) -> Recommendation:
     else:
         plain = float(agg["n_tokens"].iloc[0] / agg["plain_seconds"].iloc[0])
     tps = float(best["tokens_per_second"])
+    margin = (tps / float(runner["tokens_per_second"]) - 1.0) if runner is not None else math.nan
+    spread = float(np.fmax(best["tokens_per_second_spread"], runner["tokens_per_second_spread"])
+                   if runner is not None else best["tokens_per_second_spread"])
+    note = ""
+    if margin <= spread:
+        note = (f"the best setting beats the runner-up by {margin:.1%}, within the runs' spread of {spread:.1%}: "
+                "the two are not told apart; measure more repeats or longer generations")
     return Recommendation(
         n_max=int(best["n_max"]), p_min=float(best["p_min"]), n_min=int(best["n_min"]), drafter=str(best["drafter"]),
         tokens_per_second=tps,
         runner_up=None if runner is None else {k: (runner[k].item() if hasattr(runner[k], "item") else runner[k])
                                                for k in keys + ["tokens_per_second"]},
-        margin_over_runner_up=(tps / float(runner["tokens_per_second"]) - 1.0) if runner is not None else math.nan,
-        plain_tokens_per_second=plain,
+        margin_over_runner_up=margin, plain_tokens_per_second=plain,
         margin_over_plain=tps / plain - 1.0 if plain > 0 else math.nan,
-        table=agg.drop(columns=["plain_seconds"]),
+        table=agg.drop(columns=["plain_seconds"]), spread=spread, note=note,
     )
 
 

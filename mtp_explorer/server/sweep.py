@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..analysis import metrics
 from ..core.checks import check_int
 from ..core.cpu_kernels import with_no_repack
 from ..core.errors import FormatError, ParameterError, ServerError
@@ -313,7 +314,7 @@ TIMED = ("tokens_per_second", "request_tokens_per_second", "latency_p50", "laten
 def _over_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """A configuration's rows over its runs: the first failed run's rows if one failed; else the first run's counts
     with the median of every timed column, the run-to-run spread of ``tokens_per_second`` ((max - min) / median;
-    0 for one run) and whether the runs' counts differ (``counts_vary``: the server's own run-to-run variation)."""
+    NaN for one run) and whether the runs' counts differ (``counts_vary``: the server's own run-to-run variation)."""
     failed = [run for run in runs if run[0]["status"] != "ok"]
     if failed:
         return [row | {"repeats": len(runs), "tokens_per_second_spread": math.nan} for row in failed[0]]
@@ -321,7 +322,7 @@ def _over_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for i, first in enumerate(runs[0]):
         timed = {k: float(np.median([run[i][k] for run in runs])) for k in TIMED}
         tps = [run[i]["tokens_per_second"] for run in runs]
-        spread = (max(tps) - min(tps)) / timed["tokens_per_second"] if timed["tokens_per_second"] > 0 else math.nan
+        spread = metrics.spread(tps)
         counts = {(run[i]["n_tokens"], run[i]["n_drafted"], run[i]["n_accepted"]) for run in runs}
         rows.append(first | timed | {"repeats": len(runs), "tokens_per_second_spread": spread,
                                      "counts_vary": len(counts) > 1})

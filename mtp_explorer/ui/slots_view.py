@@ -127,14 +127,18 @@ class SlotsView(W.VBox):
         self.state = "measuring"
         try:
             df = measure_crossover(self.session, self.prompts, n_max=max(1, self.n_max), p_min=self.p_min,
-                                   max_tokens=self.max_tokens, repeats=1,
+                                   max_tokens=self.max_tokens, repeats=3,
                                    progress=lambda d, t: setattr(self, "status", f"measuring: {d} of {t} sizes"))
             fig = parallel_crossover(df)
             fig.update_layout(width=self.width)
             sync_figure(self.crossover, fig)
             c = df.attrs["crossover"]
+            spread = float(df["speedup_spread"].max())
             self.status = ("speculation pays at every N measured" if c is None
                            else f"speculation stops paying at N={c} on this machine")
+            if c is not None and df.attrs.get("crossover_within_spread"):
+                self.status += " (its speedup's distance below 1 is within the runs' spread: not told apart)"
+            self.status += f"; speedups' run-to-run spread up to {spread:.0%}"
             return df
         finally:
             self.state = "idle"
