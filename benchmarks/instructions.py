@@ -33,7 +33,7 @@ of two runs then spreads over the tokens between them; the native loop's count d
 which ours pays and the reference, a C++ program, does not. With it both engines run on the same glibc path.
 
 ``--no-repack`` (``-nr``) runs both sides without llama.cpp's extra buffer types, as the wall-clock benchmarks run on
-a CPU whose AMX kernels fail (README, "AMX machines"): a Q4_K file then runs the kernels it runs there.
+a CPU whose AMX kernels fail (docs/guide/placement.md, "AMX machines"): a Q4_K file then runs the kernels it runs there.
 
 ``ratio`` is reference / ours: above 1, ours does less work per token. Instructions are not time (a memory-bound
 copy costs more time per instruction than a matrix kernel), but both sides run the same kernels.
@@ -259,7 +259,7 @@ def main() -> None:
                          "without the printf hooks a Python process with numpy has (numpy_printf_preload)")
     ap.add_argument("--no-repack", "-nr", action="store_true",
                     help="both sides without extra buffer types (llama.cpp's -nr; ours repack=False), as the wall-clock "
-                         "benchmarks run on a CPU whose AMX kernels fail (README, 'AMX machines')")
+                         "benchmarks run on a CPU whose AMX kernels fail (docs/guide/placement.md, 'AMX machines')")
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     ext = None
