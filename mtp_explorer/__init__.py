@@ -17,6 +17,7 @@ from .core.errors import (
     CancelledError,
     ContextOverflowError,
     CpuKernelWarning,
+    ServerOverheadMissing,
     DecodeError,
     EngineError,
     FormatError,
@@ -67,7 +68,7 @@ __all__ = [
     "InputTypeError", "LibraryError", "ToolError",
     "ModelLoadError", "ModelFileChangedError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
     "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
-    "CpuKernelWarning",
+    "CpuKernelWarning", "ServerOverheadMissing",
     # core
     "check_extra_buffers", "ExtraBufferCheck",
     "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",

@@ -10,12 +10,14 @@ import math
 import sys
 import textwrap
 import time
+import warnings
 
 import psutil
 import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
+from mtp_explorer.server.overhead import OverheadSample, fit_server_overhead, profile_server_overhead
 from mtp_explorer.server.predict import config_settings, request_counters, slot_run_counters
 from mtp_explorer.server.sweep import configurations
 
@@ -91,7 +93,7 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
             dataclasses.replace(sweep, prompt_tokens=None).with_predictions(session)
         with pytest.raises(mx.ParameterError, match="the sweep served"):
             dataclasses.replace(sweep, model=str(tmp_path / "other.gguf")).with_predictions(session)
-        predicted = sweep.with_predictions(session, progress=False)
+        predicted = sweep.with_predictions(session, binary=server_binary, progress=False)
     p, r = predicted.frame, predicted.requests
     assert set(mx.server.PREDICTED_COLUMNS) <= set(p.columns) and len(p) == len(f)
     single = r[(r["spec_type"] == "draft-mtp") & (r["n_parallel"] == 1)]
@@ -139,7 +141,7 @@ def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed
     frame.loc[frame["spec_type"] == "draft-mtp", "status"] = "failed to start: SYNTHETIC failure"
     broken = dataclasses.replace(sweep, frame=frame)
     with mx.Session.open(bundled_model, n_ctx=1024, threads=1) as session:
-        p = broken.with_predictions(session, progress=False).frame.set_index("spec_type")
+        p = broken.with_predictions(session, binary=server_binary, progress=False).frame.set_index("spec_type")
     assert p.loc["none", "predicted_tokens_per_second"] > 0 and p.loc["none", "prediction_note"] == ""
     assert math.isnan(p.loc["draft-mtp", "predicted_tokens_per_second"])
     assert p.loc["draft-mtp", "prediction_note"] == ("not predicted: it failed on the server "
@@ -148,6 +150,55 @@ def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed
     assert p.loc["draft-eagle3", "prediction_note"].startswith("not predicted: ")
     assert "draft model" in p.loc["draft-eagle3", "prediction_note"]
     assert p["tokens_per_second_error"].notna().tolist() == [True, False, False]
+
+
+def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, server_binary, tmp_path):
+    """What a llama-server request costs beyond the engine's work: fit (on SYNTHETIC samples, exactly), measured on a
+    real server, saved with the batch cost model, and added by every server-slot prediction; a model without them
+    (or saved before them) warns."""
+    samples = [OverheadSample(wall_s=p + 2e-3 + 1e-4 * steps, predicted_s=p, steps=steps, spec_type="none",
+                              n_predict=steps) for p, steps in ((0.05, 10), (0.2, 40), (0.1, 10), (0.3, 60))]
+    fit = fit_server_overhead(samples)
+    assert fit["request_ns"] == pytest.approx(2e6) and fit["step_ns"] == pytest.approx(1e5)
+    assert fit["measured"]["median_abs_residual_ns"] == pytest.approx(0, abs=1e-3)
+    with pytest.raises(mx.ParameterError, match="two step counts"):
+        fit_server_overhead([dataclasses.replace(x, steps=10) for x in samples])
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1) as session:
+        costs = mx.profile_batch_costs(session, n_parallel=[1], n_max=[0, 3], max_tokens=24, repeats=1)
+        assert costs.server is None
+        with pytest.raises(mx.ParameterError, match="two request lengths"):
+            profile_server_overhead(session, costs, binary=server_binary, n_predict=(8, 8))
+        before = _children()
+        measured = profile_server_overhead(session, costs, binary=server_binary, prompts=PROMPTS[:2],
+                                           n_predict=(8, 32), repeats=1)
+        assert not _servers_left(before)
+        server = measured.server
+        assert server["request_ns"] >= 0 and server["step_ns"] >= 0 and server["measured"]["samples"] == 2 * 2 * 2
+        assert server["measured"]["spec_types"] == ["none", "draft-mtp"] and costs.server is None
+        assert mx.BatchCostModel.load(measured.save(tmp_path / "costs.json")).server == server
+        old = json.loads(costs.to_json())
+        del old["server"]
+        with pytest.warns(mx.ServerOverheadMissing, match="saved before"):
+            assert mx.BatchCostModel.from_json(json.dumps(old)).server is None
+        oracle = session.record_oracle(PROMPTS[0], max_tokens=24, depth=3, probe=False, batch_shift=False)
+        with pytest.warns(mx.ServerOverheadMissing, match="without a llama-server"):
+            bare = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=3, server_slot=True)
+        priced_costs = dataclasses.replace(costs, server={"request_ns": 1e6, "step_ns": 2e4})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            priced = mx.predict_parallel([oracle], priced_costs, n_parallel=1, n_max=3, server_slot=True)
+            engine = mx.predict_parallel([oracle], priced_costs, n_parallel=1, n_max=3)  # not a server: none added
+            unpriced = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=3)
+    added = 1e-3 + 2e-5 * bare["n_steps"]
+
+    def seconds(p):
+        return p["n_tokens"] / p["tokens_per_second"]
+
+    assert seconds(priced) - seconds(bare) == pytest.approx(added, rel=1e-9)
+    assert priced["requests"][0]["latency_seconds"] - bare["requests"][0]["latency_seconds"] == pytest.approx(
+        added, rel=1e-9)
+    assert priced["summed_request_tokens_per_second"] < bare["summed_request_tokens_per_second"]
+    assert seconds(engine) == seconds(unpriced)
 
 
 def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server_binary):
@@ -161,7 +212,7 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=4096, binary=server_binary,
                             timeout_s=120, progress=False)
     with mx.Session.open(bundled_model, n_ctx=4096, threads=1, n_rs_seq=48) as session:  # the look-ups' lengths
-        predicted = sweep.with_predictions(session, progress=False)
+        predicted = sweep.with_predictions(session, binary=server_binary, progress=False)
         prompt = workload.requests[0].prompt
         oracle = session.record_oracle(prompt, max_tokens=48, depth=3, probe=False, batch_shift=False)
         for config in configurations(grid):  # the engine run as a slot and the recording's replay agree here

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -38,7 +39,7 @@ import numpy as np
 from . import metrics
 from ..core import drafters
 from ..core.checks import check_int
-from ..core.errors import ParameterError
+from ..core.errors import ParameterError, ServerOverheadMissing
 from ..core.parallel import request_settings
 from ..core.settings import DraftSettings, resolve_each
 from ..core.schema import PHASES
@@ -129,6 +130,11 @@ class BatchCostModel:
     coef: dict[str, list[float]]   #: phase -> coefficients of FEATURES[phase]
     prefill: list[float]           #: a, b: prefill ns = a + b * prompt tokens
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
+    #: what a request on a llama-server costs beyond this engine's prefill and steps: ``request_ns`` per request
+    #: (HTTP, tokenization, slot set-up, the answer), ``step_ns`` per decode step (the server loop's own work), and
+    #: ``measured`` (how); measured on a real server by :func:`~mtp_explorer.server.profile_server_overhead`
+    #: (None: not measured; a server-slot prediction then warns that it leaves them out)
+    server: dict[str, Any] | None = None
 
     def step_ns(self, shape: StepShape) -> dict[str, float]:
         """Each phase's predicted time of a step (ns; the coefficients are not negative)."""
@@ -138,10 +144,14 @@ class BatchCostModel:
     def prefill_ns(self, n_prompt: int) -> float:
         return self.prefill[0] + self.prefill[1] * n_prompt
 
+    def server_ns(self, what: str) -> float:
+        """The llama-server path's overhead ``what`` (``"request_ns"`` or ``"step_ns"``; 0 where not measured)."""
+        return float(self.server[what]) if self.server else 0.0
+
     # -- saving ----------------------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps({"format": BATCH_COSTS_FORMAT, "coef": self.coef, "prefill": self.prefill,
-                           "measured": self.measured}, indent=1)
+                           "measured": self.measured, "server": self.server}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "BatchCostModel":
@@ -149,7 +159,11 @@ class BatchCostModel:
         if doc.get("format") != BATCH_COSTS_FORMAT:
             raise ParameterError(f"not a batch cost model (format {doc.get('format')!r}, "
                                  f"expected {BATCH_COSTS_FORMAT!r})")
-        return cls(coef=doc["coef"], prefill=doc["prefill"], measured=doc.get("measured", {}))
+        if "server" not in doc:
+            warnings.warn("a batch cost model saved before llama-server's overheads were part of it: its server-slot "
+                          "predictions leave them out (measure them with mx.server.profile_server_overhead)",
+                          ServerOverheadMissing, stacklevel=2)
+        return cls(coef=doc["coef"], prefill=doc["prefill"], measured=doc.get("measured", {}), server=doc.get("server"))
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
@@ -299,12 +313,15 @@ class _Run:
 def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
                      settings: DraftSettings | Sequence[DraftSettings] | None = None, *, n_parallel: int,
                      arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
-                     server_slot: bool = False, **keywords: Any) -> dict[str, Any]:
+                     server_slot: bool = False, warn: bool = True, **keywords: Any) -> dict[str, Any]:
     """Aggregate tokens/s and per-request latency of the oracles' prompts as requests on ``n_parallel`` slots
     (``settings``, ``keywords``, ``arrivals`` and ``params`` as :meth:`Session.generate_parallel
     <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
     running the batch: each request's steps simulated from its oracle (``server_slot``: as a llama-server slot runs
-    it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``."""
+    it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``.
+    ``server_slot`` also adds the server's overheads (:attr:`BatchCostModel.server`): per request where it is
+    admitted, per step; a model without them warns (:class:`~mtp_explorer.ServerOverheadMissing`) unless ``warn`` is
+    False."""
     from .simulate import simulate
 
     check_int("n_parallel", n_parallel, 1, None)
@@ -329,10 +346,17 @@ def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
         runs.append(_Run(index=i, arrival=a, n_prompt=len(o.prompt_tokens), rows=c["n_drafted"] + 1, pos=c["pos"],
                          tokens=c["n_accepted"] + 1, draft_decodes=(c["draft_rows"] >= 0).sum(axis=1),
                          drafting=c["n_max"] > 0))
-    return _schedule(runs, costs, n_parallel, uses_mtp=mode.needs_mtp)
+    if server_slot and costs.server is None and warn:
+        warnings.warn("the batch cost model was measured without a llama-server: the prediction leaves out what a "
+                      "server request costs beyond the engine's prefill and steps (HTTP, tokenization, slot set-up); "
+                      "measure it with mx.server.profile_server_overhead", ServerOverheadMissing, stacklevel=2)
+    return _schedule(runs, costs, n_parallel, uses_mtp=mode.needs_mtp, server=server_slot)
 
 
-def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp: bool) -> dict[str, Any]:
+def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp: bool,
+              server: bool = False) -> dict[str, Any]:
+    request_s = costs.server_ns("request_ns") / 1e9 if server else 0.0
+    step_extra_s = costs.server_ns("step_ns") / 1e9 if server else 0.0
     slots: list[_Run | None] = [None] * n_parallel
     step, total_s, steps, rows_per_step, previous = 0, 0.0, 0, [], None
     prefill_s = 0.0
@@ -341,8 +365,8 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
             if r.admitted < 0 and r.arrival <= step and None in slots:
                 slots[slots.index(None)] = r
                 r.admitted = step
-                r.seconds += costs.prefill_ns(r.n_prompt) / 1e9
-                prefill_s += costs.prefill_ns(r.n_prompt) / 1e9
+                r.seconds += costs.prefill_ns(r.n_prompt) / 1e9 + request_s
+                prefill_s += costs.prefill_ns(r.n_prompt) / 1e9 + request_s
         active = [r for r in slots if r is not None]
         if not active:
             step = max(step + 1, min(r.arrival for r in runs if r.admitted < 0))
@@ -354,7 +378,7 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
                             [bool(r.drafting[i]) for r, i in zip(active, k)], uses_mtp,
                             [sum(d > j for d in decodes) for j in range(max(decodes, default=0))], previous)
         previous = verify
-        seconds = sum(costs.step_ns(shape).values()) / 1e9
+        seconds = sum(costs.step_ns(shape).values()) / 1e9 + step_extra_s
         total_s += seconds
         steps += 1
         rows_per_step.append(sum(shape.rows))
@@ -366,7 +390,7 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
                 slots[slots.index(r)] = None
         step += 1
     n_tokens = int(sum(r.tokens.sum() for r in runs))
-    decode_s = {r.index: r.seconds - costs.prefill_ns(r.n_prompt) / 1e9 for r in runs}
+    decode_s = {r.index: r.seconds - costs.prefill_ns(r.n_prompt) / 1e9 - request_s for r in runs}
     return {
         "n_parallel": n_parallel, "n_requests": len(runs), "n_tokens": n_tokens, "n_steps": steps,
         "tokens_per_second": n_tokens / (total_s + prefill_s) if total_s + prefill_s > 0 else float("nan"),

@@ -91,6 +91,11 @@ class ServerProtocolError(ServerError):
     """The server answered something it should not: an HTTP error, malformed JSON or Prometheus metrics."""
 
 
+class ServerOverheadMissing(UserWarning):
+    """A prediction of llama-server requests from a batch cost model without the server's measured overheads
+    (:attr:`~mtp_explorer.BatchCostModel.server`): it prices the engine's work only."""
+
+
 class CpuKernelWarning(UserWarning):
     """llama.cpp's extra CPU buffer types were left off (``-nr``) because they stop the process on this machine
     (:func:`~mtp_explorer.check_extra_buffers`)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -204,13 +205,16 @@ def drafting_key(config: Mapping[str, Any]) -> tuple:
 
 def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence[Any]], *,
            prompt_tokens: Sequence[Sequence[int]] | None = None, costs: "BatchCostModel | None" = None,
-           progress: Callable[[str], None] | None = None, ran: Sequence[Mapping[str, Any]] | None = None) -> Recording:
+           progress: Callable[[str], None] | None = None, ran: Sequence[Mapping[str, Any]] | None = None,
+           binary: str | os.PathLike | None = None) -> Recording:
     """Record ``workload`` with ``session`` as deep as the grid drafts (each request's ``prompt_tokens`` where the
     server's are known, else its prompt as the session tokenizes it), run each request as a server slot for each
     configuration in ``ran`` (default: the grid's; a drafting configuration the session refuses is kept in
     :attr:`Recording.refused` with the reason), and measure its batch costs (unless given) for the grid's
-    ``n_parallel`` and ``n_max``."""
+    ``n_parallel`` and ``n_max``, with the overheads of a real llama-server (``binary``:
+    :func:`~mtp_explorer.server.profile_server_overhead`)."""
     from ..analysis.batch import profile_batch_costs
+    from .overhead import profile_server_overhead
 
     if workload.rate is not None:
         raise ParameterError("the prediction schedules requests sent all at once; this workload arrives at "
@@ -254,6 +258,10 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
             progress("measuring batch costs")
         costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
                                     drafter="draft-mtp" if session.info.has_mtp else "ngram-simple")
+        if progress is not None:
+            progress("measuring the server's overheads")
+        costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max),
+                                        spec_types=("none", "draft-mtp" if session.info.has_mtp else "ngram-simple"))
     return Recording(tuple(oracles), costs, slot_runs, refused)
 
 
@@ -345,11 +353,13 @@ def _errors(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCostModel | None" = None,
-                  progress: bool = True):
+                  binary: str | os.PathLike | None = None, progress: bool = True):
     """The sweep's frame with :data:`PREDICTED_COLUMNS` added, and its per-request frame with
     :data:`PREDICTED_REQUEST_COLUMNS` (None without one): what the explorer predicts for each row from one
     recording of the workload with ``session`` (the sweep's model; ``n_parallel`` and capacity enough for the grid)
-    and ``costs`` (default: measured now, :func:`~mtp_explorer.profile_batch_costs`). Flags the prediction does not
+    and ``costs`` (default: measured now, :func:`~mtp_explorer.profile_batch_costs` and the overheads of the
+    llama-server ``binary`` (default: :func:`~mtp_explorer.server.server_binary`'s),
+    :func:`~mtp_explorer.server.profile_server_overhead`). Flags the prediction does not
     model (``n_gpu_layers``, ``flash_attn``, ``type_k``) are the session's own."""
     from tqdm.auto import tqdm
 
@@ -360,10 +370,11 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
     keys = list(sweep.grid)
     failed = _failed(sweep.frame, keys)
     ran = [c for c in configurations(sweep.grid) if tuple(c[k] for k in keys) not in failed]
-    bar = tqdm(total=len(sweep.workload.requests) + 2, desc="predicting the sweep", disable=not progress, leave=False)
+    bar = tqdm(total=len(sweep.workload.requests) + (3 if costs is None else 1), desc="predicting the sweep",
+               disable=not progress, leave=False)
     try:
         recording = record(session, sweep.workload, sweep.grid, prompt_tokens=sweep.prompt_tokens, costs=costs,
-                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)), ran=ran)
+                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)), ran=ran, binary=binary)
     finally:
         bar.close()
     predicted = {tuple(c[k] for k in keys): predict_config(recording, sweep.workload, c) for c in ran}

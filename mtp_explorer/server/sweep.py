@@ -367,16 +367,16 @@ class ServerSweep:
         f = f.sort_values(key, ascending=ascending, kind="stable")
         return (f.groupby(by, as_index=False).head(1) if by else f.head(1)).reset_index(drop=True)
 
-    def with_predictions(self, session, *, costs=None, progress: bool = True) -> "ServerSweep":
+    def with_predictions(self, session, *, costs=None, binary=None, progress: bool = True) -> "ServerSweep":
         """This sweep with the explorer's prediction of every row beside the measurement
         (:data:`~mtp_explorer.server.predict.PREDICTED_COLUMNS`: ``predicted_tokens_per_second``,
         ``predicted_acceptance``, their errors, ...) and of every request's counters in :attr:`requests`
         (``predicted_draft_n``, ..., ``counts_match``), from one recording of the workload with ``session`` (on the
-        sweep's model) and a batch cost model (``costs``, default measured now): see
-        :func:`~mtp_explorer.server.predict.predict_sweep`."""
+        sweep's model) and a batch cost model (``costs``, default measured now, with the overheads of the llama-server
+        ``binary``): see :func:`~mtp_explorer.server.predict.predict_sweep`."""
         from .predict import predict_sweep
 
-        frame, requests = predict_sweep(self, session, costs=costs, progress=progress)
+        frame, requests = predict_sweep(self, session, costs=costs, binary=binary, progress=progress)
         return dataclasses.replace(self, frame=frame, requests=requests)
 
     def command(self, row: Mapping[str, Any]) -> str:

@@ -1,0 +1,101 @@
+"""What a llama-server request costs beyond this engine's work, measured once on a real server.
+
+A request's time on a server is the engine's (its prompt's prefill, its decode steps) plus what the server adds:
+per request, the HTTP exchange, tokenization, the slot's set-up and the answer; per step, the server loop's own
+bookkeeping. :func:`profile_server_overhead` sends requests one at a time to a real ``-np 1`` llama-server, plain and
+drafting, of several lengths, predicts each one alone with the batch cost model (:func:`~mtp_explorer.predict_parallel`
+with ``server_slot=True``), and fits the client's wall time minus that prediction as ``request_ns + step_ns * steps``
+(non-negative least squares over the requests). The result is stored in :attr:`BatchCostModel.server
+<mtp_explorer.BatchCostModel.server>`, which server-slot predictions then add.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ..analysis.batch import PROFILE_PROMPTS, BatchCostModel, nnls, predict_parallel
+from ..core.checks import check_int
+from ..core.errors import ParameterError
+from ..core.settings import DraftSettings
+from .process import LlamaServer
+
+if TYPE_CHECKING:
+    from ..core.session import Session
+
+
+@dataclasses.dataclass(frozen=True)
+class OverheadSample:
+    """One request's measurement: the client's wall seconds, the prediction of the engine's work alone, its steps."""
+
+    wall_s: float
+    predicted_s: float
+    steps: int
+    spec_type: str
+    n_predict: int
+
+
+def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
+    """``request_ns`` and ``step_ns`` (non-negative) fit to ``wall - predicted = request + step * steps`` over the
+    samples (at least 4, with two step counts or more), and how well (``median_abs_residual_ns``, ``samples``)."""
+    if len(samples) < 4 or len({s.steps for s in samples}) < 2:
+        raise ParameterError("fitting the server's overheads needs 4 requests or more, of at least two step counts")
+    X = np.array([[1.0, s.steps] for s in samples])
+    y = np.array([(s.wall_s - s.predicted_s) * 1e9 for s in samples])
+    request_ns, step_ns = (float(v) for v in nnls(X, y))
+    residual = y - X @ np.array([request_ns, step_ns])
+    return {"request_ns": request_ns, "step_ns": step_ns,
+            "measured": {"samples": len(samples), "median_abs_residual_ns": float(np.median(np.abs(residual))),
+                         "median_wall_over_predicted": float(np.median([s.wall_s / s.predicted_s for s in samples]))}}
+
+
+def profile_server_overhead(session: "Session", costs: BatchCostModel, *, binary: str | os.PathLike | None = None,
+                            prompts: Sequence[str] = PROFILE_PROMPTS[:4], n_predict: Sequence[int] = (16, 64),
+                            repeats: int = 2, spec_types: Sequence[str] = ("none", "draft-mtp"), n_max: int = 3,
+                            progress: Callable[[int, int], None] | None = None) -> BatchCostModel:
+    """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on a real llama-server (``binary``: see
+    :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads: each prompt alone,
+    for each of ``spec_types`` (``"none"``: plain) and ``n_predict``, ``repeats`` rounds (after a warm-up request),
+    against the prediction of the same request from one recording per prompt (:func:`fit_server_overhead`).
+    ``progress(done, total)`` is called after each request."""
+    check_int("repeats", repeats, 1, None)
+    check_int("n_max", n_max, 1, session.capacity)
+    lengths = [check_int("n_predict", n, 2, None) for n in n_predict]
+    if len(set(lengths)) < 2:
+        raise ParameterError("give two request lengths or more (n_predict): the fit tells per-request costs from "
+                             "per-step ones by them")
+    bare = dataclasses.replace(costs, server=None)
+    samples: list[OverheadSample] = []
+    total, done = len(spec_types) * len(prompts) * len(lengths) * repeats, 0
+    for spec in spec_types:
+        drafting = spec not in (None, "none")
+        with LlamaServer(session.path, n_parallel=1, n_ctx=session.n_ctx, threads=session.threads,
+                         spec_type=spec if drafting else None, n_max=n_max, binary=binary) as server:
+            client = server.client()
+            tokens = [client.tokenize(p) for p in prompts]
+            oracles = [session.record_oracle(t, max_tokens=max(lengths), depth=n_max, probe=False, batch_shift=False)
+                       for t in tokens]
+            client.complete(prompts[0], 8)  # warm-up: the server's first request pays for its buffers
+            for _ in range(repeats):
+                for prompt, oracle in zip(prompts, oracles):
+                    for n in lengths:
+                        settings = (DraftSettings(drafter=spec, n_max=n_max, max_tokens=n) if drafting
+                                    else DraftSettings(n_max=0, max_tokens=n))
+                        predicted = predict_parallel([oracle], bare, settings, n_parallel=1, server_slot=True,
+                                                     warn=False)
+                        t0 = time.perf_counter()
+                        client.complete(prompt, n)
+                        wall = time.perf_counter() - t0
+                        samples.append(OverheadSample(wall, predicted["requests"][0]["latency_seconds"],
+                                                      predicted["n_steps"], spec if drafting else "none", n))
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+    fit = fit_server_overhead(samples)
+    fit["measured"] |= {"threads": session.threads, "n_max": n_max, "n_predict": lengths, "repeats": repeats,
+                        "spec_types": list(spec_types), "prompts": len(prompts), "server": str(server.binary)}
+    return dataclasses.replace(costs, server=fit)
