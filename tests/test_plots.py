@@ -275,6 +275,30 @@ def test_whatif_figures_are_reexported(session):
     assert "(simulate, 1 prompt)" in figs[1].layout.title.text  # a simulate_grid table has no mode column
 
 
+def test_a_dip_in_the_predicted_speed_is_explained_on_the_figure():
+    """A predicted tokens/s below both neighbours is annotated with its tokens per step and milliseconds per step
+    against the lower n_max's (tokens/s is their ratio); a monotone curve or rows without them get no note."""
+    from mtp_explorer.viz.whatif_figures import dip_notes
+
+    def row(n, tok, ms):
+        return {"n_max": n, "tokens_per_second": 1e3 * tok / ms, "ceiling_tokens_per_second": 1e4,
+                "tokens_per_step": tok, "ms_per_step": ms}
+
+    rows = [row(1, 1.8, 2.0), row(2, 2.4, 2.2), row(3, 2.3, 2.4), row(4, 2.9, 2.5), row(5, 3.0, 3.0)]
+    notes = dip_notes(rows)
+    assert [i for i, _ in notes] == [2] and "fewer tokens per step" in notes[0][1] and "(n_max 2: 2.40 at 2.20)" in notes[0][1]
+    dearer = [row(1, 2.0, 2.0), row(2, 2.1, 2.4), row(3, 2.6, 2.5)]
+    assert "dearer steps" in dip_notes(dearer)[0][1]
+    assert dip_notes([row(n, 1.0 + n, 2.0) for n in range(1, 6)]) == []
+    bare = [{k: v for k, v in r.items() if k in ("n_max", "tokens_per_second", "ceiling_tokens_per_second")}
+            for r in rows]
+    assert dip_notes(bare) == []
+    fig = plots.predicted_speed_by_n_max(rows, n_max=2, plain=800.0, p_min=0.0, n_min=0)
+    assert [a.x for a in fig.layout.annotations if a.text.startswith("dip")] == [3]
+    curve = [t for t in fig.data if t.name == "predicted"][0]
+    assert "tokens per step" in curve.hovertemplate and len(curve.customdata) == 5
+
+
 def test_whatif_figures_live_in_their_own_module():
     """plots exports the five figure modules; trace_figures holds the per-trace figures only."""
     from mtp_explorer.viz import comparison_figures, parallel_figures, server_figures

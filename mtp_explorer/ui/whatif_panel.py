@@ -308,12 +308,16 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
 
 def speed_curve(oracle: OracleTrace, p_min: float, n_min: int, drafter: str = drafters.DEFAULT_MODE) -> list[dict]:
     """Predicted and ceiling tokens/s of ``drafter`` for every ``n_max`` the oracle covers (``n_min``
-    capped by it)."""
+    capped by it), with the predicted tokens per step and milliseconds per step whose ratio they are."""
     rows = []
     for n in range(1, oracle.depth + 1):
         sim = simulate(oracle, n, p_min, min(n_min, n), drafter=drafter)
+        s = sim.summary()
         rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
-                     "ceiling_tokens_per_second": sim.ceiling_tokens_per_second()})
+                     "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
+                     "tokens_per_step": s["n_tokens"] / s["n_steps"] if s["n_steps"] else float("nan"),
+                     "ms_per_step": 1e3 * s["n_tokens"] / s["tokens_per_second"] / s["n_steps"]
+                     if s["n_steps"] and s["tokens_per_second"] > 0 else float("nan")})
     return rows
 
 

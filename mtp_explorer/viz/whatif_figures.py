@@ -224,6 +224,24 @@ def predicted_acceptance_by_depth(prediction, measured=None) -> go.Figure:
     return fig
 
 
+def dip_notes(rows: Sequence[dict]) -> list[tuple[int, str]]:
+    """Why the predicted tokens/s dips at an ``n_max`` (below both neighbours): its tokens per step and milliseconds
+    per step against the lower ``n_max``'s (tokens/s is their ratio), for rows that carry them (:func:`speed_curve
+    <mtp_explorer.ui.whatif_panel.speed_curve>`). Pairs of (row index, text)."""
+    notes = []
+    for i in range(1, len(rows) - 1):
+        left, here, right = (float(rows[j]["tokens_per_second"]) for j in (i - 1, i, i + 1))
+        if not here < min(left, right):
+            continue
+        a, b = rows[i - 1], rows[i]
+        if not all(math.isfinite(float(r.get(k, math.nan))) for r in (a, b) for k in ("tokens_per_step", "ms_per_step")):
+            continue
+        why = "fewer tokens per step" if b["tokens_per_step"] < a["tokens_per_step"] else "dearer steps"
+        notes.append((i, f"dip: {why}<br>{b['tokens_per_step']:.2f} tok at {b['ms_per_step']:.2f} ms/step<br>"
+                         f"(n_max {a['n_max']}: {a['tokens_per_step']:.2f} at {a['ms_per_step']:.2f})"))
+    return notes
+
+
 @takes(SPEED_ROWS, measured=SPEED_POINT)
 def predicted_speed_by_n_max(rows: Sequence[dict], *, n_max: int, plain: float, p_min: float, n_min: int,
                              measured: dict | None = None) -> go.Figure:
@@ -237,8 +255,14 @@ def predicted_speed_by_n_max(rows: Sequence[dict], *, n_max: int, plain: float, 
     fig.add_trace(go.Scatter(x=x, y=[float(r["ceiling_tokens_per_second"]) for r in rows], mode="lines",
                              name="every draft accepted", line=dict(color=CEILING, dash="dash"),
                              hovertemplate="n_max %{x}<br>ceiling %{y:.0f} tok/s<extra></extra>"))
+    per_step = [[float(r.get("tokens_per_step", math.nan)), float(r.get("ms_per_step", math.nan))] for r in rows]
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="predicted", line=dict(color=PALETTE[0]),
-                             hovertemplate="n_max %{x}<br>predicted %{y:.0f} tok/s<extra></extra>"))
+                             customdata=per_step,
+                             hovertemplate="n_max %{x}<br>predicted %{y:.0f} tok/s<br>%{customdata[0]:.2f} tokens "
+                                           "per step at %{customdata[1]:.2f} ms per step<extra></extra>"))
+    for i, text in dip_notes(rows):
+        fig.add_annotation(x=x[i], y=y[i], text=text, showarrow=True, arrowhead=2, ax=0, ay=36,
+                           font=dict(size=10), align="center")
     cur = [r for r in rows if int(r["n_max"]) == n_max]
     if cur:
         fig.add_trace(go.Scatter(x=[n_max], y=[float(cur[0]["tokens_per_second"])], mode="markers",
