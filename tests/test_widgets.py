@@ -353,6 +353,56 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
 
 
+def test_measure_puts_a_median_and_its_spread_beside_the_prediction(session):
+    """Measure runs the controls' setting several times, each beside a plain run (setting first, then the other way
+    round), in the background; the table shows the median with its spread and the note judges the prediction by it.
+    Without an oracle it is refused with a message; Stop ends it."""
+    ex = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=2)
+    ex.measure_setting(repeats=2)
+    assert "record one first" in ex.error and ex.state == "idle"
+    ex.record_oracle()
+    assert ex.wait(60) and ex.error == ""
+    ran, generate = [], session.generate
+
+    def logged(prompt, settings=None, **kw):
+        ran.append(settings.n_max)
+        return generate(prompt, settings, **kw)
+
+    session.generate = logged
+    try:
+        ex.measure_setting(repeats=3)
+        assert ex.wait(120) and ex.error == ""
+    finally:
+        del session.generate
+    assert ran == [2, 0, 0, 2, 2, 0]
+    r = ex.whatif.repeated
+    assert (r.n_max, r.p_min, r.n_min, r.repeats) == (2, 0.0, 0, 3) and r.spread >= 0 and r.speedup > 0
+    table = ex.whatif_panel.table.value
+    assert "median of 3 (spread)" in table and f"{r.tokens_per_second:.0f} ({r.spread:.1%})" in table
+    assert "Measured 3 times, each beside a plain run" in ex.whatif.note
+    off = ex.whatif.tokens_per_second / r.tokens_per_second - 1
+    assert (" within half that spread" in ex.whatif.note) == (abs(off) <= r.spread / 2)
+    ex.controls.n_max.value = 3  # another setting: not measured yet
+    assert ex.whatif.repeated is None and "median of" not in ex.whatif_panel.table.value
+    ex.controls.n_max.value = 2
+    assert ex.whatif.repeated == r
+    stops = []
+
+    def stopping(prompt, settings=None, **kw):  # Stop pressed during the first run
+        stops.append(settings.n_max)
+        ex.stop()
+        return generate(prompt, settings, **kw)
+
+    session.generate = stopping
+    try:
+        ex.controls.n_max.value = 1
+        ex.measure_setting(repeats=3)
+        assert ex.wait(60)
+    finally:
+        del session.generate
+    assert len(stops) == 1 and ex.whatif.repeated is None and ex.state == "idle" and ex.error == ""
+
+
 def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
     ex = Explorer(session, prompt=PROMPT, max_tokens=32)
     gate = threading.Event()

@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .simulate import ceiling_tokens_per_second, simulate_grid
 from ..core import drafters
 from ..core.drafters import DrafterMode
 from ..core.checks import check_int
-from ..core.errors import ParameterError
+from ..core.errors import CancelledError, ParameterError
 from ..core.session import Session
 from ..core.settings import DraftSettings
 
@@ -113,7 +113,8 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
     return rows
 
 
-def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> list[dict]:
+def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel,
+                    cancelled: Callable[[], bool] | None = None) -> list[dict]:
     """Real runs of ``prompt``: for every drafter and setting ``repeats`` runs alternating with as many plain
     baselines (setting first, then baseline, then the other way round), their median tokens/s, the plain median,
     the median of the paired speedups and the spreads; the ceiling with every draft accepted from ``cost`` at the
@@ -126,6 +127,8 @@ def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> lis
         tps, plain, secs = [], [], []
         for r in range(job.repeats):
             for settings in (st, base) if r % 2 == 0 else (base, st):
+                if cancelled is not None and cancelled():
+                    raise CancelledError("the measured sweep was stopped")
                 t = session.generate(prompt, settings)
                 if settings is base:
                     plain.append(t.summary()["tokens_per_second"])
@@ -148,10 +151,11 @@ def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel) -> lis
     return rows
 
 
-def _run_prompt(session: Session, mode: str, prompt, job: _Job, cost: CostModel | None) -> list[dict]:
+def _run_prompt(session: Session, mode: str, prompt, job: _Job, cost: CostModel | None,
+                cancelled: Callable[[], bool] | None = None) -> list[dict]:
     if mode == "simulate":
         return _simulate_prompt(session, prompt, job, cost)
-    return _measure_prompt(session, prompt, job, cost)
+    return _measure_prompt(session, prompt, job, cost, cancelled)
 
 
 _WORKER_SESSIONS: dict[tuple, Session] = {}
@@ -177,7 +181,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
           max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
           cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
           checkpoints: bool = False, oracles: OracleTrace | Sequence[OracleTrace] | None = None,
-          **options: int | str | None):
+          cancelled: Callable[[], bool] | None = None, **options: int | str | None):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
@@ -205,6 +209,8 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     options): they are replayed as they are and nothing is recorded, so one recording serves several sweeps (other
     grids, drafters or cost models); without ``cost`` or ``costs`` the times come from the first one's cost model. The
     replay runs here (not with ``client``).
+    ``cancelled`` (measure mode, here): asked before each run; True stops the sweep with
+    :class:`~mtp_explorer.CancelledError` (what the Explorer's Stop does to its Measure).
     Bad input raises :class:`~mtp_explorer.ParameterError`.
     """
     import pandas as pd
@@ -229,7 +235,7 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
                 bar.update(1)
         elif client is None:
             for prompt in prompts:
-                rows += _run_prompt(session, mode, prompt, job, cost)
+                rows += _run_prompt(session, mode, prompt, job, cost, cancelled)
                 bar.update(1)
         else:
             rows = _run_distributed(client, session, mode, prompts, job, cost, bar)
@@ -255,6 +261,7 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
     if not given:
         raise ParameterError("no drafter: give one of the drafter modes or several of them")
     try:
+        modes = {drafters.mode(d).name: drafters.mode(d).policy for d in given}  # llama.cpp's names, policies
         names = [drafters.mode(d).name for d in given]
     except ParameterError as exc:
         raise ParameterError(f"{exc} (or several of them)") from None
@@ -276,8 +283,8 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
     n_min = check_int("n_min", n_min, 0, None)
     check_int("repeats", repeats, 1, None)
     base = DraftSettings(max_tokens=max_tokens, options={k: v for k, v in options.items() if v is not None})
-    settings = tuple(base.replace(drafter=d, n_max=n, p_min=p, n_min=min(n_min, n)).check(session.limits)
-                     for d in names for n in n_max for p in p_min)
+    settings = tuple(base.replace(drafter=d, chain_policy=modes[d], n_max=n, p_min=p, n_min=min(n_min, n))
+                     .check(session.limits) for d in names for n in n_max for p in p_min)
     return prompts, _Job(settings, repeats, bool(checkpoints))
 
 

@@ -47,7 +47,7 @@ from .server_view import ServerMonitor, ServerView
 from .slots_view import SlotsView
 from .views import LiveViews, View
 from .whatif import WhatIfController
-from .whatif_panel import WhatIf, WhatIfPanel
+from .whatif_panel import MEASURE_REPEATS, WhatIf, WhatIfPanel
 
 __all__ = ["Explorer"]
 
@@ -144,6 +144,7 @@ class Explorer(W.VBox):
         c.step.on_click(lambda _: self.step())
         c.stop.on_click(lambda _: self.stop())
         self.whatif_panel.record.on_click(lambda _: self.record_oracle())
+        self.whatif_panel.measure.on_click(lambda _: self.measure_setting())
         for name, slider in c.settings.items():
             slider.observe(functools.partial(self._on_setting, name), names="value")
         for choice in (c.drafter, c.chain_policy):
@@ -188,6 +189,22 @@ class Explorer(W.VBox):
         self.whatif_controller.begin_recording()
         self.runner.submit(functools.partial(self.whatif_controller.record, req, lambda: self.runner.stop_requested),
                            activity=f"recording oracle · {req.max_tokens} tokens, depth {self.session.capacity} …")
+
+    def measure_setting(self, repeats: int = MEASURE_REPEATS) -> None:
+        """Measure the controls' setting ``repeats`` times, each beside a plain run, in a background thread (needs
+        the oracle of the controls' prompt and max tokens): the what-if table then shows the median tokens/s and its
+        run-to-run spread beside the prediction, and says in words whether the prediction lies within it."""
+        if self.runner.busy:
+            return
+        req = self.controls.request()
+        if self.whatif_controller.oracles.get(req.oracle_key) is None:
+            self.error_area.report("Measure needs the oracle of this prompt and max tokens: record one first")
+            return
+        self.error_area.clear()
+        self.runner.submit(functools.partial(self.whatif_controller.measure, req, lambda: self.runner.stop_requested,
+                                             repeats),
+                           activity=f"measuring n_max={req.n_max}, p_min={req.p_min:.2f} · {repeats} runs, each "
+                                    "beside a plain run …")
 
     def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None,
                 drafter: str | None = None) -> SimTrace:
@@ -255,6 +272,7 @@ class Explorer(W.VBox):
         busy = self.state in ("running", "busy")
         self.controls.set_busy(busy, idle=self.state == "idle")
         self.whatif_panel.record.disabled = busy
+        self.whatif_panel.measure.disabled = busy
         self._show_progress()
 
     def _show_progress(self) -> None:

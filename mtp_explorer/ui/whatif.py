@@ -19,14 +19,15 @@ import traitlets as T
 
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace, simulate
+from ..analysis.sweep import sweep
 from ..core.drafters import DrafterMode
 from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
 from .controls import RunRequest, readable_error, selected_mode
-from .whatif_panel import (NO_ORACLE, WhatIf, WhatIfPanel, measured_run, oracle_status, speed_curve, whatif_figures,
-                           whatif_numbers, whatif_table)
+from .whatif_panel import (MEASURE_REPEATS, NO_ORACLE, RepeatedRuns, WhatIf, WhatIfPanel, measured_run, oracle_status,
+                           speed_curve, whatif_figures, whatif_numbers, whatif_table)
 
 __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 
@@ -79,6 +80,8 @@ class WhatIfController(T.HasTraits):
         self.panel = panel
         self._request, self._trace, self._baselines, self._report = request, trace, baselines, report
         self.oracles: dict[tuple, OracleTrace] = {}  #: recorded oracles by RunRequest.oracle_key
+        #: settings measured several times (:meth:`measure`), by oracle key, drafter and setting
+        self.repeated: dict[tuple, RepeatedRuns] = {}
         self.recording = False                       #: an oracle recording is under way
         self._lock = threading.Lock()
         self._plain: tuple | None = None  # (oracle, drafter, predicted plain tokens/s)
@@ -111,6 +114,34 @@ class WhatIfController(T.HasTraits):
             self._report(readable_error(failure), "record")
         if stopped and self.oracle is None:
             self.panel.status.value = "<i>the oracle recording was cancelled</i>"
+
+    def measure(self, request: RunRequest, cancelled: Callable[[], bool], repeats: int = MEASURE_REPEATS) -> None:
+        """Measure the setting of ``request`` ``repeats`` times, each beside a plain run (``sweep(mode="measure")``,
+        in the caller's thread; the ceiling priced with the oracle's cost model), and show the median and its
+        spread beside the prediction; ``cancelled()`` tells whether Stop was pressed."""
+        oracle = self.oracles.get(request.oracle_key)
+        try:
+            if oracle is None:
+                raise MtpExplorerError("no oracle for this prompt and max tokens: record one first (its cost model "
+                                       "prices the ceiling beside the measured runs)")
+            drafter = _choice(request)
+            frame = sweep(self.session, [request.prompt], n_max=[request.n_max], p_min=[request.p_min],
+                          n_min=request.n_min, mode="measure", max_tokens=request.max_tokens, drafter=drafter,
+                          cost=oracle.cost, repeats=repeats, progress=False, cancelled=cancelled,
+                          **dict(request.options))
+        except Exception as exc:
+            if not cancelled():
+                self._report(readable_error(exc), "measure")
+            return
+        if cancelled():
+            return
+        row = RepeatedRuns.from_row(frame.iloc[0].to_dict())
+        self.repeated[self._repeated_key(request.oracle_key, row.drafter, row.n_max, row.p_min, row.n_min)] = row
+        self.refresh()
+
+    @staticmethod
+    def _repeated_key(oracle_key: tuple, drafter: str, n_max: int, p_min: float, n_min: int) -> tuple:
+        return (oracle_key, str(drafter), int(n_max), round(float(p_min), 6), int(n_min))
 
     def select(self) -> None:
         """Take the recorded oracle of the controls' request (None: there is none); predict with it."""
@@ -174,8 +205,12 @@ class WhatIfController(T.HasTraits):
         baseline = None if measured is None else self._baselines.get(
             (measured.prompt, measured.settings.get("max_tokens"), measured.settings.get("temperature"),
              measured.settings.get("seed")))
+        req, pol = self._request(), sim.policy
+        repeated = self.repeated.get(self._repeated_key(req.oracle_key, drafter, pol["n_max"], pol["p_min"],
+                                                        pol["n_min"]))
         numbers = whatif_numbers(sim, plain_tokens_per_second=self._plain_tokens_per_second(oracle, drafter),
-                                 measured=measured, baseline=baseline, temperature=self._request().temperature)
+                                 measured=measured, baseline=baseline, temperature=req.temperature,
+                                 repeated=repeated)
         figs = whatif_figures(sim, numbers, measured_trace=measured,
                               curve=self._speed_curve(oracle, numbers.p_min, numbers.n_min, drafter))
         return numbers, figs

@@ -44,12 +44,16 @@ from ..core.trace import Trace
 from ..viz import whatif_figures as figures
 from .figure_sync import sync_figure
 
-__all__ = ["WHATIF_NAMES", "NO_ORACLE", "WhatIfPanel", "WhatIf", "MeasuredRun", "whatif_table", "measured_run",
+__all__ = ["WHATIF_NAMES", "NO_ORACLE", "MEASURE_REPEATS", "WhatIfPanel", "WhatIf", "MeasuredRun", "RepeatedRuns",
+           "whatif_table", "measured_run",
            "whatif_numbers", "speed_curve", "whatif_figures", "oracle_status"]
 
 # -- the panel -------------------------------------------------------------------------------------
 #: The what-if figures, by name (:attr:`WhatIfPanel.figures`).
 WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_speed_by_n_max")
+
+#: How many runs (each beside a plain run) the Measure button makes of the controls' setting.
+MEASURE_REPEATS = 5
 
 NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
              "move n_max / p_min / n_min or the drafter to see the predicted acceptance and speed at once.</i>")
@@ -76,6 +80,39 @@ class MeasuredRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class RepeatedRuns:
+    """A setting measured several times, each run beside a plain run (``sweep(mode="measure")``): the median
+    tokens/s, its run-to-run spread ((max - min) / median), the plain median and the median paired speedup."""
+
+    drafter: str
+    n_max: int
+    p_min: float
+    n_min: int
+    repeats: int
+    tokens_per_second: float
+    spread: float
+    plain_tokens_per_second: float
+    speedup: float
+
+    @classmethod
+    def from_row(cls, row: dict) -> "RepeatedRuns":
+        """From a measured sweep's row (:data:`~mtp_explorer.analysis.sweep.COLUMNS`)."""
+        return cls(drafter=str(row["drafter"]), n_max=int(row["n_max"]), p_min=float(row["p_min"]),
+                   n_min=int(row["n_min"]), repeats=int(row["repeats"]), tokens_per_second=float(row["tokens_per_second"]),
+                   spread=float(row["tokens_per_second_spread"]),
+                   plain_tokens_per_second=float(row["plain_tokens_per_second"]), speedup=float(row["speedup"]))
+
+    def judge(self, predicted: float) -> str:
+        """The prediction against these runs, in words: within their spread about the median, or how far outside."""
+        off = predicted / self.tokens_per_second - 1.0
+        half = self.spread / 2 if math.isfinite(self.spread) else 0.0
+        where = "within" if abs(off) <= half else "outside"
+        return (f"Measured {self.repeats} times, each beside a plain run: median {self.tokens_per_second:.0f} tokens/s, "
+                f"run-to-run spread {self.spread:.1%}; the predicted {predicted:.0f} tokens/s is {off:+.1%} from the "
+                f"median, {where} half that spread.")
+
+
+@dataclasses.dataclass(frozen=True)
 class WhatIf:
     """The numbers of a prediction (:func:`whatif_numbers`): the drafter and setting replayed, the
     predicted acceptance and speed, and the measured run beside it (or None): what ``Explorer.whatif`` holds."""
@@ -96,6 +133,7 @@ class WhatIf:
     tokens_per_second_range: tuple[float, float]  #: if the uncertain positions' batch-shape ties flip
     uncertain_positions: list[int]    #: where a real run may leave the predicted text (SimTrace.uncertainty)
     tie_tolerance: float              #: the measured batch-shape tolerance they are judged by (NaN: not measured)
+    repeated: RepeatedRuns | None = None  #: this setting measured several times (Measure), or None
 
     def as_dict(self) -> dict:
         """The numbers as a dict (``measured`` a dict too, or None)."""
@@ -124,16 +162,19 @@ def whatif_table(numbers: WhatIf) -> str:
             ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
             ("plain tokens/s", "plain_tokens_per_second", ".0f", ""))
     ratio = m is not None and m.same_settings
+    rep = numbers.repeated
     head = "<th></th><th>predicted</th>"
     if m is not None:
         head += "<th>measured</th>" + ("<th>measured / predicted</th>" if ratio else "")
+    if rep is not None:
+        head += f"<th>median of {rep.repeats} (spread)</th>"
     body = []
     if numbers.uncertain_positions:
         lo, hi = numbers.tokens_per_second_range
         rows = rows[:4] + (("tokens/s if batch-shape ties flip", "tokens_per_second_range", "range", ""),) + rows[4:]
     for label, key, spec, suffix in rows:
         if spec == "range":
-            blank = "<td></td>" * ((m is not None) + ratio)
+            blank = "<td></td>" * ((m is not None) + ratio + (rep is not None))
             body.append(f"<tr><td>{label}</td><td>{_fmt(lo, '.0f')}–{_fmt(hi, '.0f')}</td>{blank}</tr>")
             continue
         pred = getattr(numbers, key)
@@ -147,6 +188,11 @@ def whatif_table(numbers: WhatIf) -> str:
                     continue
                 r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
                 cells += f"<td>{_fmt(r, '.3f')}</td>"
+        if rep is not None:
+            value = {"tokens_per_second": f"{_fmt(rep.tokens_per_second, '.0f')} ({_fmt(rep.spread, '.1%')})",
+                     "speedup": _fmt(rep.speedup, ".2f", "×"),
+                     "plain_tokens_per_second": _fmt(rep.plain_tokens_per_second, ".0f")}.get(key, "")
+            cells += f"<td>{value}</td>"
         body.append(f"<tr>{cells}</tr>")
     style = 'style="border-collapse:collapse;font-size:13px" cellpadding="3"'
     table = f'<table class="mtpx-whatif-numbers" {style}><tr>{head}</tr>{"".join(body)}</table>'
@@ -165,12 +211,16 @@ class WhatIfPanel(W.VBox):
         self.record = W.Button(description="Record oracle", icon="database",
                                tooltip="record the greedy generation once; the sliders then predict at once",
                                layout=W.Layout(width="150px", flex="none"))
+        self.measure = W.Button(description=f"Measure ×{MEASURE_REPEATS}", icon="tachometer",
+                                tooltip=f"run this setting {MEASURE_REPEATS} times, each beside a plain run: the median "
+                                        "tokens/s and its spread, to judge the prediction by",
+                                layout=W.Layout(width="130px", flex="none"))
         self.status = W.HTML(value=NO_ORACLE)
         self.status.add_class("mtpx-whatif-status")
         self.table = W.HTML()
         self.table.add_class("mtpx-whatif-table")
         self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in WHATIF_NAMES}
-        self._header = W.HBox([self.record, self.status])
+        self._header = W.HBox([self.record, self.measure, self.status])
         self._figure_row = W.HBox([self.figures[name] for name in WHATIF_NAMES])
         super().__init__([self._header])
         self.add_class("mtpx-whatif")
@@ -275,12 +325,13 @@ def _notes(m: MeasuredRun | None, first: tuple[int, float, int] | None, *, draft
 
 
 def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: Trace | None,
-                   baseline: Trace | None, temperature: float) -> WhatIf:
+                   baseline: Trace | None, temperature: float, repeated: RepeatedRuns | None = None) -> WhatIf:
     """The what-if numbers of the prediction ``sim``.
 
     ``plain_tokens_per_second``: the oracle's predicted plain decoding speed (for the speedup);
     ``measured``: the run to show beside the prediction (:func:`measured_run`), or None; ``baseline``:
-    that run's plain baseline, or None; ``temperature``: the controls' temperature (a note when > 0).
+    that run's plain baseline, or None; ``temperature``: the controls' temperature (a note when > 0);
+    ``repeated``: the setting measured several times (:class:`RepeatedRuns`), or None.
     ``drafter`` is the prediction's (``sim.policy["drafter"]``); for a drafter without confidence the note
     says that ``p_min`` does not apply, and a measured run counts as having the same settings whatever its
     ``p_min``.
@@ -300,9 +351,9 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
         acceptance_by_depth=s["acceptance_by_depth"][:n_max],
         tokens_per_second=tps, ceiling_tokens_per_second=sim.ceiling_tokens_per_second(),
         plain_tokens_per_second=plain, speedup=tps / plain if plain else math.nan, measured=m,
-        note=" ".join(filter(None, (note, _uncertainty_note(u)))),
+        note=" ".join(filter(None, (note, _uncertainty_note(u), repeated.judge(tps) if repeated is not None else ""))),
         tokens_per_second_range=u["tokens_per_second_range"], uncertain_positions=u["uncertain_positions"],
-        tie_tolerance=u["tolerance"],
+        tie_tolerance=u["tolerance"], repeated=repeated,
     )
 
 
