@@ -144,19 +144,20 @@ def test_figures(oracles):
         assert np.allclose(np.asarray(tr.y, dtype=float), best.reindex(PROMPTS).to_numpy())
 
 
-def test_ceiling_is_reached_when_every_draft_is_accepted(model_full):
+def test_ceiling_is_reached_or_beaten_when_every_draft_is_accepted(model_full):
+    """With every draft accepted the prediction drafts n_max at every step; the ceiling is the fastest run keeping
+    every draft at any draft lengths up to n_max, so it is that run's speed or above (never below, up to the trace's
+    whole-nanosecond timing columns: half a ns per phase and step)."""
     with mx.Session.open(model_full, n_ctx=512, threads=1, n_rs_seq=4) as s:
         o = s.record_oracle("def fib(n):", max_tokens=60, depth=4)
     for n_max in (1, 2, 4):
         for max_tokens in (60, 57):  # 57: the last step's draft is cut by the budget
             sim = mx.simulate(o, n_max, 0.0, max_tokens=max_tokens)
             assert sim.summary()["acceptance_rate"] == 1.0
-            # the same steps, so the same predicted time (every phase of every step counted once), up to
-            # the trace's whole-nanosecond timing columns (each phase of each step rounded: half a ns at most)
             s = sim.summary()
             ns, ceiling_ns = (s["n_tokens"] / tps * 1e9 for tps in (s["tokens_per_second"],
                                                                     sim.ceiling_tokens_per_second()))
-            assert abs(ns - ceiling_ns) <= 0.5 * len(mx.core.schema.PHASES) * s["n_steps"], (n_max, max_tokens)
+            assert ceiling_ns <= ns + 0.5 * len(mx.core.schema.PHASES) * s["n_steps"], (n_max, max_tokens)
 
 
 def test_ceiling_bounds_every_prediction(model_mixed):
