@@ -16,7 +16,8 @@ import mtp_explorer as mx
 from mtp_explorer.core.schema import PHASES
 
 LONG = 7000  # tokens: ten seconds or more of decoding if the interrupt were ignored
-DELAY = 1.0  # seconds into the call when the signal is sent: past its prefill, in its steps
+DELAY = 1.0  # seconds into the call when the signal is sent: past its prefill, in its steps (at least: see main)
+PREFILLS = 5  # ... and at least this many times the warm-up's prefill, so that on a loaded machine too
 
 
 def _calls(s: mx.Session) -> dict:
@@ -71,15 +72,19 @@ def main(names: list[str]) -> None:
     with mx.Session.open(None, n_ctx=16384, n_parallel=2) as s:
         calls = _calls(s)
         for _ in range(2):  # a context's first decodes allocate its buffers (a second at this n_ctx): not a step's time
-            s.generate_parallel([mx.demo_prompt(i) for i in range(2)], max_tokens=8, n_max=3)
+            warm = s.generate_parallel([mx.demo_prompt(i) for i in range(2)], max_tokens=8, n_max=3)
         oracle_step = _longest_oracle_step_seconds(s)
+        # the signal lands in the calls' steps, past their prompts' decode, however busy the machine is (a signal
+        # during a prompt's decode leaves no partial trace to keep); the "prefill" call wants it in its prompt
+        prefill = max(t.t_prefill_ns for t in warm.traces) * 1e-9
+        delay = max(DELAY, PREFILLS * prefill)
         for name in names:
             s.last_trace = None
             s.last_parallel_trace = None
             sent: list[float] = []
-            timer = threading.Timer(DELAY, lambda: (sent.append(time.perf_counter()),
+            timer = threading.Timer(DELAY if name == "prefill" else delay, lambda: (sent.append(time.perf_counter()),
                                                     os.kill(os.getpid(), signal.SIGINT)))
-            out: dict = {"call": name, "interrupted": False}
+            out: dict = {"call": name, "interrupted": False, "delay": DELAY if name == "prefill" else delay}
             timer.start()
             try:
                 calls[name]()
