@@ -9,7 +9,7 @@ totals of drafted/accepted tokens must equal what it prints. Two drafters are ch
   written to a temporary folder) over a smaller grid (``MOE_PROMPTS`` x ``MOE_N_MAX`` x p_min), and on the
   other two modes of llama.cpp's draft-mtp driver: a SYNTHETIC step35 with 3 chained heads and a SYNTHETIC
   gemma4 with its shared-memory head file (``-md``), ``MOE_PROMPTS`` x ``N_MAX`` x p_min.
-- ``ngram-simple``: our n-gram drafter (``drafter="ngram"``, ``n_max = ngram_simple_size_m``) against
+- ``ngram-simple``: our n-gram drafter (``drafter="ngram-simple"``, ``n_max = ngram_simple_size_m``) against
   ``--spec-type ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``, over
   prompts x (N, M) on four models: a SYNTHETIC non-recurrent glm4moe model, a SYNTHETIC qwen35
   model, the SYNTHETIC qwen35moe model (all written to a temporary folder) and ``--model``/the
@@ -200,7 +200,7 @@ def ngram_section(binary: str, picked: tuple[Path, str], tokens: int, threads: i
             for prompt, (size_n, size_m) in itertools.product(NGRAM_PROMPTS, NGRAM_SIZES):
                 ref = run_reference_ngram(binary, path, prompt, max_tokens=tokens, size_n=size_n, size_m=size_m,
                                           threads=threads)
-                ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=size_m, drafter="ngram",
+                ours = replay_reference_budget(s, prompt, max_tokens=tokens, n_max=size_m, drafter="ngram-simple",
                                                ngram_simple_size_n=size_n, ngram_simple_size_m=size_m,
                                                checkpoints=checkpoints)
                 cases.append({"model": info.arch + (" (bundled)" if origin == "bundled" else ""),

@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                      help=_escape("llama.cpp's --spec-type value (comma-separated for a chain: "
                                   + ", ".join(drafters.SPEC_TYPE_ORDER) + ", as far as the explorer has them) or "
                                   + "; ".join(f"{m.name}: {m.description}" for m in drafters.MODES.values()))
-                     + f" (default: {drafters.DEFAULT_MODE})")
+                     + f" (default: {drafters.DEFAULT_MODE}; the short spellings "
+                     + ", ".join(drafters.MODE_ALIASES) + " are taken for the values they stand for)")
     run.add_argument("--chain-policy", choices=drafters.CHAIN_POLICIES, default=None,
                      help="the draft a chain verifies: first (llama.cpp's, the default for --spec-type chains: the "
                           "first drafter with a draft) or best (the highest expected accepted length)")
@@ -199,7 +200,7 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
     if mode.is_chain:
         won = summary.get("steps_by_drafter") or {}
         table.add_row("steps won by drafter",
-                      "  ".join(f"{spec.name} {won.get(spec.name, 0)}" for spec in mode.drafters)
+                      "  ".join(f"{spec.spec_type} {won.get(spec.name, 0)}" for spec in mode.drafters)
                       + f"  (no draft {won.get('none', 0)})")
     rate = summary["acceptance_rate"]
     table.add_row("acceptance rate", "n/a" if rate != rate else f"{rate:.1%}")

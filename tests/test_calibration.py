@@ -129,13 +129,13 @@ def test_figures(oracles):
     pv = plots.predicted_vs_measured([{"label": "a", "predicted": 100.0, "measured": 95.0}])
     assert isinstance(pv, go.Figure) and len(pv.data) == 3
 
-    both = [mx.simulate_grid(oracles, [1, 3], [0.0, 0.5], drafter=d) for d in ("mtp", "ngram", "chain")]
+    both = [mx.simulate_grid(oracles, [1, 3], [0.0, 0.5], drafter=d) for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")]
     import pandas as pd
 
     cmp = plots.drafter_comparison(pd.concat(both))
     from mtp_explorer.core import drafters
 
-    assert [tr.name for tr in cmp.data] == [drafters.mode(d).label for d in ("mtp", "ngram", "chain")]  # registry labels
+    assert [tr.name for tr in cmp.data] == [drafters.mode(d).label for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")]  # registry labels
     for tr, d in zip(cmp.data, both):
         d["sec"] = d.n_tokens / d.tokens_per_second
         per = d.groupby(["prompt", "n_max", "p_min"]).apply(lambda r: r.n_tokens.sum() / r.sec.sum(),

@@ -106,7 +106,7 @@ def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
     non-recurrent target has no use for them and runs every drafter as before."""
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0) as s:
         assert s.capacity == 8
-        assert s.drafter_modes == ("ngram", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
+        assert s.drafter_modes == ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
         with pytest.raises(mx.ParameterError, match="snapshot slots"):
             s.generate("def f(x):", max_tokens=8, n_max=2)
         with pytest.raises(mx.ParameterError, match="snapshot slots"):
@@ -181,7 +181,7 @@ def test_a_sweep_predicts_the_runs_without_slots(bundled_model):
         with pytest.raises(mx.ParameterError, match="mode='simulate'"):
             mx.sweep(s, [CODE], mode="measure", checkpoints=True, progress=False, **settings)
         with pytest.raises(mx.ParameterError, match="no snapshot slots"):
-            mx.sweep(s, [CODE], n_max=[2], checkpoints=True, drafter=["ngram-simple", "mtp"], progress=False)
+            mx.sweep(s, [CODE], n_max=[2], checkpoints=True, drafter=["ngram-simple", "draft-mtp"], progress=False)
     assert len(df) == 8
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
         for row in df.itertuples():

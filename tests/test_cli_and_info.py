@@ -65,7 +65,7 @@ def test_run_command_drafter_options_parse():
     defaults = {o.name: o.default for o in drafters.all_options()}
     args = _parser().parse_args(["run"])
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == (
-        "mtp", defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"])
+        "draft-mtp", defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"])
     assert (defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"]) == (12, 48)  # llama.cpp's (common.h)
     args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])  # earlier names
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == ("chain", 2, 5)
@@ -124,10 +124,11 @@ def test_run_command_ngram_without_mtp_head(model_no_mtp, tmp_path, capsys):
                  "--threads", "1", "--drafter", "ngram", "--ngram-n", "2", "--ngram-m", "4",
                  "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "drafter" in out and "ngram" in out and "acceptance rate" in out
+    assert "drafter" in out and "ngram-simple" in out and "acceptance rate" in out
     t = mx.Trace.from_json(out_json.read_text())
     assert len(t.tokens) == 32
-    assert (t.settings["drafter"], t.settings["ngram_simple_size_n"], t.settings["ngram_simple_size_m"]) == ("ngram", 2, 4)
+    assert (t.settings["drafter"], t.settings["ngram_simple_size_n"], t.settings["ngram_simple_size_m"]) == \
+        ("ngram-simple", 2, 4)  # given as "ngram": recorded under llama.cpp's name
     won = t.steps_by_drafter()
     assert won["mtp"] == 0 and won["ngram"] > 0  # the repeated line is looked up
 
@@ -138,11 +139,11 @@ def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
                  "--threads", "1", "--drafter", "chain", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     t = mx.Trace.from_json(out_json.read_text())
-    assert t.settings["drafter"] == "chain"
+    assert (t.settings["drafter"], t.settings["chain_policy"]) == ("ngram-simple,draft-mtp", "best")  # "chain"
     won = t.steps_by_drafter()
     assert sum(won.values()) == t.n_steps
     assert "steps won by drafter" in out
-    assert f"mtp {won['mtp']}  ngram {won['ngram']}  (no draft {won['none']})" in out
+    assert f"ngram-simple {won['ngram']}  draft-mtp {won['mtp']}  (no draft {won['none']})" in out
 
 
 def test_run_command_mtp_drafters_need_an_mtp_head(model_no_mtp, capsys):

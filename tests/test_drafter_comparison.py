@@ -22,7 +22,7 @@ def cmp():
 def test_every_drafter_of_the_target_is_compared(cmp):
     f = cmp.frame
     heads = {drafters.mode(h.spec_type).name: h.head_path.name for h in mx.draft_heads()}
-    assert set(f["drafter"]) >= {"mtp", *heads} | set(LOOKUP_MODES)
+    assert set(f["drafter"]) >= {"draft-mtp", *heads} | set(LOOKUP_MODES)
     for name, head in heads.items():  # each head ran with its own file
         assert f.loc[f["drafter"] == name, "head"].item() == head
     assert len(cmp.traces["plain"]) == len(PROMPTS)

@@ -74,7 +74,7 @@ def test_lookup_matches_llama_cpp_semantics(session, size_n, size_m):
 def test_greedy_equivalence_for_every_drafter(session):
     for prompt in PROMPTS + REPETITIVE:
         base = session.generate(prompt, max_tokens=40, n_max=0)
-        for drafter in ("ngram", "chain"):
+        for drafter in ("ngram-simple", "chain"):
             for n_max in (1, 2, 3, 5, 8):
                 for p_min in (0.0, 0.3, 0.9):
                     t = session.generate(prompt, max_tokens=40, n_max=n_max, p_min=p_min, drafter=drafter,
@@ -83,7 +83,7 @@ def test_greedy_equivalence_for_every_drafter(session):
                     check_accounting(t)
                     src = t.columns["drafter"]
                     assert ((src >= 0) == (t.n_drafted > 0)).all()
-                    if drafter == "ngram":
+                    if drafter == "ngram-simple":
                         assert (src != 0).all()
                         assert np.isnan(t.draft_prob).all() and (t.topk_ids == -1).all()
                     mtp_rows = src == 0
@@ -91,14 +91,14 @@ def test_greedy_equivalence_for_every_drafter(session):
                     assert (probs >= p_min).all()
     # sampling: the n-gram drafter keeps the output distribution too (same seed, same tokens)
     plain = session.generate(REPETITIVE[0], max_tokens=40, n_max=0, temperature=0.8, seed=3)
-    for drafter in ("ngram", "chain"):
+    for drafter in ("ngram-simple", "chain"):
         t = session.generate(REPETITIVE[0], max_tokens=40, n_max=4, temperature=0.8, seed=3, drafter=drafter,
                              **SHORT_NGRAM)
         assert t.tokens == plain.tokens
 
 
 def test_ngram_telemetry_and_stop_reasons(session):
-    t = session.generate(REPETITIVE[1], max_tokens=64, n_max=4, drafter="ngram", **SHORT_NGRAM)
+    t = session.generate(REPETITIVE[1], max_tokens=64, n_max=4, drafter="ngram-simple", **SHORT_NGRAM)
     check_accounting(t)
     reasons = {s.stop_reason for s in t.steps}
     assert "exhausted" in reasons  # no match at first
@@ -114,7 +114,7 @@ def test_ngram_telemetry_and_stop_reasons(session):
     assert t.summary()["acceptance_rate"] > 0.5
     # the n-gram sizes
     with pytest.raises(mx.ParameterError):
-        session.generate("a", max_tokens=4, n_max=2, drafter="ngram", ngram_n=0)
+        session.generate("a", max_tokens=4, n_max=2, drafter="ngram-simple", ngram_n=0)
     with pytest.raises(mx.ParameterError, match="drafter"):
         session.generate("a", max_tokens=4, n_max=2, drafter="eagle")
 
@@ -147,16 +147,16 @@ def test_chain_verifies_the_highest_expected_accepted_length(session):
 def test_ngram_runs_without_mtp_layers(model_no_mtp):
     with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as s:
         base = s.generate(REPETITIVE[0], max_tokens=48, n_max=0)
-        t = s.generate(REPETITIVE[0], max_tokens=48, n_max=4, drafter="ngram", **SHORT_NGRAM)
+        t = s.generate(REPETITIVE[0], max_tokens=48, n_max=4, drafter="ngram-simple", **SHORT_NGRAM)
         assert t.tokens == base.tokens
         check_accounting(t)
         assert (t.n_drafted > 0).any()
-        for drafter in ("mtp", "chain"):
-            with pytest.raises(mx.MtpUnavailableError, match="ngram"):
+        for drafter in ("draft-mtp", "chain"):
+            with pytest.raises(mx.MtpUnavailableError, match="ngram-simple"):
                 s.generate(REPETITIVE[0], max_tokens=8, n_max=2, drafter=drafter)
         o = s.record_oracle(REPETITIVE[0], max_tokens=48, depth=4, **SHORT_NGRAM)
         assert o.tokens == base.tokens and (o.columns["draft_len"][:, MTP] <= 0).all()
-        sim = mx.simulate(o, 4, drafter="ngram")
+        sim = mx.simulate(o, 4, drafter="ngram-simple")
         assert sim.tokens == t.tokens and np.array_equal(sim.n_accepted, t.n_accepted)
         with pytest.raises(ValueError, match="MTP"):
             mx.simulate(o, 2)
@@ -169,7 +169,7 @@ def test_ngram_on_non_recurrent_model(models_dir):
     with mx.Session.open(path, n_ctx=512, threads=1) as s:
         for prompt in REPETITIVE:
             base = s.generate(prompt, max_tokens=40, n_max=0)
-            for drafter in ("ngram", "chain"):
+            for drafter in ("ngram-simple", "chain"):
                 t = s.generate(prompt, max_tokens=40, n_max=4, drafter=drafter, **SHORT_NGRAM)
                 assert t.tokens == base.tokens
                 check_accounting(t)

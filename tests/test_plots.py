@@ -107,7 +107,7 @@ def test_token_timeline_hover_shows_alternatives_with_probabilities(session, ste
 def test_token_timeline_hover_names_the_drafter(session, steady):
     accepted = _trace(plots.token_timeline(steady, session.piece), plots.ORIGIN_LABELS["accepted"])
     assert all("accepted MTP draft" in h for h in accepted.hovertext)
-    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram",
+    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram-simple",
                          **SHORT_NGRAM)
     assert (t.columns["n_accepted"] > 0).any(), "the repeated prompt should get n-gram drafts accepted"
     fig = plots.token_timeline(t, session.piece)
@@ -258,7 +258,7 @@ def test_whatif_figures_are_reexported(session):
         assert getattr(plots, name) is getattr(whatif_figures, name) and name in plots.__all__
         assert name not in plots.FIGURES  # FIGURES stays the per-trace figures the Explorer shows
     oracle = session.record_oracle(PROMPT, max_tokens=32, depth=3)
-    grids = [mx.simulate_grid([oracle], [1, 2], [0.0, 0.5], drafter=d) for d in ("mtp", "ngram")]
+    grids = [mx.simulate_grid([oracle], [1, 2], [0.0, 0.5], drafter=d) for d in ("draft-mtp", "ngram-simple")]
     figs = [
         plots.reliability_diagram([oracle], n_bins=5),
         plots.sweep_heatmap(grids[0]),
@@ -393,5 +393,5 @@ def test_drafter_labels_and_colours_come_from_the_registry(session):
     t = session.generate(PROMPT, max_tokens=24, n_max=3, drafter="chain")
     fig = plots.token_timeline(t, session.piece)
     hovers = [h for name in ("accepted", "rejected") for h in (_trace(fig, plots.ORIGIN_LABELS[name]).hovertext or ())]
-    labels = {MODES[n].label for n in mx.DRAFTERS}
+    labels = {MODES[mx.DRAFTER_SPECS[n].spec_type].label for n in mx.DRAFTERS}  # the engine's names: their choices
     assert hovers and all(any(f"{lab} draft" in h for lab in labels) for h in hovers)

@@ -56,7 +56,7 @@ def test_every_chain_policy_has_a_replay():
     for mode in drafters.MODES.values():
         sim._choose(mode)
     with pytest.raises(mx.ParameterError, match="chain policy 'coin'"):
-        sim._choose(dataclasses.replace(drafters.mode("chain"), policy="coin"))
+        sim._choose(dataclasses.replace(drafters.mode("ngram-simple,draft-mtp"), policy="coin"))
 
 
 def test_best_policy_by_hand():

@@ -24,13 +24,31 @@ def session_np2(bundled_model):
 def test_defaults_are_llama_cpps_and_values_are_normalised():
     s = mx.DraftSettings()
     assert (s.n_max, s.p_min, s.n_min, s.drafter, s.chain_policy, s.max_tokens, s.temperature, s.seed) == \
-        (3, 0.0, 0, "mtp", "first", 128, 0.0, None)
+        (3, 0.0, 0, "draft-mtp", "first", 128, 0.0, None)
     assert s.options["ngram_simple_size_n"] == 12 and s.options["ngram_mod_n_match"] == 24  # llama.cpp's defaults
     chain = mx.DraftSettings(drafter="draft-mtp,ngram-mod", options={"ngram_n": 4})
     assert chain.drafter == "ngram-mod,draft-mtp" and chain.spec_type == "ngram-mod,draft-mtp"  # llama.cpp's order
     assert chain.options["ngram_simple_size_n"] == 4  # an alias stored under the option's name
     assert mx.DraftSettings(drafter="chain").chain_policy == "best"
     assert mx.DraftSettings(drafter=["ngram-simple", "draft-mtp"], chain_policy="best").chain_policy == "best"
+
+
+def test_short_spellings_are_input_aliases_of_llama_cpps_names():
+    """``mtp``, ``ngram`` and ``chain`` are taken and kept as llama.cpp's ``--spec-type`` values (with ``chain``'s
+    policy): one value, one hash, one record for both spellings; an earlier version's record of a short spelling
+    comes back under the llama.cpp name."""
+    for short, name, policy in (("mtp", "draft-mtp", "first"), ("ngram", "ngram-simple", "first"),
+                                ("chain", "ngram-simple,draft-mtp", "best")):
+        a, b = mx.DraftSettings(drafter=short), mx.DraftSettings(drafter=name, chain_policy=policy)
+        assert a == b and hash(a) == hash(b) and (a.drafter, a.chain_policy) == (name, policy)
+        assert a.to_dict()["drafter"] == name and f"drafter={name!r}" in repr(a)
+        assert mx.DraftSettings.from_dict({"drafter": short}) == b  # an earlier trace's record
+        assert mx.DraftSettings(drafter="draft-mtp").replace(drafter=short) == b
+    assert mx.DraftSettings(drafter="mtp") == mx.DraftSettings(drafter="draft-mtp")
+    assert mx.DraftSettings(drafter=["mtp", "ngram"]).drafter == "ngram-simple,draft-mtp"  # the engine's names too
+    assert mx.DraftSettings(drafter="chain", chain_policy="first") == mx.DraftSettings(drafter="ngram-simple,draft-mtp")
+    assert set(mx.DRAFTER_MODES).isdisjoint({"mtp", "ngram", "chain"})  # the public list: llama.cpp's names
+    assert mx.DRAFTER_MODES[0] == "draft-mtp" and {"ngram-simple", "ngram-simple,draft-mtp"} <= set(mx.DRAFTER_MODES)
 
 
 def test_it_is_a_frozen_hashable_picklable_value():
@@ -78,13 +96,30 @@ def test_bad_settings_are_parameter_errors(kwargs, match):
 
 def test_limits_say_where_settings_cannot_run():
     limits = Limits(capacity=4, has_mtp=False, model="tiny")
-    assert mx.DraftSettings(n_max=4, drafter="ngram").check(limits).n_max == 4
+    assert mx.DraftSettings(n_max=4, drafter="ngram-simple").check(limits).n_max == 4
     with pytest.raises(mx.ParameterError, match="n_max=5 exceeds this session's capacity of 4 .* n_rs_seq=5"):
-        mx.DraftSettings(n_max=5, drafter="ngram").check(limits)
+        mx.DraftSettings(n_max=5, drafter="ngram-simple").check(limits)
     with pytest.raises(mx.MtpUnavailableError, match="tiny has no MTP layers"):
         mx.DraftSettings(n_max=2).check(limits)
     assert mx.DraftSettings(n_max=0).refusal(limits) is None  # plain decoding needs no head
     assert isinstance(mx.DraftSettings(n_max=1, drafter="draft-simple").refusal(limits), mx.ParameterError)
+
+
+def test_refusals_name_llama_cpps_values_only():
+    """What a refusal offers instead are llama.cpp's --spec-type values, never a short spelling."""
+    import re
+
+    for limits, drafter in ((Limits(capacity=4, has_mtp=True), "draft-eagle3"),
+                            (Limits(capacity=4, has_mtp=False), "mtp"),
+                            (Limits(capacity=4, has_mtp=True, has_draft_model="eagle3_head"), "draft-dflash")):
+        message = str(mx.DraftSettings(n_max=2, drafter=drafter).refusal(limits))
+        named = re.findall(r"'([a-z0-9,-]+)'", message.split("drafter=", 1)[1])
+        offered = re.findall(r"'([a-z0-9,-]+)'", message.rsplit("drafter=", 1)[1])
+        assert named[0] == mx.DraftSettings(drafter=drafter).drafter and offered, message
+        assert set(offered) <= set(mx.DRAFTER_MODES), message
+        assert not {"mtp", "ngram", "chain"} & set(re.findall(r"'([^']*)'", message)), message
+    message = str(mx.DraftSettings(n_max=2, drafter="draft-eagle3").refusal(Limits(capacity=4, has_mtp=True)))
+    assert "drafter='draft-eagle3'" in message and "'draft-mtp', 'ngram-simple'" in message
 
 
 def test_a_session_takes_settings_or_keywords_and_its_trace_gives_them_back(session_mixed):
@@ -105,6 +140,26 @@ def test_a_session_takes_settings_or_keywords_and_its_trace_gives_them_back(sess
         s.generate(PROMPT, settings.replace(n_max=s.capacity + 1))
 
 
+def test_a_trace_names_its_drafter_as_llama_cpp_does(session_mixed):
+    """A run asked with a short spelling records llama.cpp's name (and ``chain``'s policy); a trace an earlier version
+    saved with a short spelling reads back under llama.cpp's name."""
+    import json
+
+    s = session_mixed
+    for short, name, policy in (("mtp", "draft-mtp", "first"), ("chain", "ngram-simple,draft-mtp", "best")):
+        t = s.generate(PROMPT, max_tokens=8, n_max=2, drafter=short)
+        assert (t.settings["drafter"], t.settings["chain_policy"]) == (name, policy)
+        assert t.draft_settings == mx.DraftSettings(n_max=2, max_tokens=8, drafter=name, chain_policy=policy,
+                                                    seed=s.seed)
+        doc = json.loads(t.to_json())
+        doc["settings"]["drafter"] = short  # as an earlier version saved it
+        if short == "mtp":
+            del doc["settings"]["chain_policy"]
+        old = mx.Trace.from_json(json.dumps(doc))
+        assert (old.settings["drafter"], old.settings["chain_policy"]) == (name, policy)
+        assert old.draft_settings == t.draft_settings
+
+
 def test_set_params_takes_settings(session_mixed):
     s = session_mixed
     seen = []
@@ -114,7 +169,7 @@ def test_set_params_takes_settings(session_mixed):
         seen.append(step.n_max)
     assert seen[0] == 3 and set(seen[2:]) == {1} and s.params == {"n_max": 1, "p_min": 0.25, "n_min": 0}
     with pytest.raises(mx.ParameterError, match="n_max, p_min and n_min only"):
-        s.set_params(drafter="ngram")
+        s.set_params(drafter="ngram-simple")
 
 
 def test_parallel_requests_take_one_settings_each(session_np2):
@@ -124,7 +179,7 @@ def test_parallel_requests_take_one_settings_each(session_np2):
     assert [t.draft_settings.replace(seed=None) for t in result.traces] == each
     assert [len(t.tokens) for t in result.traces] == [12, 20] and result.traces[0].n_drafted.sum() == 0
     with pytest.raises(mx.ParameterError, match="request 1: .*one drafter serves a parallel generation"):
-        s.generate_parallel(["a = 1", "b = 2"], [mx.DraftSettings(), mx.DraftSettings(drafter="ngram")])
+        s.generate_parallel(["a = 1", "b = 2"], [mx.DraftSettings(), mx.DraftSettings(drafter="ngram-simple")])
     with pytest.raises(mx.ParameterError, match="settings has 1 entries for 2 prompts"):
         s.generate_parallel(["a = 1", "b = 2"], [mx.DraftSettings()])
 
@@ -140,7 +195,7 @@ def test_what_if_calls_take_settings(session_mixed):
     rec = mx.recommend(df)
     assert rec.settings == mx.DraftSettings(n_max=rec.n_max, p_min=rec.p_min, n_min=rec.n_min, drafter=rec.drafter)
     cal = mx.calibrate(oracle, p_min=[0.0, 0.5])
-    assert cal.settings.n_max == cal.best_setting["n_max"] and cal.settings.drafter == "mtp"
+    assert cal.settings.n_max == cal.best_setting["n_max"] and cal.settings.drafter == "draft-mtp"
 
 
 def test_the_cli_checks_its_settings_before_loading_a_model(tmp_path):

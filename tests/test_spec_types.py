@@ -20,8 +20,8 @@ REPETITIVE = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"
 
 
 def test_spec_type_values_are_parsed_as_llama_cpp_parses_them():
-    assert drafters.mode("draft-mtp") is drafters.MODES["mtp"]
-    assert drafters.mode("ngram-simple") is drafters.MODES["ngram"]
+    assert drafters.mode("draft-mtp") is drafters.MODES["draft-mtp"] is drafters.mode("mtp")  # a short spelling
+    assert drafters.mode("ngram-simple") is drafters.MODES["ngram-simple"] is drafters.mode("ngram")
     chain = drafters.mode("draft-mtp,ngram-simple")
     # llama.cpp asks its drafters in its own order of preference, whatever order the value names them in
     assert chain.spec_types == "ngram-simple,draft-mtp" and chain.policy == "first"
@@ -29,6 +29,15 @@ def test_spec_type_values_are_parsed_as_llama_cpp_parses_them():
     best = drafters.mode("draft-mtp,ngram-simple", "best")
     assert best.policy == "best" and best.drafters == chain.drafters
     assert drafters.mode("chain").policy == "best" and drafters.mode("chain", "first").policy == "first"
+    assert drafters.mode("chain") == best and drafters.mode("chain").name == "ngram-simple,draft-mtp"
+    assert drafters.mode("chain", "first") is drafters.mode("ngram-simple,draft-mtp")
+    assert best.label != chain.label  # the policy shows in the label, not in the name
+    assert drafters.mode(["mtp", "ngram-mod"]) is drafters.MODES["ngram-mod,draft-mtp"]  # engine names in a chain
+    # every listed choice and every name a message offers is llama.cpp's --spec-type value
+    assert all(drafters.mode(n).spec_types == n for n in drafters.DRAFTER_MODES)
+    assert drafters.DEFAULT_MODE == "draft-mtp" and drafters.default_mode(False) == "ngram-simple"
+    assert not set(drafters.available_modes(True, "draft_model")) & set(drafters.MODE_ALIASES)
+    assert all(drafters.mode_name(a) == v for a, (v, _) in drafters.MODE_ALIASES.items())
     for bad, match in (("eagle", "unknown speculative type 'eagle'"), ("ngram-simple,", "unknown speculative type ''"),
                        ("none", "n_max=0"), ([], "drafter must be one of"),
                        (3, "drafter must be one of")):
@@ -60,7 +69,7 @@ def test_first_policy_by_hand():
 def test_chain_policies_in_the_engine(session_mixed):
     """``first`` verifies the first usable draft and asks no drafter after it; ``best`` asks every drafter."""
     s = session_mixed
-    ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram"].drafters[0].name), mx.DRAFTERS.index("mtp")
+    ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram-simple"].drafters[0].name), mx.DRAFTERS.index("mtp")
     first = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
                        ngram_simple_size_n=2)
     assert first.settings["chain_policy"] == "first" and first.settings["drafter"] == "ngram-simple,draft-mtp"

@@ -138,7 +138,7 @@ def test_recommend(local_sim):
     assert set(rec.to_dict()) >= {"n_max", "p_min", "tokens_per_second", "margin_over_runner_up", "margin_over_plain"}
     # a hand-made sweep: the best and the margins are what they must be
     df = pd.DataFrame([
-        {"prompt": "a", "drafter": "mtp", "n_max": n, "p_min": 0.0, "n_min": 0, "n_tokens": 100,
+        {"prompt": "a", "drafter": "draft-mtp", "n_max": n, "p_min": 0.0, "n_min": 0, "n_tokens": 100,
          "tokens_per_second": tps, "plain_tokens_per_second": 100.0, "acceptance_rate": 0.5}
         for n, tps in ((0, 100.0), (1, 150.0), (2, 120.0))
     ])
@@ -223,16 +223,16 @@ def test_drafter_options_reach_the_oracles_and_the_runs(session, cost):
     session.record_oracle = spy
     try:
         df = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost, progress=False,
-                      drafter="ngram", ngram_n=2, ngram_m=4)
+                      drafter="ngram-simple", ngram_n=2, ngram_m=4)
         default = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost,
-                           progress=False, drafter="ngram", ngram_n=None)
+                           progress=False, drafter="ngram-simple", ngram_n=None)
     finally:
         session.record_oracle = record
     # by llama.cpp's names (ngram_n / ngram_m are their earlier aliases); None: the default
     assert seen == [{"ngram_simple_size_n": 2, "ngram_simple_size_m": 4},
                     {"ngram_simple_size_n": 12, "ngram_simple_size_m": 48}]
     o = session.record_oracle(PROMPTS[3], max_tokens=TOKENS, depth=2, probe=False, ngram_n=2, ngram_m=4)
-    assert df.n_accepted.iloc[0] == mx.simulate(o.with_cost(cost), 2, drafter="ngram").summary()["n_accepted"]
+    assert df.n_accepted.iloc[0] == mx.simulate(o.with_cost(cost), 2, drafter="ngram-simple").summary()["n_accepted"]
     assert len(default) == 1
 
 
@@ -285,7 +285,7 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
     assert calls == PROMPTS  # one recording per prompt for all three drafters
     assert list(df.columns) == list(COLUMNS) and len(df) == len(modes) * len(local_sim)
     # each drafter's rows are what a sweep of that drafter alone gives
-    mtp = df[df.drafter == "mtp"].reset_index(drop=True)
+    mtp = df[df.drafter == "draft-mtp"].reset_index(drop=True)
     pd.testing.assert_frame_equal(mtp, local_sim.reset_index(drop=True))
     ranked = mx.recommend(df).drafters  # recommend ranks the drafters by each one's best setting
     assert list(ranked["drafter"]) == list(dict.fromkeys(mx.recommend(df).table["drafter"]))
@@ -294,17 +294,17 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
     for r in ranked.itertuples():  # each row is the best of that drafter's settings
         assert r.tokens_per_second == mx.recommend(df[df.drafter == r.drafter]).tokens_per_second
     monkeypatch.setattr(session, "record_oracle", record)
-    for d in ("ngram", "chain"):
+    for d in ("ngram-simple", "ngram-simple,draft-mtp"):
         alone = mx.sweep(session, PROMPTS[:2], n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost,
                          progress=False, drafter=d)
         pd.testing.assert_frame_equal(df[(df.drafter == d) & df.prompt.isin(PROMPTS[:2])].reset_index(drop=True), alone)
     # in measure mode too, every drafter's rows come from real runs of that drafter
     m = mx.sweep(session, PROMPTS[:1], n_max=[2], p_min=[0.0], mode="measure", max_tokens=TOKENS, progress=False,
-                 drafter=("mtp", "ngram"))
-    assert list(m.drafter) == ["mtp", "ngram"] and m.tokens_digest.nunique() == 1
+                 drafter=("mtp", "ngram"))  # short spellings: the table says llama.cpp's names
+    assert list(m.drafter) == ["draft-mtp", "ngram-simple"] and m.tokens_digest.nunique() == 1
     with pytest.raises(ValueError, match="drafter"):
         mx.sweep(session, PROMPTS, drafter=("mtp", "beam"), progress=False)
     with pytest.raises(ValueError, match="twice"):
-        mx.sweep(session, PROMPTS, drafter=("mtp", "mtp"), progress=False)
+        mx.sweep(session, PROMPTS, drafter=("mtp", "draft-mtp"), progress=False)  # one drafter, two spellings
     with pytest.raises(ValueError, match="no drafter"):
         mx.sweep(session, PROMPTS, drafter=(), progress=False)

@@ -524,12 +524,19 @@ def test_drafter_selector_sets_the_next_run(session):
     ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3, **SHORT_NGRAM)
     c = ex.controls
     d = c.drafter
-    # llama.cpp's --spec-type values, in full, for every listed choice; the chain policy beside them
+    # llama.cpp's --spec-type values, in full, for every listed choice this session runs; the chain policy beside them
     assert isinstance(d, ipywidgets.Combobox) and d.description == "--spec-type" and not d.ensure_option
-    assert tuple(d.options) == drafters.spec_type_choices() and "ngram-simple,ngram-map-k,draft-mtp" in d.options
+    runnable = [m for m in drafters.spec_type_choices() if drafters.mode(m).runs_with(True, session.draft_kind)]
+    assert list(d.options) == runnable and "ngram-simple,ngram-map-k,draft-mtp" in d.options
+    assert "draft-simple" in d.options and not {"draft-eagle3", "draft-dflash", "draft-dspark"} & set(d.options)
+    # the others are shown apart, struck through, each with why this session cannot run it
+    assert "not available in this session" in c.unavailable.value
+    for name in ("draft-eagle3", "draft-dflash", "draft-dspark"):
+        assert f"<s><code>{name}</code></s> (needs draft_model= of a" in c.unavailable.value
+    assert "draft-mtp" not in c.unavailable.value and "draft-simple" not in c.unavailable.value
     assert d.value == "draft-mtp" and c.chain_policy.value == "first" and c.chain_policy.disabled
     assert "next Run" in c.drafter_note.value and "MTP" in c.drafter_note.value
-    assert c.request().drafter == "draft-mtp" and c.request().settings.drafter == "mtp"
+    assert c.request().drafter == "draft-mtp" and c.request().settings.drafter == "draft-mtp"
     shown = lambda: {n for n, f in c.option_fields.items() if f.layout.display != "none"}  # noqa: E731
     assert shown() == set()  # the MTP head has no options
     d.value = "ngram-mod,draft-mtp"
@@ -540,8 +547,9 @@ def test_drafter_selector_sets_the_next_run(session):
     assert c.request().settings == mx.DraftSettings(drafter="ngram-mod,draft-mtp", chain_policy="best", n_max=3,
                                                     max_tokens=64, seed=c.request().seed,
                                                     options=dict(c.request().options))
-    d.value = "chain"  # a listed name: its own policy comes with it
-    assert c.chain_policy.value == "best" and c.request().settings.mode == drafters.MODES["chain"]
+    d.value = "chain"  # a short spelling: shown as llama.cpp's value, its own policy with it
+    assert d.value == "ngram-simple,draft-mtp" and c.chain_policy.value == "best"
+    assert c.request().settings.mode == drafters.mode("chain") and c.request().settings.chain_policy == "best"
     d.value = "ngram-simple,no-such-drafter"  # typed: the note says why it is none, no option shows
     assert "mtpx-drafter-error" in c.drafter_note.value and "no-such-drafter" in c.drafter_note.value
     assert shown() == set() and c.mode is None
@@ -549,16 +557,17 @@ def test_drafter_selector_sets_the_next_run(session):
     ex.run()
     assert ex.wait(60)
     mtp_tokens = ex.trace.tokens
-    assert ex.trace.settings["drafter"] == "mtp" and ex.trace.steps_by_drafter()["ngram"] == 0
-    d.value = "ngram"
-    assert ex.controls.request().drafter == "ngram" and ex.controls.request().stream_kwargs()["settings"].drafter == "ngram"
+    assert ex.trace.settings["drafter"] == "draft-mtp" and ex.trace.steps_by_drafter()["ngram"] == 0
+    d.value = "ngram"  # a short spelling: the control shows llama.cpp's name, and the run records it
+    assert d.value == "ngram-simple" and ex.controls.request().drafter == "ngram-simple"
+    assert ex.controls.request().stream_kwargs()["settings"].drafter == "ngram-simple"
     assert {n for n, f in c.option_fields.items() if f.layout.display != "none"} == {"ngram_simple_size_n",
                                                                                      "ngram_simple_size_m"}
     ex.run()
     assert ex.wait(60)
     t = ex.trace
     assert ex.error == "" and ex.finish_reason == "budget"
-    assert t.settings["drafter"] == "ngram"
+    assert t.settings["drafter"] == "ngram-simple"
     assert t.tokens == mtp_tokens  # greedy: the drafter changes the speed, never the text
     by = t.steps_by_drafter()
     assert by["mtp"] == 0 and by["ngram"] > 0
@@ -566,7 +575,8 @@ def test_drafter_selector_sets_the_next_run(session):
     d.value = "chain"
     ex.step()
     assert ex.wait(30)
-    assert ex.state == "stepping" and ex.trace.settings["drafter"] == "chain"
+    assert ex.state == "stepping" and ex.trace.settings["drafter"] == "ngram-simple,draft-mtp"
+    assert ex.trace.settings["chain_policy"] == "best"
     ex.stop()
     assert ex.wait(30)
 
@@ -582,12 +592,12 @@ def test_drafter_change_during_a_run_applies_to_the_next_run(session):
     ex.stop()
     assert ex.wait(30)
     t = ex.trace
-    assert ex.error == "" and t.finish_reason == "cancelled" and t.settings["drafter"] == "mtp"
+    assert ex.error == "" and t.finish_reason == "cancelled" and t.settings["drafter"] == "draft-mtp"
     assert t.steps_by_drafter()["ngram"] == 0 and t.steps_by_drafter()["mtp"] > 20
     ex.controls.max_tokens.value = 32
     ex.run()
     assert ex.wait(60)
-    assert ex.trace.settings["drafter"] == "ngram" and ex.trace.steps_by_drafter()["mtp"] == 0
+    assert ex.trace.settings["drafter"] == "ngram-simple" and ex.trace.steps_by_drafter()["mtp"] == 0
 
 
 def test_whatif_follows_the_drafter(session):
@@ -595,14 +605,15 @@ def test_whatif_follows_the_drafter(session):
     ex.record_oracle()
     assert ex.wait(60)
     o, c = ex.oracle, ex.controls
-    assert o is not None and ex.whatif.drafter == "mtp" and ex.prediction.policy["drafter"] == "mtp"
+    assert o is not None and ex.whatif.drafter == "draft-mtp" and ex.prediction.policy["drafter"] == "draft-mtp"
     seen = {}
-    for drafter in ("ngram", "chain", "mtp", "ngram"):
+    for drafter in ("ngram-simple", "chain", "draft-mtp", "ngram"):  # a short spelling stands for llama.cpp's name
         c.drafter.value = drafter
+        value = drafters.mode(drafter).name
         expected = mx.simulate(o, 3, 0.3, 1, drafter=drafter)
         es = expected.summary()
         w = ex.whatif
-        assert ex.prediction.policy == expected.policy and w.drafter == drafter
+        assert ex.prediction.policy == expected.policy and w.drafter == value
         np.testing.assert_array_equal(ex.prediction.n_accepted, expected.n_accepted)
         for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_second"):
             assert getattr(w, key) == pytest.approx(es[key], nan_ok=True), (drafter, key)
@@ -611,23 +622,23 @@ def test_whatif_follows_the_drafter(session):
         plain = mx.simulate(o, 0, drafter=drafter).predicted_tokens_per_second
         assert w.plain_tokens_per_second == pytest.approx(plain)
         assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
-        assert ("p_min does not apply" in w.note) == (drafter == "ngram")
-        assert f"predicting the {drafter} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status.value
-        assert f"<td>drafter</td><td>{drafter}</td>" in ex.whatif_panel.table.value
+        assert ("p_min does not apply" in w.note) == (value == "ngram-simple")
+        assert f"predicting the {value} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status.value
+        assert f"<td>drafter</td><td>{value}</td>" in ex.whatif_panel.table.value
         assert f"{es['tokens_per_second']:.0f}" in ex.whatif_panel.table.value
         curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
         assert list(curve.y) == pytest.approx([r["tokens_per_second"] for r in speed_curve(o, 0.3, 1, drafter)])
         assert curve.y[2] == pytest.approx(es["tokens_per_second"])
         for name in widgets.WHATIF_NAMES:
-            assert ex.whatif_panel.figures[name].layout.title.text.startswith(f"{drafter} · ")
-        seen[drafter] = w.tokens_per_second
+            assert ex.whatif_panel.figures[name].layout.title.text.startswith(f"{value} · ")
+        seen[value] = w.tokens_per_second
     assert len({round(v, 6) for v in seen.values()}) == 3  # the prediction moved with the drafter
     # a prediction of any drafter on demand
-    assert ex.predict(drafter="chain").policy["drafter"] == "chain"
+    assert ex.predict(drafter="chain").policy["drafter"] == "ngram-simple,draft-mtp"
     # the n-gram drafter has no confidence: p_min changes nothing
     tps = ex.whatif.tokens_per_second
     c.p_min.value = 0.8
-    assert ex.whatif.drafter == "ngram" and ex.whatif.tokens_per_second == pytest.approx(tps)
+    assert ex.whatif.drafter == "ngram-simple" and ex.whatif.tokens_per_second == pytest.approx(tps)
 
 
 def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
@@ -639,13 +650,13 @@ def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
     ex.run()
     assert ex.wait(60)
     t = ex.trace
-    assert t.settings["drafter"] == "ngram" and ex.error == ""
+    assert t.settings["drafter"] == "ngram-simple" and ex.error == ""
     m = ex.whatif.measured
-    assert m is not None and m.drafter == "ngram" and m.same_settings is True
+    assert m is not None and m.drafter == "ngram-simple" and m.same_settings is True
     ts = t.summary()
     assert m.tokens_per_second == pytest.approx(ts["tokens_per_second"])
     assert "measured / predicted" in ex.whatif_panel.table.value
-    assert "<td>drafter</td><td>ngram</td><td>ngram</td>" in ex.whatif_panel.table.value
+    assert "<td>drafter</td><td>ngram-simple</td><td>ngram-simple</td>" in ex.whatif_panel.table.value
     cmp = mx.compare(o, t)
     assert not cmp.unexplained, cmp.unexplained[:2]
     if cmp.exact:
@@ -655,20 +666,21 @@ def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
     ex.controls.p_min.value = 0.5
     assert ex.whatif.measured.same_settings is True
     # another drafter: the ngram run is not its measurement
-    for drafter in ("mtp", "chain"):
+    for drafter in ("draft-mtp", "chain"):
         ex.controls.drafter.value = drafter
-        assert ex.whatif.drafter == drafter and ex.whatif.measured is None, drafter
-        assert f"with the {drafter} drafter" in ex.whatif.note
+        name = drafters.mode(drafter).name
+        assert ex.whatif.drafter == name and ex.whatif.measured is None, drafter
+        assert f"with the {name} drafter" in ex.whatif.note
         assert "measured" not in ex.whatif_panel.table.value.split("</tr>")[0]
         assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
     ex.controls.drafter.value = "ngram"
-    assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram"
+    assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram-simple"
     # and an MTP run is measured for mtp only
     ex.controls.drafter.value = "mtp"
     ex.controls.p_min.value = 0.0
     ex.run()
     assert ex.wait(60)
-    assert ex.whatif.measured.drafter == "mtp" and ex.whatif.measured.same_settings is True
+    assert ex.whatif.measured.drafter == "draft-mtp" and ex.whatif.measured.same_settings is True
     ex.controls.drafter.value = "ngram"
     assert ex.whatif.measured is None
 
@@ -679,13 +691,17 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         ex = Explorer(plain, prompt=PROMPT, max_tokens=48, n_max=3)
         d = ex.controls.drafter
         assert d.value == "ngram-simple" and "no MTP layers" in ex.children[0].value
-        for choice in d.options:
+        for choice in d.options:  # what it offers runs here
             d.value = choice
-            assert ("no MTP layers" in ex.controls.drafter_note.value) == mode(choice).needs_mtp, choice
+            assert not mode(choice).needs_mtp and "no MTP layers" not in ex.controls.drafter_note.value, choice
+        assert "draft-mtp" not in d.options and "<s><code>draft-mtp</code></s> (needs a model with MTP layers)" \
+            in ex.controls.unavailable.value
+        d.value = "draft-mtp"  # typed all the same: the note says why it cannot run
+        assert "no MTP layers" in ex.controls.drafter_note.value
         d.value = "ngram"
         ex.run()
         assert ex.wait(60)
-        assert ex.error == "" and ex.finish_reason == "budget" and ex.trace.settings["drafter"] == "ngram"
+        assert ex.error == "" and ex.finish_reason == "budget" and ex.trace.settings["drafter"] == "ngram-simple"
         assert ex.trace.steps_by_drafter()["mtp"] == 0 and ex.baseline is not None
         # mtp or chain: the session's error in the error area, nothing raised, the session usable
         for drafter, action in (("mtp", ex.run), ("chain", ex.step)):
@@ -701,11 +717,11 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         assert ex.wait(60)
         assert ex.error == "" and ex.oracle is not None and not ex.oracle.has_mtp
         expected = mx.simulate(ex.oracle, 3, 0.0, 0, drafter="ngram")
-        assert ex.prediction.policy == expected.policy and ex.whatif.drafter == "ngram"
+        assert ex.prediction.policy == expected.policy and ex.whatif.drafter == "ngram-simple"
         assert ex.whatif.tokens_per_second == pytest.approx(expected.summary()["tokens_per_second"])
         ex.run()
         assert ex.wait(60)
-        assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram"
+        assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram-simple"
         # mtp cannot be predicted from it: said in the panel, not an error
         d.value = "mtp"
         assert ex.prediction is None and ex.whatif is None and ex.error == ""
@@ -756,7 +772,7 @@ def test_whatif_holds_the_typed_numbers(session):
     assert ex.wait(30) and ex.error == ""
     w = ctl.numbers
     assert isinstance(w, widgets.WhatIf) and w.measured is None
-    assert ex.whatif is w and (w.drafter, w.n_max) == ("mtp", 2)
+    assert ex.whatif is w and (w.drafter, w.n_max) == ("draft-mtp", 2)
     ex.run()
     assert ex.wait(60)
     m = ctl.numbers.measured
@@ -805,7 +821,7 @@ def test_drafter_options_are_controls_and_key_the_oracle(session):
     assert dict(ex.controls.request().options)["ngram_simple_size_n"] == 2
     ex.run()
     assert ex.wait(60) and ex.error == ""
-    assert ex.trace.settings["ngram_simple_size_n"] == 2 and ex.trace.settings["drafter"] == "ngram"
+    assert ex.trace.settings["ngram_simple_size_n"] == 2 and ex.trace.settings["drafter"] == "ngram-simple"
     ex.record_oracle()
     assert ex.wait(60) and ex.error == ""
     o = ex.oracle
@@ -813,6 +829,6 @@ def test_drafter_options_are_controls_and_key_the_oracle(session):
     fields["ngram_simple_size_n"].value = 3  # another oracle: none recorded yet
     assert ex.oracle is None and ex.whatif is None
     fields["ngram_simple_size_n"].value = 2
-    assert ex.oracle is o and ex.whatif.drafter == "ngram"
+    assert ex.oracle is o and ex.whatif.drafter == "ngram-simple"
     with pytest.raises(mx.ParameterError, match="unknown drafter option"):
         Explorer(session, ngram_x=1)

@@ -101,7 +101,8 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
         grid = job.grid(drafter)
         wanted = set(grid)
         n_max, p_min = sorted({g[0] for g in grid}), sorted({g[1] for g in grid})
-        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=drafter, labels=[prompt],
+        mode = next(s.mode for s in job.settings if s.drafter == drafter)  # with its chain policy
+        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=mode, labels=[prompt],
                            checkpoints=job.checkpoints)
         for rec in df.to_dict("records"):
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
@@ -120,7 +121,7 @@ def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel,
     the median of the paired speedups and the spreads; the ceiling with every draft accepted from ``cost`` at the
     positions of this prompt's generation (an oracle recorded without probes)."""
     oracle = job.record(session, prompt, probe=False).with_cost(cost)
-    ceiling = {(st.drafter, st.n_max): ceiling_tokens_per_second(oracle, st.n_max, st.drafter) for st in job.settings}
+    ceiling = {(st.drafter, st.n_max): ceiling_tokens_per_second(oracle, st.n_max, st.mode) for st in job.settings}
     rows = []
     for st in job.settings:
         base = st.replace(n_max=0)

@@ -314,13 +314,13 @@ def _then_mtp(name: str, label: str = "") -> DrafterMode:
                                    "it has one, else the MTP head's")
 
 
-#: The ``drafter=`` choices, by name.
+#: The ``drafter=`` choices, by name: llama.cpp's ``--spec-type`` value of each (a chain's in llama.cpp's order of
+#: preference), the one name every value, list, label, error and trace uses.
 MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
-    DrafterMode("mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
-    DrafterMode("ngram", (DRAFTER_SPECS["ngram"],), label="n-gram", description=DRAFTER_SPECS["ngram"].description),
-    DrafterMode("chain", (DRAFTER_SPECS["mtp"], DRAFTER_SPECS["ngram"]), policy="best", label="chain",
-                description="both drafters every step; the draft with the higher expected accepted length is verified "
-                            "(= drafter=['draft-mtp', 'ngram-simple'], chain_policy='best')"),
+    DrafterMode("draft-mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
+    DrafterMode("ngram-simple", (DRAFTER_SPECS["ngram"],), label="n-gram",
+                description=DRAFTER_SPECS["ngram"].description),
+    _then_mtp("ngram", label="n-gram"),
     _alone("ngram-mod"),
     _then_mtp("ngram-mod"),
     _alone("ngram-map-k"),
@@ -329,7 +329,6 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
                 (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]), policy="first",
                 label="n-gram, key map, then MTP",
                 description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft"),
-    _then_mtp("ngram", label="n-gram"),
     _alone("ngram-cache"),
     _then_mtp("ngram-cache"),
     _alone("draft-simple"),
@@ -339,10 +338,20 @@ MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
 )}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
-"""The listed ``drafter=`` choices of :meth:`Session.generate` (it also takes any ``--spec-type`` value)."""
+"""The listed ``drafter=`` choices of :meth:`Session.generate`, by llama.cpp's ``--spec-type`` names (it also takes
+any other ``--spec-type`` value, and the short spellings of :data:`MODE_ALIASES`)."""
 
-DEFAULT_MODE = "mtp"
-MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (trace's ``drafter`` column)
+#: Earlier short spellings of a choice, accepted as input only: the ``--spec-type`` value each stands for and the
+#: chain policy it brings (``None``: the value's own). A settings value, a trace and every message name the value.
+#: (``chain`` was both drafters asked every step, the higher expected accepted length verified.)
+MODE_ALIASES: Mapping[str, tuple[str, str | None]] = {
+    "mtp": ("draft-mtp", None),
+    "ngram": ("ngram-simple", None),
+    "chain": ("ngram-simple,draft-mtp", "best"),
+}
+
+DEFAULT_MODE = "draft-mtp"
+MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (its index in the ``drafter`` column)
 
 #: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's
 #: drafters are asked in this order whatever order the value names them in (common_speculative_init).
@@ -365,22 +374,41 @@ def drafter(name: str) -> DrafterSpec:
 
 
 def mode(name: str | Sequence[str] | DrafterMode, policy: str | None = None) -> DrafterMode:
-    """The ``drafter=`` choice: a :class:`DrafterMode` (passes through), a listed name (:data:`DRAFTER_MODES`:
-    ``mtp``, ``ngram``, ``chain``, ...), llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-mod,draft-mtp"``,
-    parsed as llama.cpp parses it: comma-separated, asked in llama.cpp's order of preference, a name given twice
-    counted once) or a list of such values. ``policy`` (a chain policy) replaces the choice's own (``first`` for
-    ``--spec-type`` chains, as llama.cpp)."""
+    """The ``drafter=`` choice: a :class:`DrafterMode` (passes through), llama.cpp's ``--spec-type`` value (a listed
+    one of :data:`DRAFTER_MODES`, ``"draft-mtp"``, ``"ngram-mod,draft-mtp"``, ...; parsed as llama.cpp parses it:
+    comma-separated, asked in llama.cpp's order of preference, a name given twice counted once), a list of such values,
+    or a short spelling of :data:`MODE_ALIASES` (``mtp``, ``ngram``, ``chain``; also the engine's names within a
+    chain), which comes back under its ``--spec-type`` name. ``policy`` (a chain policy) replaces the choice's own
+    (``first`` for ``--spec-type`` chains, as llama.cpp; ``best`` for the ``chain`` alias)."""
     if isinstance(name, DrafterMode):
         found = name
     elif isinstance(name, str) and name in MODES:
         found = MODES[name]
+    elif isinstance(name, str) and name in MODE_ALIASES:
+        value, own = MODE_ALIASES[name]
+        return mode(value, own if policy is None else policy)
     else:
         found = _from_spec_types(name)
     if policy is None or policy == found.policy:
         return found
     if policy not in CHAIN_POLICIES:
         raise ParameterError(f"chain_policy must be one of {CHAIN_POLICIES}, got {policy!r}")
-    return dataclasses.replace(found, policy=policy)
+    return _with_policy(found, policy)
+
+
+def _with_policy(found: DrafterMode, policy: str) -> DrafterMode:
+    """``found`` verified under ``policy``, labelled as such (a registry choice's label names its own policy)."""
+    if not found.is_chain:
+        return dataclasses.replace(found, policy=policy)
+    names = [d.label for d in found.drafters]
+    if policy == "best":
+        label = f"{' or '.join(names)}, best"
+        description = (f"llama.cpp's --spec-type {found.spec_types} with chain_policy='best': every drafter asked at "
+                       "every step, the draft with the highest expected accepted length verified")
+    else:
+        label = ", then ".join(names)
+        description = f"llama.cpp's --spec-type {found.spec_types}: the first drafter with a draft"
+    return dataclasses.replace(found, policy=policy, label=label, description=description)
 
 
 def _spec_type_names(value: str | Sequence[str]) -> list[str]:
@@ -396,7 +424,9 @@ def _spec_type_names(value: str | Sequence[str]) -> list[str]:
 
 def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     """The mode of a ``--spec-type`` value (see :func:`mode`)."""
-    names = _spec_type_names(value)
+    engine = {s.name: s.spec_type for s in DRAFTER_SPECS.values()} | {a: v for a, (v, _) in MODE_ALIASES.items()
+                                                                      if "," not in v}
+    names = [engine.get(n, n) for n in _spec_type_names(value)]  # short spellings: their --spec-type names
     by_type = {s.spec_type: s for s in DRAFTER_SPECS.values()}
     for n in names:
         if n == _SPEC_TYPE_NONE:
@@ -419,6 +449,12 @@ def spec_type_choices() -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.spec_types for m in MODES.values()))
 
 
+def mode_name(name: str | Sequence[str] | DrafterMode) -> str:
+    """The ``--spec-type`` name of a ``drafter=`` value (a short spelling's, a list's): the name settings, traces
+    and messages use."""
+    return mode(name).name
+
+
 def default_mode(has_mtp: bool) -> str:
     """The mode a model starts with: MTP where it has the head, else the first look-up."""
     return DEFAULT_MODE if has_mtp else next(m.name for m in MODES.values() if m.runs_with(False))
@@ -433,7 +469,7 @@ def recording_mode(has_mtp: bool, has_draft_model: bool | str = False) -> Drafte
     """The mode an oracle recording runs: every drafter the session can use (in the engine's order), asked at
     every position."""
     specs = tuple(s for s in DRAFTER_SPECS.values() if s.runs_with(has_mtp, has_draft_model))
-    return DrafterMode("+".join(s.name for s in specs), specs, policy="best", label="every drafter",
+    return DrafterMode("+".join(s.spec_type for s in specs), specs, policy="best", label="every drafter",
                        description="the oracle: every drafter asked at every position")
 
 

@@ -41,12 +41,11 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         and file names such as ngram-cache's ``lookup_cache_static=path``: see
         :func:`~mtp_explorer.core.drafters.all_options`).
 
-        ``drafter`` is llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-simple"``, a chain such as
-        ``"ngram-simple,draft-mtp"`` or a list of names; see :func:`~mtp_explorer.core.drafters.mode`) or one of
-        :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`: ``"mtp"`` (= ``draft-mtp``, the model's MTP head),
-        ``"ngram"`` (= ``ngram-simple``, prompt look-up; ``p_min`` does not apply, it has no confidence) or
-        ``"chain"`` (both asked every step, the draft with the highest expected accepted length verified). A
-        chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
+        ``drafter`` is llama.cpp's ``--spec-type`` value (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES` lists
+        the usual ones): ``"draft-mtp"`` (the model's MTP head), ``"ngram-simple"`` (prompt look-up; ``p_min`` does
+        not apply, it has no confidence), a chain such as ``"ngram-simple,draft-mtp"`` or a list of names (see
+        :func:`~mtp_explorer.core.drafters.mode`). The short spellings ``"mtp"``, ``"ngram"`` and ``"chain"`` (the
+        chain under ``chain_policy="best"``) are taken and recorded under llama.cpp's names. A chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
         (llama.cpp's, the default for ``--spec-type`` chains: the first usable draft) or ``"best"``; the
         ``drafter`` column says whose. The trace records the settings (:attr:`Trace.draft_settings`).
         """

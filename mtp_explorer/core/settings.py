@@ -73,9 +73,12 @@ class DraftSettings:
     """The drafting settings of one generation, checked; llama.cpp's names and defaults.
 
     ``drafter`` is llama.cpp's ``--spec-type`` value (``"draft-mtp"``, ``"ngram-simple"``, a chain such as
-    ``"ngram-mod,draft-mtp"`` or a list of names) or one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`
-    (``"mtp"``, ``"ngram"``, ``"chain"``, ...), kept as the choice's name; ``chain_policy`` (``"first"``, llama.cpp's,
-    or ``"best"``) is kept as the choice's policy. ``n_max`` / ``n_min`` / ``p_min`` are ``--spec-draft-n-max`` /
+    ``"ngram-mod,draft-mtp"`` or a list of names; :data:`~mtp_explorer.core.drafters.DRAFTER_MODES` lists the usual
+    ones), kept as that name: the short spellings ``"mtp"``, ``"ngram"`` and ``"chain"``
+    (:data:`~mtp_explorer.core.drafters.MODE_ALIASES`) are taken and kept as ``"draft-mtp"``, ``"ngram-simple"`` and
+    ``"ngram-simple,draft-mtp"`` with ``chain_policy="best"``, so ``DraftSettings(drafter="mtp") ==
+    DraftSettings(drafter="draft-mtp")``. ``chain_policy`` (``"first"``, llama.cpp's, or ``"best"``) is kept as the
+    choice's policy. ``n_max`` / ``n_min`` / ``p_min`` are ``--spec-draft-n-max`` /
     ``-n-min`` / ``-p-min``; ``options`` the drafters' options by keyword (``ngram_simple_size_n=12``, ...; see
     :func:`~mtp_explorer.core.drafters.all_options`), kept with llama.cpp's default for every option not given.
     ``seed`` ``None`` is the session's seed. ``server_slot=True`` runs the request as a llama-server slot does: the
@@ -215,7 +218,8 @@ class DraftSettings:
 
     @classmethod
     def from_dict(cls, settings: Mapping[str, Any]) -> "DraftSettings":
-        """The settings a trace (or :meth:`to_dict`) recorded; other keys (the session's) are ignored."""
+        """The settings a trace (or :meth:`to_dict`) recorded; other keys (the session's) are ignored. A short drafter
+        spelling an earlier version recorded (``"mtp"``, ``"chain"``) comes back under its ``--spec-type`` name."""
         given = {name: settings[name] for name in FIELDS if name in settings}
         options = drafters.recorded_options(settings)
         return cls(**given, options=options)
@@ -228,6 +232,17 @@ class DraftSettings:
         changed = {k: v for k, v in self.options.items() if defaults[k] != v}
         fields = [f"{n}={getattr(self, n)!r}" for n in FIELDS if n != "max_tokens"] + [f"max_tokens={self.max_tokens}"]
         return f"DraftSettings({', '.join(fields)}{', options=' + repr(changed) if changed else ''})"
+
+
+def normalise_recorded(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded ``settings`` dict (a trace's, a saved one's) with its ``drafter`` and ``chain_policy`` as
+    :class:`DraftSettings` keeps them: llama.cpp's ``--spec-type`` name for a short spelling an earlier version
+    recorded (``"mtp"`` -> ``"draft-mtp"``, ``"chain"`` -> ``"ngram-simple,draft-mtp"`` with ``"best"``)."""
+    out = dict(settings)
+    if isinstance(out.get("drafter"), (str, list, tuple)):
+        mode = drafters.mode(out["drafter"], out.get("chain_policy"))
+        out["drafter"], out["chain_policy"] = mode.name, mode.policy
+    return out
 
 
 def resolve(settings: "DraftSettings | None" = None, keywords: Mapping[str, Any] | None = None) -> DraftSettings:

@@ -34,7 +34,7 @@ from .schema import (
 )
 from . import drafters
 from .errors import FormatError
-from .settings import DraftSettings
+from .settings import DraftSettings, normalise_recorded
 
 COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
 """The per-step column names, in the engine's order (:data:`~mtp_explorer.core.schema.TRACE_COLUMNS`)."""
@@ -232,6 +232,7 @@ class Trace:
             check_columns(columns)
             check_steps(columns)
             DraftSettings.from_dict(doc["settings"])  # the settings it records are drafting settings
+            doc["settings"] = normalise_recorded(doc["settings"])  # an earlier version's "mtp": "draft-mtp"
             return cls(columns=columns, **doc)
 
 

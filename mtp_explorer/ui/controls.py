@@ -20,7 +20,8 @@ from ..core.schema import CHAIN_POLICIES
 from ..core.errors import MtpExplorerError
 from ..core.settings import DraftSettings
 
-__all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorArea", "drafter_note"]
+__all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorArea", "drafter_note", "drafter_choices",
+           "unavailable_reason", "unavailable_note"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,35 @@ def readable_error(exc: BaseException) -> str:
 _NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
 
 
+def unavailable_reason(m: "drafters.DrafterMode", has_mtp: bool, has_draft_model: bool | str = False) -> str:
+    """Why a session with (or without) an MTP head and a draft model cannot run the choice ``m`` (``""``: it can)."""
+    if m.needs_mtp and not has_mtp:
+        return "needs a model with MTP layers"
+    if m.needs_draft_model and not has_draft_model:
+        return "needs draft_model="
+    if m.needs_draft_model and not m.runs_with(has_mtp, has_draft_model):
+        wanted = " and ".join(drafters.DRAFT_KIND_LABELS[d.needs] for d in m.drafters if d.needs_draft_model)
+        return (f"needs draft_model= of a {wanted} (this session's is a "
+                f"{drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)]})")
+    return ""
+
+
+def drafter_choices(has_mtp: bool, has_draft_model: bool | str = False) -> tuple[tuple[str, str], ...]:
+    """Every listed choice (:func:`~mtp_explorer.core.drafters.spec_type_choices`, llama.cpp's ``--spec-type``
+    values) with why this session cannot run it (``""``: it can), in the registry's order."""
+    return tuple((v, unavailable_reason(drafters.mode(v), has_mtp, has_draft_model))
+                 for v in drafters.spec_type_choices())
+
+
+def unavailable_note(has_mtp: bool, has_draft_model: bool | str = False) -> str:
+    """The listed choices this session cannot run, each with the reason (HTML; ``""``: none), shown beside the
+    drafter control, which offers only the others."""
+    out = [f"<s><code>{html.escape(v)}</code></s> ({html.escape(why)})"
+           for v, why in drafter_choices(has_mtp, has_draft_model) if why]
+    return "" if not out else ("<span class='mtpx-drafter-unavailable'>not available in this session: "
+                               + ", ".join(out) + "</span>")
+
+
 def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model: bool | str = False) -> str:
     """What the drafter control says under itself for the ``--spec-type`` value typed or chosen: the choice's
     description and whether this session can run it, or why the value is not a choice (HTML)."""
@@ -104,14 +134,16 @@ def selected_mode(value: str, policy: str | None) -> "drafters.DrafterMode | Non
 class Controls(W.VBox):
     """Prompt, drafter and its options, drafting settings, sampling settings and the Run / Step / Stop buttons.
 
-    ``drafter`` is llama.cpp's ``--spec-type``: a dropdown of every listed choice by its llama.cpp value
-    (:func:`~mtp_explorer.core.drafters.spec_type_choices`) that also takes a typed value (any chain, e.g.
-    ``ngram-map-k4v,draft-mtp``), with ``chain_policy`` beside it for chains; ``drafter_note`` says what the choice
-    does, or why a typed value is not one. Only the options of the chosen drafters show (``option_fields``, one per
-    :func:`~mtp_explorer.core.drafters.all_options`, labelled with llama.cpp's flags). Both are read when a
-    generation starts: the engine cannot change them mid-generation. ``has_mtp=False`` (a model without MTP layers)
-    and ``has_draft_model=False`` (a session without a draft model) are noted for the choices they make unavailable
-    (a Run with one shows the session's error)."""
+    ``drafter`` is llama.cpp's ``--spec-type``: a dropdown of the listed choices this session can run, by their
+    llama.cpp values (:func:`drafter_choices`), that also takes a typed value (any chain, e.g.
+    ``ngram-map-k4v,draft-mtp``; a short spelling such as ``mtp`` or ``chain`` is replaced by its llama.cpp value
+    and policy), with ``chain_policy`` beside it for chains; ``drafter_note`` says what the choice does, or why a
+    typed value is not one. The listed choices the session cannot run (``has_mtp=False``: a model without MTP
+    layers; ``has_draft_model=False``: a session without a draft model, or one of another kind) are not offered:
+    ``unavailable`` lists them struck through, each with the reason (``needs draft_model=``); typed, the note says
+    so, and a Run with one shows the session's error. Only the options of the chosen drafters show
+    (``option_fields``, one per :func:`~mtp_explorer.core.drafters.all_options`, labelled with llama.cpp's flags).
+    Both are read when a generation starts: the engine cannot change them mid-generation."""
 
     def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
                  temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
@@ -120,10 +152,12 @@ class Controls(W.VBox):
         chosen = drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)
         self._has_mtp, self._has_draft_model = has_mtp, has_draft_model
+        self._normalising = False
         self.prompt = W.Textarea(value=prompt, placeholder="prompt", description="prompt",
                                  layout=W.Layout(width="98%", height="60px"), style=style)
         self.drafter = W.Combobox(
-            options=drafters.spec_type_choices(), value=chosen.spec_types, description="--spec-type",
+            options=tuple(v for v, why in drafter_choices(has_mtp, has_draft_model) if not why),
+            value=chosen.spec_types, description="--spec-type",
             placeholder="a --spec-type value, e.g. ngram-map-k4v,draft-mtp", ensure_option=False,
             continuous_update=False, style=style, layout=W.Layout(width="440px"),
             tooltip="llama.cpp's --spec-type: pick one, or type a comma-separated chain" + _NEXT_RUN)
@@ -133,6 +167,7 @@ class Controls(W.VBox):
             tooltip="which draft of a chain is verified: first (llama.cpp's: the first drafter with a draft) or "
                     "best (the highest expected accepted length)" + _NEXT_RUN)
         self.drafter_note = W.HTML(layout=W.Layout(width="98%"))
+        self.unavailable = W.HTML(value=unavailable_note(has_mtp, has_draft_model), layout=W.Layout(width="98%"))
         self.option_fields: dict[str, W.BoundedIntText | W.Text] = {
             o.name: (W.Text if o.is_path else functools.partial(W.BoundedIntText, min=o.lo, max=o.hi))(
                 value=values[o.name], description=o.flag, style={"description_width": "initial"},
@@ -165,6 +200,7 @@ class Controls(W.VBox):
             self.prompt,
             W.HBox([self.drafter, self.chain_policy]),
             self.drafter_note,
+            self.unavailable,
             self.option_box,
             W.HBox([self.n_max, self.p_min, self.n_min]),
             W.HBox([self.temperature, self.seed, self.max_tokens]),
@@ -204,8 +240,18 @@ class Controls(W.VBox):
             field.layout.display = None if name in shown else "none"
 
     def _take_policy(self) -> None:
-        """A new choice comes with its own chain policy (``chain``: best; a ``--spec-type`` chain: first)."""
-        mode = selected_mode(str(self.drafter.value), None)
+        """A new choice comes with its own chain policy (a ``--spec-type`` chain: first; the ``chain`` spelling:
+        best); a short spelling (``mtp``, ``chain``) or a chain typed in another order shows as its llama.cpp value."""
+        if self._normalising:
+            return
+        value = str(self.drafter.value)
+        mode = selected_mode(value, None)
+        if mode is not None and value != mode.name:
+            self._normalising = True
+            try:
+                self.drafter.value = mode.name
+            finally:
+                self._normalising = False
         if mode is not None and mode.policy != self.chain_policy.value:
             self.chain_policy.value = mode.policy  # shows the choice through its observer
         else:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..core.drafters import DEFAULT_MODE, DRAFTER_MODES, DRAFTER_SPECS, MODES
+from ..core.drafters import DEFAULT_MODE, DRAFTER_MODES, DRAFTER_SPECS, MODE_ALIASES, MODES, mode
+from ..core.errors import ParameterError
 from ..core.schema import PHASES
 from ..core.errors import ParameterError
 
@@ -67,19 +68,28 @@ SLOT_COLORS: tuple[str, ...] = ("#f1f3f5", "#a5d8ff", "#e8590c")
 
 # -- drafters --------------------------------------------------------------------------------------
 #: One colour per ``drafter=`` choice (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`), in registry order.
+#: The engine's names of the drafters (the per-drafter columns' axis) and the short spellings take the colour of
+#: the choice they name.
 DRAFTER_COLORS: dict[str, str] = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(DRAFTER_MODES)}
+DRAFTER_COLORS |= {s.name: DRAFTER_COLORS[s.spec_type] for s in DRAFTER_SPECS.values() if s.name not in DRAFTER_COLORS}
+DRAFTER_COLORS |= {a: DRAFTER_COLORS[v] for a, (v, _) in MODE_ALIASES.items() if a not in DRAFTER_COLORS}
 
 
-def drafter_label(name: str | None) -> str:
-    """How views name a drafter: the label of the ``drafter=`` choice of that name (a single engine
-    drafter's mode is named after it), else the engine drafter's label; ``""`` for ``None`` (no draft)."""
+def drafter_label(name: str | None, policy: str | None = None) -> str:
+    """How views name a drafter: the label of the ``drafter=`` choice of that name (llama.cpp's ``--spec-type``
+    value, or a short spelling; under ``policy`` where given), else the engine drafter's label; ``""`` for ``None``
+    (no draft)."""
     if name is None:
         return ""
-    if name in MODES:
+    if name in MODES and policy in (None, MODES[name].policy):
         return MODES[name].label
-    if name in DRAFTER_SPECS:
-        return DRAFTER_SPECS[name].label
-    return str(name)
+    if name in DRAFTER_SPECS:  # the engine's name: its choice's label
+        spec = DRAFTER_SPECS[name]
+        return MODES[spec.spec_type].label if spec.spec_type in MODES else spec.label
+    try:
+        return mode(name, policy).label or str(name)
+    except ParameterError:
+        return str(name)
 
 
 def drafter_color(name: str, index: int = 0) -> str:
@@ -95,7 +105,7 @@ def drafter_order(name: str) -> int:
 def run_label(settings: dict) -> str:
     """The label of a speculative run in throughput views: its drafter's (the default drafter's when
     the settings do not say)."""
-    return drafter_label(settings.get("drafter") or DEFAULT_MODE)
+    return drafter_label(settings.get("drafter") or DEFAULT_MODE, settings.get("chain_policy"))
 
 
 # -- layout ----------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from ..analysis.calibration import Calibration, calibrate
 from ..analysis.oracle import OracleTrace
+from ..core.drafters import mode_name
 from .inputs import (CALIBRATION_SOURCE, CEILING_TABLE, COMPARISON_ROWS, DRAFTER_TABLE, OPTIONAL_TRACE, SIM_TRACE,
                      SPEED_POINT, SPEED_ROWS, SWEEP_TABLE, takes)
 from .style import (CEILING, GUIDE, HIGHLIGHT, MEASURED, PALETTE, PLAIN, PRIMARY, base_layout, drafter_color,
@@ -86,8 +87,8 @@ def sweep_heatmap(df, value: str = "tokens_per_second", *, drafter: str | None =
     """A sweep (see :func:`mtp_explorer.analysis.sweep`) as an ``n_max`` × ``p_min`` heatmap of ``value``
     over its prompts (tokens/s: total tokens / total seconds; other columns: mean); the best cell
     is marked."""
-    if drafter is not None:
-        df = df[df["drafter"] == drafter]
+    if drafter is not None:  # a short spelling ("mtp") picks the rows of its llama.cpp name
+        df = df[df["drafter"] == (drafter if drafter in set(df["drafter"]) else mode_name(drafter))]
     agg = _aggregate(df, value)
     n_max = sorted(agg["n_max"].unique())
     p_min = sorted(agg["p_min"].unique())
