@@ -472,3 +472,29 @@ def test_the_ceiling_drafts_what_pays_best():
     ends = np.array([[1.0] * 5, [1.5] * 4 + [np.inf], [2.8] * 3 + [np.inf] * 2])  # the budget cuts the last steps
     assert _fastest_ns(ends, 0.0) == pytest.approx(1.5 + 1.5 + 1.0)  # 1, 1, 0 beats 2, 1 (4.3) and 0 x 5 (5.0)
     assert _fastest_ns(ends, 10.0) == pytest.approx(5.0 + 10.0)  # with dear rebuilds: one size, plain
+
+
+def test_a_fitted_cost_never_prices_more_rows_below_fewer(oracles):
+    """The per-size lines of the verify, catch-up and draft tables are non-decreasing in the size at every position
+    the oracle measured (a few noisy probes per size made a 7-row verify cheaper than a 3-row one); where the
+    measured lines already were, nothing moves (pool adjacent violators, weighted by each size's samples)."""
+    from mtp_explorer.analysis.oracle import _non_decreasing, _pava
+
+    assert _pava(np.array([1.0, 3.0, 2.0, 4.0]), np.ones(4)).tolist() == [1.0, 2.5, 2.5, 4.0]
+    assert _pava(np.array([1.0, 3.0, 2.0]), np.array([1.0, 3.0, 1.0])).tolist() == [1.0, 2.75, 2.75]
+    pos = np.array([0.0, 100.0])
+    table = np.array([[0, 0], [10, 0.1], [30, 0.1], [20, 0.1], [40, 0.0]], dtype=float)
+    samples: dict = {}
+    fixed = _non_decreasing(table, [0, 5, 5, 5, 5], pos, "verify", samples)
+    for x in pos:
+        assert np.all(np.diff(fixed[1:, 0] + fixed[1:, 1] * x) >= -1e-9)
+    assert samples["verify_pooled"] == 2 and fixed[1].tolist() == [10, 0.1] and fixed[4].tolist() == [40, 0.0]
+    samples = {}
+    assert (_non_decreasing(fixed, [0, 5, 5, 5, 5], pos, "verify", samples) == fixed).all()
+    assert samples["verify_pooled"] == 0
+    for o in oracles.values():
+        c, pos = o.cost, o.columns["pos"].astype(float)
+        for table in (c.verify, c.catchup, c.draft):
+            for x in (pos.min(), pos.max()):
+                assert np.all(np.diff(table[1:, 0] + table[1:, 1] * x) >= -1e-6 * np.abs(table[1:, 0]).max())
+        assert {"verify_pooled", "catchup_pooled", "draft_pooled"} <= set(c.samples)

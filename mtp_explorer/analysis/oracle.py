@@ -118,6 +118,9 @@ class CostModel:
     model small enough to draft with is on these batch sizes). The sample phase costs
     ``sample_ns + sample_row_ns * (rows - 1) + rollback_ns * [rollback > 0]``, with ``sample_ns``
     measured with the MTP head's bookkeeping (drafting steps) and ``sample_plain_ns`` without.
+    The ``verify``, ``catchup``, ``draft`` and ``model_draft`` lines are non-decreasing in the size at every position
+    the oracle measured: more rows or decodes are never priced below fewer (``samples["verify_pooled"]``, ...: how
+    many sizes the fit had to pool to make them so).
     """
 
     verify: np.ndarray          # [depth + 2, 2]: index k = batch size (0 unused)
@@ -308,6 +311,38 @@ def _table(points: list[tuple[np.ndarray, np.ndarray] | None], name: str, sample
     return out
 
 
+def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest to ``y`` in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, wt in zip(y.tolist(), w.tolist()):
+        blocks.append([v, wt, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(n, m) for m, _, n in blocks]) if blocks else np.zeros(0)
+
+
+def _non_decreasing(table: np.ndarray, counts: list[int], pos: np.ndarray, name: str, samples: dict) -> np.ndarray:
+    """``table``'s lines (sizes 1 and up) made non-decreasing in the size at every position the oracle measured:
+    an operation on more rows or decodes is never priced below one on fewer, which a few noisy samples per size
+    otherwise do (the lines' values at the lowest and highest position, fit by pool adjacent violators weighted by
+    each size's samples, give the new lines). Records under ``samples[name + "_pooled"]`` how many sizes moved."""
+    out = table.copy()
+    if len(table) < 3 or pos.size == 0:
+        samples[name + "_pooled"] = 0
+        return out
+    lo, hi = float(pos.min()), float(pos.max())
+    w = np.maximum(np.asarray(counts[1:], dtype=np.float64), 1e-3)  # sizes interpolated between measured ones follow
+    ends = [_pava(table[1:, 0] + table[1:, 1] * x, w) for x in (lo, hi)]
+    if hi > lo:
+        out[1:, 1] = (ends[1] - ends[0]) / (hi - lo)
+    out[1:, 0] = ends[0] - out[1:, 1] * lo
+    moved = ~np.isclose(out[1:], table[1:], rtol=1e-9, atol=1e-6).all(axis=1)
+    samples[name + "_pooled"] = int(moved.sum())
+    return out
+
+
 def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict):
     """The verify and catch-up tables and the cold / fresh / warm corrections."""
     va = c["verify_after"]
@@ -322,8 +357,8 @@ def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict
         sel = probe_k == k
         verify_pts.append((pos[sel], p2[sel]) if sel.any() else None)
         catch.append((pos[sel], c["probe_catchup_ns"][sel]) if sel.any() else None)
-    verify = _table(verify_pts, "verify", samples)
-    catchup = _table(catch, "catchup", samples)
+    verify = _non_decreasing(_table(verify_pts, "verify", samples), samples["verify"], pos, "verify", samples)
+    catchup = _non_decreasing(_table(catch, "catchup", samples), samples["catchup"], pos, "catchup", samples)
     verify[0] = catchup[0] = 0.0
     # the same decode after the MTP chain minus right after a target decode: cold caches;
     # a k >= 2 batch after the chain (new graph, cold) minus again at once (reused, warm)
@@ -356,7 +391,7 @@ def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict,
     for m in range(1, N + 1):
         sel = lens >= m
         drafts.append((pos[sel], cum[sel, m - 1] + tail_ns) if sel.any() else None)
-    draft = _table(drafts, name, samples)
+    draft = _non_decreasing(_table(drafts, name, samples), samples[name], pos, name, samples)
     draft[0] = 0.0
     if not has.any():
         draft[:] = 0.0
