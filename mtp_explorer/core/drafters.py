@@ -350,7 +350,9 @@ MODE_ALIASES: Mapping[str, tuple[str, str | None]] = {
     "chain": ("ngram-simple,draft-mtp", "best"),
 }
 
-DEFAULT_MODE = "draft-mtp"
+DRAFT_MTP = "draft-mtp"  #: llama.cpp's spec type of the model's own MTP head
+NGRAM_SIMPLE = "ngram-simple"  #: llama.cpp's spec type of the simple n-gram look-up (llama-server sizes its drafts)
+DEFAULT_MODE = DRAFT_MTP
 MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (its index in the ``drafter`` column)
 
 #: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's

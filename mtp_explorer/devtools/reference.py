@@ -95,7 +95,7 @@ def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tok
                   timeout: float = 300, attempts: int = 8, head: str | Path | None = None) -> ReferenceRun:
     """Run llama-speculative-simple greedily with MTP drafting (``head``: a shared-memory MTP head file, ``-md``)
     and parse what it printed."""
-    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", str(n_min),
+    spec = ["--spec-type", drafters.DEFAULT_MODE, "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", str(n_min),
             "--spec-draft-p-min", str(p_min)] + ([] if head is None else ["-md", str(head)])
     return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads,
                               timeout=timeout, attempts=attempts)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..analysis.batch import PROFILE_PROMPTS, BatchCostModel, nnls, predict_parallel
 from ..core.checks import check_int
+from ..core.drafters import DEFAULT_MODE
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
 from .process import LlamaServer
@@ -55,7 +56,7 @@ def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
 
 def profile_server_overhead(session: "Session", costs: BatchCostModel, *, binary: str | os.PathLike | None = None,
                             prompts: Sequence[str] = PROFILE_PROMPTS[:4], n_predict: Sequence[int] = (16, 64),
-                            repeats: int = 2, spec_types: Sequence[str] = ("none", "draft-mtp"), n_max: int = 3,
+                            repeats: int = 2, spec_types: Sequence[str] = ("none", DEFAULT_MODE), n_max: int = 3,
                             progress: Callable[[int, int], None] | None = None) -> BatchCostModel:
     """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on a real llama-server (``binary``: see
     :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads: each prompt alone,

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from ..core import drafters
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
 
@@ -71,12 +72,11 @@ def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> di
 
     from ..analysis.replay import STOP, ngram_simple_draft
     from ..analysis.simulate import _caps
-    from ..core import drafters
 
     settings = settings.check(oracle.limits)
     mode = settings.mode
     lookups = [s for s in mode.drafters if s.is_lookup]
-    if settings.n_max == 0 or not lookups or any(s.spec_type != "ngram-simple" for s in lookups):
+    if settings.n_max == 0 or not lookups or any(s.spec_type != drafters.NGRAM_SIMPLE for s in lookups):
         return None
     replays = [None if s.is_lookup else oracle.replay(s) for s in mode.drafters]
     if (len(mode.drafters) > 1 and mode.policy != "first") or any(r is not None and r.stateful for r in replays):
@@ -144,14 +144,13 @@ def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> di
     the server's snapshot slots is followed by a plain step (the checkpoint replay's extra token). ``None`` also for a
     chain with another look-up or under another policy than llama.cpp's ``first``."""
     from ..analysis.replay import ngram_simple_draft
-    from ..core import drafters
 
     s = settings.replace(server_slot=True).check(session.limits)
     mode = s.mode
     lookups = [d for d in mode.drafters if d.is_lookup]
     if s.n_max == 0:
         return server_counters(session.generate(prompt, s))
-    if any(d.spec_type != "ngram-simple" for d in lookups) or (len(mode.drafters) > 1 and mode.policy != "first"):
+    if any(d.spec_type != drafters.NGRAM_SIMPLE for d in lookups) or (len(mode.drafters) > 1 and mode.policy != "first"):
         return None
     opts = drafters.option_values(s.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
@@ -254,14 +253,15 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
         except ParameterError as exc:
             refused[key] = str(exc)
     if costs is None:
+        drafting = drafters.DEFAULT_MODE if session.info.has_mtp else drafters.NGRAM_SIMPLE
         if progress is not None:
             progress("measuring batch costs")
         costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
-                                    drafter="draft-mtp" if session.info.has_mtp else "ngram-simple")
+                                    drafter=drafting)
         if progress is not None:
             progress("measuring the server's overheads")
         costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max),
-                                        spec_types=("none", "draft-mtp" if session.info.has_mtp else "ngram-simple"))
+                                        spec_types=("none", drafting))
     return Recording(tuple(oracles), costs, slot_runs, refused)
 
 
@@ -289,7 +289,7 @@ def _note(settings: DraftSettings) -> str:
                      + "; ".join(carried) + ")")
     lookups = [s.spec_type for s in settings.mode.drafters if s.is_lookup]
     if lookups:
-        counted = all(name == "ngram-simple" for name in lookups) and (
+        counted = all(name == drafters.NGRAM_SIMPLE for name in lookups) and (
             len(settings.mode.drafters) == 1 or settings.mode.policy == "first")
         notes.append((SERVER_LOOKUP_CAP_COUNTED if counted else SERVER_LOOKUP_CAP).format(names=", ".join(lookups)))
     return "; ".join(notes)
@@ -398,7 +398,6 @@ def _failed(frame, keys: Sequence[str]) -> dict[tuple, str]:
 
 def _requests(requests, predicted: Mapping[tuple, ConfigPrediction], keys: list[str]):
     """The per-request frame with each request's predicted server counters, and whether they are the measured ones."""
-    from ..core import drafters
 
     if requests is None:
         return None

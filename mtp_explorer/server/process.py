@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.cpu_kernels import with_no_repack
+from ..core.drafters import DEFAULT_MODE
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 from .client import ServerClient
 
@@ -52,7 +53,7 @@ class LlamaServer:
     (:func:`~mtp_explorer.check_extra_buffers`). The server's log is kept in a temporary file (:attr:`log`)."""
 
     def __init__(self, model: str | os.PathLike, *, n_parallel: int = 1, n_ctx: int = 4096, threads: int = 2,
-                 spec_type: str | None = "draft-mtp", n_max: int = 3, p_min: float | None = None,
+                 spec_type: str | None = DEFAULT_MODE, n_max: int = 3, p_min: float | None = None,
                  draft_model: str | os.PathLike | None = None, args: Sequence[str] = (),
                  binary: str | os.PathLike | None = None, startup_timeout: float = 120.0) -> None:
         self.binary = server_binary(binary)

@@ -91,10 +91,8 @@ class Explorer(W.VBox):
                         help="the recorded oracle of the controls' prompt, max tokens and drafter options, or None")
     prediction = T.Instance(SimTrace, allow_none=True,
                             help="the oracle's replay of the controls' setting and drafter, or None")
-    whatif = T.Instance(WhatIf, allow_none=True,
-                        help="the prediction's numbers (a WhatIf: the drafter and setting, predicted acceptance, "
-                             "tokens/s, ceiling, plain tokens/s, speedup, a note, and `measured`: the last greedy run "
-                             "of this prompt with the same drafter, or None); None without a prediction")
+    whatif = T.Instance(WhatIf, allow_none=True, help="the prediction's numbers (a WhatIf, with the measured runs "
+                                                      "beside them); None without a prediction")
 
     def __init__(self, session: Session, *, prompt: str | None = None, max_tokens: int = 128, n_max: int = 3,
                  p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
@@ -102,8 +100,7 @@ class Explorer(W.VBox):
                  server: "str | ServerMonitor | None" = None, **options: int | str) -> None:
         self.session = session
         self.piece = cached_piece(session)
-        info = session.info
-        has_mtp = bool(info.has_mtp)
+        has_mtp = bool(session.info.has_mtp)
         if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
             prompt = demo_prompt_within(lambda t: len(session.tokenize(t)), session.n_ctx_seq - max_tokens)
         self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
@@ -120,15 +117,7 @@ class Explorer(W.VBox):
         self.whatif_controller = WhatIfController(
             session, self.whatif_panel, request=self.controls.request, trace=lambda: self.trace,
             baselines=self.runner.baselines, report=self.error_area.report)
-        title = W.HTML(f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
-                       f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}"
-                       + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
-                       + f") · n_max up to {session.capacity}"
-                       f" · {html.escape(placement_label(session.placement))}"
-                       + ("" if session.draft_info is None
-                          else f" · draft model {html.escape(session.draft_info.name)}")
-                       + ("" if has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
-                                             "drafting only"))
+        title = W.HTML(title_html(session))
         parts = [self.controls, self.progress, self.error_area, self.whatif_panel, self.views]
         self.server_view = None if server is None else ServerView(server, width=width)
         self.slots_view = SlotsView(session, width=width) if session.n_parallel > 1 else None
@@ -192,19 +181,12 @@ class Explorer(W.VBox):
 
     def measure_setting(self, repeats: int = MEASURE_REPEATS) -> None:
         """Measure the controls' setting ``repeats`` times, each beside a plain run, in a background thread (needs
-        the oracle of the controls' prompt and max tokens): the what-if table then shows the median tokens/s and its
-        run-to-run spread beside the prediction, and says in words whether the prediction lies within it."""
-        if self.runner.busy:
-            return
+        the oracle): the what-if table then shows the median tokens/s and its spread beside the prediction."""
         req = self.controls.request()
         if self.whatif_controller.oracles.get(req.oracle_key) is None:
-            self.error_area.report("Measure needs the oracle of this prompt and max tokens: record one first")
-            return
-        self.error_area.clear()
+            return self.error_area.report("Measure needs the oracle of this prompt and max tokens: record one first")
         self.runner.submit(functools.partial(self.whatif_controller.measure, req, lambda: self.runner.stop_requested,
-                                             repeats),
-                           activity=f"measuring n_max={req.n_max}, p_min={req.p_min:.2f} · {repeats} runs, each "
-                                    "beside a plain run …")
+                                             repeats), activity=f"measuring n_max={req.n_max} · {repeats} runs …")
 
     def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None,
                 drafter: str | None = None) -> SimTrace:
@@ -282,6 +264,19 @@ class Explorer(W.VBox):
         req = self.runner.request
         state = self.finish_reason if self.state == "idle" and self.finish_reason else self.state
         self.progress.show(self.n_tokens, req.max_tokens if req else 0, self.n_steps, self.tokens_per_second, state)
+
+
+def title_html(session: Session) -> str:
+    """The Explorer's title line: the model, its size and type, the session's capacity and placement."""
+    info = session.info
+    return (f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
+            f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}"
+            + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
+            + f") · n_max up to {session.capacity}"
+            f" · {html.escape(placement_label(session.placement))}"
+            + ("" if session.draft_info is None else f" · draft model {html.escape(session.draft_info.name)}")
+            + ("" if info.has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
+                                       "drafting only"))
 
 
 def placement_label(placement: dict) -> str:
