@@ -37,6 +37,15 @@ LAB_SETTINGS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _patient_assertions():
+    """Playwright's expect() waits 5 s by default, which page.set_default_timeout does not change: on a loaded 2-core
+    machine a figure drawn after a kernel's step can take longer (a make test beside other work failed so)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
