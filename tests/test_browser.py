@@ -27,12 +27,11 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 NOTEBOOK = "01_quickstart.ipynb"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 # JupyterLab settings for a quiet, fully rendered page: no news/update toasts, no cell virtualisation.
 LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                        "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
 
@@ -96,17 +95,35 @@ def jupyterlab(tmp_path):
         path = settings / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    env = dict(
+        os.environ,
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+    )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-         "--ServerApp.token=", "--ServerApp.password=", "--allow-root", f"--ServerApp.root_dir={root}",
-         "--ServerApp.port_retries=0", "--ServerApp.disable_check_xsrf=True"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.token=",
+            "--ServerApp.password=",
+            "--allow-root",
+            f"--ServerApp.root_dir={root}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.disable_check_xsrf=True",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=root,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -121,6 +138,69 @@ def jupyterlab(tmp_path):
     finally:
         _stop(proc, url)
         log.close()
+
+
+def _launch(pw):
+    """Headless Debian chromium."""
+    assert CHROMIUM.exists(), "Debian's chromium is missing: apt-get install -y chromium"
+    return pw.chromium.launch(
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    )
+
+
+def _console_errors(page) -> list[str]:
+    """A list that fills with what the page logs as an error on its console, and its uncaught exceptions."""
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return errors
+
+
+def _run_all(page, url: str, notebook: str, timeout_ms: int = 240_000) -> None:
+    """Open ``notebook`` in JupyterLab, wait for its kernel, Run All Cells and wait until every cell ran; fails on a
+    cell's error."""
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.set_default_timeout(60_000)
+    page.goto(f"{url}/lab/tree/{notebook}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+    # the kernel is connected and idle (Run All before that asks which kernel to start)
+    expect(page.locator(".jp-StatusBar-TextItem", has_text="Idle").first).to_be_visible(timeout=90_000)
+    expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+        1, timeout=90_000
+    )
+
+    # Run > Run All Cells
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator("li[data-command='runmenu:run-all']").click()
+    # done when no cell is queued or running and the last one ran, or when a cell failed
+    page.wait_for_function(
+        """() => {
+        const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+        // a cell failed: an error on stderr (a warning there, e.g. CpuKernelWarning, is not one)
+        const failed = [...document.querySelectorAll(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+            .some(o => /Error|Traceback/.test(o.textContent));
+        return failed || (prompts.length && !prompts.some(p => p.includes('*'))
+                          && /\\[\\d+\\]/.test(prompts[prompts.length - 1]));
+    }""",
+        timeout=timeout_ms,
+    )
+    stderr = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    errors = [t for t in stderr.all_text_contents() if "Error" in t or "Traceback" in t]
+    assert not errors, errors[0][-2000:]
+    prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents()
+    assert all(re.search(r"\[\d+\]", p) for p in prompts), prompts
 
 
 def _timeline_counts(titles: list[str]) -> list[int]:
@@ -170,40 +250,11 @@ def _check_drafter_control(explorer) -> None:
 def test_quickstart_in_jupyterlab(jupyterlab):
     from playwright.sync_api import expect, sync_playwright
 
-    assert CHROMIUM.exists(), "Debian's chromium is missing: apt-get install -y chromium"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = _launch(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.set_default_timeout(60_000)
-            page.goto(f"{jupyterlab}/lab/tree/{NOTEBOOK}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-            # the kernel is connected and idle (Run All before that asks which kernel to start)
-            expect(page.locator(".jp-StatusBar-TextItem", has_text="Idle").first).to_be_visible(timeout=90_000)
-            expect(page.locator(".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']")
-                   ).to_have_count(1, timeout=90_000)
-
-            # Run > Run All Cells
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator("li[data-command='runmenu:run-all']").click()
-            # done when no cell is queued or running and the last one ran, or when a cell failed
-            page.wait_for_function("""() => {
-                const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
-                // a cell failed: an error on stderr (a warning there, e.g. CpuKernelWarning, is not one)
-                const failed = [...document.querySelectorAll(
-                    ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
-                    .some(o => /Error|Traceback/.test(o.textContent));
-                return failed || (prompts.length && !prompts.some(p => p.includes('*'))
-                                  && /\\[\\d+\\]/.test(prompts[prompts.length - 1]));
-            }""", timeout=240_000)
-            stderr = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-            errors = [t for t in stderr.all_text_contents() if "Error" in t or "Traceback" in t]
-            assert not errors, errors[0][-2000:]
-            prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents()
-            assert all(re.search(r"\[\d+\]", p) for p in prompts), prompts
+            _run_all(page, jupyterlab, NOTEBOOK)
 
             # the Explorer: controls and figures
             explorer = page.locator(".mtpx-explorer")
@@ -250,11 +301,12 @@ def test_quickstart_in_jupyterlab(jupyterlab):
             page.wait_for_function("() => window.__mtpx.status.some(s => s.startsWith('running'))", timeout=60_000)
             page.wait_for_function(
                 "() => /^(budget|eos|context) /.test(window.__mtpx.status[window.__mtpx.status.length - 1])",
-                timeout=120_000)
+                timeout=120_000,
+            )
             page.wait_for_timeout(300)
             record = page.evaluate("() => { clearInterval(window.__mtpxTimer); return window.__mtpx; }")
             counts = _timeline_counts(record["titles"])
-            after_reset = counts[counts.index(0):] if 0 in counts else counts
+            after_reset = counts[counts.index(0) :] if 0 in counts else counts
             assert 0 in counts, f"the timeline was not reset at Run: {record['titles']}"
             assert len(set(after_reset)) >= 2 and after_reset == sorted(after_reset), counts
             assert after_reset[-1] > before[0], counts  # 400 tokens now, 128 before (unless eos came first)
@@ -266,6 +318,172 @@ def test_quickstart_in_jupyterlab(jupyterlab):
             page.screenshot(path=str(ARTIFACTS / "browser_explorer.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "browser_failure.png"))
+            raise
+        finally:
+            browser.close()
+
+
+_CHART_DATA = "el => JSON.stringify((el.data || []).map(t => [t.name, t.x, t.y]))"
+
+
+def test_whatif_charts_follow_after_an_unavailable_drafter(jupyterlab):
+    """Issue 53's stale charts: choose a drafter the session cannot run (the what-if charts hide), come back to
+    draft-mtp, Record oracle and move n_max: both what-if charts show the new prediction, and the console stays free
+    of errors from Run All on (it logged "gd.data must be an array" when a chart's removed view kept listening)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from mtp_explorer.core import drafters
+    from mtp_explorer.ui.controls import drafter_choices
+
+    # the first drafter the quickstart's Explorer (an MTP head, no draft model) offers disabled: draft-simple
+    unavailable = next(value for value, why in drafter_choices(True, False) if why)
+    with sync_playwright() as pw:
+        browser = _launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = _console_errors(page)
+        try:
+            _run_all(page, jupyterlab, NOTEBOOK)
+            assert not errors, errors
+            explorer = page.locator(".mtpx-explorer")
+            whatif = explorer.locator(".mtpx-whatif")
+            charts = whatif.locator(".js-plotly-plot")
+            expect(charts).to_have_count(2)
+            before = [c.evaluate(_CHART_DATA) for c in charts.all()]
+            field = explorer.locator(".mtpx-controls .mtpx-spec-type input")
+            field.fill(unavailable)
+            field.press("Enter")
+            expect(whatif.locator(".mtpx-whatif-status")).to_contain_text("draft")
+            expect(whatif.locator(".js-plotly-plot:visible")).to_have_count(0)
+            field.fill(drafters.DRAFT_MTP)
+            field.press("Enter")
+            expect(whatif.locator(".js-plotly-plot:visible")).to_have_count(2)
+            record = whatif.locator("button", has_text="Record oracle")
+            record.click()
+            expect(record).to_be_disabled()
+            expect(record).to_be_enabled(timeout=120_000)
+            readout = explorer.locator(".widget-slider", has_text="n_max").locator(".widget-readout")
+            readout.click()
+            page.keyboard.press("Control+A")
+            page.keyboard.type("5")
+            page.keyboard.press("Enter")
+            expect(whatif.locator(".mtpx-whatif-status")).to_contain_text("n_max=5")
+            # both charts redraw with the n_max=5 prediction (five depths; the star on n_max 5)
+            page.wait_for_function(
+                """([sel, before]) => {
+                const charts = [...document.querySelectorAll(sel)];
+                return charts.length === 2 && charts.every((c, i) =>
+                    JSON.stringify((c.data || []).map(t => [t.name, t.x, t.y])) !== before[i]);
+            }""",
+                arg=[".mtpx-whatif .js-plotly-plot", before],
+                timeout=30_000,
+            )
+            depth = charts.nth(0).evaluate("el => Math.max(...el.data.flatMap(t => (t.x || []).map(Number)))")
+            star = charts.nth(1).evaluate("el => el.data.find(t => t.name === 'this setting').x[0]")
+            assert depth == 5 and star == 5, (depth, star)
+            page.wait_for_timeout(500)
+            assert not errors, errors
+            whatif.screenshot(path=str(ARTIFACTS / "browser_whatif_after_drafter_switch.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "browser_failure_whatif.png"))
+            raise
+        finally:
+            browser.close()
+
+
+#: The notebooks checked at a laptop's window, each with the figure the docs show and how long Run All may take.
+LAYOUT_NOTEBOOKS = {
+    "01_quickstart.ipynb": (".mtpx-explorer", "explorer.png", 300_000),
+    "05_server_tuning.ipynb": ("server_predictions", "server_tuning.png", 1_200_000),
+    "06_drafters.ipynb": ("drafters_side_by_side", "drafters.png", 600_000),
+}
+
+# Every plotly figure in an output: how far it reaches past its output area, and the axis labels (tick labels and axis
+# titles) that overlap another axis label or a subplot title (boxes overlapping by more than 2 px both ways).
+_LAYOUT_JS = """() => {
+    const box = e => e.getBoundingClientRect();
+    const hit = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 2
+                          && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 2;
+    const out = [], skipped = [];
+    for (const plot of document.querySelectorAll('.jp-OutputArea .js-plotly-plot')) {
+        const svg = plot.querySelector('svg.main-svg');
+        const cell = plot.closest('.jp-OutputArea-output') || plot.closest('.jp-OutputArea');
+        if (!svg || box(svg).width === 0) {  // a hidden figure (a closed tab)
+            skipped.push(svg ? 'hidden' : 'no svg');
+            continue;
+        }
+        const area = box(cell), b = box(svg);
+        const title = (plot.querySelector('.gtitle') || {}).textContent || '';
+        const axis = [...plot.querySelectorAll(
+            '.xtick text, .ytick text, [class^="g-x"][class$="title"] text, [class^="g-y"][class$="title"] text')]
+            .filter(t => box(t).width > 0 && t.textContent.trim());
+        const notes = [...plot.querySelectorAll('.annotation-text')].filter(t => box(t).width > 0);
+        const overlaps = [];
+        axis.forEach((t, i) => {
+            for (const u of [...axis.slice(i + 1), ...notes])
+                if (hit(box(t), box(u))) overlaps.push(t.textContent + ' / ' + u.textContent);
+        });
+        const view = plot.closest('[class*="mtpx-"]');
+        out.push({title: title || (view ? view.className : ''), width: b.width,
+                  overflow: Math.max(b.right - area.right, area.left - b.left), overlaps});
+    }
+    return {figures: out, skipped};
+}"""
+
+
+@pytest.mark.parametrize("notebook", list(LAYOUT_NOTEBOOKS))
+def test_figures_fit_a_laptop_window(jupyterlab, notebook):
+    """At a 1280 x 800 window with the file browser open, every figure of the notebook fits its cell and no axis label
+    runs into another; a screenshot of the figure the docs show (written to docs/images/ too when
+    MTP_EXPLORER_DOCS_IMAGES is set: that is how the docs' screenshots are made)."""
+    from playwright.sync_api import sync_playwright
+
+    selector, image, timeout_ms = LAYOUT_NOTEBOOKS[notebook]
+    with sync_playwright() as pw:
+        browser = _launch(pw)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        errors = _console_errors(page)
+        try:
+            _run_all(page, jupyterlab, notebook, timeout_ms=timeout_ms)
+            assert page.locator(".jp-FileBrowser:visible").count() == 1  # the file browser takes its share
+            # every output shown once (a plain figure is drawn when its output is first shown), the last ones drawn
+            page.evaluate("""async () => {
+                for (const o of document.querySelectorAll('.jp-OutputArea-output')) {
+                    o.scrollIntoView({block: 'center'});
+                    await new Promise(r => setTimeout(r, 150));
+                }
+            }""")
+            if selector.startswith("."):
+                target = page.locator(selector).first
+            else:  # the output of the cell that draws the figure
+                target = page.locator(".jp-CodeCell", has_text=f"plots.{selector}(").last.locator(".jp-OutputArea")
+            target.scroll_into_view_if_needed()
+            target.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
+            page.wait_for_timeout(1500)
+            found = page.evaluate(_LAYOUT_JS)
+            figures = found["figures"]
+            assert figures, f"no figure drawn: {found['skipped']}"
+            wide = [(f["title"], round(f["width"]), round(f["overflow"])) for f in figures if f["overflow"] > 1]
+            assert not wide, f"figures wider than their cell: {wide}"
+            crowded = [(f["title"], f["overlaps"]) for f in figures if f["overlaps"]]
+            assert not crowded, f"axis labels overlapping: {crowded}"
+            assert not errors, errors
+            # the notebook scrolls inside its panel: a window as tall as the figure (as wide as checked), the figure
+            # at its top, and the window's picture cut to the figure
+            height = target.evaluate("e => e.getBoundingClientRect().height")
+            page.set_viewport_size({"width": 1280, "height": int(min(height, 2600)) + 160})
+            target.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(1000)
+            box = target.bounding_box()
+            page.screenshot(
+                path=str(ARTIFACTS / image),
+                clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": min(box["height"], 2600)},
+            )
+            if os.environ.get("MTP_EXPLORER_DOCS_IMAGES"):
+                docs = ROOT / "docs" / "images"
+                docs.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(ARTIFACTS / image, docs / image)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / f"browser_failure_{notebook}.png"))
             raise
         finally:
             browser.close()

@@ -34,14 +34,16 @@ def test_every_drafter_of_the_target_is_compared(cmp):
         assert len(r.acceptance_by_depth) == 3
         drafted = sum(int(t.n_drafted.sum()) for t in traces)
         if drafted:  # acceptance at position 1 counts every draft's first token
-            first = sum(int((t.n_accepted > 0).sum()) for t in traces) / sum(int((t.n_drafted > 0).sum()) for t in traces)
+            first = sum(int((t.n_accepted > 0).sum()) for t in traces) / sum(
+                int((t.n_drafted > 0).sum()) for t in traces
+            )
             assert r.acceptance_by_depth[0] == pytest.approx(first)
     # the model drafters decode to draft (each drafted token carries the model's confidence); the look-ups do not
     # (none): told by what the runs drafted, not by their times, which other drafters' runs do not share
     for r in f.itertuples():
-        probs = [t.draft_prob[s, : n] for t in cmp.traces[r.drafter] for s, n in enumerate(t.n_drafted) if n]
+        probs = [t.draft_prob[s, :n] for t in cmp.traces[r.drafter] for s, n in enumerate(t.n_drafted) if n]
         probs = np.concatenate(probs) if probs else np.empty(0)
-        assert (np.isnan(probs).all() if r.lookup else probs.size and np.isfinite(probs).all()), r.drafter
+        assert np.isnan(probs).all() if r.lookup else probs.size and np.isfinite(probs).all(), r.drafter
         # each row's draft time per step is its own runs' (one recording)
         traces = cmp.traces[r.drafter]
         draft_s = sum(t.summary()["phase_seconds"]["draft"] for t in traces)
@@ -51,9 +53,14 @@ def test_every_drafter_of_the_target_is_compared(cmp):
 
 def test_the_figure_shows_the_model_drafters_and_the_best_lookup(cmp):
     fig = plots.drafters_side_by_side(cmp)
-    named = {t.name for t in fig.data if t.showlegend is not False and t.name}
-    labels = set(cmp.frame.loc[~cmp.frame["lookup"], "label"]) | {drafters.mode(cmp.best_lookup).label}
-    assert {n.split(" (")[0] for n in named} == labels
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    named = {t.name for t in shown if t.legendgroup != "predicted"}
+    names = set(cmp.frame.loc[~cmp.frame["lookup"], "drafter"]) | {cmp.best_lookup}
+    assert named == names  # llama.cpp's names, short: the labels and head files are in the hover text
+    # the hollow predicted markers have their legend entry; every drafter its own colour
+    assert [t.name for t in shown if t.legendgroup == "predicted"] == [f"predicted from {cmp.costs_label}"]
+    lines = [t for t in shown if t.legendgroup != "predicted"]
+    assert len({t.line.color for t in lines}) == len(lines)
     with pytest.raises(mx.InputTypeError, match="DrafterComparison"):
         plots.drafters_side_by_side(cmp.frame)
 

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from conftest import SHORT_NGRAM
 
 import mtp_explorer as mx
-from conftest import SHORT_NGRAM
 from mtp_explorer import plots
 from mtp_explorer.core.drafters import MODES
 from mtp_explorer.core.schema import PHASES
+from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 from mtp_explorer.viz import trace_figures, whatif_figures
-from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
 from mtp_explorer.widgets import LiveTrace
 
 PROMPT = "def fib(n):"
@@ -24,7 +24,9 @@ CHANGE_AT = 10  # set_params after this step: the change applies from step CHANG
 
 @pytest.fixture(scope="module")
 def session(model_mixed, model_synthetic_draft):
-    with mx.Session.open(model_mixed, n_ctx=1024, n_rs_seq=8, topk=5, threads=1, draft_model=model_synthetic_draft) as s:
+    with mx.Session.open(
+        model_mixed, n_ctx=1024, n_rs_seq=8, topk=5, threads=1, draft_model=model_synthetic_draft
+    ) as s:
         yield s
 
 
@@ -67,8 +69,9 @@ def test_settings_changes_and_segments(changed, steady):
 def test_token_timeline_marks_every_token(session, changed):
     fig = plots.token_timeline(changed, session.piece)
     c = changed.columns
-    accepted, correction, plain_, rejected = (_trace(fig, plots.ORIGIN_LABELS[k])
-                                              for k in ("accepted", "correction", "plain", "rejected"))
+    accepted, correction, plain_, rejected = (
+        _trace(fig, plots.ORIGIN_LABELS[k]) for k in ("accepted", "correction", "plain", "rejected")
+    )
     origin = changed.token_origin
     assert len(accepted.x) == (origin == "accepted").sum() == int(c["n_accepted"].sum())
     assert len(correction.x) == (origin == "correction").sum()
@@ -83,8 +86,9 @@ def test_token_timeline_marks_every_token(session, changed):
     expected = "".join(trace_figures._escape(trace_figures._visible(p)) for p in changed.pieces).replace("\u00a0", " ")
     assert shown == expected
     # no two cells overlap on a line
-    spans = sorted((y, b, b + w) for bar in (accepted, correction, plain_, rejected)
-                   for y, b, w in zip(bar.y, bar.base, bar.x))
+    spans = sorted(
+        (y, b, b + w) for bar in (accepted, correction, plain_, rejected) for y, b, w in zip(bar.y, bar.base, bar.x)
+    )
     assert all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(spans, spans[1:]))
     marks = fig.data[-1]
     assert marks.name == "settings changed" and len(marks.x) == 1
@@ -107,8 +111,9 @@ def test_token_timeline_hover_shows_alternatives_with_probabilities(session, ste
 def test_token_timeline_hover_names_the_drafter(session, steady):
     accepted = _trace(plots.token_timeline(steady, session.piece), plots.ORIGIN_LABELS["accepted"])
     assert all("accepted MTP draft" in h for h in accepted.hovertext)
-    t = session.generate("x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram-simple",
-                         **SHORT_NGRAM)
+    t = session.generate(
+        "x = [1, 2, 3]\nx = [1, 2, 3]\nx = [1, 2", max_tokens=32, n_max=4, drafter="ngram-simple", **SHORT_NGRAM
+    )
     assert (t.columns["n_accepted"] > 0).any(), "the repeated prompt should get n-gram drafts accepted"
     fig = plots.token_timeline(t, session.piece)
     accepted = _trace(fig, plots.ORIGIN_LABELS["accepted"])
@@ -151,10 +156,13 @@ def test_accepted_length_histogram_counts_steps(steady, changed):
 def test_hidden_norms_points_by_position_and_depth(changed):
     fig = plots.hidden_norms(changed)
     c = changed.columns
-    kept, dropped, draft, cos = fig.data
+    kept, dropped, *drafts, cos = fig.data
     assert len(kept.x) == int((c["n_accepted"] + 1).sum())
     assert len(dropped.x) == int(c["rollback"].sum())
-    assert len(draft.x) == len(cos.y) == int(c["n_drafted"].sum())
+    assert sum(len(d.x) for d in drafts) == len(cos.y) == int(c["n_drafted"].sum())
+    # the colour key: one legend entry per depth, each its own colour
+    assert [d.name for d in drafts] == [f"MTP draft rows, depth {k}" for k in range(1, int(c["n_drafted"].max()) + 1)]
+    assert len({d.marker.color for d in drafts}) == len(drafts) and all(d.showlegend is not False for d in drafts)
     assert list(kept.x) == sorted(kept.x) and len(set(kept.x)) == len(kept.x)  # one kept row per position
     assert max(cos.x) == int(c["n_drafted"].max())
     assert all(-1.0 - 1e-5 <= v <= 1.0 + 1e-5 for v in cos.y)
@@ -180,6 +188,17 @@ def test_rs_slots_heatmap(changed):
     assert len([s for s in fig.layout.shapes if s.line.dash == "dash"]) == 1
 
 
+def test_step_axes_tick_whole_steps(session, changed):
+    """After a few steps the step axes read 0, 1, 2 (not -0.5, 0.5, 1.5); a long run gets round steps apart."""
+    short = session.generate(PROMPT, max_tokens=6, n_max=1)
+    assert 1 <= short.n_steps <= 6
+    for fig, axes in ((plots.rs_slots(short), ("xaxis",)), (plots.throughput(short), ("xaxis", "xaxis2"))):
+        for axis in axes:
+            ax = fig.layout[axis]
+            assert (ax.tickmode, ax.tick0, ax.dtick) == ("linear", 0, 1), axis
+    assert plots.rs_slots(changed).layout.xaxis.dtick in (1, 2, 5, 10, 20, 50)
+
+
 def test_rs_slots_on_a_non_recurrent_model(tmp_path):
     path = write_synthetic_glm4moe(tmp_path / "glm.gguf", context_mix=0.5)
     with mx.Session.open(path, n_ctx=256, threads=1) as s:
@@ -202,7 +221,16 @@ def test_throughput_with_and_without_baseline(changed, plain):
     assert all(list(t.x) == ["MTP", "plain"] for t in phases)
     ms_total = sum(t.y[0] for t in phases)
     assert ms_total == pytest.approx(sum(s["phase_seconds"].values()) * 1e3 / s["n_tokens"])
-    assert any(a.text.startswith("plain ") for a in fig.layout.annotations)
+    # plain decoding is a legend entry of the tokens/s panel, no label on its line
+    line = _trace(fig, f"plain {b['tokens_per_second']:.0f} tok/s")
+    assert set(line.y) == {b["tokens_per_second"]} and line.line.dash == "dot"
+    assert not any(a.text.startswith("plain ") for a in fig.layout.annotations)
+    # one legend under each panel, holding that panel's traces only
+    legends = {t.legend or "legend": set() for t in fig.data}
+    for t in fig.data:
+        legends[t.legend or "legend"].add(t.xaxis)
+    assert legends == {"legend": {"x"}, "legend2": {"x2"}, "legend3": {"x3"}}
+    assert fig.layout.legend.x < fig.layout.legend2.x < fig.layout.legend3.x
     tps = _trace(fig, "MTP tokens/s")
     assert len(tps.y) == changed.n_steps and all(v > 0 for v in tps.y)
     dashed = [sh for sh in fig.layout.shapes if sh.line.dash == "dash"]
@@ -220,6 +248,19 @@ def test_every_figure_builds_from_an_empty_and_a_json_trace(session, changed, pl
             fig = make(trace, plain) if name == "throughput" else make(trace)
             assert isinstance(fig, go.Figure) and fig.layout.title.text
     assert "no tokens yet" in plots.token_timeline(empty).layout.annotations[0].text
+    # every axis that shows tick labels says what it measures (and in which unit); no figure has a fixed width
+    for name, make in plots.FIGURES.items():
+        fig = make(changed, plain) if name == "throughput" else make(changed)
+        axes = [k for k in fig.layout if k.startswith(("xaxis", "yaxis"))]
+        untitled = [
+            k
+            for k in axes
+            if fig.layout[k].visible is not False
+            and fig.layout[k].showticklabels is not False
+            and not fig.layout[k].title.text
+        ]
+        assert not untitled, (name, untitled)
+        assert fig.layout.width is None and all(fig.layout[k].automargin for k in axes), name
 
 
 def test_export_html(tmp_path, steady):
@@ -252,8 +293,15 @@ def test_whatif_figures_are_reexported(session):
     """plots re-exports the what-if figures of viz.whatif_figures (the same functions), and each builds."""
     import pandas as pd
 
-    names = ("reliability_diagram", "sweep_heatmap", "speedup_ceiling", "predicted_vs_measured", "drafter_comparison",
-             "predicted_acceptance_by_depth", "predicted_speed_by_n_max")
+    names = (
+        "reliability_diagram",
+        "sweep_heatmap",
+        "speedup_ceiling",
+        "predicted_vs_measured",
+        "drafter_comparison",
+        "predicted_acceptance_by_depth",
+        "predicted_speed_by_n_max",
+    )
     for name in names:
         assert getattr(plots, name) is getattr(whatif_figures, name) and name in plots.__all__
         assert name not in plots.FIGURES  # FIGURES stays the per-trace figures the Explorer shows
@@ -266,9 +314,16 @@ def test_whatif_figures_are_reexported(session):
         plots.predicted_vs_measured([{"label": "n_max=2", "predicted": 100.0, "measured": 90.0}]),
         plots.drafter_comparison(pd.concat(grids)),
         plots.predicted_acceptance_by_depth(mx.simulate(oracle, 2, 0.0)),
-        plots.predicted_speed_by_n_max([{"n_max": 1, "tokens_per_second": 90.0, "ceiling_tokens_per_second": 120.0},
-                                        {"n_max": 2, "tokens_per_second": 95.0, "ceiling_tokens_per_second": 150.0}],
-                                       n_max=2, plain=80.0, p_min=0.0, n_min=0),
+        plots.predicted_speed_by_n_max(
+            [
+                {"n_max": 1, "tokens_per_second": 90.0, "ceiling_tokens_per_second": 120.0},
+                {"n_max": 2, "tokens_per_second": 95.0, "ceiling_tokens_per_second": 150.0},
+            ],
+            n_max=2,
+            plain=80.0,
+            p_min=0.0,
+            n_min=0,
+        ),
     ]
     for fig in figs:
         assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.data
@@ -281,20 +336,32 @@ def test_a_dip_in_the_predicted_speed_is_explained_on_the_figure():
     from mtp_explorer.viz.whatif_figures import dip_notes
 
     def row(n, tok, ms):
-        return {"n_max": n, "tokens_per_second": 1e3 * tok / ms, "ceiling_tokens_per_second": 1e4,
-                "tokens_per_step": tok, "ms_per_step": ms}
+        return {
+            "n_max": n,
+            "tokens_per_second": 1e3 * tok / ms,
+            "ceiling_tokens_per_second": 1e4,
+            "tokens_per_step": tok,
+            "ms_per_step": ms,
+        }
 
     rows = [row(1, 1.8, 2.0), row(2, 2.4, 2.2), row(3, 2.3, 2.4), row(4, 2.9, 2.5), row(5, 3.0, 3.0)]
     notes = dip_notes(rows)
-    assert [i for i, _ in notes] == [2] and "fewer tokens per step" in notes[0][1] and "(n_max 2: 2.40 at 2.20)" in notes[0][1]
+    assert (
+        [i for i, _ in notes] == [2]
+        and "fewer tokens per step" in notes[0][1]
+        and "(n_max 2: 2.40 at 2.20)" in notes[0][1]
+    )
     dearer = [row(1, 2.0, 2.0), row(2, 2.1, 2.4), row(3, 2.6, 2.5)]
     assert "dearer steps" in dip_notes(dearer)[0][1]
     assert dip_notes([row(n, 1.0 + n, 2.0) for n in range(1, 6)]) == []
-    bare = [{k: v for k, v in r.items() if k in ("n_max", "tokens_per_second", "ceiling_tokens_per_second")}
-            for r in rows]
+    bare = [
+        {k: v for k, v in r.items() if k in ("n_max", "tokens_per_second", "ceiling_tokens_per_second")} for r in rows
+    ]
     assert dip_notes(bare) == []
     fig = plots.predicted_speed_by_n_max(rows, n_max=2, plain=800.0, p_min=0.0, n_min=0)
-    assert [a.x for a in fig.layout.annotations if a.text.startswith("dip")] == [3]
+    dips = [a for a in fig.layout.annotations if a.text.startswith("dip")]
+    assert [a.x for a in dips] == [3] and dips[0].text == "dip: fewer tokens per step"
+    assert dips[0].hovertext == notes[0][1] and dips[0].ay < 0  # the numbers on hover; the mark above the point
     curve = [t for t in fig.data if t.name == "predicted"][0]
     assert "tokens per step" in curve.hovertemplate and len(curve.customdata) == 5
 
@@ -336,37 +403,66 @@ def _wrong_inputs(session):
         "throughput": (lambda: plots.throughput(trace, grid), "baseline must be a Trace", "got DataFrame"),
         "export": (lambda: plots.export(trace, "x.html"), "takes a plotly Figure", "got Trace"),
         "sweep_heatmap": (lambda: plots.sweep_heatmap(trace), "takes a sweep/simulate_grid DataFrame", "got Trace"),
-        "speedup_ceiling": (lambda: plots.speedup_ceiling(grid.drop(columns="ceiling_tokens_per_second")),
-                            "takes a sweep/simulate_grid DataFrame",
-                            "without the column(s) ['ceiling_tokens_per_second']"),
-        "drafter_comparison": (lambda: plots.drafter_comparison(trace), "takes a sweep/simulate_grid DataFrame over "
-                               "drafters", "got Trace"),
+        "speedup_ceiling": (
+            lambda: plots.speedup_ceiling(grid.drop(columns="ceiling_tokens_per_second")),
+            "takes a sweep/simulate_grid DataFrame",
+            "without the column(s) ['ceiling_tokens_per_second']",
+        ),
+        "drafter_comparison": (
+            lambda: plots.drafter_comparison(trace),
+            "takes a sweep/simulate_grid DataFrame over drafters",
+            "got Trace",
+        ),
         "reliability_diagram": (lambda: plots.reliability_diagram(grid), "takes a Calibration", "got DataFrame"),
-        "predicted_vs_measured": (lambda: plots.predicted_vs_measured(pd.DataFrame(rows)), "takes a sequence of dicts",
-                                  "got DataFrame"),
-        "predicted_acceptance_by_depth": (lambda: plots.predicted_acceptance_by_depth(trace),
-                                          "takes a SimTrace", "got Trace"),
-        "predicted_speed_by_n_max": (lambda: plots.predicted_speed_by_n_max([{"n_max": 1}], n_max=1, plain=1.0,
-                                                                            p_min=0.0, n_min=0),
-                                     "takes a sequence of dicts", "lacks ['tokens_per_second'"),
-        "server_acceptance": (lambda: plots.server_acceptance("http://127.0.0.1:8080"), "takes a ServerMonitor",
-                              "got str"),
+        "predicted_vs_measured": (
+            lambda: plots.predicted_vs_measured(pd.DataFrame(rows)),
+            "takes a sequence of dicts",
+            "got DataFrame",
+        ),
+        "predicted_acceptance_by_depth": (
+            lambda: plots.predicted_acceptance_by_depth(trace),
+            "takes a SimTrace",
+            "got Trace",
+        ),
+        "predicted_speed_by_n_max": (
+            lambda: plots.predicted_speed_by_n_max([{"n_max": 1}], n_max=1, plain=1.0, p_min=0.0, n_min=0),
+            "takes a sequence of dicts",
+            "lacks ['tokens_per_second'",
+        ),
+        "server_acceptance": (
+            lambda: plots.server_acceptance("http://127.0.0.1:8080"),
+            "takes a ServerMonitor",
+            "got str",
+        ),
         "server_rates": (lambda: plots.server_rates(trace), "takes a ServerMonitor", "got Trace"),
-        "server_predictions": (lambda: plots.server_predictions(trace), "takes a ServerSweep with predictions",
-                               "got Trace"),
+        "server_predictions": (
+            lambda: plots.server_predictions(trace),
+            "takes a ServerSweep with predictions",
+            "got Trace",
+        ),
         "slot_timeline": (lambda: plots.slot_timeline(trace), "takes a ParallelTrace", "got Trace"),
         "batch_rows": (lambda: plots.batch_rows([trace]), "takes a ParallelTrace", "got list"),
-        "parallel_crossover": (lambda: plots.parallel_crossover(grid), "takes a recommend_parallel or measure_crossover DataFrame",
-                               "without the column(s) ['n_parallel', 'goodput']"),
-        "drafters_side_by_side": (lambda: plots.drafters_side_by_side(grid), "takes a DrafterComparison",
-                                  "got DataFrame"),
+        "parallel_crossover": (
+            lambda: plots.parallel_crossover(grid),
+            "takes a recommend_parallel or measure_crossover DataFrame",
+            "without the column(s) ['n_parallel', 'goodput']",
+        ),
+        "drafters_side_by_side": (
+            lambda: plots.drafters_side_by_side(grid),
+            "takes a DrafterComparison",
+            "got DataFrame",
+        ),
     }
 
 
 def test_a_figure_given_the_wrong_input_says_what_it_takes(session):
     cases = _wrong_inputs(session)
     public = {n for n in plots.__all__ if callable(getattr(plots, n)) and n[0].islower()} - {
-        "settings_changes", "settings_segments", "step_seconds", "speedup"}
+        "settings_changes",
+        "settings_segments",
+        "step_seconds",
+        "speedup",
+    }
     assert public == set(cases)  # every public figure function is checked
     for name, (call, takes, got) in cases.items():
         with pytest.raises(TypeError) as info:
@@ -395,3 +491,47 @@ def test_drafter_labels_and_colours_come_from_the_registry(session):
     hovers = [h for name in ("accepted", "rejected") for h in (_trace(fig, plots.ORIGIN_LABELS[name]).hovertext or ())]
     labels = {MODES[mx.DRAFTER_SPECS[n].spec_type].label for n in mx.DRAFTERS}  # the engine's names: their choices
     assert hovers and all(any(f"{lab} draft" in h for lab in labels) for h in hovers)
+
+
+def test_server_predictions_label_every_point_by_its_configuration():
+    """Each point says which configuration it is (plain decoding without the n_max it does not use); the axes say
+    what they measure."""
+    import pandas as pd
+
+    rows = [
+        {
+            "spec_type": st,
+            "n_max": n,
+            "n_parallel": np_,
+            "category": "all",
+            "status": "ok",
+            "tokens_per_second": 100.0 + i,
+            "predicted_tokens_per_second": 101.0 + i,
+            "tokens_per_second_error": 0.01,
+            "tokens_per_second_spread": 0.02,
+            "acceptance": None if st == "none" else 0.7,
+            "predicted_acceptance": None if st == "none" else 0.72,
+        }
+        for i, (st, n, np_) in enumerate([("none", 2, 1), (MODES["draft-mtp"].name, 3, 2)])
+    ]
+    sweep = mx.ServerSweep(
+        frame=pd.DataFrame(rows),
+        model="m.gguf",
+        grid={"spec_type": ["none", "draft-mtp"], "n_max": [2, 3], "n_parallel": [1, 2]},
+        workload=mx.Workload.from_prompts(["a"], n_predict=4),
+    )
+    fig = plots.server_predictions(sweep)
+    tps, acc = fig.data[0], fig.data[1]
+    assert "text" in tps.mode and list(tps.text) == ["plain np 1", "draft-mtp n3 np 2"]
+    assert list(acc.text) == ["draft-mtp n3 np 2"]
+    assert tps.customdata[0][0] == "spec_type=none n_parallel=1"  # the hover text: in full
+    assert fig.layout.xaxis.title.text == "predicted tokens/s" and fig.layout.yaxis.title.text == "measured tokens/s"
+
+
+def test_drafter_colours_are_distinct_and_shared():
+    """One colour per listed drafter, none shared, the same wherever a figure draws that drafter."""
+    from mtp_explorer.core.drafters import DRAFTER_MODES
+    from mtp_explorer.viz.style import DRAFTER_COLORS, drafter_color
+
+    assert len({DRAFTER_COLORS[m] for m in DRAFTER_MODES}) == len(DRAFTER_MODES)
+    assert all(drafter_color(m, 99) == DRAFTER_COLORS[m] for m in DRAFTER_MODES)

@@ -14,13 +14,21 @@ import psutil
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
-                                             replay_server_parallel, rerun_server_batch)
-from mtp_explorer.server import (LlamaServer, Reading, ServerClient, ServerMonitor, SpecMetrics, free_port,
-                                 parse_metrics)
+from mtp_explorer.devtools.reference import (
+    compare_with_server,
+    explain_server_mismatch,
+    replay_server,
+    replay_server_parallel,
+    rerun_server_batch,
+)
+from mtp_explorer.server import LlamaServer, Reading, ServerClient, ServerMonitor, SpecMetrics, free_port, parse_metrics
 
-PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
-           "for i in range(10):")
+PROMPTS = (
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+)
 N_PREDICT = 48
 N_MAX = 3
 
@@ -28,8 +36,9 @@ N_MAX = 3
 @pytest.fixture(scope="module")
 def server(bundled_model, server_binary):
     """A real llama-server, two slots, draft-mtp at n_max 3; stopped after the module, leaving no process."""
-    srv = LlamaServer(bundled_model, n_parallel=2, n_ctx=4096, threads=1, spec_type="draft-mtp", n_max=N_MAX,
-                      binary=server_binary)
+    srv = LlamaServer(
+        bundled_model, n_parallel=2, n_ctx=4096, threads=1, spec_type="draft-mtp", n_max=N_MAX, binary=server_binary
+    )
     with srv:
         pid = srv.process.pid
         yield srv
@@ -43,6 +52,7 @@ def session(bundled_model):
 
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
+@pytest.mark.server
 def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, session, n_parallel):
     """N concurrent requests, each the first of its slot (a fresh server per batch: a reused slot's draft totals
     depend on what it served before in llama-server 0.3.36, see benchmarks/server.py): each text and draft_n /
@@ -50,9 +60,16 @@ def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, 
     drafts cut to the budget left minus one). A divergence would have to be a floating-point near-tie between batch
     shapes (the server batches the slots' rows), found and reported with its margin."""
     ties = []
-    for batch in (PROMPTS[i:i + n_parallel] for i in range(0, len(PROMPTS), n_parallel)):
-        with LlamaServer(bundled_model, n_parallel=n_parallel, n_ctx=2048 * n_parallel, threads=1,
-                         spec_type="draft-mtp", n_max=N_MAX, binary=server_binary) as srv:
+    for batch in (PROMPTS[i : i + n_parallel] for i in range(0, len(PROMPTS), n_parallel)):
+        with LlamaServer(
+            bundled_model,
+            n_parallel=n_parallel,
+            n_ctx=2048 * n_parallel,
+            threads=1,
+            spec_type="draft-mtp",
+            n_max=N_MAX,
+            binary=server_binary,
+        ) as srv:
             answers = srv.client().complete_many(batch, N_PREDICT)
         for prompt, done in zip(batch, answers):
             ours = replay_server(session, prompt, n_predict=N_PREDICT, n_max=N_MAX)
@@ -66,8 +83,10 @@ def test_requests_on_fresh_slots_match_our_replay(bundled_model, server_binary, 
             ties.append(f"-np {n_parallel} {prompt!r}: {why['cause']} near-tie, margin {why['margin']:.4f}")
     assert len(ties) <= len(PROMPTS) // 4, ties
     if ties:
-        warnings.warn("llama-server batches differed from single-sequence runs at floating-point near-ties:\n"
-                      + "\n".join(ties), stacklevel=1)
+        warnings.warn(
+            "llama-server batches differed from single-sequence runs at floating-point near-ties:\n" + "\n".join(ties),
+            stacklevel=1,
+        )
 
 
 #: llama-server 0.3.36 samples drafts on the backend by default (--spec-draft-backend-sampling); with two slots
@@ -79,18 +98,29 @@ HEAD_SERVER_ARGS = {"draft-eagle3": ["--no-spec-draft-backend-sampling"], "draft
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
 @pytest.mark.parametrize("spec_type", sorted(HEAD_SERVER_ARGS))
+@pytest.mark.reference
+@pytest.mark.server
 def test_draft_heads_match_the_server(server_binary, spec_type, n_parallel):
     """The shipped EAGLE-3, DFlash and DSpark heads (-md) on llama-server with 1 and 2 slots: each request's text and
     draft_n / draft_n_accepted equal our replay of it as a server slot (the prompt in the server's batches, the
     first token sampled from them before any draft; llama.cpp's EAGLE-3 reads its deferred boundary row across
     those batches, which a replay that decodes the prompt as llama-speculative-simple does gets wrong)."""
     head = next(h for h in mx.draft_heads() if h.spec_type == spec_type)
-    with mx.Session.open(head.target_path, draft_model=head.head_path, n_ctx=2048 * n_parallel, threads=1,
-                         n_parallel=n_parallel) as s:
-        for batch in (list(PROMPTS[i:i + n_parallel]) for i in range(0, len(PROMPTS), n_parallel)):
-            with LlamaServer(head.target_path, n_parallel=n_parallel, n_ctx=2048 * n_parallel, threads=1,
-                             spec_type=spec_type, n_max=N_MAX, draft_model=head.head_path,
-                             args=HEAD_SERVER_ARGS[spec_type], binary=server_binary) as srv:
+    with mx.Session.open(
+        head.target_path, draft_model=head.head_path, n_ctx=2048 * n_parallel, threads=1, n_parallel=n_parallel
+    ) as s:
+        for batch in (list(PROMPTS[i : i + n_parallel]) for i in range(0, len(PROMPTS), n_parallel)):
+            with LlamaServer(
+                head.target_path,
+                n_parallel=n_parallel,
+                n_ctx=2048 * n_parallel,
+                threads=1,
+                spec_type=spec_type,
+                n_max=N_MAX,
+                draft_model=head.head_path,
+                args=HEAD_SERVER_ARGS[spec_type],
+                binary=server_binary,
+            ) as srv:
                 answers = srv.client().complete_many(batch, N_PREDICT)
             ours = replay_server_parallel(s, batch, n_predict=N_PREDICT, n_max=N_MAX, drafter=spec_type)
             for prompt, done, trace in zip(batch, answers, ours.traces):
@@ -99,6 +129,7 @@ def test_draft_heads_match_the_server(server_binary, spec_type, n_parallel):
                 assert done.draft_n_accepted > 0
 
 
+@pytest.mark.server
 def test_a_draft_model_matches_the_server_through_its_checkpoint_replay(bundled_model, server_binary):
     """draft-simple on the hybrid bundled target: the target gets no snapshot slots for it, so after a partial
     acceptance llama-server restores a checkpoint and verifies the accepted tokens and the correction again with the
@@ -107,8 +138,16 @@ def test_a_draft_model_matches_the_server_through_its_checkpoint_replay(bundled_
     draft = mx.draft_model_path()
     with mx.Session.open(bundled_model, draft_model=draft, n_ctx=2048, threads=1) as s:
         for prompt in PROMPTS:
-            with LlamaServer(bundled_model, n_parallel=1, n_ctx=2048, threads=1, spec_type="draft-simple",
-                             n_max=N_MAX, draft_model=draft, binary=server_binary) as srv:
+            with LlamaServer(
+                bundled_model,
+                n_parallel=1,
+                n_ctx=2048,
+                threads=1,
+                spec_type="draft-simple",
+                n_max=N_MAX,
+                draft_model=draft,
+                binary=server_binary,
+            ) as srv:
                 done = srv.client().complete(prompt, N_PREDICT)
             ours = replay_server(s, prompt, n_predict=N_PREDICT, n_max=N_MAX, drafter="draft-simple")
             result = compare_with_server(done, ours)
@@ -137,14 +176,16 @@ def test_a_server_slot_decodes_the_prompt_in_the_servers_batches(bundled_model, 
         mx.DraftSettings(server_slot="yes")
 
 
+@pytest.mark.server
 def test_a_batch_of_slots_matches_our_parallel_replay(bundled_model, server_binary):
     """-np 4: four concurrent requests on a fresh server against the same four as one batch of our engine's four
     sequences (one target batch per step, the MTP drafts of all four decoded together): each text and draft_n /
     draft_n_accepted equal, or a reported near-tie. llama-server itself varies from run to run here (the first
     request gets another text in about 1 run of 6, always the same other one; ours never varies), so a request that
     differs beyond a near-tie must match in one of three fresh server runs of the same batch, and is reported."""
-    with LlamaServer(bundled_model, n_parallel=4, n_ctx=2048 * 4, threads=1, spec_type="draft-mtp", n_max=N_MAX,
-                     binary=server_binary) as srv:
+    with LlamaServer(
+        bundled_model, n_parallel=4, n_ctx=2048 * 4, threads=1, spec_type="draft-mtp", n_max=N_MAX, binary=server_binary
+    ) as srv:
         answers = srv.client().complete_many(list(PROMPTS), N_PREDICT)
     with mx.Session.open(bundled_model, n_ctx=2048 * 4, threads=1, n_parallel=4) as s:
         ours = replay_server_parallel(s, list(PROMPTS), n_predict=N_PREDICT, n_max=N_MAX)
@@ -158,16 +199,27 @@ def test_a_batch_of_slots_matches_our_parallel_replay(bundled_model, server_bina
             if why["kind"] == "tie":
                 ties.append(f"{prompt!r}: {why['cause']} near-tie, margin {why['margin']:.4f}")
                 continue
-            reruns = rerun_server_batch(bundled_model, list(PROMPTS), j, trace, n_predict=N_PREDICT, n_max=N_MAX,
-                                        threads=1, binary=server_binary)
+            reruns = rerun_server_batch(
+                bundled_model,
+                list(PROMPTS),
+                j,
+                trace,
+                n_predict=N_PREDICT,
+                n_max=N_MAX,
+                threads=1,
+                binary=server_binary,
+            )
             assert any(r["match"] for r in reruns), (prompt, result, why, reruns)
-            varied.append(f"{prompt!r}: the server's text differed (margin {why['margin']:.3f}); "
-                          f"{sum(r['match'] for r in reruns)} of {len(reruns)} fresh server runs equal ours")
+            varied.append(
+                f"{prompt!r}: the server's text differed (margin {why['margin']:.3f}); "
+                f"{sum(r['match'] for r in reruns)} of {len(reruns)} fresh server runs equal ours"
+            )
     assert len(ties) + len(varied) <= 1, ties + varied
     if ties or varied:
         warnings.warn("a batch differed from the server's:\n" + "\n".join(ties + varied), stacklevel=1)
 
 
+@pytest.mark.server
 def test_monitor_reads_the_servers_counters(server):
     monitor = ServerMonitor(server.url)
     assert monitor.state == "unknown"
@@ -190,6 +242,7 @@ def test_monitor_reads_the_servers_counters(server):
     assert list(frame["prompt"]) == list(PROMPTS[:2]) and (frame["draft_n"] > 0).all()
 
 
+@pytest.mark.server
 def test_monitor_windows_a_server_under_load(server):
     """Rates over a window and the time series of polls, read while two clients keep the server's slots busy."""
     monitor = ServerMonitor(server.url)
@@ -201,6 +254,7 @@ def test_monitor_windows_a_server_under_load(server):
 
     clients = threading.Thread(target=load, daemon=True)
     clients.start()
+
     def loaded() -> bool:  # 8 polls reached the server, and the load shows in its counters between them
         up = [r for r in monitor.readings if r.connected]
         return len(up) >= 8 and up[-1].metrics.since(up[0].metrics).accepted_tokens > 0
@@ -231,23 +285,41 @@ def test_monitor_windows_a_server_under_load(server):
     assert (frame["tokens_per_second"] * frame["seconds"]).sum() == pytest.approx(grown.tokens_predicted)
     assert frame["seconds"].sum() == pytest.approx(w.seconds)
     fig = mx.plots.server_rates(monitor, window=up[-1].time - up[0].time + 1e-6)
-    assert [t.name for t in fig.data] == ["tokens per second", "drafted per second", "accepted per second",
-                                          "acceptance rate"]
+    assert [t.name for t in fig.data] == [
+        "tokens per second",
+        "drafted per second",
+        "accepted per second",
+        "acceptance rate",
+    ]
     assert "tok/s" in fig.layout.title.text and len(fig.data[0].x) == len(frame)
 
 
 def _reading(t: float, tokens: int, drafted: int, accepted: int, drafts: int) -> Reading:
     """A SYNTHETIC poll: counters as llama-server's /metrics would give them."""
-    return Reading(t, SpecMetrics(drafts=drafts, draft_tokens=drafted, accepted_tokens=accepted,
-                                  accepted_per_pos=(accepted,), tokens_predicted=tokens, predicted_seconds=t / 2))
+    return Reading(
+        t,
+        SpecMetrics(
+            drafts=drafts,
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+            accepted_per_pos=(accepted,),
+            tokens_predicted=tokens,
+            predicted_seconds=t / 2,
+        ),
+    )
 
 
 def test_monitor_window_series_and_ring_buffer_on_synthetic_polls():
     monitor = ServerMonitor("http://127.0.0.1:9", capacity=5)
     assert monitor.window(10) is None and monitor.series().empty
-    polls = [_reading(100, 0, 0, 0, 0), _reading(101, 50, 20, 10, 10), _reading(102, 90, 40, 30, 20),
-             Reading(103, None, "unreachable"), _reading(104, 10, 4, 2, 2),  # restarted: counters start again
-             _reading(106, 50, 14, 8, 6)]
+    polls = [
+        _reading(100, 0, 0, 0, 0),
+        _reading(101, 50, 20, 10, 10),
+        _reading(102, 90, 40, 30, 20),
+        Reading(103, None, "unreachable"),
+        _reading(104, 10, 4, 2, 2),  # restarted: counters start again
+        _reading(106, 50, 14, 8, 6),
+    ]
     monitor.readings.extend(polls)
     assert len(monitor.readings) == 5 and monitor.readings[0].time == 101  # the oldest poll left the ring
     frame = monitor.series()
@@ -256,12 +328,20 @@ def test_monitor_window_series_and_ring_buffer_on_synthetic_polls():
     w = monitor.window(60)  # back to the restart only
     assert (w.start, w.seconds, w.tokens_per_second, w.acceptance_rate) == (104, 2, 20.0, 0.6)
     assert w.drafted_per_second == 5.0 and w.accepted_per_second == 3.0 and w.mean_accepted_length == 1.5
+    # the chart: seconds since the first poll on x (not clock times a few ms apart), every interval a visible point,
+    # the acceptance axis 0..1 in quarters
+    fig = mx.plots.server_rates(monitor, window=60)
+    assert list(fig.data[0].x) == [1.0, 5.0] and fig.layout.xaxis.title.text == "seconds since the first poll"
+    rate = fig.data[-1]
+    assert rate.name == "acceptance rate" and "markers" in rate.mode and list(rate.y) == [1.0, 0.6]
+    assert (tuple(fig.layout.yaxis2.range), fig.layout.yaxis2.dtick) == ((0, 1.05), 0.25)
     with pytest.raises(mx.ParameterError, match="window"):
         monitor.window(0)
     with pytest.raises(mx.ParameterError, match="capacity"):
         ServerMonitor("http://127.0.0.1:9", capacity=1)
 
 
+@pytest.mark.server
 def test_a_server_that_fails_to_start_leaves_nothing_behind(tmp_path, server_binary):
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
@@ -271,6 +351,7 @@ def test_a_server_that_fails_to_start_leaves_nothing_behind(tmp_path, server_bin
     assert srv.process is None and not srv.running
 
 
+@pytest.mark.server
 def test_a_missing_binary_or_model_is_named(tmp_path, bundled_model):
     with pytest.raises(mx.ServerUnavailableError, match="no llama-server binary at"):
         LlamaServer(bundled_model, binary=tmp_path / "nope")
@@ -280,11 +361,13 @@ def test_a_missing_binary_or_model_is_named(tmp_path, bundled_model):
 
 # -- error paths --------------------------------------------------------------------------------------------
 def test_parse_metrics():
-    text = ('# HELP llamacpp:spec_decode_num_drafts_total x\nllamacpp:spec_decode_num_drafts_total 4\n'
-            'llamacpp:spec_decode_num_draft_tokens_total 12\nllamacpp:spec_decode_num_accepted_tokens_total 7\n'
-            'llamacpp:tokens_predicted_total 20\nllamacpp:tokens_predicted_seconds_total 0.25\n'
-            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2\n'
-            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 4\n')
+    text = (
+        "# HELP llamacpp:spec_decode_num_drafts_total x\nllamacpp:spec_decode_num_drafts_total 4\n"
+        "llamacpp:spec_decode_num_draft_tokens_total 12\nllamacpp:spec_decode_num_accepted_tokens_total 7\n"
+        "llamacpp:tokens_predicted_total 20\nllamacpp:tokens_predicted_seconds_total 0.25\n"
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2\n'
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 4\n'
+    )
     m = SpecMetrics.from_samples(parse_metrics(text))
     assert (m.drafts, m.draft_tokens, m.accepted_tokens, m.accepted_per_pos) == (4, 12, 7, (4, 2))
     assert m.acceptance_by_position == [1.0, 0.5] and m.tokens_per_second == 80.0
@@ -359,6 +442,7 @@ def test_monitor_of_a_server_that_answers_garbage_or_nothing(stand_in):
         ServerMonitor("localhost:8080")
 
 
+@pytest.mark.server
 def test_explorer_tab_watches_the_server(server, session, stand_in):
     from mtp_explorer.widgets import Explorer, ServerView
 

@@ -35,12 +35,14 @@ def _servers_left(before: set[psutil.Process]) -> list[psutil.Process]:
     return sorted(_children() - before, key=lambda p: p.pid)
 
 
+@pytest.mark.server
 def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_binary, tmp_path):
     workload = Workload.from_prompts(PROMPTS, n_predict=24, categories=["code", "code", "prose"])
     grid = {"spec_type": ["none", "draft-mtp"], "n_max": [3], "n_parallel": [1, 2]}
     before = _children()
-    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary,
-                            timeout_s=120, progress=False)
+    sweep = mx.server_sweep(
+        bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary, timeout_s=120, progress=False
+    )
     f = sweep.frame
     assert len(f) == 4 * 3  # 4 configurations x (all, code, prose)
     assert set(f["status"]) == {"ok"} and not _servers_left(before)
@@ -70,16 +72,27 @@ def test_a_sweep_of_the_bundled_model_on_a_real_server(bundled_model, server_bin
     assert back.frame["tokens_per_second"].tolist() == pytest.approx(f["tokens_per_second"].tolist(), nan_ok=True)
 
 
+@pytest.mark.server
 def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_binary, tmp_path):
     """Greedy counters predicted from one recording are the server's for single requests (-np 1), a chat request
     included (the server's template and tokens); tokens/s is predicted for every row, with its error against the
     median of three runs and whether it lies outside their range."""
     chat = WorkloadRequest("", 24, "chat", ({"role": "user", "content": "Write a function that reverses a list."},))
-    workload = Workload(Workload.from_prompts(PROMPTS[:2], n_predict=24, categories=["code", "prose"]).requests
-                        + (chat,))
+    workload = Workload(
+        Workload.from_prompts(PROMPTS[:2], n_predict=24, categories=["code", "prose"]).requests + (chat,)
+    )
     grid = {"spec_type": ["none", "draft-mtp", "ngram-mod,draft-mtp"], "n_max": [3], "n_parallel": [1, 2]}
-    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=2048, binary=server_binary,
-                            timeout_s=120, repeats=3, progress=False)
+    sweep = mx.server_sweep(
+        bundled_model,
+        workload,
+        grid,
+        threads=1,
+        n_ctx=2048,
+        binary=server_binary,
+        timeout_s=120,
+        repeats=3,
+        progress=False,
+    )
     f = sweep.frame
     assert (f["repeats"] == 3).all() and (f["tokens_per_second_spread"] >= 0).all()
     assert len(sweep.requests) == 6 * 3 * 3 and sweep.requests["ok"].all()
@@ -100,8 +113,11 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
     assert (single["draft_n"] > 0).all()
     for _, runs in single.groupby("request"):  # the prediction is one of the server's own outcomes, nearly always all
         measured = set(zip(runs["tokens_predicted"], runs["draft_n"], runs["draft_n_accepted"]))
-        assert (runs.iloc[0]["predicted_tokens"], runs.iloc[0]["predicted_draft_n"],
-                runs.iloc[0]["predicted_draft_n_accepted"]) in measured
+        assert (
+            runs.iloc[0]["predicted_tokens"],
+            runs.iloc[0]["predicted_draft_n"],
+            runs.iloc[0]["predicted_draft_n_accepted"],
+        ) in measured
     assert single["counts_match"].mean() >= 2 / 3
     assert (p["predicted_tokens_per_second"] > 0).all() and p["tokens_per_second_error"].notna().all()
     assert set(p["beyond_spread"]) <= {True, False}
@@ -130,13 +146,15 @@ def test_the_explorer_predicts_a_sweep_from_one_recording(bundled_model, server_
         mx.plots.server_predictions(sweep)
 
 
+@pytest.mark.server
 def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed(bundled_model, server_binary):
     """with_predictions predicts every row that ran and leaves the others' predictions empty, with the reason: a
     configuration that failed on the server, and one the session cannot run (draft-eagle3 without a draft model)."""
     workload = Workload.from_prompts(PROMPTS[:1], n_predict=8)
     grid = {"spec_type": ["none", "draft-mtp", "draft-eagle3"], "n_max": [3]}
-    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=1024, binary=server_binary,
-                            timeout_s=120, progress=False)
+    sweep = mx.server_sweep(
+        bundled_model, workload, grid, threads=1, n_ctx=1024, binary=server_binary, timeout_s=120, progress=False
+    )
     frame = sweep.frame.copy()
     frame.loc[frame["spec_type"] == "draft-mtp", "status"] = "failed to start: SYNTHETIC failure"
     broken = dataclasses.replace(sweep, frame=frame)
@@ -144,20 +162,24 @@ def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed
         p = broken.with_predictions(session, binary=server_binary, progress=False).frame.set_index("spec_type")
     assert p.loc["none", "predicted_tokens_per_second"] > 0 and p.loc["none", "prediction_note"] == ""
     assert math.isnan(p.loc["draft-mtp", "predicted_tokens_per_second"])
-    assert p.loc["draft-mtp", "prediction_note"] == ("not predicted: it failed on the server "
-                                                     "(failed to start: SYNTHETIC failure)")
+    assert p.loc["draft-mtp", "prediction_note"] == (
+        "not predicted: it failed on the server (failed to start: SYNTHETIC failure)"
+    )
     assert math.isnan(p.loc["draft-eagle3", "predicted_tokens_per_second"])
     assert p.loc["draft-eagle3", "prediction_note"].startswith("not predicted: ")
     assert "draft model" in p.loc["draft-eagle3", "prediction_note"]
     assert p["tokens_per_second_error"].notna().tolist() == [True, False, False]
 
 
+@pytest.mark.server
 def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, server_binary, tmp_path):
     """What a llama-server request costs beyond the engine's work: fit (on SYNTHETIC samples, exactly), measured on a
     real server, saved with the batch cost model, and added by every server-slot prediction; a model without them
     (or saved before them) warns."""
-    samples = [OverheadSample(wall_s=p + 2e-3 + 1e-4 * steps, predicted_s=p, steps=steps, spec_type="none",
-                              n_predict=steps) for p, steps in ((0.05, 10), (0.2, 40), (0.1, 10), (0.3, 60))]
+    samples = [
+        OverheadSample(wall_s=p + 2e-3 + 1e-4 * steps, predicted_s=p, steps=steps, spec_type="none", n_predict=steps)
+        for p, steps in ((0.05, 10), (0.2, 40), (0.1, 10), (0.3, 60))
+    ]
     fit = fit_server_overhead(samples)
     assert fit["request_ns"] == pytest.approx(2e6) and fit["step_ns"] == pytest.approx(1e5)
     assert fit["measured"]["median_abs_residual_ns"] == pytest.approx(0, abs=1e-3)
@@ -169,8 +191,9 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
         with pytest.raises(mx.ParameterError, match="two request lengths"):
             profile_server_overhead(session, costs, binary=server_binary, n_predict=(8, 8))
         before = _children()
-        measured = profile_server_overhead(session, costs, binary=server_binary, prompts=PROMPTS[:2],
-                                           n_predict=(8, 32), repeats=1)
+        measured = profile_server_overhead(
+            session, costs, binary=server_binary, prompts=PROMPTS[:2], n_predict=(8, 32), repeats=1
+        )
         assert not _servers_left(before)
         server = measured.server
         assert server["request_ns"] >= 0 and server["step_ns"] >= 0 and server["measured"]["samples"] == 2 * 2 * 2
@@ -196,11 +219,13 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
 
     assert seconds(priced) - seconds(bare) == pytest.approx(added, rel=1e-9)
     assert priced["requests"][0]["latency_seconds"] - bare["requests"][0]["latency_seconds"] == pytest.approx(
-        added, rel=1e-9)
+        added, rel=1e-9
+    )
     assert priced["summed_request_tokens_per_second"] < bare["summed_request_tokens_per_second"]
     assert seconds(engine) == seconds(unpriced)
 
 
+@pytest.mark.server
 def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server_binary):
     """Greedy acceptance predicted for single requests (-np 1, one request per server: its slot served nothing
     before) is the measured one exactly, draft_n and draft_n_accepted of each request: draft-mtp, and ngram-simple
@@ -209,8 +234,9 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     slots: predict.server_lookup_counters)."""
     workload = Workload.from_prompts([mx.demo_prompts()[1].text], n_predict=48)
     grid = {"spec_type": ["draft-mtp", "ngram-simple,draft-mtp", "ngram-simple"], "n_max": [2, 3], "n_parallel": [1]}
-    sweep = mx.server_sweep(bundled_model, workload, grid, threads=1, n_ctx=4096, binary=server_binary,
-                            timeout_s=120, progress=False)
+    sweep = mx.server_sweep(
+        bundled_model, workload, grid, threads=1, n_ctx=4096, binary=server_binary, timeout_s=120, progress=False
+    )
     with mx.Session.open(bundled_model, n_ctx=4096, threads=1, n_rs_seq=48) as session:  # the look-ups' lengths
         predicted = sweep.with_predictions(session, binary=server_binary, progress=False)
         prompt = workload.requests[0].prompt
@@ -241,6 +267,7 @@ def released(server, n: int, timeout: float = 120.0) -> str:
     return server.log
 
 
+@pytest.mark.server
 def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_model, server_binary):
     """What ``slot_carry`` marks, on the real server: llama-server's draft-mtp head pairs a request's first prompt token
     with the last hidden row of the request its slot served before (common_speculative_impl_draft_mtp::pending_h,
@@ -250,8 +277,15 @@ def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_m
     first, then = "import os\n\n\ndef list_files(path):", "def fib(n):"
 
     def drafts(before: str | None) -> tuple[str, list[str]]:
-        with mx.LlamaServer(bundled_model, n_parallel=1, n_ctx=4096, threads=1, spec_type=None, binary=server_binary,
-                            args=["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "-lv", "5"]) as server:
+        with mx.LlamaServer(
+            bundled_model,
+            n_parallel=1,
+            n_ctx=4096,
+            threads=1,
+            spec_type=None,
+            binary=server_binary,
+            args=["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "-lv", "5"],
+        ) as server:
             client = server.client()
             if before is not None:
                 client.complete(before, 48)
@@ -270,13 +304,21 @@ def test_a_slot_carries_the_mtp_heads_hidden_row_into_its_next_request(bundled_m
     assert carried[0] != fresh[0]  # the head's first draft: other probabilities
 
 
+@pytest.mark.server
 def test_llama_server_does_not_cut_a_lookup_draft_to_n_max(bundled_model, server_binary):
     """What the prediction's note says of look-ups (predict.SERVER_LOOKUP_CAP), on the real server: ngram-simple
     drafts past --spec-draft-n-max, up to the budget left."""
     prompt = mx.demo_prompts()[1].text
     for n_max in (1, 3):
-        with mx.LlamaServer(bundled_model, n_parallel=1, n_ctx=4096, threads=1, spec_type=None, binary=server_binary,
-                            args=["--spec-type", "ngram-simple", "--spec-draft-n-max", str(n_max)]) as server:
+        with mx.LlamaServer(
+            bundled_model,
+            n_parallel=1,
+            n_ctx=4096,
+            threads=1,
+            spec_type=None,
+            binary=server_binary,
+            args=["--spec-type", "ngram-simple", "--spec-draft-n-max", str(n_max)],
+        ) as server:
             client = server.client()
             before = client.metrics()
             done = client.complete(prompt, 32)
@@ -385,15 +427,27 @@ def test_bad_sweeps_are_parameter_errors(tmp_path):
     with pytest.raises(mx.ParameterError, match="no values"):
         configurations({"n_max": []})
     assert configurations({"n_max": [1, 2], "spec_type": "draft-mtp"}) == [
-        {"n_max": 1, "spec_type": "draft-mtp"}, {"n_max": 2, "spec_type": "draft-mtp"}]
+        {"n_max": 1, "spec_type": "draft-mtp"},
+        {"n_max": 2, "spec_type": "draft-mtp"},
+    ]
+    # plain decoding is measured once per concurrency, not once per n_max it does not use
+    assert configurations({"spec_type": ["none", "draft-mtp"], "n_max": [2, 3], "n_parallel": [1, 2]}) == [
+        {"spec_type": "none", "n_max": 2, "n_parallel": 1},
+        {"spec_type": "none", "n_max": 2, "n_parallel": 2},
+        {"spec_type": "draft-mtp", "n_max": 2, "n_parallel": 1},
+        {"spec_type": "draft-mtp", "n_max": 2, "n_parallel": 2},
+        {"spec_type": "draft-mtp", "n_max": 3, "n_parallel": 1},
+        {"spec_type": "draft-mtp", "n_max": 3, "n_parallel": 2},
+    ]
     assert set(GRID_FLAGS) >= {"spec_type", "n_max", "n_min", "p_min", "n_parallel"}
     with pytest.raises(mx.ParameterError, match="at least one request"):
         Workload(())
     with pytest.raises(mx.ParameterError, match="rate"):
         Workload.from_prompts(["a"], rate=0)
     path = tmp_path / "w.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "category": "code"}) + "\n\n" + json.dumps({"prompt": "b",
-                                                                                         "n_predict": 4}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "a", "category": "code"}) + "\n\n" + json.dumps({"prompt": "b", "n_predict": 4}) + "\n"
+    )
     w = Workload.from_jsonl(path, n_predict=16, rate=2.0)
     assert [(r.prompt, r.n_predict, r.category) for r in w.requests] == [("a", 16, "code"), ("b", 4, "all")]
     arrivals = w.arrivals()

@@ -6,6 +6,7 @@ selector (mtp / ngram / chain: the next Run's drafter, the prediction's at once;
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 import warnings
@@ -13,11 +14,10 @@ import warnings
 import ipywidgets
 import numpy as np
 import pytest
+from conftest import SHORT_NGRAM
 
 import mtp_explorer as mx
-from conftest import SHORT_NGRAM
-from mtp_explorer import plots
-from mtp_explorer import widgets
+from mtp_explorer import plots, widgets
 from mtp_explorer.core import drafters
 from mtp_explorer.core.drafters import mode, option_values
 from mtp_explorer.ui import whatif as whatif_controller
@@ -44,8 +44,9 @@ def _wait_for(cond, timeout: float = 30.0) -> None:
 
 def _timeline_tokens(ex: Explorer) -> int:
     fig = ex.figures["token_timeline"]
-    return sum(len(t.x) for t in fig.data if t.name in (plots.ORIGIN_LABELS[k] for k in
-                                                        ("accepted", "correction", "plain")))
+    return sum(
+        len(t.x) for t in fig.data if t.name in (plots.ORIGIN_LABELS[k] for k in ("accepted", "correction", "plain"))
+    )
 
 
 def test_controls_follow_the_session(session):
@@ -57,7 +58,11 @@ def test_controls_follow_the_session(session):
     c.n_max.value = 5
     assert c.n_min.max == 5  # n_min never above n_max
     assert ex.state == "idle" and c.stop.disabled and not c.run.disabled
+    assert c.stop.button_style == ""  # disabled, it looks disabled: red only while it can stop something
     assert set(ex.figures) == set(plots.FIGURES)
+    # the title's llama.cpp shorthand (fa auto · KV f16/f16) with its plain words in hover text
+    title = ex.children[0].value
+    assert "flash attention" in title and "KV cache stores keys as" in title and 'title="' in title
     assert c.prompt.value == mx.demo_prompt()  # the bundled model's first demo prompt, a held-out snippet
 
 
@@ -74,6 +79,7 @@ def test_run_fills_the_figures_and_caches_the_baseline(session, monkeypatch):
     ex.run()
     # the kernel is not blocked: run() returned while the generation still waits on the gate
     assert ex.state == "running" and ex._thread.is_alive() and not gate.is_set()
+    assert not ex.controls.stop.disabled and ex.controls.stop.button_style == "danger"
     gate.set()
     assert ex.wait(60)
     assert ex.state == "idle" and ex.error == "" and ex.finish_reason == "budget"
@@ -83,7 +89,8 @@ def test_run_fills_the_figures_and_caches_the_baseline(session, monkeypatch):
     assert ex.progress.bar.value == 64 and "64/64 tokens" in ex.progress.label.value
     assert _timeline_tokens(ex) == 64
     assert list(ex.figures["acceptance_by_depth"].data[0].y) == pytest.approx(
-        list(plots.acceptance_by_depth(ex.trace).data[0].y), nan_ok=True)
+        list(plots.acceptance_by_depth(ex.trace).data[0].y), nan_ok=True
+    )
     assert sum(ex.figures["accepted_length_histogram"].data[0].y) == ex.n_steps
     assert np.array(ex.figures["rs_slots"].data[0].z).shape == (session.capacity + 1, ex.n_steps)
     base = ex.baseline
@@ -218,8 +225,12 @@ def test_redraws_are_throttled(session, monkeypatch):
 
 def _assert_same_columns(partial: mx.Trace, final: mx.Trace) -> None:
     """Every column of the finished trace, with its dtype, shape and values."""
-    assert set(partial.columns) == set(final.columns) == set(LIVE_COLUMNS) == set(mx.Trace.from_json(
-        final.to_json()).columns)
+    assert (
+        set(partial.columns)
+        == set(final.columns)
+        == set(LIVE_COLUMNS)
+        == set(mx.Trace.from_json(final.to_json()).columns)
+    )
     for name in LIVE_COLUMNS:
         col = final.columns[name]
         assert partial.columns[name].dtype == col.dtype, name
@@ -286,9 +297,13 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
         assert w.measured is None and "No measured run" in w.note
         table = ex.whatif_panel.table.value
-        for text in (f"{es['acceptance_rate']:.3f}", f"{es['mean_accepted_length']:.2f}",
-                     f"{es['tokens_per_second']:.0f}", f"{w.speedup:.2f}×",
-                     f"{w.ceiling_tokens_per_second:.0f}"):
+        for text in (
+            f"{es['acceptance_rate']:.3f}",
+            f"{es['mean_accepted_length']:.2f}",
+            f"{es['tokens_per_second']:.0f}",
+            f"{w.speedup:.2f}×",
+            f"{w.ceiling_tokens_per_second:.0f}",
+        ):
             assert text in table, text
         assert f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}" in ex.whatif_panel.status.value
         bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "predicted")
@@ -305,13 +320,19 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert w.tokens_per_second_range == pytest.approx(u["tokens_per_second_range"])
     assert len(seen) == 3  # the prediction moved with the sliders
     # a file whose batch shift covers every margin: the table gives tokens/s as a range, the note says why
-    o.batch_shift = dataclasses.replace(o.batch_shift, margin_shift=(1e6,) * len(o.batch_shift.ks),
-                                        segment_shift=tuple((1e6,) * len(o.batch_shift.starts) for _ in o.batch_shift.ks))
+    o.batch_shift = dataclasses.replace(
+        o.batch_shift,
+        margin_shift=(1e6,) * len(o.batch_shift.ks),
+        segment_shift=tuple((1e6,) * len(o.batch_shift.starts) for _ in o.batch_shift.ks),
+    )
     ex.update_prediction()
     w = ex.whatif
     assert len(w.uncertain_positions) == 64 and w.tokens_per_second_range[0] < w.tokens_per_second
-    assert "tokens/s if batch-shape ties flip" in ex.whatif_panel.table.value
-    assert "within the measured batch-shape tolerance" in w.note and "the first at token 0" in w.note
+    # in plain words, the technical terms in hover text
+    table = ex.whatif_panel.table.value
+    assert "tokens/s range (near-ties)" in table and "batch-shape" not in re.sub(r'title="[^"]*"', "", table)
+    assert "top-2 margin within the measured batch-shape tolerance" in table  # the hover text
+    assert "64 near-tie(s), the first at token 0" in w.note and "batch-shape" not in w.note
 
     # a greedy Run with the same settings accepts exactly the predicted counts
     ex.run()
@@ -468,9 +489,17 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     assert ex.wait(30)
     o = ex.oracle
     assert o is not None and ex.whatif_panel.showing
+    panel = ex.whatif_panel
+    on_page = list(panel.children)
     ex.controls.prompt.value = "import os"
     assert ex.oracle is None and ex.prediction is None and ex.whatif is None
     assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
+    # folded away, never taken off the page: a FigureWidget view removed and shown again would stop updating
+    row = on_page[2]
+    assert list(panel.children) == on_page and all(
+        any(f in box.children for box in row.children) for f in panel.figures.values()
+    )
+    assert (row.layout.height, row.layout.visibility, panel.table.layout.display) == ("0px", "hidden", "none")
     ex.controls.n_max.value = 3  # nothing to predict, no error
     assert ex.error == "" and ex.prediction is None
     with pytest.raises(mx.MtpExplorerError, match="no oracle"):
@@ -479,6 +508,7 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     assert ex.wait(60)
     ex.controls.prompt.value = PROMPT  # back: the recorded oracle again
     assert ex.oracle is o and ex.prediction.policy["n_max"] == 3 and ex.whatif_panel.showing
+    assert list(panel.children) == on_page and row.layout.height is None and row.layout.visibility is None
     assert ex.whatif.measured is None  # the run was of another prompt
     ex.controls.max_tokens.value = 25
     assert ex.oracle is None and ex.prediction is None
@@ -509,14 +539,16 @@ def test_explorer_is_exposed_lazily():
     import subprocess
     import sys
 
-    code = ("import sys, mtp_explorer as mx; assert 'ipywidgets' not in sys.modules; "
-            "from mtp_explorer.widgets import Explorer; assert mx.Explorer is Explorer; print('ok')")
+    code = (
+        "import sys, mtp_explorer as mx; assert 'ipywidgets' not in sys.modules; "
+        "from mtp_explorer.widgets import Explorer; assert mx.Explorer is Explorer; print('ok')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
     import mtp_explorer as mx
 
     with pytest.raises(AttributeError):
-        mx.NoSuchThing
+        getattr(mx, "NoSuchThing")  # noqa: B009 (the attribute lookup is what is tested)
 
 
 # -- the drafter selector --------------------------------------------------------------------------
@@ -544,9 +576,14 @@ def test_drafter_selector_sets_the_next_run(session):
     assert all(c.option_fields[n].description.startswith("--spec-ngram-mod-") for n in shown())
     assert not c.chain_policy.disabled and c.request().settings.chain_policy == "first"
     c.chain_policy.value = "best"
-    assert c.request().settings == mx.DraftSettings(drafter="ngram-mod,draft-mtp", chain_policy="best", n_max=3,
-                                                    max_tokens=64, seed=c.request().seed,
-                                                    options=dict(c.request().options))
+    assert c.request().settings == mx.DraftSettings(
+        drafter="ngram-mod,draft-mtp",
+        chain_policy="best",
+        n_max=3,
+        max_tokens=64,
+        seed=c.request().seed,
+        options=dict(c.request().options),
+    )
     d.value = "chain"  # a short spelling: shown as llama.cpp's value, its own policy with it
     assert d.value == "ngram-simple,draft-mtp" and c.chain_policy.value == "best"
     assert c.request().settings.mode == drafters.mode("chain") and c.request().settings.chain_policy == "best"
@@ -561,8 +598,10 @@ def test_drafter_selector_sets_the_next_run(session):
     d.value = "ngram"  # a short spelling: the control shows llama.cpp's name, and the run records it
     assert d.value == "ngram-simple" and ex.controls.request().drafter == "ngram-simple"
     assert ex.controls.request().stream_kwargs()["settings"].drafter == "ngram-simple"
-    assert {n for n, f in c.option_fields.items() if f.layout.display != "none"} == {"ngram_simple_size_n",
-                                                                                     "ngram_simple_size_m"}
+    assert {n for n, f in c.option_fields.items() if f.layout.display != "none"} == {
+        "ngram_simple_size_n",
+        "ngram_simple_size_m",
+    }
     ex.run()
     assert ex.wait(60)
     t = ex.trace
@@ -694,8 +733,10 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         for choice in d.options:  # what it offers runs here
             d.value = choice
             assert not mode(choice).needs_mtp and "no MTP layers" not in ex.controls.drafter_note.value, choice
-        assert "draft-mtp" not in d.options and "<s><code>draft-mtp</code></s> (needs a model with MTP layers)" \
-            in ex.controls.unavailable.value
+        assert (
+            "draft-mtp" not in d.options
+            and "<s><code>draft-mtp</code></s> (needs a model with MTP layers)" in ex.controls.unavailable.value
+        )
         d.value = "draft-mtp"  # typed all the same: the note says why it cannot run
         assert "no MTP layers" in ex.controls.drafter_note.value
         d.value = "ngram"
@@ -737,12 +778,14 @@ def test_plots_and_widgets_are_reachable_right_after_import():
     import subprocess
     import sys
 
-    code = ("import sys, mtp_explorer as mx\n"
-            "assert not {'plotly', 'ipywidgets'} & set(sys.modules), 'import mtp_explorer loads no figures/widgets'\n"
-            "assert callable(mx.plots.token_timeline) and callable(mx.plots.sweep_heatmap)\n"
-            "assert isinstance(mx.widgets.Explorer, type) and mx.Explorer is mx.widgets.Explorer\n"
-            "assert 'plotly' in sys.modules and 'ipywidgets' in sys.modules\n"
-            "print('ok')")
+    code = (
+        "import sys, mtp_explorer as mx\n"
+        "assert not {'plotly', 'ipywidgets'} & set(sys.modules), 'import mtp_explorer loads no figures/widgets'\n"
+        "assert callable(mx.plots.token_timeline) and callable(mx.plots.sweep_heatmap)\n"
+        "assert isinstance(mx.widgets.Explorer, type) and mx.Explorer is mx.widgets.Explorer\n"
+        "assert 'plotly' in sys.modules and 'ipywidgets' in sys.modules\n"
+        "print('ok')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
 
@@ -803,8 +846,12 @@ def test_a_registered_view_is_shown_by_every_new_explorer(session):
         assert ex.wait(60)
         fig = ex.figures["drafted_per_step"]
         assert list(fig.data[0].y) == ex.trace.columns["n_drafted"].tolist()
-        assert fig.layout.width == 960 // 2
+        # no fixed width: the figure follows its half of the row (plotly's autosize and responsive config)
+        assert fig.layout.width is None and fig.layout.autosize and fig._config["responsive"]
         assert seen[-1] is ex.baseline is not None  # it takes the baseline: redrawn when the baseline arrives
+        fixed = Explorer(session, prompt=PROMPT, max_tokens=24, n_max=3, width=800)  # or a fixed width
+        fixed.run()
+        assert fixed.wait(60) and fixed.figures["drafted_per_step"].layout.width == 800 // 2
         only = Explorer(session, views=["token_timeline", "drafted_per_step"])
         assert set(only.figures) == {"token_timeline", "drafted_per_step"}
     finally:

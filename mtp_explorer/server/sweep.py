@@ -21,8 +21,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +37,14 @@ from .workload import ALL, Workload, WorkloadRequest
 
 #: The grid's keys (llama.cpp's option names without dashes) and llama-server's long flags for them.
 GRID_FLAGS: Mapping[str, str] = {
-    "spec_type": "--spec-type", "n_max": "--spec-draft-n-max", "n_min": "--spec-draft-n-min",
-    "p_min": "--spec-draft-p-min", "n_parallel": "--parallel", "n_gpu_layers": "--n-gpu-layers",
-    "flash_attn": "--flash-attn", "type_k": "--cache-type-k",
+    "spec_type": "--spec-type",
+    "n_max": "--spec-draft-n-max",
+    "n_min": "--spec-draft-n-min",
+    "p_min": "--spec-draft-p-min",
+    "n_parallel": "--parallel",
+    "n_gpu_layers": "--n-gpu-layers",
+    "flash_attn": "--flash-attn",
+    "type_k": "--cache-type-k",
 }
 #: The grid's keys that set speculative decoding: a plain configuration (``spec_type`` none) passes none of them.
 SPECULATIVE_KEYS = frozenset({"spec_type", "n_max", "n_min", "p_min"})
@@ -48,7 +54,9 @@ FORMAT = "mtp-explorer-server-sweep-1"
 
 
 def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the grid's values, in the grid's order (a key of :data:`GRID_FLAGS` each)."""
+    """Every combination of the grid's values, in the grid's order (a key of :data:`GRID_FLAGS` each); plain decoding
+    (``spec_type`` none) once per combination of the other keys, with the first value of each speculative key (it
+    passes none of them to llama-server: :data:`SPECULATIVE_KEYS`)."""
     unknown = sorted(set(grid) - set(GRID_FLAGS))
     if unknown:
         raise ParameterError(f"unknown grid key(s) {unknown}; the grid takes {sorted(GRID_FLAGS)}")
@@ -56,7 +64,16 @@ def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     for key, vals in lists.items():
         if not vals:
             raise ParameterError(f"the grid's {key} has no values")
-    return [dict(zip(lists, combo)) for combo in itertools.product(*lists.values())]
+    out, seen = [], set()
+    for combo in itertools.product(*lists.values()):
+        config = dict(zip(lists, combo))
+        if _is_plain(config):
+            key = tuple(sorted((k, str(v)) for k, v in _passed(config).items()))
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(config)
+    return out
 
 
 def grid_lists(grid: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -65,7 +82,8 @@ def grid_lists(grid: Mapping[str, Any]) -> dict[str, list[Any]]:
 
 
 def _is_plain(config: Mapping[str, Any]) -> bool:
-    """A configuration whose grid says plain decoding (``spec_type`` none; a grid without ``spec_type`` says nothing)."""
+    """A configuration whose grid says plain decoding (``spec_type`` none; a grid without ``spec_type`` says
+    nothing)."""
     return "spec_type" in config and config["spec_type"] in (None, "none")
 
 
@@ -83,12 +101,31 @@ def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> 
     return argv + ([] if draft_model is None else ["-md", str(draft_model)])
 
 
-def command_line(model: str | os.PathLike, config: Mapping[str, Any], *, draft_model: str | os.PathLike | None = None,
-                 n_ctx: int = 4096, threads: int = 2) -> list[str]:
+def command_line(
+    model: str | os.PathLike,
+    config: Mapping[str, Any],
+    *,
+    draft_model: str | os.PathLike | None = None,
+    n_ctx: int = 4096,
+    threads: int = 2,
+) -> list[str]:
     """The llama-server arguments of one configuration (after the binary; without host and port; ``-nr`` where
     llama.cpp's extra CPU buffer types stop the process: :func:`~mtp_explorer.check_extra_buffers`)."""
-    return with_no_repack(["-m", str(model), "--parallel", str(config.get("n_parallel", 1)), "-c", str(n_ctx),
-                           "-t", str(threads), "--metrics", "--no-webui", *_flags(config, draft_model)])
+    return with_no_repack(
+        [
+            "-m",
+            str(model),
+            "--parallel",
+            str(config.get("n_parallel", 1)),
+            "-c",
+            str(n_ctx),
+            "-t",
+            str(threads),
+            "--metrics",
+            "--no-webui",
+            *_flags(config, draft_model),
+        ]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,13 +153,32 @@ class _ConfigRun:
     prompt_tokens: list[list[int]] | None = None
 
 
-def _run_config(model, config: Mapping[str, Any], workload: Workload, *, draft_model, n_ctx: int, threads: int,
-                binary, timeout_s: float, want_tokens: bool,
-                on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None) -> _ConfigRun:
-    run = _ConfigRun("llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx,
-                                                             threads=threads)))
-    server = LlamaServer(model, n_parallel=int(config.get("n_parallel", 1)), n_ctx=n_ctx, threads=threads,
-                         spec_type=None, args=_flags(config, draft_model), binary=binary, startup_timeout=timeout_s)
+def _run_config(
+    model,
+    config: Mapping[str, Any],
+    workload: Workload,
+    *,
+    draft_model,
+    n_ctx: int,
+    threads: int,
+    binary,
+    timeout_s: float,
+    want_tokens: bool,
+    on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None,
+) -> _ConfigRun:
+    run = _ConfigRun(
+        "llama-server " + " ".join(command_line(model, config, draft_model=draft_model, n_ctx=n_ctx, threads=threads))
+    )
+    server = LlamaServer(
+        model,
+        n_parallel=int(config.get("n_parallel", 1)),
+        n_ctx=n_ctx,
+        threads=threads,
+        spec_type=None,
+        args=_flags(config, draft_model),
+        binary=binary,
+        startup_timeout=timeout_s,
+    )
     try:
         try:
             server.start()
@@ -195,8 +251,9 @@ def _metrics(client: ServerClient) -> SpecMetrics | str:
         return _first_line(exc)
 
 
-def _send(client: ServerClient, workload: Workload, timeout_s: float,
-          server: LlamaServer) -> tuple[list[_Answer], float, bool]:
+def _send(
+    client: ServerClient, workload: Workload, timeout_s: float, server: LlamaServer
+) -> tuple[list[_Answer], float, bool]:
     """Every request at its arrival time, each on its own connection: the answers in the workload's order, the
     wall seconds from the start to the last answer, and whether ``timeout_s`` passed first (the server is then
     killed, which ends the requests still waiting)."""
@@ -252,23 +309,34 @@ def _rows(config: Mapping[str, Any], run: _ConfigRun, categories: list[str]) -> 
     """One run's rows: one over every request, and one per category when there are several."""
     answers, grown, wall = run.answers, run.grown, run.wall
     rows = []
-    for cat in ([ALL] + categories if categories != [ALL] else [ALL]):
+    for cat in [ALL] + categories if categories != [ALL] else [ALL]:
         mine = [a for a in answers if cat == ALL or a.request.category == cat]
         done = [a.completion for a in mine if a.completion is not None]
         drafted = sum(c.draft_n for c in done)
         accepted = sum(c.draft_n_accepted for c in done)
         latencies = [a.latency for a in mine if a.completion is not None]
         ttft = [a.latency - a.completion.predicted_ms / 1e3 for a in mine if a.completion is not None]
-        rows.append(dict(config) | {
-            "category": cat, "status": run.status, "n_requests": len(mine),
-            "n_tokens": sum(c.tokens_predicted for c in done), "n_drafted": drafted, "n_accepted": accepted,
-            "tokens_per_second": sum(c.tokens_predicted for c in done) / wall if done and wall > 0 else math.nan,
-            "request_tokens_per_second": _percentile([c.predicted_per_second for c in done], 0.5),
-            "acceptance": accepted / drafted if drafted else math.nan,
-            "mean_accepted_length": (grown.mean_accepted_length if grown is not None and cat == ALL else math.nan),
-            "latency_p50": _percentile(latencies, 0.5), "latency_p95": _percentile(latencies, 0.95),
-            "ttft_p50": _percentile(ttft, 0.5), "ttft_p95": _percentile(ttft, 0.95),
-            "wall_seconds": wall, "command": run.command})
+        rows.append(
+            dict(config)
+            | {
+                "category": cat,
+                "status": run.status,
+                "n_requests": len(mine),
+                "n_tokens": sum(c.tokens_predicted for c in done),
+                "n_drafted": drafted,
+                "n_accepted": accepted,
+                "tokens_per_second": sum(c.tokens_predicted for c in done) / wall if done and wall > 0 else math.nan,
+                "request_tokens_per_second": _percentile([c.predicted_per_second for c in done], 0.5),
+                "acceptance": accepted / drafted if drafted else math.nan,
+                "mean_accepted_length": (grown.mean_accepted_length if grown is not None and cat == ALL else math.nan),
+                "latency_p50": _percentile(latencies, 0.5),
+                "latency_p95": _percentile(latencies, 0.95),
+                "ttft_p50": _percentile(ttft, 0.5),
+                "ttft_p95": _percentile(ttft, 0.95),
+                "wall_seconds": wall,
+                "command": run.command,
+            }
+        )
     return rows
 
 
@@ -277,13 +345,16 @@ def served_after(answers: Sequence[_Answer], n_slots: int) -> list[int]:
     before, or which slot served it is unknown: a chat answer does not say, unless the server has one slot): a slot
     serves one request at a time, so in the order the answers came back. llama-server keeps a slot's state from one
     request to the next (its draft-mtp head's pending hidden row, common_speculative_impl_draft_mtp::pending_h)."""
+
     def slot(a: _Answer) -> int:
         return a.completion.id_slot if a.completion.id_slot >= 0 or n_slots != 1 else 0
 
     last: dict[int, int] = {}
     out = [-1] * len(answers)
-    for i in sorted((i for i, a in enumerate(answers) if a.completion is not None and slot(a) >= 0),
-                    key=lambda i: answers[i].finished):
+    for i in sorted(
+        (i for i, a in enumerate(answers) if a.completion is not None and slot(a) >= 0),
+        key=lambda i: answers[i].finished,
+    ):
         out[i] = last.get(slot(answers[i]), -1)
         last[slot(answers[i])] = i
     return out
@@ -295,20 +366,38 @@ def _request_rows(config: Mapping[str, Any], run: _ConfigRun, repeat: int) -> li
     after = served_after(run.answers, int(config.get("n_parallel", 1)))
     for i, a in enumerate(run.answers):
         c = a.completion
-        rows.append(dict(config) | {
-            "repeat": repeat, "request": i, "category": a.request.category, "ok": c is not None,
-            "tokens_predicted": c.tokens_predicted if c else -1, "draft_n": c.draft_n if c else -1,
-            "draft_n_accepted": c.draft_n_accepted if c else -1, "latency": a.latency,
-            "ttft": a.latency - c.predicted_ms / 1e3 if c else math.nan,
-            "predicted_per_second": c.predicted_per_second if c else math.nan,
-            "text_digest": hashlib.sha1(c.text.encode()).hexdigest()[:12] if c else "",
-            "id_slot": c.id_slot if c else -1, "finished": a.finished, "served_after": after[i]})
+        rows.append(
+            dict(config)
+            | {
+                "repeat": repeat,
+                "request": i,
+                "category": a.request.category,
+                "ok": c is not None,
+                "tokens_predicted": c.tokens_predicted if c else -1,
+                "draft_n": c.draft_n if c else -1,
+                "draft_n_accepted": c.draft_n_accepted if c else -1,
+                "latency": a.latency,
+                "ttft": a.latency - c.predicted_ms / 1e3 if c else math.nan,
+                "predicted_per_second": c.predicted_per_second if c else math.nan,
+                "text_digest": hashlib.sha1(c.text.encode()).hexdigest()[:12] if c else "",
+                "id_slot": c.id_slot if c else -1,
+                "finished": a.finished,
+                "served_after": after[i],
+            }
+        )
     return rows
 
 
 #: Columns of a configuration's row that are medians over its repeated runs (the others are its first run's).
-TIMED = ("tokens_per_second", "request_tokens_per_second", "latency_p50", "latency_p95", "ttft_p50", "ttft_p95",
-         "wall_seconds")
+TIMED = (
+    "tokens_per_second",
+    "request_tokens_per_second",
+    "latency_p50",
+    "latency_p95",
+    "ttft_p50",
+    "ttft_p95",
+    "wall_seconds",
+)
 
 
 def _over_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -324,8 +413,9 @@ def _over_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         tps = [run[i]["tokens_per_second"] for run in runs]
         spread = metrics.spread(tps)
         counts = {(run[i]["n_tokens"], run[i]["n_drafted"], run[i]["n_accepted"]) for run in runs}
-        rows.append(first | timed | {"repeats": len(runs), "tokens_per_second_spread": spread,
-                                     "counts_vary": len(counts) > 1})
+        rows.append(
+            first | timed | {"repeats": len(runs), "tokens_per_second_spread": spread, "counts_vary": len(counts) > 1}
+        )
     return rows
 
 
@@ -367,7 +457,7 @@ class ServerSweep:
         f = f.sort_values(key, ascending=ascending, kind="stable")
         return (f.groupby(by, as_index=False).head(1) if by else f.head(1)).reset_index(drop=True)
 
-    def with_predictions(self, session, *, costs=None, binary=None, progress: bool = True) -> "ServerSweep":
+    def with_predictions(self, session, *, costs=None, binary=None, progress: bool = True) -> ServerSweep:
         """This sweep with the explorer's prediction of every row beside the measurement
         (:data:`~mtp_explorer.server.predict.PREDICTED_COLUMNS`: ``predicted_tokens_per_second``,
         ``predicted_acceptance``, their errors, ...) and of every request's counters in :attr:`requests`
@@ -393,18 +483,25 @@ class ServerSweep:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the sweep as JSON (:meth:`load` reads it back)."""
-        doc = {"format": FORMAT, "model": self.model, "grid": self.grid,
-               "workload": {"rate": self.workload.rate, "seed": self.workload.seed,
-                            "requests": [dataclasses.asdict(r) for r in self.workload.requests]},
-               "prompt_tokens": self.prompt_tokens,
-               "requests": None if self.requests is None else json.loads(self.requests.to_json(orient="records")),
-               "frame": json.loads(self.frame.to_json(orient="records"))}
+        doc = {
+            "format": FORMAT,
+            "model": self.model,
+            "grid": self.grid,
+            "workload": {
+                "rate": self.workload.rate,
+                "seed": self.workload.seed,
+                "requests": [dataclasses.asdict(r) for r in self.workload.requests],
+            },
+            "prompt_tokens": self.prompt_tokens,
+            "requests": None if self.requests is None else json.loads(self.requests.to_json(orient="records")),
+            "frame": json.loads(self.frame.to_json(orient="records")),
+        }
         path = Path(path)
         path.write_text(json.dumps(doc))
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ServerSweep":
+    def load(cls, path: str | os.PathLike) -> ServerSweep:
         import pandas as pd
 
         try:
@@ -414,23 +511,41 @@ class ServerSweep:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise FormatError(f"{path} is not an mtp-explorer server sweep")
         try:
-            requests = tuple(WorkloadRequest(**(r | {"messages": None if r.get("messages") is None
-                                                     else tuple(r["messages"])})) for r in doc["workload"]["requests"])
+            requests = tuple(
+                WorkloadRequest(**(r | {"messages": None if r.get("messages") is None else tuple(r["messages"])}))
+                for r in doc["workload"]["requests"]
+            )
             workload = Workload(requests, doc["workload"]["rate"], doc["workload"]["seed"])
             frame = pd.DataFrame(doc["frame"])
             frame = frame.astype({c: str for c in ("status", "command", "prediction_note") if c in frame})
             requests = None if doc.get("requests") is None else pd.DataFrame(doc["requests"])
-            return cls(frame=frame, model=doc["model"], grid=doc["grid"], workload=workload,
-                       prompt_tokens=doc.get("prompt_tokens"), requests=requests)
+            return cls(
+                frame=frame,
+                model=doc["model"],
+                grid=doc["grid"],
+                workload=workload,
+                prompt_tokens=doc.get("prompt_tokens"),
+                requests=requests,
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise FormatError(f"{path}: a corrupt server sweep ({exc!r})") from None
 
 
-def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], grid: Mapping[str, Sequence[Any]], *,
-                 n_predict: int = 128, draft_model: str | os.PathLike | None = None, timeout_s: float = 600.0,
-                 n_ctx: int = 4096, threads: int = 2, binary: str | os.PathLike | None = None,
-                 repeats: int = 1, progress: bool = True,
-                 on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None) -> ServerSweep:
+def server_sweep(
+    model: str | os.PathLike,
+    workload: Workload | Sequence[str],
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    n_predict: int = 128,
+    draft_model: str | os.PathLike | None = None,
+    timeout_s: float = 600.0,
+    n_ctx: int = 4096,
+    threads: int = 2,
+    binary: str | os.PathLike | None = None,
+    repeats: int = 1,
+    progress: bool = True,
+    on_server_started: Callable[[LlamaServer, dict[str, Any]], Any] | None = None,
+) -> ServerSweep:
     """Every configuration of ``grid`` (llama.cpp's option names without dashes, :data:`GRID_FLAGS`, to lists of
     values) measured on a real llama-server serving ``workload`` (a :class:`Workload`, or prompts of ``n_predict``
     tokens each, all at once). Each configuration is bounded by ``timeout_s`` seconds (start-up and workload each);
@@ -451,16 +566,24 @@ def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], g
         raise ParameterError(f"timeout_s must be seconds > 0, got {timeout_s!r}")
     check_int("repeats", repeats, 1, None)
     rows, per_request, tokens = [], [], None
-    bar = tqdm(total=len(configs) * repeats, desc="llama-server sweep", unit="run", disable=not progress,
-               leave=False)
+    bar = tqdm(total=len(configs) * repeats, desc="llama-server sweep", unit="run", disable=not progress, leave=False)
     try:
         for config in configs:
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in config.items()))
             runs = []
             for repeat in range(repeats):
-                run = _run_config(model, config, workload, draft_model=draft_model, n_ctx=n_ctx, threads=threads,
-                                  binary=binary, timeout_s=timeout_s, want_tokens=tokens is None,
-                                  on_server_started=on_server_started)
+                run = _run_config(
+                    model,
+                    config,
+                    workload,
+                    draft_model=draft_model,
+                    n_ctx=n_ctx,
+                    threads=threads,
+                    binary=binary,
+                    timeout_s=timeout_s,
+                    want_tokens=tokens is None,
+                    on_server_started=on_server_started,
+                )
                 tokens = tokens or run.prompt_tokens
                 runs.append(_rows(config, run, workload.categories))
                 per_request += _request_rows(config, run, repeat)
@@ -468,5 +591,11 @@ def server_sweep(model: str | os.PathLike, workload: Workload | Sequence[str], g
             rows += _over_repeats(runs)
     finally:
         bar.close()
-    return ServerSweep(frame=pd.DataFrame(rows), model=str(model), grid=grid_lists(grid), workload=workload,
-                       prompt_tokens=tokens, requests=pd.DataFrame(per_request))
+    return ServerSweep(
+        frame=pd.DataFrame(rows),
+        model=str(model),
+        grid=grid_lists(grid),
+        workload=workload,
+        prompt_tokens=tokens,
+        requests=pd.DataFrame(per_request),
+    )

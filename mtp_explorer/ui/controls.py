@@ -16,12 +16,21 @@ import ipywidgets as W
 import traitlets as T
 
 from ..core import drafters
-from ..core.schema import CHAIN_POLICIES
 from ..core.errors import MtpExplorerError
+from ..core.schema import CHAIN_POLICIES
 from ..core.settings import DraftSettings
 
-__all__ = ["RunRequest", "readable_error", "Controls", "ProgressView", "ErrorArea", "drafter_note", "drafter_choices",
-           "unavailable_reason", "unavailable_note"]
+__all__ = [
+    "RunRequest",
+    "readable_error",
+    "Controls",
+    "ProgressView",
+    "ErrorArea",
+    "drafter_note",
+    "drafter_choices",
+    "unavailable_reason",
+    "unavailable_note",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +53,9 @@ class RunRequest:
     @property
     def settings(self) -> DraftSettings:
         """The drafting settings asked for (checked here: a bad combination is a ``ParameterError``)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("prompt", "options")}
+        fields = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("prompt", "options")
+        }
         return DraftSettings(**fields, options=dict(self.options))
 
     def stream_kwargs(self) -> dict:
@@ -74,7 +85,7 @@ def readable_error(exc: BaseException) -> str:
 _NEXT_RUN = " · applies to the next Run (not to a running generation); the what-if prediction follows at once"
 
 
-def unavailable_reason(m: "drafters.DrafterMode", has_mtp: bool, has_draft_model: bool | str = False) -> str:
+def unavailable_reason(m: drafters.DrafterMode, has_mtp: bool, has_draft_model: bool | str = False) -> str:
     """Why a session with (or without) an MTP head and a draft model cannot run the choice ``m`` (``""``: it can)."""
     if m.needs_mtp and not has_mtp:
         return "needs a model with MTP layers"
@@ -82,25 +93,34 @@ def unavailable_reason(m: "drafters.DrafterMode", has_mtp: bool, has_draft_model
         return "needs draft_model="
     if m.needs_draft_model and not m.runs_with(has_mtp, has_draft_model):
         wanted = " and ".join(drafters.DRAFT_KIND_LABELS[d.needs] for d in m.drafters if d.needs_draft_model)
-        return (f"needs draft_model= of a {wanted} (this session's is a "
-                f"{drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)]})")
+        return (
+            f"needs draft_model= of a {wanted} (this session's is a "
+            f"{drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)]})"
+        )
     return ""
 
 
 def drafter_choices(has_mtp: bool, has_draft_model: bool | str = False) -> tuple[tuple[str, str], ...]:
     """Every listed choice (:func:`~mtp_explorer.core.drafters.spec_type_choices`, llama.cpp's ``--spec-type``
     values) with why this session cannot run it (``""``: it can), in the registry's order."""
-    return tuple((v, unavailable_reason(drafters.mode(v), has_mtp, has_draft_model))
-                 for v in drafters.spec_type_choices())
+    return tuple(
+        (v, unavailable_reason(drafters.mode(v), has_mtp, has_draft_model)) for v in drafters.spec_type_choices()
+    )
 
 
 def unavailable_note(has_mtp: bool, has_draft_model: bool | str = False) -> str:
     """The listed choices this session cannot run, each with the reason (HTML; ``""``: none), shown beside the
     drafter control, which offers only the others."""
-    out = [f"<s><code>{html.escape(v)}</code></s> ({html.escape(why)})"
-           for v, why in drafter_choices(has_mtp, has_draft_model) if why]
-    return "" if not out else ("<span class='mtpx-drafter-unavailable'>not available in this session: "
-                               + ", ".join(out) + "</span>")
+    out = [
+        f"<s><code>{html.escape(v)}</code></s> ({html.escape(why)})"
+        for v, why in drafter_choices(has_mtp, has_draft_model)
+        if why
+    ]
+    return (
+        ""
+        if not out
+        else ("<span class='mtpx-drafter-unavailable'>not available in this session: " + ", ".join(out) + "</span>")
+    )
 
 
 def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model: bool | str = False) -> str:
@@ -118,12 +138,14 @@ def drafter_note(value: str, policy: str | None, has_mtp: bool, has_draft_model:
     if m.needs_draft_model and not has_draft_model:
         text += " <b>(unavailable: the session was opened without draft_model=...)</b>"
     elif m.needs_draft_model and not m.runs_with(True, has_draft_model):
-        text += (" <b>(unavailable: the session's draft model is a "
-                 f"{html.escape(drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)])})</b>")
+        text += (
+            " <b>(unavailable: the session's draft model is a "
+            f"{html.escape(drafters.DRAFT_KIND_LABELS[drafters.draft_kind(has_draft_model)])})</b>"
+        )
     return f"<span class='mtpx-drafter-note'>{text}{html.escape(_NEXT_RUN)}</span>"
 
 
-def selected_mode(value: str, policy: str | None) -> "drafters.DrafterMode | None":
+def selected_mode(value: str, policy: str | None) -> drafters.DrafterMode | None:
     """The drafter choice of a ``--spec-type`` value as typed (``None``: it is none)."""
     try:
         return drafters.mode(value, policy)
@@ -145,67 +167,136 @@ class Controls(W.VBox):
     (``option_fields``, one per :func:`~mtp_explorer.core.drafters.all_options`, labelled with llama.cpp's flags).
     Both are read when a generation starts: the engine cannot change them mid-generation."""
 
-    def __init__(self, capacity: int, *, prompt: str, max_tokens: int, n_max: int, p_min: float, n_min: int,
-                 temperature: float, seed: int, drafter: str = drafters.DEFAULT_MODE, has_mtp: bool = True,
-                 has_draft_model: bool | str = False, options: dict[str, int | str] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        prompt: str,
+        max_tokens: int,
+        n_max: int,
+        p_min: float,
+        n_min: int,
+        temperature: float,
+        seed: int,
+        drafter: str = drafters.DEFAULT_MODE,
+        has_mtp: bool = True,
+        has_draft_model: bool | str = False,
+        options: dict[str, int | str] | None = None,
+    ) -> None:
         style = {"description_width": "90px"}
         chosen = drafters.mode(drafter)  # a ParameterError naming the choices
         values = drafters.option_values(options)
         self._has_mtp, self._has_draft_model = has_mtp, has_draft_model
         self._normalising = False
-        self.prompt = W.Textarea(value=prompt, placeholder="prompt", description="prompt",
-                                 layout=W.Layout(width="98%", height="60px"), style=style)
+        self.prompt = W.Textarea(
+            value=prompt,
+            placeholder="prompt",
+            description="prompt",
+            layout=W.Layout(width="98%", height="60px"),
+            style=style,
+        )
         self.drafter = W.Combobox(
             options=tuple(v for v, why in drafter_choices(has_mtp, has_draft_model) if not why),
-            value=chosen.spec_types, description="--spec-type",
-            placeholder="a --spec-type value, e.g. ngram-map-k4v,draft-mtp", ensure_option=False,
-            continuous_update=False, style=style, layout=W.Layout(width="440px"),
-            tooltip="llama.cpp's --spec-type: pick one, or type a comma-separated chain" + _NEXT_RUN)
+            value=chosen.spec_types,
+            description="--spec-type",
+            placeholder="a --spec-type value, e.g. ngram-map-k4v,draft-mtp",
+            ensure_option=False,
+            continuous_update=False,
+            style=style,
+            layout=W.Layout(width="440px"),
+            tooltip="llama.cpp's --spec-type: pick one, or type a comma-separated chain" + _NEXT_RUN,
+        )
         self.chain_policy = W.Dropdown(
-            options=CHAIN_POLICIES, value=chosen.policy, description="chain policy", style=style,
+            options=CHAIN_POLICIES,
+            value=chosen.policy,
+            description="chain policy",
+            style=style,
             layout=W.Layout(width="200px"),
             tooltip="which draft of a chain is verified: first (llama.cpp's: the first drafter with a draft) or "
-                    "best (the highest expected accepted length)" + _NEXT_RUN)
+            "best (the highest expected accepted length)" + _NEXT_RUN,
+        )
         self.drafter_note = W.HTML(layout=W.Layout(width="98%"))
         self.unavailable = W.HTML(value=unavailable_note(has_mtp, has_draft_model), layout=W.Layout(width="98%"))
         self.option_fields: dict[str, W.BoundedIntText | W.Text] = {
             o.name: (W.Text if o.is_path else functools.partial(W.BoundedIntText, min=o.lo, max=o.hi))(
-                value=values[o.name], description=o.flag, style={"description_width": "initial"},
-                tooltip=f"{o.help} ({o.name}){_NEXT_RUN}", layout=W.Layout(width="auto"))
-            for o in drafters.all_options()}
+                value=values[o.name],
+                description=o.flag,
+                style={"description_width": "initial"},
+                tooltip=f"{o.help} ({o.name}){_NEXT_RUN}",
+                layout=W.Layout(width="auto"),
+            )
+            for o in drafters.all_options()
+        }
         self.option_box = W.HBox(list(self.option_fields.values()), layout=W.Layout(flex_flow="row wrap"))
         self.drafter.add_class("mtpx-spec-type")
         self.option_box.add_class("mtpx-drafter-options")
         self.drafter.observe(lambda _: self._take_policy(), names="value")
         self.chain_policy.observe(lambda _: self._show_drafter(), names="value")
         self._show_drafter()
-        self.n_max = W.IntSlider(value=min(n_max, capacity), min=1, max=capacity, step=1, description="n_max",
-                                 continuous_update=False, style=style)
-        self.p_min = W.FloatSlider(value=p_min, min=0.0, max=1.0, step=0.01, description="p_min",
-                                   readout_format=".2f", continuous_update=False, style=style)
-        self.n_min = W.IntSlider(value=min(n_min, self.n_max.value), min=0, max=self.n_max.value, step=1,
-                                 description="n_min", continuous_update=False, style=style)
-        self.temperature = W.BoundedFloatText(value=temperature, min=0.0, max=5.0, step=0.1,
-                                              description="temperature", style=style, layout=W.Layout(width="200px"))
-        self.seed = W.BoundedIntText(value=seed, min=0, max=2**32 - 1, description="seed", style=style,
-                                     layout=W.Layout(width="200px"))
-        self.max_tokens = W.BoundedIntText(value=max_tokens, min=1, max=1_000_000, description="max tokens",
-                                           style=style, layout=W.Layout(width="200px"))
+        self.n_max = W.IntSlider(
+            value=min(n_max, capacity),
+            min=1,
+            max=capacity,
+            step=1,
+            description="n_max",
+            continuous_update=False,
+            style=style,
+        )
+        self.p_min = W.FloatSlider(
+            value=p_min,
+            min=0.0,
+            max=1.0,
+            step=0.01,
+            description="p_min",
+            readout_format=".2f",
+            continuous_update=False,
+            style=style,
+        )
+        self.n_min = W.IntSlider(
+            value=min(n_min, self.n_max.value),
+            min=0,
+            max=self.n_max.value,
+            step=1,
+            description="n_min",
+            continuous_update=False,
+            style=style,
+        )
+        self.temperature = W.BoundedFloatText(
+            value=temperature,
+            min=0.0,
+            max=5.0,
+            step=0.1,
+            description="temperature",
+            style=style,
+            layout=W.Layout(width="200px"),
+        )
+        self.seed = W.BoundedIntText(
+            value=seed, min=0, max=2**32 - 1, description="seed", style=style, layout=W.Layout(width="200px")
+        )
+        self.max_tokens = W.BoundedIntText(
+            value=max_tokens,
+            min=1,
+            max=1_000_000,
+            description="max tokens",
+            style=style,
+            layout=W.Layout(width="200px"),
+        )
         self.run = W.Button(description="Run", button_style="primary", icon="play", tooltip="generate to the end")
         self.step = W.Button(description="Step", icon="step-forward", tooltip="one verify step")
-        self.stop = W.Button(description="Stop", button_style="danger", icon="stop", tooltip="cancel the generation",
-                             disabled=True)
+        self.stop = W.Button(description="Stop", icon="stop", tooltip="cancel the generation", disabled=True)
         T.dlink((self.n_max, "value"), (self.n_min, "max"))
-        super().__init__([
-            self.prompt,
-            W.HBox([self.drafter, self.chain_policy]),
-            self.drafter_note,
-            self.unavailable,
-            self.option_box,
-            W.HBox([self.n_max, self.p_min, self.n_min]),
-            W.HBox([self.temperature, self.seed, self.max_tokens]),
-            W.HBox([self.run, self.step, self.stop]),
-        ])
+        super().__init__(
+            [
+                self.prompt,
+                W.HBox([self.drafter, self.chain_policy]),
+                self.drafter_note,
+                self.unavailable,
+                self.option_box,
+                W.HBox([self.n_max, self.p_min, self.n_min]),
+                W.HBox([self.temperature, self.seed, self.max_tokens]),
+                W.HBox([self.run, self.step, self.stop]),
+            ]
+        )
         self.add_class("mtpx-controls")
 
     @property
@@ -220,12 +311,13 @@ class Controls(W.VBox):
         return [self.prompt, self.max_tokens, self.temperature, *self.option_fields.values()]
 
     def set_busy(self, busy: bool, idle: bool) -> None:
-        """Run and Step only when nothing runs; Stop while anything does."""
+        """Run and Step only when nothing runs; Stop while anything does (red only then: disabled, it looks it)."""
         self.run.disabled = self.step.disabled = busy
         self.stop.disabled = idle
+        self.stop.button_style = "" if idle else "danger"
 
     @property
-    def mode(self) -> "drafters.DrafterMode | None":
+    def mode(self) -> drafters.DrafterMode | None:
         """The drafter choice the control holds (``None``: the typed value is not one)."""
         return selected_mode(str(self.drafter.value), self.chain_policy.value)
 
@@ -233,8 +325,9 @@ class Controls(W.VBox):
         """The note for the choice, the chain policy only for a chain, and only the options of its drafters."""
         mode = selected_mode(str(self.drafter.value), None)
         self.chain_policy.disabled = mode is None or not mode.is_chain
-        self.drafter_note.value = drafter_note(str(self.drafter.value), self._policy(mode), self._has_mtp,
-                                               self._has_draft_model)
+        self.drafter_note.value = drafter_note(
+            str(self.drafter.value), self._policy(mode), self._has_mtp, self._has_draft_model
+        )
         shown = {o.name for o in mode.options} if mode is not None else set()
         for name, field in self.option_fields.items():
             field.layout.display = None if name in shown else "none"
@@ -257,18 +350,25 @@ class Controls(W.VBox):
         else:
             self._show_drafter()
 
-    def _policy(self, mode: "drafters.DrafterMode | None") -> str | None:
+    def _policy(self, mode: drafters.DrafterMode | None) -> str | None:
         """The chain policy chosen, for a chain (``None``: the choice's own)."""
         return self.chain_policy.value if mode is not None and mode.is_chain else None
 
     def request(self) -> RunRequest:
-        return RunRequest(prompt=self.prompt.value, max_tokens=int(self.max_tokens.value), n_max=int(self.n_max.value),
-                          p_min=float(self.p_min.value), n_min=int(self.n_min.value),
-                          temperature=float(self.temperature.value), seed=int(self.seed.value),
-                          drafter=str(self.drafter.value),
-                          chain_policy=self._policy(selected_mode(str(self.drafter.value), None)),
-                          options=tuple(sorted((k, w.value if isinstance(w, W.Text) else int(w.value))
-                                               for k, w in self.option_fields.items())))
+        return RunRequest(
+            prompt=self.prompt.value,
+            max_tokens=int(self.max_tokens.value),
+            n_max=int(self.n_max.value),
+            p_min=float(self.p_min.value),
+            n_min=int(self.n_min.value),
+            temperature=float(self.temperature.value),
+            seed=int(self.seed.value),
+            drafter=str(self.drafter.value),
+            chain_policy=self._policy(selected_mode(str(self.drafter.value), None)),
+            options=tuple(
+                sorted((k, w.value if isinstance(w, W.Text) else int(w.value)) for k, w in self.option_fields.items())
+            ),
+        )
 
 
 class ProgressView(W.HBox):
@@ -316,5 +416,7 @@ class ErrorArea(W.HTML):
             self.value = ""
             return
         text = html.escape(message).replace("\n", "<br>")
-        self.value = (f'<div class="mtpx-error" style="color:#b00020;background:#fdecea;border:1px solid #f5c2c7;'
-                      f'padding:6px 10px;border-radius:4px;font-family:monospace;white-space:normal">{text}</div>')
+        self.value = (
+            f'<div class="mtpx-error" style="color:#b00020;background:#fdecea;border:1px solid #f5c2c7;'
+            f'padding:6px 10px;border-radius:4px;font-family:monospace;white-space:normal">{text}</div>'
+        )

@@ -70,53 +70,95 @@ class Explorer(W.VBox):
     ``run()``, ``step()``, ``stop()`` and ``record_oracle()`` are what the buttons call; ``wait()`` blocks
     until the background work (a generation and its baseline, or an oracle recording) is done; ``predict()``
     replays any setting on the oracle. ``drafter=``: the initial drafter (default: MTP, or a drafter that needs
-    no MTP head on a model without one); ``options``: the drafters' options (``ngram_simple_size_n=``, ...); ``width``: the
-    figures' width in pixels; ``views``: the views to show (default: all; they set the session's telemetry). The state is in the traitlets below; the parts are ``controls``, ``progress``, ``error_area``,
-    ``whatif_panel``, ``views``, and ``runner`` / ``whatif_controller``.
+    no MTP head on a model without one); ``options``: the drafters' options (``ngram_simple_size_n=``, ...);
+    ``width``: the figures' width in pixels (default: they follow the Explorer's width); ``views``: the views to show
+    (default: all; they set the session's telemetry). The state is in the traitlets below; the parts are
+    ``controls``, ``progress``, ``error_area``, ``whatif_panel``, ``views``, and ``runner`` / ``whatif_controller``.
     """
 
-    state = T.Enum(STATES, default_value="idle",
-                   help="idle; running: a Run streams, or its plain baseline runs; stepping: a Step generation "
-                        "waits for the next Step; busy: a step or an oracle recording is under way")
+    state = T.Enum(
+        STATES,
+        default_value="idle",
+        help="idle; running: a Run streams, or its plain baseline runs; stepping: a Step generation "
+        "waits for the next Step; busy: a step or an oracle recording is under way",
+    )
     trace = T.Instance(Trace, allow_none=True, help="the latest trace (partial while a generation streams)")
-    baseline = T.Instance(Trace, allow_none=True,
-                          help="the plain (n_max=0) run of the current prompt, max tokens, temperature and seed")
+    baseline = T.Instance(
+        Trace, allow_none=True, help="the plain (n_max=0) run of the current prompt, max tokens, temperature and seed"
+    )
     n_steps = T.Int(0, help="verify steps of the latest trace")
     n_tokens = T.Int(0, help="tokens generated in the latest trace")
     tokens_per_second = T.Float(math.nan, help="decode tokens/s of the latest trace (NaN before any step)")
-    finish_reason = T.Unicode("", help="why the last generation ended (budget, eos, context, cancelled; '' while "
-                                       "one runs)")
+    finish_reason = T.Unicode(
+        "", help="why the last generation ended (budget, eos, context, cancelled; '' while one runs)"
+    )
     error = T.Unicode("", help="the last error, as the error area shows it ('' when none)")
-    oracle = T.Instance(OracleTrace, allow_none=True,
-                        help="the recorded oracle of the controls' prompt, max tokens and drafter options, or None")
-    prediction = T.Instance(SimTrace, allow_none=True,
-                            help="the oracle's replay of the controls' setting and drafter, or None")
-    whatif = T.Instance(WhatIf, allow_none=True, help="the prediction's numbers (a WhatIf, with the measured runs "
-                                                      "beside them); None without a prediction")
+    oracle = T.Instance(
+        OracleTrace,
+        allow_none=True,
+        help="the recorded oracle of the controls' prompt, max tokens and drafter options, or None",
+    )
+    prediction = T.Instance(
+        SimTrace, allow_none=True, help="the oracle's replay of the controls' setting and drafter, or None"
+    )
+    whatif = T.Instance(
+        WhatIf,
+        allow_none=True,
+        help="the prediction's numbers (a WhatIf, with the measured runs beside them); None without a prediction",
+    )
 
-    def __init__(self, session: Session, *, prompt: str | None = None, max_tokens: int = 128, n_max: int = 3,
-                 p_min: float = 0.0, n_min: int = 0, temperature: float = 0.0, seed: int = 0,
-                 drafter: str | None = None, width: int = 960, views: list[str | View] | None = None,
-                 server: "str | ServerMonitor | None" = None, **options: int | str) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        prompt: str | None = None,
+        max_tokens: int = 128,
+        n_max: int = 3,
+        p_min: float = 0.0,
+        n_min: int = 0,
+        temperature: float = 0.0,
+        seed: int = 0,
+        drafter: str | None = None,
+        width: int | None = None,
+        views: list[str | View] | None = None,
+        server: str | ServerMonitor | None = None,
+        **options: int | str,
+    ) -> None:
         self.session = session
         self.piece = cached_piece(session)
         has_mtp = bool(session.info.has_mtp)
         if prompt is None:  # the bundled model's demo prompt, or the longest part of it that fits this session
             prompt = demo_prompt_within(lambda t: len(session.tokenize(t)), session.n_ctx_seq - max_tokens)
-        self.controls = Controls(session.capacity, prompt=prompt, max_tokens=max_tokens, n_max=n_max, p_min=p_min,
-                                 n_min=n_min, temperature=temperature, seed=seed, has_mtp=has_mtp,
-                                 has_draft_model=session.has_draft_model and session.draft_kind, options=options,
-                                 drafter=drafters.default_mode(has_mtp) if drafter is None else drafter)
+        self.controls = Controls(
+            session.capacity,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            n_max=n_max,
+            p_min=p_min,
+            n_min=n_min,
+            temperature=temperature,
+            seed=seed,
+            has_mtp=has_mtp,
+            has_draft_model=session.has_draft_model and session.draft_kind,
+            options=options,
+            drafter=drafters.default_mode(has_mtp) if drafter is None else drafter,
+        )
         self.progress = ProgressView()
         self.error_area = ErrorArea()
         self.views = LiveViews(self.piece, width, views)
         session.telemetry = self.views.telemetry  # full only where a view draws per-depth detail
         self.whatif_panel = WhatIfPanel(width)
-        self.runner = GenerationRunner(session, self.piece, show=self._show, started=self.error_area.clear,
-                                       ended=self._generation_ended)
+        self.runner = GenerationRunner(
+            session, self.piece, show=self._show, started=self.error_area.clear, ended=self._generation_ended
+        )
         self.whatif_controller = WhatIfController(
-            session, self.whatif_panel, request=self.controls.request, trace=lambda: self.trace,
-            baselines=self.runner.baselines, report=self.error_area.report)
+            session,
+            self.whatif_panel,
+            request=self.controls.request,
+            trace=lambda: self.trace,
+            baselines=self.runner.baselines,
+            report=self.error_area.report,
+        )
         title = W.HTML(title_html(session))
         parts = [self.controls, self.progress, self.error_area, self.whatif_panel, self.views]
         self.server_view = None if server is None else ServerView(server, width=width)
@@ -176,8 +218,10 @@ class Explorer(W.VBox):
             return
         self.error_area.clear()
         self.whatif_controller.begin_recording()
-        self.runner.submit(functools.partial(self.whatif_controller.record, req, lambda: self.runner.stop_requested),
-                           activity=f"recording oracle · {req.max_tokens} tokens, depth {self.session.capacity} …")
+        self.runner.submit(
+            functools.partial(self.whatif_controller.record, req, lambda: self.runner.stop_requested),
+            activity=f"recording oracle · {req.max_tokens} tokens, depth {self.session.capacity} …",
+        )
 
     def measure_setting(self, repeats: int = MEASURE_REPEATS) -> None:
         """Measure the controls' setting ``repeats`` times, each beside a plain run, in a background thread (needs
@@ -185,11 +229,14 @@ class Explorer(W.VBox):
         req = self.controls.request()
         if self.whatif_controller.oracles.get(req.oracle_key) is None:
             return self.error_area.report("Measure needs the oracle of this prompt and max tokens: record one first")
-        self.runner.submit(functools.partial(self.whatif_controller.measure, req, lambda: self.runner.stop_requested,
-                                             repeats), activity=f"measuring n_max={req.n_max} · {repeats} runs …")
+        self.runner.submit(
+            functools.partial(self.whatif_controller.measure, req, lambda: self.runner.stop_requested, repeats),
+            activity=f"measuring n_max={req.n_max} · {repeats} runs …",
+        )
 
-    def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None,
-                drafter: str | None = None) -> SimTrace:
+    def predict(
+        self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None, drafter: str | None = None
+    ) -> SimTrace:
         """The oracle's replay of a setting (default: the sliders' and the drafter selector's): the
         accepted counts a greedy run would have, and the predicted timings."""
         return self.whatif_controller.predict(n_max, p_min, n_min, drafter)
@@ -269,14 +316,16 @@ class Explorer(W.VBox):
 def title_html(session: Session) -> str:
     """The Explorer's title line: the model, its size and type, the session's capacity and placement."""
     info = session.info
-    return (f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
-            f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}"
-            + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
-            + f") · n_max up to {session.capacity}"
-            f" · {html.escape(placement_label(session.placement))}"
-            + ("" if session.draft_info is None else f" · draft model {html.escape(session.draft_info.name)}")
-            + ("" if info.has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} "
-                                       "drafting only"))
+    return (
+        f"<b>mtp-explorer</b> · {html.escape(info.name)} ({info.arch}, "
+        f"{info.n_params / 1e6:.1f} M parameters, {info.file_type}"
+        + ("" if not info.moe_layers else f", {html.escape(info.experts_label())}")
+        + f") · n_max up to {session.capacity}"
+        f' · <span title="{html.escape(placement_hover(session.placement))}">'
+        f"{html.escape(placement_label(session.placement))}</span>"
+        + ("" if session.draft_info is None else f" · draft model {html.escape(session.draft_info.name)}")
+        + ("" if info.has_mtp else f" · no MTP layers: {', '.join(drafters.available_modes(False))} drafting only")
+    )
 
 
 def placement_label(placement: dict) -> str:
@@ -284,3 +333,14 @@ def placement_label(placement: dict) -> str:
     p = placement
     gpu = f"ngl {p['n_gpu_layers']} · " if p["gpu_offload"] else ""
     return f"{'+'.join(p['devices'])} · {gpu}fa {p['flash_attn']} · KV {p['type_k']}/{p['type_v']}"
+
+
+def placement_hover(placement: dict) -> str:
+    """The placement in plain words, for the hover text of :func:`placement_label`'s llama.cpp shorthand."""
+    p = placement
+    gpu = f"{p['n_gpu_layers']} layers offloaded to the GPU (llama.cpp's -ngl); " if p["gpu_offload"] else ""
+    return (
+        f"computes on {' + '.join(p['devices'])}; {gpu}flash attention: {p['flash_attn']} (llama.cpp's -fa); "
+        f"the KV cache stores keys as {p['type_k']} and values as {p['type_v']} "
+        "(--cache-type-k / --cache-type-v)"
+    )

@@ -7,7 +7,7 @@ holds exactly the columns of a finished one, with the same dtypes and widths.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,8 +27,9 @@ class LiveTrace:
     ``topk`` the alternatives it records per depth; without ``topk`` it is the widest seen so far, at
     least 1). ``t_prefill_ns`` is unknown until the end and ``finish_reason`` is ``"running"``."""
 
-    def __init__(self, prompt: str, settings: dict, model: dict, depth: int, piece: Callable[[int], str],
-                 topk: int | None = None) -> None:
+    def __init__(
+        self, prompt: str, settings: dict, model: dict, depth: int, piece: Callable[[int], str], topk: int | None = None
+    ) -> None:
         self.prompt = prompt
         self.settings = settings
         self.model = model
@@ -37,14 +38,21 @@ class LiveTrace:
         self.piece = piece
         self.steps: list[Step] = []
         self._columns: dict[str, np.ndarray] | None = None  # the rows so far, concatenated on demand
-        self._pending: list[dict[str, np.ndarray]] = []     # rows added since
+        self._pending: list[dict[str, np.ndarray]] = []  # rows added since
 
     @classmethod
-    def of(cls, session: Session, prompt: str = "", settings: dict | None = None,
-           piece: Callable[[int], str] | None = None) -> "LiveTrace":
+    def of(
+        cls, session: Session, prompt: str = "", settings: dict | None = None, piece: Callable[[int], str] | None = None
+    ) -> LiveTrace:
         """An empty live trace of ``session`` (its model, capacity and top-k)."""
-        return cls(prompt, dict(settings or {}), session.info.to_dict(), session.capacity,
-                   piece or session.piece, topk=session.open_kwargs.get("topk"))
+        return cls(
+            prompt,
+            dict(settings or {}),
+            session.info.to_dict(),
+            session.capacity,
+            piece or session.piece,
+            topk=session.open_kwargs.get("topk"),
+        )
 
     def add(self, step: Step) -> None:
         if self.topk is None and self._widen(step):
@@ -73,8 +81,17 @@ class LiveTrace:
     def trace(self) -> Trace:
         tokens = [t for s in self.steps for t in s.tokens]
         pieces = [self.piece(t) for t in tokens]
-        return Trace(prompt=self.prompt, prompt_tokens=[], tokens=tokens, text="".join(pieces), pieces=pieces,
-                     columns=self.columns(), finish_reason="running", settings=self.settings, model=self.model)
+        return Trace(
+            prompt=self.prompt,
+            prompt_tokens=[],
+            tokens=tokens,
+            text="".join(pieces),
+            pieces=pieces,
+            columns=self.columns(),
+            finish_reason="running",
+            settings=self.settings,
+            model=self.model,
+        )
 
     # -- rows --------------------------------------------------------------------------------------
     def _row(self, step: Step) -> dict[str, np.ndarray]:

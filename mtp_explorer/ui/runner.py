@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import traitlets as T
 
@@ -47,22 +47,29 @@ class GenerationRunner(T.HasTraits):
 
     state = T.Enum(STATES, default_value="idle", help="what the runner is doing (see STATES)")
     finish_reason = T.Unicode("", help="why the last generation ended ('' while one runs)")
-    baseline = T.Instance(Trace, allow_none=True,
-                          help="the plain (n_max=0) run of the current generation's prompt, if there is one yet")
+    baseline = T.Instance(
+        Trace, allow_none=True, help="the plain (n_max=0) run of the current generation's prompt, if there is one yet"
+    )
     activity = T.Unicode("", help="what background work other than a generation is doing ('' when none)")
 
-    def __init__(self, session: Session, piece: Callable[[int], str], *, show: Show,
-                 started: Callable[[], None] = lambda: None,
-                 ended: Callable[[BaseException | None], None] = lambda error: None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        piece: Callable[[int], str],
+        *,
+        show: Show,
+        started: Callable[[], None] = lambda: None,
+        ended: Callable[[BaseException | None], None] = lambda error: None,
+    ) -> None:
         super().__init__()
         self.session = session
         self.piece = piece
         self._show, self._started, self._ended = show, started, ended
-        self.baselines: dict[tuple, Trace] = {}   #: plain baselines by RunRequest.baseline_key
-        self.request: RunRequest | None = None    #: the current (or last) generation's request
-        self.live: LiveTrace | None = None        #: its trace so far
-        self.drafting = False                     #: a drafting generation (not its baseline) is under way
-        self.stop_requested = False               #: Stop was pressed since the work started
+        self.baselines: dict[tuple, Trace] = {}  #: plain baselines by RunRequest.baseline_key
+        self.request: RunRequest | None = None  #: the current (or last) generation's request
+        self.live: LiveTrace | None = None  #: its trace so far
+        self.drafting = False  #: a drafting generation (not its baseline) is under way
+        self.stop_requested = False  #: Stop was pressed since the work started
         self._stepper: Iterator[Step] | None = None
         self._thread: threading.Thread | None = None
         self._interval = MIN_REDRAW_INTERVAL

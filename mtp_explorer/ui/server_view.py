@@ -8,12 +8,11 @@ import math
 import threading
 
 import ipywidgets as W
-import plotly.graph_objects as go
 import traitlets as T
 
 from ..server.monitor import STATES, ServerMonitor
 from ..viz.server_figures import server_acceptance, server_rates
-from .figure_sync import sync_figure
+from .figure_sync import figure_widget, size, sync_figure
 
 __all__ = ["ServerView"]
 
@@ -23,14 +22,18 @@ def status_text(monitor: ServerMonitor) -> str:
     s = monitor.summary()
     url = html.escape(monitor.url)
     if s["state"] == "disconnected":
-        return f"<b>{url}</b> · <span style='color:#d62728'>disconnected</span>: " \
-               f"{html.escape(monitor.readings[-1].error[:200])}"
+        return (
+            f"<b>{url}</b> · <span style='color:#d62728'>disconnected</span>: "
+            f"{html.escape(monitor.readings[-1].error[:200])}"
+        )
     if s["state"] == "unknown":
         return f"<b>{url}</b> · not read yet"
     fmt = lambda v, f: "–" if isinstance(v, float) and math.isnan(v) else format(v, f)  # noqa: E731
-    return (f"<b>{url}</b> · connected · {s['drafts']} drafts verified, acceptance {fmt(s['acceptance_rate'], '.2f')}, "
-            f"mean accepted length {fmt(s['mean_accepted_length'], '.2f')}, {fmt(s['tokens_per_second'], '.0f')} tok/s"
-            f" · {s['requests']} requests sent here, {fmt(s['drafted_per_request'], '.1f')} drafted each")
+    return (
+        f"<b>{url}</b> · connected · {s['drafts']} drafts verified, acceptance {fmt(s['acceptance_rate'], '.2f')}, "
+        f"mean accepted length {fmt(s['mean_accepted_length'], '.2f')}, {fmt(s['tokens_per_second'], '.0f')} tok/s"
+        f" · {s['requests']} requests sent here, {fmt(s['drafted_per_request'], '.1f')} drafted each"
+    )
 
 
 class ServerView(W.VBox):
@@ -45,21 +48,30 @@ class ServerView(W.VBox):
     window = T.Float(60.0, min=1.0, help="seconds of polls the rates in the title of rates_figure cover")
     watching = T.Bool(False, help="poll every `interval` seconds in a background thread")
 
-    def __init__(self, monitor: ServerMonitor | str, *, width: int = 960, interval: float = 2.0,
-                 window: float = 60.0) -> None:
+    def __init__(
+        self, monitor: ServerMonitor | str, *, width: int | None = None, interval: float = 2.0, window: float = 60.0
+    ) -> None:
         self.monitor = monitor if isinstance(monitor, ServerMonitor) else ServerMonitor(monitor)
         self.status = W.HTML()
-        self.figure = go.FigureWidget()
-        self.rates_figure = go.FigureWidget()
+        self.figure = figure_widget()
+        self.rates_figure = figure_widget()
         self.width = width
         self.refresh_button = W.Button(description="Refresh", tooltip="read the server's /metrics now")
         self.watch_toggle = W.ToggleButton(description="Watch", tooltip="refresh every `every` seconds")
-        self.interval_field = W.BoundedFloatText(value=interval, min=0.2, max=3600.0, step=0.5, description="every (s)",
-                                                 layout=W.Layout(width="160px"))
-        self.window_field = W.BoundedFloatText(value=window, min=1.0, max=86400.0, step=10.0,
-                                               description="window (s)", layout=W.Layout(width="170px"))
-        super().__init__([W.HBox([self.refresh_button, self.watch_toggle, self.interval_field, self.window_field]),
-                          self.status, self.figure, self.rates_figure])
+        self.interval_field = W.BoundedFloatText(
+            value=interval, min=0.2, max=3600.0, step=0.5, description="every (s)", layout=W.Layout(width="160px")
+        )
+        self.window_field = W.BoundedFloatText(
+            value=window, min=1.0, max=86400.0, step=10.0, description="window (s)", layout=W.Layout(width="170px")
+        )
+        super().__init__(
+            [
+                W.HBox([self.refresh_button, self.watch_toggle, self.interval_field, self.window_field]),
+                self.status,
+                self.figure,
+                self.rates_figure,
+            ]
+        )
         T.link((self.interval_field, "value"), (self, "interval"))
         T.link((self.window_field, "value"), (self, "window"))
         self.interval, self.window = interval, window
@@ -73,9 +85,11 @@ class ServerView(W.VBox):
 
     def show(self) -> None:
         """Redraw the status and the figure from the monitor's last readings (no request)."""
-        for widget, fig in ((self.figure, server_acceptance(self.monitor)),
-                            (self.rates_figure, server_rates(self.monitor, self.window))):
-            fig.update_layout(width=self.width)
+        for widget, fig in (
+            (self.figure, server_acceptance(self.monitor)),
+            (self.rates_figure, server_rates(self.monitor, self.window)),
+        ):
+            size(fig, self.width)
             sync_figure(widget, fig)
         self.status.value = status_text(self.monitor)
         self.state = self.monitor.state

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import ipywidgets as W
-import plotly.graph_objects as go
 import traitlets as T
 
 from ..analysis.batch import PROFILE_PROMPTS, measure_crossover
@@ -22,7 +21,7 @@ from ..core.parallel import ParallelStep, ParallelTrace, RequestInfo
 from ..core.session import Session
 from ..viz.parallel_figures import batch_rows, parallel_crossover, slot_timeline
 from .controls import readable_error
-from .figure_sync import sync_figure
+from .figure_sync import figure_widget, size, sync_figure
 from .live import LiveTrace, cached_piece
 
 __all__ = ["LiveParallel", "SlotsView"]
@@ -32,8 +31,13 @@ class LiveParallel:
     """The :class:`~mtp_explorer.ParallelTrace` of a streaming parallel generation so far: a
     :class:`~mtp_explorer.ui.live.LiveTrace` per request, and where each runs."""
 
-    def __init__(self, session: Session, n_requests: int, arrivals: Sequence[int] | None = None,
-                 drafter: str = drafters.DEFAULT_MODE) -> None:
+    def __init__(
+        self,
+        session: Session,
+        n_requests: int,
+        arrivals: Sequence[int] | None = None,
+        drafter: str = drafters.DEFAULT_MODE,
+    ) -> None:
         piece = cached_piece(session)
         self.n_parallel = session.n_parallel
         self.capacity = session.capacity
@@ -51,11 +55,23 @@ class LiveParallel:
 
     def result(self) -> ParallelTrace:
         traces = [t.trace() for t in self.traces]
-        infos = [RequestInfo(index=i, slot=self.slots[i], arrival=self.arrivals[i], admitted_step=self.admitted[i],
-                             finished_step=-1, n_prompt=0, t_prefill_ns=0) for i in range(len(traces))]
-        return ParallelTrace(traces=traces, requests=infos,
-                             settings={"n_parallel": self.n_parallel, "capacity": self.capacity,
-                                       "drafter": self.drafter})
+        infos = [
+            RequestInfo(
+                index=i,
+                slot=self.slots[i],
+                arrival=self.arrivals[i],
+                admitted_step=self.admitted[i],
+                finished_step=-1,
+                n_prompt=0,
+                t_prefill_ns=0,
+            )
+            for i in range(len(traces))
+        ]
+        return ParallelTrace(
+            traces=traces,
+            requests=infos,
+            settings={"n_parallel": self.n_parallel, "capacity": self.capacity, "drafter": self.drafter},
+        )
 
 
 class SlotsView(W.VBox):
@@ -70,8 +86,14 @@ class SlotsView(W.VBox):
     state = T.Enum(("idle", "running", "measuring"), default_value="idle", help="what the view is doing")
     status = T.Unicode("", help="the last run's or measurement's numbers, or its error")
 
-    def __init__(self, session: Session, prompts: Sequence[str] = PROFILE_PROMPTS, *, width: int = 960,
-                 redraw_seconds: float = 0.2) -> None:
+    def __init__(
+        self,
+        session: Session,
+        prompts: Sequence[str] = PROFILE_PROMPTS,
+        *,
+        width: int | None = None,
+        redraw_seconds: float = 0.2,
+    ) -> None:
         self.session = session
         self.prompts = list(prompts)
         self.width = width
@@ -81,15 +103,22 @@ class SlotsView(W.VBox):
         self.n_max_slider = W.IntSlider(min=0, max=session.capacity, value=3, description="n_max")
         self.p_min_slider = W.FloatSlider(min=0.0, max=1.0, step=0.05, value=0.0, description="p_min")
         self.run_button = W.Button(description="Run", tooltip="the requests at once on the session's sequences")
-        self.measure_button = W.Button(description="Measure crossover",
-                                       tooltip=f"plain and speculative batches of 1, 2, 4, ... {N} requests")
+        self.measure_button = W.Button(
+            description="Measure crossover", tooltip=f"plain and speculative batches of 1, 2, 4, ... {N} requests"
+        )
         self.status_html = W.HTML()
-        self.timeline, self.rows, self.crossover = go.FigureWidget(), go.FigureWidget(), go.FigureWidget()
-        super().__init__([W.HBox([self.n_slider, self.n_max_slider, self.p_min_slider]),
-                          W.HBox([self.run_button, self.measure_button]), self.status_html,
-                          self.timeline, self.rows, self.crossover])
-        for widget, name in ((self.n_slider, "n_requests"), (self.n_max_slider, "n_max"),
-                             (self.p_min_slider, "p_min")):
+        self.timeline, self.rows, self.crossover = figure_widget(), figure_widget(), figure_widget()
+        super().__init__(
+            [
+                W.HBox([self.n_slider, self.n_max_slider, self.p_min_slider]),
+                W.HBox([self.run_button, self.measure_button]),
+                self.status_html,
+                self.timeline,
+                self.rows,
+                self.crossover,
+            ]
+        )
+        for widget, name in ((self.n_slider, "n_requests"), (self.n_max_slider, "n_max"), (self.p_min_slider, "p_min")):
             T.link((widget, "value"), (self, name))
         T.dlink((self, "status"), (self.status_html, "value"))
         self.run_button.on_click(lambda _b: self._background(self.run))
@@ -105,8 +134,9 @@ class SlotsView(W.VBox):
         self.state = "running"
         try:
             last = 0.0
-            for rows in self.session.stream_parallel(prompts, max_tokens=self.max_tokens, n_max=self.n_max,
-                                                     p_min=self.p_min if self.n_max else 0.0):
+            for rows in self.session.stream_parallel(
+                prompts, max_tokens=self.max_tokens, n_max=self.n_max, p_min=self.p_min if self.n_max else 0.0
+            ):
                 live.add(rows)
                 if time.monotonic() - last >= self.redraw_seconds:
                     self.show(live.result())
@@ -114,9 +144,11 @@ class SlotsView(W.VBox):
             result = self.session.last_parallel_trace
             self.show(result)
             s = result.summary()
-            self.status = (f"{s['n_requests']} requests on {s['n_parallel']} slots: {s['n_tokens']} tokens, "
-                           f"{s['decode_tokens_per_second']:.0f} tok/s aggregate, acceptance "
-                           f"{s['acceptance_rate']:.2f}, {s['mean_verify_rows']:.1f} rows per verify batch")
+            self.status = (
+                f"{s['n_requests']} requests on {s['n_parallel']} slots: {s['n_tokens']} tokens, "
+                f"{s['decode_tokens_per_second']:.0f} tok/s aggregate, acceptance "
+                f"{s['acceptance_rate']:.2f}, {s['mean_verify_rows']:.1f} rows per verify batch"
+            )
             return result
         finally:
             self.state = "idle"
@@ -126,16 +158,25 @@ class SlotsView(W.VBox):
         ``n_parallel``: the crossover frame, drawn."""
         self.state = "measuring"
         try:
-            df = measure_crossover(self.session, self.prompts, n_max=max(1, self.n_max), p_min=self.p_min,
-                                   max_tokens=self.max_tokens, repeats=3,
-                                   progress=lambda d, t: setattr(self, "status", f"measuring: {d} of {t} sizes"))
+            df = measure_crossover(
+                self.session,
+                self.prompts,
+                n_max=max(1, self.n_max),
+                p_min=self.p_min,
+                max_tokens=self.max_tokens,
+                repeats=3,
+                progress=lambda d, t: setattr(self, "status", f"measuring: {d} of {t} sizes"),
+            )
             fig = parallel_crossover(df)
-            fig.update_layout(width=self.width)
+            size(fig, self.width)
             sync_figure(self.crossover, fig)
             c = df.attrs["crossover"]
             spread = float(df["speedup_spread"].max())
-            self.status = ("speculation pays at every N measured" if c is None
-                           else f"speculation stops paying at N={c} on this machine")
+            self.status = (
+                "speculation pays at every N measured"
+                if c is None
+                else f"speculation stops paying at N={c} on this machine"
+            )
             if c is not None and df.attrs.get("crossover_within_spread"):
                 self.status += " (its speedup's distance below 1 is within the runs' spread: not told apart)"
             self.status += f"; speedups' run-to-run spread up to {spread:.0%}"
@@ -147,7 +188,7 @@ class SlotsView(W.VBox):
         """Redraw the slot timeline and the batch rows of ``result``."""
         for widget, make in ((self.timeline, slot_timeline), (self.rows, batch_rows)):
             fig = make(result)
-            fig.update_layout(width=self.width)
+            size(fig, self.width)
             sync_figure(widget, fig)
 
     def wait(self, timeout: float | None = None) -> None:

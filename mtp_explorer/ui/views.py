@@ -20,15 +20,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import ipywidgets as W
 import plotly.graph_objects as go
 
 from .. import plots
-from ..core.trace import Trace
-from .figure_sync import sync_figure
 from ..core.errors import ParameterError
+from ..core.trace import Trace
+from .figure_sync import figure_widget, flexible, full_width, size, sync_figure
 
 __all__ = ["View", "VIEWS", "WIDTHS", "register_view", "unregister_view", "LiveViews"]
 
@@ -77,8 +77,14 @@ class View:
 VIEWS: dict[str, View] = {}
 
 
-def register_view(figure: Callable[..., go.Figure] | None = None, *, name: str | None = None, width: str = "full",
-                  telemetry: str = "steps", replace: bool = False):
+def register_view(
+    figure: Callable[..., go.Figure] | None = None,
+    *,
+    name: str | None = None,
+    width: str = "full",
+    telemetry: str = "steps",
+    replace: bool = False,
+):
     """Register ``figure`` (a function of a trace returning a plotly figure) as a live view named ``name``
     (default: the function's name) that draws from ``telemetry`` (``"steps"`` or ``"full"``); usable as a
     decorator, with or without arguments. Returns the function. Registering a taken name is a ``ValueError``
@@ -121,15 +127,16 @@ def rows(views: Iterable[View]) -> list[list[View]]:
 
 class LiveViews(W.VBox):
     """The registered views (:data:`VIEWS` when made, or ``views``: names or :class:`View` records) as plotly
-    ``FigureWidget``s, ``width`` pixels wide, redrawn from a trace."""
+    ``FigureWidget``s, as wide as the Explorer (``width=None``) or ``width`` pixels wide, redrawn from a trace."""
 
-    def __init__(self, piece: Callable[[int], str], width: int = 960,
-                 views: Sequence[str | View] | None = None) -> None:
+    def __init__(
+        self, piece: Callable[[int], str], width: int | None = None, views: Sequence[str | View] | None = None
+    ) -> None:
         self.piece = piece
         self.width = width
         chosen = list(VIEWS.values()) if views is None else [v if isinstance(v, View) else VIEWS[v] for v in views]
         self.views: dict[str, View] = {v.name: v for v in chosen}
-        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in self.views}
+        self.figures: dict[str, go.FigureWidget] = {name: figure_widget() for name in self.views}
         super().__init__([self._row(row) for row in rows(self.views.values())])
         self._lock = threading.Lock()
 
@@ -149,12 +156,15 @@ class LiveViews(W.VBox):
         return tuple(name for name, view in self.views.items() if view.width == "half")
 
     def _box(self, view: View) -> W.Box:
-        box = W.Box([self.figures[view.name]])
+        fig = self.figures[view.name]
+        box = flexible(fig) if view.width == "half" else full_width(fig)
         box.add_class(view.css_class)
         return box
 
     def _row(self, row: list[View]) -> W.Box:
-        return self._box(row[0]) if len(row) == 1 and row[0].width == "full" else W.HBox([self._box(v) for v in row])
+        if len(row) == 1 and row[0].width == "full":
+            return self._box(row[0])
+        return W.HBox([self._box(v) for v in row], layout=W.Layout(width="100%"))
 
     def build(self, trace: Trace, baseline: Trace | None, names: Iterable[str] | None = None) -> dict[str, go.Figure]:
         """The figures ``names`` (default: all) of ``trace``, those that take one comparing with ``baseline``."""
@@ -166,6 +176,6 @@ class LiveViews(W.VBox):
         figs = self.build(trace, baseline, names)
         with self._lock:
             for name, fig in figs.items():
-                # a fixed width: a FigureWidget cannot follow its container's width when it is first shown
-                fig.update_layout(width=self.width // 2 if self.views[name].width == "half" else self.width)
+                half = self.views[name].width == "half"
+                size(fig, None if self.width is None else self.width // 2 if half else self.width)
                 sync_figure(self.figures[name], fig)

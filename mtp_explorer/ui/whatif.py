@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import threading
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import plotly.graph_objects as go
 import traitlets as T
@@ -26,8 +26,19 @@ from ..core.session import Session
 from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
 from .controls import RunRequest, readable_error, selected_mode
-from .whatif_panel import (MEASURE_REPEATS, NO_ORACLE, RepeatedRuns, WhatIf, WhatIfPanel, measured_run, oracle_status,
-                           speed_curve, whatif_figures, whatif_numbers, whatif_table)
+from .whatif_panel import (
+    MEASURE_REPEATS,
+    NO_ORACLE,
+    RepeatedRuns,
+    WhatIf,
+    WhatIfPanel,
+    measured_run,
+    oracle_status,
+    speed_curve,
+    whatif_figures,
+    whatif_numbers,
+    whatif_table,
+)
 
 __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 
@@ -67,14 +78,28 @@ class WhatIfController(T.HasTraits):
     ``baselines`` the plain runs by :attr:`RunRequest.baseline_key`; errors go to ``report``.
     """
 
-    oracle = T.Instance(OracleTrace, allow_none=True,
-                        help="the oracle of the controls' prompt, max tokens and drafter options (None: none recorded)")
-    prediction = T.Instance(SimTrace, allow_none=True,
-                            help="the oracle's replay of the controls' setting and drafter (None: nothing to predict)")
+    oracle = T.Instance(
+        OracleTrace,
+        allow_none=True,
+        help="the oracle of the controls' prompt, max tokens and drafter options (None: none recorded)",
+    )
+    prediction = T.Instance(
+        SimTrace,
+        allow_none=True,
+        help="the oracle's replay of the controls' setting and drafter (None: nothing to predict)",
+    )
     numbers = T.Instance(WhatIf, allow_none=True, help="the numbers of the prediction (None: no prediction)")
 
-    def __init__(self, session: Session, panel: WhatIfPanel, *, request: Callable[[], RunRequest],
-                 trace: Callable[[], Trace | None], baselines: Mapping[tuple, Trace], report: Report) -> None:
+    def __init__(
+        self,
+        session: Session,
+        panel: WhatIfPanel,
+        *,
+        request: Callable[[], RunRequest],
+        trace: Callable[[], Trace | None],
+        baselines: Mapping[tuple, Trace],
+        report: Report,
+    ) -> None:
         super().__init__()
         self.session = session
         self.panel = panel
@@ -82,7 +107,7 @@ class WhatIfController(T.HasTraits):
         self.oracles: dict[tuple, OracleTrace] = {}  #: recorded oracles by RunRequest.oracle_key
         #: settings measured several times (:meth:`measure`), by oracle key, drafter and setting
         self.repeated: dict[tuple, RepeatedRuns] = {}
-        self.recording = False                       #: an oracle recording is under way
+        self.recording = False  #: an oracle recording is under way
         self._lock = threading.Lock()
         self._plain: tuple | None = None  # (oracle, drafter, predicted plain tokens/s)
         self._curve: tuple | None = None  # (oracle, (p_min, n_min, drafter), predicted tokens/s by n_max)
@@ -101,8 +126,9 @@ class WhatIfController(T.HasTraits):
         its prompt, max tokens and drafter options; ``cancelled()`` tells whether Stop was pressed."""
         failure, oracle = None, None
         try:
-            oracle = self.session.record_oracle(request.prompt, request.max_tokens, depth=self.session.capacity,
-                                                **dict(request.options))
+            oracle = self.session.record_oracle(
+                request.prompt, request.max_tokens, depth=self.session.capacity, **dict(request.options)
+            )
         except Exception as exc:
             failure = exc
         stopped = cancelled()  # Stop during the recording, even one the engine missed
@@ -122,13 +148,26 @@ class WhatIfController(T.HasTraits):
         oracle = self.oracles.get(request.oracle_key)
         try:
             if oracle is None:
-                raise MtpExplorerError("no oracle for this prompt and max tokens: record one first (its cost model "
-                                       "prices the ceiling beside the measured runs)")
+                raise MtpExplorerError(
+                    "no oracle for this prompt and max tokens: record one first (its cost model "
+                    "prices the ceiling beside the measured runs)"
+                )
             drafter = _choice(request)
-            frame = sweep(self.session, [request.prompt], n_max=[request.n_max], p_min=[request.p_min],
-                          n_min=request.n_min, mode="measure", max_tokens=request.max_tokens, drafter=drafter,
-                          cost=oracle.cost, repeats=repeats, progress=False, cancelled=cancelled,
-                          **dict(request.options))
+            frame = sweep(
+                self.session,
+                [request.prompt],
+                n_max=[request.n_max],
+                p_min=[request.p_min],
+                n_min=request.n_min,
+                mode="measure",
+                max_tokens=request.max_tokens,
+                drafter=drafter,
+                cost=oracle.cost,
+                repeats=repeats,
+                progress=False,
+                cancelled=cancelled,
+                **dict(request.options),
+            )
         except Exception as exc:
             if not cancelled():
                 self._report(readable_error(exc), "measure")
@@ -156,8 +195,9 @@ class WhatIfController(T.HasTraits):
         self.refresh()
 
     # -- predictions -----------------------------------------------------------------------------
-    def predict(self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None,
-                drafter: str | None = None) -> SimTrace:
+    def predict(
+        self, n_max: int | None = None, p_min: float | None = None, n_min: int | None = None, drafter: str | None = None
+    ) -> SimTrace:
         """The oracle's replay of a setting (default: the controls'): the accepted counts a greedy run would
         have, and the predicted timings."""
         if self.oracle is None:
@@ -167,8 +207,13 @@ class WhatIfController(T.HasTraits):
         refusal = drafter_refusal(self.oracle, drafter)
         if refusal is not None:
             raise refusal
-        return simulate(self.oracle, req.n_max if n_max is None else n_max, req.p_min if p_min is None else p_min,
-                        req.n_min if n_min is None else n_min, drafter=drafter)
+        return simulate(
+            self.oracle,
+            req.n_max if n_max is None else n_max,
+            req.p_min if p_min is None else p_min,
+            req.n_min if n_min is None else n_min,
+            drafter=drafter,
+        )
 
     def refresh(self) -> None:
         """Predict the controls' setting and show it beside the measured run (an error is reported, the last
@@ -202,17 +247,36 @@ class WhatIfController(T.HasTraits):
         prompt and max tokens with the prediction's drafter."""
         oracle, drafter = sim.oracle, sim.policy["drafter"]
         measured = measured_run(self._trace(), oracle, drafter=drafter)
-        baseline = None if measured is None else self._baselines.get(
-            (measured.prompt, measured.settings.get("max_tokens"), measured.settings.get("temperature"),
-             measured.settings.get("seed")))
+        baseline = (
+            None
+            if measured is None
+            else self._baselines.get(
+                (
+                    measured.prompt,
+                    measured.settings.get("max_tokens"),
+                    measured.settings.get("temperature"),
+                    measured.settings.get("seed"),
+                )
+            )
+        )
         req, pol = self._request(), sim.policy
-        repeated = self.repeated.get(self._repeated_key(req.oracle_key, drafter, pol["n_max"], pol["p_min"],
-                                                        pol["n_min"]))
-        numbers = whatif_numbers(sim, plain_tokens_per_second=self._plain_tokens_per_second(oracle, drafter),
-                                 measured=measured, baseline=baseline, temperature=req.temperature,
-                                 repeated=repeated)
-        figs = whatif_figures(sim, numbers, measured_trace=measured,
-                              curve=self._speed_curve(oracle, numbers.p_min, numbers.n_min, drafter))
+        repeated = self.repeated.get(
+            self._repeated_key(req.oracle_key, drafter, pol["n_max"], pol["p_min"], pol["n_min"])
+        )
+        numbers = whatif_numbers(
+            sim,
+            plain_tokens_per_second=self._plain_tokens_per_second(oracle, drafter),
+            measured=measured,
+            baseline=baseline,
+            temperature=req.temperature,
+            repeated=repeated,
+        )
+        figs = whatif_figures(
+            sim,
+            numbers,
+            measured_trace=measured,
+            curve=self._speed_curve(oracle, numbers.p_min, numbers.n_min, drafter),
+        )
         return numbers, figs
 
     def _plain_tokens_per_second(self, oracle: OracleTrace, drafter: str) -> float:

@@ -42,11 +42,23 @@ from ..analysis.simulate import SimTrace, simulate
 from ..core import drafters
 from ..core.trace import Trace
 from ..viz import whatif_figures as figures
-from .figure_sync import sync_figure
+from .figure_sync import figure_widget, flexible, size, sync_figure
 
-__all__ = ["WHATIF_NAMES", "NO_ORACLE", "MEASURE_REPEATS", "WhatIfPanel", "WhatIf", "MeasuredRun", "RepeatedRuns",
-           "whatif_table", "measured_run",
-           "whatif_numbers", "speed_curve", "whatif_figures", "oracle_status"]
+__all__ = [
+    "WHATIF_NAMES",
+    "NO_ORACLE",
+    "MEASURE_REPEATS",
+    "WhatIfPanel",
+    "WhatIf",
+    "MeasuredRun",
+    "RepeatedRuns",
+    "whatif_table",
+    "measured_run",
+    "whatif_numbers",
+    "speed_curve",
+    "whatif_figures",
+    "oracle_status",
+]
 
 # -- the panel -------------------------------------------------------------------------------------
 #: The what-if figures, by name (:attr:`WhatIfPanel.figures`).
@@ -55,8 +67,18 @@ WHATIF_NAMES: tuple[str, ...] = ("predicted_acceptance_by_depth", "predicted_spe
 #: How many runs (each beside a plain run) the Measure button makes of the controls' setting.
 MEASURE_REPEATS = 5
 
-NO_ORACLE = ("<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
-             "move n_max / p_min / n_min or the drafter to see the predicted acceptance and speed at once.</i>")
+#: The what-if table's row of tokens/s over the near-ties, and its hover text.
+TIE_RANGE_LABEL = "tokens/s range (near-ties)"
+TIE_RANGE_HOVER = (
+    "Where the model's two likeliest next tokens are nearly tied, a real run may pick the other one "
+    "(the top-2 margin is within the measured batch-shape tolerance) and follow another text: the "
+    "range is the predicted tokens/s if those near-ties go either way."
+)
+
+NO_ORACLE = (
+    "<i>what-if: no oracle for this prompt and max tokens. Record one (greedy, temperature 0), then "
+    "move n_max / p_min / n_min or the drafter to see the predicted acceptance and speed at once.</i>"
+)
 
 
 # -- the numbers -----------------------------------------------------------------------------------
@@ -66,15 +88,15 @@ class MeasuredRun:
     oracle's prompt and max tokens with the predicted drafter (:func:`measured_run`)."""
 
     drafter: str
-    n_max: int | None            #: its settings (None: they changed during the run)
+    n_max: int | None  #: its settings (None: they changed during the run)
     p_min: float | None
     n_min: int | None
-    same_settings: bool          #: it ran with the predicted settings throughout
+    same_settings: bool  #: it ran with the predicted settings throughout
     acceptance_rate: float
     mean_accepted_length: float
     acceptance_by_depth: list[float]
     tokens_per_second: float
-    speedup: float               #: over its plain baseline (NaN without one)
+    speedup: float  #: over its plain baseline (NaN without one)
     plain_tokens_per_second: float
     tokens_per_second_ratio: float  #: measured / predicted tokens/s (NaN unless ``same_settings``)
 
@@ -95,21 +117,30 @@ class RepeatedRuns:
     speedup: float
 
     @classmethod
-    def from_row(cls, row: dict) -> "RepeatedRuns":
+    def from_row(cls, row: dict) -> RepeatedRuns:
         """From a measured sweep's row (:data:`~mtp_explorer.analysis.sweep.COLUMNS`)."""
-        return cls(drafter=str(row["drafter"]), n_max=int(row["n_max"]), p_min=float(row["p_min"]),
-                   n_min=int(row["n_min"]), repeats=int(row["repeats"]), tokens_per_second=float(row["tokens_per_second"]),
-                   spread=float(row["tokens_per_second_spread"]),
-                   plain_tokens_per_second=float(row["plain_tokens_per_second"]), speedup=float(row["speedup"]))
+        return cls(
+            drafter=str(row["drafter"]),
+            n_max=int(row["n_max"]),
+            p_min=float(row["p_min"]),
+            n_min=int(row["n_min"]),
+            repeats=int(row["repeats"]),
+            tokens_per_second=float(row["tokens_per_second"]),
+            spread=float(row["tokens_per_second_spread"]),
+            plain_tokens_per_second=float(row["plain_tokens_per_second"]),
+            speedup=float(row["speedup"]),
+        )
 
     def judge(self, predicted: float) -> str:
         """The prediction against these runs, in words: within their spread about the median, or how far outside."""
         off = predicted / self.tokens_per_second - 1.0
         half = self.spread / 2 if math.isfinite(self.spread) else 0.0
         where = "within" if abs(off) <= half else "outside"
-        return (f"Measured {self.repeats} times, each beside a plain run: median {self.tokens_per_second:.0f} tokens/s, "
-                f"run-to-run spread {self.spread:.1%}; the predicted {predicted:.0f} tokens/s is {off:+.1%} from the "
-                f"median, {where} half that spread.")
+        return (
+            f"Measured {self.repeats} times, each beside a plain run: median {self.tokens_per_second:.0f} tokens/s, "
+            f"run-to-run spread {self.spread:.1%}; the predicted {predicted:.0f} tokens/s is {off:+.1%} from the "
+            f"median, {where} half that spread."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,13 +157,13 @@ class WhatIf:
     acceptance_by_depth: list[float]
     tokens_per_second: float
     ceiling_tokens_per_second: float  #: with every draft accepted
-    plain_tokens_per_second: float    #: predicted plain decoding (n_max = 0)
-    speedup: float                    #: predicted over plain
+    plain_tokens_per_second: float  #: predicted plain decoding (n_max = 0)
+    speedup: float  #: predicted over plain
     measured: MeasuredRun | None
-    note: str                         #: what the measured column is, and caveats
+    note: str  #: what the measured column is, and caveats
     tokens_per_second_range: tuple[float, float]  #: if the uncertain positions' batch-shape ties flip
-    uncertain_positions: list[int]    #: where a real run may leave the predicted text (SimTrace.uncertainty)
-    tie_tolerance: float              #: the measured batch-shape tolerance they are judged by (NaN: not measured)
+    uncertain_positions: list[int]  #: where a real run may leave the predicted text (SimTrace.uncertainty)
+    tie_tolerance: float  #: the measured batch-shape tolerance they are judged by (NaN: not measured)
     repeated: RepeatedRuns | None = None  #: this setting measured several times (Measure), or None
 
     def as_dict(self) -> dict:
@@ -154,13 +185,15 @@ def whatif_table(numbers: WhatIf) -> str:
     """The what-if numbers as an HTML table: predicted, measured and their ratio, with a note on what the
     measured column is."""
     m = numbers.measured
-    rows = (("drafter", "drafter", "s", ""),
-            ("acceptance rate", "acceptance_rate", ".3f", ""),
-            ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
-            ("tokens/s", "tokens_per_second", ".0f", ""),
-            ("speedup vs plain", "speedup", ".2f", "×"),
-            ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
-            ("plain tokens/s", "plain_tokens_per_second", ".0f", ""))
+    rows = (
+        ("drafter", "drafter", "s", ""),
+        ("acceptance rate", "acceptance_rate", ".3f", ""),
+        ("mean accepted length (drafts per step)", "mean_accepted_length", ".2f", ""),
+        ("tokens/s", "tokens_per_second", ".0f", ""),
+        ("speedup vs plain", "speedup", ".2f", "×"),
+        ("ceiling tokens/s (every draft accepted)", "ceiling_tokens_per_second", ".0f", ""),
+        ("plain tokens/s", "plain_tokens_per_second", ".0f", ""),
+    )
     ratio = m is not None and m.same_settings
     rep = numbers.repeated
     head = "<th></th><th>predicted</th>"
@@ -171,11 +204,15 @@ def whatif_table(numbers: WhatIf) -> str:
     body = []
     if numbers.uncertain_positions:
         lo, hi = numbers.tokens_per_second_range
-        rows = rows[:4] + (("tokens/s if batch-shape ties flip", "tokens_per_second_range", "range", ""),) + rows[4:]
+        rows = rows[:4] + ((TIE_RANGE_LABEL, "tokens_per_second_range", "range", ""),) + rows[4:]
     for label, key, spec, suffix in rows:
         if spec == "range":
             blank = "<td></td>" * ((m is not None) + ratio + (rep is not None))
-            body.append(f"<tr><td>{label}</td><td>{_fmt(lo, '.0f')}–{_fmt(hi, '.0f')}</td>{blank}</tr>")
+            body.append(
+                f'<tr><td title="{html.escape(TIE_RANGE_HOVER)}">'
+                f'<span style="border-bottom:1px dotted;cursor:help">{label}</span></td>'
+                f"<td>{_fmt(lo, '.0f')}–{_fmt(hi, '.0f')}</td>{blank}</tr>"
+            )
             continue
         pred = getattr(numbers, key)
         cells = f"<td>{label}</td><td>{_fmt(pred, spec, suffix)}</td>"
@@ -189,16 +226,29 @@ def whatif_table(numbers: WhatIf) -> str:
                 r = meas / pred if isinstance(meas, (int, float)) and pred and not math.isnan(pred) else None
                 cells += f"<td>{_fmt(r, '.3f')}</td>"
         if rep is not None:
-            value = {"tokens_per_second": f"{_fmt(rep.tokens_per_second, '.0f')} ({_fmt(rep.spread, '.1%')})",
-                     "speedup": _fmt(rep.speedup, ".2f", "×"),
-                     "plain_tokens_per_second": _fmt(rep.plain_tokens_per_second, ".0f")}.get(key, "")
+            value = {
+                "tokens_per_second": f"{_fmt(rep.tokens_per_second, '.0f')} ({_fmt(rep.spread, '.1%')})",
+                "speedup": _fmt(rep.speedup, ".2f", "×"),
+                "plain_tokens_per_second": _fmt(rep.plain_tokens_per_second, ".0f"),
+            }.get(key, "")
             cells += f"<td>{value}</td>"
         body.append(f"<tr>{cells}</tr>")
     style = 'style="border-collapse:collapse;font-size:13px" cellpadding="3"'
     table = f'<table class="mtpx-whatif-numbers" {style}><tr>{head}</tr>{"".join(body)}</table>'
     note = numbers.note
-    return table + (f'<div class="mtpx-whatif-note" style="font-size:12px;color:#555">{html.escape(note)}</div>'
-                    if note else "")
+    hover = (
+        ""
+        if not numbers.uncertain_positions
+        else (
+            f' title="the technical terms: a target top-2 margin within the measured batch-shape tolerance '
+            f'{numbers.tie_tolerance:.3g} (oracle.batch_shift)"'
+        )
+    )
+    return table + (
+        f'<div class="mtpx-whatif-note" style="font-size:12px;color:#555"{hover}>{html.escape(note)}</div>'
+        if note
+        else ""
+    )
 
 
 class WhatIfPanel(W.VBox):
@@ -206,30 +256,47 @@ class WhatIfPanel(W.VBox):
     oracle exists, the predicted numbers beside the measured run's and the figures of the prediction
     (``figures``: :data:`WHATIF_NAMES`)."""
 
-    def __init__(self, width: int = 960) -> None:
+    def __init__(self, width: int | None = None) -> None:
         self.width = width
-        self.record = W.Button(description="Record oracle", icon="database",
-                               tooltip="record the greedy generation once; the sliders then predict at once",
-                               layout=W.Layout(width="150px", flex="none"))
-        self.measure = W.Button(description=f"Measure ×{MEASURE_REPEATS}", icon="tachometer",
-                                tooltip=f"run this setting {MEASURE_REPEATS} times, each beside a plain run: the median "
-                                        "tokens/s and its spread, to judge the prediction by",
-                                layout=W.Layout(width="130px", flex="none"))
+        self.record = W.Button(
+            description="Record oracle",
+            icon="database",
+            tooltip="record the greedy generation once; the sliders then predict at once",
+            layout=W.Layout(width="150px", flex="none"),
+        )
+        self.measure = W.Button(
+            description=f"Measure ×{MEASURE_REPEATS}",
+            icon="tachometer",
+            tooltip=f"run this setting {MEASURE_REPEATS} times, each beside a plain run: the median "
+            "tokens/s and its spread, to judge the prediction by",
+            layout=W.Layout(width="130px", flex="none"),
+        )
         self.status = W.HTML(value=NO_ORACLE)
         self.status.add_class("mtpx-whatif-status")
         self.table = W.HTML()
         self.table.add_class("mtpx-whatif-table")
-        self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in WHATIF_NAMES}
+        self.figures: dict[str, go.FigureWidget] = {name: figure_widget() for name in WHATIF_NAMES}
         self._header = W.HBox([self.record, self.measure, self.status])
-        self._figure_row = W.HBox([self.figures[name] for name in WHATIF_NAMES])
-        super().__init__([self._header])
+        self._figure_row = W.HBox(
+            [flexible(self.figures[name]) for name in WHATIF_NAMES], layout=W.Layout(width="100%")
+        )
+        # on the page from the start, folded away until a prediction shows: plotly draws the figures at the row's
+        # width only if the row is on the page, laid out, when they are first drawn
+        self._fold(True)
+        super().__init__([self._header, self.table, self._figure_row])
         self.add_class("mtpx-whatif")
         self._lock = threading.Lock()
+
+    def _fold(self, folded: bool) -> None:
+        """Fold the table and the figures away (no height, invisible, still on the page and as wide), or unfold."""
+        self.table.layout.display = "none" if folded else None
+        for key, value in (("height", "0px"), ("overflow", "hidden"), ("visibility", "hidden")):
+            setattr(self._figure_row.layout, key, value if folded else None)
 
     @property
     def showing(self) -> bool:
         """Whether the numbers and figures of a prediction are shown."""
-        return len(self.children) > 1
+        return self._figure_row.layout.visibility != "hidden"
 
     def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
         """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
@@ -237,18 +304,20 @@ class WhatIfPanel(W.VBox):
             self.status.value = status
             self.table.value = table
             for name, fig in figs.items():
-                fig.update_layout(width=self.width // 2)
+                size(fig, None if self.width is None else self.width // 2)
                 sync_figure(self.figures[name], fig)
-            if not self.showing:
-                # the figures join the page only now: until then the Explorer shows no empty plots
-                self.children = [self._header, self.table, self._figure_row]
+            self._fold(False)
 
     def clear(self, status: str) -> None:
-        """No prediction: the button and the ``status`` line (HTML) only."""
+        """No prediction: the button and the ``status`` line (HTML) only.
+
+        The figures are folded away, never taken off the page: plotly's ``FigureWidget`` view keeps listening to
+        its model after it is removed, on a purged plot, and its first update there throws ("gd.data must be an
+        array") before the view shown again gets the update, so that view would keep its old data."""
         with self._lock:
             self.status.value = status
             self.table.value = ""
-            self.children = [self._header]
+            self._fold(True)
 
 
 # -- the computations ------------------------------------------------------------------------------
@@ -258,8 +327,12 @@ def measured_run(trace: Trace | None, oracle: OracleTrace, drafter: str = drafte
     if trace is None or trace.finish_reason in ("running", "cancelled") or trace.n_steps == 0:
         return None
     s = trace.settings
-    if (trace.prompt != oracle.prompt or s.get("max_tokens") != oracle.max_tokens
-            or float(s.get("temperature", 0.0)) != 0.0 or s.get("drafter", drafters.DEFAULT_MODE) != drafter):
+    if (
+        trace.prompt != oracle.prompt
+        or s.get("max_tokens") != oracle.max_tokens
+        or float(s.get("temperature", 0.0)) != 0.0
+        or s.get("drafter", drafters.DEFAULT_MODE) != drafter
+    ):
         return None
     if any(s.get(o.name) != oracle.settings.get(o.name) for o in drafters.mode(drafter).options):
         return None
@@ -271,8 +344,16 @@ def _same_p_min(drafter: str, a: float, b: float) -> bool:
     return not drafters.mode(drafter).has_confidence or np.float32(a) == np.float32(b)
 
 
-def _measured_numbers(measured: Trace, baseline: Trace | None, *, drafter: str, n_max: int, p_min: float,
-                      n_min: int, predicted_tokens_per_second: float) -> tuple[MeasuredRun, tuple[int, float, int]]:
+def _measured_numbers(
+    measured: Trace,
+    baseline: Trace | None,
+    *,
+    drafter: str,
+    n_max: int,
+    p_min: float,
+    n_min: int,
+    predicted_tokens_per_second: float,
+) -> tuple[MeasuredRun, tuple[int, float, int]]:
     """The numbers of the measured run, and the setting it started with."""
     c = measured.columns
     constant = len(metrics.settings_segments(measured)) == 1
@@ -282,10 +363,14 @@ def _measured_numbers(measured: Trace, baseline: Trace | None, *, drafter: str, 
     tps = predicted_tokens_per_second
     return MeasuredRun(
         drafter=str(measured.settings.get("drafter", drafters.DEFAULT_MODE)),
-        n_max=m_n_max if constant else None, p_min=round(m_p_min, 6) if constant else None,
-        n_min=m_n_min if constant else None, same_settings=same,
-        acceptance_rate=ms["acceptance_rate"], mean_accepted_length=ms["mean_accepted_length"],
-        acceptance_by_depth=ms["acceptance_by_depth"][:n_max], tokens_per_second=ms["tokens_per_second"],
+        n_max=m_n_max if constant else None,
+        p_min=round(m_p_min, 6) if constant else None,
+        n_min=m_n_min if constant else None,
+        same_settings=same,
+        acceptance_rate=ms["acceptance_rate"],
+        mean_accepted_length=ms["mean_accepted_length"],
+        acceptance_by_depth=ms["acceptance_by_depth"][:n_max],
+        tokens_per_second=ms["tokens_per_second"],
         speedup=metrics.trace_speedup(measured, baseline) if baseline is not None else math.nan,
         plain_tokens_per_second=baseline.summary()["tokens_per_second"] if baseline is not None else math.nan,
         tokens_per_second_ratio=ms["tokens_per_second"] / tps if same and tps else math.nan,
@@ -297,35 +382,57 @@ def _uncertainty_note(u: dict) -> str:
     where = u["uncertain_positions"]
     if not where:
         return ""
-    return (f"{len(where)} position(s) have a target top-2 margin within the measured batch-shape tolerance "
-            f"{u['tolerance']:.3g} (the first at token {u['first_uncertain']}): a real run may emit the other token "
-            "there and follow another text, so tokens/s is given as a range too.")
+    return (
+        f"{len(where)} near-tie(s), the first at token {u['first_uncertain']}: there the model's two likeliest "
+        "next tokens are so close that a verify batch of another size may pick the other one (their gap is "
+        f"within the {u['tolerance']:.3g} this model's results move between batch sizes), and a real run would "
+        "then follow another text; so tokens/s is given as a range too."
+    )
 
 
-def _notes(m: MeasuredRun | None, first: tuple[int, float, int] | None, *, drafter: str, n_max: int, p_min: float,
-           n_min: int, temperature: float) -> str:
+def _notes(
+    m: MeasuredRun | None,
+    first: tuple[int, float, int] | None,
+    *,
+    drafter: str,
+    n_max: int,
+    p_min: float,
+    n_min: int,
+    temperature: float,
+) -> str:
     notes = []
     if m is None:
-        notes.append(f"No measured run of this prompt and max tokens at temperature 0 with the {drafter} drafter "
-                     "yet: Run puts its numbers beside the prediction.")
+        notes.append(
+            f"No measured run of this prompt and max tokens at temperature 0 with the {drafter} drafter "
+            "yet: Run puts its numbers beside the prediction."
+        )
     elif m.same_settings:
         notes.append(f"Measured: the last Run, with these settings and the {drafter} drafter.")
     elif m.n_max is not None:
-        notes.append(f"The measured run used {_setting_text(*first)}; "
-                     f"the prediction is for {_setting_text(n_max, p_min, n_min)}.")
+        notes.append(
+            f"The measured run used {_setting_text(*first)}; "
+            f"the prediction is for {_setting_text(n_max, p_min, n_min)}."
+        )
     else:
-        notes.append("The measured run changed its settings mid-run (it started with "
-                     f"{_setting_text(*first)}).")
+        notes.append(f"The measured run changed its settings mid-run (it started with {_setting_text(*first)}).")
     if not drafters.mode(drafter).has_confidence:
         notes.append(f"p_min does not apply to the {drafter} drafter: it has no confidence.")
     if temperature > 0:
-        notes.append(f"Predictions are for greedy decoding (temperature 0); the controls' temperature is "
-                     f"{temperature:g}.")
+        notes.append(
+            f"Predictions are for greedy decoding (temperature 0); the controls' temperature is {temperature:g}."
+        )
     return " ".join(notes)
 
 
-def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: Trace | None,
-                   baseline: Trace | None, temperature: float, repeated: RepeatedRuns | None = None) -> WhatIf:
+def whatif_numbers(
+    sim: SimTrace,
+    *,
+    plain_tokens_per_second: float,
+    measured: Trace | None,
+    baseline: Trace | None,
+    temperature: float,
+    repeated: RepeatedRuns | None = None,
+) -> WhatIf:
     """The what-if numbers of the prediction ``sim``.
 
     ``plain_tokens_per_second``: the oracle's predicted plain decoding speed (for the speedup);
@@ -341,19 +448,33 @@ def whatif_numbers(sim: SimTrace, *, plain_tokens_per_second: float, measured: T
     n_max, p_min, n_min = int(pol["n_max"]), float(pol["p_min"]), int(pol["n_min"])
     s = sim.summary()
     plain, tps = plain_tokens_per_second, s["tokens_per_second"]
-    m, first = (None, None) if measured is None else _measured_numbers(
-        measured, baseline, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, predicted_tokens_per_second=tps)
+    m, first = (
+        (None, None)
+        if measured is None
+        else _measured_numbers(
+            measured, baseline, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, predicted_tokens_per_second=tps
+        )
+    )
     u = sim.uncertainty()
     note = _notes(m, first, drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min, temperature=temperature)
     return WhatIf(
-        drafter=drafter, n_max=n_max, p_min=p_min, n_min=n_min,
-        acceptance_rate=s["acceptance_rate"], mean_accepted_length=s["mean_accepted_length"],
+        drafter=drafter,
+        n_max=n_max,
+        p_min=p_min,
+        n_min=n_min,
+        acceptance_rate=s["acceptance_rate"],
+        mean_accepted_length=s["mean_accepted_length"],
         acceptance_by_depth=s["acceptance_by_depth"][:n_max],
-        tokens_per_second=tps, ceiling_tokens_per_second=sim.ceiling_tokens_per_second(),
-        plain_tokens_per_second=plain, speedup=tps / plain if plain else math.nan, measured=m,
+        tokens_per_second=tps,
+        ceiling_tokens_per_second=sim.ceiling_tokens_per_second(),
+        plain_tokens_per_second=plain,
+        speedup=tps / plain if plain else math.nan,
+        measured=m,
         note=" ".join(filter(None, (note, _uncertainty_note(u), repeated.judge(tps) if repeated is not None else ""))),
-        tokens_per_second_range=u["tokens_per_second_range"], uncertain_positions=u["uncertain_positions"],
-        tie_tolerance=u["tolerance"], repeated=repeated,
+        tokens_per_second_range=u["tokens_per_second_range"],
+        uncertain_positions=u["uncertain_positions"],
+        tie_tolerance=u["tolerance"],
+        repeated=repeated,
     )
 
 
@@ -364,16 +485,23 @@ def speed_curve(oracle: OracleTrace, p_min: float, n_min: int, drafter: str = dr
     for n in range(1, oracle.depth + 1):
         sim = simulate(oracle, n, p_min, min(n_min, n), drafter=drafter)
         s = sim.summary()
-        rows.append({"n_max": n, "tokens_per_second": sim.predicted_tokens_per_second,
-                     "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
-                     "tokens_per_step": s["n_tokens"] / s["n_steps"] if s["n_steps"] else float("nan"),
-                     "ms_per_step": 1e3 * s["n_tokens"] / s["tokens_per_second"] / s["n_steps"]
-                     if s["n_steps"] and s["tokens_per_second"] > 0 else float("nan")})
+        rows.append(
+            {
+                "n_max": n,
+                "tokens_per_second": sim.predicted_tokens_per_second,
+                "ceiling_tokens_per_second": sim.ceiling_tokens_per_second(),
+                "tokens_per_step": s["n_tokens"] / s["n_steps"] if s["n_steps"] else float("nan"),
+                "ms_per_step": 1e3 * s["n_tokens"] / s["tokens_per_second"] / s["n_steps"]
+                if s["n_steps"] and s["tokens_per_second"] > 0
+                else float("nan"),
+            }
+        )
     return rows
 
 
-def whatif_figures(sim: SimTrace, numbers: WhatIf, *, measured_trace: Trace | None,
-                   curve: list[dict]) -> dict[str, go.Figure]:
+def whatif_figures(
+    sim: SimTrace, numbers: WhatIf, *, measured_trace: Trace | None, curve: list[dict]
+) -> dict[str, go.Figure]:
     """The figures :data:`WHATIF_NAMES` of the prediction ``sim`` and its ``numbers`` (:func:`whatif_numbers`).
 
     ``measured_trace``: the run ``numbers.measured`` describes (its acceptance is drawn beside the
@@ -383,14 +511,20 @@ def whatif_figures(sim: SimTrace, numbers: WhatIf, *, measured_trace: Trace | No
     n_max, p_min, n_min, drafter = numbers.n_max, numbers.p_min, numbers.n_min, numbers.drafter
     m = numbers.measured
     point = None
-    if (m is not None and m.n_max is not None and _same_p_min(drafter, m.p_min, p_min)
-            and m.n_min == min(n_min, m.n_max)):
+    if (
+        m is not None
+        and m.n_max is not None
+        and _same_p_min(drafter, m.p_min, p_min)
+        and m.n_min == min(n_min, m.n_max)
+    ):
         point = {"n_max": m.n_max, "tokens_per_second": m.tokens_per_second}
     figs = {
         "predicted_acceptance_by_depth": figures.predicted_acceptance_by_depth(
-            sim, measured_trace if m is not None and m.same_settings else None),
+            sim, measured_trace if m is not None and m.same_settings else None
+        ),
         "predicted_speed_by_n_max": figures.predicted_speed_by_n_max(
-            curve, n_max=n_max, plain=numbers.plain_tokens_per_second, p_min=p_min, n_min=n_min, measured=point),
+            curve, n_max=n_max, plain=numbers.plain_tokens_per_second, p_min=p_min, n_min=n_min, measured=point
+        ),
     }
     for fig in figs.values():
         fig.update_layout(title_text=f"{drafter} · {fig.layout.title.text}")
@@ -401,5 +535,7 @@ def oracle_status(oracle: OracleTrace, numbers: WhatIf) -> str:
     """The panel's status line (HTML): the oracle and the drafter and setting ``numbers`` predict."""
     setting = _setting_text(numbers.n_max, numbers.p_min, numbers.n_min)
     drafter = html.escape(str(numbers.drafter))
-    return (f"<b>what-if</b> · oracle: {oracle.n_positions} tokens of greedy decoding, depth {oracle.depth}, "
-            f"recorded in {oracle.wall_seconds:.2f} s · predicting the {drafter} drafter, {setting}")
+    return (
+        f"<b>what-if</b> · oracle: {oracle.n_positions} tokens of greedy decoding, depth {oracle.depth}, "
+        f"recorded in {oracle.wall_seconds:.2f} s · predicting the {drafter} drafter, {setting}"
+    )

@@ -15,18 +15,32 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from plotly.basedatatypes import BaseFigure
 
 from ..analysis.calibration import Calibration
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace
-from ..core.trace import Trace
 from ..core.errors import InputTypeError
+from ..core.trace import Trace
 
-__all__ = ["Kind", "takes", "TRACE", "OPTIONAL_TRACE", "SIM_TRACE", "FIGURE", "CALIBRATION_SOURCE", "SWEEP_TABLE",
-           "CEILING_TABLE", "DRAFTER_TABLE", "COMPARISON_ROWS", "SPEED_ROWS", "SPEED_POINT"]
+__all__ = [
+    "Kind",
+    "takes",
+    "TRACE",
+    "OPTIONAL_TRACE",
+    "SIM_TRACE",
+    "FIGURE",
+    "CALIBRATION_SOURCE",
+    "SWEEP_TABLE",
+    "CEILING_TABLE",
+    "DRAFTER_TABLE",
+    "COMPARISON_ROWS",
+    "SPEED_ROWS",
+    "SPEED_POINT",
+]
 
 
 def type_name(value: Any) -> str:
@@ -42,7 +56,7 @@ class Kind:
     what: str
     problem: Callable[[Any], str | None]
 
-    def or_none(self) -> "Kind":
+    def or_none(self) -> Kind:
         """The same kind, or ``None``."""
         return Kind(f"{self.what}, or None", lambda v: None if v is None else self.problem(v))
 
@@ -79,8 +93,11 @@ def records(what: str, keys: Iterable[str]) -> Kind:
     keys = tuple(keys)
 
     def problem(value: Any) -> str | None:
-        if (not isinstance(value, Sequence) or isinstance(value, (str, bytes, Mapping))
-                or type(value).__name__ == "DataFrame"):
+        if (
+            not isinstance(value, Sequence)
+            or isinstance(value, (str, bytes, Mapping))
+            or type(value).__name__ == "DataFrame"
+        ):
             return type_name(value)
         for i, row in enumerate(value):
             if not isinstance(row, Mapping):
@@ -109,8 +126,11 @@ def mapping(what: str, keys: Iterable[str]) -> Kind:
 def _calibration_source(value: Any) -> str | None:
     if isinstance(value, (Calibration, OracleTrace, Trace)):
         return None
-    if (isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable)
-            or type(value).__name__ == "DataFrame"):
+    if (
+        isinstance(value, (str, bytes, Mapping))
+        or not isinstance(value, Iterable)
+        or type(value).__name__ == "DataFrame"
+    ):
         return type_name(value)
     items = list(value) if isinstance(value, Sequence) else None
     if items is None:  # an iterator: calibrate() consumes it; its items are checked there
@@ -124,14 +144,18 @@ TRACE = instance("a Trace (Session.generate, Trace.from_json, mx.simulate)", Tra
 OPTIONAL_TRACE = TRACE.or_none()
 SIM_TRACE = instance("a SimTrace (mx.simulate of an oracle trace)", SimTrace)
 FIGURE = instance("a plotly Figure", BaseFigure)
-CALIBRATION_SOURCE = Kind("a Calibration (mx.calibrate), an OracleTrace, a Trace, or a sequence of them",
-                          _calibration_source)
+CALIBRATION_SOURCE = Kind(
+    "a Calibration (mx.calibrate), an OracleTrace, a Trace, or a sequence of them", _calibration_source
+)
 SWEEP_TABLE = table("a sweep/simulate_grid DataFrame", ("prompt", "n_max", "p_min", "n_tokens", "tokens_per_second"))
-CEILING_TABLE = table("a sweep/simulate_grid DataFrame",
-                      ("n_max", "p_min", "n_tokens", "tokens_per_second", "ceiling_tokens_per_second",
-                       "plain_tokens_per_second"))
-DRAFTER_TABLE = table("a sweep/simulate_grid DataFrame over drafters",
-                      ("drafter", "n_max", "p_min", "n_tokens", "tokens_per_second", "acceptance_rate"))
+CEILING_TABLE = table(
+    "a sweep/simulate_grid DataFrame",
+    ("n_max", "p_min", "n_tokens", "tokens_per_second", "ceiling_tokens_per_second", "plain_tokens_per_second"),
+)
+DRAFTER_TABLE = table(
+    "a sweep/simulate_grid DataFrame over drafters",
+    ("drafter", "n_max", "p_min", "n_tokens", "tokens_per_second", "acceptance_rate"),
+)
 COMPARISON_ROWS = records("a sequence of dicts", ("label", "predicted", "measured"))
 SPEED_ROWS = records("a sequence of dicts", ("n_max", "tokens_per_second", "ceiling_tokens_per_second"))
 SPEED_POINT = mapping("a dict", ("n_max", "tokens_per_second")).or_none()

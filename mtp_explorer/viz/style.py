@@ -13,35 +13,43 @@ import plotly.graph_objects as go
 from ..core.drafters import DEFAULT_MODE, DRAFTER_MODES, DRAFTER_SPECS, MODE_ALIASES, MODES, mode
 from ..core.errors import ParameterError
 from ..core.schema import PHASES
-from ..core.errors import ParameterError
 
 # -- palettes --------------------------------------------------------------------------------------
 #: A categorical palette (plotly's D3): one colour per series, cycled.
-PALETTE: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                            "#7f7f7f", "#bcbd22", "#17becf")
+PALETTE: tuple[str, ...] = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 
 #: One colour per draft depth (or settings segment), cycled.
-DEPTH_COLORS: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-                                 "#bcbd22")
+DEPTH_COLORS: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 #: The marks of settings changes (``set_params`` during a run).
 CHANGE_COLOR = "#d62728"
 #: The main series of a single-series figure, and its companions.
 PRIMARY = "#4c78a8"
-MEASURED = "#e45756"      #: measured runs shown beside predictions
-HIGHLIGHT = "#f58518"     #: the current setting
-CEILING = "#aec7e8"       #: the bound with every draft accepted
-PLAIN = "#d62728"         #: plain decoding (n_max = 0) reference lines
-MUTED = "#868e96"         #: secondary reference lines
-GUIDE = "#999"            #: diagonals and other guides
+MEASURED = "#e45756"  #: measured runs shown beside predictions
+HIGHLIGHT = "#f58518"  #: the current setting
+CEILING = "#aec7e8"  #: the bound with every draft accepted
+PLAIN = "#d62728"  #: plain decoding (n_max = 0) reference lines
+MUTED = "#868e96"  #: secondary reference lines
+GUIDE = "#999"  #: diagonals and other guides
 
 # -- token origins -----------------------------------------------------------------------------------
 #: Background colours of tokens in the timeline, by origin (``Trace.token_origin``) plus rejected drafts.
 ORIGIN_COLORS: dict[str, str] = {
-    "accepted": "#b7e4c7",    # a verified draft
+    "accepted": "#b7e4c7",  # a verified draft
     "correction": "#ffd8a8",  # the target's token after a draft (correction, or bonus after a full accept)
-    "plain": "#e9ecef",       # the target's token in a step without a draft
-    "rejected": "#f5c2c7",    # a draft the target disagreed with (rolled back)
+    "plain": "#e9ecef",  # the target's token in a step without a draft
+    "rejected": "#f5c2c7",  # a draft the target disagreed with (rolled back)
 }
 ORIGIN_LABELS: dict[str, str] = {
     "accepted": "accepted draft",
@@ -52,14 +60,18 @@ ORIGIN_LABELS: dict[str, str] = {
 
 # -- phases ----------------------------------------------------------------------------------------
 _PHASE_STYLE: dict[str, tuple[str, str]] = {  # phase -> (colour, label), in the order bars stack
-    "draft": ("#4c78a8", "draft"), "verify": ("#f58518", "verify"), "catchup": ("#54a24b", "catch-up"),
+    "draft": ("#4c78a8", "draft"),
+    "verify": ("#f58518", "verify"),
+    "catchup": ("#54a24b", "catch-up"),
     "sample": ("#b279a2", "sample"),
 }
 #: The engine's phases (:data:`~mtp_explorer.core.schema.PHASES`) in the order the time bars stack them.
-PHASE_ORDER: tuple[str, ...] = tuple(sorted(PHASES, key=lambda p: list(_PHASE_STYLE).index(p)
-                                            if p in _PHASE_STYLE else len(_PHASE_STYLE)))
-PHASE_COLORS: dict[str, str] = {p: _PHASE_STYLE.get(p, (PALETTE[i % len(PALETTE)], ""))[0]
-                                for i, p in enumerate(PHASE_ORDER)}
+PHASE_ORDER: tuple[str, ...] = tuple(
+    sorted(PHASES, key=lambda p: list(_PHASE_STYLE).index(p) if p in _PHASE_STYLE else len(_PHASE_STYLE))
+)
+PHASE_COLORS: dict[str, str] = {
+    p: _PHASE_STYLE.get(p, (PALETTE[i % len(PALETTE)], ""))[0] for i, p in enumerate(PHASE_ORDER)
+}
 PHASE_LABELS: dict[str, str] = {p: _PHASE_STYLE.get(p, ("", p))[1] for p in PHASE_ORDER}
 
 # -- recurrent snapshot slots ------------------------------------------------------------------------
@@ -67,10 +79,26 @@ SLOT_STATES: tuple[str, ...] = ("not written", "written (snapshot)", "restored (
 SLOT_COLORS: tuple[str, ...] = ("#f1f3f5", "#a5d8ff", "#e8590c")
 
 # -- drafters --------------------------------------------------------------------------------------
-#: One colour per ``drafter=`` choice (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`), in registry order.
-#: The engine's names of the drafters (the per-drafter columns' axis) and the short spellings take the colour of
-#: the choice they name.
-DRAFTER_COLORS: dict[str, str] = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(DRAFTER_MODES)}
+#: The drafters' colours: the palette, then darker tones (D3's category20b), so that no two listed choices share one.
+DRAFTER_PALETTE: tuple[str, ...] = PALETTE + (
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#5254a3",
+    "#8ca252",
+    "#bd9e39",
+    "#ad494a",
+    "#a55194",
+)
+
+#: One colour per ``drafter=`` choice (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`), in registry order, the same
+#: in every figure (defined here only). The engine's names of the drafters (the per-drafter columns' axis) and the
+#: short spellings take the colour of the choice they name.
+DRAFTER_COLORS: dict[str, str] = {
+    name: DRAFTER_PALETTE[i % len(DRAFTER_PALETTE)] for i, name in enumerate(DRAFTER_MODES)
+}
 DRAFTER_COLORS |= {s.name: DRAFTER_COLORS[s.spec_type] for s in DRAFTER_SPECS.values() if s.name not in DRAFTER_COLORS}
 DRAFTER_COLORS |= {a: DRAFTER_COLORS[v] for a, (v, _) in MODE_ALIASES.items() if a not in DRAFTER_COLORS}
 
@@ -110,25 +138,40 @@ def run_label(settings: dict) -> str:
 
 # -- layout ----------------------------------------------------------------------------------------
 def base_layout(fig: go.Figure, title: str, height: int, *, legend: str = "below") -> go.Figure:
-    """Title, height and the common look (``plotly_white``). ``legend="below"``: a horizontal legend under
-    the x-axis titles (the per-trace figures); ``"right"``: a vertical legend beside the plot (the
-    what-if figures)."""
+    """Title, height and the common look (``plotly_white``); no width: a figure takes its container's (plotly's
+    ``autosize``), and its axes make room for their tick labels and titles (``automargin``). ``legend="below"``: a
+    horizontal legend under the x-axis titles (every figure of :mod:`mtp_explorer.plots`); ``"right"``: a vertical
+    legend beside the plot."""
     if legend == "below":
-        fig.update_layout(title={"text": title, "font": {"size": 14}}, height=height, template="plotly_white",
-                          margin={"l": 55, "r": 20, "t": 70, "b": 90},
-                          legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0})
+        fig.update_layout(
+            title={"text": title, "font": {"size": 14}},
+            height=height,
+            template="plotly_white",
+            autosize=True,
+            margin={"l": 55, "r": 20, "t": 70, "b": 90},
+            legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0},
+        )
     elif legend == "right":
-        fig.update_layout(title={"text": title}, height=height, template="plotly_white",
-                          margin={"l": 60, "r": 20, "t": 60, "b": 50}, legend={"orientation": "v"})
+        fig.update_layout(
+            title={"text": title},
+            height=height,
+            template="plotly_white",
+            autosize=True,
+            margin={"l": 60, "r": 20, "t": 60, "b": 50},
+            legend={"orientation": "v"},
+        )
     else:
         raise ParameterError(f"legend must be 'below' or 'right', got {legend!r}")
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return fig
 
 
 def empty(fig: go.Figure, text: str, **kw) -> go.Figure:
     """A grey note in the middle of a figure that has nothing (yet) to show."""
-    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
-                       font={"size": 13, "color": "#666"}, **kw)
+    fig.add_annotation(
+        text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 13, "color": "#666"}, **kw
+    )
     return fig
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,14 +32,45 @@ from ..core.errors import MtpExplorerError
 from ..core.schema import STOP_REASONS
 from ..core.trace import Trace, drafter_name
 from .inputs import FIGURE, OPTIONAL_TRACE, TRACE, takes
-from .style import (CHANGE_COLOR, DEPTH_COLORS, MUTED, ORIGIN_COLORS, ORIGIN_LABELS, PHASE_COLORS, PHASE_LABELS,
-                    PHASE_ORDER, PRIMARY, SLOT_COLORS, SLOT_STATES, base_layout, drafter_label, empty, run_label)
+from .style import (
+    CHANGE_COLOR,
+    DEPTH_COLORS,
+    MUTED,
+    ORIGIN_COLORS,
+    ORIGIN_LABELS,
+    PHASE_COLORS,
+    PHASE_LABELS,
+    PHASE_ORDER,
+    PRIMARY,
+    SLOT_COLORS,
+    SLOT_STATES,
+    base_layout,
+    drafter_label,
+    empty,
+    run_label,
+)
 
 __all__ = [
-    "ORIGIN_COLORS", "ORIGIN_LABELS", "PHASE_COLORS", "PHASE_LABELS", "ExportError",
-    "SettingsChange", "SettingsSegment", "settings_changes", "settings_segments", "step_seconds", "speedup",
-    "token_timeline", "acceptance_by_depth", "accepted_length_histogram", "hidden_norms", "rs_slots",
-    "throughput", "slot_states", "export", "FIGURES",
+    "ORIGIN_COLORS",
+    "ORIGIN_LABELS",
+    "PHASE_COLORS",
+    "PHASE_LABELS",
+    "ExportError",
+    "SettingsChange",
+    "SettingsSegment",
+    "settings_changes",
+    "settings_segments",
+    "step_seconds",
+    "speedup",
+    "token_timeline",
+    "acceptance_by_depth",
+    "accepted_length_histogram",
+    "hidden_norms",
+    "rs_slots",
+    "throughput",
+    "slot_states",
+    "export",
+    "FIGURES",
 ]
 
 Piece = Callable[[int], str]
@@ -50,14 +81,36 @@ class ExportError(MtpExplorerError, RuntimeError):
 
 
 # -- settings changes ------------------------------------------------------------------------------
-def _mark_changes(fig: go.Figure, changes: Sequence[SettingsChange], x_of: Callable[[SettingsChange], float],
-                  row: int | None = None, col: int | None = None) -> None:
+def _mark_changes(
+    fig: go.Figure,
+    changes: Sequence[SettingsChange],
+    x_of: Callable[[SettingsChange], float],
+    row: int | None = None,
+    col: int | None = None,
+) -> None:
     """Dashed vertical lines at the settings changes, labelled with what changed."""
     for ch in changes:
         kw = {"row": row, "col": col} if row is not None else {}
-        fig.add_vline(x=x_of(ch), line_dash="dash", line_color=CHANGE_COLOR, line_width=1,
-                      annotation_text=ch.label, annotation_position="top left",
-                      annotation_font_size=10, annotation_font_color=CHANGE_COLOR, **kw)
+        fig.add_vline(
+            x=x_of(ch),
+            line_dash="dash",
+            line_color=CHANGE_COLOR,
+            line_width=1,
+            annotation_text=ch.label,
+            annotation_position="top left",
+            annotation_font_size=10,
+            annotation_font_color=CHANGE_COLOR,
+            **kw,
+        )
+
+
+def _step_ticks(n_steps: int) -> dict:
+    """A step axis's ticks: whole steps only (1, 2, 5, 10, 20, ... apart, at most about ten ticks)."""
+    dtick, steps = 1, (2, 2.5, 2)  # 1, 2, 5, 10, 20, 50, ...
+    i = 0
+    while n_steps / dtick > 10:
+        dtick, i = round(dtick * steps[i % 3]), i + 1
+    return {"tickmode": "linear", "tick0": 0, "dtick": dtick}
 
 
 def _segment_color(k: int, n_segments: int, single: str) -> str:
@@ -120,11 +173,11 @@ def _confidence(trace: Trace, i: int, j: int, lookup: Piece, drafter: str | None
 # -- 1. token timeline -----------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Cell:
-    kind: str          # accepted | correction | plain | rejected
-    text: str          # visible text
+    kind: str  # accepted | correction | plain | rejected
+    text: str  # visible text
     hover: str
     step: int
-    newline: bool      # the token ends a line
+    newline: bool  # the token ends a line
     line: int = 0
     col: int = 0
 
@@ -141,23 +194,46 @@ def _timeline_cells(trace: Trace, lookup: Piece) -> list[_Cell]:
         who = drafter_label(name)
         for j in range(n_a):
             text = trace.pieces[g]
-            cells.append(_Cell("accepted", _visible(text), (
-                f"<b>{_escape(repr(text))}</b> accepted {who} draft<br>{head} · depth {j + 1}<br>"
-                f"{_confidence(trace, i, j, lookup, name)}"), step, "\n" in text))
+            cells.append(
+                _Cell(
+                    "accepted",
+                    _visible(text),
+                    (
+                        f"<b>{_escape(repr(text))}</b> accepted {who} draft<br>{head} · depth {j + 1}<br>"
+                        f"{_confidence(trace, i, j, lookup, name)}"
+                    ),
+                    step,
+                    "\n" in text,
+                )
+            )
             g += 1
         for j in range(n_a, n_d):
             tok = int(c["drafted"][i, j])
             text = lookup(tok)
             target = int(c["target_tokens"][i, j])
-            cells.append(_Cell("rejected", _visible(text), (
-                f"<b>{_escape(repr(text))}</b> rejected {who} draft (rolled back)<br>{head} · depth {j + 1}<br>"
-                f"target wanted {_escape(repr(lookup(target)))}<br>"
-                f"{_confidence(trace, i, j, lookup, name)}"), step, False))
+            cells.append(
+                _Cell(
+                    "rejected",
+                    _visible(text),
+                    (
+                        f"<b>{_escape(repr(text))}</b> rejected {who} draft (rolled back)<br>{head} · depth {j + 1}<br>"
+                        f"target wanted {_escape(repr(lookup(target)))}<br>"
+                        f"{_confidence(trace, i, j, lookup, name)}"
+                    ),
+                    step,
+                    False,
+                )
+            )
         text = trace.pieces[g]
         replayed = int(c["replayed"][i]) if "replayed" in c else 0  # (traces saved before the column)
         if replayed:
-            kind, what = "plain", (f"target token after the last step's {replayed} tokens were verified again from "
-                                   f"its checkpoint ({int(c['replay_agreed'][i])} sampled alike)")
+            kind, what = (
+                "plain",
+                (
+                    f"target token after the last step's {replayed} tokens were verified again from "
+                    f"its checkpoint ({int(c['replay_agreed'][i])} sampled alike)"
+                ),
+            )
         elif n_d == 0:
             kind, what = "plain", "target token (no draft)"
         elif n_a == n_d:
@@ -165,10 +241,19 @@ def _timeline_cells(trace: Trace, lookup: Piece) -> list[_Cell]:
         else:
             kind, what = "correction", f"target correction at depth {n_a + 1}"
         stop = STOP_REASONS[int(c["stop_reason"][i])]
-        cells.append(_Cell(kind, _visible(text), (
-            f"<b>{_escape(repr(text))}</b> {what}<br>{head}<br>"
-            f"drafted {n_d}, accepted {n_a}, rollback {int(c['rollback'][i])}<br>"
-            f"drafting stopped by {stop}"), step, "\n" in text))
+        cells.append(
+            _Cell(
+                kind,
+                _visible(text),
+                (
+                    f"<b>{_escape(repr(text))}</b> {what}<br>{head}<br>"
+                    f"drafted {n_d}, accepted {n_a}, rollback {int(c['rollback'][i])}<br>"
+                    f"drafting stopped by {stop}"
+                ),
+                step,
+                "\n" in text,
+            )
+        )
         g += 1
     return cells
 
@@ -207,37 +292,60 @@ def token_timeline(trace: Trace, piece: Piece | None = None, *, width_chars: int
         text = [_escape(c.text) for c in sel]
         if kind == "rejected":
             text = [f"<s>{t}</s>" for t in text]
-        fig.add_trace(go.Bar(
-            name=ORIGIN_LABELS[kind], orientation="h",
-            y=[c.line for c in sel], base=[c.col for c in sel], x=[max(1, len(c.text)) for c in sel],
-            text=text, hovertext=[c.hover for c in sel], hovertemplate="%{hovertext}<extra></extra>",
-            customdata=[c.step for c in sel],
-            marker={"color": ORIGIN_COLORS[kind], "line": {"color": "white", "width": 1}},
-            textposition="inside", insidetextanchor="middle", constraintext="none", textangle=0,
-            textfont={"family": "monospace", "size": 12, "color": "#777" if kind == "rejected" else "#111"},
-            width=0.8, showlegend=True,
-        ))
+        fig.add_trace(
+            go.Bar(
+                name=ORIGIN_LABELS[kind],
+                orientation="h",
+                y=[c.line for c in sel],
+                base=[c.col for c in sel],
+                x=[max(1, len(c.text)) for c in sel],
+                text=text,
+                hovertext=[c.hover for c in sel],
+                hovertemplate="%{hovertext}<extra></extra>",
+                customdata=[c.step for c in sel],
+                marker={"color": ORIGIN_COLORS[kind], "line": {"color": "white", "width": 1}},
+                textposition="inside",
+                insidetextanchor="middle",
+                constraintext="none",
+                textangle=0,
+                textfont={"family": "monospace", "size": 12, "color": "#777" if kind == "rejected" else "#111"},
+                width=0.8,
+                showlegend=True,
+            )
+        )
     changes = settings_changes(trace)
     first_cell = {}
     for c in cells:
         first_cell.setdefault(c.step, c)
     marks = [(first_cell[ch.step], ch) for ch in changes if ch.step in first_cell]
-    fig.add_trace(go.Scatter(
-        name="settings changed", x=[c.col + 0.2 for c, _ in marks], y=[c.line - 0.5 for c, _ in marks],
-        mode="markers", marker={"symbol": "triangle-down", "size": 9, "color": CHANGE_COLOR},
-        hovertext=[f"step {ch.step}: {ch.label}" for _, ch in marks], hovertemplate="%{hovertext}<extra></extra>",
-        showlegend=bool(marks),
-    ))
+    fig.add_trace(
+        go.Scatter(
+            name="settings changed",
+            x=[c.col + 0.2 for c, _ in marks],
+            y=[c.line - 0.5 for c, _ in marks],
+            mode="markers",
+            marker={"symbol": "triangle-down", "size": 9, "color": CHANGE_COLOR},
+            hovertext=[f"step {ch.step}: {ch.label}" for _, ch in marks],
+            hovertemplate="%{hovertext}<extra></extra>",
+            showlegend=bool(marks),
+        )
+    )
     s = trace.summary()
-    title = (f"token timeline — {s['n_tokens']} tokens in {s['n_steps']} steps, "
-             f"{s['n_accepted']}/{s['n_drafted']} drafts accepted")
+    title = (
+        f"token timeline — {s['n_tokens']} tokens in {s['n_steps']} steps, "
+        f"{s['n_accepted']}/{s['n_drafted']} drafts accepted"
+    )
     base_layout(fig, title, height=140 + 24 * max(n_lines, 1))
-    fig.update_layout(barmode="overlay", bargap=0.1, hoverlabel={"font_family": "monospace", "align": "left"},
-                      legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
-                      margin={"l": 20, "r": 20, "t": 70, "b": 20}, uniformtext={"minsize": 9, "mode": "show"})
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.1,
+        hoverlabel={"font_family": "monospace", "align": "left"},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
+        margin={"l": 20, "r": 20, "t": 70, "b": 20},
+        uniformtext={"minsize": 9, "mode": "show"},
+    )
     fig.update_xaxes(range=[0, width_chars], showgrid=False, showticklabels=False, zeroline=False, fixedrange=True)
-    fig.update_yaxes(range=[max(n_lines, 1) - 0.5, -0.7], showgrid=False, showticklabels=False,
-                     zeroline=False)
+    fig.update_yaxes(range=[max(n_lines, 1) - 0.5, -0.7], showgrid=False, showticklabels=False, zeroline=False)
     if not cells:
         empty(fig, "no tokens yet")
     return fig
@@ -256,15 +364,19 @@ def acceptance_by_depth(trace: Trace) -> go.Figure:
         sl = slice(seg.start, seg.stop)
         acc = metrics.acceptance_by_depth(c["n_drafted"][sl], c["n_accepted"][sl], max_depth)
         rate = acc.rate
-        fig.add_trace(go.Bar(
-            name=seg.label if len(segments) > 1 else "acceptance",
-            x=list(range(1, max_depth + 1)), y=rate,
-            customdata=np.column_stack([acc.reached, acc.accepted]) if max_depth else None,
-            hovertemplate="depth %{x}: %{y:.2f}<br>accepted in %{customdata[1]} of %{customdata[0]} steps"
-                          "<extra></extra>",
-            marker_color=_segment_color(k, len(segments), PRIMARY),
-            text=[("" if math.isnan(v) else f"{v:.2f}") for v in rate], textposition="outside",
-        ))
+        fig.add_trace(
+            go.Bar(
+                name=seg.label if len(segments) > 1 else "acceptance",
+                x=list(range(1, max_depth + 1)),
+                y=rate,
+                customdata=np.column_stack([acc.reached, acc.accepted]) if max_depth else None,
+                hovertemplate="depth %{x}: %{y:.2f}<br>accepted in %{customdata[1]} of %{customdata[0]} steps"
+                "<extra></extra>",
+                marker_color=_segment_color(k, len(segments), PRIMARY),
+                text=[("" if math.isnan(v) else f"{v:.2f}") for v in rate],
+                textposition="outside",
+            )
+        )
     rate_all = trace.summary()["acceptance_rate"]
     title = "acceptance by depth" + ("" if math.isnan(rate_all) else f" — overall {rate_all:.2f}")
     base_layout(fig, title, height=340)
@@ -272,8 +384,11 @@ def acceptance_by_depth(trace: Trace) -> go.Figure:
     fig.update_xaxes(title="draft depth", dtick=1)
     if trace.model.get("mtp_mode") == "chained":  # head i drafts depth i: its acceptance is the bar at depth i
         heads = range(1, min(max_depth, int(trace.model.get("n_mtp_heads", 0))) + 1)
-        fig.update_xaxes(title="draft depth (chained MTP heads: head i drafts depth i)", tickvals=list(heads),
-                         ticktext=[f"{d}<br>head {d}" for d in heads])
+        fig.update_xaxes(
+            title="draft depth (chained MTP heads: head i drafts depth i)",
+            tickvals=list(heads),
+            ticktext=[f"{d}<br>head {d}" for d in heads],
+        )
     fig.update_yaxes(title="accepted / reached", range=[0, 1.1])
     if max_depth == 0:
         empty(fig, "no drafts" if trace.n_steps else "no steps yet")
@@ -289,14 +404,18 @@ def accepted_length_histogram(trace: Trace) -> go.Figure:
     top = int(c["n_max"].max()) if trace.n_steps else 0
     x = list(range(0, top + 1))
     for k, seg in enumerate(segments):
-        counts = np.bincount(c["n_accepted"][seg.start:seg.stop], minlength=top + 1)[: top + 1]
+        counts = np.bincount(c["n_accepted"][seg.start : seg.stop], minlength=top + 1)[: top + 1]
         n = seg.stop - seg.start
-        fig.add_trace(go.Bar(
-            name=seg.label if len(segments) > 1 else "steps", x=x, y=counts.tolist(),
-            customdata=(counts / n).tolist(),
-            hovertemplate="%{x} accepted: %{y} steps (%{customdata:.0%})<extra></extra>",
-            marker_color=_segment_color(k, len(segments), "#54a24b"),
-        ))
+        fig.add_trace(
+            go.Bar(
+                name=seg.label if len(segments) > 1 else "steps",
+                x=x,
+                y=counts.tolist(),
+                customdata=(counts / n).tolist(),
+                hovertemplate="%{x} accepted: %{y} steps (%{customdata:.0%})<extra></extra>",
+                marker_color=_segment_color(k, len(segments), "#54a24b"),
+            )
+        )
     mean = trace.summary()["mean_accepted_length"]
     title = "accepted length per step" + ("" if math.isnan(mean) else f" — mean {mean:.2f}")
     base_layout(fig, title, height=340)
@@ -312,14 +431,19 @@ def accepted_length_histogram(trace: Trace) -> go.Figure:
 @takes(TRACE)
 def hidden_norms(trace: Trace) -> go.Figure:
     """Left: the L2 norm of the pre-norm residual stream by position, for the target rows kept after
-    verification, the target rows removed by rollback, and the MTP draft rows (colour: depth).
+    verification, the target rows removed by rollback, and the MTP draft rows (one colour and legend entry per depth).
     Right: cosine between each MTP draft hidden state and the target's at the same position, by depth.
 
     Target row *i* of a step sits at position ``pos + i``; MTP draft row *j* (depth *j + 1*) is decoded
     at position ``pos + j`` and compared with target row *j*.
     """
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.08,
-                        subplot_titles=("pre-norm residual norm by position", "draft vs target cosine by depth"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.64, 0.36],
+        horizontal_spacing=0.08,
+        subplot_titles=("pre-norm residual norm by position", "draft vs target cosine by depth"),
+    )
     c = trace.columns
     kept_x, kept_y, drop_x, drop_y, dr_x, dr_y, dr_d, cos_d, cos_v = [], [], [], [], [], [], [], [], []
     for i in range(trace.n_steps):
@@ -340,20 +464,59 @@ def hidden_norms(trace: Trace) -> go.Figure:
             if not math.isnan(cv):
                 cos_d.append(j + 1)
                 cos_v.append(cv)
-    fig.add_trace(go.Scatter(name="target rows (kept)", x=kept_x, y=kept_y, mode="lines+markers",
-                             line={"color": PRIMARY, "width": 1}, marker={"size": 4},
-                             hovertemplate="pos %{x}: %{y:.2f}<extra>target</extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(name="target rows (rolled back)", x=drop_x, y=drop_y, mode="markers",
-                             marker={"size": 5, "color": "#adb5bd", "symbol": "x"},
-                             hovertemplate="pos %{x}: %{y:.2f}<extra>rolled back</extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(name="MTP draft rows (colour: depth)", x=dr_x, y=dr_y, mode="markers",
-                             customdata=dr_d,
-                             marker={"size": 6, "symbol": "diamond",
-                                     "color": [DEPTH_COLORS[(d - 1) % len(DEPTH_COLORS)] for d in dr_d]},
-                             hovertemplate="pos %{x}, depth %{customdata}: %{y:.2f}<extra>draft</extra>"),
-                  row=1, col=1)
-    fig.add_trace(go.Box(name="cosine", x=cos_d, y=cos_v, boxpoints="outliers", marker_color="#9467bd",
-                         showlegend=False, hovertemplate="depth %{x}: %{y:.3f}<extra></extra>"), row=1, col=2)
+    fig.add_trace(
+        go.Scatter(
+            name="target rows (kept)",
+            x=kept_x,
+            y=kept_y,
+            mode="lines+markers",
+            line={"color": PRIMARY, "width": 1},
+            marker={"size": 4},
+            hovertemplate="pos %{x}: %{y:.2f}<extra>target</extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            name="target rows (rolled back)",
+            x=drop_x,
+            y=drop_y,
+            mode="markers",
+            marker={"size": 5, "color": "#adb5bd", "symbol": "x"},
+            hovertemplate="pos %{x}: %{y:.2f}<extra>rolled back</extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    for depth in sorted(set(dr_d)):  # one legend entry per depth: its colour's key
+        at = [k for k, d in enumerate(dr_d) if d == depth]
+        fig.add_trace(
+            go.Scatter(
+                name=f"MTP draft rows, depth {depth}",
+                x=[dr_x[k] for k in at],
+                y=[dr_y[k] for k in at],
+                mode="markers",
+                legendgroup="drafts",
+                marker={"size": 6, "symbol": "diamond", "color": DEPTH_COLORS[(depth - 1) % len(DEPTH_COLORS)]},
+                hovertemplate=f"pos %{{x}}, depth {depth}: %{{y:.2f}}<extra>draft</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    fig.add_trace(
+        go.Box(
+            name="cosine",
+            x=cos_d,
+            y=cos_v,
+            boxpoints="outliers",
+            marker_color="#9467bd",
+            showlegend=False,
+            hovertemplate="depth %{x}: %{y:.3f}<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
     step_pos = {int(s): int(p) for s, p in zip(c["step"], c["pos"])}
     _mark_changes(fig, settings_changes(trace), lambda ch: step_pos[ch.step], row=1, col=1)
     base_layout(fig, "hidden states: pre-norm residual norms and draft drift", height=400)
@@ -399,9 +562,9 @@ def slot_states(trace: Trace) -> np.ndarray:
 #: What a draft-mtp mode does to memory, beside the target's rollback (``model["mtp_mode"]``).
 _MEMORY_NOTES = {
     "shared_memory": "<br>shared-memory MTP head: its drafts read the target's KV cache (at the position after the"
-                     " target's last) and write none of their own",
+    " target's last) and write none of their own",
     "chained": "<br>chained MTP heads: each head keeps its own layer's rows in the MTP memory and rebuilds them over"
-               " the draft at its depth",
+    " the draft at its depth",
 }
 
 
@@ -415,10 +578,19 @@ def rs_slots(trace: Trace) -> go.Figure:
         fig = base_layout(go.Figure(), "recurrent snapshot slots", height=240)
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
-        return empty(fig, "not a recurrent model: rollback is plain KV removal, no snapshot slots"
-                     + _MEMORY_NOTES.get(trace.model.get("mtp_mode"), ""))
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=("slot use per step", "restores per slot"))
+        return empty(
+            fig,
+            "not a recurrent model: rollback is plain KV removal, no snapshot slots"
+            + _MEMORY_NOTES.get(trace.model.get("mtp_mode"), ""),
+        )
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.78, 0.22],
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+        subplot_titles=("slot use per step", "restores per slot"),
+    )
     z = slot_states(trace)
     c = trace.columns
     hover = np.empty(z.shape, dtype=object)
@@ -427,29 +599,77 @@ def rs_slots(trace: Trace) -> go.Figure:
             what = SLOT_STATES[z[k, i]]
             extra = f" (rollback of {k})" if z[k, i] == 2 else ""
             hover[k, i] = f"step {int(c['step'][i])} · slot {k}: {what}{extra}<br>{_bytes(slot_bytes)} per slot"
-    scale = [[0.0, SLOT_COLORS[0]], [0.333, SLOT_COLORS[0]], [0.333, SLOT_COLORS[1]], [0.667, SLOT_COLORS[1]],
-             [0.667, SLOT_COLORS[2]], [1.0, SLOT_COLORS[2]]]
-    fig.add_trace(go.Heatmap(
-        z=z, x=c["step"].tolist(), y=list(range(depth + 1)), zmin=-0.5, zmax=2.5, colorscale=scale,
-        hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", xgap=1, ygap=1,
-        colorbar={"tickvals": [0, 1, 2], "ticktext": list(SLOT_STATES), "len": 0.8, "x": 1.02},
-    ), row=1, col=1)
+    scale = [
+        [0.0, SLOT_COLORS[0]],
+        [0.333, SLOT_COLORS[0]],
+        [0.333, SLOT_COLORS[1]],
+        [0.667, SLOT_COLORS[1]],
+        [0.667, SLOT_COLORS[2]],
+        [1.0, SLOT_COLORS[2]],
+    ]
+    fig.add_trace(
+        go.Heatmap(
+            z=z,
+            x=c["step"].tolist(),
+            y=list(range(depth + 1)),
+            zmin=-0.5,
+            zmax=2.5,
+            colorscale=scale,
+            hovertext=hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+            xgap=1,
+            ygap=1,
+            colorbar={"tickvals": [0, 1, 2], "ticktext": list(SLOT_STATES), "len": 0.8, "x": 1.02},
+        ),
+        row=1,
+        col=1,
+    )
     restores = np.bincount(c["rs_slot"][c["rs_slot"] >= 0], minlength=depth + 1)[: depth + 1]
-    fig.add_trace(go.Bar(
-        x=restores.tolist(), y=list(range(depth + 1)), orientation="h", marker_color=SLOT_COLORS[2],
-        customdata=[_bytes(slot_bytes * k) for k in range(depth + 1)], showlegend=False,
-        hovertemplate="slot %{y}: restored %{x}×<br>saves re-decoding %{y} tokens<extra></extra>",
-    ), row=1, col=2)
+    fig.add_trace(
+        go.Bar(
+            x=restores.tolist(),
+            y=list(range(depth + 1)),
+            orientation="h",
+            marker_color=SLOT_COLORS[2],
+            customdata=[_bytes(slot_bytes * k) for k in range(depth + 1)],
+            showlegend=False,
+            hovertemplate="slot %{y}: restored %{x}×<br>saves re-decoding %{y} tokens<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
     _mark_changes(fig, settings_changes(trace), lambda ch: ch.step - 0.5, row=1, col=1)
-    title = (f"recurrent snapshot slots — {_bytes(slot_bytes)} per slot; n_rs_seq={depth} snapshots cost "
-             f"{_bytes(slot_bytes * depth)} beyond the live state")
+    title = (
+        f"recurrent snapshot slots — {_bytes(slot_bytes)} per slot; n_rs_seq={depth} snapshots cost "
+        f"{_bytes(slot_bytes * depth)} beyond the live state"
+    )
     base_layout(fig, title, height=max(260, 120 + 22 * (depth + 1)))
-    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=1, col=1, **_step_ticks(trace.n_steps))
     fig.update_yaxes(title_text="slot (tokens back)", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="restores", row=1, col=2)
     if trace.n_steps == 0:
         empty(fig, "no steps yet")
     return fig
+
+
+def _legend_per_column(fig: go.Figure, n_cols: int) -> None:
+    """One legend under each subplot of a one-row figure, listing that subplot's traces only."""
+    for col in range(1, n_cols + 1):
+        key = "legend" if col == 1 else f"legend{col}"
+        axis = "xaxis" if col == 1 else f"xaxis{col}"
+        fig.update_layout(
+            {
+                key: {
+                    "orientation": "v",
+                    "x": fig.layout[axis].domain[0],
+                    "xanchor": "left",
+                    "y": -0.2,
+                    "yanchor": "top",
+                    "font": {"size": 11},
+                }
+            }
+        )
+        fig.update_traces(legend=key, col=col)
 
 
 # -- 5. throughput ---------------------------------------------------------------------------------
@@ -471,9 +691,13 @@ def throughput(trace: Trace, baseline: Trace | None = None, *, window: int = 8) 
     """Tokens/s over the steps (rolling over ``window`` steps), accepted length per step, and the time per
     token split into the engine's phases (draft / verify / catch-up / sample); with a plain (``n_max=0``)
     ``baseline`` trace, its tokens/s and the speedup."""
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.32, 0.30], horizontal_spacing=0.08,
-                        subplot_titles=(f"tokens/s (rolling {window} steps)", "accepted length per step",
-                                        "time per token"))
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        column_widths=[0.38, 0.32, 0.30],
+        horizontal_spacing=0.08,
+        subplot_titles=(f"tokens/s (rolling {window} steps)", "accepted length per step", "time per token"),
+    )
     s = trace.summary()
     c = trace.columns
     steps = c["step"].tolist()
@@ -482,20 +706,56 @@ def throughput(trace: Trace, baseline: Trace | None = None, *, window: int = 8) 
         emitted = (c["n_accepted"] + 1).astype(np.float64)
         t = _rolling_sum(metrics.step_seconds(c), window)
         tps = np.divide(_rolling_sum(emitted, window), t, out=np.full_like(t, np.nan), where=t > 0)
-        fig.add_trace(go.Scatter(name=f"{label} tokens/s", x=steps, y=tps.tolist(), mode="lines",
-                                 line={"color": PRIMARY}, hovertemplate="step %{x}: %{y:.0f} tok/s<extra></extra>"),
-                      row=1, col=1)
-        fig.add_trace(go.Bar(name="accepted drafts", x=steps, y=c["n_accepted"].tolist(),
-                             marker_color=ORIGIN_COLORS["accepted"],
-                             hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                name=f"{label} tokens/s",
+                x=steps,
+                y=tps.tolist(),
+                mode="lines",
+                line={"color": PRIMARY},
+                hovertemplate="step %{x}: %{y:.0f} tok/s<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Bar(
+                name="accepted drafts",
+                x=steps,
+                y=c["n_accepted"].tolist(),
+                marker_color=ORIGIN_COLORS["accepted"],
+                hovertemplate="step %{x}: %{y} accepted<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
         mean_len = _rolling_sum(c["n_accepted"].astype(np.float64), window) / np.minimum(
-            np.arange(1, trace.n_steps + 1), window)
-        fig.add_trace(go.Scatter(name=f"mean (rolling {window})", x=steps, y=mean_len.tolist(), mode="lines",
-                                 line={"color": "#2b8a3e"}, hovertemplate="step %{x}: %{y:.2f}<extra></extra>"),
-                      row=1, col=2)
-        fig.add_trace(go.Scatter(name="drafted", x=steps, y=c["n_drafted"].tolist(), mode="markers",
-                                 marker={"symbol": "line-ew-open", "size": 10, "color": "#495057"},
-                                 hovertemplate="step %{x}: %{y} drafted<extra></extra>"), row=1, col=2)
+            np.arange(1, trace.n_steps + 1), window
+        )
+        fig.add_trace(
+            go.Scatter(
+                name=f"mean (rolling {window})",
+                x=steps,
+                y=mean_len.tolist(),
+                mode="lines",
+                line={"color": "#2b8a3e"},
+                hovertemplate="step %{x}: %{y:.2f}<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
+        fig.add_trace(
+            go.Scatter(
+                name="drafted",
+                x=steps,
+                y=c["n_drafted"].tolist(),
+                mode="markers",
+                marker={"symbol": "line-ew-open", "size": 10, "color": "#495057"},
+                hovertemplate="step %{x}: %{y} drafted<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
     runs = [(label, s)]
     gain = math.nan
     if baseline is not None:
@@ -503,31 +763,50 @@ def throughput(trace: Trace, baseline: Trace | None = None, *, window: int = 8) 
         runs.append(("plain", b))
         gain = metrics.speedup(s["tokens_per_second"], b["tokens_per_second"])
         if b["tokens_per_second"] and not math.isnan(b["tokens_per_second"]):
-            fig.add_hline(y=b["tokens_per_second"], line_dash="dot", line_color=MUTED, row=1, col=1,
-                          annotation_text=f"plain {b['tokens_per_second']:.0f} tok/s",
-                          annotation_position="bottom right", annotation_font_size=10)
+            # a legend entry, not a label on the line: a label there runs into the line and the curve
+            fig.add_trace(
+                go.Scatter(
+                    name=f"plain {b['tokens_per_second']:.0f} tok/s",
+                    mode="lines",
+                    x=[-0.5, max(trace.n_steps, 1) - 0.5],
+                    y=[b["tokens_per_second"]] * 2,
+                    line={"color": MUTED, "dash": "dot"},
+                    hovertemplate="plain decoding: %{y:.0f} tok/s<extra></extra>",
+                ),
+                row=1,
+                col=1,
+            )
     for phase in PHASE_ORDER:
         ms = [r["phase_seconds"][phase] * 1e3 / r["n_tokens"] if r["n_tokens"] else 0.0 for _, r in runs]
-        fig.add_trace(go.Bar(name=PHASE_LABELS[phase], x=[name for name, _ in runs], y=ms,
-                             marker_color=PHASE_COLORS[phase],
-                             hovertemplate=f"%{{x}} {PHASE_LABELS[phase]}: %{{y:.3f}} ms/token<extra></extra>"),
-                      row=1, col=3)
+        fig.add_trace(
+            go.Bar(
+                name=PHASE_LABELS[phase],
+                x=[name for name, _ in runs],
+                y=ms,
+                marker_color=PHASE_COLORS[phase],
+                hovertemplate=f"%{{x}} {PHASE_LABELS[phase]}: %{{y:.3f}} ms/token<extra></extra>",
+            ),
+            row=1,
+            col=3,
+        )
     changes = settings_changes(trace)
     _mark_changes(fig, changes, lambda ch: ch.step - 0.5, row=1, col=1)
     _mark_changes(fig, changes, lambda ch: ch.step - 0.5, row=1, col=2)
-    parts = [f"{label} {s['tokens_per_second']:.0f} tok/s" if not math.isnan(s["tokens_per_second"])
-             else f"{label} –",
-             f"mean accepted length {s['mean_accepted_length']:.2f}" if not math.isnan(s["mean_accepted_length"])
-             else ""]
+    parts = [
+        f"{label} {s['tokens_per_second']:.0f} tok/s" if not math.isnan(s["tokens_per_second"]) else f"{label} –",
+        f"mean accepted length {s['mean_accepted_length']:.2f}" if not math.isnan(s["mean_accepted_length"]) else "",
+    ]
     if baseline is not None:
         parts.append(f"plain {runs[1][1]['tokens_per_second']:.0f} tok/s → speedup {gain:.2f}×")
-    base_layout(fig, "throughput — " + " · ".join(p for p in parts if p), height=400)
-    fig.update_layout(barmode="stack", bargap=0.15)
+    base_layout(fig, "throughput — " + " · ".join(p for p in parts if p), height=470)
+    fig.update_layout(barmode="stack", bargap=0.15, margin={"b": 150})
+    _legend_per_column(fig, 3)
     step_range = [-0.5, max(trace.n_steps, 1) - 0.5]
-    fig.update_xaxes(title_text="step", range=step_range, row=1, col=1)
-    fig.update_xaxes(title_text="step", range=step_range, row=1, col=2)
+    fig.update_xaxes(title_text="step", range=step_range, row=1, col=1, **_step_ticks(trace.n_steps))
+    fig.update_xaxes(title_text="step", range=step_range, row=1, col=2, **_step_ticks(trace.n_steps))
     fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="drafts", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="run", row=1, col=3)
     fig.update_yaxes(title_text="ms per token", row=1, col=3)
     if trace.n_steps == 0:
         empty(fig, "no steps yet")
