@@ -13,11 +13,22 @@ from __future__ import annotations
 # libllama calls (ModelLoadError carries llama.cpp's last lines; sessions set it again as they open).
 import llama_cpp  # noqa: F401
 
+from .analysis.batch import BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs, recommend_parallel
+from .analysis.batch_shift import BatchShift
+from .analysis.calibration import Calibration, best_p_min, calibrate
+from .analysis.drafter_comparison import DrafterComparison, compare_drafters
+from .analysis.oracle import CostModel, OracleTrace
+from .analysis.parallel_check import check_parallel
+from .analysis.profile import CostProfile, profile_costs
+from .analysis.replay import ReplayApproximate
+from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
+from .analysis.sweep import Recommendation, recommend, sweep
+from .core.cpu_kernels import ExtraBufferCheck, check_extra_buffers
+from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
 from .core.errors import (
     CancelledError,
     ContextOverflowError,
     CpuKernelWarning,
-    ServerOverheadMissing,
     DecodeError,
     EngineError,
     FormatError,
@@ -31,61 +42,124 @@ from .core.errors import (
     ParameterError,
     RollbackError,
     ServerError,
+    ServerOverheadMissing,
     ServerProtocolError,
     ServerUnavailableError,
     SessionBusyError,
     SessionClosedError,
     ToolError,
 )
-from .core.cpu_kernels import ExtraBufferCheck, check_extra_buffers
 from .core.info import ModelInfo, model_info
-from .models import (DemoPrompt, DraftHead, default_model_path, demo_prompt, demo_prompt_within, demo_prompts,
-                     draft_heads, draft_model_path)
+from .core.parallel import ParallelStep, ParallelTrace, RequestInfo
+from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.session import Session
 from .core.settings import DraftSettings, Limits, NeverDrafts, PminNotApplicable
-from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
-from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.trace import Step, Trace
-from .core.parallel import ParallelStep, ParallelTrace, RequestInfo
-from .analysis.batch_shift import BatchShift
-from .analysis.oracle import CostModel, OracleTrace
-from .analysis.replay import ReplayApproximate
-from .analysis.profile import CostProfile, profile_costs
-from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
-from .analysis.sweep import Recommendation, recommend, sweep
-from .analysis.calibration import Calibration, best_p_min, calibrate
-from .analysis.batch import (BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs,
-                             recommend_parallel)
-from .analysis.parallel_check import check_parallel
-from .analysis.drafter_comparison import DrafterComparison, compare_drafters
+from .models import (
+    DemoPrompt,
+    DraftHead,
+    default_model_path,
+    demo_prompt,
+    demo_prompt_within,
+    demo_prompts,
+    draft_heads,
+    draft_model_path,
+)
 from .server import LlamaServer, ServerMonitor, ServerSweep, Workload, WorkloadRequest, server_sweep
 
 __version__ = "0.1.0"
 
 __all__ = [
     # errors
-    "MtpExplorerError", "CancelledError", "ContextOverflowError", "DecodeError", "EngineError", "FormatError",
-    "InputTypeError", "LibraryError", "ToolError",
-    "ModelLoadError", "ModelFileChangedError", "ModelNotFoundError", "MtpUnavailableError", "ParameterError", "RollbackError",
-    "SessionBusyError", "SessionClosedError", "ServerError", "ServerProtocolError", "ServerUnavailableError",
-    "CpuKernelWarning", "ServerOverheadMissing",
+    "MtpExplorerError",
+    "CancelledError",
+    "ContextOverflowError",
+    "DecodeError",
+    "EngineError",
+    "FormatError",
+    "InputTypeError",
+    "LibraryError",
+    "ToolError",
+    "ModelLoadError",
+    "ModelFileChangedError",
+    "ModelNotFoundError",
+    "MtpUnavailableError",
+    "ParameterError",
+    "RollbackError",
+    "SessionBusyError",
+    "SessionClosedError",
+    "ServerError",
+    "ServerProtocolError",
+    "ServerUnavailableError",
+    "CpuKernelWarning",
+    "ServerOverheadMissing",
     # core
-    "check_extra_buffers", "ExtraBufferCheck",
-    "Session", "Step", "Trace", "ParallelTrace", "ParallelStep", "RequestInfo", "ModelInfo", "model_info", "default_model_path", "draft_model_path", "draft_heads", "DraftHead", "demo_prompt", "demo_prompts", "demo_prompt_within", "DemoPrompt", "STOP_REASONS",
+    "check_extra_buffers",
+    "ExtraBufferCheck",
+    "Session",
+    "Step",
+    "Trace",
+    "ParallelTrace",
+    "ParallelStep",
+    "RequestInfo",
+    "ModelInfo",
+    "model_info",
+    "default_model_path",
+    "draft_model_path",
+    "draft_heads",
+    "DraftHead",
+    "demo_prompt",
+    "demo_prompts",
+    "demo_prompt_within",
+    "DemoPrompt",
+    "STOP_REASONS",
     "FINISH_REASONS",
-    "DRAFTERS", "DRAFTER_MODES", "DRAFTER_SPECS", "DrafterMode", "DrafterSpec", "DraftSettings", "Limits",
+    "DRAFTERS",
+    "DRAFTER_MODES",
+    "DRAFTER_SPECS",
+    "DrafterMode",
+    "DrafterSpec",
+    "DraftSettings",
+    "Limits",
     "NeverDrafts",
     "PminNotApplicable",
     # analysis
-    "BatchShift", "CostModel", "CostProfile", "profile_costs", "OracleTrace", "SimTrace", "compare", "cost_consistency",
-    "simulate", "simulate_grid", "ReplayApproximate",
-    "Recommendation", "recommend", "sweep", "Calibration", "best_p_min", "calibrate",
-    "BatchCostModel", "profile_batch_costs", "predict_parallel", "recommend_parallel", "measure_crossover",
-    "check_parallel", "compare_drafters", "DrafterComparison",
+    "BatchShift",
+    "CostModel",
+    "CostProfile",
+    "profile_costs",
+    "OracleTrace",
+    "SimTrace",
+    "compare",
+    "cost_consistency",
+    "simulate",
+    "simulate_grid",
+    "ReplayApproximate",
+    "Recommendation",
+    "recommend",
+    "sweep",
+    "Calibration",
+    "best_p_min",
+    "calibrate",
+    "BatchCostModel",
+    "profile_batch_costs",
+    "predict_parallel",
+    "recommend_parallel",
+    "measure_crossover",
+    "check_parallel",
+    "compare_drafters",
+    "DrafterComparison",
     # llama-server
-    "LlamaServer", "ServerMonitor", "ServerSweep", "Workload", "WorkloadRequest", "server_sweep",
+    "LlamaServer",
+    "ServerMonitor",
+    "ServerSweep",
+    "Workload",
+    "WorkloadRequest",
+    "server_sweep",
     # lazily imported
-    "plots", "widgets", "Explorer",
+    "plots",
+    "widgets",
+    "Explorer",
 ]
 
 

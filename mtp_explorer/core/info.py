@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def _ranges(indices: list[int]) -> str:
     out: list[str] = []
     start = prev = None
     for i in indices + [None]:
-        if start is not None and (i is None or i != prev + 1):
+        if start is not None and (i is None or i != prev + 1):  # type: ignore[operator]
             out.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if i is not None and start is None:
@@ -113,8 +114,14 @@ def _check_file(path: Path) -> None:
 def _reader(path: Path):
     from gguf import GGUFReader
 
+    from .gguf_header import HeaderReader
+
+    reader: HeaderReader | GGUFReader
     try:
-        reader = GGUFReader(path)
+        try:  # the header alone, fast also for a 262 k-token vocabulary; anything unusual goes to GGUFReader
+            reader = HeaderReader(path)
+        except Exception:
+            reader = GGUFReader(path)
     except Exception as exc:  # the gguf package raises assorted errors on damaged files
         raise ModelLoadError(f"{path} is truncated or corrupt: {exc}") from exc
     size = path.stat().st_size
@@ -137,11 +144,35 @@ def _field(reader, key: str, default=None):
 _FTYPE_GUESSED = 1024
 _FTYPE_EXTRA = {41: "Q2_0"}
 # llama_model_loader's guess where general.file_type is missing: the most common tensor type decides.
-_GUESS = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
-          "Q5_1": "Q5_1", "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M",
-          "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
-          "IQ2_S": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ4_NL": "IQ4_NL",
-          "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "NVFP4": "NVFP4", "Q1_0": "Q1_0", "Q2_0": "Q2_0"}
+_GUESS = {
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q8_0": "Q8_0",
+    "Q2_K": "Q2_K",
+    "Q3_K": "Q3_K_M",
+    "Q4_K": "Q4_K_M",
+    "Q5_K": "Q5_K_M",
+    "Q6_K": "Q6_K",
+    "TQ1_0": "TQ1_0",
+    "TQ2_0": "TQ2_0",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_S",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ1_S": "IQ1_S",
+    "IQ1_M": "IQ1_M",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+    "IQ3_S": "IQ3_S",
+    "NVFP4": "NVFP4",
+    "Q1_0": "Q1_0",
+    "Q2_0": "Q2_0",
+}
 
 
 def file_type_name(ftype: int) -> str:
@@ -190,7 +221,7 @@ def mtp_mode_of(arch: str, n_layer_nextn: int) -> tuple[str | None, int]:
     return ("chained", n_layer_nextn) if n_layer_nextn > 1 else ("single", 1)
 
 
-def model_info(path: str | Path, head: str | Path | None = None) -> ModelInfo:
+def model_info(path: str | os.PathLike, head: str | os.PathLike | None = None) -> ModelInfo:
     """Read a GGUF file's metadata. Raises :class:`ModelLoadError` for missing, foreign or damaged files.
 
     ``head`` pairs the model with a separate MTP head file (llama.cpp's ``-md``): the result is the target's
@@ -206,14 +237,17 @@ def pair_with_head(target: ModelInfo, head: ModelInfo) -> ModelInfo:
     """``target``'s information paired with the head file ``head`` (see :func:`model_info`)."""
     problems = []
     if not head.is_mtp_head_file:
-        problems.append(f"{head.path} is a {head.arch} model, not an MTP head file "
-                        f"({', '.join(SHARED_MEMORY_HEAD_ARCHS)})")
+        problems.append(
+            f"{head.path} is a {head.arch} model, not an MTP head file ({', '.join(SHARED_MEMORY_HEAD_ARCHS)})"
+        )
     if target.is_mtp_head_file:
         problems.append(f"{target.path} is itself an MTP head file, not a target")
     if not problems:
         if head.n_embd_out != target.n_embd:
-            problems.append(f"the head exchanges hidden states of width {head.n_embd_out} "
-                            f"(embedding_length_out) and the target's are {target.n_embd} wide")
+            problems.append(
+                f"the head exchanges hidden states of width {head.n_embd_out} "
+                f"(embedding_length_out) and the target's are {target.n_embd} wide"
+            )
         if head.n_vocab != target.n_vocab:
             problems.append(f"the head has {head.n_vocab} tokens and the target {target.n_vocab}")
         expected = SHARED_MEMORY_HEAD_ARCHS[head.arch]
@@ -221,8 +255,9 @@ def pair_with_head(target: ModelInfo, head: ModelInfo) -> ModelInfo:
             problems.append(f"a {head.arch} head runs against a {expected} target, not {target.arch}")
     if problems:
         raise ModelLoadError(f"the MTP head {head.path} does not fit the target {target.path}: " + "; ".join(problems))
-    return dataclasses.replace(target, has_mtp=True, mtp_mode=head.mtp_mode, n_mtp_heads=head.n_mtp_heads,
-                               mtp_head=head.path)
+    return dataclasses.replace(
+        target, has_mtp=True, mtp_mode=head.mtp_mode, n_mtp_heads=head.n_mtp_heads, mtp_head=head.path
+    )
 
 
 def _file_info(path: Path) -> ModelInfo:

