@@ -19,7 +19,7 @@ def pick_model(path: str | None) -> tuple[Path, str]:
     try:
         return mx.default_model_path(), "bundled"
     except mx.ModelNotFoundError:
-        from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+        from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
         out = Path(tempfile.gettempdir()) / "mtp-explorer-bench-synthetic.gguf"
         write_synthetic_qwen35(out, context_mix=0.6, mtp_fidelity=1.0)
@@ -43,10 +43,12 @@ GEMMA4_KNOBS = {"context_mix": 0.5}
 
 def write_mode_models(folder: Path) -> list[tuple[Path, Path | None, str]]:
     """(target, head file or None, description) of each SYNTHETIC draft-mtp mode model, written into ``folder``."""
-    from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
-    from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
+    from mtp_explorer.models.synthetic_gemma4 import write_synthetic_gemma4
+    from mtp_explorer.models.synthetic_step35 import write_synthetic_step35
 
     step35 = write_synthetic_step35(folder / "step35.gguf", **STEP35_KNOBS)
     gemma4, head = write_synthetic_gemma4(folder / "gemma4.gguf", folder / "gemma4-head.gguf", **GEMMA4_KNOBS)
-    return [(step35, None, f"synthetic step35 (random weights, 3 chained MTP heads, {STEP35_KNOBS})"),
-            (gemma4, head, f"synthetic gemma4 + gemma4-assistant head (random weights, shared memory, {GEMMA4_KNOBS})")]
+    return [
+        (step35, None, f"synthetic step35 (random weights, 3 chained MTP heads, {STEP35_KNOBS})"),
+        (gemma4, head, f"synthetic gemma4 + gemma4-assistant head (random weights, shared memory, {GEMMA4_KNOBS})"),
+    ]

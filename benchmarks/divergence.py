@@ -20,13 +20,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import emit, machine
+
 import mtp_explorer as mx
 from mtp_explorer.devtools.quantize import quantize
 
-from _common import emit, machine
-
-SHORT_PROMPTS = ["def fib(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def __init__(self):",
-                 "for i in range(10):", "with open(path) as f:", "try:\n    import json\nexcept ImportError:"]
+SHORT_PROMPTS = [
+    "def fib(n):",
+    "import os\n\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    "with open(path) as f:",
+    "try:\n    import json\nexcept ImportError:",
+]
 N_MAX = (1, 2, 3, 4)
 
 
@@ -50,32 +56,51 @@ def divergences(path: Path, repack: bool, tokens: int, threads: int) -> dict:
                     continue
                 at = next(i for i, (a, b) in enumerate(zip(t.tokens, oracle.tokens)) if a != b)
                 first = next((m for m in mx.compare(oracle, t).mismatches if m["cause"] == "target_argmax"), None)
-                found.append({"prompt": prompt[:40], "n_max": n, "position": at,
-                              "kind": first["kind"] if first else "unexplained",
-                              "margin": first["margin"] if first else None,
-                              "explanation": first["explanation"] if first else "no target_argmax mismatch found"})
-    return {"shift": shift.summary(), "probe_seconds": probe_s, "runs": runs, "diverged": len(found),
-            "explained": sum(f["kind"] == "tie" for f in found),
-            "unexplained": sum(f["kind"] != "tie" for f in found), "divergences": found}
+                found.append(
+                    {
+                        "prompt": prompt[:40],
+                        "n_max": n,
+                        "position": at,
+                        "kind": first["kind"] if first else "unexplained",
+                        "margin": first["margin"] if first else None,
+                        "explanation": first["explanation"] if first else "no target_argmax mismatch found",
+                    }
+                )
+    return {
+        "shift": shift.summary(),
+        "probe_seconds": probe_s,
+        "runs": runs,
+        "diverged": len(found),
+        "explained": sum(f["kind"] == "tie" for f in found),
+        "unexplained": sum(f["kind"] != "tie" for f in found),
+        "divergences": found,
+    }
 
 
 def speed(path: Path, tokens: int, threads: int, repeats: int) -> dict:
     """no_repack / repack tokens/s for plain decoding and n_max 3, medians of alternating pairs."""
     prompt = mx.demo_prompts()[0].text
     out = {}
-    with mx.Session.open(path, n_ctx=2048, threads=threads, repack=True) as on, \
-            mx.Session.open(path, n_ctx=2048, threads=threads, repack=False) as off:
+    with (
+        mx.Session.open(path, n_ctx=2048, threads=threads, repack=True) as on,
+        mx.Session.open(path, n_ctx=2048, threads=threads, repack=False) as off,
+    ):
         for n in (0, 3):
+
             def tps(s):
                 return s.generate(prompt, max_tokens=tokens, n_max=n).summary()["tokens_per_second"]
+
             pairs = []
             for r in range(repeats):
                 order = (on, off) if r % 2 == 0 else (off, on)
                 got = {id(s): tps(s) for s in order}
                 pairs.append((got[id(on)], got[id(off)]))
-            out[f"n_max_{n}"] = {"repack_tokens_per_second": statistics.median(a for a, _ in pairs),
-                                 "no_repack_tokens_per_second": statistics.median(b for _, b in pairs),
-                                 "no_repack_over_repack": statistics.median(b / a for a, b in pairs), "pairs": repeats}
+            out[f"n_max_{n}"] = {
+                "repack_tokens_per_second": statistics.median(a for a, _ in pairs),
+                "no_repack_tokens_per_second": statistics.median(b for _, b in pairs),
+                "no_repack_over_repack": statistics.median(b / a for a, b in pairs),
+                "pairs": repeats,
+            }
     return out
 
 
@@ -94,9 +119,11 @@ def main() -> int:
         files["SYNTHETIC 0.4B Q4_K_M"] = write_scale_model(file_type="Q4_K_M", log=lambda *_: None)
     doc = {"machine": machine(), "tokens": args.tokens, "n_max": list(N_MAX), "prompts": len(prompts()), "files": {}}
     for label, path in files.items():
-        doc["files"][label] = {"repack": divergences(path, True, args.tokens, args.threads),
-                               "no_repack": divergences(path, False, args.tokens, args.threads),
-                               "speed": speed(path, args.tokens, args.threads, args.repeats)}
+        doc["files"][label] = {
+            "repack": divergences(path, True, args.tokens, args.threads),
+            "no_repack": divergences(path, False, args.tokens, args.threads),
+            "speed": speed(path, args.tokens, args.threads, args.repeats),
+        }
     emit(doc)
     return 0
 

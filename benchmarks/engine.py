@@ -1,5 +1,5 @@
-"""Engine throughput: plain vs MTP, the telemetry levels ("full", "steps") against "off", Python streaming overhead, and (with
-LLAMA_SPECULATIVE_SIMPLE set to a llama-speculative-simple binary) the reference beside ours.
+"""Engine throughput: plain vs MTP, the telemetry levels ("full", "steps") against "off", Python streaming overhead, and
+(with LLAMA_SPECULATIVE_SIMPLE set to a llama-speculative-simple binary) the reference beside ours.
 
     .venv/bin/python benchmarks/engine.py [--model PATH] [--tokens 256] [--repeats 3] [--threads N]
                                           [--only throughput telemetry stream reference memory drafters]
@@ -31,18 +31,17 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, ContextManager
 
 import numpy as np
+from _common import emit, machine, pick_model, write_mode_models
+from ours_process import OursProcess
+from scale_model import write_scale_model
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
 from mtp_explorer.devtools.reference import compare_with_reference, generate_reference_budget, run_reference
-
-from _common import emit, machine, pick_model, write_mode_models
-from ours_process import OursProcess
-from scale_model import write_scale_model
 
 SECTIONS = ("throughput", "telemetry", "stream", "reference", "memory", "drafters", "modes")
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):"]
@@ -93,7 +92,7 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
     phases = {lv: [] for lv in LEVELS[1:]}
     rates = {lv: [] for lv in LEVELS}
     for r in range(rounds):
-        order = LEVELS[r % 3:] + LEVELS[:r % 3]
+        order = LEVELS[r % 3 :] + LEVELS[: r % 3]
         for prompt in PROMPTS:
             got = {}
             for level in order:
@@ -105,37 +104,49 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
                 wall[level].append(got[level][0] / got["off"][0])
                 phases[level].append(got[level][1] / got["off"][1])
     s.telemetry = "full"
-    out = {"n_max": n_max, "triples": len(wall["full"]),
-           "tokens_per_second": {lv: statistics.median(v) for lv, v in rates.items()},
-           "targets": {"full": 0.02, "steps": 0.005}}
+    out = {
+        "n_max": n_max,
+        "triples": len(wall["full"]),
+        "tokens_per_second": {lv: statistics.median(v) for lv, v in rates.items()},
+        "targets": {"full": 0.02, "steps": 0.005},
+    }
     for level in LEVELS[1:]:
-        out[level] = {"overhead": statistics.median(wall[level]) - 1,
-                      "overhead_95ci": [x - 1 for x in median_95ci(wall[level])],
-                      "overhead_phase_time": statistics.median(phases[level]) - 1}
+        out[level] = {
+            "overhead": statistics.median(wall[level]) - 1,
+            "overhead_95ci": [x - 1 for x in median_95ci(wall[level])],
+            "overhead_phase_time": statistics.median(phases[level]) - 1,
+        }
     return out
 
 
 # every --spec-type the engine runs (the registry's drafters), alone and in the llama.cpp chains the registry lists
 # (its modes under llama.cpp's first policy), with llama.cpp's default options
-SPEC_TYPES = tuple(dict.fromkeys([d.spec_type for d in drafters.DRAFTER_SPECS.values()]
-                                 + [m.spec_types for m in drafters.MODES.values() if m.is_chain and m.policy == "first"]))
+SPEC_TYPES = tuple(
+    dict.fromkeys(
+        [d.spec_type for d in drafters.DRAFTER_SPECS.values()]
+        + [m.spec_types for m in drafters.MODES.values() if m.is_chain and m.policy == "first"]
+    )
+)
 KIND_PROMPTS = {
     "code": PROMPTS,
-    "prose": ["The cat sat on the mat. The dog sat on the rug. The cat sat on the",
-              "Please read the instructions carefully before you begin. Please read the",
-              "Once upon a time there was a little house in the woods, and in the house there lived"],
+    "prose": [
+        "The cat sat on the mat. The dog sat on the rug. The cat sat on the",
+        "Please read the instructions carefully before you begin. Please read the",
+        "Once upon a time there was a little house in the woods, and in the house there lived",
+    ],
 }
 
 
-def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[], float] | None = None,
-                      start: int = 0) -> list[tuple]:
+def alternating_pairs(
+    repeats: int, ours: Callable[[], float], ref: Callable[[], float] | None = None, start: int = 0
+) -> list[tuple]:
     """``repeats`` back-to-back (ours, reference) tokens/s pairs, the order alternating so that load drift hits
     both alike (``ref=None``: ours alone, the reference entry None); ``start``: the pair the alternation counts
     from (odd: the reference first)."""
     pairs = []
     for r in range(start, start + repeats):
         pair = {"ref": None}
-        for side in (("ours", "ref") if r % 2 == 0 else ("ref", "ours")):
+        for side in ("ours", "ref") if r % 2 == 0 else ("ref", "ours"):
             if side == "ours":
                 pair["ours"] = ours()
             elif ref is not None:
@@ -144,8 +155,12 @@ def alternating_pairs(repeats: int, ours: Callable[[], float], ref: Callable[[],
     return pairs
 
 
-def interleaved_pairs(levels, repeats: int, ours_round: Callable[[], ContextManager[Callable[[str], float]]],
-                      ref: Callable[[], float] | None = None) -> dict[str, list[tuple]]:
+def interleaved_pairs(
+    levels,
+    repeats: int,
+    ours_round: Callable[[], contextlib.AbstractContextManager[Callable[[str], float]]],
+    ref: Callable[[], float] | None = None,
+) -> dict[str, list[tuple]]:
     """:func:`alternating_pairs` at each telemetry level of ``levels``, the levels taking turns pair by pair (their
     order rotating each round), so that drift over a section hits every level alike: where one level's pairs all
     ran before another's, drift read as a difference between the levels. Each pair times ours with the function
@@ -175,8 +190,11 @@ def pairs_summary(pairs: list[tuple]) -> dict:
     doc = {"ours_tokens_per_second": statistics.median(o for o, _ in pairs), "pairs": len(pairs)}
     if with_ref:
         ratios = [o / r for o, r in with_ref]
-        doc |= {"reference_tokens_per_second": statistics.median(r for _, r in with_ref),
-                "ratio": statistics.median(ratios), "ratio_95ci": median_95ci(ratios)}
+        doc |= {
+            "reference_tokens_per_second": statistics.median(r for _, r in with_ref),
+            "ratio": statistics.median(ratios),
+            "ratio_95ci": median_95ci(ratios),
+        }
     return doc
 
 
@@ -186,19 +204,33 @@ def lookup_limits(mode, n_max: int) -> dict[str, int]:
     longer than its continuation (llama.cpp drops a continuation shorter than the key: with the default key of 12 it
     would never draft, :class:`mtp_explorer.NeverDrafts`); the other options keep llama.cpp's defaults."""
     names = {o.name for o in mode.options}
-    limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_mod_n_min": n_max,
-              "ngram_map_k_size_m": n_max, "ngram_map_k4v_size_m": n_max,
-              "ngram_simple_size_n": min(n_max, drafters.option_values()["ngram_simple_size_n"])}
+    limits = {
+        "ngram_simple_size_m": n_max,
+        "ngram_mod_n_max": n_max,
+        "ngram_mod_n_min": n_max,
+        "ngram_map_k_size_m": n_max,
+        "ngram_map_k4v_size_m": n_max,
+        "ngram_simple_size_n": min(n_max, drafters.option_values()["ngram_simple_size_n"]),
+    }
     return {k: v for k, v in limits.items() if k in names}
 
 
-def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repeats: int, n_maxes=(3,),
-                     levels=("full", "off"), draft_model_only: bool = False, spec_types=None) -> dict:
-    """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths: :func:`lookup_limits`)
-    on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of ``levels``,
-    beside llama-speculative-simple's on the same settings when ``binary`` is given (:func:`interleaved_pairs`; the
-    session's snapshot slots as the reference's where it has any: :func:`at_capacity`; ours does the reference's work,
-    its budget rule included: :func:`generate_reference_budget`). A chain
+def drafters_section(
+    s: mx.Session,
+    binary: str | None,
+    path,
+    tokens: int,
+    repeats: int,
+    n_maxes=(3,),
+    levels=("full", "off"),
+    draft_model_only: bool = False,
+    spec_types=None,
+) -> dict:
+    """Tokens/s of every drafter and chain (llama.cpp's default options but the look-ups' lengths:
+    :func:`lookup_limits`) on code-like and prose-like prompts at each n_max of ``n_maxes`` and telemetry level of
+    ``levels``, beside llama-speculative-simple's on the same settings when ``binary`` is given
+    (:func:`interleaved_pairs`; the session's snapshot slots as the reference's where it has any: :func:`at_capacity`;
+    ours does the reference's work, its budget rule included: :func:`generate_reference_budget`). A chain
     with a drafter whose length llama.cpp fixes (ngram-cache's 8) runs at that n_max, as the reference verifies it
     (:func:`~mtp_explorer.devtools.reference.reference_n_max`); draft-simple where the session has a draft model (the
     reference gets it as ``-md``); ``draft_model_only``: only the drafters with a model file (a second session's head);
@@ -209,15 +241,20 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
     for spec in spec_types or SPEC_TYPES:
         mode = drafters.mode(spec)
         if not mode.runs_with(s.info.has_mtp, s.has_draft_model and s.draft_kind) or (
-                draft_model_only and not mode.needs_draft_model):
+            draft_model_only and not mode.needs_draft_model
+        ):
             continue
         extra = ["-md", str(s.draft_info.path)] if mode.needs_draft_model else []
         for spec_n_max in dict.fromkeys(reference_n_max(spec, n) for n in n_maxes):
             options = lookup_limits(mode, spec_n_max)
             kwargs = capacity_kwargs(s, spec_n_max, spec)
             for kind, prompts in KIND_PROMPTS.items():
-                entry: dict = {"n_max": spec_n_max, "n_rs_seq": kwargs["n_rs_seq"], "options": options,
-                               "draft_model": extra[1] if extra else None}
+                entry: dict = {
+                    "n_max": spec_n_max,
+                    "n_rs_seq": kwargs["n_rs_seq"],
+                    "options": options,
+                    "draft_model": extra[1] if extra else None,
+                }
                 counts = {"drafted": 0, "accepted": 0}
 
                 @contextlib.contextmanager
@@ -233,19 +270,32 @@ def drafters_section(s: mx.Session, binary: str | None, path, tokens: int, repea
                         yield ours
 
                 def ref(prompt: str) -> float:
-                    return run_reference_spec(binary, path, prompt, spec_type_args(spec, spec_n_max, options) + extra,
-                                              max_tokens=tokens, n_ctx=2048, threads=s.threads).tokens_per_second
+                    return run_reference_spec(
+                        binary,
+                        path,
+                        prompt,
+                        spec_type_args(spec, spec_n_max, options) + extra,
+                        max_tokens=tokens,
+                        n_ctx=2048,
+                        threads=s.threads,
+                    ).tokens_per_second
 
                 pairs: dict[str, list[tuple]] = {level: [] for level in levels}
                 for prompt in prompts:
-                    got = interleaved_pairs(levels, repeats, functools.partial(ours_round, prompt),
-                                            functools.partial(ref, prompt) if binary else None)
+                    got = interleaved_pairs(
+                        levels,
+                        repeats,
+                        functools.partial(ours_round, prompt),
+                        functools.partial(ref, prompt) if binary else None,
+                    )
                     for level in levels:
                         pairs[level] += got[level]
                 entry |= {level: pairs_summary(pairs[level]) for level in levels}
                 # every level runs the same drafts: the counts of one level's runs
-                entry |= {"acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
-                          "drafted": counts["drafted"] // len(levels)}
+                entry |= {
+                    "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+                    "drafted": counts["drafted"] // len(levels),
+                }
                 key = f"{spec} / {kind}" if len(n_maxes) == 1 else f"{spec} / {kind} / n_max {spec_n_max}"
                 doc[key] = entry
     return doc
@@ -308,8 +358,16 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
                 for prompt in PROMPTS:
 
                     def reference() -> float:
-                        run = run_reference(binary, path, prompt, max_tokens=tokens, n_max=n_max, n_ctx=2048,
-                                            threads=sc.threads, head=head)
+                        run = run_reference(
+                            binary,
+                            path,
+                            prompt,
+                            max_tokens=tokens,
+                            n_max=n_max,
+                            n_ctx=2048,
+                            threads=sc.threads,
+                            head=head,
+                        )
                         counts["reference_tokens"] += run.n_predict
                         if level != "off":
                             parity.append(compare_with_reference(run, sc.last_trace, 0.0)["match"])
@@ -324,7 +382,9 @@ def reference_section(s: mx.Session, binary: str, path, tokens: int, repeats: in
 
                     pairs += alternating_pairs(repeats, ours, reference)  # ours first: the trace checked
                 entry[level] = pairs_summary(pairs) | {
-                    "ours_tokens": counts["ours_tokens"] // repeats, "reference_tokens": counts["reference_tokens"] // repeats}
+                    "ours_tokens": counts["ours_tokens"] // repeats,
+                    "reference_tokens": counts["reference_tokens"] // repeats,
+                }
             sc.telemetry = "full"
             ref[n_max] = entry | {"parity_of_totals_and_text": all(parity)}
     return {"binary": binary, "target_ratio": 1.0, "by_n_max": ref}
@@ -339,8 +399,9 @@ def modes_section(binary: str, tokens: int, repeats: int, threads: int | None) -
         for model, head, label in write_mode_models(Path(tmp)):
             with mx.Session.open(model, n_ctx=2048, threads=threads, draft_model=head) as s:
                 s.generate(PROMPTS[0], max_tokens=16, n_max=2)  # warm-up
-                doc[s.info.mtp_mode] = {"model": label} | reference_section(s, binary, model, tokens, repeats,
-                                                                             head=head)
+                doc[s.info.mtp_mode] = {"model": label} | reference_section(
+                    s, binary, model, tokens, repeats, head=head
+                )
     return doc
 
 
@@ -373,8 +434,13 @@ def memory_section(path, threads: int) -> dict:
     import sys
 
     def probe(load_mode: str, n_rs_seq: int) -> dict:
-        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(path), load_mode, str(n_rs_seq), str(threads)],
-                             capture_output=True, text=True, check=True, timeout=900)
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_PROBE, str(path), load_mode, str(n_rs_seq), str(threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     size = os.path.getsize(path)
@@ -383,9 +449,12 @@ def memory_section(path, threads: int) -> dict:
         m = probe(mode, 8)
         anon = m["after"]["RssAnon"] - m["before"]["RssAnon"]
         doc[f"load_mode_{mode}"] = {
-            "load_seconds": m["load_seconds"], "peak_rss_bytes": m["after"]["VmHWM"],
-            "anon_growth_bytes": anon, "file_backed_bytes": m["after"]["RssFile"],
-            "anon_growth_over_file_size": anon / size}
+            "load_seconds": m["load_seconds"],
+            "peak_rss_bytes": m["after"]["VmHWM"],
+            "anon_growth_bytes": anon,
+            "file_backed_bytes": m["after"]["RssFile"],
+            "anon_growth_over_file_size": anon / size,
+        }
     rs = {n: probe("auto", n)["rs_buffer_mib"] for n in (1, 2, 4, 8)}
     doc["rs_buffer_mib_by_n_rs_seq"] = rs
     doc["rs_slot_mib_measured"] = (rs[8] - rs[1]) / 7
@@ -411,8 +480,11 @@ def session_sections(path, args, draft, binary: str | None) -> dict:
             for n_max in (1, 2, 3, 4):
                 rate, traces = tokens_per_second(s, args.tokens, n_max, args.repeats)
                 acc = sum(int(t.n_accepted.sum()) for t in traces) / max(1, sum(int(t.n_drafted.sum()) for t in traces))
-                out["mtp"][n_max] = {"tokens_per_second": rate, "speedup_over_plain": rate / plain,
-                                     "acceptance_rate": acc}
+                out["mtp"][n_max] = {
+                    "tokens_per_second": rate,
+                    "speedup_over_plain": rate / plain,
+                    "acceptance_rate": acc,
+                }
 
         if "telemetry" in args.only:
             out["telemetry"] = telemetry_overhead(s, args.tokens, args.telemetry_rounds)
@@ -437,17 +509,27 @@ def session_sections(path, args, draft, binary: str | None) -> dict:
             }
 
         if "drafters" in args.only:
-            out["drafters"] = drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max,
-                                               spec_types=args.spec_type)
+            out["drafters"] = drafters_section(
+                s, binary, path, args.tokens, args.repeats, args.drafter_n_max, spec_types=args.spec_type
+            )
         if binary and "reference" in args.only:
             out["reference"] = reference_section(s, binary, path, args.tokens, args.repeats)
-    heads = [h.head_path for h in mx.draft_heads()
-             if _same_file(h.target_path, path) and not _same_file(h.head_path, draft)]
+    heads = [
+        h.head_path for h in mx.draft_heads() if _same_file(h.target_path, path) and not _same_file(h.head_path, draft)
+    ]
     for head in heads if "drafters" in args.only else ():  # the other heads for this target (draft-eagle3's)
         with mx.Session.open(path, n_ctx=2048, threads=args.threads, draft_model=head) as s:
             s.generate(PROMPTS[0], max_tokens=16, n_max=0)  # warm-up
-            out["drafters"] |= drafters_section(s, binary, path, args.tokens, args.repeats, args.drafter_n_max,
-                                                draft_model_only=True, spec_types=args.spec_type)
+            out["drafters"] |= drafters_section(
+                s,
+                binary,
+                path,
+                args.tokens,
+                args.repeats,
+                args.drafter_n_max,
+                draft_model_only=True,
+                spec_types=args.spec_type,
+            )
     return out
 
 
@@ -457,22 +539,51 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--draft-model", "-md", default=None,
-                    help="draft model for draft-simple (default: the bundled one with the bundled model, else none)")
-    ap.add_argument("--telemetry-rounds", type=int, default=20,
-                    help="rounds of off/steps/full triples over the prompts for the telemetry overhead (default 20)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                    help="run only these sections (default: all)")
-    ap.add_argument("--drafter-n-max", nargs="+", type=int, default=[3], metavar="N",
-                    help="the drafters section's n_max values (default: 3; 1 2 3 4 for the whole grid)")
-    ap.add_argument("--spec-type", nargs="+", choices=SPEC_TYPES, default=None, metavar="SPEC",
-                    help="the drafters section's --spec-type values (default: every drafter and chain)")
-    ap.add_argument("--scale", action="store_true",
-                    help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
-                         "4 telemetry rounds unless given), then its quantized copies (--scale-copies)")
-    ap.add_argument("--scale-copies", nargs="*", default=["Q4_K_M"], metavar="TYPE",
-                    help="with --scale: the llama-quantize types of the scale model's copies also measured, every "
-                         "section but memory and modes (default: Q4_K_M; none: no copy)")
+    ap.add_argument(
+        "--draft-model",
+        "-md",
+        default=None,
+        help="draft model for draft-simple (default: the bundled one with the bundled model, else none)",
+    )
+    ap.add_argument(
+        "--telemetry-rounds",
+        type=int,
+        default=20,
+        help="rounds of off/steps/full triples over the prompts for the telemetry overhead (default 20)",
+    )
+    ap.add_argument(
+        "--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="run only these sections (default: all)"
+    )
+    ap.add_argument(
+        "--drafter-n-max",
+        nargs="+",
+        type=int,
+        default=[3],
+        metavar="N",
+        help="the drafters section's n_max values (default: 3; 1 2 3 4 for the whole grid)",
+    )
+    ap.add_argument(
+        "--spec-type",
+        nargs="+",
+        choices=SPEC_TYPES,
+        default=None,
+        metavar="SPEC",
+        help="the drafters section's --spec-type values (default: every drafter and chain)",
+    )
+    ap.add_argument(
+        "--scale",
+        action="store_true",
+        help="measure the SYNTHETIC 0.4 B-parameter Q8_0 model of scale_model.py (64 tokens, 2 repeats, "
+        "4 telemetry rounds unless given), then its quantized copies (--scale-copies)",
+    )
+    ap.add_argument(
+        "--scale-copies",
+        nargs="*",
+        default=["Q4_K_M"],
+        metavar="TYPE",
+        help="with --scale: the llama-quantize types of the scale model's copies also measured, every "
+        "section but memory and modes (default: Q4_K_M; none: no copy)",
+    )
     args = ap.parse_args()
     if args.scale and args.model:  # --scale measures its own files: a --model beside it would go unmeasured
         ap.error("--model and --scale exclude each other (--scale measures the scale model and --scale-copies)")
@@ -483,9 +594,13 @@ def main() -> None:
         args.repeats = args.repeats if "--repeats" in given else 2
         args.telemetry_rounds = args.telemetry_rounds if "--telemetry-rounds" in given else 4
     path, origin = pick_model(args.model)
-    out: dict = {"model": str(path), "model_origin": "SYNTHETIC scale model (random weights)" if args.scale else origin,
-                 "model_info": {k: v for k, v in mx.model_info(path).to_dict().items() if k != "tensor_types"},
-                 "tokens": args.tokens, "machine": machine()}
+    out: dict = {
+        "model": str(path),
+        "model_origin": "SYNTHETIC scale model (random weights)" if args.scale else origin,
+        "model_info": {k: v for k, v in mx.model_info(path).to_dict().items() if k != "tensor_types"},
+        "tokens": args.tokens,
+        "machine": machine(),
+    }
     if "memory" in args.only:
         out["memory"] = memory_section(path, args.threads or 2)
 
@@ -497,8 +612,9 @@ def main() -> None:
     for file_type in args.scale_copies if args.scale else ():  # the same model quantized otherwise (Q4_K_M)
         copy = write_scale_model(file_type=file_type, log=lambda msg: print(msg, file=sys.stderr))
         out.setdefault("quantized_copies", {})[file_type] = {
-            "model": str(copy), "model_info": {k: v for k, v in mx.model_info(copy).to_dict().items()
-                                               if k != "tensor_types"}} | session_sections(copy, args, None, binary)
+            "model": str(copy),
+            "model_info": {k: v for k, v in mx.model_info(copy).to_dict().items() if k != "tensor_types"},
+        } | session_sections(copy, args, None, binary)
     emit(out)
 
 

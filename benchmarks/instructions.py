@@ -10,10 +10,10 @@ AVX2 build of the 0.3.36 sources with symbols: valgrind 3.19 stops on AVX-512, s
 be counted), greedy, on the same prompt and model. Each side runs twice, to ``--tokens`` LOW and HIGH tokens;
 the difference of the two totals over the difference of the tokens is the cost of one token without the load and
 the start. Ours runs with the reference's recurrent snapshot slots (``n_rs_seq`` = ``n_max`` for a chain with
-draft-mtp; none, so checkpoints, for a chain of look-ups or draft-simple: ``benchmarks/engine.py``'s ``reference_rs_seq``),
-telemetry ``off``, and under the reference's budget rule for ``-n`` (``devtools.reference.draft_cap_rule``), so
-both generate the same tokens with the same drafts; each run's ``drafted`` and ``tokens`` show it (``same_work``).
-A case that drafts with a
+draft-mtp; none, so checkpoints, for a chain of look-ups or draft-simple: ``benchmarks/engine.py``'s
+``reference_rs_seq``), telemetry ``off``, and under the reference's budget rule for ``-n``
+(``devtools.reference.draft_cap_rule``), so both generate the same tokens with the same drafts; each run's ``drafted``
+and ``tokens`` show it (``same_work``). A case that drafts with a
 model file (draft-simple, draft-eagle3, ...) takes it from ``--draft-model`` (the reference's ``-md``).
 
 Each run also reports its ``llama_process`` calls, the target's and the drafters' (``decodes``: the HIGH run's
@@ -53,11 +53,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, machine  # noqa: E402
-from mtp_explorer.core import drafters  # noqa: E402
 from engine import lookup_limits, reference_rs_seq  # noqa: E402
 from scale_model import write_scale_model  # noqa: E402
 
-PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef fibonacci"
+from mtp_explorer.core import drafters  # noqa: E402
+
+PROMPT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
+    "def fibonacci"
+)
 DEFAULT_CASES = ("draft-mtp:1", "draft-mtp:3", "ngram-simple:3", "ngram-mod,draft-mtp:3")
 
 # Ours in a child process that loads the extension against ``--lib``'s libllama (LLAMA_CPP_LIB_PATH), under the
@@ -103,10 +107,23 @@ def callgrind(cmd: list[str], lib: Path, out: Path, env: dict | None = None) -> 
     whose idle spinning counted 16-23 M instructions a run, as the machine's load let them run; valgrind's fair
     scheduling, without which the reference's log thread, which prints its summary, rarely ran before the process
     exited: 8 runs of 8 without a summary on the Q4_K_M copy)."""
-    env = os.environ | {"LD_LIBRARY_PATH": str(lib), "LLAMA_CPP_LIB_PATH": str(lib), "PYTHONHASHSEED": "0",
-                        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"} | (env or {})
-    run = subprocess.run(["valgrind", "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}", *cmd],
-                         env=env, capture_output=True, text=True)
+    env = (
+        os.environ
+        | {
+            "LD_LIBRARY_PATH": str(lib),
+            "LLAMA_CPP_LIB_PATH": str(lib),
+            "PYTHONHASHSEED": "0",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        | (env or {})
+    )
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}", *cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     log = run.stdout + run.stderr
     if run.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed under callgrind ({run.returncode}):\n{log[-2000:]}")
@@ -126,32 +143,89 @@ def numpy_printf_preload() -> str:
     return str(found[0])
 
 
-def reference(lib: Path, model: Path, spec: str, n_max: int, n: int, out: Path, prompt: str, draft: str,
-              env: dict | None = None, no_repack: bool = False) -> dict:
+def reference(
+    lib: Path,
+    model: Path,
+    spec: str,
+    n_max: int,
+    n: int,
+    out: Path,
+    prompt: str,
+    draft: str,
+    env: dict | None = None,
+    no_repack: bool = False,
+) -> dict:
     from mtp_explorer.devtools.reference import spec_type_args
 
     options = lookup_options(spec, n_max)
-    cmd = [str(lib / "llama-speculative-simple"), "-m", str(model), "-p", prompt, "-n", str(n), "-c", "2048",
-           "-t", "1", "--temp", "0", "--seed", "0", "--spec-draft-p-min", "0", *spec_type_args(spec, n_max, options),
-           *(["-md", draft] if draft else []), *(["-nr"] if no_repack else [])]
+    cmd = [
+        str(lib / "llama-speculative-simple"),
+        "-m",
+        str(model),
+        "-p",
+        prompt,
+        "-n",
+        str(n),
+        "-c",
+        "2048",
+        "-t",
+        "1",
+        "--temp",
+        "0",
+        "--seed",
+        "0",
+        "--spec-draft-p-min",
+        "0",
+        *spec_type_args(spec, n_max, options),
+        *(["-md", draft] if draft else []),
+        *(["-nr"] if no_repack else []),
+    ]
     for _ in range(8):  # 0.3.36 sometimes exits 0 with the tail of its log lost: run it again
         instructions, log = callgrind(cmd, lib, out, env)
-        found = [re.search(pattern, log) for pattern in (r"n_drafted\s*=\s*(\d+)", r"n_accept\s*=\s*(\d+)",
-                                                            r"decoded\s+(\d+) tokens")]
+        found = [
+            re.search(pattern, log)
+            for pattern in (r"n_drafted\s*=\s*(\d+)", r"n_accept\s*=\s*(\d+)", r"decoded\s+(\d+) tokens")
+        ]
         if all(found):
             break
     else:
         raise RuntimeError(f"llama-speculative-simple printed no summary 8 times:\n{log[-2000:]}")
     counts = {k: int(m.group(1)) for k, m in zip(("n_drafted", "n_accept"), found)}
     tokens = int(found[2].group(1))
-    return {"instructions": instructions, "tokens": tokens, "drafted": counts["n_drafted"],
-            "accepted": counts["n_accept"]} | decodes(out)
+    return {
+        "instructions": instructions,
+        "tokens": tokens,
+        "drafted": counts["n_drafted"],
+        "accepted": counts["n_accept"],
+    } | decodes(out)
 
 
-def ours(lib: Path, model: Path, spec: str, n_max: int, tokens: int, out: Path, prompt: str, draft: str,
-         ext: Path | None, no_repack: bool = False) -> dict:
-    cmd = [sys.executable, "-c", OURS, str(model), spec, str(n_max), str(reference_rs_seq(spec, n_max)), str(tokens),
-           json.dumps(lookup_options(spec, n_max)), prompt, draft, "-nr" if no_repack else ""]
+def ours(
+    lib: Path,
+    model: Path,
+    spec: str,
+    n_max: int,
+    tokens: int,
+    out: Path,
+    prompt: str,
+    draft: str,
+    ext: Path | None,
+    no_repack: bool = False,
+) -> dict:
+    cmd = [
+        sys.executable,
+        "-c",
+        OURS,
+        str(model),
+        spec,
+        str(n_max),
+        str(reference_rs_seq(spec, n_max)),
+        str(tokens),
+        json.dumps(lookup_options(spec, n_max)),
+        prompt,
+        draft,
+        "-nr" if no_repack else "",
+    ]
     instructions, log = callgrind(cmd, lib, out, {"MTP_EXPLORER_PROFILE_EXT": str(ext)} if ext else None)
     result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     return {"instructions": instructions} | result | decodes(out)
@@ -166,11 +240,15 @@ CALLER = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+<\s+(\S.*?) \((\d+)x\)")
 
 def decodes(cg: Path) -> dict:
     """The run's llama_process calls: the target's (``target``), the drafts' (``draft``, and the instructions they
-    execute, ``draft_instructions``) and the drafters' others (``drafter``: catch-up, ...); and, for ours with symbols (``--ext``), the
-    instructions inside ``Engine::step`` (``engine``: the native loop alone, without Python's start-up and the
-    driver, whose counts move by tens of millions with the process's memory layout)."""
-    out = subprocess.run(["callgrind_annotate", "--tree=caller", "--inclusive=yes", "--threshold=100", str(cg)],
-                         capture_output=True, text=True, check=True).stdout
+    execute, ``draft_instructions``) and the drafters' others (``drafter``: catch-up, ...); and, for ours with symbols
+    (``--ext``), the instructions inside ``Engine::step`` (``engine``: the native loop alone, without Python's start-up
+    and the driver, whose counts move by tens of millions with the process's memory layout)."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--tree=caller", "--inclusive=yes", "--threshold=100", str(cg)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     counts = {"target": 0, "draft": 0, "drafter": 0, "draft_instructions": 0}
     block: list[str] = []
     for line in out.splitlines():
@@ -182,8 +260,13 @@ def decodes(cg: Path) -> dict:
             for caller in block:
                 m = CALLER.match(caller)
                 if m and not any(c in m.group(2) for c in SETUP_CALLERS):
-                    kind = ("target" if any(c in m.group(2) for c in TARGET_CALLERS) else
-                            "draft" if re.search(r"::draft(_together)?\(", m.group(2)) else "drafter")
+                    kind = (
+                        "target"
+                        if any(c in m.group(2) for c in TARGET_CALLERS)
+                        else "draft"
+                        if re.search(r"::draft(_together)?\(", m.group(2))
+                        else "drafter"
+                    )
                     counts[kind] += int(m.group(3))
                     if kind == "draft":
                         counts["draft_instructions"] += int(m.group(1).replace(",", ""))
@@ -199,9 +282,19 @@ def per_token(low: dict, high: dict, key: str = "instructions") -> float:
     return (high[key] - low[key]) / (high["tokens"] - low["tokens"])
 
 
-def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, prompt: str,
-            draft_model: str | None, ext: Path | None = None, ref_env: dict | None = None,
-            no_repack: bool = False) -> dict:
+def measure(
+    lib: Path,
+    model: Path,
+    case: str,
+    low: int,
+    high: int,
+    work: Path,
+    prompt: str,
+    draft_model: str | None,
+    ext: Path | None = None,
+    ref_env: dict | None = None,
+    no_repack: bool = False,
+) -> dict:
     """One case's instructions per token on both sides (``work`` keeps the callgrind files)."""
     spec, n_max = case.rsplit(":", 1)
     n_max = int(n_max)
@@ -211,24 +304,41 @@ def measure(lib: Path, model: Path, case: str, low: int, high: int, work: Path, 
     runs: dict = {}
     for n in (low, high):
         name = f"{spec}-{n_max}-{n}"
-        runs[n] = {"reference": reference(lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env,
-                                          no_repack),
-                   "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext, no_repack)}
+        runs[n] = {
+            "reference": reference(
+                lib, model, spec, n_max, n, work / f"ref-{name}.cg", prompt, draft, ref_env, no_repack
+            ),
+            "ours": ours(lib, model, spec, n_max, n, work / f"ours-{name}.cg", prompt, draft, ext, no_repack),
+        }
         print(f"{case} -n {n}: {json.dumps(runs[n])}", file=sys.stderr)
     ref_pt, ours_pt = (per_token(runs[low][side], runs[high][side]) for side in ("reference", "ours"))
-    out = {"spec_type": spec, "n_max": n_max, "n_rs_seq": reference_rs_seq(spec, n_max), "draft_model": draft or None,
-           "reference_per_token": ref_pt, "ours_per_token": ours_pt, "ratio": ref_pt / ours_pt,
-           "same_work": all(r["reference"][k] == r["ours"][k] for r in runs.values()
-                            for k in ("tokens", "drafted", "accepted")),
-           "decodes": None, "runs": {str(n): r for n, r in runs.items()}}
+    out = {
+        "spec_type": spec,
+        "n_max": n_max,
+        "n_rs_seq": reference_rs_seq(spec, n_max),
+        "draft_model": draft or None,
+        "reference_per_token": ref_pt,
+        "ours_per_token": ours_pt,
+        "ratio": ref_pt / ours_pt,
+        "same_work": all(
+            r["reference"][k] == r["ours"][k] for r in runs.values() for k in ("tokens", "drafted", "accepted")
+        ),
+        "decodes": None,
+        "runs": {str(n): r for n, r in runs.items()},
+    }
     if not all("target" in runs[n][side] for n in (low, high) for side in ("reference", "ours")):
         return out  # ours without symbols (--ext): its decodes are not told apart
-    window = {side: {k: runs[high][side][k] - runs[low][side][k] for k in ("target", "draft", "drafter")}
-              for side in ("reference", "ours")}
+    window = {
+        side: {k: runs[high][side][k] - runs[low][side][k] for k in ("target", "draft", "drafter")}
+        for side in ("reference", "ours")
+    }
     out |= {"decodes": window, "same_decodes": window["reference"] == window["ours"]}
     ref_w, ours_w = window["reference"], window["ours"]
-    if ref_w["draft"] != ours_w["draft"] and ref_w["draft"] > 0 and all(
-            ref_w[k] == ours_w[k] for k in ("target", "drafter")):
+    if (
+        ref_w["draft"] != ours_w["draft"]
+        and ref_w["draft"] > 0
+        and all(ref_w[k] == ours_w[k] for k in ("target", "drafter"))
+    ):
         # the reference's window completed with the draft decodes one run wasted on a truncated draft, each at the
         # window's mean draft decode
         ref = {n: runs[n]["reference"] for n in (low, high)}
@@ -249,17 +359,31 @@ def main() -> None:
     ap.add_argument("--case", nargs="+", default=list(DEFAULT_CASES), metavar="SPEC:N_MAX")
     ap.add_argument("--tokens", nargs=2, type=int, default=[8, 24], metavar=("LOW", "HIGH"))
     ap.add_argument("--prompt", default=PROMPT)
-    ap.add_argument("--draft-model", "-md", help="the draft model or head file of the cases that draft with one "
-                                                   "(draft-simple, draft-eagle3, draft-dflash, draft-dspark)")
-    ap.add_argument("--ext", help="a directory with the extension built with its symbols (make profile-build: "
-                                  "build/profile/ext), loaded by ours in place of the installed one")
+    ap.add_argument(
+        "--draft-model",
+        "-md",
+        help="the draft model or head file of the cases that draft with one "
+        "(draft-simple, draft-eagle3, draft-dflash, draft-dspark)",
+    )
+    ap.add_argument(
+        "--ext",
+        help="a directory with the extension built with its symbols (make profile-build: "
+        "build/profile/ext), loaded by ours in place of the installed one",
+    )
     ap.add_argument("--keep", help="a directory to keep the callgrind files in (callgrind_annotate reads them)")
-    ap.add_argument("--numpy-printf", action="store_true",
-                    help="run the reference with numpy's libquadmath preloaded, as ours runs: the engines alone, "
-                         "without the printf hooks a Python process with numpy has (numpy_printf_preload)")
-    ap.add_argument("--no-repack", "-nr", action="store_true",
-                    help="both sides without extra buffer types (llama.cpp's -nr; ours repack=False), as the wall-clock "
-                         "benchmarks run on a CPU whose AMX kernels fail (docs/guide/placement.md, 'AMX machines')")
+    ap.add_argument(
+        "--numpy-printf",
+        action="store_true",
+        help="run the reference with numpy's libquadmath preloaded, as ours runs: the engines alone, "
+        "without the printf hooks a Python process with numpy has (numpy_printf_preload)",
+    )
+    ap.add_argument(
+        "--no-repack",
+        "-nr",
+        action="store_true",
+        help="both sides without extra buffer types (llama.cpp's -nr; ours repack=False), as the wall-clock "
+        "benchmarks run on a CPU whose AMX kernels fail (docs/guide/placement.md, 'AMX machines')",
+    )
     args = ap.parse_args()
     lib = Path(args.lib).resolve()
     ext = None
@@ -270,14 +394,22 @@ def main() -> None:
         ext = found[0].resolve()
     model = Path(args.model) if args.model else write_scale_model(log=lambda m: print(m, file=sys.stderr))
     ref_env = {"LD_PRELOAD": numpy_printf_preload()} if args.numpy_printf else None
-    out = {"model": str(model), "prompt": args.prompt, "tokens": args.tokens, "machine": machine(),
-           "reference_env": ref_env, "no_repack": args.no_repack, "cases": {}}
+    out = {
+        "model": str(model),
+        "prompt": args.prompt,
+        "tokens": args.tokens,
+        "machine": machine(),
+        "reference_env": ref_env,
+        "no_repack": args.no_repack,
+        "cases": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for case in args.case:
-            out["cases"][case] = measure(lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext,
-                                         ref_env, args.no_repack)
+            out["cases"][case] = measure(
+                lib, model, case, *args.tokens, work, args.prompt, args.draft_model, ext, ref_env, args.no_repack
+            )
     emit(out)
 
 

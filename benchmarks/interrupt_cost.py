@@ -18,9 +18,10 @@ import random
 import statistics
 import time
 
+from _common import emit, machine
+
 import mtp_explorer as mx
 from mtp_explorer import _native
-from _common import emit, machine
 
 SETTINGS = {"off": 0.0, "default": None, "every_step": 1e-6}
 
@@ -51,7 +52,7 @@ def main() -> None:
         s.generate(prompt, max_tokens=32, n_max=args.n_max)  # warm-up
         names = list(SETTINGS)
         for r in range(args.rounds):
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in names[r % 3 :] + names[: r % 3]:
                 _native.set_signal_check_interval(interval_of(name, default))
                 t0 = time.perf_counter()
                 t = s.generate(prompt, max_tokens=args.tokens, n_max=args.n_max)
@@ -59,9 +60,17 @@ def main() -> None:
                 assert len(t.tokens) == args.tokens
         _native.set_signal_check_interval(default)
     base = seconds["off"]
-    doc = {"benchmark": "interrupt_cost", "machine": machine(), "model": str(mx.default_model_path().name),
-           "rounds": args.rounds, "tokens": args.tokens, "n_max": args.n_max, "threads": args.threads,
-           "default_interval_s": default, "median_seconds": {k: statistics.median(v) for k, v in seconds.items()}}
+    doc = {
+        "benchmark": "interrupt_cost",
+        "machine": machine(),
+        "model": str(mx.default_model_path().name),
+        "rounds": args.rounds,
+        "tokens": args.tokens,
+        "n_max": args.n_max,
+        "threads": args.threads,
+        "default_interval_s": default,
+        "median_seconds": {k: statistics.median(v) for k, v in seconds.items()},
+    }
     for name in ("default", "every_step"):
         ratios = [a / b for a, b in zip(seconds[name], base)]
         doc[f"{name}/off"] = {"median": statistics.median(ratios), "ci95": bootstrap(ratios)}

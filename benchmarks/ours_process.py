@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 # The child: the session, a warm-up, then one timed generation (engine.budget_seconds: the reference's work) per line
 # of stdin, answered on stdout.
 WORKER = r"""
@@ -46,9 +45,19 @@ class OursProcess:
 
     def __init__(self, path: str | Path, open_kwargs: dict, spec: str | None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(Path(__file__).resolve().parent), str(path),
-             json.dumps(open_kwargs), json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(Path(__file__).resolve().parent),
+                str(path),
+                json.dumps(open_kwargs),
+                json.dumps(spec),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._answer()
 
     def _answer(self) -> dict:
@@ -60,8 +69,10 @@ class OursProcess:
     def run(self, prompt: str, tokens: int, n_max: int, telemetry: str, **options) -> dict:
         """One generation at ``telemetry``: ``tokens_per_second`` and ``seconds`` (decode, the prompt excluded),
         ``drafted`` and ``accepted`` (the reference's counting), and the trace's ``totals``."""
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "tokens": tokens, "n_max": n_max,
-                                          "telemetry": telemetry, "options": options}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"prompt": prompt, "tokens": tokens, "n_max": n_max, "telemetry": telemetry, "options": options})
+            + "\n"
+        )
         self.proc.stdin.flush()
         return self._answer()
 
@@ -74,7 +85,7 @@ class OursProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "OursProcess":
+    def __enter__(self) -> OursProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,9 +23,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import mtp_explorer as mx
-
 from _common import emit, machine
+
+import mtp_explorer as mx
 
 PROMPTS = ["def f(x):", "import os", "class A:", "for i in", "while x", "print(", "return", "if a"]
 
@@ -43,20 +43,30 @@ def main() -> int:
         if args.model:
             path, origin = Path(args.model), "given"
         else:
-            from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+            from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
             path = write_synthetic_qwen35(Path(tmp) / "synthetic-512x16.gguf", n_embd=512, n_layer=16, context_mix=0.2)
             origin = "SYNTHETIC qwen35 512x16, context_mix=0.2 (random weights)"
         N = max(args.sizes)
-        doc = {"model": str(path), "model_origin": origin, "sizes": args.sizes, "threads": args.threads,
-               "tokens": args.tokens, "n_max": args.n_max, "machine": machine()}
+        doc = {
+            "model": str(path),
+            "model_origin": origin,
+            "sizes": args.sizes,
+            "threads": args.threads,
+            "tokens": args.tokens,
+            "n_max": args.n_max,
+            "machine": machine(),
+        }
         with mx.Session.open(path, n_ctx=N * 256, threads=args.threads, n_parallel=N) as s:
-            costs = mx.profile_batch_costs(s, PROMPTS, n_parallel=args.sizes, n_max=(0, 1, 2, 3),
-                                           max_tokens=args.tokens, repeats=2)
-            oracles = [s.record_oracle(p, max_tokens=args.tokens, depth=max(4, args.n_max), probe=False)
-                       for p in PROMPTS]
-            measured = mx.measure_crossover(s, PROMPTS, n_parallel=args.sizes, n_max=args.n_max,
-                                            max_tokens=args.tokens, repeats=args.repeats)
+            costs = mx.profile_batch_costs(
+                s, PROMPTS, n_parallel=args.sizes, n_max=(0, 1, 2, 3), max_tokens=args.tokens, repeats=2
+            )
+            oracles = [
+                s.record_oracle(p, max_tokens=args.tokens, depth=max(4, args.n_max), probe=False) for p in PROMPTS
+            ]
+            measured = mx.measure_crossover(
+                s, PROMPTS, n_parallel=args.sizes, n_max=args.n_max, max_tokens=args.tokens, repeats=args.repeats
+            )
         doc["profile"] = costs.measured
         rows = []
         for _, m in measured.iterrows():
@@ -64,15 +74,25 @@ def main() -> int:
             batch = [oracles[j % len(oracles)] for j in range(n)]
             plain = mx.predict_parallel(batch, costs, n_parallel=n, n_max=0)["decode_tokens_per_second"]
             spec = mx.predict_parallel(batch, costs, n_parallel=n, n_max=args.n_max)["decode_tokens_per_second"]
-            rows.append({"n_parallel": n, "measured_plain": m["plain_tokens_per_second"], "predicted_plain": plain,
-                         "measured_speculative": m["goodput"], "predicted_speculative": spec,
-                         "ratio_plain": plain / m["plain_tokens_per_second"], "ratio_speculative": spec / m["goodput"],
-                         "measured_speedup": m["speedup"], "predicted_speedup": spec / plain})
+            rows.append(
+                {
+                    "n_parallel": n,
+                    "measured_plain": m["plain_tokens_per_second"],
+                    "predicted_plain": plain,
+                    "measured_speculative": m["goodput"],
+                    "predicted_speculative": spec,
+                    "ratio_plain": plain / m["plain_tokens_per_second"],
+                    "ratio_speculative": spec / m["goodput"],
+                    "measured_speedup": m["speedup"],
+                    "predicted_speedup": spec / plain,
+                }
+            )
         doc["per_n"] = rows
         doc["measured_crossover"] = measured.attrs["crossover"]
         doc["predicted_crossover"] = next((r["n_parallel"] for r in rows if r["predicted_speedup"] < 1), None)
-        recommended = mx.recommend_parallel(oracles, costs, n_parallel=args.sizes, n_max=range(1, args.n_max + 1),
-                                            p_min=(0.0, 0.3, 0.5, 0.7))
+        recommended = mx.recommend_parallel(
+            oracles, costs, n_parallel=args.sizes, n_max=range(1, args.n_max + 1), p_min=(0.0, 0.3, 0.5, 0.7)
+        )
         doc["recommended"] = recommended.to_dict("records")
         doc["recommended_crossover"] = recommended.attrs["crossover"]
     emit(doc)

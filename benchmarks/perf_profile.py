@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, machine, pick_model  # noqa: E402
 from engine import KIND_PROMPTS, lookup_limits, reference_rs_seq  # noqa: E402
-from mtp_explorer.core import drafters  # noqa: E402
 from scale_model import write_scale_model  # noqa: E402
+
+from mtp_explorer.core import drafters  # noqa: E402
 
 LEVELS = ("off", "steps", "full")
 PROMPT = "def fibonacci(n):"
@@ -85,11 +86,32 @@ def record(path: Path, level: str, args, work: Path) -> tuple[Path, int]:
         if not found:
             raise SystemExit(f"no _native*.so in {args.ext} (make profile-build)")
         env["MTP_EXPLORER_PROFILE_EXT"] = str(found[0])
-    child = {"path": str(path), "level": level, "threads": args.threads, "n_max": args.n_max, "tokens": args.tokens,
-             "repeats": args.repeats, "prompts": KIND_PROMPTS[args.prompts] if args.prompts else [PROMPT],
-             **spec_settings(args.spec_type, args.n_max)}
-    cmd = ["perf", "record", "-q", "-F", str(args.frequency), "--delay=-1", f"--control=fifo:{ctl},{ack}",
-           "-o", str(data), "--", sys.executable, "-c", CHILD, json.dumps(child)]
+    child = {
+        "path": str(path),
+        "level": level,
+        "threads": args.threads,
+        "n_max": args.n_max,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "prompts": KIND_PROMPTS[args.prompts] if args.prompts else [PROMPT],
+        **spec_settings(args.spec_type, args.n_max),
+    }
+    cmd = [
+        "perf",
+        "record",
+        "-q",
+        "-F",
+        str(args.frequency),
+        "--delay=-1",
+        f"--control=fifo:{ctl},{ack}",
+        "-o",
+        str(data),
+        "--",
+        sys.executable,
+        "-c",
+        CHILD,
+        json.dumps(child),
+    ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"perf record failed ({run.returncode}):\n{run.stderr[-2000:]}")
@@ -102,14 +124,21 @@ def spec_settings(spec: str | None, n_max: int) -> dict:
     session's default drafter and slots."""
     if spec is None:
         return {"drafter": {}, "options": {}, "open": {}}
-    return {"drafter": {"drafter": spec}, "options": lookup_limits(drafters.mode(spec), n_max),
-            "open": {"n_rs_seq": reference_rs_seq(spec, n_max), "capacity": n_max}}
+    return {
+        "drafter": {"drafter": spec},
+        "options": lookup_limits(drafters.mode(spec), n_max),
+        "open": {"n_rs_seq": reference_rs_seq(spec, n_max), "capacity": n_max},
+    }
 
 
 def samples(data: Path) -> dict[tuple[str, str], int]:
     """Samples per (library, symbol) in ``data`` (``perf report``, no call chains)."""
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "-n", "--sort", "dso,sym"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", "--no-children", "-n", "--sort", "dso,sym"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return parse_report(out)
 
 
@@ -132,11 +161,18 @@ def summarise(counts: dict[tuple[str, str], int], tokens: int, min_share: float)
     for (lib, _), n in counts.items():
         by_lib[lib] += n
     libs = sorted(by_lib.items(), key=lambda kv: -kv[1])
-    symbols = [{"library": lib, "symbol": sym, "share": n / total}
-               for (lib, sym), n in sorted(counts.items(), key=lambda kv: -kv[1]) if n / total >= min_share]
-    return {"tokens": tokens, "samples": total, "samples_per_token": total / tokens,
-            "libraries": {lib: {"share": n / total, "samples_per_token": n / tokens} for lib, n in libs},
-            "symbols": symbols}
+    symbols = [
+        {"library": lib, "symbol": sym, "share": n / total}
+        for (lib, sym), n in sorted(counts.items(), key=lambda kv: -kv[1])
+        if n / total >= min_share
+    ]
+    return {
+        "tokens": tokens,
+        "samples": total,
+        "samples_per_token": total / tokens,
+        "libraries": {lib: {"share": n / total, "samples_per_token": n / tokens} for lib, n in libs},
+        "symbols": symbols,
+    }
 
 
 def main() -> None:
@@ -147,10 +183,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-max", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--spec-type", help="a drafter or chain, with the drafters section's options and slots "
-                    "(benchmarks/engine.py); default: the session's draft-mtp")
-    ap.add_argument("--prompts", choices=sorted(KIND_PROMPTS), help="the drafters section's prompts of this kind, "
-                    "each generated --repeats times; default: one code prompt")
+    ap.add_argument(
+        "--spec-type",
+        help="a drafter or chain, with the drafters section's options and slots "
+        "(benchmarks/engine.py); default: the session's draft-mtp",
+    )
+    ap.add_argument(
+        "--prompts",
+        choices=sorted(KIND_PROMPTS),
+        help="the drafters section's prompts of this kind, each generated --repeats times; default: one code prompt",
+    )
     ap.add_argument("--repeats", type=int, default=6, help="generations sampled per level, after one warm-up")
     ap.add_argument("--frequency", type=int, default=1999, help="perf record -F")
     ap.add_argument("--min-share", type=float, default=0.005, help="list symbols with at least this share")
@@ -169,14 +211,29 @@ def main() -> None:
             levels[level] = summarise(samples(data), tokens, args.min_share)
     if "off" in levels:
         base = levels["off"]["libraries"]
-        for level, got in levels.items():
-            got["vs_off"] = {lib: v["samples_per_token"] / base[lib]["samples_per_token"]
-                             for lib, v in got["libraries"].items() if lib in base}
+        for got in levels.values():
+            got["vs_off"] = {
+                lib: v["samples_per_token"] / base[lib]["samples_per_token"]
+                for lib, v in got["libraries"].items()
+                if lib in base
+            }
             got["samples_per_token_vs_off"] = got["samples_per_token"] / levels["off"]["samples_per_token"]
-    emit({"model": str(path), "model_origin": origin, "machine": machine(), "threads": args.threads,
-          "n_max": args.n_max, "spec_type": args.spec_type, "prompts": args.prompts, "tokens": args.tokens,
-          "repeats": args.repeats, "frequency": args.frequency,
-          "symbols_from": args.ext or "the installed extension (stripped)", "levels": levels})
+    emit(
+        {
+            "model": str(path),
+            "model_origin": origin,
+            "machine": machine(),
+            "threads": args.threads,
+            "n_max": args.n_max,
+            "spec_type": args.spec_type,
+            "prompts": args.prompts,
+            "tokens": args.tokens,
+            "repeats": args.repeats,
+            "frequency": args.frequency,
+            "symbols_from": args.ext or "the installed extension (stripped)",
+            "levels": levels,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -17,15 +17,23 @@ from __future__ import annotations
 import argparse
 import time
 
-import mtp_explorer as mx
-
 from _common import emit, machine, pick_model
 
+import mtp_explorer as mx
+
 CATEGORIES = {
-    "code": ["def fibonacci(n):\n", "import json\n\n\nclass Config:\n", "for i in range(10):\n",
-             "SELECT name, count(*) FROM"],
-    "prose": ["The history of the printing press begins", "Dear team,\n\nThank you all for your work this quarter.",
-              "Once upon a time, in a small village,", "# Copyright (c)"],
+    "code": [
+        "def fibonacci(n):\n",
+        "import json\n\n\nclass Config:\n",
+        "for i in range(10):\n",
+        "SELECT name, count(*) FROM",
+    ],
+    "prose": [
+        "The history of the printing press begins",
+        "Dear team,\n\nThank you all for your work this quarter.",
+        "Once upon a time, in a small village,",
+        "# Copyright (c)",
+    ],
 }
 N_MAX = [0, 1, 2, 3, 4]
 P_MIN = [0.0, 0.5, 0.8]
@@ -45,13 +53,22 @@ def one_category(session: mx.Session, prompts: list[str], tokens: int, repeats: 
     key = (picked.drafter, picked.n_max, picked.p_min, picked.n_min)
     at_pick = float(table.loc[key, "tokens_per_second"])
     regret = best.tokens_per_second / at_pick - 1.0
-    spread = float(max(table.loc[key, "tokens_per_second_spread"],
-                       table.iloc[0]["tokens_per_second_spread"]))
-    return {"recommended": {"n_max": picked.n_max, "p_min": picked.p_min, "predicted_tokens_per_second":
-                            picked.tokens_per_second, "measured_tokens_per_second": at_pick},
-            "sweep_pick": {"n_max": best.n_max, "p_min": best.p_min, "measured_tokens_per_second": best.tokens_per_second},
-            "regret": regret, "spread": spread, "regret_within_spread": regret <= spread,
-            "recommend_seconds": recommend_s, "sweep_seconds": sweep_s, "time_ratio": recommend_s / sweep_s}
+    spread = float(max(table.loc[key, "tokens_per_second_spread"], table.iloc[0]["tokens_per_second_spread"]))
+    return {
+        "recommended": {
+            "n_max": picked.n_max,
+            "p_min": picked.p_min,
+            "predicted_tokens_per_second": picked.tokens_per_second,
+            "measured_tokens_per_second": at_pick,
+        },
+        "sweep_pick": {"n_max": best.n_max, "p_min": best.p_min, "measured_tokens_per_second": best.tokens_per_second},
+        "regret": regret,
+        "spread": spread,
+        "regret_within_spread": regret <= spread,
+        "recommend_seconds": recommend_s,
+        "sweep_seconds": sweep_s,
+        "time_ratio": recommend_s / sweep_s,
+    }
 
 
 def main() -> None:
@@ -62,12 +79,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     model, label = pick_model(args.model)
-    doc = {"benchmark": "recommend", "model": label, "path": str(model), "machine": machine(),
-           "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats, "grid": {"n_max": N_MAX,
-                                                                                              "p_min": P_MIN}}
+    doc = {
+        "benchmark": "recommend",
+        "model": label,
+        "path": str(model),
+        "machine": machine(),
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "grid": {"n_max": N_MAX, "p_min": P_MIN},
+    }
     with mx.Session.open(model, n_ctx=4096, threads=args.threads, n_rs_seq=max(N_MAX)) as session:
-        doc["categories"] = {name: one_category(session, prompts, args.tokens, args.repeats)
-                             for name, prompts in CATEGORIES.items()}
+        doc["categories"] = {
+            name: one_category(session, prompts, args.tokens, args.repeats) for name, prompts in CATEGORIES.items()
+        }
     emit(doc)
 
 

@@ -27,8 +27,12 @@ def rss_mib() -> float:
 
 
 def counts(tmp: Path) -> dict:
-    return {"rss_mib": round(rss_mib(), 1), "fds": len(os.listdir("/proc/self/fd")),
-            "threads": len(os.listdir("/proc/self/task")), "tmp_entries": len(os.listdir(tmp))}
+    return {
+        "rss_mib": round(rss_mib(), 1),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+        "tmp_entries": len(os.listdir(tmp)),
+    }
 
 
 def loop(n: int, body, tmp: Path) -> dict:
@@ -41,8 +45,14 @@ def loop(n: int, body, tmp: Path) -> dict:
         if (i + 1) % max(1, n // 10) == 0:
             samples.append({"done": i + 1} | counts(tmp))
     after = counts(tmp)
-    return {"n": n, "seconds": round(time.perf_counter() - t0, 1), "before": before, "samples": samples,
-            "after": after, "rss_max_mib": max(s["rss_mib"] for s in samples + [after])}
+    return {
+        "n": n,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "before": before,
+        "samples": samples,
+        "after": after,
+        "rss_max_mib": max(s["rss_mib"] for s in samples + [after]),
+    }
 
 
 def main() -> None:
@@ -54,9 +64,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mtp-explorer-resources-"))
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = str(tmp)
-    import mtp_explorer as mx
-
     from _common import emit, machine
+
+    import mtp_explorer as mx
 
     prompt = mx.demo_prompt()
 
@@ -65,11 +75,16 @@ def main() -> None:
             s.generate(prompt, max_tokens=args.tokens, n_max=3)
 
     cycle()  # the first session loads what every later one shares (libraries, the CPU-kernel probe's answer)
-    doc = {"benchmark": "resources", "machine": machine(), "tokens": args.tokens,
-           "open_generate_close": loop(args.cycles, cycle, tmp)}
+    doc = {
+        "benchmark": "resources",
+        "machine": machine(),
+        "tokens": args.tokens,
+        "open_generate_close": loop(args.cycles, cycle, tmp),
+    }
     with mx.Session.open(None, n_ctx=1024) as s:
         doc["generations_in_one_session"] = loop(
-            args.generations, lambda: s.generate(prompt, max_tokens=args.tokens, n_max=3), tmp)
+            args.generations, lambda: s.generate(prompt, max_tokens=args.tokens, n_max=3), tmp
+        )
     shutil.rmtree(tmp, ignore_errors=True)
     emit(doc)
 

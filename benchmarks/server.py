@@ -34,16 +34,29 @@ import sys
 import tempfile
 from pathlib import Path
 
-import mtp_explorer as mx
-from mtp_explorer.devtools.reference import (compare_with_server, explain_server_mismatch, replay_server,
-                                             replay_server_parallel, rerun_server_batch, server_batch_shift)
-from mtp_explorer.server import LlamaServer
-
 from _common import emit, machine, pick_model
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):",
-           "for i in range(10):", "with open(path) as f:", "if __name__ == '__main__':", "# Copyright",
-           "    return self._value"]
+import mtp_explorer as mx
+from mtp_explorer.devtools.reference import (
+    compare_with_server,
+    explain_server_mismatch,
+    replay_server,
+    replay_server_parallel,
+    rerun_server_batch,
+    server_batch_shift,
+)
+from mtp_explorer.server import LlamaServer
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    "with open(path) as f:",
+    "if __name__ == '__main__':",
+    "# Copyright",
+    "    return self._value",
+]
 N_MAX = 3
 PARITY_N = (1, 2, 4)
 SPEED_N = (1, 2, 4, 8)
@@ -56,7 +69,7 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
     for n in PARITY_N:
         with mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s:
             for i in range(0, len(PROMPTS), n):
-                batch = PROMPTS[i:i + n]
+                batch = PROMPTS[i : i + n]
                 with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv:
                     answers = srv.client().complete_many(batch, tokens)
                 ours = replay_server_parallel(s, batch, n_predict=tokens, n_max=N_MAX)
@@ -67,30 +80,42 @@ def parity(model: Path, label: str, tokens: int, threads: int) -> dict:
                         # a near-tie: the differing token's one-row top-2 margin (or, same text, a draft's on our
                         # path) within the batch-shape shift measured for this file (Session.batch_shift)
                         r["explained"] = explain_server_mismatch(s, prompt, done, trace, max_rows=n * (N_MAX + 1))
-                        r["server_reruns"] = rerun_server_batch(model, batch, j, trace, n_predict=tokens, n_max=N_MAX,
-                                                                threads=threads)
+                        r["server_reruns"] = rerun_server_batch(
+                            model, batch, j, trace, n_predict=tokens, n_max=N_MAX, threads=threads
+                        )
                     cases.append({"model": label, "n_parallel": n, "prompt": prompt} | r)
     reused = []
-    with mx.Session.open(model, n_ctx=2048, threads=threads) as s, \
-            LlamaServer(model, n_parallel=2, n_ctx=4096, threads=threads, n_max=N_MAX) as srv:
+    with (
+        mx.Session.open(model, n_ctx=2048, threads=threads) as s,
+        LlamaServer(model, n_parallel=2, n_ctx=4096, threads=threads, n_max=N_MAX) as srv,
+    ):
         client = srv.client()
         for prompt in PROMPTS:
-            r = compare_with_server(client.complete(prompt, tokens),
-                                    replay_server(s, prompt, n_predict=tokens, n_max=N_MAX))
+            r = compare_with_server(
+                client.complete(prompt, tokens), replay_server(s, prompt, n_predict=tokens, n_max=N_MAX)
+            )
             reused.append({"prompt": prompt} | r)
     ties = [c for c in cases if not c["match"] and c["explained"]["kind"] == "tie"]
     varies = [c for c in cases if not c["match"] and any(r["match"] for r in c["server_reruns"])]
-    return {"cases": len(cases), "matches": sum(c["match"] for c in cases),
-            "server_run_to_run": len(varies),
-            "by_n_parallel": {n: sum(c["match"] for c in cases if c["n_parallel"] == n) for n in PARITY_N},
-            "near_ties": len(ties), "tie_tolerance_logits": tolerance,
-            "all_match_or_tie": all(c["match"] or c["explained"]["kind"] == "tie" for c in cases),
-            "all_explained": all(c["match"] or c["explained"]["kind"] == "tie"
-                                 or any(r["match"] for r in c["server_reruns"]) for c in cases),
-            "mismatches": [c for c in cases if not c["match"]],
-            "reused_slots": {"requests": len(reused), "matches": sum(r["match"] for r in reused),
-                             "text_equal": sum(r["text_equal"] for r in reused),
-                             "mismatches": [r for r in reused if not r["match"]]}}
+    return {
+        "cases": len(cases),
+        "matches": sum(c["match"] for c in cases),
+        "server_run_to_run": len(varies),
+        "by_n_parallel": {n: sum(c["match"] for c in cases if c["n_parallel"] == n) for n in PARITY_N},
+        "near_ties": len(ties),
+        "tie_tolerance_logits": tolerance,
+        "all_match_or_tie": all(c["match"] or c["explained"]["kind"] == "tie" for c in cases),
+        "all_explained": all(
+            c["match"] or c["explained"]["kind"] == "tie" or any(r["match"] for r in c["server_reruns"]) for c in cases
+        ),
+        "mismatches": [c for c in cases if not c["match"]],
+        "reused_slots": {
+            "requests": len(reused),
+            "matches": sum(r["match"] for r in reused),
+            "text_equal": sum(r["text_equal"] for r in reused),
+            "mismatches": [r for r in reused if not r["match"]],
+        },
+    }
 
 
 def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
@@ -100,8 +125,10 @@ def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
 
     out: dict = {}
     for n in SPEED_N:
-        with LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv, \
-                mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s:
+        with (
+            LlamaServer(model, n_parallel=n, n_ctx=2048 * n, threads=threads, n_max=N_MAX) as srv,
+            mx.Session.open(model, n_ctx=2048 * n, threads=threads, n_parallel=n) as s,
+        ):
             client = srv.client()
             pairs = []
             for r in range(2):
@@ -109,7 +136,8 @@ def speed(model: Path, tokens: int, threads: int, repeats: int) -> dict:
 
                 def ours(batch=batch) -> float:
                     return s.generate_parallel(batch, max_tokens=tokens, n_max=N_MAX).summary()[
-                        "summed_request_tokens_per_second"]
+                        "summed_request_tokens_per_second"
+                    ]
 
                 def server(batch=batch) -> float:
                     return sum(a.predicted_per_second for a in client.complete_many(batch, tokens))
@@ -127,15 +155,24 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     path, origin = pick_model(args.model)
-    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+    from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
-    doc: dict = {"model": str(path), "model_origin": origin, "tokens": args.tokens, "threads": args.threads,
-                 "n_max": N_MAX, "machine": machine()}
+    doc: dict = {
+        "model": str(path),
+        "model_origin": origin,
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "n_max": N_MAX,
+        "machine": machine(),
+    }
     with tempfile.TemporaryDirectory(prefix="mtp-explorer-server-") as tmp:
         synthetic = write_synthetic_qwen35(Path(tmp) / "qwen35.gguf", context_mix=0.6, mtp_fidelity=1.0)
-        doc["parity"] = {origin: parity(path, origin, args.tokens, args.threads),
-                         "synthetic qwen35 (random weights, context_mix=0.6)": parity(synthetic, "synthetic",
-                                                                                      args.tokens, args.threads)}
+        doc["parity"] = {
+            origin: parity(path, origin, args.tokens, args.threads),
+            "synthetic qwen35 (random weights, context_mix=0.6)": parity(
+                synthetic, "synthetic", args.tokens, args.threads
+            ),
+        }
     doc["speed"] = speed(path, args.tokens, args.threads, args.repeats)
     doc["all_match_or_tie"] = all(p["all_match_or_tie"] for p in doc["parity"].values())
     # every request matches, differs at a near-tie, or differs where the server itself varies (a rerun matches ours)

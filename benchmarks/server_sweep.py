@@ -33,15 +33,21 @@ import os
 import time
 from pathlib import Path
 
+from _common import emit, machine
+
 import mtp_explorer as mx
 from mtp_explorer.server import Workload
 
-from _common import emit, machine
-
-SHORT = ["def fib(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def __init__(self):",
-         "for i in range(10):"]
-GRIDS = ({"spec_type": ["draft-mtp", "ngram-simple,draft-mtp"], "n_max": [2, 3], "n_parallel": [1, 2, 4]},
-         {"spec_type": ["none"], "n_parallel": [1, 2, 4]})
+SHORT = [
+    "def fib(n):",
+    "import os\n\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+]
+GRIDS = (
+    {"spec_type": ["draft-mtp", "ngram-simple,draft-mtp"], "n_max": [2, 3], "n_parallel": [1, 2, 4]},
+    {"spec_type": ["none"], "n_parallel": [1, 2, 4]},
+)
 
 
 def workload(n_predict: int) -> Workload:
@@ -50,16 +56,41 @@ def workload(n_predict: int) -> Workload:
 
 
 def _cells(frame) -> list[dict]:
-    keep = ["spec_type", "n_max", "n_parallel", "category", "status", "tokens_per_second",
-            "predicted_tokens_per_second", "tokens_per_second_error", "tokens_per_second_spread", "beyond_spread",
-            "acceptance", "predicted_acceptance", "n_drafted", "predicted_n_drafted", "n_accepted",
-            "predicted_n_accepted", "counts_vary", "latency_p50", "latency_p95", "prediction_note"]
+    keep = [
+        "spec_type",
+        "n_max",
+        "n_parallel",
+        "category",
+        "status",
+        "tokens_per_second",
+        "predicted_tokens_per_second",
+        "tokens_per_second_error",
+        "tokens_per_second_spread",
+        "beyond_spread",
+        "acceptance",
+        "predicted_acceptance",
+        "n_drafted",
+        "predicted_n_drafted",
+        "n_accepted",
+        "predicted_n_accepted",
+        "counts_vary",
+        "latency_p50",
+        "latency_p95",
+        "prediction_note",
+    ]
     return [{k: row.get(k) for k in keep} for row in frame.to_dict(orient="records")]
 
 
 def _server(path: Path, spec_type: str, n_max: int, args) -> mx.LlamaServer:
-    return mx.LlamaServer(path, n_parallel=1, n_ctx=4096 * 4, threads=args.threads, spec_type=None, binary=args.binary,
-                          args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)])
+    return mx.LlamaServer(
+        path,
+        n_parallel=1,
+        n_ctx=4096 * 4,
+        threads=args.threads,
+        spec_type=None,
+        binary=args.binary,
+        args=["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)],
+    )
 
 
 def _counts(done) -> list[int]:
@@ -94,8 +125,12 @@ def _divergence(path: Path, prompt: str, n_predict: int, n_max: int, text: str, 
         if not text.startswith(done + piece):
             margin = float(oracle.columns["target_margin"][i])
             pos = int(oracle.columns["pos"][i])
-            return {"token": i, "margin": margin, "tie": margin < shift.tolerance(None, pos),
-                    "explanation": shift.explain(margin, None, pos)}
+            return {
+                "token": i,
+                "margin": margin,
+                "tie": margin < shift.tolerance(None, pos),
+                "explanation": shift.explain(margin, None, pos),
+            }
         done += piece
     return None
 
@@ -109,12 +144,21 @@ def _single_requests(single, wl: Workload, path: Path, args) -> list[dict]:
     for (spec, n_max), cell in single.groupby(["spec_type", "n_max"]):
         first = cell.groupby("request").first()
         for i, req in enumerate(wl.requests):
-            predicted = [int(first.loc[i, k]) for k in ("predicted_tokens", "predicted_draft_n",
-                                                        "predicted_draft_n_accepted")]
+            predicted = [
+                int(first.loc[i, k]) for k in ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted")
+            ]
             measured = [_counts(_alone(path, spec, int(n_max), req.prompt, req.n_predict, args)) for _ in range(2)]
-            out.append({"spec_type": spec, "n_max": int(n_max), "request": i, "predicted": predicted,
-                        "measured": measured, "exact": all(m == predicted for m in measured),
-                        "run_to_run": measured[0] != measured[1]})
+            out.append(
+                {
+                    "spec_type": spec,
+                    "n_max": int(n_max),
+                    "request": i,
+                    "predicted": predicted,
+                    "measured": measured,
+                    "exact": all(m == predicted for m in measured),
+                    "run_to_run": measured[0] != measured[1],
+                }
+            )
     return out
 
 
@@ -134,12 +178,20 @@ def _classify(single, alone: list[dict], wl: Workload, path: Path, args) -> list
     for (spec, n_max, i, prev), runs in bad.groupby(["spec_type", "n_max", "request", "served_after"]):
         first = runs.iloc[0]
         predicted = [int(first[k]) for k in ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted")]
-        measured = sorted({(int(r.tokens_predicted), int(r.draft_n), int(r.draft_n_accepted))
-                           for r in runs.itertuples()})
+        measured = sorted(
+            {(int(r.tokens_predicted), int(r.draft_n), int(r.draft_n_accepted)) for r in runs.itertuples()}
+        )
         req, a = wl.requests[i], by_request[(spec, int(n_max), int(i))]
-        row = {"spec_type": spec, "n_max": int(n_max), "request": int(i), "served_after": int(prev),
-               "runs": len(runs), "measured": [list(m) for m in measured], "predicted": predicted,
-               "alone_on_fresh_servers": a["measured"]}
+        row = {
+            "spec_type": spec,
+            "n_max": int(n_max),
+            "request": int(i),
+            "served_after": int(prev),
+            "runs": len(runs),
+            "measured": [list(m) for m in measured],
+            "predicted": predicted,
+            "alone_on_fresh_servers": a["measured"],
+        }
         if a["run_to_run"]:
             row["cause"] = "server_run_to_run"
         elif a["measured"][0] != predicted:
@@ -152,8 +204,13 @@ def _classify(single, alone: list[dict], wl: Workload, path: Path, args) -> list
         else:
             after = [_counts(_after(path, spec, int(n_max), wl.requests[int(prev)], req, args)) for _ in range(2)]
             row["after_its_predecessor_on_fresh_servers"] = after
-            row["cause"] = ("slot_carry" if all(tuple(x) in measured for x in after) and after[0] == after[1]
-                            else "server_run_to_run" if after[0] != after[1] else "slot_history")
+            row["cause"] = (
+                "slot_carry"
+                if all(tuple(x) in measured for x in after) and after[0] == after[1]
+                else "server_run_to_run"
+                if after[0] != after[1]
+                else "slot_history"
+            )
         out.append(row)
     return out
 
@@ -161,8 +218,20 @@ def _classify(single, alone: list[dict], wl: Workload, path: Path, args) -> list
 def one_model(path: Path, label: str, args) -> dict:
     wl = workload(args.tokens)
     t0 = time.perf_counter()
-    sweeps = [mx.server_sweep(path, wl, grid, threads=args.threads, n_ctx=4096 * 4, binary=args.binary,
-                              timeout_s=args.timeout, repeats=args.repeats, progress=False) for grid in GRIDS]
+    sweeps = [
+        mx.server_sweep(
+            path,
+            wl,
+            grid,
+            threads=args.threads,
+            n_ctx=4096 * 4,
+            binary=args.binary,
+            timeout_s=args.timeout,
+            repeats=args.repeats,
+            progress=False,
+        )
+        for grid in GRIDS
+    ]
     sweep_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # snapshot slots for ngram-simple's longest look-up, which llama-server does not cut to n_max (the prediction runs
@@ -182,7 +251,10 @@ def one_model(path: Path, label: str, args) -> dict:
     fresh = single[single["served_after"] < 0]
     errors = everything["tokens_per_second_error"].abs()
     return {
-        "model": label, "path": str(path), "configurations": int(len(everything)), "sweep_seconds": sweep_s,
+        "model": label,
+        "path": str(path),
+        "configurations": int(len(everything)),
+        "sweep_seconds": sweep_s,
         "predict_seconds": predict_s,
         "summary": {
             "median_abs_tokens_per_second_error": float(errors.median()),
@@ -192,10 +264,13 @@ def one_model(path: Path, label: str, args) -> dict:
             "single_requests_exact": f"{sum(a['exact'] for a in alone)} of {len(alone)}",
             "single_requests_run_to_run": sum(a["run_to_run"] for a in alone),
             "single_slot_counts_exact_by_spec_type": {
-                spec: f"{int(g['counts_match'].astype(bool).sum())} of {len(g)}" for spec, g in single.groupby("spec_type")},
+                spec: f"{int(g['counts_match'].astype(bool).sum())} of {len(g)}"
+                for spec, g in single.groupby("spec_type")
+            },
             "single_slot_fresh_slot_counts_exact": f"{int(fresh['counts_match'].astype(bool).sum())} of {len(fresh)}",
-            "single_slot_mismatches_by_cause": dict(collections.Counter(m["cause"] for m in misses for _ in
-                                                                        range(m["runs"]))),
+            "single_slot_mismatches_by_cause": dict(
+                collections.Counter(m["cause"] for m in misses for _ in range(m["runs"]))
+            ),
             "all_request_runs": int(requests["spec_type"].ne("none").sum()),
             "all_counts_exact": int(requests[requests["spec_type"].ne("none")]["counts_match"].astype(bool).sum()),
             "acceptance_abs_error_median": float(everything["acceptance_error"].abs().median()),
@@ -220,9 +295,17 @@ def main() -> None:
         from scale_model import write_scale_model
 
         models.append((write_scale_model(log=lambda *_: None), "SYNTHETIC 0.4B Q8_0"))
-    emit({"benchmark": "server_sweep", "machine": machine(), "repeats": args.repeats, "tokens": args.tokens,
-          "threads": args.threads, "grids": list(GRIDS),
-          "models": [one_model(path, label, args) for path, label in models]})
+    emit(
+        {
+            "benchmark": "server_sweep",
+            "machine": machine(),
+            "repeats": args.repeats,
+            "tokens": args.tokens,
+            "threads": args.threads,
+            "grids": list(GRIDS),
+            "models": [one_model(path, label, args) for path, label in models],
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -29,16 +29,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import emit, machine, pick_model
 
 import mtp_explorer as mx
 from mtp_explorer.analysis import metrics
 from mtp_explorer.server import LlamaServer
 from mtp_explorer.server.predict import config_settings
 
-from _common import emit, machine, pick_model
-
-PROMPTS = ["def fibonacci(n):\n", "import json\n\n\nclass Config:\n", "The history of the printing press begins",
-           "for i in range(10):\n"]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import json\n\n\nclass Config:\n",
+    "The history of the printing press begins",
+    "for i in range(10):\n",
+]
 CONFIGS = ({"spec_type": "none"}, {"spec_type": "draft-mtp", "n_max": 3})
 
 
@@ -47,18 +50,24 @@ def _median(values) -> dict:
     return {"median": statistics.median(values), "spread": metrics.spread(values), "n": len(values)}
 
 
-def alone(model: Path, config: dict, tokens: int, threads: int, repeats: int, session: mx.Session,
-          costs) -> dict:
+def alone(model: Path, config: dict, tokens: int, threads: int, repeats: int, session: mx.Session, costs) -> dict:
     """Each prompt alone on a -np 1 server and on the engine as its slot, in turn, ``repeats`` rounds."""
     spec = config.get("spec_type")
     rows = []
-    with LlamaServer(model, n_parallel=1, n_ctx=4096, threads=threads,
-                     spec_type=None if spec == "none" else spec, n_max=config.get("n_max", 3)) as srv:
+    with LlamaServer(
+        model,
+        n_parallel=1,
+        n_ctx=4096,
+        threads=threads,
+        spec_type=None if spec == "none" else spec,
+        n_max=config.get("n_max", 3),
+    ) as srv:
         client = srv.client()
         prompt_tokens = [client.tokenize(p) for p in PROMPTS]
         settings = config_settings(config, tokens).replace(server_slot=True)
-        oracles = [session.record_oracle(t, max_tokens=tokens, depth=3, probe=False, batch_shift=False)
-                   for t in prompt_tokens]
+        oracles = [
+            session.record_oracle(t, max_tokens=tokens, depth=3, probe=False, batch_shift=False) for t in prompt_tokens
+        ]
         client.complete(PROMPTS[0], 8)  # warm-up
         session.generate(prompt_tokens[0], settings.replace(max_tokens=8))
         for _ in range(repeats):
@@ -70,21 +79,30 @@ def alone(model: Path, config: dict, tokens: int, threads: int, repeats: int, se
                 s = trace.summary()
                 pred = mx.predict_parallel([oracle], costs, settings, n_parallel=1, server_slot=True)
                 pred_prefill = costs.prefill_ns(len(toks)) / 1e9
-                rows.append({
-                    "wall": wall, "server_prompt": done.prompt_ms / 1e3, "server_decode": done.predicted_ms / 1e3,
-                    "outside": wall - (done.prompt_ms + done.predicted_ms) / 1e3,
-                    "engine_prefill": s["prefill_seconds"], "engine_decode": sum(s["phase_seconds"].values()),
-                    "predicted_prefill": pred_prefill,
-                    "predicted_decode": pred["requests"][0]["latency_seconds"] - pred_prefill,
-                    "steps": s["n_steps"], "tokens": done.tokens_predicted, "engine_tokens": s["n_tokens"],
-                })
+                rows.append(
+                    {
+                        "wall": wall,
+                        "server_prompt": done.prompt_ms / 1e3,
+                        "server_decode": done.predicted_ms / 1e3,
+                        "outside": wall - (done.prompt_ms + done.predicted_ms) / 1e3,
+                        "engine_prefill": s["prefill_seconds"],
+                        "engine_decode": sum(s["phase_seconds"].values()),
+                        "predicted_prefill": pred_prefill,
+                        "predicted_decode": pred["requests"][0]["latency_seconds"] - pred_prefill,
+                        "steps": s["n_steps"],
+                        "tokens": done.tokens_predicted,
+                        "engine_tokens": s["n_tokens"],
+                    }
+                )
     out = {k: _median(r[k] for r in rows) for k in rows[0]}
     steps = np.array([r["steps"] for r in rows], dtype=float)
     out["per_step"] = {
-        "server_decode_minus_engine_decode": _median([(r["server_decode"] - r["engine_decode"]) / r["steps"]
-                                                      for r in rows]),
-        "engine_decode_minus_predicted": _median([(r["engine_decode"] - r["predicted_decode"]) / r["steps"]
-                                                  for r in rows]),
+        "server_decode_minus_engine_decode": _median(
+            [(r["server_decode"] - r["engine_decode"]) / r["steps"] for r in rows]
+        ),
+        "engine_decode_minus_predicted": _median(
+            [(r["engine_decode"] - r["predicted_decode"]) / r["steps"] for r in rows]
+        ),
     }
     out["per_request"] = {
         "outside": out["outside"],
@@ -95,20 +113,27 @@ def alone(model: Path, config: dict, tokens: int, threads: int, repeats: int, se
     return out
 
 
-def together(model: Path, config: dict, tokens: int, threads: int, repeats: int, session: mx.Session,
-             costs) -> dict:
+def together(model: Path, config: dict, tokens: int, threads: int, repeats: int, session: mx.Session, costs) -> dict:
     """The prompts two at once on a -np 2 server: the workload's wall time against the prediction's schedule."""
     spec = config.get("spec_type")
     walls, predicted = [], None
-    with LlamaServer(model, n_parallel=2, n_ctx=8192, threads=threads,
-                     spec_type=None if spec == "none" else spec, n_max=config.get("n_max", 3)) as srv:
+    with LlamaServer(
+        model,
+        n_parallel=2,
+        n_ctx=8192,
+        threads=threads,
+        spec_type=None if spec == "none" else spec,
+        n_max=config.get("n_max", 3),
+    ) as srv:
         client = srv.client()
         prompt_tokens = [client.tokenize(p) for p in PROMPTS]
         settings = config_settings(config, tokens)
-        oracles = [session.record_oracle(t, max_tokens=tokens, depth=3, probe=False, batch_shift=False)
-                   for t in prompt_tokens]
-        predicted = mx.predict_parallel(oracles, costs, settings, n_parallel=2, arrivals=[0] * len(oracles),
-                                        server_slot=True)
+        oracles = [
+            session.record_oracle(t, max_tokens=tokens, depth=3, probe=False, batch_shift=False) for t in prompt_tokens
+        ]
+        predicted = mx.predict_parallel(
+            oracles, costs, settings, n_parallel=2, arrivals=[0] * len(oracles), server_slot=True
+        )
         client.complete_many(PROMPTS[:2], 8)  # warm-up
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -116,8 +141,12 @@ def together(model: Path, config: dict, tokens: int, threads: int, repeats: int,
             walls.append(time.perf_counter() - t0)
     n_tokens = sum(a.tokens_predicted for a in answers)
     predicted_s = predicted["n_tokens"] / predicted["tokens_per_second"]
-    return {"wall": _median(walls), "predicted_seconds": predicted_s, "tokens": n_tokens,
-            "wall_over_predicted": _median([w / predicted_s for w in walls])}
+    return {
+        "wall": _median(walls),
+        "predicted_seconds": predicted_s,
+        "tokens": n_tokens,
+        "wall_over_predicted": _median([w / predicted_s for w in walls]),
+    }
 
 
 def main() -> None:
@@ -128,16 +157,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     model, label = pick_model(args.model)
-    doc = {"benchmark": "server_time", "model": label, "path": str(model), "machine": machine(),
-           "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats, "configs": []}
+    doc = {
+        "benchmark": "server_time",
+        "model": label,
+        "path": str(model),
+        "machine": machine(),
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "configs": [],
+    }
     with mx.Session.open(model, n_ctx=8192, threads=args.threads, n_parallel=2) as session:
         costs = mx.profile_batch_costs(session, n_parallel=[1, 2], n_max=[0, 3])
         for config in CONFIGS:
-            doc["configs"].append({"config": config,
-                                   "alone": alone(model, config, args.tokens, args.threads, args.repeats, session,
-                                                  costs),
-                                   "together": together(model, config, args.tokens, args.threads, args.repeats,
-                                                        session, costs)})
+            doc["configs"].append(
+                {
+                    "config": config,
+                    "alone": alone(model, config, args.tokens, args.threads, args.repeats, session, costs),
+                    "together": together(model, config, args.tokens, args.threads, args.repeats, session, costs),
+                }
+            )
     emit(doc)
 
 

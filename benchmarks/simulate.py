@@ -26,20 +26,34 @@ import statistics
 import time
 
 import numpy as np
+from _common import emit, machine, pick_model
 
 import mtp_explorer as mx
 from mtp_explorer.analysis.simulate import compare, cost_consistency, simulate, simulate_grid
 
-from _common import emit, machine, pick_model
-
 PROMPTS = [
-    "def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):", "for i in range(10):",
-    "    return self._value", "# Copyright", "with open(path) as f:", "if __name__ == '__main__':",
-    "def parse_args(argv):", "from typing import Any\n\n",
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    "    return self._value",
+    "# Copyright",
+    "with open(path) as f:",
+    "if __name__ == '__main__':",
+    "def parse_args(argv):",
+    "from typing import Any\n\n",
 ]
 #: (n_max, p_min, drafter); "chain" is the short spelling of ngram-simple,draft-mtp with chain_policy="best"
-TIMING_SETTINGS = [(0, 0.0, "draft-mtp"), (1, 0.0, "draft-mtp"), (2, 0.0, "draft-mtp"), (3, 0.0, "draft-mtp"),
-                   (4, 0.5, "draft-mtp"), (8, 0.0, "draft-mtp"), (4, 0.0, "ngram-simple"), (4, 0.0, "chain")]
+TIMING_SETTINGS = [
+    (0, 0.0, "draft-mtp"),
+    (1, 0.0, "draft-mtp"),
+    (2, 0.0, "draft-mtp"),
+    (3, 0.0, "draft-mtp"),
+    (4, 0.5, "draft-mtp"),
+    (8, 0.0, "draft-mtp"),
+    (4, 0.0, "ngram-simple"),
+    (4, 0.0, "chain"),
+]
 
 
 def bench_speed(s: mx.Session, prompts: list[str], tokens: int) -> dict:
@@ -65,9 +79,13 @@ def bench_speed(s: mx.Session, prompts: list[str], tokens: int) -> dict:
         simulate(oracles[i % len(oracles)], 1 + i % 8, p_min[i % 10])
         one.append(time.perf_counter() - t0)
     return {
-        "oracles": len(oracles), "tokens_per_oracle": [o.n_positions for o in oracles],
-        "grid": f"{len(n_max)} n_max x {len(p_min)} p_min", "rows": len(df), "record_seconds": record_s,
-        "grid_seconds_first_call": first, "grid_seconds_warm_median": statistics.median(warm),
+        "oracles": len(oracles),
+        "tokens_per_oracle": [o.n_positions for o in oracles],
+        "grid": f"{len(n_max)} n_max x {len(p_min)} p_min",
+        "rows": len(df),
+        "record_seconds": record_s,
+        "grid_seconds_first_call": first,
+        "grid_seconds_warm_median": statistics.median(warm),
         "under_1s": first < 1.0 and statistics.median(warm) < 1.0,
         "simulate_one_ms_median": 1e3 * statistics.median(one),
     }
@@ -109,13 +127,27 @@ def bench_timing(s: mx.Session, prompt: str, tokens: int, repeats: int) -> dict:
     rows = []
     for key in TIMING_SETTINGS:
         p, m = statistics.median(pred[key]), statistics.median(meas[key])
-        rows.append({"n_max": key[0], "p_min": key[1], "drafter": key[2], "predicted_tokens_per_second": p,
-                     "measured_tokens_per_second": m, "predicted_over_measured": p / m,
-                     "within_10pct": abs(p / m - 1) <= 0.10,
-                     "robust_measured_over_predicted": statistics.median(robust[key]) if robust[key] else None,
-                     "measured_spread": [min(meas[key]), max(meas[key])]})
-    return {"prompt": prompt, "tokens": tokens, "rounds": repeats, "load_mean_over_median": statistics.median(load),
-            "settings": rows, "within_10pct": sum(r["within_10pct"] for r in rows)}
+        rows.append(
+            {
+                "n_max": key[0],
+                "p_min": key[1],
+                "drafter": key[2],
+                "predicted_tokens_per_second": p,
+                "measured_tokens_per_second": m,
+                "predicted_over_measured": p / m,
+                "within_10pct": abs(p / m - 1) <= 0.10,
+                "robust_measured_over_predicted": statistics.median(robust[key]) if robust[key] else None,
+                "measured_spread": [min(meas[key]), max(meas[key])],
+            }
+        )
+    return {
+        "prompt": prompt,
+        "tokens": tokens,
+        "rounds": repeats,
+        "load_mean_over_median": statistics.median(load),
+        "settings": rows,
+        "within_10pct": sum(r["within_10pct"] for r in rows),
+    }
 
 
 def main() -> None:
@@ -125,15 +157,20 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="time phases with the wall clock or the thread's CPU time (one thread: other processes' load left out)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="time phases with the wall clock or the thread's CPU time (one thread: other processes' load left out)",
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "exactness", "timing"])
     args = ap.parse_args()
     path, origin = pick_model(args.model)
     out: dict = {"model": str(path), "model_origin": origin, "machine": machine()}
     prompts = (PROMPTS * ((args.prompts + len(PROMPTS) - 1) // len(PROMPTS)))[: args.prompts]
-    with mx.Session.open(path, n_ctx=max(2048, args.tokens + 64), threads=args.threads, n_rs_seq=8,
-                         clock=args.clock) as s:
+    with mx.Session.open(
+        path, n_ctx=max(2048, args.tokens + 64), threads=args.threads, n_rs_seq=8, clock=args.clock
+    ) as s:
         out["threads"], out["clock"] = s.threads, s.clock
         s.generate(prompts[0], max_tokens=16, n_max=2)  # warm-up
         if "speed" not in args.skip:

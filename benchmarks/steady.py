@@ -33,14 +33,14 @@ import statistics
 import sys
 import warnings
 
-import mtp_explorer as mx
-from mtp_explorer.core import drafters
-from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
-
 from _common import emit, machine
 from engine import KIND_PROMPTS, SPEC_TYPES, capacity_kwargs, lookup_limits, median_95ci
 from ours_process import OursProcess
 from scale_model import write_scale_model
+
+import mtp_explorer as mx
+from mtp_explorer.core import drafters
+from mtp_explorer.devtools.reference import reference_n_max, run_reference_spec, spec_type_args
 
 
 def decompose(windows: list[float], target: list[float], steps: list[int]) -> dict:
@@ -48,12 +48,18 @@ def decompose(windows: list[float], target: list[float], steps: list[int]) -> di
     per = 1e3 / (steps[1] - steps[0])
     steady = (windows[1] - windows[0]) * per
     target_ms = (target[1] - target[0]) * per
-    return {"steady_ms": steady, "target_ms": target_ms, "rest_ms": steady - target_ms,
-            "fixed_ms": windows[1] * 1e3 - steps[1] * steady, "window_ms": windows[1] * 1e3}
+    return {
+        "steady_ms": steady,
+        "target_ms": target_ms,
+        "rest_ms": steady - target_ms,
+        "fixed_ms": windows[1] * 1e3 - steps[1] * steady,
+        "window_ms": windows[1] * 1e3,
+    }
 
 
-def one_round(session: mx.Session, binary: str, spec: str, n_max: int, prompt: str, budgets: list[int],
-              ours_first: bool) -> dict | None:
+def one_round(
+    session: mx.Session, binary: str, spec: str, n_max: int, prompt: str, budgets: list[int], ours_first: bool
+) -> dict | None:
     """Both sides' costs (:func:`decompose`) on ``prompt``, each run in a new process; ``None`` where the drafts differ
     or the reference printed no target perf counters (counted as ``other_drafts``)."""
     options = lookup_limits(drafters.mode(spec), n_max)
@@ -67,20 +73,33 @@ def one_round(session: mx.Session, binary: str, spec: str, n_max: int, prompt: s
         return runs
 
     def ref() -> list:
-        return [run_reference_spec(binary, session.path, prompt, spec_type_args(spec, n_max, options), max_tokens=n,
-                                   n_ctx=session.n_ctx, threads=session.threads) for n in budgets]
+        return [
+            run_reference_spec(
+                binary,
+                session.path,
+                prompt,
+                spec_type_args(spec, n_max, options),
+                max_tokens=n,
+                n_ctx=session.n_ctx,
+                threads=session.threads,
+            )
+            for n in budgets
+        ]
 
     if ours_first:
         o, r = ours(), ref()
     else:
         r, o = ref(), ours()
-    if any((a["drafted"], a["accepted"]) != (b.n_drafted, b.n_accept) for a, b in zip(o, r)) or \
-            any(b.target_decode_seconds is None for b in r):
+    if any((a["drafted"], a["accepted"]) != (b.n_drafted, b.n_accept) for a, b in zip(o, r)) or any(
+        b.target_decode_seconds is None for b in r
+    ):
         return None
     steps = [a["totals"]["n_steps"] for a in o]
-    return {"ours": decompose([a["seconds"] for a in o], [a["totals"]["t_verify_ns"] / 1e9 for a in o], steps),
-            "reference": decompose([b.decode_seconds for b in r], [b.target_decode_seconds for b in r], steps),
-            "steps": steps}
+    return {
+        "ours": decompose([a["seconds"] for a in o], [a["totals"]["t_verify_ns"] / 1e9 for a in o], steps),
+        "reference": decompose([b.decode_seconds for b in r], [b.target_decode_seconds for b in r], steps),
+        "steps": steps,
+    }
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -90,8 +109,12 @@ def summary(rounds: list[dict]) -> dict:
         return doc
     for side in ("ours", "reference"):
         doc[side] = {k: statistics.median(r[side][k] for r in rounds) for k in rounds[0][side]}
-    for key, name in (("steady_ms", "steady_speed_ratio"), ("target_ms", "target_speed_ratio"),
-                      ("rest_ms", "rest_speed_ratio"), ("window_ms", "window_speed_ratio")):
+    for key, name in (
+        ("steady_ms", "steady_speed_ratio"),
+        ("target_ms", "target_speed_ratio"),
+        ("rest_ms", "rest_speed_ratio"),
+        ("window_ms", "window_speed_ratio"),
+    ):
         ratios = [r["reference"][key] / r["ours"][key] for r in rounds]
         doc[name] = statistics.median(ratios)
         doc[name + "_95ci"] = median_95ci(ratios)
@@ -103,12 +126,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--model", help="a GGUF file")
-    where.add_argument("--scale", nargs="?", const="Q8_0", metavar="TYPE",
-                       help="the SYNTHETIC 0.4 B scale model of scale_model.py, as TYPE (default Q8_0; e.g. Q4_K_M)")
+    where.add_argument(
+        "--scale",
+        nargs="?",
+        const="Q8_0",
+        metavar="TYPE",
+        help="the SYNTHETIC 0.4 B scale model of scale_model.py, as TYPE (default Q8_0; e.g. Q4_K_M)",
+    )
     ap.add_argument("--spec-type", nargs="+", choices=SPEC_TYPES, default=["draft-mtp"], metavar="SPEC")
     ap.add_argument("--n-max", nargs="+", type=int, default=[1, 4], metavar="N")
-    ap.add_argument("--tokens", nargs=2, type=int, default=[48, 96], metavar=("L1", "L2"),
-                    help="the two budgets -n (default: 48 96)")
+    ap.add_argument(
+        "--tokens",
+        nargs=2,
+        type=int,
+        default=[48, 96],
+        metavar=("L1", "L2"),
+        help="the two budgets -n (default: 48 96)",
+    )
     ap.add_argument("--rounds", type=int, default=6, help="rounds per row, prompts taking turns (default: 6)")
     ap.add_argument("--threads", type=int, default=1, help="threads on both sides (default: 1)")
     args = ap.parse_args()
@@ -130,8 +164,12 @@ def main() -> None:
         for spec in args.spec_type:
             for n_max in dict.fromkeys(reference_n_max(spec, n) for n in args.n_max):
                 for kind, prompts in KIND_PROMPTS.items():
-                    rounds = [one_round(session, binary, spec, n_max, prompts[r % len(prompts)], args.tokens,
-                                        ours_first=r % 2 == 0) for r in range(args.rounds)]
+                    rounds = [
+                        one_round(
+                            session, binary, spec, n_max, prompts[r % len(prompts)], args.tokens, ours_first=r % 2 == 0
+                        )
+                        for r in range(args.rounds)
+                    ]
                     kept = [r for r in rounds if r is not None]
                     out[f"{spec} / {kind} / n_max {n_max}"] = summary(kept) | {"other_drafts": len(rounds) - len(kept)}
                     print(f"{spec} {kind} n_max {n_max}: done", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 own driver (the engine does not run these modes yet): ``step35`` (3 chained heads) and ``gemma4`` with its
 ``gemma4-assistant`` head file (shared memory, ``-md``). For each knob setting it writes the model, runs
 ``llama-speculative-simple --spec-type draft-mtp`` (``-t 1 -c 512 --temp 0 -n 48``) on four prompts at ``n_max`` 1, 3
-and 5, and prints the pooled acceptance (accepted / drafted) as the rows of ``mtp_explorer/devtools/SYNTHETIC.md``.
+and 5, and prints the pooled acceptance (accepted / drafted) as the rows of ``mtp_explorer/models/SYNTHETIC.md``.
 
     .venv/bin/python benchmarks/synthetic_modes.py [--binary build/reference/bin/llama-speculative-simple]
 """
@@ -14,13 +14,21 @@ import tempfile
 from pathlib import Path
 
 from mtp_explorer.devtools.reference import run_reference_spec
-from mtp_explorer.devtools.synthetic_gemma4 import write_synthetic_gemma4
-from mtp_explorer.devtools.synthetic_step35 import write_synthetic_step35
+from mtp_explorer.models.synthetic_gemma4 import write_synthetic_gemma4
+from mtp_explorer.models.synthetic_step35 import write_synthetic_step35
 
 PROMPTS = ["def f(x):", "import os\n", "class A:\n    pass\n", "for i in range(10):"]
 N_MAX = (1, 3, 5)
-KNOBS = [{}, {"context_mix": 0.25}, {"context_mix": 0.5}, {"context_mix": 1.0}, {"context_mix": 2.0},
-         {"mtp_fidelity": 0.75}, {"mtp_fidelity": 0.5}, {"mtp_fidelity": 0.0}]
+KNOBS = [
+    {},
+    {"context_mix": 0.25},
+    {"context_mix": 0.5},
+    {"context_mix": 1.0},
+    {"context_mix": 2.0},
+    {"mtp_fidelity": 0.75},
+    {"mtp_fidelity": 0.5},
+    {"mtp_fidelity": 0.0},
+]
 STEP35_ONLY = [{"head_fidelity": (1.0, 0.75, 0.5)}, {"head_fidelity": (1.0, 0.0, 0.0)}]
 
 

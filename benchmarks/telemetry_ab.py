@@ -74,22 +74,37 @@ def main() -> int:
 
     procs, configs = {}, []
     for build, python in (("a", args.python_a), ("b", args.python_b)):
-        p = subprocess.Popen([python, os.path.abspath(__file__), "--worker", "--python-a", "-", "--python-b", "-",
-                              "--threads", str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, cwd="/tmp")
+        p = subprocess.Popen(
+            [
+                python,
+                os.path.abspath(__file__),
+                "--worker",
+                "--python-a",
+                "-",
+                "--python-b",
+                "-",
+                "--threads",
+                str(args.threads),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/tmp",
+        )
         hello = json.loads(p.stdout.readline())
         procs[build] = (p, hello)
         configs += [(build, level) for level in hello["levels"]]
     load_start = list(os.getloadavg())
     groups: list[dict] = []
     for r in range(args.rounds):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for prompt in PROMPTS:
             group, texts = {}, set()
             for build, level in order:
                 p = procs[build][0]
-                p.stdin.write(json.dumps({"level": level, "prompt": prompt, "tokens": args.tokens,
-                                          "n_max": args.n_max}) + "\n")
+                p.stdin.write(
+                    json.dumps({"level": level, "prompt": prompt, "tokens": args.tokens, "n_max": args.n_max}) + "\n"
+                )
                 p.stdin.flush()
                 answer = json.loads(p.stdout.readline())
                 group[f"{build}/{level}"] = answer["seconds"]
@@ -100,20 +115,34 @@ def main() -> int:
     for p, _ in procs.values():
         p.stdin.close()
         p.wait(timeout=60)
-    doc = {"rounds": args.rounds, "groups": len(groups), "tokens": args.tokens, "n_max": args.n_max,
-           "threads": args.threads, "load_start": load_start, "load_end": list(os.getloadavg()),
-           "builds": {b: h["module"] for b, (_, h) in procs.items()},
-           "median_tokens_per_second": {c: args.tokens / float(np.median([g[c] for g in groups]))
-                                        for c in groups[0]}}
-    pairs = [("a/full", "a/steps"), ("b/full", "b/steps"), ("b/full", "b/off"), ("b/steps", "b/off"),
-             ("b/full", "a/full"), ("b/steps", "a/steps")]
+    doc = {
+        "rounds": args.rounds,
+        "groups": len(groups),
+        "tokens": args.tokens,
+        "n_max": args.n_max,
+        "threads": args.threads,
+        "load_start": load_start,
+        "load_end": list(os.getloadavg()),
+        "builds": {b: h["module"] for b, (_, h) in procs.items()},
+        "median_tokens_per_second": {c: args.tokens / float(np.median([g[c] for g in groups])) for c in groups[0]},
+    }
+    pairs = [
+        ("a/full", "a/steps"),
+        ("b/full", "b/steps"),
+        ("b/full", "b/off"),
+        ("b/steps", "b/off"),
+        ("b/full", "a/full"),
+        ("b/steps", "a/steps"),
+    ]
     for x, y in pairs:
         if x in groups[0] and y in groups[0]:
             ratios = [g[x] / g[y] for g in groups]
             doc[f"{x} / {y} (time)"] = {"median": float(np.median(ratios)), "ci95": bootstrap(ratios)}
     ratio_of_ratios = [(g["b/full"] / g["b/steps"]) / (g["a/full"] / g["a/steps"]) for g in groups]
-    doc["(b full/steps) / (a full/steps)"] = {"median": float(np.median(ratio_of_ratios)),
-                                              "ci95": bootstrap(ratio_of_ratios)}
+    doc["(b full/steps) / (a full/steps)"] = {
+        "median": float(np.median(ratio_of_ratios)),
+        "ci95": bootstrap(ratio_of_ratios),
+    }
     print(json.dumps(doc, indent=1))
     return 0
 

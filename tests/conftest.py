@@ -1,5 +1,5 @@
 """Shared fixtures: SYNTHETIC random-weight models whose MTP acceptance is set by construction
-(see mtp_explorer.devtools.synthetic), written once per test run."""
+(see mtp_explorer.models.synthetic), written once per test run."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
 # measured batch-shape shifts (Session.batch_shift) are cached here, not in the user's ~/.cache
 os.environ["MTP_EXPLORER_CACHE"] = tempfile.mkdtemp(prefix="mtp-explorer-test-cache-")
@@ -64,7 +64,7 @@ def model_no_mtp(models_dir, model_mixed) -> Path:
 def model_synthetic_draft(models_dir) -> Path:
     """A draft model (draft-simple) for the synthetic models: a SYNTHETIC non-recurrent glm4moe with their
     vocabulary, whose trunk mixes in no context."""
-    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 
     return write_synthetic_glm4moe(models_dir / "draft-glm4moe.gguf", context_mix=0.0)
 
@@ -103,7 +103,9 @@ def strip_mtp(src: Path, dst: Path) -> Path:
     for t in reader.tensors:
         if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= trunk:
             continue
-        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+        writer.add_tensor(
+            t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -153,12 +155,14 @@ def check_drafter_stats(session: mx.Session, t: mx.Trace, mode) -> None:
 
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run Python code in a fresh interpreter (for cases that could take the process down)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
 
 
-def check_replay_exact(session: mx.Session, oracle, prompt: str, drafter, n_max: int, max_tokens: int,
-                       **options: int) -> mx.Trace:
+def check_replay_exact(
+    session: mx.Session, oracle, prompt: str, drafter, n_max: int, max_tokens: int, **options: int
+) -> mx.Trace:
     """A real greedy run and the simulator's replay of it on ``oracle`` agree step by step (drafter, drafts,
     acceptance, the candidates asked) up to the first batch-shape near-tie, if any: each such divergence must be
     explained (a margin within the shift measured for the file on this machine) and is reported as a warning; the
@@ -192,6 +196,22 @@ def built_tool(name: str, env_var: str, make_target: str) -> Path:
     if not path.is_file():
         pytest.fail(f"{path} is not built: run `make {make_target}` (`make test` builds it)", pytrace=False)
     return path
+
+
+#: The marker of a test that uses each llama.cpp tool's fixture (`make test-fast` leaves such tests out).
+TOOL_MARKERS = {"reference_binary": "reference", "lookup_create": "reference", "server_binary": "server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse a test that uses a llama.cpp tool without the marker that keeps it out of the fast tier."""
+    unmarked = [
+        f"{item.nodeid}: uses {fixture}, mark it @pytest.mark.{marker}"
+        for item in items
+        for fixture, marker in TOOL_MARKERS.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests without the marker of the tool they need:\n" + "\n".join(unmarked))
 
 
 @pytest.fixture(scope="session")
@@ -251,6 +271,10 @@ with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1) as s:
 def page_faults_of_second_generation(model: Path, first: dict, second: dict) -> int:
     """The minor page faults of a session's second generation (``Session.generate`` keywords and ``prompt``) after its
     first, in a new process: memory a generation touches for the first time, which one-time costs show as."""
-    out = subprocess.run([sys.executable, "-c", FAULTS, str(model), json.dumps(first), json.dumps(second)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, str(model), json.dumps(first), json.dumps(second)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.split()[-1])

@@ -1,7 +1,8 @@
 """Run by tests/test_interrupts.py in a process of its own: each long call named on the command line is started,
 SIGINT is sent to this process once the call has run for a moment (what JupyterLab's "Interrupt the kernel"
 sends), and one JSON line per call says whether KeyboardInterrupt came, how long after the signal, how long
-the engine's longest step of that call (or of a short oracle recording, whichever is longer) took, what the call kept, and whether the same session generated again."""
+the engine's longest step of that call (or of a short oracle recording, whichever is longer) took, what the call kept,
+and whether the same session generated again."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def _calls(s: mx.Session) -> dict:
         "profile_costs": lambda: mx.profile_costs(s, [prompt], max_tokens=LONG, progress=False),
         "profile_batch_costs": lambda: mx.profile_batch_costs(s, many, max_tokens=LONG // 2, repeats=1),
         "measure_crossover": lambda: mx.measure_crossover(s, many, max_tokens=LONG // 2, repeats=1),
-        "sweep": lambda: mx.sweep(s, [prompt], n_max=[0, 3], p_min=[0.0], mode="measure", max_tokens=LONG,
-                                  progress=False),
+        "sweep": lambda: mx.sweep(
+            s, [prompt], n_max=[0, 3], p_min=[0.0], mode="measure", max_tokens=LONG, progress=False
+        ),
     }
 
 
@@ -61,8 +63,11 @@ def _longest_oracle_step_seconds(s: mx.Session) -> float:
     what one step of record_oracle, profile_costs and a sweep's recording takes here and now."""
     o = s.record_oracle(mx.demo_prompt(), max_tokens=32, depth=3, batch_shift=False)
     n = o.columns["t_verify_ns"].shape[0]
-    per_row = sum(v.reshape(n, -1).sum(axis=1).astype(float) for k, v in o.columns.items()
-                  if k.endswith("_ns") and v.shape[:1] == (n,))
+    per_row = sum(
+        v.reshape(n, -1).sum(axis=1).astype(float)
+        for k, v in o.columns.items()
+        if k.endswith("_ns") and v.shape[:1] == (n,)
+    )
     return float(per_row.max()) * 1e-9
 
 
@@ -86,7 +91,7 @@ def main(names: list[str]) -> None:
             # delay, and the earlier attempts are reported too (their requests must each be cancelled and empty)
             early: list[dict] = []
             for attempt in range(ATTEMPTS):
-                out = _interrupt(s, calls, name, (DELAY if name == "prefill" else delay) * 2 ** attempt, oracle_step)
+                out = _interrupt(s, calls, name, (DELAY if name == "prefill" else delay) * 2**attempt, oracle_step)
                 if name == "prefill" or not _landed_in_a_prompt(out) or attempt == ATTEMPTS - 1:
                     break
                 early.append(out)
@@ -112,8 +117,9 @@ def _interrupt(s: mx.Session, calls: dict, name: str, delay: float, oracle_step:
     t = s.last_trace
     out["partial"] = None if t is None else {"finish_reason": t.finish_reason, "n_tokens": len(t.tokens)}
     p = s.last_parallel_trace
-    out["partial_parallel"] = None if p is None else [
-        {"finish_reason": r.finish_reason, "n_tokens": len(r.tokens)} for r in p.traces]
+    out["partial_parallel"] = (
+        None if p is None else [{"finish_reason": r.finish_reason, "n_tokens": len(r.tokens)} for r in p.traces]
+    )
     again = s.generate(mx.demo_prompt(1), max_tokens=8, n_max=3)
     out["again"] = {"n_tokens": len(again.tokens), "finish_reason": again.finish_reason}
     return out
@@ -125,6 +131,7 @@ def _landed_in_a_prompt(out: dict) -> bool:
         return False
     kept = ([out["partial"]] if out["partial"] else []) + (out["partial_parallel"] or [])
     return out["interrupted"] and (not kept or any(k["n_tokens"] == 0 for k in kept))
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

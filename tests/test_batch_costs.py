@@ -6,11 +6,25 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.analysis.batch import (BatchCostModel, StepShape, batch_shapes, predict_parallel,
-                                         profile_batch_costs, recommend_parallel, step_features, ubatch_rows)
+from mtp_explorer.analysis.batch import (
+    BatchCostModel,
+    StepShape,
+    batch_shapes,
+    predict_parallel,
+    profile_batch_costs,
+    recommend_parallel,
+    step_features,
+    ubatch_rows,
+)
 
-PROMPTS = ["class Stack:\n    def push(self, x):", "while True:\n", "It was a dark and stormy night;",
-           "import numpy as np\n"]
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
+PROMPTS = [
+    "class Stack:\n    def push(self, x):",
+    "while True:\n",
+    "It was a dark and stormy night;",
+    "import numpy as np\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +44,21 @@ def oracles(session):
 
 
 def test_ubatches_follow_llamas_equal_split():
-    assert ubatch_rows([1, 1, 1]) == [3]          # plain decoding: one row each, one ubatch
-    assert ubatch_rows([4, 1]) == [2, 3]          # a row of each, then the 3 rows left of the first
+    assert ubatch_rows([1, 1, 1]) == [3]  # plain decoding: one row each, one ubatch
+    assert ubatch_rows([4, 1]) == [2, 3]  # a row of each, then the 3 rows left of the first
     assert ubatch_rows([4, 2, 2, 1]) == [4, 3, 2]
     assert ubatch_rows([3]) == [3] and ubatch_rows([]) == []
-    f = step_features(StepShape(rows=[4, 1], pos=[10, 20], drafting=[True, False], mtp=[True, False],
-                                draft_rows=[2, 1, 1]))
+    f = step_features(
+        StepShape(rows=[4, 1], pos=[10, 20], drafting=[True, False], mtp=[True, False], draft_rows=[2, 1, 1])
+    )
     assert (f["rows"], f["ubatch_single"], f["ubatch_multi"], f["catchup_rows"]) == (5, 0, 2, 4)
-    assert (f["catchup_single"], f["catchup_multi"], f["decode_single"], f["decode_multi"], f["decode_rows"]) == \
-        (0, 1, 2, 1, 4)
+    assert (f["catchup_single"], f["catchup_multi"], f["decode_single"], f["decode_multi"], f["decode_rows"]) == (
+        0,
+        1,
+        2,
+        1,
+        4,
+    )
     assert f["attention"] == pytest.approx((4 * 10 + 1 * 20) / 1000)
 
 
@@ -67,8 +87,11 @@ def test_profile_fits_every_phase_and_round_trips(costs, tmp_path):
 
 def test_the_schedule_is_the_engines(session, costs, oracles):
     """Predicted steps, admissions and finishes are exactly the engine's (the times are the model's)."""
-    for kwargs in ({"n_parallel": 4, "n_max": 3}, {"n_parallel": 2, "n_max": 2, "arrivals": [0, 0, 5, 1]},
-                   {"n_parallel": 4, "n_max": 3, "params": [{"n_max": 0}, None, {"p_min": 0.5}, {"max_tokens": 7}]}):
+    for kwargs in (
+        {"n_parallel": 4, "n_max": 3},
+        {"n_parallel": 2, "n_max": 2, "arrivals": [0, 0, 5, 1]},
+        {"n_parallel": 4, "n_max": 3, "params": [{"n_max": 0}, None, {"p_min": 0.5}, {"max_tokens": 7}]},
+    ):
         n = kwargs.pop("n_parallel")
         pred = predict_parallel(oracles, costs, n_parallel=n, max_tokens=48, **kwargs)
         with mx.Session.open(session.path, n_ctx=4096, threads=1, n_parallel=n) as s:

@@ -14,6 +14,8 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.analysis import batch_shift as bs
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 
 @pytest.fixture(scope="module")
 def session(bundled_model):
@@ -51,7 +53,7 @@ def test_the_shift_is_cached_per_file_machine_and_placement(session, monkeypatch
     real = session._engine.probe_batch_shift
     monkeypatch.setattr(session, "_engine", _Spy(session._engine, calls))
     again = session.batch_shift([2, 3])
-    assert again == first and calls == []          # read from the cache
+    assert again == first and calls == []  # read from the cache
     wider = session.batch_shift([2, 3, 11])
     assert calls == [[11]] and wider.ks == (2, 3, 11)  # only the batch size it lacked is measured
     session.batch_shift([2, 3], refresh=True)
@@ -133,8 +135,11 @@ def test_oracles_carry_the_shift_through_json(session):
 
 def _uniform(shift: bs.BatchShift, value: float) -> bs.BatchShift:
     """``shift`` as if every batch size and segment had moved the margin by ``value`` (a made-up measurement)."""
-    return dataclasses.replace(shift, margin_shift=(value,) * len(shift.ks),
-                               segment_shift=tuple((value,) * len(shift.starts) for _ in shift.ks))
+    return dataclasses.replace(
+        shift,
+        margin_shift=(value,) * len(shift.ks),
+        segment_shift=tuple((value,) * len(shift.starts) for _ in shift.ks),
+    )
 
 
 def _diverged(session, prompt: str, at: int, **kw):
@@ -173,10 +178,19 @@ def test_compare_judges_a_divergence_by_the_measured_shift(session):
 
 
 def test_the_tolerance_follows_the_batch_size():
-    shift = bs.BatchShift(model="m.gguf", file_id="x", machine={}, n_positions=64, ks=(2, 3, 4, 5),
-                          margin_shift=(0.0, 0.0, 0.08, 0.07), logit_shift=(0.0, 0.0, 0.1, 0.1), n_flips=(0, 0, 1, 0),
-                          smallest_margin=0.01, starts=(0, 240),
-                          segment_shift=((0.0, 0.0), (0.0, 0.0), (0.02, 0.08), (0.01, 0.07)))
+    shift = bs.BatchShift(
+        model="m.gguf",
+        file_id="x",
+        machine={},
+        n_positions=64,
+        ks=(2, 3, 4, 5),
+        margin_shift=(0.0, 0.0, 0.08, 0.07),
+        logit_shift=(0.0, 0.0, 0.1, 0.1),
+        n_flips=(0, 0, 1, 0),
+        smallest_margin=0.01,
+        starts=(0, 240),
+        segment_shift=((0.0, 0.0), (0.0, 0.0), (0.02, 0.08), (0.01, 0.07)),
+    )
     assert shift.shift(1) == 0.0 and shift.shift(3) == 0.0 and shift.shift(4) == shift.shift(9) == shift.shift() == 0.08
     assert shift.tolerance(5) == bs.SAFETY * 0.08
     assert shift.explain(0.1, 4).startswith("batch-variant kernel, shift <= 0.08")
@@ -184,7 +198,9 @@ def test_the_tolerance_follows_the_batch_size():
     # the kernels change with the KV length: a segment's shift counts from where it starts on
     assert shift.shift(5, 100) == 0.02 and shift.shift(5, 240) == shift.shift(5, 4000) == 0.08
     assert shift.shift(5, 0) == 0.02
-    np.testing.assert_allclose(shift.tolerances(5, np.array([0, 239, 240, 900])), bs.SAFETY * np.array([0.02, 0.02, 0.08, 0.08]))
+    np.testing.assert_allclose(
+        shift.tolerances(5, np.array([0, 239, 240, 900])), bs.SAFETY * np.array([0.02, 0.02, 0.08, 0.08])
+    )
     assert "up to KV length 100" in shift.explain(0.05, 5, 100) and shift.explain(0.05, 5, 100).startswith("unexpl")
     assert shift.explain(0.05, 5, 300).startswith("batch-variant kernel")
     assert bs.BatchShift.from_dict(shift.to_dict()) == shift

@@ -26,11 +26,13 @@ REPORT = """\
 
 def test_the_report_is_read_per_library_and_symbol_with_addresses_pooled():
     counts = parse_report(REPORT)
-    assert counts == {("libggml-cpu.so.0", "(no symbol)"): 5334 + 4479,
-                      ("libc.so.6", "__memmove_avx512_unaligned_erms"): 3818,
-                      ("libggml-cpu.so.0", "ggml_vec_dot_q8_0_q8_0"): 2521,
-                      ("_native.cpython-311-x86_64-linux-gnu.so", "CandidateRanking::rank(float const*, int)"): 21,
-                      ("[kernel.kallsyms]", "native_write_msr"): 4}
+    assert counts == {
+        ("libggml-cpu.so.0", "(no symbol)"): 5334 + 4479,
+        ("libc.so.6", "__memmove_avx512_unaligned_erms"): 3818,
+        ("libggml-cpu.so.0", "ggml_vec_dot_q8_0_q8_0"): 2521,
+        ("_native.cpython-311-x86_64-linux-gnu.so", "CandidateRanking::rank(float const*, int)"): 21,
+        ("[kernel.kallsyms]", "native_write_msr"): 4,
+    }
 
 
 def test_the_summary_gives_shares_per_token_and_the_symbols_above_the_threshold():
@@ -40,9 +42,11 @@ def test_the_summary_gives_shares_per_token_and_the_symbols_above_the_threshold(
     assert got["samples"] == total and got["samples_per_token"] == pytest.approx(total / 100)
     assert list(got["libraries"])[0] == "libggml-cpu.so.0"
     assert got["libraries"]["libc.so.6"] == {"share": pytest.approx(3818 / total), "samples_per_token": 38.18}
-    assert [(s["library"], s["symbol"]) for s in got["symbols"]] == [("libggml-cpu.so.0", "(no symbol)"),
-                                                                     ("libc.so.6", "__memmove_avx512_unaligned_erms"),
-                                                                     ("libggml-cpu.so.0", "ggml_vec_dot_q8_0_q8_0")]
+    assert [(s["library"], s["symbol"]) for s in got["symbols"]] == [
+        ("libggml-cpu.so.0", "(no symbol)"),
+        ("libc.so.6", "__memmove_avx512_unaligned_erms"),
+        ("libggml-cpu.so.0", "ggml_vec_dot_q8_0_q8_0"),
+    ]
 
 
 def test_a_spec_type_runs_with_the_drafters_sections_options_and_slots():

@@ -55,8 +55,10 @@ def binder_pins() -> dict[str, str]:
 
 def test_binder_pins_agree_with_pyproject():
     ours, theirs = binder_pins(), pyproject_pins()
-    assert ours == theirs, (f"only in binder/requirements.txt: {sorted(set(ours.items()) - set(theirs.items()))}; "
-                            f"only in pyproject.toml: {sorted(set(theirs.items()) - set(ours.items()))}")
+    assert ours == theirs, (
+        f"only in binder/requirements.txt: {sorted(set(ours.items()) - set(theirs.items()))}; "
+        f"only in pyproject.toml: {sorted(set(theirs.items()) - set(ours.items()))}"
+    )
     for name in ("llama-cpp-python", "jupyterlab", "ipywidgets", "plotly"):
         assert ours[name].startswith("=="), f"{name} must be pinned exactly"
 
@@ -73,8 +75,16 @@ def test_binder_files():
 
 def _checkout_copy(dest: Path) -> Path:
     """The files git tracks or would track (untracked, not ignored), as a fresh checkout has them."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           check=True, capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         src = ROOT / name
         if src.is_file():
@@ -91,8 +101,7 @@ def test_postbuild_in_a_fresh_virtualenv(tmp_path):
     py = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "MTP_EXPLORER_MODEL")}
     env.update(PYTHON=str(py), PATH=f"{env_dir / 'bin'}:{env['PATH']}")
-    proc = subprocess.run(["bash", "binder/postBuild"], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(["bash", "binder/postBuild"], cwd=repo, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "ready" in proc.stdout
 
@@ -101,8 +110,8 @@ def test_postbuild_in_a_fresh_virtualenv(tmp_path):
         import mtp_explorer as mx
         from mtp_explorer import plots
         from mtp_explorer.widgets import Explorer
-        from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
-        path = write_synthetic_qwen35({str(tmp_path / 'm.gguf')!r}, context_mix=0.6, mtp_fidelity=1.0)
+        from mtp_explorer.models.synthetic import write_synthetic_qwen35
+        path = write_synthetic_qwen35({str(tmp_path / "m.gguf")!r}, context_mix=0.6, mtp_fidelity=1.0)
         assert mx.__file__.startswith({str(repo)!r}), mx.__file__
         with mx.Session.open(path, n_ctx=256, threads=1) as s:
             t = s.generate("def f(x):", max_tokens=16, n_max=3)
@@ -113,8 +122,9 @@ def test_postbuild_in_a_fresh_virtualenv(tmp_path):
     """)
     run = subprocess.run([str(py), "-c", smoke], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "smoke ok 16" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
-    labext = subprocess.run([str(env_dir / "bin" / "jupyter"), "labextension", "list"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    labext = subprocess.run(
+        [str(env_dir / "bin" / "jupyter"), "labextension", "list"], env=env, capture_output=True, text=True, timeout=120
+    )
     listing = labext.stdout + labext.stderr
     for ext in ("jupyterlab-plotly", "@jupyter-widgets/jupyterlab-manager", "anywidget"):
         assert f"{ext} v" in listing and "enabled" in listing, listing

@@ -24,7 +24,7 @@ def test_reliability_and_ece_by_hand():
     rng = np.random.default_rng(0)
     conf = rng.uniform(0, 1, 20000)
     depth = np.where(rng.uniform(size=conf.size) < 0.5, 1, 2)
-    calibrated = rng.uniform(size=conf.size) < conf          # P(accept) = confidence
+    calibrated = rng.uniform(size=conf.size) < conf  # P(accept) = confidence
     table = reliability(depth, conf, calibrated, n_bins=10)
     assert set(table["depth"]) == {1, 2} and table["count"].sum() == conf.size
     assert expected_calibration_error(table) < 0.02
@@ -77,8 +77,11 @@ def test_calibration_is_for_drafters_with_a_confidence(model_mixed, oracles):
         if mode.has_confidence:
             assert all(d.has_confidence for d in confident_drafters(name))
         else:
-            for call in (lambda: mx.calibrate(oracles, drafter=name), lambda: best_p_min(oracles, drafter=name),
-                         lambda: draft_outcomes(oracles, drafter=name)):
+            for call in (
+                lambda: mx.calibrate(oracles, drafter=name),
+                lambda: best_p_min(oracles, drafter=name),
+                lambda: draft_outcomes(oracles, drafter=name),
+            ):
                 with pytest.raises(mx.ParameterError, match="no confidence to calibrate"):
                     call()
     # a chain calibrates the confidence of its drafters that have one, on the drafts they verified
@@ -90,15 +93,18 @@ def test_calibration_is_for_drafters_with_a_confidence(model_mixed, oracles):
     assert np.isfinite(c).all()
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: mx.calibrate([]), "nothing to calibrate"),
-    (lambda o: mx.calibrate(o, n_bins=0), "n_bins must be a positive integer"),
-    (lambda o: mx.calibrate([o[0], "trace.json"]), "expected oracle traces or traces, got str"),
-    (lambda o: mx.best_p_min([]), "one or more oracle traces"),
-    (lambda o: mx.best_p_min(o, p_min=[1.5]), r"p_min must be a finite number in \[0, 1\]"),
-    (lambda o: mx.best_p_min(o, n_max=[7]), "n_max=7 exceeds the oracle.s capacity of 6"),
-    (lambda o: mx.calibrate(o, drafter="beam"), "drafter must be one of"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda o: mx.calibrate([]), "nothing to calibrate"),
+        (lambda o: mx.calibrate(o, n_bins=0), "n_bins must be a positive integer"),
+        (lambda o: mx.calibrate([o[0], "trace.json"]), "expected oracle traces or traces, got str"),
+        (lambda o: mx.best_p_min([]), "one or more oracle traces"),
+        (lambda o: mx.best_p_min(o, p_min=[1.5]), r"p_min must be a finite number in \[0, 1\]"),
+        (lambda o: mx.best_p_min(o, n_max=[7]), "n_max=7 exceeds the oracle.s capacity of 6"),
+        (lambda o: mx.calibrate(o, drafter="beam"), "drafter must be one of"),
+    ],
+)
 def test_calibration_parameter_errors(oracles, call, match):
     with pytest.raises(mx.ParameterError, match=match):
         call(oracles)
@@ -129,17 +135,23 @@ def test_figures(oracles):
     pv = plots.predicted_vs_measured([{"label": "a", "predicted": 100.0, "measured": 95.0}])
     assert isinstance(pv, go.Figure) and len(pv.data) == 3
 
-    both = [mx.simulate_grid(oracles, [1, 3], [0.0, 0.5], drafter=d) for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")]
+    both = [
+        mx.simulate_grid(oracles, [1, 3], [0.0, 0.5], drafter=d)
+        for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")
+    ]
     import pandas as pd
 
     cmp = plots.drafter_comparison(pd.concat(both))
     from mtp_explorer.core import drafters
 
-    assert [tr.name for tr in cmp.data] == [drafters.mode(d).label for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")]  # registry labels
+    assert [tr.name for tr in cmp.data] == [
+        drafters.mode(d).label for d in ("draft-mtp", "ngram-simple", "ngram-simple,draft-mtp")
+    ]  # registry labels
     for tr, d in zip(cmp.data, both):
         d["sec"] = d.n_tokens / d.tokens_per_second
-        per = d.groupby(["prompt", "n_max", "p_min"]).apply(lambda r: r.n_tokens.sum() / r.sec.sum(),
-                                                          include_groups=False)
+        per = d.groupby(["prompt", "n_max", "p_min"]).apply(
+            lambda r: r.n_tokens.sum() / r.sec.sum(), include_groups=False
+        )
         best = per.groupby(level=0).max()
         assert np.allclose(np.asarray(tr.y, dtype=float), best.reindex(PROMPTS).to_numpy())
 
@@ -155,8 +167,9 @@ def test_ceiling_is_reached_or_beaten_when_every_draft_is_accepted(model_full):
             sim = mx.simulate(o, n_max, 0.0, max_tokens=max_tokens)
             assert sim.summary()["acceptance_rate"] == 1.0
             s = sim.summary()
-            ns, ceiling_ns = (s["n_tokens"] / tps * 1e9 for tps in (s["tokens_per_second"],
-                                                                    sim.ceiling_tokens_per_second()))
+            ns, ceiling_ns = (
+                s["n_tokens"] / tps * 1e9 for tps in (s["tokens_per_second"], sim.ceiling_tokens_per_second())
+            )
             assert ceiling_ns <= ns + 0.5 * len(mx.core.schema.PHASES) * s["n_steps"], (n_max, max_tokens)
 
 

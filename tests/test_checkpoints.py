@@ -13,11 +13,21 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.reference import (compare_with_reference, reference_checkpoints, replay_reference_budget,
-                                             run_reference_spec, spec_type_args)
-from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+from mtp_explorer.devtools.reference import (
+    compare_with_reference,
+    reference_checkpoints,
+    replay_reference_budget,
+    run_reference_spec,
+    spec_type_args,
+)
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
-CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fibonacci"
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
+CODE = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "def fibonacci"
+)
 IMPORTS = "import os\nimport sys\n\nimport os"
 
 
@@ -65,6 +75,7 @@ LOOKUP_CASES = [
 
 
 @pytest.mark.parametrize("spec, prompt", LOOKUP_CASES)
+@pytest.mark.reference
 def test_lookups_on_checkpoints_match_the_reference(tmp_path, reference_binary, spec, prompt):
     """Text and drafted/accepted totals equal llama-speculative-simple's on a SYNTHETIC qwen35 target, the session
     doing the reference's rollback (no slots) rather than emulating it."""
@@ -74,27 +85,40 @@ def test_lookups_on_checkpoints_match_the_reference(tmp_path, reference_binary, 
     assert reference_checkpoints(path, spec)
     n_max = 3
     names = {o.name for o in drafters.mode(spec).options}
-    options = {k: v for k, v in {"ngram_simple_size_n": 2, "ngram_simple_size_m": n_max, "ngram_mod_n_match": 2,
-                                 "ngram_mod_n_min": 1, "ngram_mod_n_max": n_max, "ngram_map_k_size_n": 2,
-                                 "ngram_map_k_size_m": n_max}.items() if k in names}
-    ref = run_reference_spec(reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=64,
-                             n_ctx=1024, threads=1)
+    options = {
+        k: v
+        for k, v in {
+            "ngram_simple_size_n": 2,
+            "ngram_simple_size_m": n_max,
+            "ngram_mod_n_match": 2,
+            "ngram_mod_n_min": 1,
+            "ngram_mod_n_max": n_max,
+            "ngram_map_k_size_n": 2,
+            "ngram_map_k_size_m": n_max,
+        }.items()
+        if k in names
+    }
+    ref = run_reference_spec(
+        reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=64, n_ctx=1024, threads=1
+    )
     with mx.Session.open(path, n_ctx=1024, threads=1, n_rs_seq=0, capacity=n_max) as s:
-        ours = replay_reference_budget(s, prompt, max_tokens=64, n_max=n_max, drafter=spec, checkpoints=True,
-                                       **options)
+        ours = replay_reference_budget(s, prompt, max_tokens=64, n_max=n_max, drafter=spec, checkpoints=True, **options)
     result = compare_with_reference(ref, ours, 0.0, checkpoints=True)
     assert result["match"], result
     assert result["re_verified_steps"] > 0 and len(replay_rows(ours)) == result["re_verified_steps"]
 
 
+@pytest.mark.reference
 def test_sampling_restores_the_sampler_with_the_checkpoint(bundled_model):
     """At temperature > 0 the replay samples its rows again from the sampler state saved with the checkpoint, so it
     draws the tokens it drew before (llama-speculative-simple clones the sampler for that)."""
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=4) as s:
-        t = s.generate(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2, temperature=0.7,
-                       seed=3)
-        again = s.generate(CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2,
-                           temperature=0.7, seed=3)
+        t = s.generate(
+            CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2, temperature=0.7, seed=3
+        )
+        again = s.generate(
+            CODE, max_tokens=96, n_max=4, drafter="ngram-simple", ngram_simple_size_n=2, temperature=0.7, seed=3
+        )
     r = replay_rows(t)
     assert len(r) > 0
     np.testing.assert_array_equal(t.columns["replay_agreed"][r], t.columns["replayed"][r])
@@ -102,8 +126,8 @@ def test_sampling_restores_the_sampler_with_the_checkpoint(bundled_model):
 
 
 def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
-    """draft-mtp, the model heads and the oracle need snapshot slots (draft-simple does not); a capacity over the slots is refused before loading; a
-    non-recurrent target has no use for them and runs every drafter as before."""
+    """draft-mtp, the model heads and the oracle need snapshot slots (draft-simple does not); a capacity over the slots
+    is refused before loading; a non-recurrent target has no use for them and runs every drafter as before."""
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0) as s:
         assert s.capacity == 8
         assert s.drafter_modes == ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
@@ -156,8 +180,20 @@ def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_ma
     assert len(replay_rows(t)) > 0
     sim = simulate(oracle, n_max, drafter=spec, checkpoints=True)
     assert sim.tokens == t.tokens and sim.settings["checkpoints"]
-    for name in ("pos", "n_max", "n_drafted", "n_accepted", "drafter", "drafted", "stop_reason", "candidate_len",
-                 "replayed", "replay_agreed", "rs_slot", "verify_rows"):
+    for name in (
+        "pos",
+        "n_max",
+        "n_drafted",
+        "n_accepted",
+        "drafter",
+        "drafted",
+        "stop_reason",
+        "candidate_len",
+        "replayed",
+        "replay_agreed",
+        "rs_slot",
+        "verify_rows",
+    ):
         np.testing.assert_array_equal(sim.columns[name], t.columns[name], err_msg=name)
     assert compare(oracle, t).exact
     with_slots = simulate(oracle, n_max, drafter=spec)
@@ -172,8 +208,15 @@ def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_ma
 def test_a_sweep_predicts_the_runs_without_slots(bundled_model):
     """``sweep(..., checkpoints=True)`` gives each look-up setting's run on a session without slots (its tokens,
     steps and totals); it refuses a session without slots (no oracle), measure mode and model drafters."""
-    settings = {"n_max": [2, 4], "p_min": [0.0], "max_tokens": 64, "drafter": ["ngram-simple", "ngram-mod"],
-                "ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1}
+    settings = {
+        "n_max": [2, 4],
+        "p_min": [0.0],
+        "max_tokens": 64,
+        "drafter": ["ngram-simple", "ngram-mod"],
+        "ngram_simple_size_n": 2,
+        "ngram_mod_n_match": 2,
+        "ngram_mod_n_min": 1,
+    }
     options = {k: v for k, v in settings.items() if k.startswith("ngram_")}
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=4) as s:
         df = mx.sweep(s, [CODE, IMPORTS], checkpoints=True, progress=False, **settings)
@@ -203,8 +246,9 @@ def test_draft_simple_runs_without_slots_and_is_simulated(bundled_model):
     draft = mx.models.draft_model_path()
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=3, draft_model=draft) as s:
         oracle = s.record_oracle(CODE, max_tokens=64, depth=3)
-        df = mx.sweep(s, [CODE], n_max=[3], p_min=[0.0], max_tokens=64, drafter="draft-simple", checkpoints=True,
-                      progress=False)
+        df = mx.sweep(
+            s, [CODE], n_max=[3], p_min=[0.0], max_tokens=64, drafter="draft-simple", checkpoints=True, progress=False
+        )
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0, capacity=3, draft_model=draft) as s:
         t = s.generate(CODE, max_tokens=64, n_max=3, drafter="draft-simple")
     assert len(replay_rows(t)) > 0

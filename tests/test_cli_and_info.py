@@ -35,9 +35,26 @@ def test_info_command_errors(tmp_path, capsys):
 def test_run_command(model_mixed, tmp_path):
     out_json = tmp_path / "trace.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "mtp_explorer.cli", "run", "def fib(n):", "-m", str(model_mixed), "-n", "24",
-         "--n-max", "3", "--n-ctx", "256", "--json", str(out_json)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mtp_explorer.cli",
+            "run",
+            "def fib(n):",
+            "-m",
+            str(model_mixed),
+            "-n",
+            "24",
+            "--n-max",
+            "3",
+            "--n-ctx",
+            "256",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "acceptance rate" in proc.stdout and "tokens/s" in proc.stdout and "finished by" in proc.stdout
@@ -48,7 +65,9 @@ def test_run_command(model_mixed, tmp_path):
 def test_run_command_bad_parameter(model_mixed):
     proc = subprocess.run(
         [sys.executable, "-m", "mtp_explorer.cli", "run", "x", "-m", str(model_mixed), "--n-max", "99"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2 and "capacity" in proc.stdout
 
@@ -65,17 +84,37 @@ def test_run_command_drafter_options_parse():
     defaults = {o.name: o.default for o in drafters.all_options()}
     args = _parser().parse_args(["run"])
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == (
-        "draft-mtp", defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"])
+        "draft-mtp",
+        defaults["ngram_simple_size_n"],
+        defaults["ngram_simple_size_m"],
+    )
     assert (defaults["ngram_simple_size_n"], defaults["ngram_simple_size_m"]) == (12, 48)  # llama.cpp's (common.h)
     args = _parser().parse_args(["run", "--drafter", "chain", "--ngram-n", "2", "--ngram-m", "5"])  # earlier names
     assert (args.drafter, args.ngram_simple_size_n, args.ngram_simple_size_m) == ("chain", 2, 5)
     # llama.cpp's own flag names work too, and its --spec-type values (a chain, its policy)
-    args = _parser().parse_args(["run", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "6",
-                                 "--spec-type", "draft-mtp,ngram-simple", "--chain-policy", "best"])
+    args = _parser().parse_args(
+        [
+            "run",
+            "--spec-ngram-simple-size-n",
+            "4",
+            "--spec-ngram-simple-size-m",
+            "6",
+            "--spec-type",
+            "draft-mtp,ngram-simple",
+            "--chain-policy",
+            "best",
+        ]
+    )
     assert (args.ngram_simple_size_n, args.ngram_simple_size_m) == (4, 6)
     assert drafters.mode(args.drafter, args.chain_policy).name == "ngram-simple,draft-mtp"
-    for bad in (["--drafter", "eagle"], ["--ngram-n", "0"], ["--ngram-m", "two"], ["--ngram-n", "1025"],
-                ["--spec-type", "draft-nope"], ["--chain-policy", "coin"]):
+    for bad in (
+        ["--drafter", "eagle"],
+        ["--ngram-n", "0"],
+        ["--ngram-m", "two"],
+        ["--ngram-n", "1025"],
+        ["--spec-type", "draft-nope"],
+        ["--chain-policy", "coin"],
+    ):
         with pytest.raises(SystemExit) as exc:
             _parser().parse_args(["run", *bad])
         assert exc.value.code == 2
@@ -120,23 +159,71 @@ def test_run_command_bad_drafter_option_is_an_argparse_error(capsys):
 
 def test_run_command_ngram_without_mtp_head(model_no_mtp, tmp_path, capsys):
     out_json = tmp_path / "ngram.json"
-    assert main(["run", REPEAT, "-m", str(model_no_mtp), "-n", "32", "--n-max", "4", "--n-ctx", "256",
-                 "--threads", "1", "--drafter", "ngram", "--ngram-n", "2", "--ngram-m", "4",
-                 "--json", str(out_json)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                REPEAT,
+                "-m",
+                str(model_no_mtp),
+                "-n",
+                "32",
+                "--n-max",
+                "4",
+                "--n-ctx",
+                "256",
+                "--threads",
+                "1",
+                "--drafter",
+                "ngram",
+                "--ngram-n",
+                "2",
+                "--ngram-m",
+                "4",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "drafter" in out and "ngram-simple" in out and "acceptance rate" in out
     t = mx.Trace.from_json(out_json.read_text())
     assert len(t.tokens) == 32
-    assert (t.settings["drafter"], t.settings["ngram_simple_size_n"], t.settings["ngram_simple_size_m"]) == \
-        ("ngram-simple", 2, 4)  # given as "ngram": recorded under llama.cpp's name
+    assert (t.settings["drafter"], t.settings["ngram_simple_size_n"], t.settings["ngram_simple_size_m"]) == (
+        "ngram-simple",
+        2,
+        4,
+    )  # given as "ngram": recorded under llama.cpp's name
     won = t.steps_by_drafter()
     assert won["mtp"] == 0 and won["ngram"] > 0  # the repeated line is looked up
 
 
 def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
     out_json = tmp_path / "chain.json"
-    assert main(["run", REPEAT, "-m", str(model_mixed), "-n", "32", "--n-max", "3", "--n-ctx", "256",
-                 "--threads", "1", "--drafter", "chain", "--json", str(out_json)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                REPEAT,
+                "-m",
+                str(model_mixed),
+                "-n",
+                "32",
+                "--n-max",
+                "3",
+                "--n-ctx",
+                "256",
+                "--threads",
+                "1",
+                "--drafter",
+                "chain",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     t = mx.Trace.from_json(out_json.read_text())
     assert (t.settings["drafter"], t.settings["chain_policy"]) == ("ngram-simple,draft-mtp", "best")  # "chain"
@@ -148,13 +235,31 @@ def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
 
 def test_run_command_mtp_drafters_need_an_mtp_head(model_no_mtp, capsys):
     for drafter in ("mtp", "chain"):
-        assert main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1",
-                     "--drafter", drafter]) == 2
+        assert (
+            main(
+                [
+                    "run",
+                    "x",
+                    "-m",
+                    str(model_no_mtp),
+                    "-n",
+                    "4",
+                    "--n-ctx",
+                    "256",
+                    "--threads",
+                    "1",
+                    "--drafter",
+                    drafter,
+                ]
+            )
+            == 2
+        )
         out = capsys.readouterr()
         assert "no MTP layers" in out.out and "Traceback" not in out.out + out.err
     # plain decoding needs no drafter at all
-    assert main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1",
-                 "--n-max", "0"]) == 0
+    assert (
+        main(["run", "x", "-m", str(model_no_mtp), "-n", "4", "--n-ctx", "256", "--threads", "1", "--n-max", "0"]) == 0
+    )
 
 
 def test_run_command_takes_llama_cpp_spellings_and_np(model_mixed, tmp_path):
@@ -162,10 +267,35 @@ def test_run_command_takes_llama_cpp_spellings_and_np(model_mixed, tmp_path):
     aggregate; --json writes the requests' traces."""
     out_json = tmp_path / "traces.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "mtp_explorer.cli", "run", "def fib(n):", "class A:", "-m", str(model_mixed), "-n", "16",
-         "-np", "3", "--spec-draft-n-max", "2", "--spec-draft-p-min", "0.0", "--spec-draft-n-min", "1", "-c", "768",
-         "-t", "1", "--json", str(out_json)],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "mtp_explorer.cli",
+            "run",
+            "def fib(n):",
+            "class A:",
+            "-m",
+            str(model_mixed),
+            "-n",
+            "16",
+            "-np",
+            "3",
+            "--spec-draft-n-max",
+            "2",
+            "--spec-draft-p-min",
+            "0.0",
+            "--spec-draft-n-min",
+            "1",
+            "-c",
+            "768",
+            "-t",
+            "1",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
     assert "per request" in proc.stdout and "aggregate (-np 3)" in proc.stdout and "decode tokens/s" in proc.stdout
@@ -173,15 +303,21 @@ def test_run_command_takes_llama_cpp_spellings_and_np(model_mixed, tmp_path):
     assert len(traces) == 3 and all(len(t.tokens) == 16 for t in traces)
     assert traces[0].prompt == "def fib(n):" and traces[1].prompt == "class A:"  # the third: a demo prompt
     assert all(t.settings["n_max"] == 2 and t.settings["n_min"] == 1 and t.settings["n_parallel"] == 3 for t in traces)
-    too_many = subprocess.run([sys.executable, "-m", "mtp_explorer.cli", "run", "a", "b", "-m", str(model_mixed),
-                               "-np", "1"], capture_output=True, text=True, timeout=120)
+    too_many = subprocess.run(
+        [sys.executable, "-m", "mtp_explorer.cli", "run", "a", "b", "-m", str(model_mixed), "-np", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert too_many.returncode == 2 and "one, or up to N with -np N" in too_many.stdout
 
 
 def test_old_flag_spellings_stay_aliases():
     from mtp_explorer.cli import _parser
 
-    new = _parser().parse_args(["run", "--spec-draft-n-max", "4", "--spec-draft-p-min", "0.5", "--spec-draft-n-min", "2"])
+    new = _parser().parse_args(
+        ["run", "--spec-draft-n-max", "4", "--spec-draft-p-min", "0.5", "--spec-draft-n-min", "2"]
+    )
     old = _parser().parse_args(["run", "--n-max", "4", "--p-min", "0.5", "--n-min", "2"])
     assert (new.n_max, new.p_min, new.n_min) == (old.n_max, old.p_min, old.n_min) == (4, 0.5, 2)
     assert _parser().parse_args(["run", "--draft-p-min", "0.25"]).p_min == 0.25

@@ -20,17 +20,30 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.core.errors import ConverterError
-from mtp_explorer.devtools.gguf_qwen35 import expected_tensor_shapes, write_qwen35_gguf
-from mtp_explorer.devtools.hf_export import (INHERENT_KEYS, SDIST_DIR, convert_with_llama_cpp, diff_gguf,
-                                             export_hf_checkpoint, find_converter, pre_tokenizer_name)
-from mtp_explorer.devtools.synthetic import synthetic_config, synthetic_vocab
+from mtp_explorer.devtools.hf_export import (
+    INHERENT_KEYS,
+    SDIST_DIR,
+    convert_with_llama_cpp,
+    diff_gguf,
+    export_hf_checkpoint,
+    find_converter,
+    pre_tokenizer_name,
+)
+from mtp_explorer.models.gguf_qwen35 import expected_tensor_shapes, write_qwen35_gguf
+from mtp_explorer.models.synthetic import synthetic_config, synthetic_vocab
+
+pytestmark = pytest.mark.train
 
 PROMPTS = ["def fib(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def __init__(self):"]
 MAX_TOKENS = 48
 N_MAX = 3
 #: metadata only our exporter writes (the training run's record)
-OURS = ("mtp_explorer.corpus", "mtp_explorer.train_config", "mtp_explorer.training_seconds",
-        "mtp_explorer.training_steps")
+OURS = (
+    "mtp_explorer.corpus",
+    "mtp_explorer.train_config",
+    "mtp_explorer.training_seconds",
+    "mtp_explorer.training_steps",
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +63,9 @@ def hf_dir(bundled_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(hf_dir, converter, tmp_path_factory) -> Path:
-    return convert_with_llama_cpp(hf_dir, tmp_path_factory.mktemp("converted") / "converted-f16.gguf",
-                                  converter=converter)
+    return convert_with_llama_cpp(
+        hf_dir, tmp_path_factory.mktemp("converted") / "converted-f16.gguf", converter=converter
+    )
 
 
 def test_checkpoint_is_a_qwen35_causal_lm_with_mtp_tensors(hf_dir):
@@ -63,8 +77,14 @@ def test_checkpoint_is_a_qwen35_causal_lm_with_mtp_tensors(hf_dir):
     assert config.architectures == ["Qwen3_5ForCausalLM"] and config.mtp_num_hidden_layers == 1
     sd = load_file(str(hf_dir / "model.safetensors"))
     mtp = {k for k in sd if k.startswith("mtp.")}
-    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
-            "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.down_proj.weight"} <= mtp
+    assert {
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+    } <= mtp
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(config)
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=False)

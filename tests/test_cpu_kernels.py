@@ -18,11 +18,12 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.core import cpu_kernels as ck
-from mtp_explorer.devtools.gguf_qwen35 import read_qwen35_metadata
-from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+from mtp_explorer.models.gguf_qwen35 import read_qwen35_metadata
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
-BROKEN = ck.ExtraBufferCheck(False, "SYNTHETIC: the AMX kernels stopped the probe with SIGSEGV", probed=True,
-                             signal="SIGSEGV")
+BROKEN = ck.ExtraBufferCheck(
+    False, "SYNTHETIC: the AMX kernels stopped the probe with SIGSEGV", probed=True, signal="SIGSEGV"
+)
 FINE = ck.ExtraBufferCheck(True, "SYNTHETIC: the probe ran", probed=True)
 
 
@@ -63,13 +64,16 @@ def test_the_writer_stores_matrices_as_q8_0_and_llama_cpp_decodes_them(q8_model,
         write_synthetic_qwen35(tmp_path / "x.gguf", dtype="q4_0")
 
 
-@pytest.mark.parametrize("code, usable, signal", [
-    ("pass", True, None),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", False, "SIGSEGV"),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", False, "SIGILL"),
-    ("import sys; print('no model', file=sys.stderr); sys.exit(4)", False, None),
-    ("import sys; print('2 of 4 sequences differ', file=sys.stderr); sys.exit(3)", False, None),
-])
+@pytest.mark.parametrize(
+    "code, usable, signal",
+    [
+        ("pass", True, None),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", False, "SIGSEGV"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", False, "SIGILL"),
+        ("import sys; print('no model', file=sys.stderr); sys.exit(4)", False, None),
+        ("import sys; print('2 of 4 sequences differ', file=sys.stderr); sys.exit(3)", False, None),
+    ],
+)
 def test_the_probe_reads_how_its_child_ended(code, usable, signal):
     got = ck.probe(command=[sys.executable, "-c", code])
     assert (got.usable, got.signal, got.probed) == (usable, signal, True)
@@ -84,8 +88,10 @@ def test_the_probe_reads_how_its_child_ended(code, usable, signal):
 def test_a_probe_that_dies_leaves_no_files(monkeypatch):
     """The child writes its models in the parent's folder, which the parent removes: where the AMX kernels stop the
     child, its own clean-up never ran (each check had left a folder with its Q8_0 model in the temporary directory)."""
-    code = ("import os, pathlib, signal; d = pathlib.Path(os.environ['MTP_EXPLORER_PROBE_DIR']); "
-            "(d / 'probe-q8_0.gguf').write_bytes(b'x' * 4096); print(d, flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    code = (
+        "import os, pathlib, signal; d = pathlib.Path(os.environ['MTP_EXPLORER_PROBE_DIR']); "
+        "(d / 'probe-q8_0.gguf').write_bytes(b'x' * 4096); print(d, flush=True); os.kill(os.getpid(), signal.SIGSEGV)"
+    )
     folders = []
     real_run = ck.subprocess.run
 
@@ -141,6 +147,7 @@ def test_repack_resolves_by_the_check_and_the_models_weight_types(monkeypatch):
         assert ck.resolve_repack(None, ["Q8_0"]) is True and ck.resolve_repack(True, ["Q8_0"]) is True
 
 
+@pytest.mark.server
 def test_llama_cpp_tools_get_no_repack_where_the_sessions_do(monkeypatch, q8_model, tmp_path):
     from mtp_explorer.server.process import LlamaServer
     from mtp_explorer.server.sweep import command_line
@@ -162,8 +169,11 @@ def test_a_quantized_model_opens_on_this_machine_whatever_its_amx(q8_model, tmp_
     check = mx.check_extra_buffers()
     assert check.probed == bool(ck.cpu_flags() & ck.AMX_FLAGS)
     if check.probed:  # the verdict is what the probe's own child does (its models in a folder this test removes)
-        child = subprocess.run([sys.executable, "-m", ck.PROBE_MODULE], capture_output=True,
-                               env=os.environ | {"MTP_EXPLORER_CPU_PROBE": "1", ck.PROBE_DIR: str(tmp_path)})
+        child = subprocess.run(
+            [sys.executable, "-m", ck.PROBE_MODULE],
+            capture_output=True,
+            env=os.environ | {"MTP_EXPLORER_CPU_PROBE": "1", ck.PROBE_DIR: str(tmp_path)},
+        )
         assert (child.returncode == 0) == check.usable, (child.returncode, check)
     expect = contextlib.nullcontext() if check.usable else pytest.warns(mx.CpuKernelWarning)
     with expect, mx.Session.open(q8_model, n_ctx=256, threads=1) as s:

@@ -20,9 +20,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from training import dflash as D
+
+pytestmark = pytest.mark.train
 
 PROMPTS = ("def fib(n):", "class Point:\n    def __init__(self, x, y):\n", "import os\n\n\ndef walk(top):\n")
 MAX_TOKENS = 32
@@ -89,13 +90,13 @@ def test_training_windows_compute_what_the_drafter_computes(head, target):
             assert [t for t, _ in ours] == [t for t, _ in fresh]
             assert np.allclose([p for _, p in ours], [p for _, p in fresh], atol=1e-5)
             # the block does not see context rows at or after its anchor
-            h2 = head.window(feats[:, : a], x[:, : a + 1], torch.tensor([[a]]), target.embed)
+            h2 = head.window(feats[:, :a], x[:, : a + 1], torch.tensor([[a]]), target.embed)
             # float32 rounding of other matrix shapes moves it by up to 2e-5 on an AVX-512 CPU; a leak would be O(1)
             assert torch.allclose(h2[0, 0], h[0, j], atol=1e-4)
 
 
-def test_speculative_simple_runs_the_head_and_gives_the_plain_greedy_text(head_gguf, bundled_model,
-                                                                          reference_binary):
+@pytest.mark.reference
+def test_speculative_simple_runs_the_head_and_gives_the_plain_greedy_text(head_gguf, bundled_model, reference_binary):
     from training.draft import greedy_pieces
     from training.llama_ref import LlamaMTP
 
@@ -103,13 +104,21 @@ def test_speculative_simple_runs_the_head_and_gives_the_plain_greedy_text(head_g
     with LlamaMTP(bundled_model, n_ctx=1024, n_threads=1) as m:
         plain = [greedy_pieces(m, p, MAX_TOKENS + 8) for p in PROMPTS]
     for prompt, text in zip(PROMPTS, plain):
-        r = D.E.run_spec(prompt, "draft-dflash", head=path, n_max=3, max_tokens=MAX_TOKENS, target=bundled_model,
-                         binary=reference_binary)
+        r = D.E.run_spec(
+            prompt,
+            "draft-dflash",
+            head=path,
+            n_max=3,
+            max_tokens=MAX_TOKENS,
+            target=bundled_model,
+            binary=reference_binary,
+        )
         assert r is not None, "the reference binary lost the end of its log 8 times"
         assert r.generated >= MAX_TOKENS and r.drafted > 0
         assert r.text and text.startswith(r.text), (prompt, r.text, text)
 
 
+@pytest.mark.reference
 def test_llama_cpp_drafts_what_the_pytorch_head_drafts(head_gguf, bundled_model, reference_binary, target):
     from training.llama_ref import LlamaMTP
 

@@ -23,8 +23,12 @@ README = ROOT / "README.md"
 API_PAGE = DOCS / "api.md"
 README_MAX_LINES = 200
 # every Markdown file the site or GitHub shows: the README, the docs pages, the model card and training/README.md
-MARKDOWN = [README, *sorted(DOCS.rglob("*.md")), ROOT / "mtp_explorer" / "models" / "MODEL.md",
-            ROOT / "training" / "README.md"]
+MARKDOWN = [
+    README,
+    *sorted(DOCS.rglob("*.md")),
+    ROOT / "mtp_explorer" / "models" / "MODEL.md",
+    ROOT / "training" / "README.md",
+]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -68,13 +72,13 @@ def slug(heading: str) -> str:
 
 
 def anchors(path: Path) -> set[str]:
-    return {slug(m.group(2)) for _, line in _prose_lines(path.read_text(encoding="utf-8"))
-            if (m := HEADING.match(line))}
+    return {
+        slug(m.group(2)) for _, line in _prose_lines(path.read_text(encoding="utf-8")) if (m := HEADING.match(line))
+    }
 
 
 def test_the_link_and_anchor_helpers():
-    page = ("# Title\n\n```sh\n[not](a-link.md)\n```\n"
-            "See [`code`](x.md#part) and ![img](y.png \"t\") and `[no](z.md)`.\n")
+    page = '# Title\n\n```sh\n[not](a-link.md)\n```\nSee [`code`](x.md#part) and ![img](y.png "t") and `[no](z.md)`.\n'
     assert links_of(page) == [(6, "x.md#part"), (6, "y.png")]
     assert slug("MTP modes: `mtp_mode` and `n_mtp_heads`") == "mtp-modes-mtp_mode-and-n_mtp_heads"
     assert slug("Draft model: `pystdlib-draft.gguf`") == "draft-model-pystdlib-draftgguf"
@@ -149,11 +153,48 @@ def test_the_api_reference_lists_every_public_name():
     for dotted in directives:
         assert dotted.startswith("mtp_explorer."), dotted
         documented.setdefault(dotted.rsplit(".", 1)[1], []).append(_resolve(dotted))
-    missing = [name for name in mx.__all__
-               if not any(obj is getattr(mx, name) for obj in documented.get(name, []))]
+    missing = [name for name in mx.__all__ if not any(obj is getattr(mx, name) for obj in documented.get(name, []))]
     assert not missing, f"docs/api.md has no ::: directive for {missing}"
     extra = sorted(set(documented) - set(mx.__all__))
     assert not extra, f"docs/api.md documents names that are not in mtp_explorer.__all__: {extra}"
+
+
+#: Every shell command README.md shows, and the test that runs it (`make lab` and `make test` as dry runs: they are what
+#: the tests themselves run under; `python -m build`'s sdist and pip's wheel are built once, by the packaging tests).
+README_COMMANDS = {
+    "make lab": ("test_makefile.py", "test_make_lab_builds_then_opens_the_quickstart"),
+    "make test": ("test_makefile.py", "test_make_test_lints_builds_the_docs_and_runs_every_test"),
+    "make docs": ("test_docs.py", "test_the_site_builds_strict"),
+    "pip install .": ("test_packaging.py", "test_the_wheel_installed_alone_runs_the_readme_commands"),
+    "pip install": ("test_packaging.py", "test_the_wheel_installed_alone_runs_the_readme_commands"),
+    "python -m build": ("test_packaging.py", "test_sdist_files"),
+    "mtp-explorer run -n 128 --spec-draft-n-max 3": (
+        "test_packaging.py",
+        "test_the_wheel_installed_alone_runs_the_readme_commands",
+    ),
+}
+COMMAND = re.compile(r"^(make|pip|python -m|mtp-explorer) ")
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of README.md: the lines of its ``sh`` blocks and its code spans that start like one."""
+    text = README.read_text(encoding="utf-8")
+    lines = [
+        line.split("#")[0].strip()
+        for block in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+        for line in block.splitlines()
+    ]
+    spans = [m.group(0)[1:-1].strip() for _, line in _prose_lines(text) for m in CODE_SPAN.finditer(line)]
+    return [c for c in lines + spans if COMMAND.match(c)]
+
+
+def test_every_readme_command_is_run_by_a_test():
+    commands = readme_commands()
+    assert {"make lab", "make test"} <= set(commands)
+    missing = sorted(set(commands) - set(README_COMMANDS))
+    assert not missing, f"README.md shows commands no test runs (add one to README_COMMANDS): {missing}"
+    for command, (file, test) in README_COMMANDS.items():
+        assert f"def {test}(" in (ROOT / "tests" / file).read_text(encoding="utf-8"), (command, file, test)
 
 
 def readme_python_blocks() -> list[str]:
@@ -167,16 +208,18 @@ def test_the_readme_example_is_the_getting_started_one_and_cheap():
     assert len(code.strip().split("\n")) <= 20
     budgets = [int(n) for n in re.findall(r"max_tokens=(\d+)", code)]
     assert budgets and max(budgets) <= 32, f"keep the example cheap: max_tokens {budgets}"
-    assert f"```python\n{code}```" in (DOCS / "index.md").read_text(encoding="utf-8"), \
+    assert f"```python\n{code}```" in (DOCS / "index.md").read_text(encoding="utf-8"), (
         "docs/index.md's first session should be the README's example, word for word"
+    )
 
 
 def test_the_readme_example_runs(tmp_path):
     (code,) = readme_python_blocks()
     env = {k: v for k, v in os.environ.items() if k != "MTP_EXPLORER_MODEL"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     printed = proc.stdout.strip().split("\n")
     assert len(printed) >= 4, proc.stdout
@@ -210,8 +253,14 @@ def test_the_site_builds_strict(tmp_path):
     assert mkdocs, "mkdocs is not installed: `make` installs the docs extra (pip install -e '.[docs]')"
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    proc = subprocess.run([str(mkdocs), "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "WARNING" not in output, output[-6000:]
@@ -219,8 +268,13 @@ def test_the_site_builds_strict(tmp_path):
         if "_hooks" in page.parts:
             continue
         rel = page.relative_to(DOCS).with_suffix("")
-        built = site / ("index.html" if rel.name == "index" and rel.parent == Path(".") else
-                        rel.parent / "index.html" if rel.name == "index" else rel / "index.html")
+        built = site / (
+            "index.html"
+            if rel.name == "index" and rel.parent == Path(".")
+            else rel.parent / "index.html"
+            if rel.name == "index"
+            else rel / "index.html"
+        )
         assert built.exists(), f"{page.relative_to(ROOT)} was not built ({built})"
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for dotted in api_directives():

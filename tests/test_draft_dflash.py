@@ -1,5 +1,5 @@
-"""draft-dflash in the engine: a DFlash block drafter (a ``dflash`` GGUF given as ``Session.open(path, draft_model=...)``,
-llama.cpp's ``-md``) drafts for the bundled model from the inputs of its layers.
+"""draft-dflash in the engine: a DFlash block drafter (a ``dflash`` GGUF given as ``Session.open(path,
+draft_model=...)``, llama.cpp's ``-md``) drafts for the bundled model from the inputs of its layers.
 
 The head here is SYNTHETIC (random weights, ``training.dflash.random_head``, converted by llama.cpp's own converter):
 its drafts are almost never accepted, so these tests check that the engine drafts what llama.cpp drafts (every
@@ -14,11 +14,10 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import check_accounting, check_replay_exact
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
-
-from conftest import check_accounting, check_replay_exact
 
 PROMPTS = ("def fib(n):", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n")
 MAX_TOKENS = 40
@@ -42,6 +41,7 @@ def session(bundled_model, head):
         yield s
 
 
+@pytest.mark.train
 def test_the_session_knows_its_head(session):
     assert session.draft_kind == "dflash_head"
     assert drafters.available_modes(True, "dflash_head")[-1] == "draft-dflash"
@@ -50,6 +50,7 @@ def test_the_session_knows_its_head(session):
             session.generate(PROMPTS[0], max_tokens=8, n_max=2, drafter=other)
 
 
+@pytest.mark.train
 def test_greedy_output_is_plain_and_the_block_is_clamped(session):
     for prompt in PROMPTS:
         plain = session.generate(prompt, max_tokens=MAX_TOKENS, n_max=0)
@@ -76,11 +77,17 @@ def _reference_blocks(log: str) -> list[list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("p_min", [0.0, 0.25])
+@pytest.mark.reference
+@pytest.mark.train
 def test_drafts_what_llama_cpp_drafts(reference_binary, bundled_model, head, p_min):
     """Every round: the same block tokens and probabilities (within 0.0015, the log's 3 decimals) as
     ``llama-speculative-simple --spec-type draft-dflash -md HEAD -lv 5``, and the same text and totals."""
-    from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget, run_reference_spec,
-                                                 spec_type_args)
+    from mtp_explorer.devtools.reference import (
+        compare_with_reference,
+        replay_reference_budget,
+        run_reference_spec,
+        spec_type_args,
+    )
 
     prompt, n_max = PROMPTS[0], 3
     flags = spec_type_args("draft-dflash", n_max, {}) + ["-md", str(head), "--spec-draft-p-min", str(p_min), "-lv", "5"]
@@ -99,6 +106,7 @@ def test_drafts_what_llama_cpp_drafts(reference_binary, bundled_model, head, p_m
     assert ours.n_drafted.sum() > 0
 
 
+@pytest.mark.train
 def test_simulator_replays_the_block_and_says_where_it_cannot(session):
     prompt = PROMPTS[1]
     oracle = session.record_oracle(prompt, max_tokens=MAX_TOKENS, depth=3)
@@ -113,6 +121,7 @@ def test_simulator_replays_the_block_and_says_where_it_cannot(session):
     check_walk_equals_the_vectorised_path(oracle, "draft-dflash", ((3, 0.0, 0), (3, 0.3, 2)))
 
 
+@pytest.mark.train
 def test_parallel_requests_equal_each_alone(bundled_model, head):
     """Two sequences at once (a third arriving later): each request's text and drafts are those it has alone."""
     with mx.Session.open(bundled_model, n_ctx=2048, threads=1, draft_model=head) as s:
@@ -126,8 +135,12 @@ def test_parallel_requests_equal_each_alone(bundled_model, head):
 def check_shipped_head(reference_binary, bundled_model, head_spec: str, spec: str, p_min: float) -> None:
     """The head that ships for ``head_spec`` (mx.draft_heads()) run as ``spec`` (alone, or after ngram-simple): text
     and drafted/accepted totals equal llama-speculative-simple's, with drafts accepted."""
-    from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget, run_reference_spec,
-                                                 spec_type_args)
+    from mtp_explorer.devtools.reference import (
+        compare_with_reference,
+        replay_reference_budget,
+        run_reference_spec,
+        spec_type_args,
+    )
 
     head = next(h.head_path for h in mx.draft_heads() if h.spec_type == head_spec)
     prompt, options = "class Stack:\n    def __init__(self):", {}
@@ -143,6 +156,7 @@ def check_shipped_head(reference_binary, bundled_model, head_spec: str, spec: st
 
 
 @pytest.mark.parametrize("spec, p_min", [("draft-dflash", 0.0), ("ngram-simple,draft-dflash", 0.5)])
+@pytest.mark.reference
 def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
     """The trained head: :func:`check_shipped_head` (benchmarks/parity.py --spec-type draft-dflash runs 48 such
     cases)."""

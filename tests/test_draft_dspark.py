@@ -11,11 +11,10 @@ The last test runs the trained head that ships (``mx.draft_heads()``) against th
 from __future__ import annotations
 
 import pytest
-
-import mtp_explorer as mx
-
 from conftest import check_accounting
 from test_draft_dflash import _reference_blocks, check_shipped_head
+
+import mtp_explorer as mx
 
 PROMPT = "def fib(n):"
 
@@ -31,6 +30,7 @@ def head(request, tmp_path_factory):
     return dspark.random_dspark_head_gguf(work / "dspark.gguf", work, confidence_head=request.param), request.param
 
 
+@pytest.mark.train
 def test_the_session_knows_its_head_and_clamps_to_the_block(bundled_model, head):
     path, _ = head
     with mx.Session.open(bundled_model, n_ctx=1024, threads=1, draft_model=path) as s:
@@ -46,9 +46,15 @@ def test_the_session_knows_its_head_and_clamps_to_the_block(bundled_model, head)
 
 
 @pytest.mark.parametrize("p_min", [0.0, 0.3])
+@pytest.mark.reference
+@pytest.mark.train
 def test_drafts_what_llama_cpp_drafts(reference_binary, bundled_model, head, p_min):
-    from mtp_explorer.devtools.reference import (compare_with_reference, replay_reference_budget, run_reference_spec,
-                                                 spec_type_args)
+    from mtp_explorer.devtools.reference import (
+        compare_with_reference,
+        replay_reference_budget,
+        run_reference_spec,
+        spec_type_args,
+    )
 
     path, confidence = head
     with mx.Session.open(bundled_model, n_ctx=1024, threads=1, draft_model=path) as s:
@@ -71,6 +77,7 @@ def test_drafts_what_llama_cpp_drafts(reference_binary, bundled_model, head, p_m
         assert (ours.draft_prob[drafted][:, 0] >= p_min).all() and ours.n_drafted.sum() < 4 * ours.n_steps
 
 
+@pytest.mark.train
 def test_simulator_replays_the_block(bundled_model, head):
     from conftest import check_replay_exact
 
@@ -82,7 +89,10 @@ def test_simulator_replays_the_block(bundled_model, head):
             mx.simulate(oracle, 2, drafter="draft-dspark")
 
 
-@pytest.mark.parametrize("spec, p_min", [("draft-dspark", 0.0), ("draft-dspark", 0.5), ("ngram-simple,draft-dspark", 0.5)])
+@pytest.mark.parametrize(
+    "spec, p_min", [("draft-dspark", 0.0), ("draft-dspark", 0.5), ("ngram-simple,draft-dspark", 0.5)]
+)
+@pytest.mark.reference
 def test_the_shipped_head_matches_the_reference(reference_binary, bundled_model, spec, p_min):
     """The trained head: text and drafted/accepted totals equal llama-speculative-simple's, with drafts accepted, at
     p_min 0 and at 0.5, where its confidence head decides (:func:`check_shipped_head`; benchmarks/parity.py

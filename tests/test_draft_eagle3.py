@@ -17,15 +17,19 @@ import warnings
 import gguf
 import numpy as np
 import pytest
+from conftest import check_accounting, check_replay_exact
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
 from mtp_explorer.models import draft_model_path
 
-from conftest import check_accounting, check_replay_exact
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
-PROMPTS = ("import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n",
-           "def read_lines(path):\n    with open(path) as f:\n")
+PROMPTS = (
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def read_lines(path):\n    with open(path) as f:\n",
+)
 MAX_TOKENS = 48
 
 
@@ -56,9 +60,12 @@ def test_the_session_knows_its_head(session):
 
 
 def test_the_wrong_drafter_for_the_draft_model_is_refused(session, bundled_model):
-    with pytest.raises(mx.ParameterError, match=r"drafts with a draft model that drafts alone \(Session.open\(path, "
-                                                r"draft_model=...\)\), and the draft model this session has is a "
-                                                "EAGLE-3 head"):
+    with pytest.raises(
+        mx.ParameterError,
+        match=r"drafts with a draft model that drafts alone \(Session.open\(path, "
+        r"draft_model=...\)\), and the draft model this session has is a "
+        "EAGLE-3 head",
+    ):
         session.generate(PROMPTS[0], max_tokens=8, n_max=2, drafter="draft-simple")
     with mx.Session.open(bundled_model, n_ctx=512, threads=1, draft_model=draft_model_path()) as s:
         assert s.draft_kind == "draft_model"
@@ -70,8 +77,9 @@ def test_the_wrong_drafter_for_the_draft_model_is_refused(session, bundled_model
             s.generate(PROMPTS[0], max_tokens=8, n_max=2, drafter="draft-eagle3")
     # the engine's own backstop says the same where Python's check is passed by
     settings = mx.DraftSettings(n_max=2, drafter="draft-simple", max_tokens=4)
-    with pytest.raises(mx.ParameterError, match="needs a draft model of kind draft_model, and this session's is a "
-                                                "eagle3_head"):
+    with pytest.raises(
+        mx.ParameterError, match="needs a draft model of kind draft_model, and this session's is a eagle3_head"
+    ):
         session._engine.begin(session.tokenize(PROMPTS[0]), settings.native_config(0), settings.native_params())
 
 
@@ -92,8 +100,9 @@ def _rewrite_head(src, dst, tensors=None, **fields):
         if tensors and t.name in tensors:
             w.add_tensor(t.name, tensors[t.name])
             continue
-        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
+        w.add_tensor(
+            t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])), raw_dtype=t.tensor_type
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -105,13 +114,25 @@ def _rewrite_head(src, dst, tensors=None, **fields):
 _OTHER_FC = np.random.default_rng(0).standard_normal((256, 3 * 512)).astype(np.float16)
 
 
-@pytest.mark.parametrize("fields, tensors, error, match", [
-    ({"eagle3.target_hidden_size": (512, gguf.GGUFValueType.UINT32)}, {"fc.weight": _OTHER_FC}, mx.ParameterError,
-     "hidden size 512"),
-    ({"eagle3.target_layers": ([2, 3, 9], None)}, None, mx.ParameterError, "layer 9, beyond this target's 4 layers"),
-    # llama.cpp refuses this file itself when it loads it, and says why
-    ({"eagle3.target_layers": ([1, 2], None)}, None, mx.ModelLoadError, "EAGLE3 requires exactly 3 entries"),
-])
+@pytest.mark.parametrize(
+    "fields, tensors, error, match",
+    [
+        (
+            {"eagle3.target_hidden_size": (512, gguf.GGUFValueType.UINT32)},
+            {"fc.weight": _OTHER_FC},
+            mx.ParameterError,
+            "hidden size 512",
+        ),
+        (
+            {"eagle3.target_layers": ([2, 3, 9], None)},
+            None,
+            mx.ParameterError,
+            "layer 9, beyond this target's 4 layers",
+        ),
+        # llama.cpp refuses this file itself when it loads it, and says why
+        ({"eagle3.target_layers": ([1, 2], None)}, None, mx.ModelLoadError, "EAGLE3 requires exactly 3 entries"),
+    ],
+)
 def test_a_head_for_another_target_is_refused(tmp_path, bundled_model, head, fields, tensors, error, match):
     bad = _rewrite_head(head, tmp_path / "bad-eagle3.gguf", tensors, **fields)
     with pytest.raises(error, match=match):
@@ -133,8 +154,10 @@ def test_greedy_output_equals_plain_except_at_reported_near_ties(session, oracle
                     rows = t.n_drafted > 0
                     assert (t.draft_prob[rows][:, 0] >= p_min).all()
     assert len(ties) <= runs // 4
-    total = sum(int(t.n_accepted.sum()) for t in [session.generate(p, max_tokens=MAX_TOKENS, n_max=3,
-                                                                    drafter="draft-eagle3") for p in PROMPTS])
+    total = sum(
+        int(t.n_accepted.sum())
+        for t in [session.generate(p, max_tokens=MAX_TOKENS, n_max=3, drafter="draft-eagle3") for p in PROMPTS]
+    )
     assert total > 0  # the head drafts usefully: its drafts are accepted
 
 
@@ -152,18 +175,28 @@ def test_simulator_replays_the_head_exactly(session, oracles, n_max):
     check_replay_exact(session, oracles[prompt], prompt, "draft-eagle3", n_max, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("spec, p_min, prompt", [("draft-eagle3", 0.0, "class Stack:\n    def __init__(self):"),
-                                                  ("draft-eagle3", 0.5, "def fibonacci(n):"),
-                                                  ("draft-eagle3", 0.0, "import os\nimport sys\n"),
-                                                  # the look-up drafts some steps: llama.cpp's bridge row (below)
-                                                  ("ngram-simple,draft-eagle3", 0.5,
-                                                   "class Stack:\n    def __init__(self):")])
+@pytest.mark.parametrize(
+    "spec, p_min, prompt",
+    [
+        ("draft-eagle3", 0.0, "class Stack:\n    def __init__(self):"),
+        ("draft-eagle3", 0.5, "def fibonacci(n):"),
+        ("draft-eagle3", 0.0, "import os\nimport sys\n"),
+        # the look-up drafts some steps: llama.cpp's bridge row (below)
+        ("ngram-simple,draft-eagle3", 0.5, "class Stack:\n    def __init__(self):"),
+    ],
+)
+@pytest.mark.reference
 def test_matches_the_reference(reference_binary, bundled_model, head, spec, p_min, prompt):
     """Text and drafted/accepted totals equal ``llama-speculative-simple --spec-type SPEC -md HEAD``. In the chain,
     after each step the look-up drafted, llama.cpp decodes the head's deferred row with the newest g (see
     native_ext/eagle3_drafter.cpp); with the deferred g this case drafts 35 tokens where the reference drafts 37."""
-    from mtp_explorer.devtools.reference import (compare_with_reference, reference_checkpoints,
-                                                 replay_reference_budget, run_reference_spec, spec_type_args)
+    from mtp_explorer.devtools.reference import (
+        compare_with_reference,
+        reference_checkpoints,
+        replay_reference_budget,
+        run_reference_spec,
+        spec_type_args,
+    )
 
     n_max = 3
     assert not reference_checkpoints(bundled_model, spec) and reference_checkpoints(bundled_model, "draft-simple")
@@ -214,12 +247,15 @@ def test_the_replay_says_where_it_is_approximate(oracles):
         warnings.simplefilter("error", mx.ReplayApproximate)
         mx.simulate(oracle, 3, drafter="draft-eagle3")
         mx.simulate(oracle, 0, drafter="ngram-simple,draft-eagle3")
-        mx.simulate(oracle, mx.DraftSettings(n_max=3, drafter="ngram-simple,draft-eagle3", chain_policy="best",
-                                             max_tokens=oracle.max_tokens))
+        mx.simulate(
+            oracle,
+            mx.DraftSettings(
+                n_max=3, drafter="ngram-simple,draft-eagle3", chain_policy="best", max_tokens=oracle.max_tokens
+            ),
+        )
 
 
 def test_walk_equals_the_vectorised_path(oracles):
     from test_replay import check_walk_equals_the_vectorised_path
 
     check_walk_equals_the_vectorised_path(oracles[PROMPTS[1]], "draft-eagle3", ((1, 0.0, 0), (3, 0.3, 2), (4, 0.0, 0)))
-

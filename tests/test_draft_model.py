@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import torch
+from conftest import heldout_sequences
 
 from training import draft as D
-from conftest import heldout_sequences
 from training.tokenizer import vocab_from_gguf
+
+pytestmark = pytest.mark.train
 
 SEQ = 128
 N_SEQ = 4
@@ -46,8 +47,9 @@ def _llama_logits(path, seqs, *, f32_cache: bool) -> list[np.ndarray]:
     import llama_cpp
 
     kw = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_cache else {}
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=SEQ, n_batch=SEQ, n_threads=1, logits_all=True,
-                          verbose=False, **kw)
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=SEQ, n_batch=SEQ, n_threads=1, logits_all=True, verbose=False, **kw
+    )
     out = []
     try:
         for ids in seqs:
@@ -104,18 +106,21 @@ def test_greedy_next_token_agrees_with_pytorch_twin(draft_path, twin, sequences)
 
 
 def test_draft_rounds_counts_first_verifications():
-    log = "\n".join([
-        "D accepted 2/2 draft tokens, the last target token is: (5)",
-        "D partial acceptance: 1 < 3, restoring checkpoint",
-        "D accepted 2/2 draft tokens, the last target token is: (7)",  # the re-verification: not a draft round
-        "D accepted 0/0 draft tokens, the last target token is: (8)",  # no draft: not a round
-        "D partial acceptance: 0 < 3, restoring checkpoint",
-        "D accepted 1/1 draft tokens, the last target token is: (9)",
-    ])
+    log = "\n".join(
+        [
+            "D accepted 2/2 draft tokens, the last target token is: (5)",
+            "D partial acceptance: 1 < 3, restoring checkpoint",
+            "D accepted 2/2 draft tokens, the last target token is: (7)",  # the re-verification: not a draft round
+            "D accepted 0/0 draft tokens, the last target token is: (8)",  # no draft: not a round
+            "D partial acceptance: 0 < 3, restoring checkpoint",
+            "D accepted 1/1 draft tokens, the last target token is: (9)",
+        ]
+    )
     r = D.draft_rounds(log)
     assert (r.drafted, r.accepted, r.rounds, r.partial) == (8, 3, 3, 2)
 
 
+@pytest.mark.reference
 def test_speculative_simple_gives_the_plain_greedy_text(draft_path, bundled_model, reference_binary):
     from training.llama_ref import LlamaMTP
 
@@ -131,6 +136,7 @@ def test_speculative_simple_gives_the_plain_greedy_text(draft_path, bundled_mode
     assert drafted > 0 and accepted / drafted > 0.2, (accepted, drafted)
 
 
+@pytest.mark.reference
 def test_rounds_match_independent_simulation(draft_path, bundled_model, reference_binary):
     """The draft rounds read from the binary's log are what a simulation with llama-cpp-python predicts."""
     from training.llama_ref import LlamaMTP

@@ -12,15 +12,20 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import SHORT_NGRAM, check_accounting, check_replay_exact, run_isolated
 
 import mtp_explorer as mx
 from mtp_explorer.core import drafters
 from mtp_explorer.models import draft_model_path
 
-from conftest import SHORT_NGRAM, check_accounting, check_replay_exact, run_isolated
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
-PROMPTS = ("import os\nimport sys\n\n\ndef main(argv):\n", "class Stack:\n    def __init__(self):\n",
-           "def read_lines(path):\n    with open(path) as f:\n", "for i in range(10):\n")
+PROMPTS = (
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def read_lines(path):\n    with open(path) as f:\n",
+    "for i in range(10):\n",
+)
 SPECS = ("draft-simple", "ngram-simple,draft-simple", "draft-simple,draft-mtp")
 MAX_TOKENS = 48
 
@@ -54,8 +59,9 @@ def test_greedy_output_equals_plain_except_at_reported_near_ties(session, oracle
         for spec in SPECS:
             for n_max in (1, 3, 5):
                 for p_min in (0.0, 0.5):
-                    t = session.generate(prompt, max_tokens=MAX_TOKENS, n_max=n_max, p_min=p_min, drafter=spec,
-                                         **SHORT_NGRAM)
+                    t = session.generate(
+                        prompt, max_tokens=MAX_TOKENS, n_max=n_max, p_min=p_min, drafter=spec, **SHORT_NGRAM
+                    )
                     runs += 1
                     check_accounting(t)
                     cmp = mx.compare(oracle, t)  # the tolerance measured for the file
@@ -67,8 +73,11 @@ def test_greedy_output_equals_plain_except_at_reported_near_ties(session, oracle
                         ties.append(f"{spec} n_max={n_max} {prompt!r}: token {at}, margin {found[0]['margin']:.4f}")
     assert len(ties) <= runs // 4, ties
     if ties:
-        warnings.warn(f"{len(ties)} of {runs} draft-model runs diverged from plain decoding at a floating-point "
-                      "near-tie:\n" + "\n".join(ties), stacklevel=1)
+        warnings.warn(
+            f"{len(ties)} of {runs} draft-model runs diverged from plain decoding at a floating-point "
+            "near-tie:\n" + "\n".join(ties),
+            stacklevel=1,
+        )
 
 
 def test_drafts_carry_confidence_and_top_k(session):
@@ -158,7 +167,15 @@ def test_cli_takes_the_draft_model(bundled_model, tmp_path):
 def test_calibration_and_sweep_take_the_draft_model(session, oracles):
     cal = mx.calibrate(list(oracles.values()), n_bins=5, p_min=[0.0, 0.5], drafter="draft-simple")
     assert 0.0 <= cal.ece <= 1.0 and cal.table["count"].sum() > 0
-    sweep = mx.sweep(session, list(PROMPTS[:2]), n_max=[0, 2], p_min=[0.0, 0.5], mode="simulate",
-                     max_tokens=MAX_TOKENS, drafter=("mtp", "draft-simple"), progress=False)
+    sweep = mx.sweep(
+        session,
+        list(PROMPTS[:2]),
+        n_max=[0, 2],
+        p_min=[0.0, 0.5],
+        mode="simulate",
+        max_tokens=MAX_TOKENS,
+        drafter=("mtp", "draft-simple"),
+        progress=False,
+    )
     assert set(sweep["drafter"]) == {"draft-mtp", "draft-simple"}  # "mtp": llama.cpp's name in the table
     assert (sweep.groupby("prompt")["tokens_digest"].nunique() == 1).all()

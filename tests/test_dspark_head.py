@@ -20,6 +20,8 @@ import torch
 
 from training import dspark as S
 
+pytestmark = pytest.mark.train
+
 PROMPT = "def fib(n):"
 
 
@@ -27,8 +29,10 @@ PROMPT = "def fib(n):"
 def heads(tmp_path_factory):
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("dspark")
-    return {conf: S.random_dspark_head_gguf(work / f"dspark-{conf}.gguf", work / f"w{conf}", confidence_head=conf)
-            for conf in (True, False)}
+    return {
+        conf: S.random_dspark_head_gguf(work / f"dspark-{conf}.gguf", work / f"w{conf}", confidence_head=conf)
+        for conf in (True, False)
+    }
 
 
 def _field(reader, key):
@@ -58,23 +62,26 @@ def test_layout(heads, bundled_model, conf):
 
 
 @pytest.mark.parametrize("conf", [True, False])
+@pytest.mark.reference
 def test_speculative_simple_drafts_and_gives_the_plain_greedy_text(heads, bundled_model, reference_binary, conf):
     from training.draft import greedy_pieces
     from training.llama_ref import LlamaMTP
 
     with LlamaMTP(bundled_model, n_ctx=1024, n_threads=1) as m:
         plain = greedy_pieces(m, PROMPT, 40)
-    for p_min in ((None, 0.3) if conf else (None,)):
-        r = S.run_totals(S.spec_command(heads[conf], PROMPT, p_min=p_min, binary=reference_binary,
-                                        target=bundled_model))
+    for p_min in (None, 0.3) if conf else (None,):
+        r = S.run_totals(
+            S.spec_command(heads[conf], PROMPT, p_min=p_min, binary=reference_binary, target=bundled_model)
+        )
         assert r["rc"] == 0, r["stderr_tail"]
         assert int(r["totals"]["n_drafted"]) > 0, r["totals"]
         out = r["text"].lstrip("\n")
         assert out.startswith(PROMPT), out
-        gen = out[len(PROMPT):].rstrip("\n")
+        gen = out[len(PROMPT) :].rstrip("\n")
         assert len(gen) > 20 and plain.startswith(gen), (gen, plain)
 
 
+@pytest.mark.reference
 def test_no_confidence_head_refuses_p_min(heads, bundled_model, reference_binary):
     cmd = S.spec_command(heads[False], PROMPT, p_min=0.3, binary=reference_binary, target=bundled_model)
     p = subprocess.run(cmd, capture_output=True, timeout=120)
@@ -106,8 +113,9 @@ def test_the_shipped_head_converts_again_and_its_confidence_cuts_drafts():
     head, meta = S.load_head(S.SHIPPED_HEAD)
     assert head.cfg.confidence_head and meta["steps"] > 0
     with tempfile.TemporaryDirectory() as tmp:
-        again = S.convert_head(head, Path(tmp) / "again.gguf", Path(tmp), name=S.HEAD_NAME,
-                               description=S.describe_training(meta))
+        again = S.convert_head(
+            head, Path(tmp) / "again.gguf", Path(tmp), name=S.HEAD_NAME, description=S.describe_training(meta)
+        )
         assert again.read_bytes() == S.SHIPPED_GGUF.read_bytes()
     prompts = ("def fib(n):", "class Point:\n    def __init__(self, x, y):\n", "import os\n\n\ndef walk(top):\n")
     with mx.Session.open(heads["draft-dspark"].target_path, n_ctx=1024, threads=1, draft_model=S.SHIPPED_GGUF) as s:

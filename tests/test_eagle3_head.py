@@ -22,6 +22,8 @@ import torch
 
 from training import eagle3 as E
 
+pytestmark = pytest.mark.train
+
 PROMPTS = ("def fib(n):", "class Point:\n    def __init__(self, x, y):\n", "import os\n\n\ndef walk(top):\n")
 MAX_TOKENS = 48
 
@@ -63,21 +65,23 @@ def test_the_package_lists_the_head_with_its_target(head_path, bundled_model):
 
 
 def test_parse_rounds_by_depth():
-    log = "\n".join([
-        "D accepted 3/3 draft tokens, the last target token is: (5)",
-        "D partial acceptance: 1 < 3, restoring checkpoint",
-        "D accepted 2/2 draft tokens, the last target token is: (7)",  # the re-verification: not a draft round
-        "D accepted 0/0 draft tokens, the last target token is: (8)",  # no draft: not a round
-        "D partial acceptance: 0 < 3, restoring checkpoint",
-        "D accepted 1/1 draft tokens, the last target token is: (9)",
-    ])
+    log = "\n".join(
+        [
+            "D accepted 3/3 draft tokens, the last target token is: (5)",
+            "D partial acceptance: 1 < 3, restoring checkpoint",
+            "D accepted 2/2 draft tokens, the last target token is: (7)",  # the re-verification: not a draft round
+            "D accepted 0/0 draft tokens, the last target token is: (8)",  # no draft: not a round
+            "D partial acceptance: 0 < 3, restoring checkpoint",
+            "D accepted 1/1 draft tokens, the last target token is: (9)",
+        ]
+    )
     r = E.parse_rounds(log)
     assert (r.drafted, r.accepted, r.rounds) == (9, 4, 3)
     assert r.by_depth == [2, 1, 1] and r.drafted_at == [3, 3, 3]
 
 
-def test_speculative_simple_accepts_drafts_and_gives_the_plain_greedy_text(head_path, bundled_model,
-                                                                           reference_binary):
+@pytest.mark.reference
+def test_speculative_simple_accepts_drafts_and_gives_the_plain_greedy_text(head_path, bundled_model, reference_binary):
     from training.draft import greedy_pieces
     from training.llama_ref import LlamaMTP
 
@@ -85,8 +89,15 @@ def test_speculative_simple_accepts_drafts_and_gives_the_plain_greedy_text(head_
         plain = [greedy_pieces(m, p, MAX_TOKENS + 8) for p in PROMPTS]
     drafted = accepted = 0
     for prompt, text in zip(PROMPTS, plain):
-        r = E.run_spec(prompt, "draft-eagle3", head=head_path, n_max=3, max_tokens=MAX_TOKENS,
-                       target=bundled_model, binary=reference_binary)
+        r = E.run_spec(
+            prompt,
+            "draft-eagle3",
+            head=head_path,
+            n_max=3,
+            max_tokens=MAX_TOKENS,
+            target=bundled_model,
+            binary=reference_binary,
+        )
         assert r is not None, "the reference binary lost the end of its log 8 times"
         assert r.generated >= MAX_TOKENS
         assert r.text and text.startswith(r.text), (prompt, r.text, text)
@@ -102,6 +113,7 @@ def twin():
     return head, E.Target(E.TARGET, head.cfg.target_layer_ids)
 
 
+@pytest.mark.reference
 def test_llama_cpp_drafts_what_the_pytorch_head_drafts(head_path, bundled_model, reference_binary, twin):
     import subprocess
 
@@ -111,12 +123,35 @@ def test_llama_cpp_drafts_what_the_pytorch_head_drafts(head_path, bundled_model,
     with LlamaMTP(bundled_model, n_ctx=256, n_threads=1) as m:
         ids = [m.tokenize(p) for p in PROMPTS]
     for prompt, x in zip(PROMPTS, ids):
-        cmd = [str(reference_binary), "-m", str(bundled_model), "-md", str(head_path), "--spec-type", "draft-eagle3",
-               "--spec-draft-n-max", "3", "-p", prompt, "-n", "4", "-c", "256", "-t", "1", "--temp", "0",
-               "--seed", "0", "-lv", "5"]
+        cmd = [
+            str(reference_binary),
+            "-m",
+            str(bundled_model),
+            "-md",
+            str(head_path),
+            "--spec-type",
+            "draft-eagle3",
+            "--spec-draft-n-max",
+            "3",
+            "-p",
+            prompt,
+            "-n",
+            "4",
+            "-c",
+            "256",
+            "-t",
+            "1",
+            "--temp",
+            "0",
+            "--seed",
+            "0",
+            "-lv",
+            "5",
+        ]
         for _ in range(8):  # the debug log is written by a thread that can lose its tail at exit
-            logged = E.logged_first_draft(subprocess.run(cmd, capture_output=True, timeout=120).stderr
-                                          .decode("utf-8", errors="replace"))
+            logged = E.logged_first_draft(
+                subprocess.run(cmd, capture_output=True, timeout=120).stderr.decode("utf-8", errors="replace")
+            )
             if len(logged) == 3:
                 break
         ours = E.first_draft(head, target, x, 3)

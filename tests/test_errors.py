@@ -8,9 +8,9 @@ import math
 import subprocess
 
 import pytest
+from conftest import run_isolated
 
 import mtp_explorer as mx
-from conftest import run_isolated
 
 
 def _open_isolated(path, expect: str) -> None:
@@ -60,7 +60,7 @@ def test_truncated_gguf(tmp_path, model_mixed, fraction):
 def test_a_hybrid_model_without_attention_is_refused_before_llama_cpp_aborts(tmp_path):
     """SYNTHETIC 2-layer qwen35: both trunk layers recurrent (full_attention_interval 4). llama.cpp 0.3.36 aborts the
     process at its first decode (GGML_ASSERT(buffer) in set_input_k_idxs); the session refuses it first."""
-    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+    from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
     path = write_synthetic_qwen35(tmp_path / "no-attention.gguf", n_layer=2)
     assert mx.model_info(path).n_layer_attention == 0
@@ -88,9 +88,16 @@ def test_library_without_nextn_api(model_mixed):
 
     ggml_base = _native.libllama_path().replace("libllama", "libggml-base")
     assert _native.missing_nextn_symbols(ggml_base) == [
-        "llama_set_embeddings_nextn", "llama_get_embeddings_nextn_ith", "llama_model_n_layer_nextn", "llama_n_rs_seq",
-        "llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_get_embeddings_nextn",
-        "llama_model_target_layer_ids", "llama_model_target_layer_ids_n", "llama_set_nextn_layer_offset",
+        "llama_set_embeddings_nextn",
+        "llama_get_embeddings_nextn_ith",
+        "llama_model_n_layer_nextn",
+        "llama_n_rs_seq",
+        "llama_set_embeddings_layer_inp",
+        "llama_get_embeddings_layer_inp",
+        "llama_get_embeddings_nextn",
+        "llama_model_target_layer_ids",
+        "llama_model_target_layer_ids_n",
+        "llama_set_nextn_layer_offset",
         "llama_get_ctx_other",
     ]
     with pytest.raises(mx.LibraryError, match="llama_set_embeddings_nextn"):
@@ -120,11 +127,27 @@ def test_a_library_with_its_own_cxx_runtime_is_refused(tmp_path, model_mixed, st
 
     (tmp_path / "answer.cpp").write_text(CXX_SOURCE)
     lib = tmp_path / "libanswer.so"
-    subprocess.run(["g++", "-shared", "-fPIC", *(["-static-libstdc++"] if static else []), "-o", str(lib),
-                    str(tmp_path / "answer.cpp")], check=True)
+    subprocess.run(
+        [
+            "g++",
+            "-shared",
+            "-fPIC",
+            *(["-static-libstdc++"] if static else []),
+            "-o",
+            str(lib),
+            str(tmp_path / "answer.cpp"),
+        ],
+        check=True,
+    )
     assert ("libstdc++.so.6" in needed_libraries(lib)) is not static
     installed = native_libraries(_native.__file__, _native.libllama_path())
-    assert {p.name.split(".")[0] for p in installed} >= {"_native", "libllama", "libggml", "libggml-base", "libggml-cpu"}
+    assert {p.name.split(".")[0] for p in installed} >= {
+        "_native",
+        "libllama",
+        "libggml",
+        "libggml-base",
+        "libggml-cpu",
+    }
     check_shared_cxx_runtime(installed)
     if not static:
         check_shared_cxx_runtime([lib])
@@ -266,9 +289,15 @@ def test_bad_documents_are_format_errors(model_mixed):
         o = s.record_oracle("def f(x):", max_tokens=6, depth=2, probe=False, batch_shift=False)
     doc = json.loads(t.to_json())
     doc["columns"]["n_accepted"]["data"] = doc["columns"]["n_accepted"]["data"][:-1]
-    cases = {"not json": mx.Trace, "[1, 2]": mx.Trace, "{}": mx.Trace, json.dumps(doc): mx.Trace,
-             json.dumps({"format": "mtp-explorer-trace/1"}): mx.Trace, "{}{": mx.OracleTrace,
-             json.dumps({"format": "mtp-explorer-oracle/2", "columns": {}}): mx.OracleTrace}
+    cases = {
+        "not json": mx.Trace,
+        "[1, 2]": mx.Trace,
+        "{}": mx.Trace,
+        json.dumps(doc): mx.Trace,
+        json.dumps({"format": "mtp-explorer-trace/1"}): mx.Trace,
+        "{}{": mx.OracleTrace,
+        json.dumps({"format": "mtp-explorer-oracle/2", "columns": {}}): mx.OracleTrace,
+    }
     for text, cls in cases.items():
         with pytest.raises(mx.FormatError) as info:
             cls.from_json(text)

@@ -20,11 +20,14 @@ def test_the_card_tells_the_shipped_run_and_nothing_for_a_file_made_otherwise():
     assert "13 trunk layers" not in text and "12 trunk layers" in text
 
 
-
 def test_the_layer_row_follows_the_file():
     shipped = render_measured(json.loads((LOGS / "evaluate.json").read_text()))
-    assert ("| layers | gated delta net, gated delta net, gated delta net, gated full attention "
-            "(`full_attention_interval` 4) |") in shipped
+    assert (
+        "| layers | gated delta net, gated delta net, gated delta net, gated full attention "
+        "(`full_attention_interval` 4) |"
+    ) in shipped
     trunk = render_measured(json.loads((LOGS / "evaluate-trunk-v2-average.json").read_text()))
-    assert ("| layers | 3 × (gated delta net, gated delta net, gated delta net, gated full attention) "
-            "(`full_attention_interval` 4) |") in trunk
+    assert (
+        "| layers | 3 × (gated delta net, gated delta net, gated delta net, gated full attention) "
+        "(`full_attention_interval` 4) |"
+    ) in trunk

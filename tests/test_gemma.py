@@ -17,6 +17,8 @@ import mtp_explorer as mx
 from mtp_explorer.core import drafters
 from mtp_explorer.core.gguf_header import HeaderReader
 
+pytestmark = pytest.mark.slow  # the real pretrained model: minutes
+
 #: editing prompts: the continuation copies much of the prompt, so the look-ups draft
 PROMPTS = [
     "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"

@@ -4,14 +4,31 @@ for every n_max and p_min, and the per-step accounting adds up."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import check_accounting
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 PROMPTS = [
-    "def fib(n):", "import os", "class Stack:", "for i in range(10):", "return x + y",
-    "# comment", "while True:", "print('hello')", "x = [1, 2, 3]", "if a == b:",
-    "try:\n    pass", "lambda x: x", "with open(f) as fh:", "def __init__(self):", "yield from it",
-    "raise ValueError", "assert len(s) > 0", "from typing import Any", "@property", "async def main():",
+    "def fib(n):",
+    "import os",
+    "class Stack:",
+    "for i in range(10):",
+    "return x + y",
+    "# comment",
+    "while True:",
+    "print('hello')",
+    "x = [1, 2, 3]",
+    "if a == b:",
+    "try:\n    pass",
+    "lambda x: x",
+    "with open(f) as fh:",
+    "def __init__(self):",
+    "yield from it",
+    "raise ValueError",
+    "assert len(s) > 0",
+    "from typing import Any",
+    "@property",
+    "async def main():",
 ]
 N_MAX = (1, 2, 3, 5, 8)
 P_MIN = (0.0, 0.3, 0.9)
@@ -100,11 +117,26 @@ def test_temperature_sampling_is_repeatable_and_matches_plain(session_mixed):
 
 #: every drafter and chain, as llama.cpp's --spec-type values, with small look-up sizes so that the n-gram
 #: drafters find matches in these short prompts
-SPEC_TYPES = ("ngram-simple", "ngram-simple,draft-mtp", "ngram-mod", "ngram-mod,draft-mtp", "ngram-map-k",
-              "ngram-map-k4v", "ngram-simple,ngram-map-k,draft-mtp")
-SMALL_OPTIONS = {"ngram_simple_size_n": 2, "ngram_simple_size_m": 6,
-                 "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6,
-                 "ngram_map_k_size_n": 2, "ngram_map_k_size_m": 6, "ngram_map_k4v_size_n": 2, "ngram_map_k4v_size_m": 4}
+SPEC_TYPES = (
+    "ngram-simple",
+    "ngram-simple,draft-mtp",
+    "ngram-mod",
+    "ngram-mod,draft-mtp",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-simple,ngram-map-k,draft-mtp",
+)
+SMALL_OPTIONS = {
+    "ngram_simple_size_n": 2,
+    "ngram_simple_size_m": 6,
+    "ngram_mod_n_match": 2,
+    "ngram_mod_n_min": 1,
+    "ngram_mod_n_max": 6,
+    "ngram_map_k_size_n": 2,
+    "ngram_map_k_size_m": 6,
+    "ngram_map_k4v_size_n": 2,
+    "ngram_map_k4v_size_m": 4,
+}
 REPETITIVE = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n"]
 
 
@@ -117,7 +149,8 @@ def test_every_drafter_and_chain_equals_plain(session_mixed, spec):
         base = session_mixed.generate(prompt, max_tokens=40, n_max=0)
         for n_max in (1, 3, 6):
             for policy in ("first", "best"):
-                t = session_mixed.generate(prompt, max_tokens=40, n_max=n_max, drafter=spec, chain_policy=policy,
-                                           **options)
+                t = session_mixed.generate(
+                    prompt, max_tokens=40, n_max=n_max, drafter=spec, chain_policy=policy, **options
+                )
                 assert t.tokens == base.tokens, (prompt, n_max, policy)
                 check_accounting(t)

@@ -1,6 +1,7 @@
 """SIGINT (JupyterLab's "Interrupt the kernel") stops every long call within one engine step (a long prompt's decode
-within one of its graph nodes): KeyboardInterrupt comes, what the call made is kept where it makes a trace, and the same session generates again. Each call runs
-in a process of its own (tests/interrupt_child.py) that signals itself a moment into the call."""
+within one of its graph nodes): KeyboardInterrupt comes, what the call made is kept where it makes a trace, and the same
+session generates again. Each call runs in a process of its own (tests/interrupt_child.py) that signals itself a moment
+into the call."""
 
 from __future__ import annotations
 
@@ -11,12 +12,24 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 CHILD = Path(__file__).with_name("interrupt_child.py")
 SLACK = 0.5  # seconds beyond the call's longest step or prefill (the issue's bound: one step plus 0.5 s)
 TRACED = {"generate", "stream"}
 PARALLEL = {"generate_parallel", "stream_parallel"}
-CALLS = ["prefill", "generate", "stream", "generate_parallel", "stream_parallel", "record_oracle", "profile_costs",
-         "profile_batch_costs", "measure_crossover", "sweep"]
+CALLS = [
+    "prefill",
+    "generate",
+    "stream",
+    "generate_parallel",
+    "stream_parallel",
+    "record_oracle",
+    "profile_costs",
+    "profile_batch_costs",
+    "measure_crossover",
+    "sweep",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,4 +64,5 @@ def test_an_interrupted_parallel_generation_keeps_each_request(results, call):
     assert all(p["finish_reason"] == "cancelled" and 0 < p["n_tokens"] < 3500 for p in partial)
     for r in results[call]["early"]:  # a signal before the first tokens (a loaded machine): each request cancelled
         assert r["partial_parallel"] is None or (  # None: the signal came before the requests began
-            len(r["partial_parallel"]) == 2 and all(p["finish_reason"] == "cancelled" for p in r["partial_parallel"])), r
+            len(r["partial_parallel"]) == 2 and all(p["finish_reason"] == "cancelled" for p in r["partial_parallel"])
+        ), r

@@ -17,6 +17,8 @@ import mtp_explorer as mx
 from mtp_explorer.core.probes import LAYER_INPUT_ARCHS
 from training.export import model_from_gguf
 
+pytestmark = pytest.mark.train
+
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 
 

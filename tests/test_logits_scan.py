@@ -18,8 +18,12 @@ def rows(n_vocab: int, rng: np.random.Generator):
     normal = rng.normal(0.0, 3.0, n_vocab).astype(np.float32)
     sparse = np.full(n_vocab, -np.inf, dtype=np.float32)
     sparse[rng.choice(n_vocab, size=min(3, n_vocab), replace=False)] = rng.normal(size=min(3, n_vocab))
-    return {"normal": normal, "rounded": np.round(normal), "constant": np.full(n_vocab, 1.5, dtype=np.float32),
-            "mostly -inf": sparse}
+    return {
+        "normal": normal,
+        "rounded": np.round(normal),
+        "constant": np.full(n_vocab, 1.5, dtype=np.float32),
+        "mostly -inf": sparse,
+    }
 
 
 @pytest.mark.parametrize("n_vocab", SIZES)

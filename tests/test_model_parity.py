@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
+from conftest import heldout_sequences
 
 from training import llama_ref
-from conftest import heldout_sequences
 from training.export import export_model, model_from_gguf
 from training.tokenizer import vocab_from_gguf
+
+pytestmark = pytest.mark.train
 
 SEQ = 256
 N_SEQ = 6
@@ -70,8 +71,9 @@ def _torch_outputs(model, ids, h_prev):
 @pytest.fixture(scope="module")
 def f32(tmp_path_factory, model_path, torch_model) -> Path:
     """The PyTorch model exported again with F32 weights."""
-    return export_model(torch_model, vocab_from_gguf(model_path),
-                        tmp_path_factory.mktemp("f32") / "model-f32.gguf", dtype="f32")
+    return export_model(
+        torch_model, vocab_from_gguf(model_path), tmp_path_factory.mktemp("f32") / "model-f32.gguf", dtype="f32"
+    )
 
 
 def test_f32_export_matches_pytorch(f32, torch_model, sequences):
@@ -122,11 +124,14 @@ def test_chained_drafts_match_llama_cpp(f32, torch_model, sequences):
                 rows.append(lg[0])
             want.append(rows)
     with torch.no_grad():
-        outs, _ = torch_model.mtp_chain(torch.tensor([ids]), torch.from_numpy(h)[None], depth,
-                                        starts=torch.tensor(starts))
-        got = [[torch_model.logits(outs[0][0, q]).numpy()] + [torch_model.logits(outs[d][0, i]).numpy()
-                                                              for d in range(1, depth)]
-               for i, q in enumerate(starts)]
+        outs, _ = torch_model.mtp_chain(
+            torch.tensor([ids]), torch.from_numpy(h)[None], depth, starts=torch.tensor(starts)
+        )
+        got = [
+            [torch_model.logits(outs[0][0, q]).numpy()]
+            + [torch_model.logits(outs[d][0, i]).numpy() for d in range(1, depth)]
+            for i, q in enumerate(starts)
+        ]
     for rows_want, rows_got in zip(want, got):
         for a, b in zip(rows_want, rows_got):
             worst = max(worst, float(np.abs(a - b).max()))

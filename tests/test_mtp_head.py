@@ -16,6 +16,8 @@ from mtp_explorer import default_model_path  # noqa: E402
 from training import mtp_head  # noqa: E402
 from training.export import model_from_gguf  # noqa: E402
 
+pytestmark = pytest.mark.train
+
 #: sha256 of the shipped file with the MTP block's tensor data left out (every other byte: header, metadata,
 #: tokenizer, trunk tensors), as the model was before its MTP head was fine-tuned (commit bc26ce3): the
 #: fine-tune must leave all of it as it was.
@@ -24,9 +26,14 @@ TRUNK_SHA256 = "735f02dc3ed3cb74510100bcafa9db11d5779b98f6cec605b646366143c24ada
 
 def _nextn_ranges(path: Path) -> tuple[list[tuple[int, int]], int]:
     reader = gguf.GGUFReader(str(path))
-    n_layer = int(reader.fields["qwen35.block_count"].contents()) - int(reader.fields["qwen35.nextn_predict_layers"].contents())
-    ranges = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in reader.tensors
-                    if t.name.startswith(f"blk.{n_layer}."))
+    n_layer = int(reader.fields["qwen35.block_count"].contents()) - int(
+        reader.fields["qwen35.nextn_predict_layers"].contents()
+    )
+    ranges = sorted(
+        (int(t.data_offset), int(t.data_offset) + int(t.n_bytes))
+        for t in reader.tensors
+        if t.name.startswith(f"blk.{n_layer}.")
+    )
     return ranges, n_layer
 
 
@@ -76,7 +83,7 @@ def test_write_head_changes_only_the_nextn_tensors(tmp_path):
 
 
 def test_write_head_refuses_a_file_of_another_shape(tmp_path):
-    from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+    from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
     other = write_synthetic_qwen35(tmp_path / "other.gguf")  # SYNTHETIC: 64 wide, the demo model is 256
     with pytest.raises(ValueError, match="does not fit"):

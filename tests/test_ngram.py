@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import mtp_explorer as mx
 from conftest import SHORT_NGRAM, check_accounting
 from test_greedy_equivalence import PROMPTS
+
+import mtp_explorer as mx
+
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
 MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the oracle's draft columns
 
@@ -31,10 +33,10 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     cur_len = len(tokens)
     if cur_len <= size_n + size_m + 1:
         return []
-    pattern = tokens[cur_len - size_n + 1: cur_len] + [sampled]
+    pattern = tokens[cur_len - size_n + 1 : cur_len] + [sampled]
     match_pos = 0
     for j in range(cur_len - size_n - 1, 0, -1):
-        if tokens[j: j + len(pattern)] == pattern:
+        if tokens[j : j + len(pattern)] == pattern:
             match_pos = j
             break
     if match_pos == 0:
@@ -42,7 +44,7 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     copy_max = min(size_m, cur_len - (match_pos + size_n))
     if copy_max < size_n:
         return []
-    return tokens[match_pos + size_n: match_pos + size_n + copy_max]
+    return tokens[match_pos + size_n : match_pos + size_n + copy_max]
 
 
 @pytest.mark.parametrize("size_n,size_m", [(1, 4), (2, 8), (3, 8), (4, 3)])
@@ -77,8 +79,9 @@ def test_greedy_equivalence_for_every_drafter(session):
         for drafter in ("ngram-simple", "chain"):
             for n_max in (1, 2, 3, 5, 8):
                 for p_min in (0.0, 0.3, 0.9):
-                    t = session.generate(prompt, max_tokens=40, n_max=n_max, p_min=p_min, drafter=drafter,
-                                         **SHORT_NGRAM)
+                    t = session.generate(
+                        prompt, max_tokens=40, n_max=n_max, p_min=p_min, drafter=drafter, **SHORT_NGRAM
+                    )
                     assert t.tokens == base.tokens, (prompt, drafter, n_max, p_min)
                     check_accounting(t)
                     src = t.columns["drafter"]
@@ -92,8 +95,9 @@ def test_greedy_equivalence_for_every_drafter(session):
     # sampling: the n-gram drafter keeps the output distribution too (same seed, same tokens)
     plain = session.generate(REPETITIVE[0], max_tokens=40, n_max=0, temperature=0.8, seed=3)
     for drafter in ("ngram-simple", "chain"):
-        t = session.generate(REPETITIVE[0], max_tokens=40, n_max=4, temperature=0.8, seed=3, drafter=drafter,
-                             **SHORT_NGRAM)
+        t = session.generate(
+            REPETITIVE[0], max_tokens=40, n_max=4, temperature=0.8, seed=3, drafter=drafter, **SHORT_NGRAM
+        )
         assert t.tokens == plain.tokens
 
 
@@ -163,7 +167,7 @@ def test_ngram_runs_without_mtp_layers(model_no_mtp):
 
 
 def test_ngram_on_non_recurrent_model(models_dir):
-    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 
     path = write_synthetic_glm4moe(models_dir / "glm_ngram.gguf")
     with mx.Session.open(path, n_ctx=512, threads=1) as s:

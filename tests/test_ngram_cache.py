@@ -6,21 +6,24 @@ byte for byte what llama.cpp's llama-lookup-create writes (the libstdc++ map ord
 
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 import warnings
 from pathlib import Path
 
 import pytest
+from conftest import check_accounting, check_drafter_stats, check_replay_exact
 
 import mtp_explorer as mx
-from conftest import check_accounting, check_drafter_stats, check_replay_exact
 from mtp_explorer.analysis import ngram_cache
 from mtp_explorer.core import drafters
 
-PROMPTS = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
-           "def fibonacci(n):", "a b c d e f g a b c d e f g a b c"]
+PROMPTS = [
+    "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2",
+    "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+    "def fibonacci(n):",
+    "a b c d e f g a b c d e f g a b c",
+]
 CORPUS_PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n", "for i in range(10):", "a b c d e f g"]
 SPEC = "ngram-cache"
 CHAIN = "ngram-cache,draft-mtp"
@@ -50,18 +53,25 @@ def caches(session, corpus) -> dict[str, str]:
     dynamic: dict = {}
     ngram_cache.update(dynamic, ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, tokens, len(tokens))
     ngram_cache.save(dynamic, corpus.with_name("dynamic.bin"))
-    return {"lookup_cache_static": ngram_cache.write_static_cache(tokens, corpus.with_name("static.bin")),
-            "lookup_cache_dynamic": str(corpus.with_name("dynamic.bin"))}
+    return {
+        "lookup_cache_static": ngram_cache.write_static_cache(tokens, corpus.with_name("static.bin")),
+        "lookup_cache_dynamic": str(corpus.with_name("dynamic.bin")),
+    }
 
 
+@pytest.mark.reference
 def test_static_cache_writer_is_llama_lookup_create_s(session, model_mixed, tmp_path, lookup_create):
     """write_static_cache writes byte for byte what llama-lookup-create writes for the same text (so the emulated
     libstdc++ map order is the real one, over several rehashes of the map and of its parts), and load() reads it."""
     text = tmp_path / "text.txt"  # varied text (the synthetic model's own output repeats itself)
     text.write_text((Path(mx.__file__).parent / "core" / "drafters.py").read_text())
     ref, ours = tmp_path / "reference.bin", tmp_path / "ours.bin"
-    subprocess.run([str(lookup_create), "-m", str(model_mixed), "-f", str(text), "-lcs", str(ref), "-t", "1"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(lookup_create), "-m", str(model_mixed), "-f", str(text), "-lcs", str(ref), "-t", "1"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     tokens = session.tokenize(text.read_text().removesuffix("\n"))  # llama.cpp's -f drops one final newline
     ngram_cache.write_static_cache(tokens, ours)
     assert ours.read_bytes() == ref.read_bytes()
@@ -90,12 +100,15 @@ def test_speculative_equals_plain(session, caches):
                 at = next(i for i, (a, b) in enumerate(zip(t.tokens, base.tokens)) if a != b)
                 found = [m for m in mx.compare(oracle, t).ties if m["cause"] == "target_argmax"]
                 assert found and found[0]["position"] == at, (prompt, drafter, n_max)
-                ties.append(f"{drafter} n_max={n_max} {prompt!r}: diverged at token {at}, one-row top-2 margin "
-                            f"{found[0]['margin']:.4f}")
+                ties.append(
+                    f"{drafter} n_max={n_max} {prompt!r}: diverged at token {at}, one-row top-2 margin "
+                    f"{found[0]['margin']:.4f}"
+                )
     assert len(ties) <= runs // 4, ties
     if ties:
-        warnings.warn(f"{len(ties)} of {runs} runs diverged at a floating-point near-tie:\n" + "\n".join(ties),
-                      stacklevel=1)
+        warnings.warn(
+            f"{len(ties)} of {runs} runs diverged at a floating-point near-tie:\n" + "\n".join(ties), stacklevel=1
+        )
 
 
 def test_replay_equals_the_engine(session, caches):
@@ -142,8 +155,13 @@ def test_bad_cache_files_are_parameter_errors(session, tmp_path):
     and in the replay's loader alike; so is a token outside the model's vocabulary (engine) and a value that is
     not a file name."""
     good = _record((1, 2, -1, -1), [(3, 2), (4, 1)])
-    bad = {"missing.bin": None, "truncated.bin": good[:-3], "partial.bin": good + b"\x01\x00\x00",
-           "no-tokens.bin": _record((1, 2, -1, -1), []), "zero-count.bin": _record((1, 2, -1, -1), [(3, 0)])}
+    bad = {
+        "missing.bin": None,
+        "truncated.bin": good[:-3],
+        "partial.bin": good + b"\x01\x00\x00",
+        "no-tokens.bin": _record((1, 2, -1, -1), []),
+        "zero-count.bin": _record((1, 2, -1, -1), [(3, 0)]),
+    }
     for name, data in bad.items():
         path = tmp_path / name
         if data is not None:
@@ -187,11 +205,16 @@ def test_defaults_are_llama_cpp_s():
     spec = drafters.drafter(SPEC)
     assert [(o.name, o.flag, o.default, o.is_path) for o in spec.options] == [
         ("lookup_cache_static", "--lookup-cache-static", "", True),
-        ("lookup_cache_dynamic", "--lookup-cache-dynamic", "", True)]
+        ("lookup_cache_dynamic", "--lookup-cache-dynamic", "", True),
+    ]
     assert (spec.spec_type, spec.has_confidence, spec.needs_mtp) == ("ngram-cache", False, False)
     assert spec.fixed_draft_len == ngram_cache.N_DRAFT
-    assert (ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, ngram_cache.LLAMA_NGRAM_STATIC,
-            ngram_cache.N_DRAFT) == (1, 4, 2, 8)
+    assert (
+        ngram_cache.LLAMA_NGRAM_MIN,
+        ngram_cache.LLAMA_NGRAM_MAX,
+        ngram_cache.LLAMA_NGRAM_STATIC,
+        ngram_cache.N_DRAFT,
+    ) == (1, 4, 2, 8)
     assert drafters.option_values({"lookup_cache_static": Path("/x/y.bin")})["lookup_cache_static"] == "/x/y.bin"
 
 

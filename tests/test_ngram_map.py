@@ -5,20 +5,33 @@ exactly, alone and in chains under both chain policies."""
 from __future__ import annotations
 
 import pytest
+from conftest import check_replay_exact
 
 import mtp_explorer as mx
-from conftest import check_replay_exact
 from mtp_explorer.core import drafters
 
-PROMPTS = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
-           "a b c d e f g a b c d e f g a b c"]
-SMALL = {"ngram_map_k_size_n": 2, "ngram_map_k_size_m": 4, "ngram_map_k4v_size_n": 2, "ngram_map_k4v_size_m": 3,
-         "ngram_map_k4v_min_hits": 2, "ngram_simple_size_n": 3}
+PROMPTS = [
+    "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2",
+    "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+    "a b c d e f g a b c d e f g a b c",
+]
+SMALL = {
+    "ngram_map_k_size_n": 2,
+    "ngram_map_k_size_m": 4,
+    "ngram_map_k4v_size_n": 2,
+    "ngram_map_k4v_size_m": 3,
+    "ngram_map_k4v_min_hits": 2,
+    "ngram_simple_size_n": 3,
+}
 
 
 def test_replay_equals_the_engine(session_mixed):
-    modes = ["ngram-map-k", "ngram-map-k4v", "ngram-simple,ngram-map-k,draft-mtp",
-             drafters.mode("ngram-map-k4v,draft-mtp", "best")]
+    modes = [
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-simple,ngram-map-k,draft-mtp",
+        drafters.mode("ngram-map-k4v,draft-mtp", "best"),
+    ]
     won = set()
     for prompt in PROMPTS:
         o = session_mixed.record_oracle(prompt, max_tokens=80, depth=6, **SMALL)

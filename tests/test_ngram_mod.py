@@ -5,14 +5,18 @@ five low-acceptance steps) agree exactly, alone and chained with the MTP head un
 from __future__ import annotations
 
 import pytest
+from conftest import check_replay_exact, page_faults_of_second_generation
 
 import mtp_explorer as mx
-from conftest import check_replay_exact, page_faults_of_second_generation
 from mtp_explorer.analysis.replay import NgramModTable
 from mtp_explorer.core import drafters
 
-PROMPTS = ["x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
-           "def fibonacci(n):", "a b c d e f g a b c d e f g a b c"]
+PROMPTS = [
+    "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2",
+    "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+    "def fibonacci(n):",
+    "a b c d e f g a b c d e f g a b c",
+]
 SMALL = {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6}
 
 
@@ -48,8 +52,12 @@ def test_replay_equals_the_engine(session_mixed):
 def test_defaults_and_bad_options(session_mixed):
     values = drafters.option_values()
     assert (values["ngram_mod_n_match"], values["ngram_mod_n_min"], values["ngram_mod_n_max"]) == (24, 48, 64)
-    for bad in ({"ngram_mod_n_match": 0}, {"ngram_mod_n_match": 1025}, {"ngram_mod_n_min": -1},
-                {"ngram_mod_n_max": 2000}):
+    for bad in (
+        {"ngram_mod_n_match": 0},
+        {"ngram_mod_n_match": 1025},
+        {"ngram_mod_n_min": -1},
+        {"ngram_mod_n_max": 2000},
+    ):
         with pytest.raises(mx.ParameterError, match="--spec-ngram-mod-n-"):
             session_mixed.generate("x", max_tokens=4, n_max=2, drafter="ngram-mod", **bad)
     # llama.cpp's defaults need 24 tokens of context before a draft: none in a short generation

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHORT_NGRAM, check_accounting
 
 import mtp_explorer as mx
-from conftest import SHORT_NGRAM, check_accounting
 from mtp_explorer.analysis.oracle import ORACLE_SCHEMA
 from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, compare, cost_consistency, simulate, simulate_grid
 from mtp_explorer.core import drafters, schema
+
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
@@ -26,8 +28,21 @@ N_MAX = (1, 2, 3, 4, 6, 8)
 P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
 TOKENS = 80
 MTP = mx.DRAFTERS.index("mtp")  # the MTP head's slice of the oracle's per-drafter columns
-STEP_COLUMNS = ("pos", "n_drafted", "n_accepted", "drafted", "stop_reason", "correction", "rollback", "rs_slot",
-                "drafter", "batch_step", "n_active", "verify_rows", "draft_rows")
+STEP_COLUMNS = (
+    "pos",
+    "n_drafted",
+    "n_accepted",
+    "drafted",
+    "stop_reason",
+    "correction",
+    "rollback",
+    "rs_slot",
+    "drafter",
+    "batch_step",
+    "n_active",
+    "verify_rows",
+    "draft_rows",
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +104,9 @@ def _report(name: str, doc: dict) -> None:
 
 
 def _check_case(session, o, prompt, n_max, p_min, n_min, drafter, found, **options):
-    real = session.generate(prompt, max_tokens=TOKENS, n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter,
-                            **options)
+    real = session.generate(
+        prompt, max_tokens=TOKENS, n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter, **options
+    )
     check_accounting(real)
     sim = simulate(o, n_max, p_min, n_min, drafter=drafter)
     check_accounting(sim)
@@ -132,8 +148,10 @@ def test_simulator_equals_engine_over_grid(session, oracles):
     assert found["cases"] == len(PROMPTS) * (len(N_MAX) * len(P_MIN) + 7)
     assert not found["unexplained"], found["unexplained"][:3]
     if found["ties"]:
-        warnings.warn(f"{len(found['ties'])} floating-point argmax ties between real runs and the oracle "
-                      f"(see tests/artifacts/oracle_exactness.json): {found['ties'][:2]}")
+        warnings.warn(
+            f"{len(found['ties'])} floating-point argmax ties between real runs and the oracle "
+            f"(see tests/artifacts/oracle_exactness.json): {found['ties'][:2]}"
+        )
     # ties are rare: nearly every case replays exactly
     assert found["exact"] >= 0.9 * found["cases"]
 
@@ -185,31 +203,36 @@ def test_simulator_budget_and_validation(session, oracles):
         session.record_oracle("import os", max_tokens=8, depth=9)  # over the capacity
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: simulate(o, 2, drafter="eagle"), "drafter must be one of"),
-    (lambda o: simulate(o, -1), "n_max must be >= 0"),
-    (lambda o: simulate(o, 9), "n_max=9 exceeds the oracle's capacity of 8 .the depth it recorded.; record the oracle "
-                               "with depth=9"),
-    (lambda o: simulate(o, mx.DraftSettings(n_max=2, temperature=0.8, max_tokens=8)), "records greedy decoding"),
-    (lambda o: simulate(o, mx.DraftSettings(n_max=2, max_tokens=8), 0.5), "not both"),
-    (lambda o: simulate(o, 2, 0.0, 3), "n_min=3 is larger than n_max=2"),
-    (lambda o: simulate(o, 2.5), "n_max"),
-    (lambda o: simulate(o, True), "n_max"),
-    (lambda o: simulate(o, 2, float("nan")), r"p_min must be a finite number in \[0, 1\]"),
-    (lambda o: simulate(o, 2, 0.0, -1), "n_min must be >= 0"),
-    (lambda o: simulate(o, 2, max_tokens=0), "max_tokens must be >= 1"),
-    (lambda o: simulate(o, 2, max_tokens=10**6), "max_tokens=1000000 exceeds the .* tokens the oracle recorded"),
-    (lambda o: simulate(o, 2, max_tokens="8"), "max_tokens"),
-    (lambda o: simulate(o.to_json(), 2), "expected an OracleTrace"),
-    (lambda o: simulate_grid([], [1], [0.0]), "at least one oracle"),
-    (lambda o: simulate_grid(o, [], [0.0]), "at least one value"),
-    (lambda o: simulate_grid(o, [1], ["high"]), "sequences of numbers"),
-    (lambda o: simulate_grid(o, [1, 9], [0.0]), "depth"),
-    (lambda o: simulate_grid(o, [1, 2], [0.0], n_min=[0, 1, 2]), "n_min must be an integer or one per setting"),
-    (lambda o: simulate_grid(o, [1], [0.0], labels=["a", "b"]), "2 labels for 1 oracle"),
-    (lambda o: simulate_grid(o, [1], [0.0], drafter="beam"), "drafter must be one of"),
-    (lambda o: ceiling_tokens_per_second(o, 2, "beam"), "drafter must be one of"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda o: simulate(o, 2, drafter="eagle"), "drafter must be one of"),
+        (lambda o: simulate(o, -1), "n_max must be >= 0"),
+        (
+            lambda o: simulate(o, 9),
+            "n_max=9 exceeds the oracle's capacity of 8 .the depth it recorded.; record the oracle with depth=9",
+        ),
+        (lambda o: simulate(o, mx.DraftSettings(n_max=2, temperature=0.8, max_tokens=8)), "records greedy decoding"),
+        (lambda o: simulate(o, mx.DraftSettings(n_max=2, max_tokens=8), 0.5), "not both"),
+        (lambda o: simulate(o, 2, 0.0, 3), "n_min=3 is larger than n_max=2"),
+        (lambda o: simulate(o, 2.5), "n_max"),
+        (lambda o: simulate(o, True), "n_max"),
+        (lambda o: simulate(o, 2, float("nan")), r"p_min must be a finite number in \[0, 1\]"),
+        (lambda o: simulate(o, 2, 0.0, -1), "n_min must be >= 0"),
+        (lambda o: simulate(o, 2, max_tokens=0), "max_tokens must be >= 1"),
+        (lambda o: simulate(o, 2, max_tokens=10**6), "max_tokens=1000000 exceeds the .* tokens the oracle recorded"),
+        (lambda o: simulate(o, 2, max_tokens="8"), "max_tokens"),
+        (lambda o: simulate(o.to_json(), 2), "expected an OracleTrace"),
+        (lambda o: simulate_grid([], [1], [0.0]), "at least one oracle"),
+        (lambda o: simulate_grid(o, [], [0.0]), "at least one value"),
+        (lambda o: simulate_grid(o, [1], ["high"]), "sequences of numbers"),
+        (lambda o: simulate_grid(o, [1, 9], [0.0]), "depth"),
+        (lambda o: simulate_grid(o, [1, 2], [0.0], n_min=[0, 1, 2]), "n_min must be an integer or one per setting"),
+        (lambda o: simulate_grid(o, [1], [0.0], labels=["a", "b"]), "2 labels for 1 oracle"),
+        (lambda o: simulate_grid(o, [1], [0.0], drafter="beam"), "drafter must be one of"),
+        (lambda o: ceiling_tokens_per_second(o, 2, "beam"), "drafter must be one of"),
+    ],
+)
 def test_simulator_parameter_errors(oracles, call, match):
     """Bad input is a ParameterError (a ValueError) that names the problem, like Session's."""
     with pytest.raises(mx.ParameterError, match=match):
@@ -268,8 +291,14 @@ def test_sim_trace_is_trace_like(oracles):
     o = oracles["for i in range(10):"]
     sim = simulate(o, 4, 0.3)
     s = sim.summary()
-    for key in ("acceptance_rate", "mean_accepted_length", "acceptance_by_depth", "tokens_per_second", "n_steps",
-                "phase_seconds"):
+    for key in (
+        "acceptance_rate",
+        "mean_accepted_length",
+        "acceptance_by_depth",
+        "tokens_per_second",
+        "n_steps",
+        "phase_seconds",
+    ):
         assert key in s
     assert s["tokens_per_second"] == pytest.approx(sim.predicted_tokens_per_second)
     assert list(sim.columns) == list(schema.TRACE_COLUMN_NAMES)  # built from the schema, in the engine's order
@@ -311,7 +340,7 @@ def sim_columns(t):
 
 
 def test_oracle_on_non_recurrent_mtp_model(models_dir):
-    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 
     path = write_synthetic_glm4moe(models_dir / "glm_oracle.gguf")
     with mx.Session.open(path, n_ctx=512, threads=1, n_rs_seq=6) as s:
@@ -326,8 +355,12 @@ def test_oracle_on_non_recurrent_mtp_model(models_dir):
 def _whole_ns(cost: mx.CostModel, factor: float = 1000.0) -> mx.CostModel:
     """``cost`` on a machine ``factor`` times as slow, every coefficient a whole number of nanoseconds: its predicted
     step times are whole nanoseconds, which a trace's integer time columns hold exactly."""
-    return mx.CostModel.from_dict({k: (np.rint(np.asarray(v, dtype=np.float64) * factor).tolist()
-                                       if k not in ("samples", "telemetry") else v) for k, v in cost.to_dict().items()})
+    return mx.CostModel.from_dict(
+        {
+            k: (np.rint(np.asarray(v, dtype=np.float64) * factor).tolist() if k not in ("samples", "telemetry") else v)
+            for k, v in cost.to_dict().items()
+        }
+    )
 
 
 def _with_times(trace: mx.Trace, times: dict) -> mx.Trace:
@@ -345,7 +378,14 @@ def test_cost_consistency_prices_a_runs_steps_where_they_happened(model_mixed):
     trace of them: ratio 1), that with the verify phase twice as slow (the ratio its share of the time implies), and
     one step of a plain run slowed a hundredfold (the raw ratio moves, the robust one does not). How near the model
     comes to this machine's measured steps is a measurement, not a test: benchmarks/simulate.py (``timing``)."""
-    settings = [(0, 0.0, "mtp"), (1, 0.0, "mtp"), (3, 0.0, "mtp"), (4, 0.5, "mtp"), (3, 0.0, "ngram"), (3, 0.0, "chain")]
+    settings = [
+        (0, 0.0, "mtp"),
+        (1, 0.0, "mtp"),
+        (3, 0.0, "mtp"),
+        (4, 0.5, "mtp"),
+        (3, 0.0, "ngram"),
+        (3, 0.0, "chain"),
+    ]
     prompt = "def fib(n):"
     with mx.Session.open(model_mixed, n_ctx=512, threads=1, n_rs_seq=4, clock="cpu") as s:
         o = s.record_oracle(prompt, max_tokens=128, depth=4)

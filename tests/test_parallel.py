@@ -13,8 +13,23 @@ from mtp_explorer.analysis.parallel_check import check_parallel
 PROMPTS = ["def fib(n):", "import os\n", "class Stack:\n    def push(self, x):", "for i in range(10):"]
 
 #: columns that must not depend on the other sequences in the batch
-OWN_COLUMNS = ("step", "pos", "n_max", "p_min", "n_min", "drafted", "n_drafted", "n_accepted", "target_tokens",
-               "stop_reason", "correction", "rollback", "rs_slot", "drafter", "candidate_len")
+OWN_COLUMNS = (
+    "step",
+    "pos",
+    "n_max",
+    "p_min",
+    "n_min",
+    "drafted",
+    "n_drafted",
+    "n_accepted",
+    "target_tokens",
+    "stop_reason",
+    "correction",
+    "rollback",
+    "rs_slot",
+    "drafter",
+    "candidate_len",
+)
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +239,15 @@ def test_figures_of_a_parallel_run(session_np4):
         assert set(t.y) == {info.slot}
     bars = plots.batch_rows(result)
     assert list(bars.data[0].y) == list(result.batch_steps()["verify_rows"])
-    frame = pd.DataFrame({"n_parallel": [1, 2, 4], "n_max": [3, 2, 1], "p_min": [0.0, 0.0, 0.5],
-                          "goodput": [300.0, 500.0, 600.0], "plain_tokens_per_second": [200.0, 400.0, 700.0]})
+    frame = pd.DataFrame(
+        {
+            "n_parallel": [1, 2, 4],
+            "n_max": [3, 2, 1],
+            "p_min": [0.0, 0.0, 0.5],
+            "goodput": [300.0, 500.0, 600.0],
+            "plain_tokens_per_second": [200.0, 400.0, 700.0],
+        }
+    )
     cross = plots.parallel_crossover(frame, measured=frame)
     assert any("N=4" in (a.text or "") for a in cross.layout.annotations)
     assert "every N" in plots.parallel_crossover(frame.iloc[:2]).layout.title.text

@@ -11,8 +11,18 @@ import mtp_explorer as mx
 from mtp_explorer.cli import _parser, main, session_kwargs
 from mtp_explorer.core.options import FLASH_ATTN_VALUES, KV_CACHE_TYPES, LOAD_MODES, SessionOptions
 
-PLACEMENT_KEYS = ("n_gpu_layers", "main_gpu", "flash_attn", "type_k", "type_v", "load_mode", "threads_batch",
-                  "repack", "devices", "gpu_offload")
+PLACEMENT_KEYS = (
+    "n_gpu_layers",
+    "main_gpu",
+    "flash_attn",
+    "type_k",
+    "type_v",
+    "load_mode",
+    "threads_batch",
+    "repack",
+    "devices",
+    "gpu_offload",
+)
 
 
 def test_llama_cpp_names_and_defaults():
@@ -21,26 +31,36 @@ def test_llama_cpp_names_and_defaults():
     assert LOAD_MODES[:3] == ("auto", "none", "mmap")
     o = SessionOptions()
     assert (o.n_gpu_layers, o.main_gpu, o.flash_attn, o.type_k, o.type_v, o.load_mode, o.threads_batch) == (
-        -1, 0, "auto", "f16", "f16", "auto", None)
+        -1,
+        0,
+        "auto",
+        "f16",
+        "f16",
+        "auto",
+        None,
+    )
     assert SessionOptions(n_gpu_layers="all").n_gpu_layers == -2
     assert SessionOptions(n_gpu_layers="auto").n_gpu_layers == -1
     assert SessionOptions(flash_attn=True).flash_attn == "on"
     assert SessionOptions(flash_attn=False).flash_attn == "off"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"type_k": "q9_9"}, "type_k must be one of 'f32'"),
-    ({"type_v": "F16"}, "type_v must be one of"),
-    ({"flash_attn": "yes"}, "flash_attn must be one of 'auto', 'off', 'on'"),
-    ({"load_mode": "fast"}, "load_mode must be one of 'auto', 'none', 'mmap'"),
-    ({"n_gpu_layers": "most"}, "'auto' (-1) or 'all' (-2)"),
-    ({"n_gpu_layers": -3}, "n_gpu_layers must be >= -2"),
-    ({"n_gpu_layers": 1.5}, "n_gpu_layers must be an integer"),
-    ({"main_gpu": -1}, "main_gpu must be >= 0"),
-    ({"threads_batch": 0}, "threads_batch must be >= 1"),
-    ({"repack": "no"}, "repack must be True or False (llama.cpp's --repack / --no-repack)"),
-    ({"type_v": "q8_0", "flash_attn": "off"}, "needs flash attention"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"type_k": "q9_9"}, "type_k must be one of 'f32'"),
+        ({"type_v": "F16"}, "type_v must be one of"),
+        ({"flash_attn": "yes"}, "flash_attn must be one of 'auto', 'off', 'on'"),
+        ({"load_mode": "fast"}, "load_mode must be one of 'auto', 'none', 'mmap'"),
+        ({"n_gpu_layers": "most"}, "'auto' (-1) or 'all' (-2)"),
+        ({"n_gpu_layers": -3}, "n_gpu_layers must be >= -2"),
+        ({"n_gpu_layers": 1.5}, "n_gpu_layers must be an integer"),
+        ({"main_gpu": -1}, "main_gpu must be >= 0"),
+        ({"threads_batch": 0}, "threads_batch must be >= 1"),
+        ({"repack": "no"}, "repack must be True or False (llama.cpp's --repack / --no-repack)"),
+        ({"type_v": "q8_0", "flash_attn": "off"}, "needs flash attention"),
+    ],
+)
 def test_bad_placement_is_a_parameter_error(kwargs, message):
     with pytest.raises(mx.ParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SessionOptions(**kwargs)
@@ -63,7 +83,9 @@ def test_use_mmap_is_load_mode(model_mixed):
 
 def test_quantized_k_cache_needs_whole_blocks(model_mixed):
     assert mx.model_info(model_mixed).n_embd_head_k == 16
-    with pytest.raises(mx.ParameterError, match="blocks of 32 values, which do not divide this model's key heads of 16"):
+    with pytest.raises(
+        mx.ParameterError, match="blocks of 32 values, which do not divide this model's key heads of 16"
+    ):
         mx.Session.open(model_mixed, n_ctx=256, type_k="q8_0")
     with mx.Session.open(model_mixed, n_ctx=256, type_k="q8_0", flash_attn="off") as s:  # llama.cpp allows it
         assert len(s.generate("a", max_tokens=4).tokens) == 4
@@ -71,12 +93,28 @@ def test_quantized_k_cache_needs_whole_blocks(model_mixed):
 
 def test_placement_is_applied_and_echoed(bundled_model):
     """A quantized KV cache with flash attention on: the session opens, generates, and every trace says so."""
-    with mx.Session.open(bundled_model, n_ctx=256, threads=1, threads_batch=2, flash_attn="on", type_k="q8_0",
-                         type_v="q8_0", n_gpu_layers="all", repack=False) as s:
+    with mx.Session.open(
+        bundled_model,
+        n_ctx=256,
+        threads=1,
+        threads_batch=2,
+        flash_attn="on",
+        type_k="q8_0",
+        type_v="q8_0",
+        n_gpu_layers="all",
+        repack=False,
+    ) as s:
         p = s.placement
         assert {k: p[k] for k in PLACEMENT_KEYS[:8]} == {
-            "n_gpu_layers": -2, "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0", "type_v": "q8_0",
-            "load_mode": "auto", "threads_batch": 2, "repack": False}
+            "n_gpu_layers": -2,
+            "main_gpu": 0,
+            "flash_attn": "on",
+            "type_k": "q8_0",
+            "type_v": "q8_0",
+            "load_mode": "auto",
+            "threads_batch": 2,
+            "repack": False,
+        }
         assert "CPU" in p["devices"] and isinstance(p["gpu_offload"], bool)
         trace = s.generate("def fib(n):", max_tokens=12, n_max=2)
         assert len(trace.tokens) == 12
@@ -96,11 +134,48 @@ def test_default_placement_resolves_threads_batch(model_mixed):
 
 
 def test_cli_takes_llama_cpp_flags():
-    args = _parser().parse_args(["run", "x", "-ngl", "all", "-mg", "0", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
-                                 "-lm", "none", "-t", "1", "-tb", "2", "-c", "512", "-md", "small.gguf", "-nr"])
-    assert session_kwargs(args) == {"n_ctx": 512, "threads": 1, "threads_batch": 2, "n_rs_seq": 8, "capacity": None,
-                                    "n_gpu_layers": "all", "main_gpu": 0, "flash_attn": "on", "type_k": "q8_0",
-                                    "type_v": "q4_0", "load_mode": "none", "repack": False, "draft_model": "small.gguf"}
+    args = _parser().parse_args(
+        [
+            "run",
+            "x",
+            "-ngl",
+            "all",
+            "-mg",
+            "0",
+            "-fa",
+            "on",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q4_0",
+            "-lm",
+            "none",
+            "-t",
+            "1",
+            "-tb",
+            "2",
+            "-c",
+            "512",
+            "-md",
+            "small.gguf",
+            "-nr",
+        ]
+    )
+    assert session_kwargs(args) == {
+        "n_ctx": 512,
+        "threads": 1,
+        "threads_batch": 2,
+        "n_rs_seq": 8,
+        "capacity": None,
+        "n_gpu_layers": "all",
+        "main_gpu": 0,
+        "flash_attn": "on",
+        "type_k": "q8_0",
+        "type_v": "q4_0",
+        "load_mode": "none",
+        "repack": False,
+        "draft_model": "small.gguf",
+    }
     assert _parser().parse_args(["run", "-ngl", "12"]).n_gpu_layers == 12
     slotless = session_kwargs(_parser().parse_args(["run", "--n-rs-seq", "0", "--capacity", "4"]))
     assert (slotless["n_rs_seq"], slotless["capacity"]) == (0, 4)
@@ -119,11 +194,36 @@ def test_cli_bad_flag_values(capsys):
 
 def test_cli_run_echoes_placement(model_mixed, tmp_path, capsys):
     out = tmp_path / "t.json"
-    assert main(["run", "def f(x):", "-m", str(model_mixed), "-n", "6", "-c", "256", "-fa", "off", "-ctk", "q8_0",
-                 "-lm", "none", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "def f(x):",
+                "-m",
+                str(model_mixed),
+                "-n",
+                "6",
+                "-c",
+                "256",
+                "-fa",
+                "off",
+                "-ctk",
+                "q8_0",
+                "-lm",
+                "none",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     settings = json.loads(out.read_text())["settings"]
     assert (settings["flash_attn"], settings["type_k"], settings["type_v"], settings["load_mode"]) == (
-        "off", "q8_0", "f16", "none")
+        "off",
+        "q8_0",
+        "f16",
+        "none",
+    )
     capsys.readouterr()
     assert main(["run", "x", "-m", str(model_mixed), "-n", "2", "-ctk", "q8_0"]) == 2
     assert "stores blocks of 32 values" in capsys.readouterr().out

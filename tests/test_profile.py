@@ -14,7 +14,7 @@ import mtp_explorer as mx
 from mtp_explorer.analysis.profile import COSTS_FORMAT, DEFAULT_PROMPTS, pooled_columns
 from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, cost_consistency
 from mtp_explorer.cli import main
-from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
 PROMPT = "class Stack:"  # not one of the profile's prompts
 DEPTH = 4
@@ -40,20 +40,31 @@ def oracle(session):
 
 def _scaled(profile: mx.CostProfile, factor: float) -> mx.CostProfile:
     """The profile of a machine ``factor`` times as slow at everything."""
-    cost = mx.CostModel.from_dict({k: (np.asarray(v) * factor if k not in ("samples", "telemetry") else v)
-                                   for k, v in profile.cost.to_dict().items()})
+    cost = mx.CostModel.from_dict(
+        {
+            k: (np.asarray(v) * factor if k not in ("samples", "telemetry") else v)
+            for k, v in profile.cost.to_dict().items()
+        }
+    )
     return dataclasses.replace(profile, cost=cost)
 
 
 # -- what a profile holds, saved and loaded ---------------------------------------------------------
 def test_profile_records_what_it_was_measured_for_and_on(session, profile):
     assert profile.depth == DEPTH == profile.measured["depth"]
-    assert profile.measured["prompts"] == list(DEFAULT_PROMPTS) and profile.measured["n_oracles"] == len(DEFAULT_PROMPTS)
+    assert profile.measured["prompts"] == list(DEFAULT_PROMPTS) and profile.measured["n_oracles"] == len(
+        DEFAULT_PROMPTS
+    )
     assert profile.measured["n_positions"] == len(DEFAULT_PROMPTS) * 128
     info = session.info
-    assert {k: profile.model[k] for k in ("arch", "n_vocab", "n_layer", "n_layer_nextn", "n_embd", "file_type")} == \
-        {"arch": info.arch, "n_vocab": info.n_vocab, "n_layer": info.n_layer, "n_layer_nextn": info.n_layer_nextn,
-         "n_embd": info.n_embd, "file_type": info.file_type}
+    assert {k: profile.model[k] for k in ("arch", "n_vocab", "n_layer", "n_layer_nextn", "n_embd", "file_type")} == {
+        "arch": info.arch,
+        "n_vocab": info.n_vocab,
+        "n_layer": info.n_layer,
+        "n_layer_nextn": info.n_layer_nextn,
+        "n_embd": info.n_embd,
+        "file_type": info.file_type,
+    }
     assert profile.model["file"] == "mixed.gguf" and profile.model["size"] == info.size
     assert profile.options == session.open_kwargs  # every open option, whatever Session.open takes
     assert profile.options["threads"] == 1 and profile.session["threads"] == session.threads
@@ -80,21 +91,25 @@ def test_profile_round_trip(tmp_path, profile, oracle):
 
 def test_progress_reports_each_recording(session):
     calls = []
-    mx.profile_costs(session, ["def f(x):"], max_tokens=16, depth=2, progress=lambda done, total: calls.append(
-        (done, total)))
+    mx.profile_costs(
+        session, ["def f(x):"], max_tokens=16, depth=2, progress=lambda done, total: calls.append((done, total))
+    )
     assert calls == [(1, 2), (2, 2)]  # the warm-up, then the prompt
 
 
-@pytest.mark.parametrize("mangle, match", [
-    (lambda d: "{not json", "invalid JSON"),
-    (lambda d: json.dumps([1, 2]), "JSON object"),
-    (lambda d: json.dumps(d | {"format": "mtp-explorer-oracle/2"}), "format"),
-    (lambda d: json.dumps({k: v for k, v in d.items() if k != "model"}), "lacks"),
-    (lambda d: json.dumps(d | {"model": "qwen"}), "'model' is not a dict"),
-    (lambda d: json.dumps(d | {"cost": d["cost"] | {"verify": [[0, 0]]}}), r"verify has the shape \(1, 2\)"),
-    (lambda d: json.dumps(d | {"cost": d["cost"] | {"bogus": 1}}), "malformed"),
-    (lambda d: json.dumps(d | {"cost": d["cost"] | {"fresh_ns": "fast"}}), "fresh_ns"),
-])
+@pytest.mark.parametrize(
+    "mangle, match",
+    [
+        (lambda d: "{not json", "invalid JSON"),
+        (lambda d: json.dumps([1, 2]), "JSON object"),
+        (lambda d: json.dumps(d | {"format": "mtp-explorer-oracle/2"}), "format"),
+        (lambda d: json.dumps({k: v for k, v in d.items() if k != "model"}), "lacks"),
+        (lambda d: json.dumps(d | {"model": "qwen"}), "'model' is not a dict"),
+        (lambda d: json.dumps(d | {"cost": d["cost"] | {"verify": [[0, 0]]}}), r"verify has the shape \(1, 2\)"),
+        (lambda d: json.dumps(d | {"cost": d["cost"] | {"bogus": 1}}), "malformed"),
+        (lambda d: json.dumps(d | {"cost": d["cost"] | {"fresh_ns": "fast"}}), "fresh_ns"),
+    ],
+)
 def test_malformed_profiles_are_parameter_errors(tmp_path, profile, oracle, mangle, match):
     path = tmp_path / "bad.json"
     path.write_text(mangle(profile.to_dict()))
@@ -119,10 +134,13 @@ def test_a_profile_of_another_model_is_a_parameter_error(models_dir, profile, se
         mx.CostProfile.load(profile.save(models_dir / "costs.json"), model=wide)
     with mx.Session.open(deep, n_ctx=512, threads=1, n_rs_seq=DEPTH) as other:
         o = other.record_oracle(PROMPT, max_tokens=24, depth=DEPTH, probe=False)
-        for call in (lambda: mx.simulate(o, 0, costs=profile), lambda: mx.simulate_grid(o, [0], [0.0], costs=profile),
-                     lambda: ceiling_tokens_per_second(o, 0, costs=profile),
-                     lambda: cost_consistency(o, other.generate(PROMPT, max_tokens=8, n_max=1), costs=profile),
-                     lambda: mx.sweep(other, PROMPT, [0], [0.0], max_tokens=8, costs=profile, progress=False)):
+        for call in (
+            lambda: mx.simulate(o, 0, costs=profile),
+            lambda: mx.simulate_grid(o, [0], [0.0], costs=profile),
+            lambda: ceiling_tokens_per_second(o, 0, costs=profile),
+            lambda: cost_consistency(o, other.generate(PROMPT, max_tokens=8, n_max=1), costs=profile),
+            lambda: mx.sweep(other, PROMPT, [0], [0.0], max_tokens=8, costs=profile, progress=False),
+        ):
             with pytest.raises(mx.ParameterError, match=r"n_layer 4 \(profile\) vs 6"):
                 call()
     # no MTP head: another number of MTP layers
@@ -164,7 +182,8 @@ def test_costs_price_the_oracles_steps_with_the_profiles_machine(profile, oracle
     np.testing.assert_allclose(grid["tokens_per_second"] * 2, ref["tokens_per_second"], rtol=1e-4)
     np.testing.assert_allclose(grid["plain_tokens_per_second"] * 2, ref["plain_tokens_per_second"], rtol=1e-4)
     assert ceiling_tokens_per_second(oracle, 2, costs=slow) == pytest.approx(
-        ceiling_tokens_per_second(oracle, 2, costs=profile) / 2, rel=1e-4)
+        ceiling_tokens_per_second(oracle, 2, costs=profile) / 2, rel=1e-4
+    )
     assert oracle.cost_model is None  # the oracle itself is untouched
 
 
@@ -175,8 +194,9 @@ def test_sweep_with_costs(tmp_path, session, profile):
     assert len(df) == 8 and (df["tokens_per_second"] > 0).all()
     # the times compared below come from one recording: the sweep replays these oracles, priced by the profile
     oracles = [session.record_oracle(p, max_tokens=48, depth=2, probe=False) for p in prompts]
-    replayed = mx.sweep(session, prompts, [0, 2], [0.0, 0.5], max_tokens=48, costs=path, progress=False,
-                        oracles=oracles)
+    replayed = mx.sweep(
+        session, prompts, [0, 2], [0.0, 0.5], max_tokens=48, costs=path, progress=False, oracles=oracles
+    )
     counts = ["prompt", "n_max", "p_min", "n_tokens", "n_steps", "n_drafted", "n_accepted", "tokens_digest"]
     assert replayed[counts].equals(df[counts])  # the same greedy outputs and counts as the sweep that recorded its own
     row = replayed[(replayed["prompt"] == PROMPT) & (replayed["n_max"] == 2) & (replayed["p_min"] == 0.0)].iloc[0]
@@ -185,10 +205,14 @@ def test_sweep_with_costs(tmp_path, session, profile):
     # the sweep sums the steps' phase times as they are, the simulated trace stores each rounded to the ns
     ns = row["seconds"] * 1e9
     assert abs(ns - s["n_tokens"] / s["tokens_per_second"] * 1e9) <= 0.5 * len(mx.core.schema.PHASES) * s["n_steps"]
-    slow = mx.sweep(session, PROMPT, [0, 2], [0.0], max_tokens=48, costs=_scaled(profile, 2.0), progress=False,
-                    oracles=oracles[0])
-    np.testing.assert_allclose(slow["tokens_per_second"] * 2, replayed[replayed["prompt"] == PROMPT]
-                               .query("p_min == 0.0")["tokens_per_second"].to_numpy(), rtol=1e-4)
+    slow = mx.sweep(
+        session, PROMPT, [0, 2], [0.0], max_tokens=48, costs=_scaled(profile, 2.0), progress=False, oracles=oracles[0]
+    )
+    np.testing.assert_allclose(
+        slow["tokens_per_second"] * 2,
+        replayed[replayed["prompt"] == PROMPT].query("p_min == 0.0")["tokens_per_second"].to_numpy(),
+        rtol=1e-4,
+    )
     with pytest.raises(mx.ParameterError, match="not both"):
         mx.sweep(session, PROMPT, [0], [0.0], max_tokens=8, cost=profile.cost, costs=profile, progress=False)
 
@@ -213,8 +237,13 @@ def test_a_profile_prices_like_the_cost_model_of_its_own_recordings(session):
         single = mx.profile_costs(session, [PROMPT], max_tokens=32, progress=False)
     finally:
         session.record_oracle = record
-    assert [(o.prompt, o.max_tokens) for o in seen] == [(PROMPT, 16), (PROMPT, 32), ("import os", 32), (PROMPT, 16),
-                                                        (PROMPT, 32)]
+    assert [(o.prompt, o.max_tokens) for o in seen] == [
+        (PROMPT, 16),
+        (PROMPT, 32),
+        ("import os", 32),
+        (PROMPT, 16),
+        (PROMPT, 32),
+    ]
     full = is_full_telemetry(session.telemetry)
     assert pooled.cost.to_dict() == mx.CostModel.from_columns(pooled_columns(seen[1:3]), DEPTH, full).to_dict()
     own = seen[4]
@@ -237,8 +266,22 @@ def test_pooled_columns_need_one_depth(session, oracle):
 # -- the command ---------------------------------------------------------------------------------------
 def test_cli_profile_writes_a_profile(tmp_path, model_mixed, capsys, oracle):
     out = tmp_path / "costs.json"
-    rc = main(["profile", str(model_mixed), "-o", str(out), "--threads", "1", "--max-tokens", "32",
-               "--n-rs-seq", str(DEPTH), "--n-ctx", "512"])
+    rc = main(
+        [
+            "profile",
+            str(model_mixed),
+            "-o",
+            str(out),
+            "--threads",
+            "1",
+            "--max-tokens",
+            "32",
+            "--n-rs-seq",
+            str(DEPTH),
+            "--n-ctx",
+            "512",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "plain tokens/s" in printed and str(out.name) in printed

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import check_accounting
 
 import mtp_explorer as mx
 from mtp_explorer.core.info import file_type_name
 from mtp_explorer.devtools.quantize import QuantizeError, find_quantize, quantize
 
-from conftest import check_accounting
+pytestmark = pytest.mark.reference
 
 TYPES = ("Q8_0", "Q4_K_M")
 FILES = ("F16",) + TYPES
@@ -57,8 +58,9 @@ def quantized(bundled_model, quantize_binary, tmp_path_factory) -> dict[str, Pat
     out = tmp_path_factory.mktemp("quantized")
     files = {"F16": Path(bundled_model)}
     for t in TYPES:
-        files[t] = quantize(bundled_model, out / f"{Path(bundled_model).stem}-{t}.gguf", t, binary=quantize_binary,
-                            timeout=120)
+        files[t] = quantize(
+            bundled_model, out / f"{Path(bundled_model).stem}-{t}.gguf", t, binary=quantize_binary, timeout=120
+        )
     return files
 
 
@@ -69,9 +71,13 @@ def greedy_runs(quantized) -> dict[str, dict]:
     runs = {}
     for name, path in quantized.items():
         with mx.Session.open(path, n_ctx=1024, threads=1) as s:
-            runs[name] = {p: {"oracle": s.record_oracle(p, max_tokens=MAX_TOKENS, depth=max(N_MAX), probe=False),
-                              **{n: s.generate(p, max_tokens=MAX_TOKENS, n_max=n) for n in (0,) + N_MAX}}
-                          for p in PROMPTS}
+            runs[name] = {
+                p: {
+                    "oracle": s.record_oracle(p, max_tokens=MAX_TOKENS, depth=max(N_MAX), probe=False),
+                    **{n: s.generate(p, max_tokens=MAX_TOKENS, n_max=n) for n in (0,) + N_MAX},
+                }
+                for p in PROMPTS
+            }
     return runs
 
 
@@ -86,8 +92,17 @@ def test_model_info_reports_the_quantization(quantized):
         assert list(info.tensor_types.values()) == sorted(info.tensor_types.values(), reverse=True)
         # the 1-d tensors (norms, SSM vectors, conv) stay F32; the model is the same model
         assert info.tensor_types["F32"] == f16.tensor_types["F32"]
-        same = ("arch", "n_layer", "n_layer_nextn", "n_embd", "n_vocab", "n_params", "has_mtp", "is_recurrent",
-                "rs_slot_bytes")
+        same = (
+            "arch",
+            "n_layer",
+            "n_layer_nextn",
+            "n_embd",
+            "n_vocab",
+            "n_params",
+            "has_mtp",
+            "is_recurrent",
+            "rs_slot_bytes",
+        )
         assert all(getattr(info, k) == getattr(f16, k) for k in same), name
         assert info.size == Path(quantized[name]).stat().st_size
     assert infos["Q8_0"].tensor_types == {"Q8_0": f16.tensor_types["F16"], "F32": f16.tensor_types["F32"]}
@@ -100,10 +115,16 @@ def test_model_info_reports_the_quantization(quantized):
 def test_file_type_names_follow_llama_cpp():
     import gguf
 
-    assert [file_type_name(int(t)) for t in (gguf.LlamaFileType.ALL_F32, gguf.LlamaFileType.MOSTLY_F16,
-                                             gguf.LlamaFileType.MOSTLY_Q8_0, gguf.LlamaFileType.MOSTLY_Q4_K_M,
-                                             gguf.LlamaFileType.MOSTLY_IQ2_XXS)] == ["F32", "F16", "Q8_0", "Q4_K_M",
-                                                                                      "IQ2_XXS"]
+    assert [
+        file_type_name(int(t))
+        for t in (
+            gguf.LlamaFileType.ALL_F32,
+            gguf.LlamaFileType.MOSTLY_F16,
+            gguf.LlamaFileType.MOSTLY_Q8_0,
+            gguf.LlamaFileType.MOSTLY_Q4_K_M,
+            gguf.LlamaFileType.MOSTLY_IQ2_XXS,
+        )
+    ] == ["F32", "F16", "Q8_0", "Q4_K_M", "IQ2_XXS"]
     assert file_type_name(1024 | 15) == "Q4_K_M (guessed)"
     assert file_type_name(41) == "Q2_0" and file_type_name(99) == "unknown (99)"
 
@@ -175,8 +196,11 @@ def test_greedy_speculative_equals_plain(greedy_runs, name):
     # near-ties are rare: most runs are token-for-token identical
     assert len(ties) <= runs // 4, ties
     if ties:
-        warnings.warn(f"{len(ties)} of {runs} greedy speculative runs diverged from plain decoding at a "
-                      f"floating-point near-tie:\n" + "\n".join(ties), stacklevel=1)
+        warnings.warn(
+            f"{len(ties)} of {runs} greedy speculative runs diverged from plain decoding at a "
+            f"floating-point near-tie:\n" + "\n".join(ties),
+            stacklevel=1,
+        )
 
 
 def test_acceptance_by_file(greedy_runs):
@@ -228,8 +252,11 @@ def test_no_repack_changes_the_q4_k_kernels(quantized):
 
 
 def _acceptance(runs: dict) -> dict[int, float]:
-    return {n: sum(int(r[n].n_accepted.sum()) for r in runs.values()) / sum(int(r[n].n_drafted.sum())
-                                                                             for r in runs.values()) for n in N_MAX}
+    return {
+        n: sum(int(r[n].n_accepted.sum()) for r in runs.values())
+        / sum(int(r[n].n_drafted.sum()) for r in runs.values())
+        for n in N_MAX
+    }
 
 
 def _copy_without(src: Path, dst: Path, key: str) -> Path:

@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.synthetic import write_synthetic_qwen35
 from mtp_explorer.devtools.reference import parse_reference_output, replay_reference_budget
+from mtp_explorer.models.synthetic import write_synthetic_qwen35
 
 DATA = Path(__file__).parent / "data"
 
 
 def test_parse_reference_output():
-    run = parse_reference_output((DATA / "speculative_simple.stdout").read_text(),
-                                 (DATA / "speculative_simple.stderr").read_text(), "def fib(n):")
+    run = parse_reference_output(
+        (DATA / "speculative_simple.stdout").read_text(),
+        (DATA / "speculative_simple.stderr").read_text(),
+        "def fib(n):",
+    )
     assert (run.n_predict, run.n_drafted, run.n_accept) == (43, 48, 26)
     assert run.text.startswith(" when$Zin") and not run.text.endswith("\n")
     assert run.tokens_per_second > 0
@@ -59,6 +62,7 @@ def test_target_decode_seconds_are_the_target_contexts_perf_counters():
     assert run.target_decode_seconds == pytest.approx(3.92041)
 
 
+@pytest.mark.reference
 def test_an_incomplete_reference_log_is_run_again(tmp_path):
     """llama-speculative-simple sometimes exits 0 with the tail of its log lost: the run is repeated (a stand-in that
     prints a cut log on its first call and the recorded one after), and a log that stays incomplete is a ToolError."""
@@ -84,12 +88,19 @@ cat {DATA / "speculative_simple.stdout"}; cat {DATA / "speculative_simple.stderr
 def test_replay_matches_recorded_reference(tmp_path):
     """Our engine under the reference's budget rule reproduces the recorded run exactly."""
     path = write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.5, mtp_fidelity=1.0)
-    ref = parse_reference_output((DATA / "speculative_simple.stdout").read_text(),
-                                 (DATA / "speculative_simple.stderr").read_text(), "def fib(n):")
+    ref = parse_reference_output(
+        (DATA / "speculative_simple.stdout").read_text(),
+        (DATA / "speculative_simple.stderr").read_text(),
+        "def fib(n):",
+    )
     with mx.Session.open(path, n_ctx=1024) as s:
         t = replay_reference_budget(s, "def fib(n):", max_tokens=40, n_max=3)
     assert "".join(t.pieces) == ref.text
-    assert (len(t.tokens), int(t.n_drafted.sum()), int(t.n_accepted.sum())) == (ref.n_predict, ref.n_drafted, ref.n_accept)
+    assert (len(t.tokens), int(t.n_drafted.sum()), int(t.n_accepted.sum())) == (
+        ref.n_predict,
+        ref.n_drafted,
+        ref.n_accept,
+    )
 
 
 # (--spec-type, model, prompt): llama.cpp's chains with draft-mtp on a recurrent model, the look-ups alone on a
@@ -98,33 +109,56 @@ def test_replay_matches_recorded_reference(tmp_path):
 # against the replay, and its writer against llama-lookup-create).
 CHAIN_CASES = [
     ("ngram-mod,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
-    ("ngram-simple,ngram-map-k,draft-mtp", "qwen35", "for i in range(3):\n    print(i)\nfor i in range(3):\n    print("),
+    (
+        "ngram-simple,ngram-map-k,draft-mtp",
+        "qwen35",
+        "for i in range(3):\n    print(i)\nfor i in range(3):\n    print(",
+    ),
     ("ngram-mod", "glm4moe", "a b c d e f g a b c d e f g a b c"),
     ("ngram-map-k4v", "glm4moe", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
     ("ngram-cache", "glm4moe", "a b c d e f g a b c d e f g a b c"),
     ("ngram-cache,draft-mtp", "qwen35", "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"),
 ]
-SMALL = {"ngram_simple_size_n": 2, "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_map_k_size_n": 2,
-         "ngram_map_k4v_size_n": 2}
+SMALL = {
+    "ngram_simple_size_n": 2,
+    "ngram_mod_n_match": 2,
+    "ngram_mod_n_min": 1,
+    "ngram_map_k_size_n": 2,
+    "ngram_map_k4v_size_n": 2,
+}
 
 
 @pytest.mark.parametrize("spec, arch, prompt", CHAIN_CASES)
+@pytest.mark.reference
 def test_spec_types_match_the_reference(tmp_path, reference_binary, spec, arch, prompt):
     """Text and drafted/accepted totals equal llama-speculative-simple's for llama.cpp's chains and look-ups
     (its budget rule replayed; a chain verifies the first draft in llama.cpp's order)."""
     from mtp_explorer.core import drafters
-    from mtp_explorer.devtools.reference import compare_with_reference, reference_n_max, run_reference_spec, spec_type_args
-    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
+    from mtp_explorer.devtools.reference import (
+        compare_with_reference,
+        reference_n_max,
+        run_reference_spec,
+        spec_type_args,
+    )
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 
     n_max = reference_n_max(spec, 3)  # (8 with ngram-cache, whose draft length llama.cpp fixes)
     names = {o.name for o in drafters.mode(spec).options}
-    limits = {"ngram_simple_size_m": n_max, "ngram_mod_n_max": n_max, "ngram_map_k_size_m": n_max,
-              "ngram_map_k4v_size_m": n_max}
+    limits = {
+        "ngram_simple_size_m": n_max,
+        "ngram_mod_n_max": n_max,
+        "ngram_map_k_size_m": n_max,
+        "ngram_map_k4v_size_m": n_max,
+    }
     options = {k: v for k, v in (SMALL | limits).items() if k in names}
-    path = (write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.6, mtp_fidelity=1.0) if arch == "qwen35"
-            else write_synthetic_glm4moe(tmp_path / "m.gguf"))
-    ref = run_reference_spec(reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48,
-                             n_ctx=1024, threads=1)
+    path = (
+        write_synthetic_qwen35(tmp_path / "m.gguf", context_mix=0.6, mtp_fidelity=1.0)
+        if arch == "qwen35"
+        else write_synthetic_glm4moe(tmp_path / "m.gguf")
+    )
+    ref = run_reference_spec(
+        reference_binary, path, prompt, spec_type_args(spec, n_max, options), max_tokens=48, n_ctx=1024, threads=1
+    )
     with mx.Session.open(path, n_ctx=1024, threads=1) as s:
         ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, drafter=spec, **options)
     result = compare_with_reference(ref, ours, 0.0)
@@ -145,11 +179,12 @@ DRAFT_CASES = [
 
 
 @pytest.mark.parametrize("target, p_min, prompt", DRAFT_CASES)
+@pytest.mark.reference
 def test_draft_simple_matches_the_reference(tmp_path, reference_binary, bundled_model, target, p_min, prompt):
     """Text and drafted/accepted totals equal ``llama-speculative-simple --spec-type draft-simple -md DRAFT``."""
     from mtp_explorer.devtools.reference import compare_with_reference, run_reference_spec, spec_type_args
-    from mtp_explorer.devtools.synthetic_glm4moe import write_synthetic_glm4moe
     from mtp_explorer.models import draft_model_path
+    from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
 
     n_max = 3
     if target == "bundled":
@@ -163,8 +198,9 @@ def test_draft_simple_matches_the_reference(tmp_path, reference_binary, bundled_
     slots = {"n_rs_seq": 0, "capacity": n_max} if checkpoints else {}
     with mx.Session.open(path, n_ctx=1024, threads=1, draft_model=draft, **slots) as s:
         assert s.checkpoints == checkpoints
-        ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-simple",
-                                       checkpoints=checkpoints)
+        ours = replay_reference_budget(
+            s, prompt, max_tokens=48, n_max=n_max, p_min=p_min, drafter="draft-simple", checkpoints=checkpoints
+        )
     result = compare_with_reference(ref, ours, p_min, checkpoints=checkpoints)
     assert result["match"], result
     assert result["ours"]["n_drafted"] > 0 and result["ours"]["n_accept"] > 0

@@ -8,24 +8,34 @@ import time
 import pytest
 
 import mtp_explorer as mx
-from mtp_explorer.devtools.reference import (generate_reference_budget, replay_reference_budget, run_reference_spec,
-                                             spec_type_args)
+from mtp_explorer.devtools.reference import (
+    generate_reference_budget,
+    replay_reference_budget,
+    run_reference_spec,
+    spec_type_args,
+)
 
-CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fibonacci"
-OPTIONS = {"ngram-simple": {"ngram_simple_size_n": 2, "ngram_simple_size_m": 3},
-           "ngram-mod,draft-mtp": {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 3}}
+CODE = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "def fibonacci"
+)
+OPTIONS = {
+    "ngram-simple": {"ngram_simple_size_n": 2, "ngram_simple_size_m": 3},
+    "ngram-mod,draft-mtp": {"ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 3},
+}
 
 
 @pytest.mark.parametrize("spec, n_rs_seq", [("draft-mtp", 3), ("ngram-mod,draft-mtp", 3), ("ngram-simple", 0)])
 @pytest.mark.parametrize("telemetry", ["off", "full"])
+@pytest.mark.reference
 def test_the_native_budget_run_does_the_references_work(bundled_model, reference_binary, spec, n_rs_seq, telemetry):
     """Text and n_predict / n_drafted / n_accept as the reference prints them, past ``-n`` as it goes, with snapshot
     slots (draft-mtp in the chain) and without (ngram-simple: the checkpoint rule)."""
     options = OPTIONS.get(spec, {})
-    ref = run_reference_spec(reference_binary, bundled_model, CODE, spec_type_args(spec, 3, options), max_tokens=48,
-                             n_ctx=1024, threads=1)
-    with mx.Session.open(bundled_model, n_ctx=1024, threads=1, n_rs_seq=n_rs_seq, capacity=3,
-                         telemetry=telemetry) as s:
+    ref = run_reference_spec(
+        reference_binary, bundled_model, CODE, spec_type_args(spec, 3, options), max_tokens=48, n_ctx=1024, threads=1
+    )
+    with mx.Session.open(bundled_model, n_ctx=1024, threads=1, n_rs_seq=n_rs_seq, capacity=3, telemetry=telemetry) as s:
         assert s.checkpoints == (n_rs_seq == 0)
         run = generate_reference_budget(s, CODE, max_tokens=48, n_max=3, drafter=spec, **options)
     assert (len(run.trace.tokens), run.n_drafted, run.n_accepted) == (ref.n_predict, ref.n_drafted, ref.n_accept)

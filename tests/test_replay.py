@@ -143,8 +143,9 @@ def check_walk_equals_the_vectorised_path(oracle, drafter, settings=((1, 0.0, 0)
 
 
 # the drafters of this oracle's session (MTP and a draft model); the heads': tests/test_draft_eagle3.py, _dflash.py
-@pytest.mark.parametrize("drafter", [m for m, mode in drafters.MODES.items()
-                                     if not mode.is_chain and mode.runs_with(True, "draft_model")])
+@pytest.mark.parametrize(
+    "drafter", [m for m, mode in drafters.MODES.items() if not mode.is_chain and mode.runs_with(True, "draft_model")]
+)
 def test_walk_equals_the_vectorised_path(oracle, drafter):
     check_walk_equals_the_vectorised_path(oracle, drafter)
 
@@ -170,7 +171,10 @@ def test_a_mode_reads_only_its_drafters_columns(oracle):
         scrambled = dataclasses.replace(fixed, columns=cols)
         a, b = sim.simulate(fixed, 4, 0.3, drafter=name), sim.simulate(scrambled, 4, 0.3, drafter=name)
         for col in a.columns:
-            assert np.array_equal(a.columns[col], b.columns[col], equal_nan=a.columns[col].dtype.kind == "f"), (name, col)
+            assert np.array_equal(a.columns[col], b.columns[col], equal_nan=a.columns[col].dtype.kind == "f"), (
+                name,
+                col,
+            )
 
 
 def test_candidate_columns_are_indexed_by_drafter(oracle):
@@ -187,5 +191,6 @@ def test_candidate_columns_are_indexed_by_drafter(oracle):
         won = t.drafter[t.drafter >= 0]
         assert set(won.tolist()) <= {s.index for s in mode.drafters}
         chosen = t.drafter >= 0
-        assert np.array_equal(t.expected_accepted[chosen],
-                              t.candidate_expected[np.flatnonzero(chosen), t.drafter[chosen]])
+        assert np.array_equal(
+            t.expected_accepted[chosen], t.candidate_expected[np.flatnonzero(chosen), t.drafter[chosen]]
+        )

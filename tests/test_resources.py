@@ -22,8 +22,13 @@ GENERATION_GROWTH_MIB = 16
 
 @pytest.fixture(scope="module")
 def counts() -> dict:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--cycles", "20", "--generations", "50"],
-                          capture_output=True, text=True, timeout=900, cwd=SCRIPT.parent)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cycles", "20", "--generations", "50"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=SCRIPT.parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

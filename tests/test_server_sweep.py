@@ -21,6 +21,8 @@ from mtp_explorer.server.overhead import OverheadSample, fit_server_overhead, pr
 from mtp_explorer.server.predict import config_settings, request_counters, slot_run_counters
 from mtp_explorer.server.sweep import configurations
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):")
 
 

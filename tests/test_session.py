@@ -12,9 +12,9 @@ import time
 import numpy as np
 import psutil
 import pytest
+from conftest import check_accounting, page_faults_of_second_generation
 
 import mtp_explorer as mx
-from conftest import check_accounting, page_faults_of_second_generation
 from mtp_explorer.core.cpu_kernels import with_no_repack
 from mtp_explorer.devtools.reference import reference_env
 
@@ -48,7 +48,9 @@ def test_set_params_applies_at_next_step(session_mixed):
 def test_cancel_from_another_thread(model_mixed):
     with mx.Session.open(model_mixed, n_ctx=4096) as s:
         result = {}
-        worker = threading.Thread(target=lambda: result.setdefault("t", s.generate("import os", max_tokens=4000, n_max=3)))
+        worker = threading.Thread(
+            target=lambda: result.setdefault("t", s.generate("import os", max_tokens=4000, n_max=3))
+        )
         worker.start()
         while s._engine.n_rows < 3:
             time.sleep(0.001)
@@ -64,7 +66,7 @@ def test_cancel_from_another_thread(model_mixed):
 
 def test_stream_cancel_stops_within_one_step(session_mixed):
     n = 0
-    for step in session_mixed.stream("class Stack:", max_tokens=500, n_max=2):
+    for _step in session_mixed.stream("class Stack:", max_tokens=500, n_max=2):
         n += 1
         if n == 3:
             session_mixed.cancel()
@@ -104,8 +106,12 @@ def test_close_and_context_manager(model_mixed):
         assert not s.closed
         assert s.capacity == 8 and s.n_ctx == 256
     assert s.closed
-    for call in (lambda: s.generate("x", max_tokens=2), lambda: s.tokenize("x"),
-                 lambda: s.set_params(n_max=1), lambda: list(s.stream("x", max_tokens=2))):
+    for call in (
+        lambda: s.generate("x", max_tokens=2),
+        lambda: s.tokenize("x"),
+        lambda: s.set_params(n_max=1),
+        lambda: list(s.stream("x", max_tokens=2)),
+    ):
         with pytest.raises(mx.SessionClosedError):
             call()
     s.close()  # idempotent
@@ -136,8 +142,17 @@ def test_a_generation_starts_from_empty_memories(bundled_model):
     a look-up generation between them, whose target context does not hand its MTP head the nextn rows."""
     long_prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
     prompt = "def fibonacci(n):"
-    columns = ("drafted", "n_accepted", "correction", "rs_slot", "draft_prob", "topk_probs", "h_norm_target",
-               "h_norm_draft", "draft_target_cos")
+    columns = (
+        "drafted",
+        "n_accepted",
+        "correction",
+        "rs_slot",
+        "draft_prob",
+        "topk_probs",
+        "h_norm_target",
+        "h_norm_draft",
+        "draft_target_cos",
+    )
 
     def run(s):
         t = s.generate(prompt, max_tokens=48, n_max=3)
@@ -148,8 +163,14 @@ def test_a_generation_starts_from_empty_memories(bundled_model):
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=3) as s:
         s.generate(long_prompt, max_tokens=96, n_max=3)
         s.generate(long_prompt, max_tokens=32, n_max=0)
-        s.generate(long_prompt, max_tokens=32, n_max=3, drafter="ngram-simple",  # the target without nextn rows
-                   ngram_simple_size_n=2, ngram_simple_size_m=3)
+        s.generate(
+            long_prompt,
+            max_tokens=32,
+            n_max=3,
+            drafter="ngram-simple",  # the target without nextn rows
+            ngram_simple_size_n=2,
+            ngram_simple_size_m=3,
+        )
         after = run(s)
     for c, values in fresh.items():
         assert np.array_equal(values, after[c], equal_nan=values.dtype.kind == "f"), c
@@ -176,6 +197,7 @@ with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1, n_rs_seq=3, n_parallel=
 RESERVE = re.compile(r"n_outputs_max\s+= (\d+).*?compute buffer size =\s+([\d.]+) MiB", re.S)
 
 
+@pytest.mark.reference
 def test_contexts_reserve_the_outputs_llama_cpp_reserves(bundled_model, reference_binary):
     """llama-server and llama-speculative-simple give a draft context n_parallel outputs a decode and the target
     n_parallel x (n_max + 1) (common_speculative_get_output_limits); llama.cpp's default, n_batch, reserves n_ubatch
@@ -183,18 +205,48 @@ def test_contexts_reserve_the_outputs_llama_cpp_reserves(bundled_model, referenc
     reference's does (the same compute buffer); the target at least 64 rows, the batch-shape probe's widest batch."""
     ours = {}
     for n_parallel in (1, 2):
-        run = subprocess.run([sys.executable, "-c", OUTPUT_RESERVE, str(bundled_model), str(n_parallel)],
-                             capture_output=True, text=True, check=True, env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"})
+        run = subprocess.run(
+            [sys.executable, "-c", OUTPUT_RESERVE, str(bundled_model), str(n_parallel)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"},
+        )
         assert run.stdout.split() == ["True", "True"]
         ours[n_parallel] = [(int(n), float(mib)) for n, mib in RESERVE.findall(run.stderr)]
-    ref = subprocess.run(with_no_repack([str(reference_binary), "-m", str(bundled_model), "-p", "def fibonacci(n):",
-                                         "-n", "8", "-c", "1024", "-t", "1", "--temp", "0", "--spec-type", "draft-mtp",
-                                         "--spec-draft-n-max", "3", "-lv", "4"]),
-                         capture_output=True, text=True, check=True, env=reference_env(reference_binary))
+    ref = subprocess.run(
+        with_no_repack(
+            [
+                str(reference_binary),
+                "-m",
+                str(bundled_model),
+                "-p",
+                "def fibonacci(n):",
+                "-n",
+                "8",
+                "-c",
+                "1024",
+                "-t",
+                "1",
+                "--temp",
+                "0",
+                "--spec-type",
+                "draft-mtp",
+                "--spec-draft-n-max",
+                "3",
+                "-lv",
+                "4",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=reference_env(reference_binary),
+    )
     reference = [(int(n), float(mib)) for n, mib in RESERVE.findall(ref.stderr)]
-    assert [n for n, _ in reference] == [4, 1]                     # the target's n_max + 1, the MTP context's 1
+    assert [n for n, _ in reference] == [4, 1]  # the target's n_max + 1, the MTP context's 1
     assert [n for n, _ in ours[1]] == [64, 1] and [n for n, _ in ours[2]] == [64, 2]
-    assert ours[1][1] == reference[1]                              # the MTP context: the reference's compute buffer
+    assert ours[1][1] == reference[1]  # the MTP context: the reference's compute buffer
     assert reference[0][1] <= ours[1][0][1] < reference[0][1] + 1  # the target: 60 rows of logits more
 
 
@@ -207,26 +259,63 @@ with mx.Session.open(sys.argv[1], n_ctx=1024, threads=1, n_rs_seq=3, n_parallel=
 """
 
 
-@pytest.mark.parametrize("head, spec, outputs", [("pystdlib-draft.gguf", "draft-simple", "n_parallel"),
-                                                 ("pystdlib-eagle3.gguf", "draft-eagle3", "n_batch"),
-                                                 ("pystdlib-dflash.gguf", "draft-dflash", "n_batch")])
+@pytest.mark.parametrize(
+    "head, spec, outputs",
+    [
+        ("pystdlib-draft.gguf", "draft-simple", "n_parallel"),
+        ("pystdlib-eagle3.gguf", "draft-eagle3", "n_batch"),
+        ("pystdlib-dflash.gguf", "draft-dflash", "n_batch"),
+    ],
+)
+@pytest.mark.reference
 def test_draft_contexts_reserve_what_llama_cpp_reserves(bundled_model, reference_binary, head, spec, outputs):
     """A draft model's context reserves n_parallel outputs a decode, as llama.cpp's (common_base_params_to_speculative;
     before, llama.cpp's default of n_batch: 8.50 MiB of compute buffer for the bundled draft model, the reference's
-    4.26); EAGLE-3 and DFlash heads keep n_batch, which libllama gives the architectures it runs as encoders. Each is the
-    reference's context: the same limit and compute buffer."""
+    4.26); EAGLE-3 and DFlash heads keep n_batch, which libllama gives the architectures it runs as encoders. Each is
+    the reference's context: the same limit and compute buffer."""
     ours = {}
     for n_parallel in (1, 2):
-        run = subprocess.run([sys.executable, "-c", DRAFT_RESERVE, str(bundled_model), str(n_parallel), head, spec],
-                             capture_output=True, text=True, check=True, env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"})
+        run = subprocess.run(
+            [sys.executable, "-c", DRAFT_RESERVE, str(bundled_model), str(n_parallel), head, spec],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ | {"MTP_EXPLORER_VERBOSE": "1"},
+        )
         assert run.stdout.split() == ["24"]
         ours[n_parallel] = [(int(n), float(mib)) for n, mib in RESERVE.findall(run.stderr)]
-    ref = subprocess.run(with_no_repack([str(reference_binary), "-m", str(bundled_model), "-md",
-                                         str(mx.default_model_path().parent / head), "-p", "def fibonacci(n):", "-n",
-                                         "8", "-c", "1024", "-t", "1", "--temp", "0", "--spec-type", spec,
-                                         "--spec-draft-n-max", "3", "-lv", "4"]),
-                         capture_output=True, text=True, check=True, env=reference_env(reference_binary))
+    ref = subprocess.run(
+        with_no_repack(
+            [
+                str(reference_binary),
+                "-m",
+                str(bundled_model),
+                "-md",
+                str(mx.default_model_path().parent / head),
+                "-p",
+                "def fibonacci(n):",
+                "-n",
+                "8",
+                "-c",
+                "1024",
+                "-t",
+                "1",
+                "--temp",
+                "0",
+                "--spec-type",
+                spec,
+                "--spec-draft-n-max",
+                "3",
+                "-lv",
+                "4",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=reference_env(reference_binary),
+    )
     reference = [(int(n), float(mib)) for n, mib in RESERVE.findall(ref.stderr)]
-    assert len(reference) == 2 and len(ours[1]) == 3           # target and draft; ours: target, MTP and draft
-    assert ours[1][2] == reference[1]                            # the draft context: the reference's
+    assert len(reference) == 2 and len(ours[1]) == 3  # target and draft; ours: target, MTP and draft
+    assert ours[1][2] == reference[1]  # the draft context: the reference's
     assert ours[2][2][0] == (2 if outputs == "n_parallel" else 1024)

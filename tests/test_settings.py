@@ -23,8 +23,16 @@ def session_np2(bundled_model):
 
 def test_defaults_are_llama_cpps_and_values_are_normalised():
     s = mx.DraftSettings()
-    assert (s.n_max, s.p_min, s.n_min, s.drafter, s.chain_policy, s.max_tokens, s.temperature, s.seed) == \
-        (3, 0.0, 0, "draft-mtp", "first", 128, 0.0, None)
+    assert (s.n_max, s.p_min, s.n_min, s.drafter, s.chain_policy, s.max_tokens, s.temperature, s.seed) == (
+        3,
+        0.0,
+        0,
+        "draft-mtp",
+        "first",
+        128,
+        0.0,
+        None,
+    )
     assert s.options["ngram_simple_size_n"] == 12 and s.options["ngram_mod_n_match"] == 24  # llama.cpp's defaults
     chain = mx.DraftSettings(drafter="draft-mtp,ngram-mod", options={"ngram_n": 4})
     assert chain.drafter == "ngram-mod,draft-mtp" and chain.spec_type == "ngram-mod,draft-mtp"  # llama.cpp's order
@@ -37,8 +45,11 @@ def test_short_spellings_are_input_aliases_of_llama_cpps_names():
     """``mtp``, ``ngram`` and ``chain`` are taken and kept as llama.cpp's ``--spec-type`` values (with ``chain``'s
     policy): one value, one hash, one record for both spellings; an earlier version's record of a short spelling
     comes back under the llama.cpp name."""
-    for short, name, policy in (("mtp", "draft-mtp", "first"), ("ngram", "ngram-simple", "first"),
-                                ("chain", "ngram-simple,draft-mtp", "best")):
+    for short, name, policy in (
+        ("mtp", "draft-mtp", "first"),
+        ("ngram", "ngram-simple", "first"),
+        ("chain", "ngram-simple,draft-mtp", "best"),
+    ):
         a, b = mx.DraftSettings(drafter=short), mx.DraftSettings(drafter=name, chain_policy=policy)
         assert a == b and hash(a) == hash(b) and (a.drafter, a.chain_policy) == (name, policy)
         assert a.to_dict()["drafter"] == name and f"drafter={name!r}" in repr(a)
@@ -59,7 +70,9 @@ def test_it_is_a_frozen_hashable_picklable_value():
     assert len({s, mx.DraftSettings(n_max=2, drafter="ngram-mod", options={"ngram_mod_n_match": 5})}) == 1
     assert pickle.loads(pickle.dumps(s)) == s
     assert mx.DraftSettings.from_dict(s.to_dict()) == s
-    assert set(FIELDS) <= set(s.to_dict()) and "ngram_mod_n_match=5" not in repr(s) and "'ngram_mod_n_match': 5" in repr(s)
+    assert (
+        set(FIELDS) <= set(s.to_dict()) and "ngram_mod_n_match=5" not in repr(s) and "'ngram_mod_n_match': 5" in repr(s)
+    )
 
 
 def test_replace_changes_fields_and_options_and_checks_again():
@@ -75,20 +88,23 @@ def test_replace_changes_fields_and_options_and_checks_again():
         s.replace(ngram_n=3, ngram_simple_size_n=4)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"n_max": -1}, "n_max must be >= 0"),
-    ({"n_max": 2.5}, "n_max must be an integer"),
-    ({"n_max": True}, "n_max must be an integer"),
-    ({"p_min": 1.5}, r"p_min must be a finite number in \[0, 1\]"),
-    ({"p_min": float("nan")}, r"p_min must be a finite number in \[0, 1\]"),
-    ({"n_max": 2, "n_min": 3}, "n_min=3 is larger than n_max=2"),
-    ({"max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"temperature": -0.5}, "temperature must be a finite number"),
-    ({"seed": 2**32}, "seed must be"),
-    ({"drafter": "beam"}, "drafter must be one of"),
-    ({"chain_policy": "longest"}, "chain_policy must be one of"),
-    ({"options": {"ngram_simple_size_n": 0}}, "--spec-ngram-simple-size-n"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n_max": -1}, "n_max must be >= 0"),
+        ({"n_max": 2.5}, "n_max must be an integer"),
+        ({"n_max": True}, "n_max must be an integer"),
+        ({"p_min": 1.5}, r"p_min must be a finite number in \[0, 1\]"),
+        ({"p_min": float("nan")}, r"p_min must be a finite number in \[0, 1\]"),
+        ({"n_max": 2, "n_min": 3}, "n_min=3 is larger than n_max=2"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"temperature": -0.5}, "temperature must be a finite number"),
+        ({"seed": 2**32}, "seed must be"),
+        ({"drafter": "beam"}, "drafter must be one of"),
+        ({"chain_policy": "longest"}, "chain_policy must be one of"),
+        ({"options": {"ngram_simple_size_n": 0}}, "--spec-ngram-simple-size-n"),
+    ],
+)
 def test_bad_settings_are_parameter_errors(kwargs, match):
     with pytest.raises(mx.ParameterError, match=match):
         mx.DraftSettings(**kwargs)
@@ -109,9 +125,11 @@ def test_refusals_name_llama_cpps_values_only():
     """What a refusal offers instead are llama.cpp's --spec-type values, never a short spelling."""
     import re
 
-    for limits, drafter in ((Limits(capacity=4, has_mtp=True), "draft-eagle3"),
-                            (Limits(capacity=4, has_mtp=False), "mtp"),
-                            (Limits(capacity=4, has_mtp=True, has_draft_model="eagle3_head"), "draft-dflash")):
+    for limits, drafter in (
+        (Limits(capacity=4, has_mtp=True), "draft-eagle3"),
+        (Limits(capacity=4, has_mtp=False), "mtp"),
+        (Limits(capacity=4, has_mtp=True, has_draft_model="eagle3_head"), "draft-dflash"),
+    ):
         message = str(mx.DraftSettings(n_max=2, drafter=drafter).refusal(limits))
         named = re.findall(r"'([a-z0-9,-]+)'", message.split("drafter=", 1)[1])
         offered = re.findall(r"'([a-z0-9,-]+)'", message.rsplit("drafter=", 1)[1])
@@ -131,8 +149,11 @@ def test_a_session_takes_settings_or_keywords_and_its_trace_gives_them_back(sess
     same = s.generate(PROMPT, max_tokens=24, n_max=2, drafter="ngram-simple,draft-mtp", ngram_simple_size_n=3)
     assert same.tokens == t.tokens and same.draft_settings == t.draft_settings
     shorter = s.generate(PROMPT, settings, max_tokens=8, n_max=1)  # keywords change the settings given
-    assert len(shorter.tokens) == 8 and shorter.draft_settings.n_max == 1 and shorter.draft_settings.drafter == \
-        "ngram-simple,draft-mtp"
+    assert (
+        len(shorter.tokens) == 8
+        and shorter.draft_settings.n_max == 1
+        and shorter.draft_settings.drafter == "ngram-simple,draft-mtp"
+    )
     assert all(st.n_drafted <= 1 for st in s.stream(PROMPT, settings.replace(n_max=1, max_tokens=6)))
     with pytest.raises(mx.InputTypeError, match="settings must be a DraftSettings"):
         s.generate(PROMPT, {"n_max": 2})
@@ -149,8 +170,9 @@ def test_a_trace_names_its_drafter_as_llama_cpp_does(session_mixed):
     for short, name, policy in (("mtp", "draft-mtp", "first"), ("chain", "ngram-simple,draft-mtp", "best")):
         t = s.generate(PROMPT, max_tokens=8, n_max=2, drafter=short)
         assert (t.settings["drafter"], t.settings["chain_policy"]) == (name, policy)
-        assert t.draft_settings == mx.DraftSettings(n_max=2, max_tokens=8, drafter=name, chain_policy=policy,
-                                                    seed=s.seed)
+        assert t.draft_settings == mx.DraftSettings(
+            n_max=2, max_tokens=8, drafter=name, chain_policy=policy, seed=s.seed
+        )
         doc = json.loads(t.to_json())
         doc["settings"]["drafter"] = short  # as an earlier version saved it
         if short == "mtp":
@@ -200,6 +222,20 @@ def test_what_if_calls_take_settings(session_mixed):
 
 def test_the_cli_checks_its_settings_before_loading_a_model(tmp_path):
     missing = tmp_path / "absent.gguf"
-    out = subprocess.run([sys.executable, "-m", "mtp_explorer.cli", "run", "-m", str(missing), "--spec-draft-n-max", "2",
-                          "--spec-draft-n-min", "3"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtp_explorer.cli",
+            "run",
+            "-m",
+            str(missing),
+            "--spec-draft-n-max",
+            "2",
+            "--spec-draft-n-min",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "n_min=3 is larger than n_max=2" in out.stdout + out.stderr

@@ -8,13 +8,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from conftest import check_drafter_stats
 
 import mtp_explorer as mx
 from mtp_explorer.analysis import simulate as sim
 from mtp_explorer.core import drafters
 from mtp_explorer.core.settings import NeverDrafts, PminNotApplicable
-
-from conftest import check_drafter_stats
 
 REPETITIVE = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"
 
@@ -38,9 +37,13 @@ def test_spec_type_values_are_parsed_as_llama_cpp_parses_them():
     assert drafters.DEFAULT_MODE == "draft-mtp" and drafters.default_mode(False) == "ngram-simple"
     assert not set(drafters.available_modes(True, "draft_model")) & set(drafters.MODE_ALIASES)
     assert all(drafters.mode_name(a) == v for a, (v, _) in drafters.MODE_ALIASES.items())
-    for bad, match in (("eagle", "unknown speculative type 'eagle'"), ("ngram-simple,", "unknown speculative type ''"),
-                       ("none", "n_max=0"), ([], "drafter must be one of"),
-                       (3, "drafter must be one of")):
+    for bad, match in (
+        ("eagle", "unknown speculative type 'eagle'"),
+        ("ngram-simple,", "unknown speculative type ''"),
+        ("none", "n_max=0"),
+        ([], "drafter must be one of"),
+        (3, "drafter must be one of"),
+    ):
         with pytest.raises(mx.ParameterError, match=match):
             drafters.mode(bad)
     with pytest.raises(mx.ParameterError, match="chain_policy"):
@@ -70,15 +73,20 @@ def test_chain_policies_in_the_engine(session_mixed):
     """``first`` verifies the first usable draft and asks no drafter after it; ``best`` asks every drafter."""
     s = session_mixed
     ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram-simple"].drafters[0].name), mx.DRAFTERS.index("mtp")
-    first = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
-                       ngram_simple_size_n=2)
+    first = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp", ngram_simple_size_n=2)
     assert first.settings["chain_policy"] == "first" and first.settings["drafter"] == "ngram-simple,draft-mtp"
     won_by_ngram = first.drafter == ngram
     assert won_by_ngram.any() and (first.drafter == mtp).any()
     # where the look-up had a draft, the MTP head was not asked
     assert (first.candidate_len[won_by_ngram, mtp] == -1).all()
-    best = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter=["ngram-simple", "draft-mtp"], chain_policy="best",
-                      ngram_simple_size_n=2)
+    best = s.generate(
+        REPETITIVE,
+        max_tokens=48,
+        n_max=4,
+        drafter=["ngram-simple", "draft-mtp"],
+        chain_policy="best",
+        ngram_simple_size_n=2,
+    )
     assert best.settings["chain_policy"] == "best"
     assert (best.candidate_len[:, mtp] >= 0).all()  # every drafter every step
     assert first.tokens == best.tokens  # greedy: the policy changes the speed, never the text
@@ -87,8 +95,9 @@ def test_chain_policies_in_the_engine(session_mixed):
 def test_drafter_stats_are_llama_cpp_s(session_mixed):
     """n_gen_drafts / n_gen_tokens count verified drafts; every step's outcome goes to the drafter verified last
     (llama.cpp's impl_last), also at steps without a draft (n_call_accept)."""
-    t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp",
-                               ngram_simple_size_n=2)
+    t = session_mixed.generate(
+        REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp", ngram_simple_size_n=2
+    )
     check_drafter_stats(session_mixed, t, "ngram-simple,draft-mtp")
 
 
@@ -102,13 +111,15 @@ def test_ngram_simple_with_a_continuation_shorter_than_its_key_warns_and_drafts_
     """llama.cpp drops ngram-simple's continuation when it is shorter than the key (size_m < size_n): a warning,
     and the run decodes plainly; size_m == size_n drafts."""
     with pytest.warns(NeverDrafts, match="ngram_simple_size_m=3 < ngram_simple_size_n=4"):
-        t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple",
-                                   ngram_simple_size_n=4, ngram_simple_size_m=3)
+        t = session_mixed.generate(
+            REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple", ngram_simple_size_n=4, ngram_simple_size_m=3
+        )
     assert int(t.totals["n_drafted"]) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error", NeverDrafts)
-        t = session_mixed.generate(REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple",
-                                   ngram_simple_size_n=3, ngram_simple_size_m=3)
+        t = session_mixed.generate(
+            REPETITIVE, max_tokens=48, n_max=3, drafter="ngram-simple", ngram_simple_size_n=3, ngram_simple_size_m=3
+        )
     assert int(t.totals["n_drafted"]) > 0
 
 
@@ -116,6 +127,7 @@ def test_ceiling_prices_only_the_drafters_a_policy_asks(session_mixed):
     """With every draft accepted, ``first`` verifies the first drafter's draft and asks no other: cheaper steps
     than ``best``, which asks every drafter (here the MTP head's decodes as well)."""
     o = session_mixed.record_oracle(REPETITIVE, max_tokens=32, depth=4, probe=True)
-    first, best = (sim.ceiling_tokens_per_second(o, 4, drafters.mode("ngram-simple,draft-mtp", p))
-                   for p in ("first", "best"))
+    first, best = (
+        sim.ceiling_tokens_per_second(o, 4, drafters.mode("ngram-simple,draft-mtp", p)) for p in ("first", "best")
+    )
     assert first > best

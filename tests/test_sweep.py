@@ -11,15 +11,27 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.analysis.simulate import ceiling_tokens_per_second
 from mtp_explorer.analysis.sweep import COLUMNS
-from mtp_explorer.core.schema import PHASES
 from mtp_explorer.core import drafters
+from mtp_explorer.core.schema import PHASES
 
 PROMPTS = ["def fib(n):", "import os", "class Stack:", "x = [1, 2, 3]\nx = [1, 2"]
 N_MAX = [0, 1, 2, 4]
 P_MIN = [0.0, 0.5, 0.8]
 TOKENS = 48
-TOKEN_COLUMNS = ["prompt", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_steps", "n_drafted", "n_accepted",
-                 "acceptance_rate", "mean_accepted_length", "tokens_digest"]
+TOKEN_COLUMNS = [
+    "prompt",
+    "drafter",
+    "n_max",
+    "p_min",
+    "n_min",
+    "n_tokens",
+    "n_steps",
+    "n_drafted",
+    "n_accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "tokens_digest",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +64,9 @@ def test_simulate_sweep_shape_and_values(session, cost, local_sim):
     record = session.record_oracle
     session.record_oracle = None  # a recording would fail
     try:
-        replayed = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
-                            oracles=oracles)
+        replayed = mx.sweep(
+            session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False, oracles=oracles
+        )
     finally:
         session.record_oracle = record
     pd.testing.assert_frame_equal(replayed[TOKEN_COLUMNS], df[TOKEN_COLUMNS])
@@ -76,8 +89,16 @@ def test_simulate_sweep_shape_and_values(session, cost, local_sim):
 
 
 def test_measure_sweep_agrees_with_simulation(session, cost, local_sim):
-    df = mx.sweep(session, PROMPTS[:2], n_max=[0, 2, 4], p_min=[0.0, 0.8], mode="measure", max_tokens=TOKENS,
-                  progress=False, cost=cost)
+    df = mx.sweep(
+        session,
+        PROMPTS[:2],
+        n_max=[0, 2, 4],
+        p_min=[0.0, 0.8],
+        mode="measure",
+        max_tokens=TOKENS,
+        progress=False,
+        cost=cost,
+    )
     assert list(df.columns) == list(COLUMNS) and len(df) == 2 * 3 * 2
     assert set(df["mode"]) == {"measure"}
     assert (df.tokens_per_second > 0).all()
@@ -104,8 +125,17 @@ def test_a_measured_sweep_alternates_with_its_baseline_and_gives_its_spread(sess
         return generate(prompt, settings, **kw)
 
     monkeypatch.setattr(session, "generate", logged)
-    df = mx.sweep(session, PROMPTS[:1], n_max=[2, 3], p_min=[0.0], mode="measure", max_tokens=TOKENS,
-                  repeats=3, progress=False, cost=cost)
+    df = mx.sweep(
+        session,
+        PROMPTS[:1],
+        n_max=[2, 3],
+        p_min=[0.0],
+        mode="measure",
+        max_tokens=TOKENS,
+        repeats=3,
+        progress=False,
+        cost=cost,
+    )
     assert ran == [2, 0, 0, 2, 2, 0] + [3, 0, 0, 3, 3, 0]
     assert (df.repeats == 3).all() and (df.tokens_per_second_spread >= 0).all() and (df.speedup_spread >= 0).all()
     assert np.isfinite(df[["tokens_per_second", "plain_tokens_per_second", "speedup"]].to_numpy()).all()
@@ -113,8 +143,9 @@ def test_a_measured_sweep_alternates_with_its_baseline_and_gives_its_spread(sess
     assert rec.spread == pytest.approx(df.tokens_per_second_spread.max())
     assert bool(rec.note) == (rec.margin_over_runner_up <= rec.spread)
     assert not rec.note or "within the runs' spread" in rec.note
-    simulated = mx.recommend(mx.sweep(session, PROMPTS[:1], n_max=[2, 3], p_min=[0.0], max_tokens=TOKENS,
-                                      progress=False, cost=cost))
+    simulated = mx.recommend(
+        mx.sweep(session, PROMPTS[:1], n_max=[2, 3], p_min=[0.0], max_tokens=TOKENS, progress=False, cost=cost)
+    )
     assert math.isnan(simulated.spread) and simulated.note == ""
 
 
@@ -131,17 +162,31 @@ def test_recommend(local_sim):
     assert rec.margin_over_runner_up == pytest.approx(rec.tokens_per_second / t.iloc[1].tokens_per_second - 1)
     assert rec.margin_over_runner_up >= 0
     plain_rows = local_sim[local_sim.n_max == 0]
-    plain = plain_rows.groupby("p_min").apply(
-        lambda r: r.n_tokens.sum() / (r.n_tokens / r.tokens_per_second).sum(), include_groups=False).max()
+    plain = (
+        plain_rows.groupby("p_min")
+        .apply(lambda r: r.n_tokens.sum() / (r.n_tokens / r.tokens_per_second).sum(), include_groups=False)
+        .max()
+    )
     assert rec.plain_tokens_per_second == pytest.approx(plain)
     assert rec.margin_over_plain == pytest.approx(rec.tokens_per_second / plain - 1)
     assert set(rec.to_dict()) >= {"n_max", "p_min", "tokens_per_second", "margin_over_runner_up", "margin_over_plain"}
     # a hand-made sweep: the best and the margins are what they must be
-    df = pd.DataFrame([
-        {"prompt": "a", "drafter": "draft-mtp", "n_max": n, "p_min": 0.0, "n_min": 0, "n_tokens": 100,
-         "tokens_per_second": tps, "plain_tokens_per_second": 100.0, "acceptance_rate": 0.5}
-        for n, tps in ((0, 100.0), (1, 150.0), (2, 120.0))
-    ])
+    df = pd.DataFrame(
+        [
+            {
+                "prompt": "a",
+                "drafter": "draft-mtp",
+                "n_max": n,
+                "p_min": 0.0,
+                "n_min": 0,
+                "n_tokens": 100,
+                "tokens_per_second": tps,
+                "plain_tokens_per_second": 100.0,
+                "acceptance_rate": 0.5,
+            }
+            for n, tps in ((0, 100.0), (1, 150.0), (2, 120.0))
+        ]
+    )
     rec = mx.recommend(df)
     assert (rec.n_max, rec.tokens_per_second) == (1, 150.0)
     assert rec.margin_over_runner_up == pytest.approx(150 / 120 - 1)
@@ -159,19 +204,22 @@ def test_sweep_validation(session):
         mx.sweep(session, [], progress=False)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"mode": "guess"}, "mode must be one of"),
-    ({"n_max": [5]}, "n_max=5 exceeds this session's capacity of 4"),
-    ({"n_max": []}, "at least one value"),
-    ({"p_min": [1.5]}, r"p_min must be a finite number in \[0, 1\]"),
-    ({"p_min": ["high"]}, "sequences of numbers"),
-    ({"n_min": -1}, "n_min must be >= 0"),
-    ({"repeats": 0}, "repeats must be >= 1"),
-    ({"drafter": "beam"}, "drafter must be one of"),
-    ({"drafter": ()}, "no drafter"),
-    ({"ngram_q": 3}, "unknown drafter option"),
-    ({"ngram_n": 0}, "--spec-ngram-simple-size-n"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"mode": "guess"}, "mode must be one of"),
+        ({"n_max": [5]}, "n_max=5 exceeds this session's capacity of 4"),
+        ({"n_max": []}, "at least one value"),
+        ({"p_min": [1.5]}, r"p_min must be a finite number in \[0, 1\]"),
+        ({"p_min": ["high"]}, "sequences of numbers"),
+        ({"n_min": -1}, "n_min must be >= 0"),
+        ({"repeats": 0}, "repeats must be >= 1"),
+        ({"drafter": "beam"}, "drafter must be one of"),
+        ({"drafter": ()}, "no drafter"),
+        ({"ngram_q": 3}, "unknown drafter option"),
+        ({"ngram_n": 0}, "--spec-ngram-simple-size-n"),
+    ],
+)
 def test_sweep_parameter_errors(session, kwargs, match):
     """Bad input is a ParameterError (a ValueError) naming the problem, raised before anything runs."""
     with pytest.raises(mx.ParameterError, match=match):
@@ -186,8 +234,11 @@ def test_sweep_replays_given_oracles_and_checks_them(session):
     df = mx.sweep(session, PROMPTS[:2], oracles=[a, b], **kw)
     assert list(df.prompt.unique()) == PROMPTS[:2] and len(df) == 4
     pd.testing.assert_frame_equal(df, mx.sweep(session, PROMPTS[:2], oracles=[a, b], cost=a.cost, **kw))
-    for given, match in (([a], "1 oracles for 2 prompts"), ([b, a], "recorded for the prompt"),
-                         ([a, "x"], "not an OracleTrace")):
+    for given, match in (
+        ([a], "1 oracles for 2 prompts"),
+        ([b, a], "recorded for the prompt"),
+        ([a, "x"], "not an OracleTrace"),
+    ):
         with pytest.raises(mx.ParameterError, match=match):
             mx.sweep(session, PROMPTS[:2], oracles=given, **kw)
     with pytest.raises(mx.ParameterError, match="max_tokens=16, the sweep asks for max_tokens=8"):
@@ -222,15 +273,36 @@ def test_drafter_options_reach_the_oracles_and_the_runs(session, cost):
 
     session.record_oracle = spy
     try:
-        df = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost, progress=False,
-                      drafter="ngram-simple", ngram_n=2, ngram_m=4)
-        default = mx.sweep(session, PROMPTS[3:], n_max=[2], p_min=[0.0], max_tokens=TOKENS, cost=cost,
-                           progress=False, drafter="ngram-simple", ngram_n=None)
+        df = mx.sweep(
+            session,
+            PROMPTS[3:],
+            n_max=[2],
+            p_min=[0.0],
+            max_tokens=TOKENS,
+            cost=cost,
+            progress=False,
+            drafter="ngram-simple",
+            ngram_n=2,
+            ngram_m=4,
+        )
+        default = mx.sweep(
+            session,
+            PROMPTS[3:],
+            n_max=[2],
+            p_min=[0.0],
+            max_tokens=TOKENS,
+            cost=cost,
+            progress=False,
+            drafter="ngram-simple",
+            ngram_n=None,
+        )
     finally:
         session.record_oracle = record
     # by llama.cpp's names (ngram_n / ngram_m are their earlier aliases); None: the default
-    assert seen == [{"ngram_simple_size_n": 2, "ngram_simple_size_m": 4},
-                    {"ngram_simple_size_n": 12, "ngram_simple_size_m": 48}]
+    assert seen == [
+        {"ngram_simple_size_n": 2, "ngram_simple_size_m": 4},
+        {"ngram_simple_size_n": 12, "ngram_simple_size_m": 48},
+    ]
     o = session.record_oracle(PROMPTS[3], max_tokens=TOKENS, depth=2, probe=False, ngram_n=2, ngram_m=4)
     assert df.n_accepted.iloc[0] == mx.simulate(o.with_cost(cost), 2, drafter="ngram-simple").summary()["n_accepted"]
     assert len(default) == 1
@@ -248,8 +320,9 @@ def dask_client():
 
 
 def test_dask_sweep_equals_local(session, cost, local_sim, dask_client):
-    df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, client=dask_client,
-                  progress=False)
+    df = mx.sweep(
+        session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, client=dask_client, progress=False
+    )
     pd.testing.assert_frame_equal(df, local_sim)
     # both workers took part (each opened its own session from the model path)
     ran = dask_client.run(lambda: len(__import__("mtp_explorer.analysis.sweep", fromlist=["x"])._WORKER_SESSIONS))
@@ -280,8 +353,9 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
     # every choice this session runs (its draft model is not a head)
     modes = [m for m in mx.DRAFTER_MODES if drafters.MODES[m].runs_with(session.info.has_mtp, session.draft_kind)]
     assert session.drafter_modes == tuple(modes)
-    df = mx.sweep(session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False,
-                  drafter=modes)
+    df = mx.sweep(
+        session, PROMPTS, n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False, drafter=modes
+    )
     assert calls == PROMPTS  # one recording per prompt for all three drafters
     assert list(df.columns) == list(COLUMNS) and len(df) == len(modes) * len(local_sim)
     # each drafter's rows are what a sweep of that drafter alone gives
@@ -295,12 +369,21 @@ def test_several_drafters_share_one_oracle_per_prompt(session, cost, local_sim, 
         assert r.tokens_per_second == mx.recommend(df[df.drafter == r.drafter]).tokens_per_second
     monkeypatch.setattr(session, "record_oracle", record)
     for d in ("ngram-simple", "ngram-simple,draft-mtp"):
-        alone = mx.sweep(session, PROMPTS[:2], n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost,
-                         progress=False, drafter=d)
+        alone = mx.sweep(
+            session, PROMPTS[:2], n_max=N_MAX, p_min=P_MIN, max_tokens=TOKENS, cost=cost, progress=False, drafter=d
+        )
         pd.testing.assert_frame_equal(df[(df.drafter == d) & df.prompt.isin(PROMPTS[:2])].reset_index(drop=True), alone)
     # in measure mode too, every drafter's rows come from real runs of that drafter
-    m = mx.sweep(session, PROMPTS[:1], n_max=[2], p_min=[0.0], mode="measure", max_tokens=TOKENS, progress=False,
-                 drafter=("mtp", "ngram"))  # short spellings: the table says llama.cpp's names
+    m = mx.sweep(
+        session,
+        PROMPTS[:1],
+        n_max=[2],
+        p_min=[0.0],
+        mode="measure",
+        max_tokens=TOKENS,
+        progress=False,
+        drafter=("mtp", "ngram"),
+    )  # short spellings: the table says llama.cpp's names
     assert list(m.drafter) == ["draft-mtp", "ngram-simple"] and m.tokens_digest.nunique() == 1
     with pytest.raises(ValueError, match="drafter"):
         mx.sweep(session, PROMPTS, drafter=("mtp", "beam"), progress=False)

@@ -10,8 +10,12 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.cli import main
 from mtp_explorer.devtools.reference import run_reference_spec
-from mtp_explorer.devtools.synthetic_gemma4 import (gemma4_assistant_config, gemma4_config,
-                                                    gemma4_expected_tensor_shapes, write_synthetic_gemma4)
+from mtp_explorer.models.synthetic_gemma4 import (
+    gemma4_assistant_config,
+    gemma4_config,
+    gemma4_expected_tensor_shapes,
+    write_synthetic_gemma4,
+)
 
 PROMPT = "def f(x):"
 
@@ -34,9 +38,15 @@ def _metadata(path):
 
 def _reference(binary, pair, n_max=3, max_tokens=32):
     target, head = pair
-    return run_reference_spec(binary, target, PROMPT, ["-md", str(head), "--spec-type", "draft-mtp",
-                                                       "--spec-draft-n-max", str(n_max)],
-                              max_tokens=max_tokens, n_ctx=512, threads=1)
+    return run_reference_spec(
+        binary,
+        target,
+        PROMPT,
+        ["-md", str(head), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)],
+        max_tokens=max_tokens,
+        n_ctx=512,
+        threads=1,
+    )
 
 
 # -- the files ----------------------------------------------------------------------------------------
@@ -87,6 +97,7 @@ def test_model_info_of_the_target_the_head_and_the_pair(files, tmp_path):
 
 
 # -- llama.cpp's reference --------------------------------------------------------------------------------
+@pytest.mark.reference
 def test_reference_drafts_and_accepts_with_the_head_file(files, reference_binary):
     perfect = _reference(reference_binary, files["perfect"])
     assert perfect.n_drafted > 0 and perfect.n_accept == perfect.n_drafted
@@ -114,6 +125,7 @@ PROMPTS = ("def f(x):", "import os\n", "class A:\n    pass\n")
 
 
 @pytest.mark.parametrize("n_max", [1, 3, 5])
+@pytest.mark.reference
 def test_the_shared_memory_head_matches_llama_speculative_simple(files, reference_binary, n_max):
     """Session.open(target, draft_model=head): the head is the target's MTP head (draft-mtp), its context created
     over the target's (ctx_other), drafting every depth at the position after the target's last, with no catch-up of
@@ -122,13 +134,23 @@ def test_the_shared_memory_head_matches_llama_speculative_simple(files, referenc
 
     target, head = files["partial"]
     with mx.Session.open(target, draft_model=head, n_ctx=1024, threads=1) as s:
-        assert (s.info.has_mtp, s.info.mtp_mode, s.has_draft_model, s.draft_kind) == \
-            (True, "shared_memory", False, "nothing")
+        assert (s.info.has_mtp, s.info.mtp_mode, s.has_draft_model, s.draft_kind) == (
+            True,
+            "shared_memory",
+            False,
+            "nothing",
+        )
         for prompt in PROMPTS:
             ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max)
-            ref = run_reference_spec(reference_binary, target, prompt,
-                                     [*spec_type_args("draft-mtp", n_max, {}), "-md", str(head)],
-                                     max_tokens=48, n_ctx=1024, threads=1)
+            ref = run_reference_spec(
+                reference_binary,
+                target,
+                prompt,
+                [*spec_type_args("draft-mtp", n_max, {}), "-md", str(head)],
+                max_tokens=48,
+                n_ctx=1024,
+                threads=1,
+            )
             result = compare_with_reference(ref, ours, 0.0)
             assert result["match"], (n_max, prompt, result)
 
@@ -155,6 +177,7 @@ def test_the_shared_memory_head_keeps_greedy_output_and_replays_exactly(files):
             assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
 
 
+@pytest.mark.server
 def test_the_shared_memory_head_matches_llama_server_with_two_slots(files, server_binary):
     """llama-server -np 2 -md HEAD --spec-type draft-mtp: each request's text and draft counters equal our two
     sequences run as its slots (replay_server_parallel)."""
@@ -163,8 +186,16 @@ def test_the_shared_memory_head_matches_llama_server_with_two_slots(files, serve
 
     target, head = files["partial"]
     batch = list(PROMPTS[:2])
-    with LlamaServer(target, n_parallel=2, n_ctx=2048, threads=1, spec_type="draft-mtp", n_max=3, draft_model=head,
-                     binary=server_binary) as srv:
+    with LlamaServer(
+        target,
+        n_parallel=2,
+        n_ctx=2048,
+        threads=1,
+        spec_type="draft-mtp",
+        n_max=3,
+        draft_model=head,
+        binary=server_binary,
+    ) as srv:
         answers = srv.client().complete_many(batch, 48)
     with mx.Session.open(target, draft_model=head, n_ctx=2048, threads=1, n_parallel=2) as s:
         ours = replay_server_parallel(s, batch, n_predict=48, n_max=3)

@@ -7,11 +7,10 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 from conftest import pooled_runs
 
-from mtp_explorer.devtools.synthetic_glm4moe import (
+from mtp_explorer.models.synthetic_glm4moe import (
     glm4moe_config,
     glm4moe_expected_tensor_shapes,
     write_synthetic_glm4moe,
@@ -41,8 +40,10 @@ def files(tmp_path_factory):
     """
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or "ok 8" not in proc.stdout:
-        pytest.fail(f"llama.cpp cannot run the synthetic glm4moe file (rc={proc.returncode}):\n"
-                    f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"llama.cpp cannot run the synthetic glm4moe file (rc={proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     return files
 
 

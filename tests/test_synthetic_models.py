@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config, expected_tensor_shapes, read_qwen35_metadata
-from mtp_explorer.devtools.synthetic import synthetic_config, synthetic_vocab, write_synthetic_qwen35
+from mtp_explorer.models.gguf_qwen35 import Qwen35Config, expected_tensor_shapes, read_qwen35_metadata
+from mtp_explorer.models.synthetic import synthetic_config, synthetic_vocab, write_synthetic_qwen35
 from training import llama_ref
 
 PROMPTS = ["def main():\n    return 1\n", "import os\n", "class A:\n    pass\n"]
@@ -84,8 +83,9 @@ def test_config_validation():
     with pytest.raises(ValueError):
         Qwen35Config(n_vocab=300, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=3, head_dim=16)
     with pytest.raises(ValueError):
-        Qwen35Config(n_vocab=300, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16,
-                     nextn_predict_layers=2)
+        Qwen35Config(
+            n_vocab=300, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, nextn_predict_layers=2
+        )
     assert len(synthetic_vocab(300).tokens) == 300
 
 

@@ -10,10 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import check_accounting, pooled_runs, run_isolated
 
 import mtp_explorer as mx
-from conftest import check_accounting, pooled_runs, run_isolated
-from mtp_explorer.devtools.synthetic_qwen35moe import (
+from mtp_explorer.models.synthetic_qwen35moe import (
     Qwen35MoeConfig,
     qwen35moe_config,
     qwen35moe_expected_tensor_shapes,
@@ -45,8 +45,10 @@ def files(tmp_path_factory):
                 print("ok", len(t.tokens))
     """)
     if proc.returncode != 0 or proc.stdout.count("ok 8") != 2:
-        pytest.fail(f"llama.cpp cannot run the synthetic qwen35moe file (rc={proc.returncode}):\n"
-                    f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"llama.cpp cannot run the synthetic qwen35moe file (rc={proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     return files
 
 
@@ -241,8 +243,9 @@ def test_oracle_and_simulate_replay_the_real_run(sessions):
                 found["cases"] += 1
     assert not found["unexplained"], found["unexplained"][:3]
     if found["ties"]:
-        warnings.warn(f"{len(found['ties'])} floating-point argmax ties between real runs and the oracle: "
-                      f"{found['ties'][:2]}")
+        warnings.warn(
+            f"{len(found['ties'])} floating-point argmax ties between real runs and the oracle: {found['ties'][:2]}"
+        )
     assert found["exact"] >= found["cases"] - 1
 
 
@@ -257,8 +260,12 @@ def test_explorer_opens_and_runs(files):
         assert ex.wait(60)
         assert ex.state == "idle" and ex.error == "" and ex.finish_reason == "budget"
         assert ex.n_tokens == ex.controls.max_tokens.value > 0
-        assert ex.trace.tokens == ex.session.generate(ex.controls.prompt.value, max_tokens=ex.n_tokens,
-                                                      n_max=ex.controls.n_max.value).tokens
+        assert (
+            ex.trace.tokens
+            == ex.session.generate(
+                ex.controls.prompt.value, max_tokens=ex.n_tokens, n_max=ex.controls.n_max.value
+            ).tokens
+        )
         assert np.array(ex.figures["rs_slots"].data[0].z).shape == (ex.session.capacity + 1, ex.n_steps)
     finally:
         ex.session.close()

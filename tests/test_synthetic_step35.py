@@ -10,8 +10,7 @@ import pytest
 import mtp_explorer as mx
 from mtp_explorer.cli import main
 from mtp_explorer.devtools.reference import run_reference_spec
-from mtp_explorer.devtools.synthetic_step35 import (step35_config, step35_expected_tensor_shapes,
-                                                    write_synthetic_step35)
+from mtp_explorer.models.synthetic_step35 import step35_config, step35_expected_tensor_shapes, write_synthetic_step35
 
 PROMPT = "def f(x):"
 
@@ -28,8 +27,15 @@ def files(tmp_path_factory):
 
 
 def _reference(binary, model, n_max=3, max_tokens=32):
-    return run_reference_spec(binary, model, PROMPT, ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)],
-                              max_tokens=max_tokens, n_ctx=512, threads=1)
+    return run_reference_spec(
+        binary,
+        model,
+        PROMPT,
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)],
+        max_tokens=max_tokens,
+        n_ctx=512,
+        threads=1,
+    )
 
 
 # -- the file -----------------------------------------------------------------------------------------
@@ -76,6 +82,7 @@ def test_model_info_reports_chained_heads(files):
 
 
 # -- llama.cpp's reference --------------------------------------------------------------------------------
+@pytest.mark.reference
 def test_reference_drafts_and_accepts_with_each_head(files, reference_binary):
     perfect = _reference(reference_binary, files["perfect"])
     assert perfect.n_drafted > 0 and perfect.n_accept == perfect.n_drafted
@@ -120,11 +127,13 @@ PROMPTS = ("def f(x):", "import os\n", "class A:\n    pass\n")
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """Heads that agree with the trunk less and less deep: acceptance by depth falls head by head."""
-    return write_synthetic_step35(tmp_path_factory.mktemp("step35_mixed") / "mixed.gguf",
-                                  head_fidelity=(0.9, 0.6, 0.3), context_mix=0.25)
+    return write_synthetic_step35(
+        tmp_path_factory.mktemp("step35_mixed") / "mixed.gguf", head_fidelity=(0.9, 0.6, 0.3), context_mix=0.25
+    )
 
 
 @pytest.mark.parametrize("n_max", [1, 2, 3, 5])
+@pytest.mark.reference
 def test_chained_heads_match_llama_speculative_simple(reference_binary, mixed, n_max):
     """Head i drafts depth i (llama_set_nextn_layer_offset), each head rebuilding its layer's memory, as llama.cpp's
     draft-mtp driver in its chained mode: text and drafted/accepted totals equal llama-speculative-simple's, and
@@ -134,8 +143,15 @@ def test_chained_heads_match_llama_speculative_simple(reference_binary, mixed, n
     with mx.Session.open(mixed, n_ctx=1024, threads=1) as s:
         for prompt in PROMPTS:
             ours = replay_reference_budget(s, prompt, max_tokens=48, n_max=n_max)
-            ref = run_reference_spec(reference_binary, mixed, prompt, spec_type_args("draft-mtp", n_max, {}),
-                                     max_tokens=48, n_ctx=1024, threads=1)
+            ref = run_reference_spec(
+                reference_binary,
+                mixed,
+                prompt,
+                spec_type_args("draft-mtp", n_max, {}),
+                max_tokens=48,
+                n_ctx=1024,
+                threads=1,
+            )
             result = compare_with_reference(ref, ours, 0.0)
             assert result["match"], (n_max, prompt, result)
             assert int(ours.n_drafted.max()) == min(n_max, 3)
@@ -171,6 +187,7 @@ def test_chained_heads_replay_exactly(mixed):
             assert sim.n_accepted.tolist() == real.n_accepted.tolist(), n_max
 
 
+@pytest.mark.server
 def test_chained_heads_match_llama_server_with_two_slots(mixed, server_binary):
     """llama-server -np 2 --spec-type draft-mtp on the chained model: each request's text and draft counters equal
     our two sequences run as its slots (replay_server_parallel)."""
@@ -178,8 +195,9 @@ def test_chained_heads_match_llama_server_with_two_slots(mixed, server_binary):
     from mtp_explorer.server import LlamaServer
 
     batch = list(PROMPTS[:2])
-    with LlamaServer(mixed, n_parallel=2, n_ctx=2048, threads=1, spec_type="draft-mtp", n_max=3,
-                     binary=server_binary) as srv:
+    with LlamaServer(
+        mixed, n_parallel=2, n_ctx=2048, threads=1, spec_type="draft-mtp", n_max=3, binary=server_binary
+    ) as srv:
         answers = srv.client().complete_many(batch, 48)
     with mx.Session.open(mixed, n_ctx=2048, threads=1, n_parallel=2) as s:
         ours = replay_server_parallel(s, batch, n_predict=48, n_max=3)
@@ -190,7 +208,7 @@ def test_chained_heads_match_llama_server_with_two_slots(mixed, server_binary):
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "glm4moe"])
 def test_model_info_reports_a_single_head_for_the_other_writers(arch, tmp_path):
-    from mtp_explorer.devtools.synth import SYNTH_ARCHS, write_synth
+    from mtp_explorer.models.synth import SYNTH_ARCHS, write_synth
 
     (path,) = write_synth(arch, tmp_path)
     info = mx.model_info(path)

@@ -119,7 +119,7 @@ def test_json_round_trip(trace):
 
 
 def test_telemetry_levels_record_less_and_generate_the_same(session_mixed):
-    """"full" records every column, "steps" the rows without per-depth detail, "off" only the totals; the
+    """ "full" records every column, "steps" the rows without per-depth detail, "off" only the totals; the
     tokens, the per-step counts and the totals are the same at every level."""
     s = session_mixed
     assert s.telemetry == "full" and TELEMETRY_LEVELS == ("off", "steps", "full")
@@ -144,8 +144,9 @@ def test_telemetry_levels_record_less_and_generate_the_same(session_mixed):
         assert t.totals["n_accepted"] == int(t.n_accepted.sum())
         assert t.totals["t_verify_ns"] == int(t.t_verify_ns.sum())
     a, b = off.summary(), full.summary()
-    assert {k: a[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")} == \
-        {k: b[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")}
+    assert {k: a[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")} == {
+        k: b[k] for k in ("n_steps", "n_drafted", "n_accepted", "n_tokens", "acceptance_rate")
+    }
     assert a["mean_accepted_length"] == pytest.approx(b["mean_accepted_length"]) and a["tokens_per_second"] > 0
     assert mx.Trace.from_json(off.to_json()).summary()["n_accepted"] == a["n_accepted"]
     with pytest.raises(mx.ParameterError, match="telemetry must be one of"):

@@ -39,7 +39,7 @@ EDGE_CASES = [
     "<|endoftext|> is text here, not a control token",
     "a" * 300 + " " * 40 + "b" * 17 + "\n" * 9 + "_" * 33,
     "from . import x\nfrom .. import y\nprint('a' , 'b' ,\"c\" ! ?)\n",
-    "@decorator\nasync def f():\n    await g()  # noqa: E501\n    return f\"{x!r:>10}\"\n",
+    '@decorator\nasync def f():\n    await g()  # noqa: E501\n    return f"{x!r:>10}"\n',
 ]
 
 

@@ -8,9 +8,23 @@ torch = pytest.importorskip("torch")
 
 from training.model import DemoModel, ModelConfig  # noqa: E402
 
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, full_attention_interval=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=8,
-            linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, eos_token_id=63)
+pytestmark = pytest.mark.train
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    full_attention_interval=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+    eos_token_id=63,
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +87,9 @@ def test_losses_pair_each_depth_with_its_token(model):
         _, losses, ces = model.losses(ids, depth=3)
         h = model.trunk_hidden(ids)
         chain, starts = model.mtp_chain(ids, h, 3)
-        want1 = torch.nn.functional.cross_entropy(model.logits(chain[0][:, 1:15]).reshape(-1, 64),
-                                                  ids[:, 2:].reshape(-1))
+        want1 = torch.nn.functional.cross_entropy(
+            model.logits(chain[0][:, 1:15]).reshape(-1, 64), ids[:, 2:].reshape(-1)
+        )
         torch.testing.assert_close(losses[0], want1)
         for d in (2, 3):
             logits = model.logits(chain[d - 1])

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.train
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "training" / "checkpoints" / "trunk-v2.safetensors"
 
@@ -46,8 +48,14 @@ BLOCKED_RUN = textwrap.dedent("""
 
 def _run_blocked(runs: list[tuple[str, list[str]]], train_dir: Path) -> tuple[list[dict], str]:
     env = {**os.environ, "MTP_EXPLORER_TRAIN_DIR": str(train_dir)}
-    p = subprocess.run([sys.executable, "-c", BLOCKED_RUN, json.dumps(runs)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, json.dumps(runs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return [json.loads(line[3:]) for line in p.stdout.splitlines() if line.startswith("@@ ")], p.stderr
 
@@ -57,8 +65,10 @@ def train_dir(tmp_path_factory) -> Path:
     assert CHECKPOINT.exists(), f"{CHECKPOINT} is tracked in git; the trainers are tested against it"
     d = tmp_path_factory.mktemp("train-dir")
     rng = np.random.default_rng(0)
-    streams = {k: rng.integers(0, 4095, size=n).astype(np.uint16)
-               for k, n in (("train", 20_000), ("heldout_stdlib", 4_000), ("heldout_packages", 4_000))}
+    streams = {
+        k: rng.integers(0, 4095, size=n).astype(np.uint16)
+        for k, n in (("train", 20_000), ("heldout_stdlib", 4_000), ("heldout_packages", 4_000))
+    }
     np.savez_compressed(d / "tokens.npz", corpus=np.array(json.dumps({"synthetic": True})), **streams)
     return d
 
@@ -76,19 +86,74 @@ def _check_checkpoint(path: Path, layer_ids: list[int]) -> None:
 
 
 def test_eagle3_dflash_dspark_train_on_a_trunk_checkpoint_with_torch_only(train_dir, tmp_path):
-    common = ["--target", str(CHECKPOINT), "--tokens", str(train_dir / "tokens.npz"), "--steps", "2", "--fresh",
-              "--no-export", "--device", "cpu", "--batch-size", "2", "--eval-windows", "2"]
-    runs = [("training.eagle3", [*common, "--seq-len", "64", "--layer-ids", "2,6,12", "--out", str(tmp_path / "e3"),
-                                 "--log", str(tmp_path / "e3.jsonl")]),
-            ("training.dflash", [*common, "--seq-len", "128", "--layer-ids", "1,5,10", "--out", str(tmp_path / "df"),
-                                 "--log", str(tmp_path / "df.jsonl")]),
-            ("training.dspark", [*common, "--seq-len", "128", "--init-from", str(tmp_path / "df" / "last.pt"),
-                                 "--out", str(tmp_path / "ds"), "--log", str(tmp_path / "ds.jsonl")])]
+    common = [
+        "--target",
+        str(CHECKPOINT),
+        "--tokens",
+        str(train_dir / "tokens.npz"),
+        "--steps",
+        "2",
+        "--fresh",
+        "--no-export",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "2",
+        "--eval-windows",
+        "2",
+    ]
+    runs = [
+        (
+            "training.eagle3",
+            [
+                *common,
+                "--seq-len",
+                "64",
+                "--layer-ids",
+                "2,6,12",
+                "--out",
+                str(tmp_path / "e3"),
+                "--log",
+                str(tmp_path / "e3.jsonl"),
+            ],
+        ),
+        (
+            "training.dflash",
+            [
+                *common,
+                "--seq-len",
+                "128",
+                "--layer-ids",
+                "1,5,10",
+                "--out",
+                str(tmp_path / "df"),
+                "--log",
+                str(tmp_path / "df.jsonl"),
+            ],
+        ),
+        (
+            "training.dspark",
+            [
+                *common,
+                "--seq-len",
+                "128",
+                "--init-from",
+                str(tmp_path / "df" / "last.pt"),
+                "--out",
+                str(tmp_path / "ds"),
+                "--log",
+                str(tmp_path / "ds.jsonl"),
+            ],
+        ),
+    ]
     results, stderr = _run_blocked(runs, train_dir)
     assert [r.get("rc") for r in results[:3]] == [0, 0, 0], (results, stderr[-3000:])
     assert results[3] == {"imported": []}
-    for name, key, ids in (("e3", "soft_ce_by_depth", [2, 6, 12]), ("df", "soft_ce_by_slot", [1, 5, 10]),
-                           ("ds", "soft_ce_by_slot", [1, 5, 10])):  # DSpark: the ids of its --init-from head
+    for name, key, ids in (
+        ("e3", "soft_ce_by_depth", [2, 6, 12]),
+        ("df", "soft_ce_by_slot", [1, 5, 10]),
+        ("ds", "soft_ce_by_slot", [1, 5, 10]),
+    ):  # DSpark: the ids of its --init-from head
         ev = _last_eval(tmp_path / f"{name}.jsonl")
         assert ev[key] and all(math.isfinite(v) for v in ev[key]), ev
         _check_checkpoint(tmp_path / name / "last.pt", ids)
@@ -98,12 +163,30 @@ def test_eagle3_dflash_dspark_train_on_a_trunk_checkpoint_with_torch_only(train_
 
 
 def test_training_heads_refuse_default_layer_ids_on_another_trunk(train_dir, tmp_path):
-    common = ["--target", str(CHECKPOINT), "--tokens", str(train_dir / "tokens.npz"), "--steps", "1", "--fresh",
-              "--no-export", "--batch-size", "2", "--seq-len", "128", "--eval-windows", "2"]
-    runs = [("training.eagle3", [*common, "--out", str(tmp_path / "e3"), "--log", str(tmp_path / "e3.jsonl")]),
-            ("training.dflash", [*common, "--out", str(tmp_path / "df"), "--log", str(tmp_path / "df.jsonl")])]
+    common = [
+        "--target",
+        str(CHECKPOINT),
+        "--tokens",
+        str(train_dir / "tokens.npz"),
+        "--steps",
+        "1",
+        "--fresh",
+        "--no-export",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "128",
+        "--eval-windows",
+        "2",
+    ]
+    runs = [
+        ("training.eagle3", [*common, "--out", str(tmp_path / "e3"), "--log", str(tmp_path / "e3.jsonl")]),
+        ("training.dflash", [*common, "--out", str(tmp_path / "df"), "--log", str(tmp_path / "df.jsonl")]),
+    ]
     results, _ = _run_blocked(runs, train_dir)
-    assert results[0]["rc"] == ("trunk-v2.safetensors has 12 layers; the default layer ids [2, 3, 4] were chosen for "
-                                "the shipped 4-layer target: give --layer-ids for this one")
+    assert results[0]["rc"] == (
+        "trunk-v2.safetensors has 12 layers; the default layer ids [2, 3, 4] were chosen for "
+        "the shipped 4-layer target: give --layer-ids for this one"
+    )
     assert results[1]["rc"].startswith("trunk-v2.safetensors has 12 layers; the default layer ids [0, 1, 2]")
     assert not (tmp_path / "e3" / "last.pt").exists() and not (tmp_path / "df" / "last.pt").exists()

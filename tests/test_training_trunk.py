@@ -11,14 +11,35 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from training.corpus import load_corpus, package_root, split_corpus  # noqa: E402
-from training.grow import placement, grow  # noqa: E402
+from training.grow import grow, placement  # noqa: E402
 from training.model import DemoModel, ModelConfig  # noqa: E402
-from training.trunk import (CHECKPOINT, CORPUS_PACKAGES, load, repeat_candidates, save,  # noqa: E402
-                            sequence_unlikelihood, unlikelihood)
+from training.trunk import (  # noqa: E402
+    CHECKPOINT,
+    CORPUS_PACKAGES,
+    load,
+    repeat_candidates,
+    save,
+    sequence_unlikelihood,
+    unlikelihood,
+)
 
-SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, full_attention_interval=4,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=8,
-             linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, eos_token_id=63)
+pytestmark = pytest.mark.train
+
+SMALL = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    full_attention_interval=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+    eos_token_id=63,
+)
 
 
 def _small_model() -> DemoModel:
@@ -71,7 +92,7 @@ def _repeat_candidates_reference(x: np.ndarray, n: int) -> np.ndarray:
         last: dict[tuple, int] = {}
         for t in range(len(row)):
             if t >= n - 1:
-                gram = tuple(row[t - n + 1: t + 1])
+                gram = tuple(row[t - n + 1 : t + 1])
                 if gram in last:
                     out[r, t] = row[last[gram] + 1]
                 last[gram] = t
@@ -112,7 +133,9 @@ def test_sequence_unlikelihood_penalises_every_repeat_of_the_generated_part_only
     assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) > float(loss)
     before = logits.clone()
     logits[0, 2, 1] = 9.0  # a prompt position (its candidate is not scored): the same loss
-    assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) == float(sequence_unlikelihood(before, x, 2, start=6)[0])
+    assert float(sequence_unlikelihood(logits, x, 2, start=6)[0]) == float(
+        sequence_unlikelihood(before, x, 2, start=6)[0]
+    )
     assert sequence_unlikelihood(torch.zeros(1, 6, v), torch.arange(6)[None], 2, start=3) == (0, 0.0)
     # run=2: position t counts once t-2 and t-1 both copied their candidate
     x = torch.tensor([[7, 1, 2, 3, 1, 2, 3, 1, 2]])  # candidates (all copied) at positions 5, 6, 7
@@ -128,18 +151,58 @@ def test_a_stretch_with_continuations_logs_the_sequence_unlikelihood(tmp_path):
     from training.trunk import main
 
     stream = np.tile(np.arange(5, 21), 64)
-    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
-             corpus=json.dumps({"synthetic": True}))
+    np.savez(
+        tmp_path / "tokens.npz",
+        train=stream,
+        heldout_stdlib=stream,
+        heldout_packages=stream,
+        corpus=json.dumps({"synthetic": True}),
+    )
     rows = np.concatenate([np.tile(np.arange(30, 38), (3, 1)), np.tile([40, 41, 42], (3, 8))], axis=1)
     np.savez(tmp_path / "cont.npz", rows=rows.astype(np.uint16), start=np.int64(8), source=np.array("synthetic"))
     save(_small_model(), tmp_path / "ck.safetensors", {"steps": 0, "tokens": 0, "seconds": 0.0, "stretches": 1})
-    assert main(["--steps", "2", "--layers", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "2",
-                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--ul-seq-batch", "2", "--ul-seq-run", "0", "--log-every", "1",
-                 "--data", str(tmp_path / "tokens.npz"), "--checkpoint", str(tmp_path / "ck.safetensors"),
-                 "--continuations", str(tmp_path / "cont.npz"), "--log", str(tmp_path / "log.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "--steps",
+                "2",
+                "--layers",
+                "4",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "32",
+                "--eval-every",
+                "2",
+                "--eval-batches",
+                "1",
+                "--depth",
+                "2",
+                "--chain-rows",
+                "4",
+                "--ul-seq-batch",
+                "2",
+                "--ul-seq-run",
+                "0",
+                "--log-every",
+                "1",
+                "--data",
+                str(tmp_path / "tokens.npz"),
+                "--checkpoint",
+                str(tmp_path / "ck.safetensors"),
+                "--continuations",
+                str(tmp_path / "cont.npz"),
+                "--log",
+                str(tmp_path / "log.jsonl"),
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     steps = [r for r in records if "ul_seq" in r]
-    assert len(steps) == 2 and all(r["ul_seq"] > 0 and r["ul_seq_share"] == pytest.approx(17 / 24, abs=1e-3) for r in steps)
+    assert len(steps) == 2 and all(
+        r["ul_seq"] > 0 and r["ul_seq_share"] == pytest.approx(17 / 24, abs=1e-3) for r in steps
+    )
     assert records[0]["continuations"]["rows"] == [3, 32] and records[0]["continuations"]["start"] == 8
 
 
@@ -152,8 +215,13 @@ def test_make_continuations_are_the_checkpoint_s_greedy_text(tmp_path):
     from training.trunk import export_gguf, make_continuations
 
     stream = np.arange(100, 400)
-    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
-             corpus=json.dumps({"synthetic": True}))
+    np.savez(
+        tmp_path / "tokens.npz",
+        train=stream,
+        heldout_stdlib=stream,
+        heldout_packages=stream,
+        corpus=json.dumps({"synthetic": True}),
+    )
     out = make_continuations(CHECKPOINT, tmp_path / "tokens.npz", tmp_path / "cont.npz", n=2, prompt_len=16, n_new=8)
     z = np.load(out)
     assert z["rows"].shape == (2, 24) and int(z["start"]) == 16 and str(z["source"]) == CHECKPOINT.name
@@ -179,10 +247,10 @@ def test_corpus_with_packages_keeps_the_stdlib_split_and_deduplicates():
     std = load_corpus()
     both = load_corpus(packages=CORPUS_PACKAGES)
     assert both[: len(std)] == std  # the stdlib part, its names and its held-out split, unchanged
-    extra = both[len(std):]
+    extra = both[len(std) :]
     assert {f.relpath.split("/", 1)[0] for f in extra} == set(CORPUS_PACKAGES)
     texts = [hashlib.sha256(f.text.encode()).digest() for f in both]
-    assert len(set(texts[len(std):])) == len(extra) and not set(texts[len(std):]) & set(texts[: len(std)])
+    assert len(set(texts[len(std) :])) == len(extra) and not set(texts[len(std) :]) & set(texts[: len(std)])
     _, held = split_corpus(both)
     assert any(f.relpath.startswith("numpy/") for f in held) and any(f.relpath.startswith("pandas/") for f in held)
     with pytest.raises(ValueError, match="not a corpus package"):
@@ -207,7 +275,9 @@ def test_committed_checkpoint_is_a_trained_grown_trunk():
     def ce(m: DemoModel) -> float:
         with torch.no_grad():
             logits = m.eval()(x)[0]
-        return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
+        return float(
+            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        )
 
     assert ce(model) < ce(model_from_gguf(SHIPPED)) - 0.05
 
@@ -220,14 +290,48 @@ def _stretch(tmp_path: Path, lr: float) -> tuple[list[dict], Path]:
     from training.trunk import main
 
     stream = np.tile(np.arange(5, 21), 64)
-    np.savez(tmp_path / "tokens.npz", train=stream, heldout_stdlib=stream, heldout_packages=stream,
-             corpus=json.dumps({"synthetic": True}))
+    np.savez(
+        tmp_path / "tokens.npz",
+        train=stream,
+        heldout_stdlib=stream,
+        heldout_packages=stream,
+        corpus=json.dumps({"synthetic": True}),
+    )
     save(_small_model(), tmp_path / "ck.safetensors", {"steps": 0, "tokens": 0, "seconds": 0.0, "stretches": 1})
     best = tmp_path / "best.safetensors"
-    assert main(["--steps", "4", "--layers", "4", "--batch-size", "2", "--seq-len", "32", "--eval-every", "1",
-                 "--eval-batches", "1", "--depth", "2", "--chain-rows", "4", "--lr", str(lr),
-                 "--data", str(tmp_path / "tokens.npz"), "--checkpoint", str(tmp_path / "ck.safetensors"),
-                 "--log", str(tmp_path / "log.jsonl"), "--best", str(best)]) == 0
+    assert (
+        main(
+            [
+                "--steps",
+                "4",
+                "--layers",
+                "4",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "32",
+                "--eval-every",
+                "1",
+                "--eval-batches",
+                "1",
+                "--depth",
+                "2",
+                "--chain-rows",
+                "4",
+                "--lr",
+                str(lr),
+                "--data",
+                str(tmp_path / "tokens.npz"),
+                "--checkpoint",
+                str(tmp_path / "ck.safetensors"),
+                "--log",
+                str(tmp_path / "log.jsonl"),
+                "--best",
+                str(best),
+            ]
+        )
+        == 0
+    )
     return [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()], best
 
 
@@ -257,8 +361,10 @@ def test_average_is_the_elementwise_mean_and_records_its_sources(tmp_path):
     save(a, tmp_path / "a.safetensors", {"steps": 10, "stretches": 2})
     save(b, tmp_path / "b.safetensors", {"steps": 12, "stretches": 2})
     out = tmp_path / "soup.safetensors"
-    assert main(["--average", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"),
-                 "--checkpoint", str(out)]) == 0
+    assert (
+        main(["--average", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--checkpoint", str(out)])
+        == 0
+    )
     soup, meta = load(out)
     a, _ = load(tmp_path / "a.safetensors")
     b, _ = load(tmp_path / "b.safetensors")

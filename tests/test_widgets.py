@@ -24,6 +24,8 @@ from mtp_explorer.ui import whatif as whatif_controller
 from mtp_explorer.ui.whatif_panel import speed_curve
 from mtp_explorer.widgets import LIVE_COLUMNS, Explorer, LiveTrace
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 PROMPT = "def fib(n):"
 #: The drafter options of a default Explorer, as its oracle keys hold them.
 OPTIONS = tuple(sorted(option_values().items()))

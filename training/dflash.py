@@ -80,7 +80,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training import eagle3 as E
-from training.eagle3 import RMSNorm, JsonLog, _Stop, corpus_tokens, heldout_windows, rotate_half
+from training.eagle3 import JsonLog, RMSNorm, _Stop, corpus_tokens, heldout_windows, rotate_half
 from training.train import batch_at, lr_at
 
 ROOT = E.ROOT
@@ -141,9 +141,11 @@ class HeadConfig:
             "attention_bias": False,
             "use_sliding_window": False,
             "block_size": self.block_size,
-            "dflash_config": {"mask_token_id": self.mask_token_id,
-                              "target_layer_ids": list(self.target_layer_ids),
-                              "block_size": self.block_size},
+            "dflash_config": {
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+                "block_size": self.block_size,
+            },
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "torch_dtype": "float32",
@@ -250,8 +252,9 @@ class DFlashDraftModel(nn.Module):
             out.append((k, v))
         return out
 
-    def blocks(self, emb: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
-               visible: torch.Tensor) -> torch.Tensor:
+    def blocks(
+        self, emb: torch.Tensor, pos: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]], visible: torch.Tensor
+    ) -> torch.Tensor:
         """The pre-norm states of noise blocks.
 
         ``emb`` (B, A, S, H): token embeddings of A blocks of S tokens per batch row; ``pos`` (B, A, S) their
@@ -261,9 +264,11 @@ class DFlashDraftModel(nn.Module):
         """
         c = self.cfg
         b, na, s, _ = emb.shape
-        scale = c.head_dim ** -0.5
+        scale = c.head_dim**-0.5
         h = emb
-        neg = torch.zeros(visible.shape, dtype=emb.dtype, device=emb.device).masked_fill(~visible, float("-inf"))  # (B, A, T)
+        neg = torch.zeros(visible.shape, dtype=emb.dtype, device=emb.device).masked_fill(
+            ~visible, float("-inf")
+        )  # (B, A, T)
         neg = neg[:, None, :, None, :]  # (B, 1, A, 1, T)
         for layer, (ck, cv) in zip(self.layers, ctx):
             a = layer.self_attn
@@ -288,8 +293,7 @@ class DFlashDraftModel(nn.Module):
     def logits(self, h: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(h), lm_head)
 
-    def window(self, feats: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, embed: torch.Tensor
-               ) -> torch.Tensor:
+    def window(self, feats: torch.Tensor, x: torch.Tensor, anchors: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """Teacher-forced blocks on a window: ``feats`` (B, T, F) target features of x_0..x_{T-1}, ``anchors``
         (B, A) positions a (>= 1): block ``[x_a, M, ...]`` at ``a .. a+S-1`` over context rows ``0 .. a-1``.
         Returns the pre-norm states (B, A, S, H)."""
@@ -316,15 +320,18 @@ def make_target(cfg: HeadConfig, gguf: Path = TARGET, device: torch.device | str
     target = E.Target(gguf, [], device)
     hi = target.n_layer - 2  # llama.cpp's DFlash reads layer inputs only: the deepest is layer n_layer - 1's
     if any(i < 0 or i > hi for i in cfg.target_layer_ids):
-        raise ValueError(f"layer ids {cfg.target_layer_ids} (HF ids: layer outputs; llama.cpp reads the inputs "
-                         f"{cfg.llama_layer_ids}) outside 0..{hi} for {target.path.name} ({target.n_layer} layers)")
+        raise ValueError(
+            f"layer ids {cfg.target_layer_ids} (HF ids: layer outputs; llama.cpp reads the inputs "
+            f"{cfg.llama_layer_ids}) outside 0..{hi} for {target.path.name} ({target.n_layer} layers)"
+        )
     target.layer_ids = cfg.llama_layer_ids
     return target
 
 
 @torch.no_grad()
-def first_draft(head: DFlashDraftModel, target: E.Target, ids: list[int], n: int, top_k: int = 10
-                ) -> list[tuple[int, float]]:
+def first_draft(
+    head: DFlashDraftModel, target: E.Target, ids: list[int], n: int, top_k: int = 10
+) -> list[tuple[int, float]]:
     """What llama.cpp's draft-dflash drafts first after a prompt ``ids``: llama-speculative-simple decodes
     ``ids[:-1]`` with the target (injected rows 0..N-2), then the block ``[ids[-1], M x n]`` at N-1..N-1+n, slots
     1..n.  Per slot: (argmax token, its probability renormalised over the top ``top_k``, as the drafter logs it)."""
@@ -350,13 +357,36 @@ def logged_first_draft(log: str) -> list[tuple[int, float]]:
     return E.logged_first_draft(log, "draft-dflash")
 
 
-def run_first_draft(head_gguf: Path, prompt: str, n: int, *, binary: Path | None = None, target: Path = TARGET,
-                    attempts: int = 8) -> tuple[list[tuple[int, float]], str]:
+def run_first_draft(
+    head_gguf: Path, prompt: str, n: int, *, binary: Path | None = None, target: Path = TARGET, attempts: int = 8
+) -> tuple[list[tuple[int, float]], str]:
     """llama.cpp's first block draft after ``prompt`` (``-lv 5`` log), retried when the log lost its tail."""
     exe = binary or E.reference_binary()
-    cmd = [str(exe), "-m", str(target), "-md", str(head_gguf), "--spec-type", "draft-dflash",
-           "--spec-draft-n-max", str(n), "-p", prompt, "-n", "4", "-c", "256", "-t", "1", "--temp", "0",
-           "--seed", "0", "-lv", "5"]
+    cmd = [
+        str(exe),
+        "-m",
+        str(target),
+        "-md",
+        str(head_gguf),
+        "--spec-type",
+        "draft-dflash",
+        "--spec-draft-n-max",
+        str(n),
+        "-p",
+        prompt,
+        "-n",
+        "4",
+        "-c",
+        "256",
+        "-t",
+        "1",
+        "--temp",
+        "0",
+        "--seed",
+        "0",
+        "-lv",
+        "5",
+    ]
     log = ""
     for _ in range(attempts):  # the debug log thread can lose its tail at exit (less often into files than pipes)
         with tempfile.TemporaryDirectory() as tmp:
@@ -374,8 +404,11 @@ def check_first_draft(head: DFlashDraftModel, head_gguf: Path, prompts=None, n: 
     """PyTorch vs llama.cpp first block draft on ``prompts``: tokens equal, probabilities within 0.01."""
     from training.llama_ref import LlamaMTP
 
-    prompts = prompts or ["def fib(n):", "class Point:\n    def __init__(self, x, y):\n",
-                          "import os\n\n\ndef walk(top):\n"]
+    prompts = prompts or [
+        "def fib(n):",
+        "class Point:\n    def __init__(self, x, y):\n",
+        "import os\n\n\ndef walk(top):\n",
+    ]
     target = make_target(head.cfg)
     with LlamaMTP(TARGET, n_ctx=256, n_threads=1) as m:
         ids = [m.tokenize(p) for p in prompts]
@@ -387,8 +420,15 @@ def check_first_draft(head: DFlashDraftModel, head_gguf: Path, prompts=None, n: 
         same = [t for t, _ in logged] == [t for t, _ in ours]
         dp = max((abs(a[1] - b[1]) for a, b in zip(logged, ours)), default=float("nan"))
         ok &= same and len(logged) == n and dp <= 0.01
-        res["prompts"].append({"prompt": p, "llama_cpp": logged, "pytorch": [(t, round(q, 4)) for t, q in ours],
-                               "same_tokens": same, "max_abs_dp": round(dp, 5)})
+        res["prompts"].append(
+            {
+                "prompt": p,
+                "llama_cpp": logged,
+                "pytorch": [(t, round(q, 4)) for t, q in ours],
+                "same_tokens": same,
+                "max_abs_dp": round(dp, 5),
+            }
+        )
     res["ok"] = bool(ok)
     return res
 
@@ -401,12 +441,19 @@ def pick_anchors(b: int, hi: int, n_anchors: int, rng: np.random.Generator | Non
     random ones per row, sorted."""
     if rng is None:
         return torch.linspace(1, hi, n_anchors).round().long().expand(b, -1)
-    return torch.from_numpy(np.stack([np.sort(rng.choice(np.arange(1, hi + 1), n_anchors, replace=False))
-                                      for _ in range(b)])).long()
+    return torch.from_numpy(
+        np.stack([np.sort(rng.choice(np.arange(1, hi + 1), n_anchors, replace=False)) for _ in range(b)])
+    ).long()
 
 
-def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_anchors: int, decay: float,
-                 rng: np.random.Generator | None = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def block_losses(
+    head: DFlashDraftModel,
+    target: E.Target,
+    x: torch.Tensor,
+    n_anchors: int,
+    decay: float,
+    rng: np.random.Generator | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(weighted loss, per-slot CE against the target's distribution, per-slot top-1 agreement with its argmax).
 
     Slot i of the block anchored at a predicts x_{a+i}: the target's distribution at position a+i-1."""
@@ -424,13 +471,14 @@ def block_losses(head: DFlashDraftModel, target: E.Target, x: torch.Tensor, n_an
         logp = torch.log_softmax(logits, dim=-1)
         losses.append(-(torch.softmax(tl, -1) * logp).sum(-1).mean())
         agree.append((logits.argmax(-1) == tl.argmax(-1)).float().mean().detach())
-    loss = sum(decay ** i * l for i, l in enumerate(losses))
+    loss = sum(decay**i * l for i, l in enumerate(losses))
     return loss, losses, agree
 
 
 @torch.no_grad()
-def evaluate(head: DFlashDraftModel, target: E.Target, windows: list[torch.Tensor], tc: TrainConfig,
-             losses=None) -> dict:
+def evaluate(
+    head: DFlashDraftModel, target: E.Target, windows: list[torch.Tensor], tc: TrainConfig, losses=None
+) -> dict:
     """Held-out per-slot CE and top-1 agreement of ``losses`` (default :func:`block_losses`; one that returns a
     fourth item, a dict of scalars, has their means reported too)."""
     head.eval()
@@ -444,24 +492,59 @@ def evaluate(head: DFlashDraftModel, target: E.Target, windows: list[torch.Tenso
             extra[k] = extra.get(k, 0.0) + float(v)
     head.train()
     n = len(windows)
-    return {"soft_ce_by_slot": [round(float(v) / n, 4) for v in ce],
-            "agreement_by_slot": [round(float(v) / n, 4) for v in ag],
-            **{k: round(v / n, 4) for k, v in extra.items()}}
+    return {
+        "soft_ce_by_slot": [round(float(v) / n, 4) for v in ce],
+        "agreement_by_slot": [round(float(v) / n, 4) for v in ag],
+        **{k: round(v / n, 4) for k, v in extra.items()},
+    }
 
 
-def save_checkpoint(path: Path, head: DFlashDraftModel, opt, step: int, hc: HeadConfig, tc: TrainConfig,
-                    elapsed: float, best: dict | None) -> None:
+def save_checkpoint(
+    path: Path,
+    head: DFlashDraftModel,
+    opt,
+    step: int,
+    hc: HeadConfig,
+    tc: TrainConfig,
+    elapsed: float,
+    best: dict | None,
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"head": E.to_cpu(head.state_dict()), "optimizer": E.to_cpu(opt.state_dict()), "step": step,
-                "elapsed_seconds": elapsed, "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
+    torch.save(
+        {
+            "head": E.to_cpu(head.state_dict()),
+            "optimizer": E.to_cpu(opt.state_dict()),
+            "step": step,
+            "elapsed_seconds": elapsed,
+            "head_config": hc.to_dict(),
+            "train_config": asdict(tc),
+            "best": best,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
-def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
-          steps: int | None = None, head_cls=None, config_cls=None, train_config_cls=None, losses=None,
-          init=None, layer_ids: list[int] | None = None, target: Path = TARGET, device: str = "cpu",
-          overrides: dict | None = None, tokens: Path | None = None) -> Path:
+def train(
+    out: Path,
+    *,
+    max_minutes: float | None,
+    fresh: bool,
+    threads: int,
+    log_path: Path,
+    steps: int | None = None,
+    head_cls=None,
+    config_cls=None,
+    train_config_cls=None,
+    losses=None,
+    init=None,
+    layer_ids: list[int] | None = None,
+    target: Path = TARGET,
+    device: str = "cpu",
+    overrides: dict | None = None,
+    tokens: Path | None = None,
+) -> Path:
     """Train (or resume) into ``out/last.pt``; returns the checkpoint path.
 
     ``target``: a qwen35 GGUF (default the bundled one) or a :mod:`training.trunk` checkpoint; ``layer_ids``: HF ids
@@ -481,7 +564,11 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
     if fresh:
         ck_path.unlink(missing_ok=True)
     ck = torch.load(ck_path, map_location="cpu", weights_only=False) if ck_path.exists() else None
-    hc = config_cls(**ck["head_config"]) if ck else config_cls(**({"target_layer_ids": list(layer_ids)} if layer_ids else {}))
+    hc = (
+        config_cls(**ck["head_config"])
+        if ck
+        else config_cls(**({"target_layer_ids": list(layer_ids)} if layer_ids else {}))
+    )
     if ck and layer_ids and list(layer_ids) != hc.target_layer_ids:
         raise SystemExit(f"{ck_path} was trained with layer ids {hc.target_layer_ids}; use --fresh")
     tc = train_config_cls(**ck["train_config"]) if ck else train_config_cls()
@@ -508,10 +595,21 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
         step, elapsed_before, best = ck["step"], ck["elapsed_seconds"], ck.get("best")
         log({"event": "resumed", "step": step, "elapsed_seconds": round(elapsed_before, 1)})
     else:
-        log({"event": "start", "head_config": hc.to_dict(), "train_config": asdict(tc), "corpus": info,
-             "params": sum(p.numel() for p in head.parameters()), "torch": torch.__version__, "threads": threads,
-             "target": target_path.name, "device": str(device), "llama_cpp_target_layers": hc.llama_layer_ids,
-             "init": init_record})
+        log(
+            {
+                "event": "start",
+                "head_config": hc.to_dict(),
+                "train_config": asdict(tc),
+                "corpus": info,
+                "params": sum(p.numel() for p in head.parameters()),
+                "torch": torch.__version__,
+                "threads": threads,
+                "target": target_path.name,
+                "device": str(device),
+                "llama_cpp_target_layers": hc.llama_layer_ids,
+                "init": init_record,
+            }
+        )
     held = heldout_windows(held_tokens, tc)
     stop = _Stop()
     t0 = t_ck = t_log = time.time()
@@ -532,10 +630,19 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, lo
         n_tok += x.numel()
         now = time.time()
         if step % tc.log_every == 0:
-            log({"step": step, "loss": round(loss.item(), 4), "soft_ce": [round(l.item(), 4) for l in ce],
-                 **{k: round(float(v), 4) for k, v in (more[0] if more else {}).items()},
-                 "agreement": [round(float(a), 4) for a in agree], "lr": round(lr, 6), "grad_norm": round(float(gnorm), 3),
-                 "tok_per_s": round(n_tok / max(1e-9, now - t_log)), "elapsed_seconds": round(elapsed_before + now - t0, 1)})
+            log(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "soft_ce": [round(l.item(), 4) for l in ce],
+                    **{k: round(float(v), 4) for k, v in (more[0] if more else {}).items()},
+                    "agreement": [round(float(a), 4) for a in agree],
+                    "lr": round(lr, 6),
+                    "grad_norm": round(float(gnorm), 3),
+                    "tok_per_s": round(n_tok / max(1e-9, now - t_log)),
+                    "elapsed_seconds": round(elapsed_before + now - t0, 1),
+                }
+            )
             t_log, n_tok = now, 0
         if step % tc.eval_every == 0 or step == tc.steps:
             ev = evaluate(head, target, held, tc, losses)
@@ -576,8 +683,9 @@ def load_head(path: Path, head_cls=None, config_cls=None) -> tuple[DFlashDraftMo
     return head.eval(), obj.get("meta", {})
 
 
-def write_head_hf(head: DFlashDraftModel, hf_dir: Path, target_dir: Path, description: str | None = None,
-                  name: str = HEAD_NAME) -> Path:
+def write_head_hf(
+    head: DFlashDraftModel, hf_dir: Path, target_dir: Path, description: str | None = None, name: str = HEAD_NAME
+) -> Path:
     """The head as a ``DFlashDraftModel`` checkpoint: ``config.json``, ``model.safetensors`` (F32: ``fc.weight``,
     ``hidden_norm.weight``, ``norm.weight``, ``layers.N.*``), plus the target's tokenizer files (the converter
     reads the vocabulary from ``--target-model-dir``; the copies let the pre-tokenizer hash be registered)."""
@@ -589,35 +697,51 @@ def write_head_hf(head: DFlashDraftModel, hf_dir: Path, target_dir: Path, descri
     (hf_dir / "config.json").write_text(json.dumps(head.cfg.hf_config(), indent=2) + "\n", encoding="utf-8")
     for fn in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(target_dir / fn, hf_dir / fn)
-    meta = {"general.name": name,
-            "general.description": description or (
-                f"mtp-explorer DFlash draft head for pystdlib-qwen35-mtp (target layer inputs "
-                f"{head.cfg.llama_layer_ids}, block {head.cfg.block_size}); borrows the target's token embeddings "
-                f"and output head")}
+    meta = {
+        "general.name": name,
+        "general.description": description
+        or (
+            f"mtp-explorer DFlash draft head for pystdlib-qwen35-mtp (target layer inputs "
+            f"{head.cfg.llama_layer_ids}, block {head.cfg.block_size}); borrows the target's token embeddings "
+            f"and output head"
+        ),
+    }
     (hf_dir / "gguf-metadata.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (hf_dir / "README.md").write_text(f"---\nlicense: \"{LICENSE}\"\n---\n\n# {name}\n", encoding="utf-8")
+    (hf_dir / "README.md").write_text(f'---\nlicense: "{LICENSE}"\n---\n\n# {name}\n', encoding="utf-8")
     return hf_dir
 
 
-def convert_head(head: DFlashDraftModel, out_gguf: Path, work: Path, *, outtype: str = "f16",
-                 description: str | None = None, name: str = HEAD_NAME) -> Path:
+def convert_head(
+    head: DFlashDraftModel,
+    out_gguf: Path,
+    work: Path,
+    *,
+    outtype: str = "f16",
+    description: str | None = None,
+    name: str = HEAD_NAME,
+) -> Path:
     """Head -> HF checkpoint -> llama.cpp's ``convert_hf_to_gguf.py --target-model-dir`` -> ``out_gguf``."""
     from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
     target_dir = E.write_target_hf(work / "target-hf")
     hf_dir = write_head_hf(head, work / "dflash-hf", target_dir, description, name)
     out_gguf.parent.mkdir(parents=True, exist_ok=True)
-    return convert_with_llama_cpp(hf_dir, out_gguf, outtype=outtype,
-                                  extra_args=["--target-model-dir", str(target_dir),
-                                              "--metadata", str(hf_dir / "gguf-metadata.json")])
+    return convert_with_llama_cpp(
+        hf_dir,
+        out_gguf,
+        outtype=outtype,
+        extra_args=["--target-model-dir", str(target_dir), "--metadata", str(hf_dir / "gguf-metadata.json")],
+    )
 
 
 def describe_training(meta: dict) -> str | None:
     if not meta:
         return None
-    return (f"mtp-explorer DFlash draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
-            f"block {meta.get('block_size')}, {meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of "
-            f"self-distillation on the Python standard library; borrows the target's token embeddings and output head")
+    return (
+        f"mtp-explorer DFlash draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
+        f"block {meta.get('block_size')}, {meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of "
+        f"self-distillation on the Python standard library; borrows the target's token embeddings and output head"
+    )
 
 
 def random_head(seed: int = 0, cfg: HeadConfig | None = None) -> DFlashDraftModel:
@@ -638,8 +762,9 @@ def random_head(seed: int = 0, cfg: HeadConfig | None = None) -> DFlashDraftMode
 # ----------------------------------------------------------------------------------------------- measuring
 
 
-def measure(head: Path, *, prompts: list[str] | None = None, n_maxes=(1, 3), max_tokens: int = 64,
-            target: Path = TARGET) -> dict:
+def measure(
+    head: Path, *, prompts: list[str] | None = None, n_maxes=(1, 3), max_tokens: int = 64, target: Path = TARGET
+) -> dict:
     """draft-dflash (``head``) vs draft-mtp acceptance on the demo prompts (held-out snippets), by depth
     (:func:`training.eagle3.measure`)."""
     return E.measure(head, spec="draft-dflash", prompts=prompts, n_maxes=n_maxes, max_tokens=max_tokens, target=target)
@@ -650,14 +775,22 @@ def measure(head: Path, *, prompts: list[str] | None = None, n_maxes=(1, 3), max
 
 def add_target_options(p: argparse.ArgumentParser, layer_ids_help: str) -> None:
     """``--target``, ``--device``, ``--layer-ids`` and the TrainConfig overrides of the DFlash / DSpark trainers."""
-    p.add_argument("--target", type=Path, default=TARGET,
-                   help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
-                        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)")
+    p.add_argument(
+        "--target",
+        type=Path,
+        default=TARGET,
+        help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
+        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
     p.add_argument("--layer-ids", type=lambda s: [int(v) for v in s.split(",")], default=None, help=layer_ids_help)
     E.add_train_overrides(p)
-    p.add_argument("--tokens", type=Path, default=None,
-                   help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)")
+    p.add_argument(
+        "--tokens",
+        type=Path,
+        default=None,
+        help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,16 +804,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--random", action="store_true", help="export an untrained (SYNTHETIC) head: layout check")
-    p.add_argument("--gguf", type=Path, default=None, help="output / measured GGUF (default --out/pystdlib-dflash.gguf)")
+    p.add_argument(
+        "--gguf", type=Path, default=None, help="output / measured GGUF (default --out/pystdlib-dflash.gguf)"
+    )
     p.add_argument("--head", type=Path, default=None, help="head weights file (default --out/dflash-head.pt)")
-    p.add_argument("--check-first-draft", action="store_true",
-                   help="compare llama.cpp's first block draft of --gguf with the PyTorch head of --head (JSON)")
+    p.add_argument(
+        "--check-first-draft",
+        action="store_true",
+        help="compare llama.cpp's first block draft of --gguf with the PyTorch head of --head (JSON)",
+    )
     p.add_argument("--measure", action="store_true", help="measure --gguf against draft-mtp (JSON)")
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
-    p.add_argument("--prompts", type=int, default=0,
-                   help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)")
-    add_target_options(p, "HF layer ids (layer OUTPUTS; llama.cpp reads the inputs, +1), default 0,1,2 (fresh runs; "
-                          "the shipped 4-layer target's: another target needs its own, at most n_layer - 2)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=0,
+        help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)",
+    )
+    add_target_options(
+        p,
+        "HF layer ids (layer OUTPUTS; llama.cpp reads the inputs, +1), default 0,1,2 (fresh runs; "
+        "the shipped 4-layer target's: another target needs its own, at most n_layer - 2)",
+    )
     args = p.parse_args(argv)
     if E.is_checkpoint(args.target) and not args.no_export:
         p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
@@ -700,28 +845,47 @@ def main(argv: list[str] | None = None) -> int:
         head = random_head()
         meta = {"synthetic": True}
         name = "SYNTHETIC-random-dflash"
-        desc = ("SYNTHETIC untrained (random-init) DFlash draft head for pystdlib-qwen35-mtp: layout/loading check "
-                "only, drafts are noise")
+        desc = (
+            "SYNTHETIC untrained (random-init) DFlash draft head for pystdlib-qwen35-mtp: layout/loading check "
+            "only, drafts are noise"
+        )
     else:
         if not args.export_only:
             log = args.log or LOG_DIR / f"dflash-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-            train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
-                  steps=args.steps, layer_ids=args.layer_ids, target=args.target, device=args.device,
-                  overrides=E.train_overrides(args), tokens=args.tokens)
+            train(
+                out,
+                max_minutes=args.max_minutes,
+                fresh=args.fresh,
+                threads=args.threads,
+                log_path=log,
+                steps=args.steps,
+                layer_ids=args.layer_ids,
+                target=args.target,
+                device=args.device,
+                overrides=E.train_overrides(args),
+                tokens=args.tokens,
+            )
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)
         head = DFlashDraftModel(HeadConfig(**ck["head_config"]))
         head.load_state_dict(ck["head"])
-        meta = {"steps": ck["step"], "minutes": round(ck["elapsed_seconds"] / 60, 1),
-                "layer_ids": head.cfg.llama_layer_ids, "block_size": head.cfg.block_size,
-                "eval_heldout": ck.get("best"), "train_config": ck["train_config"]}
+        meta = {
+            "steps": ck["step"],
+            "minutes": round(ck["elapsed_seconds"] / 60, 1),
+            "layer_ids": head.cfg.llama_layer_ids,
+            "block_size": head.cfg.block_size,
+            "eval_heldout": ck.get("best"),
+            "train_config": ck["train_config"],
+        }
         desc = describe_training(meta)
     save_head(head_path, head, meta)
     head, meta = load_head(head_path)  # export exactly what was saved (F16-rounded matrices)
     with tempfile.TemporaryDirectory() as tmp:
         convert_head(head, gguf, Path(tmp), description=desc, name=name)
-    print(f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)")
+    print(
+        f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)"
+    )
     return 0
 
 

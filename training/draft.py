@@ -49,9 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from training.corpus import describe, load_corpus, split_corpus
+from training.jsonlog import JsonLog
 from training.tokenizer import encode_files, tokenizer_from_vocab, vocab_from_gguf
 from training.train import TrainConfig, batch_at, heldout_batches, lr_at, save_checkpoint
-from training.jsonlog import JsonLog
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
@@ -93,9 +93,15 @@ class DraftConfig:
 
         d = self.to_dict()
         rope_theta = d.pop("rope_theta")
-        return Qwen3Config(**d, bos_token_id=self.eos_token_id, tie_word_embeddings=True, attention_bias=False,
-                           hidden_act="silu", use_cache=True,
-                           rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+        return Qwen3Config(
+            **d,
+            bos_token_id=self.eos_token_id,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            hidden_act="silu",
+            use_cache=True,
+            rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        )
 
 
 def draft_train_config() -> TrainConfig:
@@ -153,8 +159,15 @@ def heldout_metrics(model, batches: list[torch.Tensor]) -> dict[str, float]:
     return {"heldout_ce": round(ce / len(batches), 4), "heldout_top1": round(acc / len(batches), 4)}
 
 
-def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: bool, threads: int,
-          checkpoint_minutes: float = 5.0) -> bool:
+def train(
+    out: Path,
+    *,
+    steps: int | None,
+    max_minutes: float | None,
+    fresh: bool,
+    threads: int,
+    checkpoint_minutes: float = 5.0,
+) -> bool:
     """Train (or resume) into ``out/checkpoints-draft/last.pt``; True when the run has reached its last step."""
     torch.set_num_threads(threads)
     cfg = draft_train_config()
@@ -170,8 +183,12 @@ def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: boo
     model = build_model(cfg.model)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
+    )
     step, elapsed_before = 0, 0.0
     if ck is not None:
         if ck["model_config"] != cfg.model.to_dict():
@@ -182,8 +199,17 @@ def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: boo
         step, elapsed_before = ck["step"], ck["elapsed_seconds"]
         log({"event": "resumed", "step": step, "elapsed_seconds": round(elapsed_before, 1)})
     else:
-        log({"event": "start", "train_config": asdict(cfg), "corpus": info, "params": n_params(model),
-             "tokenizer": str(TARGET.relative_to(ROOT)), "torch": torch.__version__, "threads": threads})
+        log(
+            {
+                "event": "start",
+                "train_config": asdict(cfg),
+                "corpus": info,
+                "params": n_params(model),
+                "tokenizer": str(TARGET.relative_to(ROOT)),
+                "torch": torch.__version__,
+                "threads": threads,
+            }
+        )
     held = heldout_batches(held_tokens, cfg)
     t0 = t_ck = t_log = time.time()
     n_tok = 0
@@ -203,8 +229,16 @@ def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: boo
         n_tok += x.numel()
         now = time.time()
         if step % cfg.log_every == 0 or step == cfg.steps:
-            log({"step": step, "ce": round(loss.item(), 4), "lr": round(lr, 6), "grad_norm": round(float(gnorm), 3),
-                 "tok_per_s": round(n_tok / max(1e-9, now - t_log)), "elapsed_seconds": round(elapsed_before + now - t0, 1)})
+            log(
+                {
+                    "step": step,
+                    "ce": round(loss.item(), 4),
+                    "lr": round(lr, 6),
+                    "grad_norm": round(float(gnorm), 3),
+                    "tok_per_s": round(n_tok / max(1e-9, now - t_log)),
+                    "elapsed_seconds": round(elapsed_before + now - t0, 1),
+                }
+            )
             t_log, n_tok = now, 0
         if step % cfg.eval_every == 0 or step == cfg.steps:
             log({"step": step, "eval": heldout_metrics(model, held)})
@@ -221,16 +255,22 @@ def train(out: Path, *, steps: int | None, max_minutes: float | None, fresh: boo
 
 def write_hf_checkpoint(model, hf_dir: Path, target: Path = TARGET) -> Path:
     """``model`` as a Hugging Face checkpoint with the target's tokenizer files."""
-    from mtp_explorer.devtools.gguf_qwen35 import read_qwen35_metadata
     from mtp_explorer.devtools.hf_export import tokenizer_files
+    from mtp_explorer.models.gguf_qwen35 import read_qwen35_metadata
 
     vocab = vocab_from_gguf(target)
     meta = read_qwen35_metadata(target)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     tokenizer, tok_config = tokenizer_files(
-        vocab.tokens, vocab.token_types, vocab.merges, pre=vocab.pre, eos_id=vocab.eos_id,
-        bos_id=None if bos is None else int(bos), add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        n_ctx=model.config.max_position_embeddings)
+        vocab.tokens,
+        vocab.token_types,
+        vocab.merges,
+        pre=vocab.pre,
+        eos_id=vocab.eos_id,
+        bos_id=None if bos is None else int(bos),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        n_ctx=model.config.max_position_embeddings,
+    )
     hf_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf_dir)
     for name, obj in (("tokenizer.json", tokenizer), ("tokenizer_config.json", tok_config)):
@@ -245,8 +285,9 @@ def export(checkpoint: Path, out_gguf: Path, hf_dir: Path) -> Path:
     from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
     if importlib.util.find_spec("sentencepiece") is None:  # imported by the converter's Qwen3 set_vocab
-        raise SystemExit("llama.cpp's convert_hf_to_gguf.py needs sentencepiece for a Qwen3 checkpoint: "
-                         "pip install sentencepiece")
+        raise SystemExit(
+            "llama.cpp's convert_hf_to_gguf.py needs sentencepiece for a Qwen3 checkpoint: pip install sentencepiece"
+        )
     ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
     model = build_model(DraftConfig(**ck["model_config"]))
     model.load_state_dict(ck["model"])
@@ -254,15 +295,19 @@ def export(checkpoint: Path, out_gguf: Path, hf_dir: Path) -> Path:
     elapsed = ck["elapsed_seconds"] / 60
     # the converter's --metadata override (gguf-py's Metadata.load) names general.* keys in full; the licence
     # has no override key and is read from the checkpoint's model card front matter instead
-    meta = {"general.name": DRAFT_NAME,
-            "general.description": (
-                f"mtp-explorer draft model for draft-simple speculative decoding with pystdlib-qwen35-mtp: a "
-                f"{n_params(model) / 1e6:.2f} M-parameter qwen3 trained {ck['step']} steps ({elapsed:.0f} min) on the "
-                f"Python standard library with the bundled model's tokenizer")}
+    meta = {
+        "general.name": DRAFT_NAME,
+        "general.description": (
+            f"mtp-explorer draft model for draft-simple speculative decoding with pystdlib-qwen35-mtp: a "
+            f"{n_params(model) / 1e6:.2f} M-parameter qwen3 trained {ck['step']} steps ({elapsed:.0f} min) on the "
+            f"Python standard library with the bundled model's tokenizer"
+        ),
+    }
     meta_path = hf_dir / "gguf-metadata.json"
     meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (hf_dir / "README.md").write_text(f"---\nlicense: \"{LICENSE}\"\n---\n\n# {DRAFT_NAME}\n\n"
-                                      f"See mtp_explorer/models/MODEL.md.\n", encoding="utf-8")
+    (hf_dir / "README.md").write_text(
+        f'---\nlicense: "{LICENSE}"\n---\n\n# {DRAFT_NAME}\n\nSee mtp_explorer/models/MODEL.md.\n', encoding="utf-8"
+    )
     convert_with_llama_cpp(hf_dir, out_gguf, outtype="f16", extra_args=["--metadata", str(meta_path)])
     problems = compatibility_problems(TARGET, out_gguf)
     if problems:
@@ -292,8 +337,10 @@ def compatibility_problems(target: Path, draft: Path) -> list[str]:
         problems = []
         if lc.llama_vocab_type(vt) != lc.llama_vocab_type(vd):
             problems.append(f"vocab type {lc.llama_vocab_type(vd)} != {lc.llama_vocab_type(vt)}")
-        for what, add, tok in (("bos", lc.llama_vocab_get_add_bos, lc.llama_vocab_bos),
-                               ("eos", lc.llama_vocab_get_add_eos, lc.llama_vocab_eos)):
+        for what, add, tok in (
+            ("bos", lc.llama_vocab_get_add_bos, lc.llama_vocab_bos),
+            ("eos", lc.llama_vocab_get_add_eos, lc.llama_vocab_eos),
+        ):
             if add(vt) != add(vd) or (add(vt) and tok(vt) != tok(vd)):
                 problems.append(f"{what}: add {add(vd)} id {tok(vd)} != add {add(vt)} id {tok(vt)}")
         nt, nd = lc.llama_vocab_n_tokens(vt), lc.llama_vocab_n_tokens(vd)
@@ -324,17 +371,33 @@ def model_from_gguf(path: str | Path = DEFAULT_GGUF):
         raise ValueError(f"{path}: not a qwen3 file")
     n_head = int(field("qwen3.attention.head_count"))
     mc = DraftConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data), hidden_size=int(field("qwen3.embedding_length")),
-        intermediate_size=int(field("qwen3.feed_forward_length")), num_hidden_layers=int(field("qwen3.block_count")),
-        num_attention_heads=n_head, num_key_value_heads=int(field("qwen3.attention.head_count_kv")),
-        head_dim=int(field("qwen3.attention.key_length")), rope_theta=float(field("qwen3.rope.freq_base")),
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=int(field("qwen3.embedding_length")),
+        intermediate_size=int(field("qwen3.feed_forward_length")),
+        num_hidden_layers=int(field("qwen3.block_count")),
+        num_attention_heads=n_head,
+        num_key_value_heads=int(field("qwen3.attention.head_count_kv")),
+        head_dim=int(field("qwen3.attention.key_length")),
+        rope_theta=float(field("qwen3.rope.freq_base")),
         rms_norm_eps=float(field("qwen3.attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(field("qwen3.context_length")), eos_token_id=int(field("tokenizer.ggml.eos_token_id")))
-    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
-             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-             "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+        max_position_embeddings=int(field("qwen3.context_length")),
+        eos_token_id=int(field("tokenizer.ggml.eos_token_id")),
+    )
+    names = {
+        "token_embd": "model.embed_tokens",
+        "output_norm": "model.norm",
+        "attn_norm": "input_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     sd = {}
     for t in reader.tensors:
         parts = t.name.split(".")
@@ -380,7 +443,7 @@ class DraftRounds:
     reported_accepted: int = 0
     generated: int = 0
     text: str = ""
-    by_depth: list[int] = field(default_factory=list)    #: rounds whose draft j+1 was accepted
+    by_depth: list[int] = field(default_factory=list)  #: rounds whose draft j+1 was accepted
     drafted_at: list[int] = field(default_factory=list)  #: rounds that had a draft j+1
 
     def add_round(self, a: int, n: int) -> None:
@@ -417,8 +480,17 @@ def draft_rounds(log: str) -> DraftRounds:
     return r
 
 
-def run_reference_rounds(target: Path, prompt: str, spec_args: list[str], parse, *, max_tokens: int = 64,
-                         threads: int = 1, attempts: int = 8, binary: Path | None = None):
+def run_reference_rounds(
+    target: Path,
+    prompt: str,
+    spec_args: list[str],
+    parse,
+    *,
+    max_tokens: int = 64,
+    threads: int = 1,
+    attempts: int = 8,
+    binary: Path | None = None,
+):
     """One greedy ``llama-speculative-simple`` run of ``target`` with ``spec_args`` (``-md``, ``--spec-type``, ...)
     and its debug log read by ``parse`` (a rounds record with ``reported_*``, ``generated`` and ``text`` fields,
     filled here from the binary's own summary); ``None`` when the log lost its tail ``attempts`` times (it writes
@@ -426,8 +498,26 @@ def run_reference_rounds(target: Path, prompt: str, spec_args: list[str], parse,
     from mtp_explorer.core.errors import ToolError
     from mtp_explorer.devtools.reference import parse_reference_output
 
-    cmd = [str(binary or reference_binary()), "-m", str(target), *spec_args, "-p", prompt, "-n", str(max_tokens),
-           "-c", "1024", "-t", str(threads), "--temp", "0", "--seed", "0", "-lv", "5"]
+    cmd = [
+        str(binary or reference_binary()),
+        "-m",
+        str(target),
+        *spec_args,
+        "-p",
+        prompt,
+        "-n",
+        str(max_tokens),
+        "-c",
+        "1024",
+        "-t",
+        str(threads),
+        "--temp",
+        "0",
+        "--seed",
+        "0",
+        "-lv",
+        "5",
+    ]
     # the log thread sometimes loses the tail at exit, more often into pipes than files (see run_reference_spec)
     for _ in range(attempts):
         with tempfile.TemporaryDirectory() as tmp:
@@ -442,18 +532,30 @@ def run_reference_rounds(target: Path, prompt: str, spec_args: list[str], parse,
         except ToolError:  # an incomplete log: run again
             continue
         r = parse(stderr)
-        r.reported_drafted, r.reported_accepted, r.generated, r.text = ref.n_drafted, ref.n_accept, ref.n_predict, ref.text
+        r.reported_drafted, r.reported_accepted, r.generated, r.text = (
+            ref.n_drafted,
+            ref.n_accept,
+            ref.n_predict,
+            ref.text,
+        )
         return r
     return None
 
 
-def run_draft_simple(draft: Path, target: Path, prompt: str, n_max: int, *, max_tokens: int = 64, threads: int = 1,
-                     attempts: int = 8) -> DraftRounds | None:
+def run_draft_simple(
+    draft: Path, target: Path, prompt: str, n_max: int, *, max_tokens: int = 64, threads: int = 1, attempts: int = 8
+) -> DraftRounds | None:
     """One greedy ``llama-speculative-simple -md DRAFT --spec-type draft-simple`` run with its debug log
     (:func:`run_reference_rounds`)."""
-    return run_reference_rounds(target, prompt, ["-md", str(draft), "--spec-type", "draft-simple",
-                                                 "--spec-draft-n-max", str(n_max)], draft_rounds,
-                                max_tokens=max_tokens, threads=threads, attempts=attempts)
+    return run_reference_rounds(
+        target,
+        prompt,
+        ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max)],
+        draft_rounds,
+        max_tokens=max_tokens,
+        threads=threads,
+        attempts=attempts,
+    )
 
 
 class DraftGreedy:
@@ -462,8 +564,9 @@ class DraftGreedy:
     def __init__(self, path: Path, n_ctx: int = 1024, threads: int = 1) -> None:
         import llama_cpp
 
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
-                                   logits_all=True, verbose=False)
+        self.llm = llama_cpp.Llama(
+            model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, logits_all=True, verbose=False
+        )
 
     def __call__(self, context: list[int], k: int) -> list[int]:
         self.llm.reset()
@@ -478,8 +581,9 @@ class DraftGreedy:
         self.llm.close()
 
 
-def simulate_draft_simple(draft_greedy, prompt: list[int], plain: list[int], n_max: int, max_tokens: int,
-                          eos: int | None = None) -> DraftRounds:
+def simulate_draft_simple(
+    draft_greedy, prompt: list[int], plain: list[int], n_max: int, max_tokens: int, eos: int | None = None
+) -> DraftRounds:
     """What llama-speculative-simple does with a greedy target whose greedy continuation of ``prompt`` is ``plain``
     and a greedy draft (``draft_greedy(context, k)``), computed without it: each round drafts
     ``min(n_max, max_tokens - generated - 1)`` tokens (``n_max`` when that is not positive, as draft-simple reads a
@@ -501,8 +605,15 @@ def simulate_draft_simple(draft_greedy, prompt: list[int], plain: list[int], n_m
     return r
 
 
-def measure(draft: Path = DEFAULT_GGUF, target: Path = TARGET, *, n_prompts: int = 50, n_maxes=(1, 2, 3, 4),
-            max_tokens: int = 64, threads: int = 1) -> dict:
+def measure(
+    draft: Path = DEFAULT_GGUF,
+    target: Path = TARGET,
+    *,
+    n_prompts: int = 50,
+    n_maxes=(1, 2, 3, 4),
+    max_tokens: int = 64,
+    threads: int = 1,
+) -> dict:
     """Acceptance of ``draft`` (``--spec-type draft-simple``) against ``target``, greedy, on
     :func:`training.evaluate.heldout_prompts` at each ``--spec-draft-n-max``: counted from the reference binary's
     debug log (:func:`draft_rounds`) over the prompts whose runs all printed a complete log, and, for all prompts,
@@ -525,7 +636,9 @@ def measure(draft: Path = DEFAULT_GGUF, target: Path = TARGET, *, n_prompts: int
     complete = equal = mismatches = 0
     try:
         for i, prompt in enumerate(prompts):
-            runs = {n: run_draft_simple(draft, target, prompt, n, max_tokens=max_tokens, threads=threads) for n in n_maxes}
+            runs = {
+                n: run_draft_simple(draft, target, prompt, n, max_tokens=max_tokens, threads=threads) for n in n_maxes
+            }
             sims = {n: simulate_draft_simple(dg, ids[i], plain[i], n, max_tokens, eos) for n in n_maxes}
             for n in n_maxes:
                 for k in ("drafted", "accepted", "rounds", "generated"):
@@ -542,21 +655,37 @@ def measure(draft: Path = DEFAULT_GGUF, target: Path = TARGET, *, n_prompts: int
         dg.close()
 
     def row(n: int, t: DraftRounds) -> dict:
-        return {"n_max": n, "drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
-                "acceptance": round(t.accepted / max(1, t.drafted), 4),
-                "accepted_per_round": round(t.accepted / max(1, t.rounds), 3), "generated": t.generated}
+        return {
+            "n_max": n,
+            "drafted": t.drafted,
+            "accepted": t.accepted,
+            "rounds": t.rounds,
+            "acceptance": round(t.accepted / max(1, t.drafted), 4),
+            "accepted_per_round": round(t.accepted / max(1, t.rounds), 3),
+            "generated": t.generated,
+        }
 
     exe = reference_binary()
-    return {"draft": draft.name, "target": target.name, "prompts": len(prompts), "max_tokens": max_tokens,
-            "prompts_with_complete_logs": complete, "texts_equal_to_plain_greedy": f"{equal}/{complete * len(n_maxes)}",
-            "binary_vs_simulation_mismatches": mismatches,
-            "binary": [dict(row(n, t), binary_totals={"n_drafted": t.reported_drafted, "n_accept": t.reported_accepted})
-                       for n, t in binary.items()],
-            "simulated_all_prompts": [row(n, t) for n, t in sim.items()],
-            "command": (f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
-                        f"-md {draft.name} --spec-type draft-simple --spec-draft-n-max N -p PROMPT -n {max_tokens} "
-                        f"-c 1024 -t {threads} --temp 0 --seed 0 -lv 5"),
-            "seconds": round(time.time() - t0, 1)}
+    return {
+        "draft": draft.name,
+        "target": target.name,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "prompts_with_complete_logs": complete,
+        "texts_equal_to_plain_greedy": f"{equal}/{complete * len(n_maxes)}",
+        "binary_vs_simulation_mismatches": mismatches,
+        "binary": [
+            dict(row(n, t), binary_totals={"n_drafted": t.reported_drafted, "n_accept": t.reported_accepted})
+            for n, t in binary.items()
+        ],
+        "simulated_all_prompts": [row(n, t) for n, t in sim.items()],
+        "command": (
+            f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
+            f"-md {draft.name} --spec-type draft-simple --spec-draft-n-max N -p PROMPT -n {max_tokens} "
+            f"-c 1024 -t {threads} --temp 0 --seed 0 -lv 5"
+        ),
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -568,8 +697,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: see training/README.md)")
     p.add_argument("--export", action="store_true", help="only export the checkpoint (no training)")
-    p.add_argument("--measure", action="store_true",
-                   help="only measure the GGUF's draft-simple acceptance with llama-speculative-simple (JSON)")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="only measure the GGUF's draft-simple acceptance with llama-speculative-simple (JSON)",
+    )
     p.add_argument("--prompts", type=int, default=50, help="held-out prompts for --measure")
     args = p.parse_args(argv)
     if args.measure:

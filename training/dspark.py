@@ -3,7 +3,7 @@ random-weight ones for layout checks).
 
     python -m training.dspark --out /tmp/dspark-train --max-minutes 40 --threads 1 --no-export   # train (resumes)
     python -m training.dspark --out /tmp/dspark-train --export-only --install   # -> training/dspark-head.pt and
-                                                                                 # mtp_explorer/models/pystdlib-dspark.gguf
+                                                            # mtp_explorer/models/pystdlib-dspark.gguf
     python -m training.dspark --measure [--gguf X.gguf] [--prompts 20]   # draft-dspark vs draft-mtp (JSON)
     python -m training.dspark --random --gguf /tmp/dspark/dspark-conf.gguf                   # with a confidence head
     python -m training.dspark --random --gguf /tmp/dspark/dspark-noconf.gguf --no-confidence  # without
@@ -104,15 +104,17 @@ class DSparkConfig(D.HeadConfig):
         """``config.json`` that llama.cpp's ``DSparkModel`` reads (conversion/qwen.py)."""
         cfg = super().hf_config()
         cfg["architectures"] = ["DSparkDraftModel"]
-        cfg.update({
-            "sample_from_anchor": self.sample_from_anchor,
-            "mask_token_id": self.mask_token_id,
-            "target_layer_ids": list(self.target_layer_ids),
-            "markov_head_type": "vanilla",
-            "markov_rank": self.markov_rank,
-            "draft_vocab_size": self.vocab_size,
-            "has_confidence_head": self.confidence_head,
-        })
+        cfg.update(
+            {
+                "sample_from_anchor": self.sample_from_anchor,
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+                "markov_head_type": "vanilla",
+                "markov_rank": self.markov_rank,
+                "draft_vocab_size": self.vocab_size,
+                "has_confidence_head": self.confidence_head,
+            }
+        )
         return cfg
 
 
@@ -148,8 +150,9 @@ class DSparkDraftModel(D.DFlashDraftModel):
         return torch.sigmoid(self.confidence_head.proj(feat)).squeeze(-1)
 
 
-def random_dspark_head(seed: int = 0, *, confidence_head: bool = True, cfg: DSparkConfig | None = None
-                       ) -> DSparkDraftModel:
+def random_dspark_head(
+    seed: int = 0, *, confidence_head: bool = True, cfg: DSparkConfig | None = None
+) -> DSparkDraftModel:
     """A SYNTHETIC untrained head: the backbone as :func:`training.dflash.random_head` (matrices std
     1.5/sqrt(fan_in), norms 1 + N(0, 0.1)), ``markov_w1`` N(0, 1), ``markov_w2`` std 1.5/sqrt(R) (Markov biases of
     std about 1.5 on logits of std about 5-10), the confidence projection std 1/sqrt(H+R) and bias 0 (confidences
@@ -162,7 +165,7 @@ def random_dspark_head(seed: int = 0, *, confidence_head: bool = True, cfg: DSpa
             if name.startswith("markov_head.markov_w1"):
                 v.normal_(std=1.0)
             elif name.startswith("markov_head.markov_w2"):
-                v.normal_(std=1.5 / c.markov_rank ** 0.5)
+                v.normal_(std=1.5 / c.markov_rank**0.5)
             elif name == "confidence_head.proj.weight":
                 v.normal_(std=1.0 / v.shape[1] ** 0.5)
             elif name == "confidence_head.proj.bias":
@@ -179,9 +182,15 @@ def random_dspark_head(seed: int = 0, *, confidence_head: bool = True, cfg: DSpa
 # ----------------------------------------------------------------------------------------------- training
 
 
-def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tensor, n_anchors: int, decay: float,
-                        rng: np.random.Generator | None = None, conf_weight: float = 1.0
-                        ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], dict]:
+def anchor_block_losses(
+    head: DSparkDraftModel,
+    target: E.Target,
+    x: torch.Tensor,
+    n_anchors: int,
+    decay: float,
+    rng: np.random.Generator | None = None,
+    conf_weight: float = 1.0,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], dict]:
     """(weighted loss, per-slot CE against the target's distribution, per-slot top-1 agreement with its argmax,
     {confidence BCE, mean confidence, agreement of the slots the confidence passes at 0.5}).
 
@@ -202,7 +211,7 @@ def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tenso
     hit = (logits.argmax(-1) == tl.argmax(-1)).float()
     losses = [ce[..., i].mean() for i in range(s)]
     agree = [hit[..., i].mean().detach() for i in range(s)]
-    loss = sum(decay ** i * l for i, l in enumerate(losses))
+    loss = sum(decay**i * l for i, l in enumerate(losses))
     extra: dict = {}
     if head.confidence_head is not None:
         feat = torch.cat([head.norm(h), head.markov_head.markov_w1(prev)], dim=-1).detach()
@@ -210,9 +219,12 @@ def anchor_block_losses(head: DSparkDraftModel, target: E.Target, x: torch.Tenso
         bce = F.binary_cross_entropy_with_logits(z, hit)
         loss = loss + conf_weight * bce
         passed = torch.sigmoid(z) >= 0.5
-        extra = {"conf_bce": bce.detach(), "conf_mean": torch.sigmoid(z).mean().detach(),
-                 "conf_pass_rate": passed.float().mean().detach(),
-                 "agreement_where_conf_passes": (hit * passed).sum().detach() / passed.sum().clamp(min=1)}
+        extra = {
+            "conf_bce": bce.detach(),
+            "conf_mean": torch.sigmoid(z).mean().detach(),
+            "conf_pass_rate": passed.float().mean().detach(),
+            "agreement_where_conf_passes": (hit * passed).sum().detach() / passed.sum().clamp(min=1),
+        }
     return loss, losses, agree, extra
 
 
@@ -246,20 +258,44 @@ def init_from_dflash(head: DSparkDraftModel, path: Path = D.SHIPPED_HEAD) -> dic
     return {"backbone_from": path.name, "backbone_steps": meta.get("steps")}
 
 
-def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, log_path: Path,
-          steps: int | None = None, init_from: Path | None = D.SHIPPED_HEAD, layer_ids: list[int] | None = None,
-          target: Path = TARGET, device: str = "cpu", overrides: dict | None = None, tokens: Path | None = None) -> Path:
+def train(
+    out: Path,
+    *,
+    max_minutes: float | None,
+    fresh: bool,
+    threads: int,
+    log_path: Path,
+    steps: int | None = None,
+    init_from: Path | None = D.SHIPPED_HEAD,
+    layer_ids: list[int] | None = None,
+    target: Path = TARGET,
+    device: str = "cpu",
+    overrides: dict | None = None,
+    tokens: Path | None = None,
+) -> Path:
     """Train (or resume) a DSpark head into ``out/last.pt`` with :func:`training.dflash.train`'s loop (``target``,
     ``device``, ``overrides`` as there).  ``layer_ids`` (HF ids) default to those of an ``init_from`` head other than
     the shipped one (trained for the shipped 4-layer target), else to the config's."""
     if layer_ids is None and init_from is not None and Path(init_from).resolve() != D.SHIPPED_HEAD.resolve():
         layer_ids = load_dflash(init_from)[0].cfg.target_layer_ids
-    return D.train(out, max_minutes=max_minutes, fresh=fresh, threads=threads, log_path=log_path, steps=steps,
-                   layer_ids=layer_ids, target=target, device=device, overrides=overrides, tokens=tokens,
-                   head_cls=DSparkDraftModel, config_cls=functools.partial(DSparkConfig, markov_rank=TRAINED_MARKOV_RANK),
-                   train_config_cls=DSparkTrainConfig,
-                   losses=anchor_block_losses,
-                   init=None if init_from is None else (lambda head: init_from_dflash(head, init_from)))
+    return D.train(
+        out,
+        max_minutes=max_minutes,
+        fresh=fresh,
+        threads=threads,
+        log_path=log_path,
+        steps=steps,
+        layer_ids=layer_ids,
+        target=target,
+        device=device,
+        overrides=overrides,
+        tokens=tokens,
+        head_cls=DSparkDraftModel,
+        config_cls=functools.partial(DSparkConfig, markov_rank=TRAINED_MARKOV_RANK),
+        train_config_cls=DSparkTrainConfig,
+        losses=anchor_block_losses,
+        init=None if init_from is None else (lambda head: init_from_dflash(head, init_from)),
+    )
 
 
 def load_head(path: Path = SHIPPED_HEAD) -> tuple[DSparkDraftModel, dict]:
@@ -269,11 +305,13 @@ def load_head(path: Path = SHIPPED_HEAD) -> tuple[DSparkDraftModel, dict]:
 def describe_training(meta: dict) -> str | None:
     if not meta:
         return None
-    return (f"mtp-explorer DSpark draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
-            f"block {meta.get('block_size')} (anchor-first), vanilla Markov head rank {meta.get('markov_rank')}, "
-            f"confidence head; {meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of "
-            f"self-distillation on the Python standard library from the DFlash head's backbone; borrows the target's "
-            f"token embeddings and output head")
+    return (
+        f"mtp-explorer DSpark draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
+        f"block {meta.get('block_size')} (anchor-first), vanilla Markov head rank {meta.get('markov_rank')}, "
+        f"confidence head; {meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of "
+        f"self-distillation on the Python standard library from the DFlash head's backbone; borrows the target's "
+        f"token embeddings and output head"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -292,21 +330,25 @@ def write_head_hf(head: DSparkDraftModel, hf_dir: Path, target_dir: Path, *, nam
         shutil.copyfile(target_dir / fn, hf_dir / fn)
     meta = {"general.name": name, "general.description": description}
     (hf_dir / "gguf-metadata.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (hf_dir / "README.md").write_text(f"---\nlicense: \"{LICENSE}\"\n---\n\n# {name}\n", encoding="utf-8")
+    (hf_dir / "README.md").write_text(f'---\nlicense: "{LICENSE}"\n---\n\n# {name}\n', encoding="utf-8")
     return hf_dir
 
 
-def convert_head(head: DSparkDraftModel, out_gguf: Path, work: Path, *, name: str, description: str,
-                 outtype: str = "f16") -> Path:
+def convert_head(
+    head: DSparkDraftModel, out_gguf: Path, work: Path, *, name: str, description: str, outtype: str = "f16"
+) -> Path:
     """Head -> HF checkpoint -> llama.cpp's ``convert_hf_to_gguf.py --target-model-dir`` -> ``out_gguf``."""
     from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
     target_dir = E.write_target_hf(work / "target-hf")
     hf_dir = write_head_hf(head, work / "dspark-hf", target_dir, name=name, description=description)
     out_gguf.parent.mkdir(parents=True, exist_ok=True)
-    return convert_with_llama_cpp(hf_dir, out_gguf, outtype=outtype,
-                                  extra_args=["--target-model-dir", str(target_dir),
-                                              "--metadata", str(hf_dir / "gguf-metadata.json")])
+    return convert_with_llama_cpp(
+        hf_dir,
+        out_gguf,
+        outtype=outtype,
+        extra_args=["--target-model-dir", str(target_dir), "--metadata", str(hf_dir / "gguf-metadata.json")],
+    )
 
 
 def synthetic_name(confidence_head: bool) -> str:
@@ -316,11 +358,13 @@ def synthetic_name(confidence_head: bool) -> str:
 def random_dspark_head_gguf(out_gguf: Path, work: Path, *, seed: int = 0, confidence_head: bool = True) -> Path:
     """A random-init (SYNTHETIC) DSpark head for the bundled target, converted by llama.cpp's converter."""
     head = random_dspark_head(seed, confidence_head=confidence_head)
-    desc = (f"SYNTHETIC untrained (random-init, seed {seed}) DSpark draft head for pystdlib-qwen35-mtp "
-            f"(DFlash backbone, target layer inputs {head.cfg.llama_layer_ids}, block {head.cfg.block_size}, "
-            f"anchor-first, vanilla Markov head rank {head.cfg.markov_rank}, "
-            f"{'with' if confidence_head else 'without'} a confidence head): layout/loading check only, drafts are "
-            f"noise")
+    desc = (
+        f"SYNTHETIC untrained (random-init, seed {seed}) DSpark draft head for pystdlib-qwen35-mtp "
+        f"(DFlash backbone, target layer inputs {head.cfg.llama_layer_ids}, block {head.cfg.block_size}, "
+        f"anchor-first, vanilla Markov head rank {head.cfg.markov_rank}, "
+        f"{'with' if confidence_head else 'without'} a confidence head): layout/loading check only, drafts are "
+        f"noise"
+    )
     return convert_head(head, Path(out_gguf), Path(work), name=synthetic_name(confidence_head), description=desc)
 
 
@@ -334,8 +378,11 @@ def gguf_summary(path: Path) -> dict:
         v = f.contents()
         return v if not isinstance(v, list) or len(v) <= 16 else f"[{len(v)} items]"
 
-    keys = {k: val(f) for k, f in r.fields.items()
-            if k.startswith("dflash.") or k in ("general.architecture", "general.name", "tokenizer.ggml.mask_token_id")}
+    keys = {
+        k: val(f)
+        for k, f in r.fields.items()
+        if k.startswith("dflash.") or k in ("general.architecture", "general.name", "tokenizer.ggml.mask_token_id")
+    }
     tensors = [f"{t.name} {[int(s) for s in t.shape]} {t.tensor_type.name}" for t in r.tensors]
     return {"keys": keys, "tensors": tensors}
 
@@ -344,8 +391,9 @@ def gguf_summary(path: Path) -> dict:
 
 
 @torch.no_grad()
-def first_draft(head: DSparkDraftModel, target: E.Target, ids: list[int], n: int, top_k: int = 10
-                ) -> list[tuple[int, float, float | None]]:
+def first_draft(
+    head: DSparkDraftModel, target: E.Target, ids: list[int], n: int, top_k: int = 10
+) -> list[tuple[int, float, float | None]]:
     """What llama.cpp's draft-dspark drafts first after a prompt ``ids`` (anchor-first): the target decodes
     ``ids[:-1]`` (injected rows 0..N-2), then the block ``[ids[-1], M x (n-1)]`` at N-1..N-2+n, slots 0..n-1 with
     the Markov chain.  Per slot: (argmax token, its probability renormalised over the top ``top_k``, confidence or
@@ -365,8 +413,9 @@ def first_draft(head: DSparkDraftModel, target: E.Target, ids: list[int], n: int
         col = base[i] + head.markov_bias(prev)
         conf = head.confidence(h[i], prev)
         top = torch.topk(col, top_k)
-        out.append((int(top.indices[0]), float(torch.softmax(top.values, -1)[0]),
-                    None if conf is None else float(conf)))
+        out.append(
+            (int(top.indices[0]), float(torch.softmax(top.values, -1)[0]), None if conf is None else float(conf))
+        )
         prev = col.argmax()
     return out
 
@@ -390,11 +439,41 @@ def logged_first_draft(log: str) -> list[tuple[int, float]] | None:
     return None
 
 
-def spec_command(head_gguf: Path, prompt: str, *, n_max: int = 4, n_predict: int = 32, p_min: float | None = None,
-                 binary: Path | None = None, target: Path = TARGET, ctx: int = 1024, verbose: bool = False) -> list[str]:
-    cmd = [str(binary or E.reference_binary()), "-m", str(target), "-md", str(head_gguf), "--spec-type",
-           "draft-dspark", "--spec-draft-n-max", str(n_max), "-p", prompt, "-n", str(n_predict), "--temp", "0",
-           "-t", "1", "-c", str(ctx), "--seed", "0"]
+def spec_command(
+    head_gguf: Path,
+    prompt: str,
+    *,
+    n_max: int = 4,
+    n_predict: int = 32,
+    p_min: float | None = None,
+    binary: Path | None = None,
+    target: Path = TARGET,
+    ctx: int = 1024,
+    verbose: bool = False,
+) -> list[str]:
+    cmd = [
+        str(binary or E.reference_binary()),
+        "-m",
+        str(target),
+        "-md",
+        str(head_gguf),
+        "--spec-type",
+        "draft-dspark",
+        "--spec-draft-n-max",
+        str(n_max),
+        "-p",
+        prompt,
+        "-n",
+        str(n_predict),
+        "--temp",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        str(ctx),
+        "--seed",
+        "0",
+    ]
     if p_min is not None:
         cmd += ["--spec-draft-p-min", str(p_min)]
     if verbose:
@@ -402,13 +481,21 @@ def spec_command(head_gguf: Path, prompt: str, *, n_max: int = 4, n_predict: int
     return cmd
 
 
-def run_first_draft(head_gguf: Path, prompt: str, n: int, *, p_min: float | None = None,
-                    binary: Path | None = None, target: Path = TARGET, attempts: int = 8
-                    ) -> tuple[list[tuple[int, float]], str]:
+def run_first_draft(
+    head_gguf: Path,
+    prompt: str,
+    n: int,
+    *,
+    p_min: float | None = None,
+    binary: Path | None = None,
+    target: Path = TARGET,
+    attempts: int = 8,
+) -> tuple[list[tuple[int, float]], str]:
     """llama.cpp's first block draft after ``prompt`` (``-lv 5`` log, ``-n 8`` so that ``n <= 4`` slots are not cut
     by the tokens left to generate), retried when the log lost its tail."""
-    cmd = spec_command(head_gguf, prompt, n_max=n, n_predict=8, p_min=p_min, binary=binary, target=target, ctx=256,
-                       verbose=True)
+    cmd = spec_command(
+        head_gguf, prompt, n_max=n, n_predict=8, p_min=p_min, binary=binary, target=target, ctx=256, verbose=True
+    )
     log = ""
     for _ in range(attempts):  # the debug log thread can lose its tail at exit
         with tempfile.TemporaryDirectory() as tmp:
@@ -443,19 +530,27 @@ def run_totals(cmd: list[str], timeout: float = 300, attempts: int = 8) -> dict:
                 totals[key] = m.group(1)
         if p.returncode != 0 or "n_accept" in totals:
             break
-    return {"rc": p.returncode, "totals": totals, "text": p.stdout.decode("utf-8", "replace"),
-            "stderr_tail": err[-1500:]}
+    return {
+        "rc": p.returncode,
+        "totals": totals,
+        "text": p.stdout.decode("utf-8", "replace"),
+        "stderr_tail": err[-1500:],
+    }
 
 
-def check_first_draft(head: DSparkDraftModel, head_gguf: Path, prompts=None, n: int | None = None,
-                      p_min: float | None = None) -> dict:
+def check_first_draft(
+    head: DSparkDraftModel, head_gguf: Path, prompts=None, n: int | None = None, p_min: float | None = None
+) -> dict:
     """PyTorch vs llama.cpp first block draft on ``prompts``: tokens equal, probabilities within 0.01 and, with
     ``p_min``, the draft cut where the PyTorch confidence first falls under it."""
     from training.llama_ref import LlamaMTP
 
     n = n or head.cfg.block_size
-    prompts = prompts or ["def fib(n):", "class Point:\n    def __init__(self, x, y):\n",
-                          "import os\n\n\ndef walk(top):\n"]
+    prompts = prompts or [
+        "def fib(n):",
+        "class Point:\n    def __init__(self, x, y):\n",
+        "import os\n\n\ndef walk(top):\n",
+    ]
     target = D.make_target(head.cfg)
     with LlamaMTP(TARGET, n_ctx=256, n_threads=1) as m:
         ids = [m.tokenize(p) for p in prompts]
@@ -468,9 +563,16 @@ def check_first_draft(head: DSparkDraftModel, head_gguf: Path, prompts=None, n: 
         same = len(logged) == k and [t for t, _ in logged] == [t for t, _, _ in ours[:k]]
         dp = max((abs(a[1] - b[1]) for a, b in zip(logged, ours)), default=0.0)
         ok &= same and dp <= 0.01
-        res["prompts"].append({"prompt": p, "llama_cpp": logged,
-                               "pytorch": [(t, round(q, 4), None if c is None else round(c, 4)) for t, q, c in ours],
-                               "expected_length": k, "same_tokens": same, "max_abs_dp": round(dp, 5)})
+        res["prompts"].append(
+            {
+                "prompt": p,
+                "llama_cpp": logged,
+                "pytorch": [(t, round(q, 4), None if c is None else round(c, 4)) for t, q, c in ours],
+                "expected_length": k,
+                "same_tokens": same,
+                "max_abs_dp": round(dp, 5),
+            }
+        )
     res["ok"] = bool(ok)
     return res
 
@@ -485,31 +587,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="override the schedule length")
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--init-from", type=Path, default=D.SHIPPED_HEAD,
-                   help="DFlash head weights (or a training.dflash last.pt) to start the backbone from (fresh runs; "
-                        "default training/dflash-head.pt, trained against the bundled target)")
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=D.SHIPPED_HEAD,
+        help="DFlash head weights (or a training.dflash last.pt) to start the backbone from (fresh runs; "
+        "default training/dflash-head.pt, trained against the bundled target)",
+    )
     p.add_argument("--log", type=Path, default=None, help="JSON log (default training/logs/dspark-<time>.jsonl)")
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
-    p.add_argument("--install", action="store_true",
-                   help="export to training/dspark-head.pt and mtp_explorer/models/pystdlib-dspark.gguf")
+    p.add_argument(
+        "--install",
+        action="store_true",
+        help="export to training/dspark-head.pt and mtp_explorer/models/pystdlib-dspark.gguf",
+    )
     p.add_argument("--random", action="store_true", help="write a random-init (SYNTHETIC) DSpark head to --gguf")
-    p.add_argument("--gguf", type=Path, default=None, help="output / measured GGUF (default --out/pystdlib-dspark.gguf;"
-                                                           " --measure: the shipped head)")
+    p.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="output / measured GGUF (default --out/pystdlib-dspark.gguf; --measure: the shipped head)",
+    )
     p.add_argument("--head", type=Path, default=None, help="head weights file (default --out/dspark-head.pt)")
     p.add_argument("--no-confidence", action="store_true", help="--random: no confidence head")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="keep the HF checkpoints here (default: a temp dir)")
     p.add_argument("--p-min", type=float, default=None, help="--check-first-draft with --spec-draft-p-min")
-    p.add_argument("--check-first-draft", action="store_true",
-                   help="compare llama.cpp's first block draft of --gguf with the PyTorch head of --head (or the "
-                        "random head of --seed) (JSON)")
+    p.add_argument(
+        "--check-first-draft",
+        action="store_true",
+        help="compare llama.cpp's first block draft of --gguf with the PyTorch head of --head (or the "
+        "random head of --seed) (JSON)",
+    )
     p.add_argument("--measure", action="store_true", help="measure --gguf against draft-mtp (JSON)")
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
-    p.add_argument("--prompts", type=int, default=0,
-                   help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)")
-    D.add_target_options(p, "HF layer ids (layer OUTPUTS) of a fresh run, default those of --init-from (the shipped "
-                            "DFlash head's 0,1,2 are for the shipped 4-layer target only)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=0,
+        help="--measure on N held-out prompts of training.evaluate (default: the demo prompts)",
+    )
+    D.add_target_options(
+        p,
+        "HF layer ids (layer OUTPUTS) of a fresh run, default those of --init-from (the shipped "
+        "DFlash head's 0,1,2 are for the shipped 4-layer target only)",
+    )
     args = p.parse_args(argv)
     if E.is_checkpoint(args.target) and not args.no_export:
         p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
@@ -536,9 +659,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.export_only:
         log = args.log or LOG_DIR / f"dspark-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        train(args.out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads, log_path=log,
-              steps=args.steps, init_from=args.init_from, layer_ids=args.layer_ids, target=args.target,
-              device=args.device, overrides=E.train_overrides(args), tokens=args.tokens)
+        train(
+            args.out,
+            max_minutes=args.max_minutes,
+            fresh=args.fresh,
+            threads=args.threads,
+            log_path=log,
+            steps=args.steps,
+            init_from=args.init_from,
+            layer_ids=args.layer_ids,
+            target=args.target,
+            device=args.device,
+            overrides=E.train_overrides(args),
+            tokens=args.tokens,
+        )
     if args.no_export:
         return 0
     gguf = SHIPPED_GGUF if args.install else args.gguf or args.out / f"{HEAD_NAME}.gguf"
@@ -546,14 +680,22 @@ def main(argv: list[str] | None = None) -> int:
     ck = torch.load(args.out / "last.pt", map_location="cpu", weights_only=False)
     head = DSparkDraftModel(DSparkConfig(**ck["head_config"]))
     head.load_state_dict(ck["head"])
-    meta = {"steps": ck["step"], "minutes": round(ck["elapsed_seconds"] / 60, 1),
-            "layer_ids": head.cfg.llama_layer_ids, "block_size": head.cfg.block_size,
-            "markov_rank": head.cfg.markov_rank, "eval_heldout": ck.get("best"), "train_config": ck["train_config"]}
+    meta = {
+        "steps": ck["step"],
+        "minutes": round(ck["elapsed_seconds"] / 60, 1),
+        "layer_ids": head.cfg.llama_layer_ids,
+        "block_size": head.cfg.block_size,
+        "markov_rank": head.cfg.markov_rank,
+        "eval_heldout": ck.get("best"),
+        "train_config": ck["train_config"],
+    }
     D.save_head(head_path, head, meta)
     head, meta = load_head(head_path)  # export exactly what was saved (F16-rounded matrices)
     with tempfile.TemporaryDirectory() as tmp:
         convert_head(head, gguf, Path(tmp), name=HEAD_NAME, description=describe_training(meta))
-    print(f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)")
+    print(
+        f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)"
+    )
     return 0
 
 

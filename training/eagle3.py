@@ -70,8 +70,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training.draft import DraftRounds, draft_rounds
-from training.train import batch_at, lr_at  # the trunk's schedule and batches, on this TrainConfig
 from training.jsonlog import JsonLog
+from training.train import batch_at, lr_at  # the trunk's schedule and batches, on this TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "mtp_explorer" / "models"
@@ -237,7 +237,9 @@ class Eagle3Head(nn.Module):
         f = torch.cat([f, f], dim=-1)
         return f.cos(), f.sin()
 
-    def qkv(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated q (B, nh, N, D), k and v (B, nkv, N, D) for rows (token embedding, g) at positions ``pos`` (B, N)."""
         c, m = self.cfg, self.midlayer
         x = torch.cat([m.input_layernorm(emb), m.hidden_norm(g)], dim=-1)
@@ -267,12 +269,13 @@ class Eagle3Head(nn.Module):
         o = F.scaled_dot_product_attention(q, self._expand(k), self._expand(v), is_causal=True)
         return self.finish(g, o), (k, v)
 
-    def chain_rows(self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, real: KV, chain: list[KV],
-                   starts: torch.Tensor) -> tuple[torch.Tensor, KV]:
+    def chain_rows(
+        self, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, real: KV, chain: list[KV], starts: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
         """One draft row per chain ``i`` (start ``starts[i]``): attends to real rows 0..starts[i], to row ``i`` of
         each earlier draft depth (``chain``) and to itself (llama.cpp's draft KV during one draft() call)."""
         q, k, v = self.qkv(emb, g, pos)
-        scale = self.cfg.head_dim ** -0.5
+        scale = self.cfg.head_dim**-0.5
         rk, rv = self._expand(real[0]), self._expand(real[1])
         t = rk.shape[2]
         s_real = torch.matmul(q, rk.transpose(-1, -2)) * scale  # (B, h, n, T)
@@ -331,20 +334,29 @@ def target_model(target: Path | str = TARGET):
     return model_from_gguf(target).eval()
 
 
-def check_default_layer_ids(target: Path | str, n_layer: int, default: list[int], option: str = "--layer-ids",
-                            trained_for: int = 4) -> None:
+def check_default_layer_ids(
+    target: Path | str, n_layer: int, default: list[int], option: str = "--layer-ids", trained_for: int = 4
+) -> None:
     """The default layer ids were chosen for the shipped ``trained_for``-layer trunk: refuse them on another."""
     if n_layer != trained_for:
-        raise SystemExit(f"{Path(target).name} has {n_layer} layers; the default layer ids {default} were chosen for the "
-                         f"shipped {trained_for}-layer target: give {option} for this one")
+        raise SystemExit(
+            f"{Path(target).name} has {n_layer} layers; the default layer ids {default} were chosen for the "
+            f"shipped {trained_for}-layer target: give {option} for this one"
+        )
 
 
 class Target:
     """The frozen target in PyTorch (F32): features at the head's layer ids and next-token logits.  ``target``: a
     qwen35 GGUF (default: the bundled one) or a :mod:`training.trunk` checkpoint (``*.safetensors``)."""
 
-    def __init__(self, gguf: Path = TARGET, layer_ids: list[int] | tuple[int, ...] = (2, 3, 4),
-                 device: torch.device | str = "cpu", *, final_state: bool = True) -> None:
+    def __init__(
+        self,
+        gguf: Path = TARGET,
+        layer_ids: list[int] | tuple[int, ...] = (2, 3, 4),
+        device: torch.device | str = "cpu",
+        *,
+        final_state: bool = True,
+    ) -> None:
         self.model = target_model(gguf).to(device)
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -353,8 +365,10 @@ class Target:
         self.n_layer = self.model.cfg.num_hidden_layers
         hi = self.n_layer if final_state else self.n_layer - 1  # id n_layer: the final post-norm state
         if any(i < 0 or i > hi for i in self.layer_ids):
-            raise ValueError(f"layer ids {self.layer_ids} outside 0..{hi} for {self.path.name} ({self.n_layer} layers; "
-                             + ("id n_layer is the final post-norm state)" if final_state else "layer inputs only)"))
+            raise ValueError(
+                f"layer ids {self.layer_ids} outside 0..{hi} for {self.path.name} ({self.n_layer} layers; "
+                + ("id n_layer is the final post-norm state)" if final_state else "layer inputs only)")
+            )
         self.embed = self.model.trunk.model.embed_tokens.weight
         self.lm_head = self.model.trunk.lm_head.weight
         self._captured: dict[int, torch.Tensor] = {}
@@ -365,6 +379,7 @@ class Target:
         def hook(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
             self._captured[il] = x
+
         return hook
 
     @torch.no_grad()
@@ -377,8 +392,7 @@ class Target:
 
 
 @torch.no_grad()
-def first_draft(head: Eagle3Head, target: Target, ids: list[int], n: int, top_k: int = 10
-                ) -> list[tuple[int, float]]:
+def first_draft(head: Eagle3Head, target: Target, ids: list[int], n: int, top_k: int = 10) -> list[tuple[int, float]]:
     """What llama.cpp's draft-eagle3 drafts first after a prompt ``ids``: llama-speculative-simple decodes
     ``ids[:-1]`` with the target (the decoder writes rows 0..N-3, the row of position N-2 is deferred), then the
     seed row ``(ids[-1], g_{N-2})`` at N-2 and ``n - 1`` chained rows (greedy token, previous pre-norm state).
@@ -420,8 +434,9 @@ def logged_first_draft(log: str, spec: str = "draft-eagle3") -> list[tuple[int, 
 # ----------------------------------------------------------------------------------------------- training
 
 
-def depth_losses(head: Eagle3Head, target: Target, x: torch.Tensor, depth: int
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def depth_losses(
+    head: Eagle3Head, target: Target, x: torch.Tensor, depth: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per depth: (CE against the target's distribution, top-1 agreement with the target's argmax)."""
     feats, emb, tlog = target(x)
     t = x.shape[1]
@@ -459,8 +474,10 @@ def evaluate(head: Eagle3Head, target: Target, windows: list[torch.Tensor], dept
         ag += [float(v) for v in a]
     head.train()
     n = len(windows)
-    return {"soft_ce_by_depth": [round(float(v) / n, 4) for v in ce],
-            "agreement_by_depth": [round(float(v) / n, 4) for v in ag]}
+    return {
+        "soft_ce_by_depth": [round(float(v) / n, 4) for v in ce],
+        "agreement_by_depth": [round(float(v) / n, 4) for v in ag],
+    }
 
 
 def corpus_tokens(out: Path, target: Path = TARGET, tokens: Path | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -475,8 +492,10 @@ def corpus_tokens(out: Path, target: Path = TARGET, tokens: Path | None = None) 
 
         tokens = Path(tokens or DATA)
         if not tokens.exists():
-            raise SystemExit(f"{tokens} is missing: write it with python -m training.trunk --prepare [--data PATH] (on a "
-                             f"machine with the package) and carry it (--tokens PATH)")
+            raise SystemExit(
+                f"{tokens} is missing: write it with python -m training.trunk --prepare [--data PATH] (on a "
+                f"machine with the package) and carry it (--tokens PATH)"
+            )
         data, info = load_data(tokens)
         return data["train"], data["heldout_stdlib"], {**info, "tokens_file": str(tokens)}
     from training.corpus import describe, load_corpus, split_corpus
@@ -491,9 +510,11 @@ def corpus_tokens(out: Path, target: Path = TARGET, tokens: Path | None = None) 
             return z["train"], z["heldout"], info
     tok = tokenizer_from_vocab(vocab_from_gguf(target))
     train, held = split_corpus(files)
-    arrays = {"train": np.asarray(encode_files(tok, [f.text for f in train]), dtype=np.int32),
-              "heldout": np.asarray(encode_files(tok, [f.text for f in held]), dtype=np.int32),
-              "fingerprint": np.asarray(str(info.get("fingerprint")))}
+    arrays = {
+        "train": np.asarray(encode_files(tok, [f.text for f in train]), dtype=np.int32),
+        "heldout": np.asarray(encode_files(tok, [f.text for f in held]), dtype=np.int32),
+        "fingerprint": np.asarray(str(info.get("fingerprint"))),
+    }
     out.mkdir(parents=True, exist_ok=True)
     np.savez(cache.with_suffix(".tmp.npz"), **arrays)
     os.replace(cache.with_suffix(".tmp.npz"), cache)
@@ -510,12 +531,23 @@ class _Stop:
         self.requested = True
 
 
-def save_checkpoint(path: Path, head: Eagle3Head, opt, step: int, hc: HeadConfig, tc: TrainConfig,
-                    elapsed: float, best: dict | None) -> None:
+def save_checkpoint(
+    path: Path, head: Eagle3Head, opt, step: int, hc: HeadConfig, tc: TrainConfig, elapsed: float, best: dict | None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"head": to_cpu(head.state_dict()), "optimizer": to_cpu(opt.state_dict()), "step": step,
-                "elapsed_seconds": elapsed, "head_config": hc.to_dict(), "train_config": asdict(tc), "best": best}, tmp)
+    torch.save(
+        {
+            "head": to_cpu(head.state_dict()),
+            "optimizer": to_cpu(opt.state_dict()),
+            "step": step,
+            "elapsed_seconds": elapsed,
+            "head_config": hc.to_dict(),
+            "train_config": asdict(tc),
+            "best": best,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -531,9 +563,20 @@ def to_cpu(obj):
     return obj
 
 
-def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, layer_ids: list[int] | None,
-          log_path: Path, steps: int | None = None, target: Path = TARGET, device: str = "cpu",
-          overrides: dict | None = None, tokens: Path | None = None) -> Path:
+def train(
+    out: Path,
+    *,
+    max_minutes: float | None,
+    fresh: bool,
+    threads: int,
+    layer_ids: list[int] | None,
+    log_path: Path,
+    steps: int | None = None,
+    target: Path = TARGET,
+    device: str = "cpu",
+    overrides: dict | None = None,
+    tokens: Path | None = None,
+) -> Path:
     """Train (or resume) into ``out/last.pt`` against ``target`` (GGUF or trunk checkpoint; ``tokens``: its token
     file, :func:`corpus_tokens`) on ``device`` (F32 on both); returns the checkpoint path."""
     device = torch.device(device)
@@ -568,9 +611,19 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
         step, elapsed_before, best = ck["step"], ck["elapsed_seconds"], ck.get("best")
         log({"event": "resumed", "step": step, "elapsed_seconds": round(elapsed_before, 1)})
     else:
-        log({"event": "start", "head_config": hc.to_dict(), "train_config": asdict(tc), "corpus": info,
-             "params": sum(p.numel() for p in head.parameters()), "torch": torch.__version__, "threads": threads,
-             "target": target_path.name, "device": str(device)})
+        log(
+            {
+                "event": "start",
+                "head_config": hc.to_dict(),
+                "train_config": asdict(tc),
+                "corpus": info,
+                "params": sum(p.numel() for p in head.parameters()),
+                "torch": torch.__version__,
+                "threads": threads,
+                "target": target_path.name,
+                "device": str(device),
+            }
+        )
     held = heldout_windows(held_tokens, tc)
     stop = _Stop()
     t0 = t_ck = t_log = time.time()
@@ -582,7 +635,7 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
             g["lr"] = lr
         x = batch_at(train_tokens, step, tc).to(device)
         losses, agree = depth_losses(head, target, x, tc.depth)
-        loss = sum(tc.depth_decay ** i * l for i, l in enumerate(losses))
+        loss = sum(tc.depth_decay**i * l for i, l in enumerate(losses))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), tc.grad_clip)
@@ -591,9 +644,18 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
         n_tok += x.numel()
         now = time.time()
         if step % tc.log_every == 0:
-            log({"step": step, "loss": round(loss.item(), 4), "soft_ce": [round(l.item(), 4) for l in losses],
-                 "agreement": [round(float(a), 4) for a in agree], "lr": round(lr, 6), "grad_norm": round(float(gnorm), 3),
-                 "tok_per_s": round(n_tok / max(1e-9, now - t_log)), "elapsed_seconds": round(elapsed_before + now - t0, 1)})
+            log(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "soft_ce": [round(l.item(), 4) for l in losses],
+                    "agreement": [round(float(a), 4) for a in agree],
+                    "lr": round(lr, 6),
+                    "grad_norm": round(float(gnorm), 3),
+                    "tok_per_s": round(n_tok / max(1e-9, now - t_log)),
+                    "elapsed_seconds": round(elapsed_before + now - t0, 1),
+                }
+            )
             t_log, n_tok = now, 0
         if step % tc.eval_every == 0 or step == tc.steps:
             ev = evaluate(head, target, held, tc.depth)
@@ -617,8 +679,10 @@ def train(out: Path, *, max_minutes: float | None, fresh: bool, threads: int, la
 
 def head_weights(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The shipped form of the head's weights: matrices rounded to F16 (what the F16 GGUF stores), norms F32."""
-    return {k: (v.detach().to(torch.float16) if v.ndim >= 2 else v.detach().float()).contiguous().clone()
-            for k, v in state_dict.items()}
+    return {
+        k: (v.detach().to(torch.float16) if v.ndim >= 2 else v.detach().float()).contiguous().clone()
+        for k, v in state_dict.items()
+    }
 
 
 def save_head(path: Path, head: Eagle3Head, meta: dict | None = None) -> Path:
@@ -655,34 +719,45 @@ def write_head_hf(head: Eagle3Head, hf_dir: Path, target_dir: Path, description:
     (hf_dir / "config.json").write_text(json.dumps(head.cfg.hf_config(), indent=2) + "\n", encoding="utf-8")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(target_dir / name, hf_dir / name)
-    meta = {"general.name": HEAD_NAME,
-            "general.description": description or (
-                f"mtp-explorer EAGLE-3 draft head for pystdlib-qwen35-mtp (target layer inputs "
-                f"{head.cfg.target_layer_ids}); borrows the target's token embeddings and output head")}
+    meta = {
+        "general.name": HEAD_NAME,
+        "general.description": description
+        or (
+            f"mtp-explorer EAGLE-3 draft head for pystdlib-qwen35-mtp (target layer inputs "
+            f"{head.cfg.target_layer_ids}); borrows the target's token embeddings and output head"
+        ),
+    }
     (hf_dir / "gguf-metadata.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (hf_dir / "README.md").write_text(f"---\nlicense: \"{LICENSE}\"\n---\n\n# {HEAD_NAME}\n\n"
-                                      f"See mtp_explorer/models/MODEL.md.\n", encoding="utf-8")
+    (hf_dir / "README.md").write_text(
+        f'---\nlicense: "{LICENSE}"\n---\n\n# {HEAD_NAME}\n\nSee mtp_explorer/models/MODEL.md.\n', encoding="utf-8"
+    )
     return hf_dir
 
 
-def convert_head(head: Eagle3Head, out_gguf: Path, work: Path, *, outtype: str = "f16",
-                 description: str | None = None) -> Path:
+def convert_head(
+    head: Eagle3Head, out_gguf: Path, work: Path, *, outtype: str = "f16", description: str | None = None
+) -> Path:
     """Head -> HF checkpoint -> llama.cpp's ``convert_hf_to_gguf.py --target-model-dir`` -> ``out_gguf``."""
     from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
     target_dir = write_target_hf(work / "target-hf")
     hf_dir = write_head_hf(head, work / "eagle3-hf", target_dir, description)
-    return convert_with_llama_cpp(hf_dir, out_gguf, outtype=outtype,
-                                  extra_args=["--target-model-dir", str(target_dir),
-                                              "--metadata", str(hf_dir / "gguf-metadata.json")])
+    return convert_with_llama_cpp(
+        hf_dir,
+        out_gguf,
+        outtype=outtype,
+        extra_args=["--target-model-dir", str(target_dir), "--metadata", str(hf_dir / "gguf-metadata.json")],
+    )
 
 
 def describe_training(meta: dict) -> str | None:
     if not meta:
         return None
-    return (f"mtp-explorer EAGLE-3 draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
-            f"{meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of self-distillation on the Python "
-            f"standard library; borrows the target's token embeddings and output head")
+    return (
+        f"mtp-explorer EAGLE-3 draft head for pystdlib-qwen35-mtp: target layer inputs {meta.get('layer_ids')}, "
+        f"{meta.get('steps')} steps ({meta.get('minutes', 0):.0f} min on CPU) of self-distillation on the Python "
+        f"standard library; borrows the target's token embeddings and output head"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -702,18 +777,43 @@ def spec_args(spec: str, head: Path | None, n_max: int) -> list[str]:
     return (["-md", str(head)] if head is not None else []) + args
 
 
-def run_spec(prompt: str, spec: str, *, head: Path | None = None, n_max: int = 3, max_tokens: int = 64,
-             target: Path = TARGET, threads: int = 1, attempts: int = 8, binary: Path | None = None) -> Rounds | None:
+def run_spec(
+    prompt: str,
+    spec: str,
+    *,
+    head: Path | None = None,
+    n_max: int = 3,
+    max_tokens: int = 64,
+    target: Path = TARGET,
+    threads: int = 1,
+    attempts: int = 8,
+    binary: Path | None = None,
+) -> Rounds | None:
     """One greedy llama-speculative-simple run (``--spec-type spec``, ``-md head`` if given) with its debug log;
     ``None`` when the log lost its tail ``attempts`` times (llama.cpp's log thread is not joined at exit)."""
     from training.draft import run_reference_rounds
 
-    return run_reference_rounds(target, prompt, spec_args(spec, head, n_max), parse_rounds, max_tokens=max_tokens,
-                                threads=threads, attempts=attempts, binary=binary or reference_binary())
+    return run_reference_rounds(
+        target,
+        prompt,
+        spec_args(spec, head, n_max),
+        parse_rounds,
+        max_tokens=max_tokens,
+        threads=threads,
+        attempts=attempts,
+        binary=binary or reference_binary(),
+    )
 
 
-def measure(head: Path = SHIPPED_GGUF, *, spec: str = "draft-eagle3", prompts: list[str] | None = None,
-            n_maxes=(1, 3), max_tokens: int = 64, target: Path = TARGET) -> dict:
+def measure(
+    head: Path = SHIPPED_GGUF,
+    *,
+    spec: str = "draft-eagle3",
+    prompts: list[str] | None = None,
+    n_maxes=(1, 3),
+    max_tokens: int = 64,
+    target: Path = TARGET,
+) -> dict:
     """A head's ``--spec-type spec`` (``head`` as ``-md``; draft-eagle3, draft-dflash) vs draft-mtp acceptance on the
     demo prompts (held-out snippets), by depth."""
     import mtp_explorer as mx
@@ -724,7 +824,13 @@ def measure(head: Path = SHIPPED_GGUF, *, spec: str = "draft-eagle3", prompts: l
     with LlamaMTP(target, n_ctx=1024, n_threads=1) as m:
         plain = [greedy_pieces(m, p, max_tokens + 8) for p in prompts]
     t0 = time.time()
-    res: dict = {"head": head.name, "target": target.name, "prompts": len(prompts), "max_tokens": max_tokens, "runs": []}
+    res: dict = {
+        "head": head.name,
+        "target": target.name,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "runs": [],
+    }
     for spec_type, h in ((spec, head), ("draft-mtp", None)):
         for n in n_maxes:
             tot = Rounds()
@@ -743,19 +849,31 @@ def measure(head: Path = SHIPPED_GGUF, *, spec: str = "draft-eagle3", prompts: l
                         tot.drafted_at.append(0)
                     tot.by_depth[j] += r.by_depth[j]
                     tot.drafted_at[j] += r.drafted_at[j]
-            res["runs"].append({
-                "spec": spec_type, "n_max": n, "prompts_with_complete_logs": complete,
-                "texts_equal_to_plain_greedy": f"{equal}/{complete}", "drafted": tot.drafted, "accepted": tot.accepted,
-                "rounds": tot.rounds, "acceptance": round(tot.accepted / max(1, tot.drafted), 4),
-                "accepted_per_round": round(tot.accepted / max(1, tot.rounds), 3),
-                "p_draft_d_accepted": [round(a / max(1, tot.rounds), 3) for a in tot.by_depth],
-                "p_draft_d_given_previous": [round(tot.by_depth[j] / max(1, tot.by_depth[j - 1] if j else tot.rounds), 3)
-                                             for j in range(len(tot.by_depth))],
-                "binary_totals": {"n_drafted": tot.reported_drafted, "n_accept": tot.reported_accepted}})
+            res["runs"].append(
+                {
+                    "spec": spec_type,
+                    "n_max": n,
+                    "prompts_with_complete_logs": complete,
+                    "texts_equal_to_plain_greedy": f"{equal}/{complete}",
+                    "drafted": tot.drafted,
+                    "accepted": tot.accepted,
+                    "rounds": tot.rounds,
+                    "acceptance": round(tot.accepted / max(1, tot.drafted), 4),
+                    "accepted_per_round": round(tot.accepted / max(1, tot.rounds), 3),
+                    "p_draft_d_accepted": [round(a / max(1, tot.rounds), 3) for a in tot.by_depth],
+                    "p_draft_d_given_previous": [
+                        round(tot.by_depth[j] / max(1, tot.by_depth[j - 1] if j else tot.rounds), 3)
+                        for j in range(len(tot.by_depth))
+                    ],
+                    "binary_totals": {"n_drafted": tot.reported_drafted, "n_accept": tot.reported_accepted},
+                }
+            )
     exe = reference_binary()
-    res["command"] = (f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
-                      f"[-md {head.name} --spec-type {spec} | --spec-type draft-mtp] --spec-draft-n-max N "
-                      f"-p PROMPT -n {max_tokens} -c 1024 -t 1 --temp 0 --seed 0 -lv 5")
+    res["command"] = (
+        f"{exe.relative_to(ROOT) if exe.is_relative_to(ROOT) else exe} -m {target.name} "
+        f"[-md {head.name} --spec-type {spec} | --spec-type draft-mtp] --spec-draft-n-max N "
+        f"-p PROMPT -n {max_tokens} -c 1024 -t 1 --temp 0 --seed 0 -lv 5"
+    )
     res["seconds"] = round(time.time() - t0, 1)
     return res
 
@@ -794,16 +912,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="override the schedule length (fresh runs)")
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--layer-ids", type=lambda s: [int(v) for v in s.split(",")], default=None,
-                   help="target layer ids (layer inputs; n_layer = the final post-norm state), default 2,3,4 (fresh runs;"
-                        " the shipped 4-layer target's: another target needs its own)")
-    p.add_argument("--target", type=Path, default=TARGET,
-                   help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
-                        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)")
+    p.add_argument(
+        "--layer-ids",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=None,
+        help="target layer ids (layer inputs; n_layer = the final post-norm state), default 2,3,4 (fresh runs;"
+        " the shipped 4-layer target's: another target needs its own)",
+    )
+    p.add_argument(
+        "--target",
+        type=Path,
+        default=TARGET,
+        help="frozen target to train against: a qwen35 GGUF (default: the bundled model) or a training.trunk "
+        "checkpoint (*.safetensors, torch alone; tokens from training.trunk --prepare's file)",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: target, head and batches (F32 on both)")
     add_train_overrides(p)
-    p.add_argument("--tokens", type=Path, default=None,
-                   help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)")
+    p.add_argument(
+        "--tokens",
+        type=Path,
+        default=None,
+        help="with a checkpoint --target: training.trunk --prepare's token file (default its --data default)",
+    )
     p.add_argument("--log", type=Path, default=LOG_DIR / LOG_NAME)
     p.add_argument("--export-only", action="store_true", help="export the checkpoint in --out without training")
     p.add_argument("--no-export", action="store_true")
@@ -814,8 +944,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--convert-shipped", action="store_true", help="convert training/eagle3-head.pt to --gguf")
     p.add_argument("--measure", action="store_true", help="measure --gguf (default: the shipped head), JSON")
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
-    p.add_argument("--prompts", type=int, default=0,
-                   help="--measure on N held-out prompts of training.evaluate (default: the 6 demo prompts)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=0,
+        help="--measure on N held-out prompts of training.evaluate (default: the 6 demo prompts)",
+    )
     args = p.parse_args(argv)
     if is_checkpoint(args.target) and not args.no_export:
         p.error("a checkpoint --target trains only (add --no-export); export converts against the bundled GGUF")
@@ -837,24 +971,40 @@ def main(argv: list[str] | None = None) -> int:
         meta = {}
     else:
         if not args.export_only:
-            train(out, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads,
-                  layer_ids=args.layer_ids, log_path=args.log, steps=args.steps, target=args.target, device=args.device,
-                  overrides=train_overrides(args), tokens=args.tokens)
+            train(
+                out,
+                max_minutes=args.max_minutes,
+                fresh=args.fresh,
+                threads=args.threads,
+                layer_ids=args.layer_ids,
+                log_path=args.log,
+                steps=args.steps,
+                target=args.target,
+                device=args.device,
+                overrides=train_overrides(args),
+                tokens=args.tokens,
+            )
         if args.no_export:
             return 0
         ck = torch.load(out / "last.pt", map_location="cpu", weights_only=False)
         head = Eagle3Head(HeadConfig(**ck["head_config"]))
         head.load_state_dict(ck["head"])
-        meta = {"steps": ck["step"], "minutes": round(ck["elapsed_seconds"] / 60, 1),
-                "layer_ids": head.cfg.target_layer_ids, "eval_heldout": ck.get("best"),
-                "train_config": ck["train_config"]}
+        meta = {
+            "steps": ck["step"],
+            "minutes": round(ck["elapsed_seconds"] / 60, 1),
+            "layer_ids": head.cfg.target_layer_ids,
+            "eval_heldout": ck.get("best"),
+            "train_config": ck["train_config"],
+        }
     head_path = SHIPPED_HEAD if args.install else (args.head or out / "eagle3-head.pt")
     save_head(head_path, head, meta)
     head, meta = load_head(head_path)  # export exactly what was saved (F16-rounded matrices)
     gguf = SHIPPED_GGUF if args.install else (args.gguf or out / f"{HEAD_NAME}.gguf")
     with tempfile.TemporaryDirectory() as tmp:
         convert_head(head, gguf, Path(tmp), description=describe_training(meta))
-    print(f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)")
+    print(
+        f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)"
+    )
     return 0
 
 

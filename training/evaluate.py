@@ -53,7 +53,8 @@ PROMPT_MAX_TOKENS = 192
 WINDOW = 256
 SAMPLE_PROMPTS = (
     "import sys\n\n\ndef main(args=None):\n    if args is None:\n        args = sys.argv[1:]\n",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n    def __eq__(self, other):\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "    def __eq__(self, other):\n",
     "def read_lines(path):\n    with open(path) as f:\n",
 )
 SAMPLE_NEW = 64
@@ -63,12 +64,14 @@ N_DEMO_PROMPTS = 6
 DEMO_NEW = 128  #: tokens of the continuation a demo prompt is judged by (the quickstart's max_tokens)
 DEMO_MIN_DISTINCT = 0.75  #: at least this fraction of the continuation's lines distinct
 DEMO_LOOP_PERIOD = 40  #: a demo continuation must not end in a loop of up to this many tokens
-DEMO_RULE = ("snippets of held-out files starting at a def/class line, 8-14 lines ending before a non-blank line, at most "
-             "a third comment or docstring lines; of those (8 per file, seed 1), one per file whose greedy continuation "
-             "of 128 tokens does not end in a loop (period <= 40 tokens), has at least 75% distinct lines and is code by the "
-             "same rule, most "
-             "accepted drafts per round at "
-             "n_max=4 first")
+DEMO_RULE = (
+    "snippets of held-out files starting at a def/class line, 8-14 lines ending before a non-blank line, at most "
+    "a third comment or docstring lines; of those (8 per file, seed 1), one per file whose greedy continuation "
+    "of 128 tokens does not end in a loop (period <= 40 tokens), has at least 75% distinct lines and is code by the "
+    "same rule, most "
+    "accepted drafts per round at "
+    "n_max=4 first"
+)
 DEMO_PROMPT_LINES = (8, 14)  #: a demo prompt's length in lines (min, max)
 
 
@@ -101,8 +104,9 @@ def ends_in_loop(tokens: list[int], tail: int = LOOP_TAIL, max_period: int = LOO
 
 def acceptance(m: LlamaMTP, prompts: list[str], n_max: int) -> tuple[SpecStats, list[float], list[list[int]]]:
     """Draft statistics, per-prompt acceptance, and the greedy continuations."""
-    total = SpecStats(n_max=n_max, by_depth_drafted=[0] * n_max, by_depth_tried=[0] * n_max,
-                      by_depth_accepted=[0] * n_max)
+    total = SpecStats(
+        n_max=n_max, by_depth_drafted=[0] * n_max, by_depth_tried=[0] * n_max, by_depth_accepted=[0] * n_max
+    )
     per_prompt = []
     gens = []
     for text in prompts:
@@ -120,7 +124,7 @@ def is_code(text: str) -> bool:
     in_doc = False
     prose = 0
     for ln in lines:
-        quotes = ln.count('"""') + ln.count("\'\'\'")
+        quotes = ln.count('"""') + ln.count("'''")
         if in_doc or ln.startswith("#") or quotes:
             prose += 1
         if quotes % 2:
@@ -219,7 +223,9 @@ def engine_acceptance(gguf_path: Path, prompt_ids: list[list[int]], threads: int
             out[f"acceptance_n_max_{n_max}"] = round(accepted / drafted, 4) if drafted else None
             out[f"n_max_{n_max}_drafted"] = drafted
             if n_max > 1:
-                out[f"acceptance_n_max_{n_max}_by_depth"] = [round(o / r, 4) if r else None for o, r in zip(ok, reached)]
+                out[f"acceptance_n_max_{n_max}_by_depth"] = [
+                    round(o / r, 4) if r else None for o, r in zip(ok, reached)
+                ]
                 out[f"mean_accepted_per_round_n_max_{n_max}"] = round(accepted / rounds, 4) if rounds else None
     return out
 
@@ -293,14 +299,23 @@ def head_summary(log_path: Path = HEAD_LOG) -> dict[str, object]:
     starts = [r for r in rows if r.get("event") == "start"]
     if not starts:
         return {}
-    rows = rows[rows.index(starts[-1]):]  # the last run from scratch, with its resumptions
+    rows = rows[rows.index(starts[-1]) :]  # the last run from scratch, with its resumptions
     steps = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "eval" in r and "step" in r]
-    out: dict[str, object] = {"config": starts[-1]["config"], "threads": starts[-1].get("threads"),
-                              "torch": starts[-1].get("torch"), "eval_before": starts[-1].get("eval")}
+    out: dict[str, object] = {
+        "config": starts[-1]["config"],
+        "threads": starts[-1].get("threads"),
+        "torch": starts[-1].get("torch"),
+        "eval_before": starts[-1].get("eval"),
+    }
     if steps:
-        out.update({"steps": steps[-1]["step"], "wall_seconds": steps[-1]["elapsed_seconds"],
-                    "mean_tok_per_s": round(float(np.mean([r["tok_per_s"] for r in steps])))})
+        out.update(
+            {
+                "steps": steps[-1]["step"],
+                "wall_seconds": steps[-1]["elapsed_seconds"],
+                "mean_tok_per_s": round(float(np.mean([r["tok_per_s"] for r in steps]))),
+            }
+        )
     if evals:
         out["eval_after"] = evals[-1]["eval"]
     return out
@@ -311,14 +326,20 @@ def gguf_summary(path: Path) -> dict[str, object]:
     import gguf
 
     r = gguf.GGUFReader(str(path))
-    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("GGUF.") and not k.startswith("tokenizer.ggml.")}
+    f = {
+        k: v.contents()
+        for k, v in r.fields.items()
+        if not k.startswith("GGUF.") and not k.startswith("tokenizer.ggml.")
+    }
     n_params = sum(int(np.prod(t.shape)) for t in r.tensors)
     nl = int(f["qwen35.block_count"]) - int(f["qwen35.nextn_predict_layers"])
     mtp_params = sum(int(np.prod(t.shape)) for t in r.tensors if t.name.startswith(f"blk.{nl}."))
     return {
         "file": path.name,
         "file_bytes": path.stat().st_size,
-        "file_type": "F16 (matrices), F32 (norms, SSM vectors, conv)" if int(f.get("general.file_type", 0)) == 1 else "F32",
+        "file_type": "F16 (matrices), F32 (norms, SSM vectors, conv)"
+        if int(f.get("general.file_type", 0)) == 1
+        else "F32",
         "n_params": n_params,
         "n_params_mtp": mtp_params,
         "n_params_embedding": int(np.prod([t for t in r.tensors if t.name == "token_embd.weight"][0].shape)),
@@ -330,9 +351,15 @@ def gguf_summary(path: Path) -> dict[str, object]:
     }
 
 
-def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, baseline: dict | None = None,
-             write_prompts: bool = False, train_log: Path | None = DEFAULT_LOG,
-             head_log: Path | None = HEAD_LOG) -> dict[str, object]:
+def evaluate(
+    gguf_path: Path,
+    n_prompts: int = N_PROMPTS,
+    threads: int = 2,
+    baseline: dict | None = None,
+    write_prompts: bool = False,
+    train_log: Path | None = DEFAULT_LOG,
+    head_log: Path | None = HEAD_LOG,
+) -> dict[str, object]:
     """All the numbers of the model card, as a JSON-able dict (``baseline``: another file's, for the
     before/after table; ``write_prompts``: also choose the demo prompts and write ``prompts.json``;
     ``train_log`` / ``head_log``: the logs of the runs that made the file, summarised into ``training`` and
@@ -356,7 +383,9 @@ def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, base
         for p in SAMPLE_PROMPTS:
             gen = m.greedy(m.tokenize(p), SAMPLE_NEW)
             _, st = m.speculative_greedy(m.tokenize(p), SAMPLE_NEW, 3)
-            samples.append({"prompt": p, "completion": m.detokenize(gen), "acceptance_n_max_3": round(st.acceptance, 3)})
+            samples.append(
+                {"prompt": p, "completion": m.detokenize(gen), "acceptance_n_max_3": round(st.acceptance, 3)}
+            )
         if write_prompts:
             write_demo_prompts(choose_demo_prompts(m), gguf_path)
     try:
@@ -375,12 +404,21 @@ def evaluate(gguf_path: Path, n_prompts: int = N_PROMPTS, threads: int = 2, base
         "greedy_loop_fraction": round(loop_fraction, 4),
         "greedy_sha256": greedy_fingerprint(gens),
         **{f"acceptance_n_max_{n}": round(runs[n][0].acceptance, 4) for n in N_MAXES if n > 1},
-        **{f"mean_accepted_per_round_n_max_{n}": round(runs[n][0].accepted / runs[n][0].drafts, 4)
-           if runs[n][0].drafts else 0.0 for n in N_MAXES},
+        **{
+            f"mean_accepted_per_round_n_max_{n}": round(runs[n][0].accepted / runs[n][0].drafts, 4)
+            if runs[n][0].drafts
+            else 0.0
+            for n in N_MAXES
+        },
         "acceptance_n_max_4_by_depth": [None if v is None else round(v, 4) for v in s4.cumulative_by_depth()],
-        "acceptance_n_max_4_by_depth_conditional": [None if v is None else round(v, 4) for v in s4.conditional_by_depth()],
-        "acceptance_n_max_4_by_depth_counts": {"drafted": s4.by_depth_drafted, "reached": s4.by_depth_tried,
-                                               "accepted": s4.by_depth_accepted},
+        "acceptance_n_max_4_by_depth_conditional": [
+            None if v is None else round(v, 4) for v in s4.conditional_by_depth()
+        ],
+        "acceptance_n_max_4_by_depth_counts": {
+            "drafted": s4.by_depth_drafted,
+            "reached": s4.by_depth_tried,
+            "accepted": s4.by_depth_accepted,
+        },
         "n_prompts": n_prompts,
         "n_new_tokens": N_NEW,
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in losses.items()},
@@ -399,8 +437,9 @@ def layer_pattern(meta: dict) -> str:
     """The trunk's layer types in order, a repeated group written once with its count (from the GGUF's
     ``recurrent_layers``, the nextn layers left out)."""
     n_trunk = int(meta["qwen35.block_count"]) - int(meta["qwen35.nextn_predict_layers"])
-    kinds = ["gated delta net" if r else "gated full attention"
-             for r in meta["qwen35.attention.recurrent_layers"][:n_trunk]]
+    kinds = [
+        "gated delta net" if r else "gated full attention" for r in meta["qwen35.attention.recurrent_layers"][:n_trunk]
+    ]
     size = next(k for k in range(1, n_trunk + 1) if kinds == kinds[:k] * (n_trunk // k))  # n_trunk at the latest
     group = ", ".join(kinds[:size])
     return group if size == n_trunk else f"{n_trunk // size} × ({group})"
@@ -423,10 +462,12 @@ def render_measured(r: dict) -> str:
         f"{meta['qwen35.nextn_predict_layers']} NextN/MTP block) |",
         f"| layers | {layer_pattern(meta)} (`full_attention_interval` {meta['qwen35.full_attention_interval']}) |",
         f"| hidden size / FFN | {meta['qwen35.embedding_length']} / {meta['qwen35.feed_forward_length']} (SwiGLU) |",
-        f"| attention | {meta['qwen35.attention.head_count']} query heads, {meta['qwen35.attention.head_count_kv']} KV heads, "
+        f"| attention | {meta['qwen35.attention.head_count']} query heads, "
+        f"{meta['qwen35.attention.head_count_kv']} KV heads, "
         f"head dim {meta['qwen35.attention.key_length']}, output gate, QK RMS-norm, RoPE on "
         f"{meta['qwen35.rope.dimension_count']} dims (base {meta['qwen35.rope.freq_base']:g}) |",
-        f"| gated delta net | {meta['qwen35.ssm.group_count']} key heads, {meta['qwen35.ssm.time_step_rank']} value heads, "
+        f"| gated delta net | {meta['qwen35.ssm.group_count']} key heads, "
+        f"{meta['qwen35.ssm.time_step_rank']} value heads, "
         f"head dim {meta['qwen35.ssm.state_size']}, conv kernel {meta['qwen35.ssm.conv_kernel']} |",
         "| MTP block | `concat(enorm(embed(x_{t+1})), hnorm(h_t))` → `eh_proj` → one gated full-attention layer → "
         "`shared_head_norm` → tied LM head |",
@@ -463,7 +504,8 @@ def render_measured(r: dict) -> str:
             f"{hc['ce_weight']} × CE of the data + {hc['distill_weight']} × CE against the trunk's distribution "
             f"(lr {hc['lr']}, {hc['warmup_steps']} warm-up steps, cosine to {hc['min_lr_ratio']}×, seed {hc['seed']}).",
             f"- Wall time {float(hd['wall_seconds']) / 60:.0f} min on this machine's CPU (torch {hd.get('torch')}, "
-            f"{hd.get('threads')} thread, mean {hd.get('mean_tok_per_s')} tokens/s). Log: `training/logs/mtp_head.jsonl`.",
+            f"{hd.get('threads')} thread, mean {hd.get('mean_tok_per_s')} tokens/s). "
+            "Log: `training/logs/mtp_head.jsonl`.",
             "",
         ]
     lines += [
@@ -480,12 +522,16 @@ def render_measured(r: dict) -> str:
         f"min {r['acceptance_n_max_1_prompt_min']:.3f}) |",
         f"| MTP acceptance, `n_max=4` (accepted / drafted) | {r['acceptance_n_max_4']:.3f} |",
         "| acceptance by depth at `n_max=4`: P(drafts 1..d all accepted) | "
-        + ", ".join(f"d{i + 1}: {d:.3f}" for i, d in enumerate(depth) if d is not None) + " |",
+        + ", ".join(f"d{i + 1}: {d:.3f}" for i, d in enumerate(depth) if d is not None)
+        + " |",
         "| acceptance by depth at `n_max=4`: P(draft d accepted \\| drafts 1..d-1 accepted) | "
-        + ", ".join(f"d{i + 1}: {d:.3f}" for i, d in enumerate(r["acceptance_n_max_4_by_depth_conditional"])
-                    if d is not None) + " |",
+        + ", ".join(
+            f"d{i + 1}: {d:.3f}" for i, d in enumerate(r["acceptance_n_max_4_by_depth_conditional"]) if d is not None
+        )
+        + " |",
         f"| mean tokens accepted per draft round at `n_max=4` | {r['mean_accepted_per_round_n_max_4']:.3f} |",
-        f"| held-out next-token cross-entropy (trunk) | {r['heldout_ce']:.4f} nats/token (perplexity {r['heldout_ppl']:.2f}) |",
+        f"| held-out next-token cross-entropy (trunk) | {r['heldout_ce']:.4f} nats/token "
+        f"(perplexity {r['heldout_ppl']:.2f}) |",
         f"| held-out MTP cross-entropy (token t+2 from h_t and x_{{t+1}}) | {r['heldout_mtp_ce']:.4f} nats/token |",
         f"| held-out teacher-forced MTP/trunk top-1 agreement | {r['heldout_mtp_top1_agreement']:.3f} |",
         f"| held-out tokens scored | {r['heldout_tokens_scored']:,} |",
@@ -507,8 +553,8 @@ def render_measured(r: dict) -> str:
         f"(took {r['eval_seconds']:.0f} s). Acceptance is simulated exactly as llama.cpp's draft-mtp loop feeds the "
         "MTP context (`training/llama_ref.py`).",
         "",
-        "Greedy decoding of a model this small often falls into repetition loops (see the loop row), and a loop is easy to "
-        "draft, which raises the greedy acceptance; the teacher-forced agreement on real held-out code is the "
+        "Greedy decoding of a model this small often falls into repetition loops (see the loop row), and a loop is "
+        "easy to draft, which raises the greedy acceptance; the teacher-forced agreement on real held-out code is the "
         "figure without that effect.",
         "",
         *render_demo_prompts(),
@@ -533,17 +579,24 @@ def render_demo_prompts(path: Path = DEFAULT_PROMPTS_FILE) -> list[str]:
     if not path.exists():
         return []
     doc = json.loads(path.read_text(encoding="utf-8"))
-    lines = ["## Demo prompts", "",
-             f"`mx.demo_prompts()` (`prompts.json`, chosen by `python -m training.evaluate --write-prompts` with "
-             f"`{doc['model']}`): {doc['rule']}. The first is the default of the Explorer, the CLI and the quickstart.",
-             "", "| file (held out) | lines | accepted drafts per round at `n_max=4` |", "| --- | --- | --- |"]
-    lines += [f"| `{p['relpath']}` | {p['first']}–{p['last']} | {p['mean_accepted_per_round_n_max_4']:.2f} |"
-              for p in doc["prompts"]]
+    lines = [
+        "## Demo prompts",
+        "",
+        f"`mx.demo_prompts()` (`prompts.json`, chosen by `python -m training.evaluate --write-prompts` with "
+        f"`{doc['model']}`): {doc['rule']}. The first is the default of the Explorer, the CLI and the quickstart.",
+        "",
+        "| file (held out) | lines | accepted drafts per round at `n_max=4` |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| `{p['relpath']}` | {p['first']}–{p['last']} | {p['mean_accepted_per_round_n_max_4']:.2f} |"
+        for p in doc["prompts"]
+    ]
     return lines + [""]
 
 
 def _row(label: str, before, after, fmt: str = "{:.3f}") -> str:
-    show = (lambda v: "–" if v is None else fmt.format(v))
+    show = lambda v: "–" if v is None else fmt.format(v)
     return f"| {label} | {show(before)} | **{show(after)}** |"
 
 
@@ -562,14 +615,31 @@ def render_comparison(r: dict) -> list[str]:
         "",
         "| metric | before | after |",
         "| --- | --- | --- |",
-        *[_row(f"acceptance of draft {d + 1} given draft{'s 1..' if d > 1 else ' '}{d} accepted (`n_max=4`)" if d else
-               "acceptance of draft 1 (`n_max=4`)", cb[d], ca[d]) for d in range(4)],
+        *[
+            _row(
+                f"acceptance of draft {d + 1} given draft{'s 1..' if d > 1 else ' '}{d} accepted (`n_max=4`)"
+                if d
+                else "acceptance of draft 1 (`n_max=4`)",
+                cb[d],
+                ca[d],
+            )
+            for d in range(4)
+        ],
         _row("acceptance at `n_max=1`", b["acceptance_n_max_1"], r["acceptance_n_max_1"]),
-        *[_row(f"mean accepted drafts per round at `n_max={n}`", b.get(f"mean_accepted_per_round_n_max_{n}"),
-               r[f"mean_accepted_per_round_n_max_{n}"]) for n in (2, 3, 4)],
+        *[
+            _row(
+                f"mean accepted drafts per round at `n_max={n}`",
+                b.get(f"mean_accepted_per_round_n_max_{n}"),
+                r[f"mean_accepted_per_round_n_max_{n}"],
+            )
+            for n in (2, 3, 4)
+        ],
         _row("held-out MTP cross-entropy (nats/token, depth 1)", b["heldout_mtp_ce"], r["heldout_mtp_ce"], "{:.4f}"),
-        _row("held-out teacher-forced MTP/trunk top-1 agreement", b["heldout_mtp_top1_agreement"],
-             r["heldout_mtp_top1_agreement"]),
+        _row(
+            "held-out teacher-forced MTP/trunk top-1 agreement",
+            b["heldout_mtp_top1_agreement"],
+            r["heldout_mtp_top1_agreement"],
+        ),
         _row("greedy continuations ending in a loop", b["greedy_loop_fraction"], r["greedy_loop_fraction"], "{:.2f}"),
         _row("held-out trunk cross-entropy (nats/token)", b["heldout_ce"], r["heldout_ce"], "{:.4f}"),
         f"| plain greedy continuations of the {r['n_prompts']} prompts | `{b.get('greedy_sha256', '')[:12]}` | "
@@ -601,18 +671,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     p.add_argument("--card", type=Path, default=DEFAULT_CARD)
     p.add_argument("--no-card", action="store_true", help="do not rewrite MODEL.md")
-    p.add_argument("--baseline", type=Path, default=None, metavar="JSON",
-                   help="another file's evaluation (this command's --json), shown before/after in the card")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="another file's evaluation (this command's --json), shown before/after in the card",
+    )
     p.add_argument("--write-prompts", action="store_true", help="choose the demo prompts and write prompts.json")
-    p.add_argument("--train-log", type=_log_path, default=DEFAULT_LOG,
-                   help="the training log of --gguf's trunk, or 'none' (a file made otherwise, e.g. a "
-                        "training.trunk checkpoint's); default: the shipped model's")
-    p.add_argument("--head-log", type=_log_path, default=HEAD_LOG,
-                   help="the training.mtp_head log of --gguf's MTP block, or 'none'; default: the shipped model's")
+    p.add_argument(
+        "--train-log",
+        type=_log_path,
+        default=DEFAULT_LOG,
+        help="the training log of --gguf's trunk, or 'none' (a file made otherwise, e.g. a "
+        "training.trunk checkpoint's); default: the shipped model's",
+    )
+    p.add_argument(
+        "--head-log",
+        type=_log_path,
+        default=HEAD_LOG,
+        help="the training.mtp_head log of --gguf's MTP block, or 'none'; default: the shipped model's",
+    )
     args = p.parse_args(argv)
     baseline = json.loads(args.baseline.read_text(encoding="utf-8")) if args.baseline else None
-    r = evaluate(args.gguf, args.prompts, args.threads, baseline=baseline, write_prompts=args.write_prompts,
-                 train_log=args.train_log, head_log=args.head_log)
+    r = evaluate(
+        args.gguf,
+        args.prompts,
+        args.threads,
+        baseline=baseline,
+        write_prompts=args.write_prompts,
+        train_log=args.train_log,
+        head_log=args.head_log,
+    )
     out = json.dumps(r, indent=2, default=str)
     print(out)
     if args.json:

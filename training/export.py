@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mtp_explorer.devtools.gguf_qwen35 import write_qwen35_gguf
 from mtp_explorer.devtools.qwen35_hf import gguf_to_hf, hf_to_gguf
+from mtp_explorer.models.gguf_qwen35 import write_qwen35_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CHECKPOINT = ROOT / "training" / "checkpoints" / "last.pt"
@@ -103,12 +103,22 @@ def export_model(model, vocab, out: str | Path, dtype: str = "f32", **metadata) 
     """Write a GGUF directly from an in-memory :class:`training.model.DemoModel`."""
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     mc = model.cfg
-    return write_qwen35_gguf(out, mc.gguf_config(n_ctx_train=mc.max_position_embeddings),
-                             convert_state_dict(sd, mc), vocab, dtype=dtype, extra_metadata=metadata or None)
+    return write_qwen35_gguf(
+        out,
+        mc.gguf_config(n_ctx_train=mc.max_position_embeddings),
+        convert_state_dict(sd, mc),
+        vocab,
+        dtype=dtype,
+        extra_metadata=metadata or None,
+    )
 
 
-def export(checkpoint: str | Path = DEFAULT_CHECKPOINT, tokenizer: str | Path = DEFAULT_TOKENIZER,
-           out: str | Path = DEFAULT_OUT, dtype: str = "f16") -> Path:
+def export(
+    checkpoint: str | Path = DEFAULT_CHECKPOINT,
+    tokenizer: str | Path = DEFAULT_TOKENIZER,
+    out: str | Path = DEFAULT_OUT,
+    dtype: str = "f16",
+) -> Path:
     """Write the GGUF for ``checkpoint`` (+ its tokenizer); returns the path."""
     import torch
 
@@ -160,8 +170,8 @@ def rewrite(src: str | Path, out: str | Path) -> Path:
     licence and ``mtp_explorer.*`` metadata, plus whatever metadata the writer adds now. ``out`` may be ``src``."""
     import gguf
 
-    from mtp_explorer.devtools.gguf_qwen35 import read_qwen35_metadata
     from mtp_explorer.devtools.qwen35_hf import config_from_metadata
+    from mtp_explorer.models.gguf_qwen35 import read_qwen35_metadata
     from training.tokenizer import vocab_from_gguf
 
     meta = read_qwen35_metadata(src)
@@ -174,10 +184,17 @@ def rewrite(src: str | Path, out: str | Path) -> Path:
     extra = {k: v for k, v in meta.items() if k.startswith("mtp_explorer.")}
     del reader  # the file is memory-mapped; out may be src, so write beside it and replace
     out = Path(out)
-    tmp = write_qwen35_gguf(out.with_name(out.name + ".tmp"), config_from_metadata(meta), tensors, vocab,
-                            dtype="f16" if "F16" in types else "f32", name=str(meta["general.name"]),
-                            description=meta.get("general.description"), license=meta.get("general.license"),
-                            extra_metadata=extra)
+    tmp = write_qwen35_gguf(
+        out.with_name(out.name + ".tmp"),
+        config_from_metadata(meta),
+        tensors,
+        vocab,
+        dtype="f16" if "F16" in types else "f32",
+        name=str(meta["general.name"]),
+        description=meta.get("general.description"),
+        license=meta.get("general.license"),
+        extra_metadata=extra,
+    )
     return tmp.replace(out)
 
 
@@ -187,9 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", type=Path, default=None, help="default: tokenizer.json beside the checkpoint")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--dtype", choices=("f16", "f32"), default="f16")
-    p.add_argument("--rewrite", type=Path, default=None, metavar="GGUF",
-                   help="instead of exporting a checkpoint, write this GGUF (made here) again with the current "
-                        "writer: same tensors, current metadata (see rewrite())")
+    p.add_argument(
+        "--rewrite",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help="instead of exporting a checkpoint, write this GGUF (made here) again with the current "
+        "writer: same tensors, current metadata (see rewrite())",
+    )
     args = p.parse_args(argv)
     if args.rewrite is not None:
         path = rewrite(args.rewrite, args.out)

@@ -30,7 +30,7 @@ def placement(old_types: list[str], new_types: list[str]) -> list[int]:
         lo = out[-1] + 1 if out else 0
         # leave room for the old layers still to place, each on a later position of its own type
         hi = n_new - 1
-        for later in reversed(old_types[j + 1:]):
+        for later in reversed(old_types[j + 1 :]):
             hi = max(p for p in range(hi + 1) if new_types[p] == later) - 1
         target = round((j + 1) * n_new / n_old) - 1
         candidates = [p for p in range(lo, hi + 1) if new_types[p] == kind]
@@ -56,14 +56,14 @@ def grow(model: DemoModel, n_layers: int, seed: int = 0) -> tuple[DemoModel, lis
     moved = {f"{prefix}{j}.": f"{prefix}{p}." for j, p in enumerate(where)}
     for key, value in old_sd.items():
         if key.startswith(prefix):
-            head = prefix + key[len(prefix):].split(".", 1)[0] + "."
-            key = moved[head] + key[len(head):]
+            head = prefix + key[len(prefix) :].split(".", 1)[0] + "."
+            key = moved[head] + key[len(head) :]
         if new_sd[key].shape != value.shape:
             raise ValueError(f"{key}: {tuple(value.shape)} cannot go to {tuple(new_sd[key].shape)}")
         new_sd[key] = value.clone()
     fresh = set(range(n_layers)) - set(where)
     for key in new_sd:
-        if key.startswith(prefix) and int(key[len(prefix):].split(".", 1)[0]) in fresh:
+        if key.startswith(prefix) and int(key[len(prefix) :].split(".", 1)[0]) in fresh:
             if key.split(".", 4)[-1] in OUTPUT_PROJECTIONS:
                 new_sd[key] = torch.zeros_like(new_sd[key])
     grown.load_state_dict(new_sd)

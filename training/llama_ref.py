@@ -11,13 +11,12 @@ the same model, and feeds the MTP context exactly as llama.cpp's draft-mtp drive
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
-
-import numpy as np
 
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_cpp_ext
 
 _BACKEND_READY = False
@@ -53,7 +52,7 @@ class SpecStats:
         """Accepted / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
-    def merge(self, other: "SpecStats") -> None:
+    def merge(self, other: SpecStats) -> None:
         """Add another run's counts to this one."""
         self.drafts += other.drafts
         self.drafted += other.drafted
@@ -75,8 +74,9 @@ class SpecStats:
 class LlamaMTP:
     """A loaded qwen35+MTP GGUF with a target and an MTP context (single sequence)."""
 
-    def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_rs_seq: int = 4,
-                 f32_cache: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_rs_seq: int = 4, f32_cache: bool = False
+    ) -> None:
         """Open ``path``; ``f32_cache`` stores the attention KV cache in F32 and disables flash
         attention (llama.cpp's default F16 cache rounds K and V), for exact-parity checks."""
         _backend_init()
@@ -127,7 +127,7 @@ class LlamaMTP:
             llama_cpp.llama_model_free(self.model)
             self.model = None
 
-    def __enter__(self) -> "LlamaMTP":
+    def __enter__(self) -> LlamaMTP:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -181,8 +181,9 @@ class LlamaMTP:
         h = np.ctypeslib.as_array(hptr, shape=(n, self.n_embd)).copy()
         return logits, h
 
-    def mtp(self, tokens: Sequence[int], h_rows: np.ndarray, pos0: int, outputs: Sequence[int] | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
+    def mtp(
+        self, tokens: Sequence[int], h_rows: np.ndarray, pos0: int, outputs: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Decode MTP rows (token ``tokens[i]``, hidden ``h_rows[i]``) at ``pos0 + i``.
 
         Returns (logits, MTP h_nextn) for the rows in ``outputs`` (default: all rows).
@@ -211,8 +212,9 @@ class LlamaMTP:
         hs = np.empty((len(outputs), self.n_embd), dtype=np.float32)
         for j, i in enumerate(outputs):
             logits[j] = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx_mtp, i), shape=(self.n_vocab,))
-            hs[j] = np.ctypeslib.as_array(llama_cpp_ext.llama_get_embeddings_nextn_ith(self.ctx_mtp, i),
-                                          shape=(self.n_embd,))
+            hs[j] = np.ctypeslib.as_array(
+                llama_cpp_ext.llama_get_embeddings_nextn_ith(self.ctx_mtp, i), shape=(self.n_embd,)
+            )
         del keep
         return logits, hs
 
@@ -255,8 +257,9 @@ class LlamaMTP:
         gen = self.greedy(prompt, n_new, stop_at_eos=False)
         seq = list(prompt) + gen
         _, h = self.sequence_states(seq)
-        stats = SpecStats(n_max=n_max, by_depth_drafted=[0] * n_max, by_depth_tried=[0] * n_max,
-                          by_depth_accepted=[0] * n_max)
+        stats = SpecStats(
+            n_max=n_max, by_depth_drafted=[0] * n_max, by_depth_tried=[0] * n_max, by_depth_accepted=[0] * n_max
+        )
         zero = np.zeros((1, self.n_embd), dtype=np.float32)
         # Catch-up of the prompt rows 0..P-1 (row k: x_k with h_{k-1}).
         p = len(prompt)

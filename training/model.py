@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm, apply_rotary_pos_emb
 
@@ -112,9 +111,9 @@ class ModelConfig:
         return cfg
 
     def gguf_config(self, n_ctx_train: int = 4096):
-        """The matching GGUF hyper-parameters (a :class:`mtp_explorer.devtools.gguf_qwen35.Qwen35Config`)."""
+        """The matching GGUF hyper-parameters (a :class:`mtp_explorer.models.gguf_qwen35.Qwen35Config`)."""
         # imported here: training on a machine without the package's native extension needs only torch
-        from mtp_explorer.devtools.gguf_qwen35 import Qwen35Config
+        from mtp_explorer.models.gguf_qwen35 import Qwen35Config
 
         return Qwen35Config(
             n_vocab=self.vocab_size,
@@ -169,15 +168,22 @@ class MTPBlock(nn.Module):
         u = self.layers[0](u, position_embeddings=position_embeddings, attention_mask=None)
         return self.norm(u)
 
-    def first(self, tok_embeds: torch.Tensor, h_prev: torch.Tensor,
-              position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, KV]:
+    def first(
+        self, tok_embeds: torch.Tensor, h_prev: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, KV]:
         """:meth:`forward` on the real rows (causal), also returning their rotated keys and values."""
         u = self._input(tok_embeds, h_prev)
         return self._layer(u, position_embeddings, lambda q, k, v: _causal_attention(q, k, v))
 
-    def chained(self, tok_embeds: torch.Tensor, h_prev: torch.Tensor,
-                position_embeddings: tuple[torch.Tensor, torch.Tensor], real: KV,
-                chain: list[KV], starts: torch.Tensor) -> tuple[torch.Tensor, KV]:
+    def chained(
+        self,
+        tok_embeds: torch.Tensor,
+        h_prev: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        real: KV,
+        chain: list[KV],
+        starts: torch.Tensor,
+    ) -> tuple[torch.Tensor, KV]:
         """One chained draft row per chain (B, n, H); chain ``i`` starts at real row ``starts[i]`` and
         attends to the real rows ``0..starts[i]`` (``real`` keys/values), to the earlier rows of its
         own chain (``chain``, one (k, v) per earlier depth) and to itself, as llama.cpp's MTP context
@@ -217,15 +223,15 @@ def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     h = q.shape[1]
-    return F.scaled_dot_product_attention(q, _expand_kv(k, h).to(q.dtype), _expand_kv(v, h).to(q.dtype),
-                                          is_causal=True)
+    return F.scaled_dot_product_attention(q, _expand_kv(k, h).to(q.dtype), _expand_kv(v, h).to(q.dtype), is_causal=True)
 
 
-def _chain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: KV, chain: list[KV],
-                     starts: torch.Tensor) -> torch.Tensor:
+def _chain_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: KV, chain: list[KV], starts: torch.Tensor
+) -> torch.Tensor:
     """Row ``i`` of ``q`` attends to real rows ``0..starts[i]``, then row ``i`` of each earlier depth, then itself."""
     h, d = q.shape[1], q.shape[3]
-    scale = d ** -0.5
+    scale = d**-0.5
     rk, rv = (_expand_kv(x, h).to(q.dtype) for x in real)
     t = rk.shape[2]
     scores = [torch.matmul(q, rk.transpose(-1, -2)) * scale]  # (B, h, n, T)
@@ -293,8 +299,9 @@ class DemoModel(nn.Module):
         m = self.mtp_hidden(input_ids, self.shift_hidden(h))
         return self.logits(h), self.logits(m)
 
-    def mtp_chain(self, input_ids: torch.Tensor, h: torch.Tensor, depth: int,
-                  starts: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def mtp_chain(
+        self, input_ids: torch.Tensor, h: torch.Tensor, depth: int, starts: torch.Tensor | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """MTP hidden states of draft depths ``1..depth`` on a teacher-forced sequence, and the chains' starts.
 
         Depth 1 is :meth:`forward`'s MTP rows, all ``T`` of them (row ``k``: ``x_k`` with the
@@ -318,8 +325,9 @@ class DemoModel(nn.Module):
             outs.append(prev)
         return outs, starts
 
-    def losses(self, input_ids: torch.Tensor, depth: int = 1, distill: bool = False,
-               starts: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def losses(
+        self, input_ids: torch.Tensor, depth: int = 1, distill: bool = False, starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """(trunk CE, MTP loss per depth, MTP CE per depth), nats/token.
 
         Depth 1 is scored on every row with a real trunk state (``1..T-2``), deeper depths on the
@@ -334,9 +342,14 @@ class DemoModel(nn.Module):
         ce, soft, _ = self.mtp_terms(input_ids, h, trunk_logits.detach(), depth, starts)
         return ce_trunk, soft if distill else ce, [c.detach() for c in ce]
 
-    def mtp_terms(self, input_ids: torch.Tensor, h: torch.Tensor, teacher: torch.Tensor, depth: int,
-                  starts: torch.Tensor | None = None
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def mtp_terms(
+        self,
+        input_ids: torch.Tensor,
+        h: torch.Tensor,
+        teacher: torch.Tensor,
+        depth: int,
+        starts: torch.Tensor | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """Per draft depth 1..``depth`` of :meth:`mtp_chain` on trunk states ``h``: (CE of the data's token, CE
         against the trunk's distribution ``softmax(teacher)`` at the same position, top-1 agreement with it).
         Depth 1 is scored on every row with a real trunk state (``1..T-2``), deeper depths on the chains."""

@@ -45,10 +45,11 @@ import numpy as np
 import torch
 
 from training.corpus import load_corpus, split_corpus
-from training.export import DEFAULT_OUT as SHIPPED, convert_state_dict, model_from_gguf
+from training.export import DEFAULT_OUT as SHIPPED
+from training.export import convert_state_dict, model_from_gguf
+from training.jsonlog import JsonLog
 from training.model import DemoModel
 from training.train import batch_at, heldout_batches, lr_at  # they read HeadConfig's fields of the same names
-from training.jsonlog import JsonLog
 
 DEFAULT_DIR = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "mtp-head"
 LOG = Path(__file__).resolve().parent / "logs" / "mtp_head.jsonl"
@@ -84,8 +85,9 @@ def chain_starts(step: int, cfg: HeadConfig) -> torch.Tensor:
     return torch.from_numpy(np.sort(rng.choice(pool, size=min(cfg.chain_rows, len(pool)), replace=False)))
 
 
-def depth_terms(model: DemoModel, x: torch.Tensor, depth: int, starts: torch.Tensor | None = None
-                ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def depth_terms(
+    model: DemoModel, x: torch.Tensor, depth: int, starts: torch.Tensor | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Per draft depth 1..``depth``: (CE of the data's token, CE against the trunk's distribution, top-1
     agreement with the trunk; :meth:`DemoModel.mtp_terms`).  The trunk runs without gradients."""
     with torch.no_grad():
@@ -118,8 +120,10 @@ def corpus_tokens(gguf: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
 
     tok = tokenizer_from_vocab(vocab_from_gguf(gguf))
     train, held = split_corpus(load_corpus())
-    arrays = {"train": np.asarray(encode_files(tok, [f.text for f in train]), dtype=np.int32),
-              "heldout": np.asarray(encode_files(tok, [f.text for f in held]), dtype=np.int32)}
+    arrays = {
+        "train": np.asarray(encode_files(tok, [f.text for f in train]), dtype=np.int32),
+        "heldout": np.asarray(encode_files(tok, [f.text for f in held]), dtype=np.int32),
+    }
     out.mkdir(parents=True, exist_ok=True)
     np.savez(cache.with_suffix(".tmp.npz"), **arrays)
     os.replace(cache.with_suffix(".tmp.npz"), cache)
@@ -169,13 +173,29 @@ def write_head(model: DemoModel, src: Path, dst: Path) -> list[str]:
     return names
 
 
-def save_checkpoint(path: Path, model: DemoModel, opt: torch.optim.Optimizer, step: int, cfg: HeadConfig,
-                    elapsed: float, source_sha: str) -> None:
+def save_checkpoint(
+    path: Path,
+    model: DemoModel,
+    opt: torch.optim.Optimizer,
+    step: int,
+    cfg: HeadConfig,
+    elapsed: float,
+    source_sha: str,
+) -> None:
     """Atomically write the MTP block, the optimiser state and the progress."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"mtp": model.mtp.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "config": asdict(cfg), "elapsed_seconds": elapsed, "source_sha256": source_sha}, tmp)
+    torch.save(
+        {
+            "mtp": model.mtp.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "config": asdict(cfg),
+            "elapsed_seconds": elapsed,
+            "source_sha256": source_sha,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -206,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gguf", type=Path, default=SHIPPED, help="the model whose MTP block is trained (its start)")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="checkpoints, token cache and the written GGUF")
     p.add_argument("--max-minutes", type=float, default=None, help="hard wall-clock budget of this run")
-    p.add_argument("--steps", type=int, default=None, help="total optimiser steps (default %d)" % HeadConfig.steps)
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default %g)" % HeadConfig.lr)
+    p.add_argument("--steps", type=int, default=None, help=f"total optimiser steps (default {HeadConfig.steps})")
+    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {HeadConfig.lr:g})")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--export-only", action="store_true", help="write the GGUF of the last checkpoint, no training")
@@ -229,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     model = model_from_gguf(args.gguf)
     for prm in model.trunk.parameters():
         prm.requires_grad_(False)
-    opt = torch.optim.AdamW(model.mtp.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        model.mtp.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=cfg.weight_decay
+    )
     step, elapsed_before = 0, 0.0
     if ck_path.exists() and not args.fresh:
         ck = torch.load(ck_path, map_location="cpu", weights_only=False)
@@ -254,10 +275,20 @@ def main(argv: list[str] | None = None) -> int:
         train_tokens, held_tokens = corpus_tokens(args.gguf, out)
         held = heldout_batches(held_tokens, cfg)
         if step == 0:
-            log({"event": "start", "config": asdict(cfg), "source": str(args.gguf), "source_sha256": source_sha,
-                 "train_tokens": int(len(train_tokens)), "heldout_tokens": int(len(held_tokens)),
-                 "mtp_params": sum(x.numel() for x in model.mtp.parameters()), "threads": args.threads,
-                 "torch": torch.__version__, "eval": evaluate(model.eval(), held, cfg.depth)})
+            log(
+                {
+                    "event": "start",
+                    "config": asdict(cfg),
+                    "source": str(args.gguf),
+                    "source_sha256": source_sha,
+                    "train_tokens": int(len(train_tokens)),
+                    "heldout_tokens": int(len(held_tokens)),
+                    "mtp_params": sum(x.numel() for x in model.mtp.parameters()),
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                    "eval": evaluate(model.eval(), held, cfg.depth),
+                }
+            )
         model.train()
         t_loop, t_ck, t_log, tokens_since = time.time(), time.time(), time.time(), 0
         while step < cfg.steps:
@@ -275,10 +306,18 @@ def main(argv: list[str] | None = None) -> int:
             tokens_since += x.numel()
             now = time.time()
             if step % cfg.log_every == 0 or step == cfg.steps:
-                log({"step": step, "loss": round(loss.item(), 4), "mtp_ce": [round(c.item(), 4) for c in ce],
-                     "agreement": [round(a.item(), 4) for a in agree], "lr": round(lr, 7),
-                     "grad_norm": round(float(gnorm), 3), "tok_per_s": round(tokens_since / max(1e-9, now - t_log)),
-                     "elapsed_seconds": round(elapsed_before + now - t_loop, 1)})
+                log(
+                    {
+                        "step": step,
+                        "loss": round(loss.item(), 4),
+                        "mtp_ce": [round(c.item(), 4) for c in ce],
+                        "agreement": [round(a.item(), 4) for a in agree],
+                        "lr": round(lr, 7),
+                        "grad_norm": round(float(gnorm), 3),
+                        "tok_per_s": round(tokens_since / max(1e-9, now - t_log)),
+                        "elapsed_seconds": round(elapsed_before + now - t_loop, 1),
+                    }
+                )
                 t_log, tokens_since = now, 0
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log({"step": step, "eval": evaluate(model.eval(), held, cfg.depth)})

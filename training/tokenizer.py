@@ -16,12 +16,13 @@ plain text (``encode_special_tokens``), as llama.cpp does without ``parse_specia
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: encoding token files needs neither mtp_explorer nor gguf (a GPU box)
-    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
+    from mtp_explorer.models.gguf_qwen35 import ByteBPEVocab
 
 VOCAB_SIZE = 4096
 EOS_TOKEN = "<|endoftext|>"
@@ -40,7 +41,7 @@ class TokenizerConfig:
 def _build_untrained(pre: str):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from mtp_explorer.devtools.gguf_qwen35 import PRE_TOKENIZER_REGEX
+    from mtp_explorer.models.gguf_qwen35 import PRE_TOKENIZER_REGEX
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -93,7 +94,7 @@ def vocab_from_gguf(path: str | Path) -> ByteBPEVocab:
     """The ``gpt2`` vocabulary embedded in a GGUF file."""
     import gguf
 
-    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
+    from mtp_explorer.models.gguf_qwen35 import ByteBPEVocab
 
     reader = gguf.GGUFReader(str(path))
 
@@ -101,11 +102,20 @@ def vocab_from_gguf(path: str | Path) -> ByteBPEVocab:
         f = reader.fields[key]
         return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
 
-    types = [int(reader.fields["tokenizer.ggml.token_type"].parts[i][0]) for i in reader.fields["tokenizer.ggml.token_type"].data]
+    types = [
+        int(reader.fields["tokenizer.ggml.token_type"].parts[i][0])
+        for i in reader.fields["tokenizer.ggml.token_type"].data
+    ]
     eos = int(reader.fields["tokenizer.ggml.eos_token_id"].contents())
     pre = reader.fields["tokenizer.ggml.pre"].contents()
-    return ByteBPEVocab(tokens=strings("tokenizer.ggml.tokens"), merges=strings("tokenizer.ggml.merges"),
-                        token_types=types, eos_id=eos, bos_id=eos, pre=pre)
+    return ByteBPEVocab(
+        tokens=strings("tokenizer.ggml.tokens"),
+        merges=strings("tokenizer.ggml.merges"),
+        token_types=types,
+        eos_id=eos,
+        bos_id=eos,
+        pre=pre,
+    )
 
 
 def load_tokenizer(path: str | Path):
@@ -150,7 +160,7 @@ def encode_files(tok, texts: Sequence[str]) -> list[int]:
 
 def to_gguf_vocab(tok, pre: str = PRE) -> ByteBPEVocab:
     """The vocabulary, merges and token types as :func:`write_qwen35_gguf` takes them."""
-    from mtp_explorer.devtools.gguf_qwen35 import ByteBPEVocab
+    from mtp_explorer.models.gguf_qwen35 import ByteBPEVocab
 
     spec = json.loads(tok.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from training.corpus import describe, load_corpus, split_corpus
+from training.jsonlog import JsonLog
 from training.model import DemoModel, ModelConfig
 from training.tokenizer import TokenizerConfig, encode_files, load_tokenizer, save_tokenizer, train_tokenizer
-from training.jsonlog import JsonLog
 
 DEFAULT_OUT = Path(__file__).resolve().parent
 
@@ -120,8 +120,15 @@ def prepare_data(out: Path, cfg: TrainConfig, log) -> tuple[np.ndarray, np.ndarr
     return train_tokens, held_tokens, info
 
 
-def save_checkpoint(path: Path, model: DemoModel, opt: torch.optim.Optimizer, step: int, cfg: TrainConfig,
-                    elapsed: float, corpus: dict | None = None) -> None:
+def save_checkpoint(
+    path: Path,
+    model: DemoModel,
+    opt: torch.optim.Optimizer,
+    step: int,
+    cfg: TrainConfig,
+    elapsed: float,
+    corpus: dict | None = None,
+) -> None:
     """Atomically write model + optimiser state."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -156,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="fail unless a checkpoint exists to resume from")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     p.add_argument("--max-minutes", type=float, default=None, help="stop after this much wall time (checkpointed)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest for this small model on a shared 2-core machine: "
-                        "the many small ops pay OpenMP barriers that stall when another process holds a core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1 is fastest for this small model on a shared 2-core machine: "
+        "the many small ops pay OpenMP barriers that stall when another process holds a core)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--steps", type=int, default=None, help="override the number of optimiser steps")
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
@@ -193,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     no_decay = [p_ for n, p_ in model.named_parameters() if p_.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
     )
     step = 0
     elapsed_before = 0.0
@@ -212,8 +225,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         log({"event": "resumed", "step": step, "elapsed_seconds": round(elapsed_before, 1)})
     else:
-        log({"event": "start", "train_config": asdict(cfg), "corpus": info, "params": model.n_params(),
-             "torch": torch.__version__, "threads": args.threads, "device": str(device)})
+        log(
+            {
+                "event": "start",
+                "train_config": asdict(cfg),
+                "corpus": info,
+                "params": model.n_params(),
+                "torch": torch.__version__,
+                "threads": args.threads,
+                "device": str(device),
+            }
+        )
 
     held = heldout_batches(held_tokens, cfg)
     t_start = time.time()
@@ -237,9 +259,17 @@ def main(argv: list[str] | None = None) -> int:
         tokens_since += x.numel()
         now = time.time()
         if step % cfg.log_every == 0 or step == cfg.steps:
-            log({"step": step, "ce": round(ce_t.item(), 4), "mtp_ce": round(ce_m.item(), 4), "lr": round(lr, 6),
-                 "grad_norm": round(float(gnorm), 3), "tok_per_s": round(tokens_since / max(1e-9, now - t_log)),
-                 "elapsed_seconds": round(elapsed_before + now - t_start, 1)})
+            log(
+                {
+                    "step": step,
+                    "ce": round(ce_t.item(), 4),
+                    "mtp_ce": round(ce_m.item(), 4),
+                    "lr": round(lr, 6),
+                    "grad_norm": round(float(gnorm), 3),
+                    "tok_per_s": round(tokens_since / max(1e-9, now - t_log)),
+                    "elapsed_seconds": round(elapsed_before + now - t_start, 1),
+                }
+            )
             t_log = now
             tokens_since = 0
         if step % cfg.eval_every == 0 or step == cfg.steps:

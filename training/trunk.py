@@ -47,13 +47,17 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from training.model import DemoModel, ModelConfig
 from training.jsonlog import JsonLog
+from training.model import DemoModel, ModelConfig
 
 ROOT = Path(__file__).resolve().parent
 CHECKPOINT = ROOT / "checkpoints" / "trunk-v2.safetensors"
 LOG = ROOT / "logs" / "trunk-v2.jsonl"
-DATA = Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer") / "trunk-v2" / "tokens.npz"
+DATA = (
+    Path(os.environ.get("MTP_EXPLORER_TRAIN_DIR") or Path.home() / ".cache" / "mtp-explorer")
+    / "trunk-v2"
+    / "tokens.npz"
+)
 CORPUS_PACKAGES = ("numpy", "pandas")
 
 
@@ -90,6 +94,7 @@ class TrunkConfig:
 
 # ---------------------------------------------------------------------------------------------- data
 
+
 def prepare(path: Path = DATA) -> Path:
     """Tokenize the corpus with the shipped model's tokenizer: ``train`` (every training file),
     ``heldout_stdlib`` and ``heldout_packages`` as uint16 streams, and the corpus description."""
@@ -102,8 +107,10 @@ def prepare(path: Path = DATA) -> Path:
     train, held = split_corpus(files)
     held_pkg = [f for f in held if f.relpath.split("/", 1)[0] in CORPUS_PACKAGES]
     held_std = [f for f in held if f not in held_pkg]
-    arrays = {name: np.asarray(encode_files(tok, [f.text for f in part]), dtype=np.uint16)
-              for name, part in (("train", train), ("heldout_stdlib", held_std), ("heldout_packages", held_pkg))}
+    arrays = {
+        name: np.asarray(encode_files(tok, [f.text for f in part]), dtype=np.uint16)
+        for name, part in (("train", train), ("heldout_stdlib", held_std), ("heldout_packages", held_pkg))
+    }
     info = describe(files, CORPUS_PACKAGES)
     info.update({f"{k}_tokens": int(len(v)) for k, v in arrays.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,14 +130,14 @@ def batch_at(tokens: np.ndarray, step: int, cfg: TrunkConfig) -> torch.Tensor:
     """Step ``step``'s batch: random windows, drawn from ``default_rng([seed, step])`` (no loader state)."""
     rng = np.random.default_rng([cfg.seed, step])
     starts = rng.integers(0, len(tokens) - cfg.seq_len, size=cfg.batch_size)
-    return torch.from_numpy(np.stack([tokens[s: s + cfg.seq_len] for s in starts]))
+    return torch.from_numpy(np.stack([tokens[s : s + cfg.seq_len] for s in starts]))
 
 
 def heldout(tokens: np.ndarray, cfg: TrunkConfig) -> list[torch.Tensor]:
     """Fixed, evenly spaced held-out windows."""
     n = cfg.eval_batches * cfg.batch_size
     stride = max(1, (len(tokens) - cfg.seq_len) // n)
-    rows = np.stack([tokens[i * stride: i * stride + cfg.seq_len] for i in range(n)])
+    rows = np.stack([tokens[i * stride : i * stride + cfg.seq_len] for i in range(n)])
     return list(torch.from_numpy(rows).split(cfg.batch_size))
 
 
@@ -143,6 +150,7 @@ def chain_starts(step: int, cfg: TrunkConfig) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- losses
 
+
 def repeat_candidates(x: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
     """For each position ``t`` of ``x`` (B, T): the token that followed the latest earlier occurrence of the
     n-gram ``x[t-n+1..t]`` in the same row, or -1 where there is none."""
@@ -152,7 +160,7 @@ def repeat_candidates(x: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
         key = key * vocab + torch.roll(x, shifts=i, dims=1)
     pos = torch.arange(t, device=x.device).expand(b, t)
     row = torch.arange(b, device=x.device)[:, None].expand(b, t)
-    key = key + row * vocab ** n
+    key = key + row * vocab**n
     key = torch.where(pos >= n - 1, key, -1 - (row * t + pos))  # too early for an n-gram: unique keys
     flat = key.reshape(-1)
     sorted_key, order = torch.sort(flat, stable=True)  # equal keys stay in position order
@@ -185,8 +193,9 @@ def _unlikely(logits: torch.Tensor, cand: torch.Tensor, where: torch.Tensor) -> 
     return -torch.log1p(-logp.exp().clamp(max=1 - 1e-6)).mean()
 
 
-def sequence_unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int, start: int,
-                          run: int = 0) -> tuple[torch.Tensor, float]:
+def sequence_unlikelihood(
+    logits: torch.Tensor, x: torch.Tensor, n: int, start: int, run: int = 0
+) -> tuple[torch.Tensor, float]:
     """Mean ``-log(1 - p(c))`` over the positions predicting a token of ``x[:, start:]`` (the generated part) whose
     repeat candidate ``c`` exists, copied or not, and the share of those positions that have one; ``run`` > 0: only
     where the ``run`` positions before it all copied theirs (inside a loop: code repeats short n-grams anyway)."""
@@ -202,8 +211,13 @@ def sequence_unlikelihood(logits: torch.Tensor, x: torch.Tensor, n: int, start: 
     return _unlikely(logits, cand, hit), float(hit.sum()) / float(generated.expand_as(hit).sum())
 
 
-def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Tensor,
-           cont: tuple[torch.Tensor, int] | None = None) -> dict[str, torch.Tensor]:
+def losses(
+    model: DemoModel,
+    x: torch.Tensor,
+    cfg: TrunkConfig,
+    starts: torch.Tensor,
+    cont: tuple[torch.Tensor, int] | None = None,
+) -> dict[str, torch.Tensor]:
     """The step's loss terms (see the module docstring); ``cont``: a batch of the model's own continuations and
     where their generated part starts."""
     h = model.trunk_hidden(x)
@@ -213,20 +227,35 @@ def losses(model: DemoModel, x: torch.Tensor, cfg: TrunkConfig, starts: torch.Te
     mtp_ce, soft, agree = model.mtp_terms(x, h, logits.detach(), cfg.depth, starts)
     mtp = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(mtp_ce, soft)) / cfg.depth
     ul, ul_share = unlikelihood(logits, x, cfg.ul_ngram) if cfg.ul_weight else (ce.new_zeros(()), 0.0)
-    terms = {"ce": ce, "mtp": mtp, "ul": ul, "ul_share": torch.tensor(ul_share),
-             "mtp_ce": torch.stack([c.detach() for c in mtp_ce]), "agreement": torch.stack(agree)}
+    terms = {
+        "ce": ce,
+        "mtp": mtp,
+        "ul": ul,
+        "ul_share": torch.tensor(ul_share),
+        "mtp_ce": torch.stack([c.detach() for c in mtp_ce]),
+        "agreement": torch.stack(agree),
+    }
     loss = ce + cfg.mtp_weight * mtp + cfg.ul_weight * ul
     if cont is not None:
         rows, start = cont
-        ul_seq, seq_share = sequence_unlikelihood(model.logits(model.trunk_hidden(rows)), rows, cfg.ul_ngram, start,
-                                                  cfg.ul_seq_run)
+        ul_seq, seq_share = sequence_unlikelihood(
+            model.logits(model.trunk_hidden(rows)), rows, cfg.ul_ngram, start, cfg.ul_seq_run
+        )
         terms |= {"ul_seq": ul_seq, "ul_seq_share": torch.tensor(seq_share)}
         loss = loss + cfg.ul_seq_weight * ul_seq
     return {"loss": loss, **terms}
 
 
-def make_continuations(checkpoint: Path, data: Path, out: Path, n: int = 512, prompt_len: int = 64,
-                       n_new: int = 128, seed: int = 7, threads: int = 1) -> Path:
+def make_continuations(
+    checkpoint: Path,
+    data: Path,
+    out: Path,
+    n: int = 512,
+    prompt_len: int = 64,
+    n_new: int = 128,
+    seed: int = 7,
+    threads: int = 1,
+) -> Path:
     """``n`` greedy continuations of ``n_new`` tokens by the checkpoint's model (through llama.cpp, its GGUF), each
     after a prompt of ``prompt_len`` tokens drawn from the training stream: ``rows`` (n, prompt_len + n_new) and
     ``start`` (= prompt_len), for :func:`sequence_unlikelihood`."""
@@ -240,11 +269,12 @@ def make_continuations(checkpoint: Path, data: Path, out: Path, n: int = 512, pr
         with LlamaMTP(gguf, n_ctx=prompt_len + n_new + 8, n_threads=threads, n_rs_seq=0) as m:
             rows = []
             for s0 in starts:
-                prompt = [int(t) for t in train[s0:s0 + prompt_len]]
+                prompt = [int(t) for t in train[s0 : s0 + prompt_len]]
                 rows.append(prompt + m.greedy(prompt, n_new, stop_at_eos=False))
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, rows=np.asarray(rows, dtype=np.uint16), start=np.int64(prompt_len),
-                        source=np.array(checkpoint.name))
+    np.savez_compressed(
+        out, rows=np.asarray(rows, dtype=np.uint16), start=np.int64(prompt_len), source=np.array(checkpoint.name)
+    )
     return out
 
 
@@ -272,24 +302,29 @@ def evaluate(model: DemoModel, batches: list[torch.Tensor], cfg: TrunkConfig, de
         agree += [float(t) for t in a]
     model.train()
     n = len(batches)
-    return {"ce": round(ce / n, 4), "mtp_ce": [round(t / n, 4) for t in mtp_ce],
-            "agreement": [round(t / n, 4) for t in agree]}
+    return {
+        "ce": round(ce / n, 4),
+        "mtp_ce": [round(t / n, 4) for t in mtp_ce],
+        "agreement": [round(t / n, 4) for t in agree],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 
+
 def save(model: DemoModel, path: Path, meta: dict) -> None:
-    """Weights only (matrices F16; the small rest, norms, ``A_log``, ``dt_bias`` and the convolutions, F32), with the model config
-    and the training totals as metadata; atomic."""
+    """Weights only (matrices F16; the small rest, norms, ``A_log``, ``dt_bias`` and the convolutions, F32), with the
+    model config and the training totals as metadata; atomic."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", torch.float16 if v.ndim == 2 else torch.float32).contiguous()
-               for k, v in model.state_dict().items()
-               if k != "trunk.lm_head.weight"}  # tied to the embedding
+    tensors = {
+        k: v.detach().to("cpu", torch.float16 if v.ndim == 2 else torch.float32).contiguous()
+        for k, v in model.state_dict().items()
+        if k != "trunk.lm_head.weight"
+    }  # tied to the embedding
     tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"model_config": json.dumps(model.cfg.to_dict()),
-                                           "meta": json.dumps(meta)})
+    save_file(tensors, str(tmp), metadata={"model_config": json.dumps(model.cfg.to_dict()), "meta": json.dumps(meta)})
     os.replace(tmp, path)
 
 
@@ -329,8 +364,9 @@ def export_gguf(checkpoint: Path, out: Path) -> Path:
     from training.tokenizer import vocab_from_gguf
 
     model, meta = load(checkpoint)
-    return export_model(model, vocab_from_gguf(SHIPPED), out, dtype="f16",
-                        **{"mtp_explorer.trunk_meta": json.dumps(meta)})
+    return export_model(
+        model, vocab_from_gguf(SHIPPED), out, dtype="f16", **{"mtp_explorer.trunk_meta": json.dumps(meta)}
+    )
 
 
 def start_model(checkpoint: Path, layers: int) -> tuple[DemoModel, dict]:
@@ -356,6 +392,7 @@ def start_model(checkpoint: Path, layers: int) -> tuple[DemoModel, dict]:
 
 # ---------------------------------------------------------------------------------------------- the stretch
 
+
 def lr_at(step: int, planned: int, warmup: int, cfg: TrunkConfig) -> float:
     """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at ``planned``."""
     if step < warmup:
@@ -367,24 +404,48 @@ def lr_at(step: int, planned: int, warmup: int, cfg: TrunkConfig) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prepare", action="store_true", help="tokenize the corpus into --data and stop")
-    p.add_argument("--average", type=Path, nargs="+", metavar="CHECKPOINT",
-                   help="write the element-wise mean of these checkpoints as --checkpoint and stop (a checkpoint given n "
-                        "times weighs n)")
-    p.add_argument("--export", type=Path, metavar="GGUF",
-                   help="write --checkpoint as a qwen35 GGUF (F16 matrices) with the shipped model's vocabulary and stop")
-    p.add_argument("--init-only", action="store_true",
-                   help="write the shipped model as --checkpoint (stretch 0: the first stretch grows it) and stop; "
-                        "a machine without the package's native extension (a GPU box) then trains with torch alone")
-    p.add_argument("--make-continuations", type=Path, metavar="NPZ",
-                   help="write 512 greedy continuations of --checkpoint's model (llama.cpp) here and stop")
-    p.add_argument("--continuations", type=Path, metavar="NPZ",
-                   help="train with the sequence-level unlikelihood on these continuations (ul_seq_weight)")
+    p.add_argument(
+        "--average",
+        type=Path,
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="write the element-wise mean of these checkpoints as --checkpoint and stop (a checkpoint given n "
+        "times weighs n)",
+    )
+    p.add_argument(
+        "--export",
+        type=Path,
+        metavar="GGUF",
+        help="write --checkpoint as a qwen35 GGUF (F16 matrices) with the shipped model's vocabulary and stop",
+    )
+    p.add_argument(
+        "--init-only",
+        action="store_true",
+        help="write the shipped model as --checkpoint (stretch 0: the first stretch grows it) and stop; "
+        "a machine without the package's native extension (a GPU box) then trains with torch alone",
+    )
+    p.add_argument(
+        "--make-continuations",
+        type=Path,
+        metavar="NPZ",
+        help="write 512 greedy continuations of --checkpoint's model (llama.cpp) here and stop",
+    )
+    p.add_argument(
+        "--continuations",
+        type=Path,
+        metavar="NPZ",
+        help="train with the sequence-level unlikelihood on these continuations (ul_seq_weight)",
+    )
     p.add_argument("--data", type=Path, default=DATA, help="token streams written by --prepare")
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT, help="weights-only F16 checkpoint (read and written)")
     p.add_argument("--log", type=Path, default=LOG, help="JSON lines log (appended)")
-    p.add_argument("--best", type=Path, default=None,
-                   help="also keep the weights of this stretch's lowest held-out stdlib CE here (written at each eval "
-                        "that improves on the stretch's start)")
+    p.add_argument(
+        "--best",
+        type=Path,
+        default=None,
+        help="also keep the weights of this stretch's lowest held-out stdlib CE here (written at each eval "
+        "that improves on the stretch's start)",
+    )
     p.add_argument("--max-minutes", type=float, required=False, help="wall-clock budget of this stretch")
     p.add_argument("--steps", type=int, default=None, help="steps of this stretch (default: planned from the budget)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -436,16 +497,38 @@ def main(argv: list[str] | None = None) -> int:
         layer.mlp.register_forward_hook(lambda m, i, o: F.dropout(o, cfg.dropout, m.training))
     decay = [q for q in model.parameters() if q.ndim >= 2]
     no_decay = [q for q in model.parameters() if q.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
     held = {name: heldout(data[name], cfg) for name in ("heldout_stdlib", "heldout_packages")}
     warmup = cfg.resume_warmup_steps if meta["stretches"] else cfg.warmup_steps
     stretch = meta["stretches"] + 1
-    log({"event": "stretch_start", "stretch": stretch, "config": asdict(cfg),
-         "model_config": model.cfg.to_dict(), "params": model.n_params(), "totals": meta, "corpus": corpus,
-         "device": str(device), "torch": torch.__version__, "transformers": transformers.__version__, "budget_minutes": args.max_minutes,
-         "continuations": None if cont is None else {"path": str(args.continuations), "rows": list(cont["rows"].shape),
-                                                     "start": int(cont["start"]), "source": str(cont["source"])}})
+    log(
+        {
+            "event": "stretch_start",
+            "stretch": stretch,
+            "config": asdict(cfg),
+            "model_config": model.cfg.to_dict(),
+            "params": model.n_params(),
+            "totals": meta,
+            "corpus": corpus,
+            "device": str(device),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "budget_minutes": args.max_minutes,
+            "continuations": None
+            if cont is None
+            else {
+                "path": str(args.continuations),
+                "rows": list(cont["rows"].shape),
+                "start": int(cont["start"]),
+                "source": str(cont["source"]),
+            },
+        }
+    )
     first = {k: evaluate(model, b, cfg, device) for k, b in held.items()}
     log({"event": "eval", "stretch": stretch, "step": meta["steps"], "tokens": meta["tokens"], **first})
     best_ce = first["heldout_stdlib"]["ce"]
@@ -466,7 +549,11 @@ def main(argv: list[str] | None = None) -> int:
             g["lr"] = lr
         x = batch_at(data["train"], base + step, cfg).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=True):
-            own = None if cont is None else (continuations_at(cont["rows"], base + step, cfg).to(device), int(cont["start"]))
+            own = (
+                None
+                if cont is None
+                else (continuations_at(cont["rows"], base + step, cfg).to(device), int(cont["start"]))
+            )
             terms = losses(model, x, cfg, chain_starts(base + step, cfg).to(device), own)
         opt.zero_grad(set_to_none=True)
         terms["loss"].backward()
@@ -476,21 +563,41 @@ def main(argv: list[str] | None = None) -> int:
         seen += x.numel()
         now = time.time()
         if step % cfg.log_every == 0 or step == planned:
-            log({"step": base + step, "lr": round(lr, 7), "grad_norm": round(float(gnorm), 3),
-                 **{k: (round(float(v), 4) if v.ndim == 0 else [round(float(t), 4) for t in v])
-                    for k, v in ((k, v.detach()) for k, v in terms.items())},
-                 "tok_per_s": round(cfg.batch_size * cfg.seq_len * cfg.log_every / max(1e-9, now - t_log))})
+            log(
+                {
+                    "step": base + step,
+                    "lr": round(lr, 7),
+                    "grad_norm": round(float(gnorm), 3),
+                    **{
+                        k: (round(float(v), 4) if v.ndim == 0 else [round(float(t), 4) for t in v])
+                        for k, v in ((k, v.detach()) for k, v in terms.items())
+                    },
+                    "tok_per_s": round(cfg.batch_size * cfg.seq_len * cfg.log_every / max(1e-9, now - t_log)),
+                }
+            )
             t_log = now
-        totals = {**meta, "steps": base + step, "tokens": meta["tokens"] + seen,
-                  "seconds": round(meta["seconds"] + now - t_loop, 1), "stretches": stretch}
+        totals = {
+            **meta,
+            "steps": base + step,
+            "tokens": meta["tokens"] + seen,
+            "seconds": round(meta["seconds"] + now - t_loop, 1),
+            "stretches": stretch,
+        }
         if step % cfg.eval_every == 0 or step == planned:
             ev = {k: evaluate(model, b, cfg, device) for k, b in held.items()}
             log({"event": "eval", "stretch": stretch, "step": base + step, "tokens": totals["tokens"], **ev})
             if args.best is not None and ev["heldout_stdlib"]["ce"] < best_ce:
                 best_ce = ev["heldout_stdlib"]["ce"]
                 save(model, args.best, totals)
-                log({"event": "best", "stretch": stretch, "step": base + step, "heldout_stdlib_ce": best_ce,
-                     "path": str(args.best)})
+                log(
+                    {
+                        "event": "best",
+                        "stretch": stretch,
+                        "step": base + step,
+                        "heldout_stdlib_ce": best_ce,
+                        "path": str(args.best),
+                    }
+                )
         out_of_time = budget is not None and now - t_start >= args.max_minutes * 60 - 20
         if step == planned or out_of_time or (now - t_ck) / 60 >= cfg.checkpoint_minutes:
             save(model, args.checkpoint, totals)

@@ -31,18 +31,19 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import metrics
 from ..core import drafters
 from ..core.checks import check_int
 from ..core.errors import ParameterError, ServerOverheadMissing
 from ..core.parallel import request_settings
-from ..core.settings import DraftSettings, resolve_each
 from ..core.schema import PHASES
+from ..core.settings import DraftSettings, resolve_each
+from . import metrics
 
 if TYPE_CHECKING:
     from ..core.parallel import ParallelTrace
@@ -64,9 +65,14 @@ CONTINUOUS = frozenset({"attention"})
 
 #: Prompts the profile runs when none are given: code and prose.
 PROFILE_PROMPTS: tuple[str, ...] = (
-    "def fibonacci(n):\n", "import json\n\n\nclass Config:\n", "The history of the printing press begins",
-    "Dear team,\n\nThank you all for your work this quarter.", "for i in range(10):\n", "# Copyright (c)",
-    "SELECT name, count(*) FROM", "Once upon a time, in a small village,",
+    "def fibonacci(n):\n",
+    "import json\n\n\nclass Config:\n",
+    "The history of the printing press begins",
+    "Dear team,\n\nThank you all for your work this quarter.",
+    "for i in range(10):\n",
+    "# Copyright (c)",
+    "SELECT name, count(*) FROM",
+    "Once upon a time, in a small village,",
 )
 
 
@@ -74,12 +80,12 @@ PROFILE_PROMPTS: tuple[str, ...] = (
 class StepShape:
     """What prices one engine step: its sequences' rows and positions, and its draft decodes."""
 
-    rows: Sequence[int]            #: each active sequence's verify rows (its draft + 1)
-    pos: Sequence[int]             #: each one's position at the step
-    drafting: Sequence[bool]       #: each one asked its drafters (n_max > 0)
-    mtp: Sequence[bool]            #: each one's MTP head drafts (so catches up)
-    draft_rows: Sequence[int]      #: rows of each MTP draft decode
-    fresh: bool = True             #: its verify batch's shape differs from the previous step's (graph rebuilt)
+    rows: Sequence[int]  #: each active sequence's verify rows (its draft + 1)
+    pos: Sequence[int]  #: each one's position at the step
+    drafting: Sequence[bool]  #: each one asked its drafters (n_max > 0)
+    mtp: Sequence[bool]  #: each one's MTP head drafts (so catches up)
+    draft_rows: Sequence[int]  #: rows of each MTP draft decode
+    fresh: bool = True  #: its verify batch's shape differs from the previous step's (graph rebuilt)
 
 
 def ubatch_rows(rows: Sequence[int]) -> list[int]:
@@ -112,12 +118,19 @@ def step_features(shape: StepShape) -> dict[str, float]:
     catchup_single, catchup_multi = _single_multi(ubatch_rows(mtp_rows))
     decode_single, decode_multi = _single_multi(shape.draft_rows)
     return {
-        "one": 1.0, "fresh": float(shape.fresh), "rows": float(rows.sum()), "active": float(len(rows)),
-        "ubatch_single": verify_single, "ubatch_multi": verify_multi,
-        "catchup_single": catchup_single, "catchup_multi": catchup_multi,
-        "decode_single": decode_single, "decode_multi": decode_multi,
+        "one": 1.0,
+        "fresh": float(shape.fresh),
+        "rows": float(rows.sum()),
+        "active": float(len(rows)),
+        "ubatch_single": verify_single,
+        "ubatch_multi": verify_multi,
+        "catchup_single": catchup_single,
+        "catchup_multi": catchup_multi,
+        "decode_single": decode_single,
+        "decode_multi": decode_multi,
         "attention": float((rows * np.asarray(shape.pos, dtype=float)).sum()) / 1000.0,
-        "drafting_any": float(any(shape.drafting)), "drafting": float(sum(shape.drafting)),
+        "drafting_any": float(any(shape.drafting)),
+        "drafting": float(sum(shape.drafting)),
         "decode_rows": float(sum(shape.draft_rows)),
         "catchup_rows": catchup_rows,
     }
@@ -127,8 +140,8 @@ def step_features(shape: StepShape) -> dict[str, float]:
 class BatchCostModel:
     """Per-phase linear step costs (ns) of batched steps on one machine (see the module docstring)."""
 
-    coef: dict[str, list[float]]   #: phase -> coefficients of FEATURES[phase]
-    prefill: list[float]           #: a, b: prefill ns = a + b * prompt tokens
+    coef: dict[str, list[float]]  #: phase -> coefficients of FEATURES[phase]
+    prefill: list[float]  #: a, b: prefill ns = a + b * prompt tokens
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
     #: what a request on a llama-server costs beyond this engine's prefill and steps: ``request_ns`` per request
     #: (HTTP, tokenization, slot set-up, the answer), ``step_ns`` per decode step (the server loop's own work), and
@@ -150,19 +163,31 @@ class BatchCostModel:
 
     # -- saving ----------------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps({"format": BATCH_COSTS_FORMAT, "coef": self.coef, "prefill": self.prefill,
-                           "measured": self.measured, "server": self.server}, indent=1)
+        return json.dumps(
+            {
+                "format": BATCH_COSTS_FORMAT,
+                "coef": self.coef,
+                "prefill": self.prefill,
+                "measured": self.measured,
+                "server": self.server,
+            },
+            indent=1,
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "BatchCostModel":
+    def from_json(cls, text: str) -> BatchCostModel:
         doc = json.loads(text)
         if doc.get("format") != BATCH_COSTS_FORMAT:
-            raise ParameterError(f"not a batch cost model (format {doc.get('format')!r}, "
-                                 f"expected {BATCH_COSTS_FORMAT!r})")
+            raise ParameterError(
+                f"not a batch cost model (format {doc.get('format')!r}, expected {BATCH_COSTS_FORMAT!r})"
+            )
         if "server" not in doc:
-            warnings.warn("a batch cost model saved before llama-server's overheads were part of it: its server-slot "
-                          "predictions leave them out (measure them with mx.server.profile_server_overhead)",
-                          ServerOverheadMissing, stacklevel=2)
+            warnings.warn(
+                "a batch cost model saved before llama-server's overheads were part of it: its server-slot "
+                "predictions leave them out (measure them with mx.server.profile_server_overhead)",
+                ServerOverheadMissing,
+                stacklevel=2,
+            )
         return cls(coef=doc["coef"], prefill=doc["prefill"], measured=doc.get("measured", {}), server=doc.get("server"))
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -171,19 +196,31 @@ class BatchCostModel:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BatchCostModel":
+    def load(cls, path: str | os.PathLike) -> BatchCostModel:
         return cls.from_json(Path(path).read_text())
 
 
 # -- measuring -------------------------------------------------------------------------------------------
-def _step_shape(rows: list[int], pos: list[int], drafting: list[bool], uses_mtp: bool, draft_rows: list[int],
-                previous: list[int] | None) -> StepShape:
+def _step_shape(
+    rows: list[int],
+    pos: list[int],
+    drafting: list[bool],
+    uses_mtp: bool,
+    draft_rows: list[int],
+    previous: list[int] | None,
+) -> StepShape:
     """A step's shape from its sequences' rows, positions and drafting, after a step whose rows were ``previous``."""
-    return StepShape(rows=rows, pos=pos, drafting=drafting, mtp=[d and uses_mtp for d in drafting],
-                     draft_rows=draft_rows, fresh=rows != previous)
+    return StepShape(
+        rows=rows,
+        pos=pos,
+        drafting=drafting,
+        mtp=[d and uses_mtp for d in drafting],
+        draft_rows=draft_rows,
+        fresh=rows != previous,
+    )
 
 
-def batch_shapes(result: "ParallelTrace") -> list[tuple[StepShape, dict[str, int]]]:
+def batch_shapes(result: ParallelTrace) -> list[tuple[StepShape, dict[str, int]]]:
     """Every engine step of a parallel run: its shape and its measured phase times (ns)."""
     uses_mtp = any(s.needs_mtp for s in drafters.mode(result.settings["drafter"]).drafters)
     by_step: dict[int, list] = {}
@@ -196,14 +233,20 @@ def batch_shapes(result: "ParallelTrace") -> list[tuple[StepShape, dict[str, int
         rows = by_step[step]
         c0, i0 = rows[0]
         verify = [int(c["n_drafted"][i]) + 1 for c, i in rows]
-        shape = _step_shape(verify, [int(c["pos"][i]) for c, i in rows], [bool(c["n_max"][i] > 0) for c, i in rows],
-                            uses_mtp, [int(v) for v in c0["draft_rows"][i0] if v >= 0], previous)
+        shape = _step_shape(
+            verify,
+            [int(c["pos"][i]) for c, i in rows],
+            [bool(c["n_max"][i] > 0) for c, i in rows],
+            uses_mtp,
+            [int(v) for v in c0["draft_rows"][i0] if v >= 0],
+            previous,
+        )
         previous = verify
         out.append((shape, {p: int(c0[f"t_{p}_ns"][i0]) for p in PHASES}))
     return out
 
 
-def fit_batch_costs(results: Iterable["ParallelTrace"]) -> BatchCostModel:
+def fit_batch_costs(results: Iterable[ParallelTrace]) -> BatchCostModel:
     """Every phase's coefficients, fit to the steps of parallel runs: steps of the same shape (every feature but the
     continuous ``attention``) are pooled into their median time and median features (a run's outliers do not pull
     the fit), and the medians fit by non-negative least squares of the relative
@@ -228,15 +271,23 @@ def fit_batch_costs(results: Iterable["ParallelTrace"]) -> BatchCostModel:
         beta = nnls(Xg * w[:, None], yg * w)
         coef[phase] = [float(b) for b in beta]
         resid = y - X @ beta
-        fit[phase] = {"median_abs_error_ns": float(np.median(np.abs(resid))), "mean_ns": float(y.mean()),
-                      "shapes": len(groups)}
+        fit[phase] = {
+            "median_abs_error_ns": float(np.median(np.abs(resid))),
+            "mean_ns": float(y.mean()),
+            "shapes": len(groups),
+        }
     n_prompt = np.array([q.n_prompt for r in results for q in r.requests], dtype=float)
     t_prefill = np.array([q.t_prefill_ns for r in results for q in r.requests], dtype=float)
     prefill = nnls(np.stack([np.ones_like(n_prompt), n_prompt], 1), t_prefill)
     verify_rows = [sum(shape.rows) for shape, _ in samples]
-    measured = {"steps": len(samples), "runs": len(results), "max_verify_rows": max(verify_rows),
-                "max_active": max(len(shape.rows) for shape, _ in samples), "fit": fit,
-                "n_parallel": max(r.settings["n_parallel"] for r in results)}
+    measured = {
+        "steps": len(samples),
+        "runs": len(results),
+        "max_verify_rows": max(verify_rows),
+        "max_active": max(len(shape.rows) for shape, _ in samples),
+        "fit": fit,
+        "n_parallel": max(r.settings["n_parallel"] for r in results),
+    }
     return BatchCostModel(coef=coef, prefill=[float(p) for p in prefill], measured=measured)
 
 
@@ -244,8 +295,8 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares for a few columns: the best least-squares solution over the subsets of columns
     whose solution has no negative coefficient (exact; 2^columns solves)."""
     n = X.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(y ** 2))
-    for mask in range(1, 2 ** n):
+    best, best_err = np.zeros(n), float(np.sum(y**2))
+    for mask in range(1, 2**n):
         cols = [j for j in range(n) if mask >> j & 1]
         sol = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
         if (sol < 0).any():
@@ -257,10 +308,17 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def profile_batch_costs(session: "Session", prompts: Sequence[str] = PROFILE_PROMPTS, *,
-                        n_parallel: Sequence[int] | None = None, n_max: Sequence[int] = (0, 1, 2, 3),
-                        max_tokens: int = 64, repeats: int = 2, drafter: str = drafters.DEFAULT_MODE,
-                        progress: Any = None) -> BatchCostModel:
+def profile_batch_costs(
+    session: Session,
+    prompts: Sequence[str] = PROFILE_PROMPTS,
+    *,
+    n_parallel: Sequence[int] | None = None,
+    n_max: Sequence[int] = (0, 1, 2, 3),
+    max_tokens: int = 64,
+    repeats: int = 2,
+    drafter: str = drafters.DEFAULT_MODE,
+    progress: Any = None,
+) -> BatchCostModel:
     """Measure this machine's batch costs: ``repeats`` parallel runs of ``prompts`` for every batch size in
     ``n_parallel`` (default: 1, 2, 4, ... up to the session's ``n_parallel``) and every ``n_max``, after one warm-up
     run, fit by :func:`fit_batch_costs`. ``progress(done, total)`` is called after each run."""
@@ -268,8 +326,9 @@ def profile_batch_costs(session: "Session", prompts: Sequence[str] = PROFILE_PRO
     for n in sizes:
         check_int("n_parallel", n, 1, session.n_parallel)
     check_int("repeats", repeats, 1, None)
-    session.generate_parallel(list(prompts[:max(sizes)]), max_tokens=16, n_max=max(n_max), drafter=drafter)
-    runs, total = [], len(sizes) * len(n_max) * repeats
+    session.generate_parallel(list(prompts[: max(sizes)]), max_tokens=16, n_max=max(n_max), drafter=drafter)
+    runs: list[Any] = []
+    total = len(sizes) * len(n_max) * repeats
     for _ in range(repeats):
         for n in sizes:
             for k in n_max:
@@ -278,8 +337,12 @@ def profile_batch_costs(session: "Session", prompts: Sequence[str] = PROFILE_PRO
                 if progress is not None:
                     progress(len(runs), total)
     model = fit_batch_costs(runs)
-    model.measured |= {"session": {"threads": session.threads, "n_ctx": session.n_ctx, "clock": session.clock},
-                       "model": session.info.name, "n_max": list(n_max), "sizes": sizes}
+    model.measured |= {
+        "session": {"threads": session.threads, "n_ctx": session.n_ctx, "clock": session.clock},
+        "model": session.info.name,
+        "n_max": list(n_max),
+        "sizes": sizes,
+    }
     return model
 
 
@@ -310,10 +373,18 @@ class _Run:
     seconds: float = 0.0
 
 
-def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
-                     settings: DraftSettings | Sequence[DraftSettings] | None = None, *, n_parallel: int,
-                     arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
-                     server_slot: bool = False, warn: bool = True, **keywords: Any) -> dict[str, Any]:
+def predict_parallel(
+    oracles: Sequence[OracleTrace],
+    costs: BatchCostModel,
+    settings: DraftSettings | Sequence[DraftSettings] | None = None,
+    *,
+    n_parallel: int,
+    arrivals: Sequence[int] | None = None,
+    params: Sequence[Mapping[str, Any] | None] | None = None,
+    server_slot: bool = False,
+    warn: bool = True,
+    **keywords: Any,
+) -> dict[str, Any]:
     """Aggregate tokens/s and per-request latency of the oracles' prompts as requests on ``n_parallel`` slots
     (``settings``, ``keywords``, ``arrivals`` and ``params`` as :meth:`Session.generate_parallel
     <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
@@ -331,8 +402,10 @@ def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
     if budget is not None or settings is None:
         each = [s.replace(max_tokens=o.max_tokens if budget is None else budget) for s, o in zip(each, oracles)]
     if each and each[0].mode.needs_draft_model:
-        raise ParameterError("the batch cost model prices the MTP head and the look-ups; a draft model's "
-                             "per-sequence decodes (draft-simple) are outside it")
+        raise ParameterError(
+            "the batch cost model prices the MTP head and the look-ups; a draft model's "
+            "per-sequence decodes (draft-simple) are outside it"
+        )
     if arrivals is None and len(oracles) > n_parallel:
         raise ParameterError(f"{len(oracles)} requests at once on n_parallel={n_parallel} sequences: give arrivals")
     arrivals = [0] * len(oracles) if arrivals is None else [check_int("arrival", a, 0, None) for a in arrivals]
@@ -343,18 +416,32 @@ def predict_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel,
     runs = []
     for i, (o, a, s) in enumerate(zip(oracles, arrivals, each)):
         c = simulate(o, s, server_slot=server_slot).columns
-        runs.append(_Run(index=i, arrival=a, n_prompt=len(o.prompt_tokens), rows=c["n_drafted"] + 1, pos=c["pos"],
-                         tokens=c["n_accepted"] + 1, draft_decodes=(c["draft_rows"] >= 0).sum(axis=1),
-                         drafting=c["n_max"] > 0))
+        runs.append(
+            _Run(
+                index=i,
+                arrival=a,
+                n_prompt=len(o.prompt_tokens),
+                rows=c["n_drafted"] + 1,
+                pos=c["pos"],
+                tokens=c["n_accepted"] + 1,
+                draft_decodes=(c["draft_rows"] >= 0).sum(axis=1),
+                drafting=c["n_max"] > 0,
+            )
+        )
     if server_slot and costs.server is None and warn:
-        warnings.warn("the batch cost model was measured without a llama-server: the prediction leaves out what a "
-                      "server request costs beyond the engine's prefill and steps (HTTP, tokenization, slot set-up); "
-                      "measure it with mx.server.profile_server_overhead", ServerOverheadMissing, stacklevel=2)
+        warnings.warn(
+            "the batch cost model was measured without a llama-server: the prediction leaves out what a "
+            "server request costs beyond the engine's prefill and steps (HTTP, tokenization, slot set-up); "
+            "measure it with mx.server.profile_server_overhead",
+            ServerOverheadMissing,
+            stacklevel=2,
+        )
     return _schedule(runs, costs, n_parallel, uses_mtp=mode.needs_mtp, server=server_slot)
 
 
-def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp: bool,
-              server: bool = False) -> dict[str, Any]:
+def _schedule(
+    runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp: bool, server: bool = False
+) -> dict[str, Any]:
     request_s = costs.server_ns("request_ns") / 1e9 if server else 0.0
     step_extra_s = costs.server_ns("step_ns") / 1e9 if server else 0.0
     slots: list[_Run | None] = [None] * n_parallel
@@ -374,9 +461,14 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
         k = [r.next for r in active]
         decodes = [int(r.draft_decodes[i]) for r, i in zip(active, k)]
         verify = [int(r.rows[i]) for r, i in zip(active, k)]
-        shape = _step_shape(verify, [int(r.pos[i]) for r, i in zip(active, k)],
-                            [bool(r.drafting[i]) for r, i in zip(active, k)], uses_mtp,
-                            [sum(d > j for d in decodes) for j in range(max(decodes, default=0))], previous)
+        shape = _step_shape(
+            verify,
+            [int(r.pos[i]) for r, i in zip(active, k)],
+            [bool(r.drafting[i]) for r, i in zip(active, k)],
+            uses_mtp,
+            [sum(d > j for d in decodes) for j in range(max(decodes, default=0))],
+            previous,
+        )
         previous = verify
         seconds = sum(costs.step_ns(shape).values()) / 1e9 + step_extra_s
         total_s += seconds
@@ -392,21 +484,39 @@ def _schedule(runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp
     n_tokens = int(sum(r.tokens.sum() for r in runs))
     decode_s = {r.index: r.seconds - costs.prefill_ns(r.n_prompt) / 1e9 - request_s for r in runs}
     return {
-        "n_parallel": n_parallel, "n_requests": len(runs), "n_tokens": n_tokens, "n_steps": steps,
+        "n_parallel": n_parallel,
+        "n_requests": len(runs),
+        "n_tokens": n_tokens,
+        "n_steps": steps,
         "tokens_per_second": n_tokens / (total_s + prefill_s) if total_s + prefill_s > 0 else float("nan"),
         "decode_tokens_per_second": n_tokens / total_s if total_s > 0 else float("nan"),
-        "summed_request_tokens_per_second": float(sum(r.tokens.sum() / decode_s[r.index] for r in runs
-                                                      if decode_s[r.index] > 0)),
+        "summed_request_tokens_per_second": float(
+            sum(r.tokens.sum() / decode_s[r.index] for r in runs if decode_s[r.index] > 0)
+        ),
         "mean_verify_rows": float(np.mean(rows_per_step)) if rows_per_step else float("nan"),
-        "requests": [{"seq": r.index, "admitted_step": r.admitted, "finished_step": r.finished,
-                      "n_tokens": int(r.tokens.sum()), "latency_seconds": r.seconds} for r in runs],
+        "requests": [
+            {
+                "seq": r.index,
+                "admitted_step": r.admitted,
+                "finished_step": r.finished,
+                "n_tokens": int(r.tokens.sum()),
+                "latency_seconds": r.seconds,
+            }
+            for r in runs
+        ],
     }
 
 
-def recommend_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, *,
-                       n_parallel: Sequence[int] = (1, 2, 4, 8), n_max: Sequence[int] | None = None,
-                       p_min: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.9), drafter: str = drafters.DEFAULT_MODE,
-                       max_tokens: int | None = None):
+def recommend_parallel(
+    oracles: Sequence[OracleTrace],
+    costs: BatchCostModel,
+    *,
+    n_parallel: Sequence[int] = (1, 2, 4, 8),
+    n_max: Sequence[int] | None = None,
+    p_min: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.9),
+    drafter: str = drafters.DEFAULT_MODE,
+    max_tokens: int | None = None,
+):
     """For each batch size N (N requests at once, the oracles' prompts in turn), the ``n_max`` / ``p_min`` with the
     highest predicted goodput (accepted drafts plus the target's own token, per second, over all requests), beside
     plain decoding's; ``speedup`` below 1 means speculation does not pay at that N (``crossover`` in the frame's
@@ -423,23 +533,39 @@ def recommend_parallel(oracles: Sequence["OracleTrace"], costs: BatchCostModel, 
         best = None
         for k in grid_n:
             for p in p_min:
-                pred = predict_parallel(batch, costs, n_parallel=N, n_max=k, p_min=p, drafter=drafter,
-                                        max_tokens=max_tokens)
+                pred = predict_parallel(
+                    batch, costs, n_parallel=N, n_max=k, p_min=p, drafter=drafter, max_tokens=max_tokens
+                )
                 if best is None or pred["decode_tokens_per_second"] > best[2]["decode_tokens_per_second"]:
                     best = (k, p, pred)
-        k, p, pred = best
-        rows.append({"n_parallel": N, "n_max": k, "p_min": p, "goodput": pred["decode_tokens_per_second"],
-                     "plain_tokens_per_second": plain["decode_tokens_per_second"],
-                     "speedup": pred["decode_tokens_per_second"] / plain["decode_tokens_per_second"],
-                     "mean_verify_rows": pred["mean_verify_rows"],
-                     "latency_seconds": float(np.mean([r["latency_seconds"] for r in pred["requests"]]))})
+        k, p, pred = best  # type: ignore[misc]
+        rows.append(
+            {
+                "n_parallel": N,
+                "n_max": k,
+                "p_min": p,
+                "goodput": pred["decode_tokens_per_second"],
+                "plain_tokens_per_second": plain["decode_tokens_per_second"],
+                "speedup": pred["decode_tokens_per_second"] / plain["decode_tokens_per_second"],
+                "mean_verify_rows": pred["mean_verify_rows"],
+                "latency_seconds": float(np.mean([r["latency_seconds"] for r in pred["requests"]])),
+            }
+        )
     return _with_crossover(pd.DataFrame(rows))
 
 
-def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMPTS, *,
-                      n_parallel: Sequence[int] | None = None, n_max: int = 3, p_min: float = 0.0,
-                      max_tokens: int = 48, repeats: int = 3, drafter: str = drafters.DEFAULT_MODE,
-                      progress: Any = None):
+def measure_crossover(
+    session: Session,
+    prompts: Sequence[str] = PROFILE_PROMPTS,
+    *,
+    n_parallel: Sequence[int] | None = None,
+    n_max: int = 3,
+    p_min: float = 0.0,
+    max_tokens: int = 48,
+    repeats: int = 3,
+    drafter: str = drafters.DEFAULT_MODE,
+    progress: Any = None,
+):
     """Measured aggregate decode tokens/s of N requests at once (the prompts in turn), speculative at ``n_max`` /
     ``p_min`` and plain, for each batch size (default: 1, 2, 4, ... up to the session's ``n_parallel``): the medians
     of ``repeats`` runs each, alternating. A DataFrame with :func:`recommend_parallel`'s columns (``goodput``: the
@@ -458,11 +584,13 @@ def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMP
     rows, done = [], 0
     for n in sizes:
         batch = [prompts[j % len(prompts)] for j in range(n)]
-        spec, plain = [], []
+        spec: list[dict[str, Any]] = []
+        plain: list[dict[str, Any]] = []
         for r in range(repeats):
             for k, out in ((n_max, spec), (0, plain)) if r % 2 == 0 else ((0, plain), (n_max, spec)):
-                run = session.generate_parallel(batch, max_tokens=max_tokens, n_max=k, p_min=p_min if k else 0.0,
-                                                drafter=drafter)
+                run = session.generate_parallel(
+                    batch, max_tokens=max_tokens, n_max=k, p_min=p_min if k else 0.0, drafter=drafter
+                )
                 out.append(run.summary())
         done += 1
         if progress is not None:
@@ -470,14 +598,23 @@ def measure_crossover(session: "Session", prompts: Sequence[str] = PROFILE_PROMP
         goodput = statistics.median(s["decode_tokens_per_second"] for s in spec)
         plain_tps = statistics.median(s["decode_tokens_per_second"] for s in plain)
         ratios = [a["decode_tokens_per_second"] / b["decode_tokens_per_second"] for a, b in zip(spec, plain)]
-        rows.append({"n_parallel": n, "n_max": n_max, "p_min": p_min, "goodput": goodput,
-                     "plain_tokens_per_second": plain_tps, "speedup": statistics.median(ratios),
-                     "mean_verify_rows": statistics.median(s["mean_verify_rows"] for s in spec),
-                     "latency_seconds": statistics.median(
-                         statistics.mean(q["latency_seconds"] for q in s["requests"]) for s in spec),
-                     "repeats": repeats,
-                     "goodput_spread": metrics.spread([s["decode_tokens_per_second"] for s in spec]),
-                     "speedup_spread": metrics.spread(ratios)})
+        rows.append(
+            {
+                "n_parallel": n,
+                "n_max": n_max,
+                "p_min": p_min,
+                "goodput": goodput,
+                "plain_tokens_per_second": plain_tps,
+                "speedup": statistics.median(ratios),
+                "mean_verify_rows": statistics.median(s["mean_verify_rows"] for s in spec),
+                "latency_seconds": statistics.median(
+                    statistics.mean(q["latency_seconds"] for q in s["requests"]) for s in spec
+                ),
+                "repeats": repeats,
+                "goodput_spread": metrics.spread([s["decode_tokens_per_second"] for s in spec]),
+                "speedup_spread": metrics.spread(ratios),
+            }
+        )
     return _with_crossover(pd.DataFrame(rows))
 
 
@@ -488,5 +625,6 @@ def _with_crossover(df):
     df.attrs["crossover"] = int(below["n_parallel"].iloc[0]) if len(below) else None
     if "speedup_spread" in df:
         df.attrs["crossover_within_spread"] = (
-            bool(1.0 - below["speedup"].iloc[0] <= below["speedup_spread"].iloc[0]) if len(below) else None)
+            bool(1.0 - below["speedup"].iloc[0] <= below["speedup_spread"].iloc[0]) if len(below) else None
+        )
     return df

@@ -14,8 +14,9 @@ logits compared; the shift is kept per segment of KV lengths (:func:`segment_sta
 the KV length, e.g. past 256 cells), and a position is judged by the largest shift up to its segment. The
 result, a :class:`BatchShift`, is cached per file (its content), machine (CPU model, devices, llama.cpp build),
 placement (threads, offload, attention, KV cache types, ``repack``) and ``n_rs_seq`` under
-``$MTP_EXPLORER_CACHE`` (default ``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so :func:`~mtp_explorer.compare`,
-:func:`~mtp_explorer.check_parallel` and the llama-server parity harness use it as their tie tolerance.
+``$MTP_EXPLORER_CACHE`` (default ``~/.cache/mtp-explorer``)/``batch-shift``. An oracle recording carries it, so
+:func:`~mtp_explorer.compare`, :func:`~mtp_explorer.check_parallel` and the llama-server parity harness use it as their
+tie tolerance.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -105,9 +107,19 @@ def segment_starts(limit: int) -> list[int]:
 
 
 #: A saved record's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
-_SAVED_FIELDS = {"model": "str", "file_id": "str", "machine": "dict", "n_positions": "int", "ks": "int[]",
-                 "margin_shift": "float[]", "logit_shift": "float[]", "n_flips": "int[]", "smallest_margin": "float",
-                 "starts": "int[]", "segment_shift": "float[][]"}
+_SAVED_FIELDS = {
+    "model": "str",
+    "file_id": "str",
+    "machine": "dict",
+    "n_positions": "int",
+    "ks": "int[]",
+    "margin_shift": "float[]",
+    "logit_shift": "float[]",
+    "n_flips": "int[]",
+    "smallest_margin": "float",
+    "starts": "int[]",
+    "segment_shift": "float[][]",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,16 +185,20 @@ class BatchShift:
         at = "" if position is None else f" up to KV length {position}"
         where = f"{self.rows(k)}{at} of {self.model} on this machine"
         if margin < tol:
-            return (f"batch-variant kernel, shift <= {shift:.3g} at this position: its one-row top-2 margin "
-                    f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {where})")
-        return (f"unexplained: the one-row top-2 margin {margin:.3g} exceeds the tolerance {tol:.3g} ({SAFETY:g} x "
-                f"the largest shift measured for {where}, {shift:.3g}); not a batch-shape tie: report it as a bug")
+            return (
+                f"batch-variant kernel, shift <= {shift:.3g} at this position: its one-row top-2 margin "
+                f"{margin:.3g} is within the tolerance {tol:.3g} ({SAFETY:g} x the shift measured for {where})"
+            )
+        return (
+            f"unexplained: the one-row top-2 margin {margin:.3g} exceeds the tolerance {tol:.3g} ({SAFETY:g} x "
+            f"the largest shift measured for {where}, {shift:.3g}); not a batch-shape tie: report it as a bug"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"format": FORMAT}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BatchShift":
+    def from_dict(cls, d: dict[str, Any]) -> BatchShift:
         if not isinstance(d, dict):
             raise FormatError(f"not an mtp-explorer batch-shift record: a {type(d).__name__}")
         d = dict(d)
@@ -191,22 +207,37 @@ class BatchShift:
         check_fields(d, _SAVED_FIELDS, "batch-shift record")
         per_k = ("ks", "margin_shift", "logit_shift", "n_flips", "segment_shift")
         if len({len(d[f]) for f in per_k}) != 1 or any(len(w) != len(d["starts"]) for w in d["segment_shift"]):
-            raise FormatError(f"a malformed batch-shift record: {', '.join(per_k)} of different lengths, or a "
-                              "segment_shift row not one per start")
+            raise FormatError(
+                f"a malformed batch-shift record: {', '.join(per_k)} of different lengths, or a "
+                "segment_shift row not one per start"
+            )
         try:
-            return cls(**{**d, **{f: tuple(d[f]) for f in ("ks", "margin_shift", "logit_shift", "n_flips", "starts")},
-                          "segment_shift": tuple(tuple(w) for w in d["segment_shift"])})
+            return cls(
+                **{
+                    **d,
+                    **{f: tuple(d[f]) for f in ("ks", "margin_shift", "logit_shift", "n_flips", "starts")},
+                    "segment_shift": tuple(tuple(w) for w in d["segment_shift"]),
+                }
+            )
         except (KeyError, TypeError) as exc:
             raise FormatError(f"a malformed batch-shift record: {exc}") from exc
 
     def summary(self) -> dict[str, Any]:
         """One row per batch size, for a table."""
-        return {"model": self.model, "n_positions": self.n_positions, "smallest_margin": self.smallest_margin,
-                "tolerance": self.tolerance(), "repack": self.machine.get("placement", {}).get("repack"),
-                "starts": list(self.starts),
-                "per_k": [{"k": k, "margin_shift": m, "logit_shift": lg, "n_flips": f, "by_segment": list(ws)}
-                          for k, m, lg, f, ws in zip(self.ks, self.margin_shift, self.logit_shift, self.n_flips,
-                                                     self.segment_shift)]}
+        return {
+            "model": self.model,
+            "n_positions": self.n_positions,
+            "smallest_margin": self.smallest_margin,
+            "tolerance": self.tolerance(),
+            "repack": self.machine.get("placement", {}).get("repack"),
+            "starts": list(self.starts),
+            "per_k": [
+                {"k": k, "margin_shift": m, "logit_shift": lg, "n_flips": f, "by_segment": list(ws)}
+                for k, m, lg, f, ws in zip(
+                    self.ks, self.margin_shift, self.logit_shift, self.n_flips, self.segment_shift
+                )
+            ],
+        }
 
 
 # -- identity ------------------------------------------------------------------------------------------
@@ -223,16 +254,24 @@ def file_id(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def machine_key(session: "Session") -> dict[str, Any]:
+def machine_key(session: Session) -> dict[str, Any]:
     """What the kernels a session runs depend on: CPU, devices, llama.cpp build, threads, placement and the target
     context's shape (a recurrent layer with snapshot slots keeps each row's state: ``n_rs_seq``, the session's
     capacity, and ``checkpoints``, a session without slots)."""
     from importlib.metadata import version
 
     placement = {k: v for k, v in session.placement.items() if k not in ("devices", "gpu_offload")}
-    return {"cpu": cpu_model(), "arch": platform.machine(), "devices": list(session.placement["devices"]),
-            "llama_cpp_python": version("llama_cpp_python"), "threads": session.threads, "placement": placement,
-            "n_rs_seq": session.capacity, "checkpoints": session.checkpoints, "n_parallel": session.n_parallel}
+    return {
+        "cpu": cpu_model(),
+        "arch": platform.machine(),
+        "devices": list(session.placement["devices"]),
+        "llama_cpp_python": version("llama_cpp_python"),
+        "threads": session.threads,
+        "placement": placement,
+        "n_rs_seq": session.capacity,
+        "checkpoints": session.checkpoints,
+        "n_parallel": session.n_parallel,
+    }
 
 
 def cache_dir() -> Path:
@@ -258,7 +297,7 @@ def _summarise(raw: dict[str, np.ndarray], starts: list[int]) -> dict[int, list]
     return out
 
 
-def _probe_tokens(session: "Session", text, limit: int) -> list[int]:
+def _probe_tokens(session: Session, text, limit: int) -> list[int]:
     """The probe's tokens: ``text``'s (default :data:`PROBE_TEXT` repeated to ``limit``), at most ``limit``."""
     if text is None:
         once = session.tokenize(PROBE_TEXT)
@@ -268,8 +307,14 @@ def _probe_tokens(session: "Session", text, limit: int) -> list[int]:
     return session._prompt_tokens(tokens[:limit])  # ids checked, not empty
 
 
-def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str | Sequence[int] | None" = None,
-            max_position: int = MAX_POSITION, refresh: bool = False) -> BatchShift:
+def measure(
+    session: Session,
+    ks: Iterable[int] | None = None,
+    *,
+    text: str | Sequence[int] | None = None,
+    max_position: int = MAX_POSITION,
+    refresh: bool = False,
+) -> BatchShift:
     """The session's batch-shape shift for batches of ``ks`` rows (default: 2 .. capacity + 1, every verify
     batch its ``n_max`` can make) over KV lengths 0 to ``max_position`` (at most ``n_ctx_seq``) of ``text`` (a
     string or token ids; default :data:`PROBE_TEXT`, repeated), from the cache where measured before
@@ -292,14 +337,22 @@ def measure(session: "Session", ks: Iterable[int] | None = None, *, text: "str |
         cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}
         write_json(path, cached)
     rows = [cached["per_k"][str(k)] for k in ks]
-    return BatchShift(model=Path(session.info.path).name, file_id=fid, machine=machine, n_positions=len(tokens),
-                      ks=tuple(ks), margin_shift=tuple(float(r[0]) for r in rows),
-                      logit_shift=tuple(float(r[1]) for r in rows), n_flips=tuple(int(r[2]) for r in rows),
-                      smallest_margin=float(cached["smallest_margin"]), starts=tuple(starts),
-                      segment_shift=tuple(tuple(float(x) for x in r[3]) for r in rows))
+    return BatchShift(
+        model=Path(session.info.path).name,
+        file_id=fid,
+        machine=machine,
+        n_positions=len(tokens),
+        ks=tuple(ks),
+        margin_shift=tuple(float(r[0]) for r in rows),
+        logit_shift=tuple(float(r[1]) for r in rows),
+        n_flips=tuple(int(r[2]) for r in rows),
+        smallest_margin=float(cached["smallest_margin"]),
+        starts=tuple(starts),
+        segment_shift=tuple(tuple(float(x) for x in r[3]) for r in rows),
+    )
 
 
-def measure_batches(session: "Session", depth: int, rows: int) -> BatchShift:
+def measure_batches(session: Session, depth: int, rows: int) -> BatchShift:
     """The shift for every verify batch of one sequence drafting up to ``depth`` tokens, and for a batch of
     ``rows`` rows (several sequences' verify rows together, as parallel requests or server slots make; at most
     ``BATCH_SHIFT_ROWS_MAX``, 64, the outputs every target context reserves for the probe)."""
@@ -314,8 +367,9 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) and isinstance(doc.get("per_k"), dict) else {}
 
 
-def tolerance_of(shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None,
-                 position: int | None = None) -> float:
+def tolerance_of(
+    shift: BatchShift | None, tol_logit: float | None, default: float, k: int | None = None, position: int | None = None
+) -> float:
     """The tie tolerance a check uses: ``tol_logit`` if given, else the measured shift's for batches of at most
     ``k`` rows at the KV length ``position``, else ``default``."""
     if tol_logit is not None:

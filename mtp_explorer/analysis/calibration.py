@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .oracle import OracleTrace
 from ..core import drafters
 from ..core.drafters import DrafterMode, DrafterSpec
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
 from ..core.trace import Trace
+from .oracle import OracleTrace
 
 DEFAULT_P_MIN: tuple[float, ...] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))
 """The ``p_min`` thresholds :func:`best_p_min` and :func:`calibrate` try by default."""
@@ -37,8 +38,9 @@ def confident_drafters(drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> tu
     specs = tuple(d for d in mode.drafters if d.has_confidence)
     if not specs:
         usable = [m.name for m in drafters.MODES.values() if m.has_confidence]
-        raise ParameterError(f"drafter {mode.name!r} has no confidence to calibrate (p_min does not apply to it); "
-                             f"use one of {usable}")
+        raise ParameterError(
+            f"drafter {mode.name!r} has no confidence to calibrate (p_min does not apply to it); use one of {usable}"
+        )
     return specs
 
 
@@ -50,15 +52,15 @@ def _sources(source) -> list:
     return items
 
 
-def draft_outcomes(source: OracleTrace | Trace | Iterable[OracleTrace | Trace],
-                   drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def draft_outcomes(
+    source: OracleTrace | Trace | Iterable[OracleTrace | Trace], drafter: str | DrafterMode = drafters.DEFAULT_MODE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(depth, confidence, accepted)`` of every draft token of ``drafter``'s confident drafters that was put to
     the test (its predecessors accepted). ``depth`` counts from 1."""
     specs = confident_drafters(drafter)
     depth, conf, acc = [], [], []
     for item in _sources(source):
-        parts = (_oracle_outcomes(item, specs) if isinstance(item, OracleTrace)
-                 else [_trace_outcomes(item, specs)])
+        parts = _oracle_outcomes(item, specs) if isinstance(item, OracleTrace) else [_trace_outcomes(item, specs)]
         for d, p, a in parts:
             depth.append(d)
             conf.append(p)
@@ -76,8 +78,13 @@ def _oracle_outcomes(oracle: OracleTrace, specs: Sequence[DrafterSpec]) -> list[
         match = replay.match_len
         j = np.arange(replay.tokens.shape[1])[None, :]
         tested = (j < replay.length[:, None]) & (j <= match[:, None])
-        out.append((np.broadcast_to(j + 1, tested.shape)[tested], replay.confidence[tested].astype(np.float64),
-                    (j < match[:, None])[tested]))
+        out.append(
+            (
+                np.broadcast_to(j + 1, tested.shape)[tested],
+                replay.confidence[tested].astype(np.float64),  # type: ignore[index]
+                (j < match[:, None])[tested],
+            )
+        )
     return out
 
 
@@ -88,8 +95,11 @@ def _trace_outcomes(trace: Trace, specs: Sequence[DrafterSpec]) -> tuple:
     j = np.arange(c["drafted"].shape[1])[None, :]
     theirs = np.isin(c["drafter"], [s.index for s in specs])[:, None]
     tested = (j < n_d[:, None]) & (j <= n_a[:, None]) & theirs
-    return (np.broadcast_to(j + 1, tested.shape)[tested], c["draft_prob"][tested].astype(np.float64),
-            (j < n_a[:, None])[tested])
+    return (
+        np.broadcast_to(j + 1, tested.shape)[tested],
+        c["draft_prob"][tested].astype(np.float64),
+        (j < n_a[:, None])[tested],
+    )
 
 
 def reliability(depth: np.ndarray, confidence: np.ndarray, accepted: np.ndarray, n_bins: int = 10):
@@ -108,8 +118,17 @@ def reliability(depth: np.ndarray, confidence: np.ndarray, accepted: np.ndarray,
             sel = (depth == d) & (b == k)
             n = int(sel.sum())
             if n:
-                rows.append({"depth": int(d), "bin": k, "lo": edges[k], "hi": edges[k + 1], "count": n,
-                             "confidence": float(confidence[sel].mean()), "acceptance": float(accepted[sel].mean())})
+                rows.append(
+                    {
+                        "depth": int(d),
+                        "bin": k,
+                        "lo": edges[k],
+                        "hi": edges[k + 1],
+                        "count": n,
+                        "confidence": float(confidence[sel].mean()),
+                        "acceptance": float(accepted[sel].mean()),
+                    }
+                )
     return pd.DataFrame(rows, columns=["depth", "bin", "lo", "hi", "count", "confidence", "acceptance"])
 
 
@@ -122,8 +141,12 @@ def expected_calibration_error(table) -> float:
     return float((w * gap).sum() / w.sum())
 
 
-def best_p_min(oracles: OracleTrace | Sequence[OracleTrace], n_max: Sequence[int] | None = None,
-               p_min: Sequence[float] = DEFAULT_P_MIN, drafter: str | DrafterMode = drafters.DEFAULT_MODE):
+def best_p_min(
+    oracles: OracleTrace | Sequence[OracleTrace],
+    n_max: Sequence[int] | None = None,
+    p_min: Sequence[float] = DEFAULT_P_MIN,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+):
     """The ``p_min`` with the best simulated tokens/s over the oracles, for each ``n_max`` and
     overall. Returns ``(best_by_n_max: dict[n_max, p_min], overall: dict, table: DataFrame)``. Only for drafter
     modes with a confidence; bad input raises :class:`~mtp_explorer.ParameterError`."""
@@ -144,7 +167,11 @@ def best_p_min(oracles: OracleTrace | Sequence[OracleTrace], n_max: Sequence[int
         row = grp.sort_values(["tokens_per_second", "p_min"], ascending=[False, True]).iloc[0]
         by_n[int(n)] = float(row["p_min"])
     top = agg.sort_values(["tokens_per_second", "n_max", "p_min"], ascending=[False, True, True]).iloc[0]
-    overall = {"n_max": int(top["n_max"]), "p_min": float(top["p_min"]), "tokens_per_second": float(top["tokens_per_second"])}
+    overall = {
+        "n_max": int(top["n_max"]),
+        "p_min": float(top["p_min"]),
+        "tokens_per_second": float(top["tokens_per_second"]),
+    }
     return by_n, overall, agg
 
 
@@ -153,7 +180,7 @@ class Calibration:
     """Reliability of the draft confidence per depth, its ECE, and the ``p_min`` the simulator finds
     best (per ``n_max`` and overall) on the same oracle traces."""
 
-    table: Any                         # reliability table (see reliability())
+    table: Any  # reliability table (see reliability())
     ece_by_depth: dict[int, float]
     ece: float
     mean_confidence_by_depth: dict[int, float]
@@ -171,14 +198,23 @@ class Calibration:
         return DraftSettings(n_max=self.best_setting["n_max"], p_min=self.best_setting["p_min"], drafter=self.drafter)
 
     def to_dict(self) -> dict:
-        return {"ece": self.ece, "ece_by_depth": self.ece_by_depth,
-                "mean_confidence_by_depth": self.mean_confidence_by_depth,
-                "acceptance_by_depth": self.acceptance_by_depth, "best_p_min": self.best_p_min,
-                "best_setting": self.best_setting}
+        return {
+            "ece": self.ece,
+            "ece_by_depth": self.ece_by_depth,
+            "mean_confidence_by_depth": self.mean_confidence_by_depth,
+            "acceptance_by_depth": self.acceptance_by_depth,
+            "best_p_min": self.best_p_min,
+            "best_setting": self.best_setting,
+        }
 
 
-def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bins: int = 10,
-              p_min: Sequence[float] = DEFAULT_P_MIN, *, drafter: str | DrafterMode = drafters.DEFAULT_MODE) -> Calibration:
+def calibrate(
+    source: OracleTrace | Trace | Iterable[OracleTrace | Trace],
+    n_bins: int = 10,
+    p_min: Sequence[float] = DEFAULT_P_MIN,
+    *,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+) -> Calibration:
     """Reliability diagram data, ECE per depth and overall, and (for oracle sources) the best
     ``p_min`` found by the simulator, for the confidence of ``drafter``'s drafts (a mode with a confidence).
     Bad input raises :class:`~mtp_explorer.ParameterError`."""
@@ -196,6 +232,14 @@ def calibrate(source: OracleTrace | Trace | Iterable[OracleTrace | Trace], n_bin
     best = overall = ptab = None
     if oracles:
         best, overall, ptab = best_p_min(oracles, p_min=p_min, drafter=drafter)
-    return Calibration(table=table, ece_by_depth=ece_by, ece=expected_calibration_error(table),
-                       mean_confidence_by_depth=mean_conf, acceptance_by_depth=acc_by, best_p_min=best,
-                       best_setting=overall, p_min_table=ptab, drafter=drafters.mode(drafter).name)
+    return Calibration(
+        table=table,
+        ece_by_depth=ece_by,
+        ece=expected_calibration_error(table),
+        mean_confidence_by_depth=mean_conf,
+        acceptance_by_depth=acc_by,
+        best_p_min=best,
+        best_setting=overall,
+        p_min_table=ptab,
+        drafter=drafters.mode(drafter).name,
+    )

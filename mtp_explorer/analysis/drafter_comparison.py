@@ -11,8 +11,9 @@ this machine's costs or with a cost profile measured on another (``costs=``, :fu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,16 +65,26 @@ def _row(name: str, head: str, traces: Sequence[Trace], plain_seconds: float, pr
     seconds = sum(sum(t.summary()["phase_seconds"].values()) for t in traces)
     draft_seconds = sum(t.summary()["phase_seconds"]["draft"] for t in traces)
     spec = drafters.mode(name).drafters[0]
-    return {"drafter": name, "label": drafters.mode(name).label or name, "head": head, "lookup": spec.is_lookup,
-            "acceptance_rate": accepted / drafted if drafted else float("nan"),
-            "acceptance_by_depth": _by_depth(traces, n_max), "accepted_per_step": accepted / steps if steps else 0.0,
-            "draft_ms_per_step": 1e3 * draft_seconds / steps if steps else 0.0,
-            "tokens_per_second": tokens / seconds, "speedup": plain_seconds / seconds,
-            "predicted_tokens_per_second": predicted, "n_tokens": tokens, "n_steps": steps}
+    return {
+        "drafter": name,
+        "label": drafters.mode(name).label or name,
+        "head": head,
+        "lookup": spec.is_lookup,
+        "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "acceptance_by_depth": _by_depth(traces, n_max),
+        "accepted_per_step": accepted / steps if steps else 0.0,
+        "draft_ms_per_step": 1e3 * draft_seconds / steps if steps else 0.0,
+        "tokens_per_second": tokens / seconds,
+        "speedup": plain_seconds / seconds,
+        "predicted_tokens_per_second": predicted,
+        "n_tokens": tokens,
+        "n_steps": steps,
+    }
 
 
-def _run(session: Session, name: str, prompts: Sequence[str], n_max: int, max_tokens: int, costs: Costs | None,
-         options: dict) -> tuple[list[Trace], float]:
+def _run(
+    session: Session, name: str, prompts: Sequence[str], n_max: int, max_tokens: int, costs: Costs | None, options: dict
+) -> tuple[list[Trace], float]:
     """``name``'s generations of ``prompts`` and the simulator's tokens/s for them (one oracle per prompt)."""
     chosen = {k: v for k, v in options.items() if k in {o.name for o in drafters.mode(name).options}}
     traces = [session.generate(p, max_tokens=max_tokens, n_max=n_max, drafter=name, **chosen) for p in prompts]
@@ -86,10 +97,18 @@ def _run(session: Session, name: str, prompts: Sequence[str], n_max: int, max_to
     return traces, tokens / seconds
 
 
-def compare_drafters(prompts: Iterable[str], *, target: str | Path | None = None,
-                     heads: Iterable[str | Path] | None = None, n_max: int = 3, max_tokens: int = 64,
-                     threads: int | None = None, costs: Costs | None = None, lookups: Sequence[str] = LOOKUP_MODES,
-                     n_ctx: int = 2048) -> DrafterComparison:
+def compare_drafters(
+    prompts: Iterable[str],
+    *,
+    target: str | Path | None = None,
+    heads: Iterable[str | Path] | None = None,
+    n_max: int = 3,
+    max_tokens: int = 64,
+    threads: int | None = None,
+    costs: Costs | None = None,
+    lookups: Sequence[str] = LOOKUP_MODES,
+    n_ctx: int = 2048,
+) -> DrafterComparison:
     """Run every drafter of ``target`` (default: the bundled model) greedily on ``prompts`` at ``n_max``: its MTP head
     where it has one, each of ``lookups`` (their lengths cut to ``n_max``), and the drafter of each draft model or head
     file in ``heads`` (default: those :func:`~mtp_explorer.draft_heads` lists for this target), each file in a session
@@ -105,9 +124,11 @@ def compare_drafters(prompts: Iterable[str], *, target: str | Path | None = None
         heads = [h.head_path for h in draft_heads() if Path(h.target_path).resolve() == target.resolve()]
     # the look-ups' lengths cut to n_max and their keys 3 tokens long (llama.cpp's 12 and 24 find few matches in
     # short generations), as the notebooks set them
-    options = {o.name: n_max for o in drafters.all_options() if o.name.endswith(("_size_m", "_n_max"))} | {
-        o.name: 1 for o in drafters.all_options() if o.name.endswith("_n_min")} | {
-        o.name: 3 for o in drafters.all_options() if o.name.endswith(("_size_n", "_n_match"))}
+    options = (
+        {o.name: n_max for o in drafters.all_options() if o.name.endswith(("_size_m", "_n_max"))}
+        | {o.name: 1 for o in drafters.all_options() if o.name.endswith("_n_min")}
+        | {o.name: 3 for o in drafters.all_options() if o.name.endswith(("_size_n", "_n_match"))}
+    )
     traces: dict[str, list[Trace]] = {}
     rows, predicted = [], {}
     with Session.open(target, n_ctx=n_ctx, threads=threads, n_rs_seq=max(n_max, 1)) as s:
@@ -119,8 +140,11 @@ def compare_drafters(prompts: Iterable[str], *, target: str | Path | None = None
     rows += [_row(n, "", traces[n], plain_seconds, predicted[n], n_max) for n in names]
     for head in heads:
         with Session.open(target, n_ctx=n_ctx, threads=threads, n_rs_seq=max(n_max, 1), draft_model=head) as s:
-            name = next(m for m in drafters.available_modes(s.info.has_mtp, s.draft_kind)
-                        if drafters.mode(m).needs_draft_model and not drafters.mode(m).is_chain)
+            name = next(
+                m
+                for m in drafters.available_modes(s.info.has_mtp, s.draft_kind)
+                if drafters.mode(m).needs_draft_model and not drafters.mode(m).is_chain
+            )
             traces[name], p = _run(s, name, prompts, n_max, max_tokens, costs, options)
             rows.append(_row(name, Path(head).name, traces[name], plain_seconds, p, n_max))
     import pandas as pd

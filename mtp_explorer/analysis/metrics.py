@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -43,8 +44,9 @@ def acceptance_by_depth(n_drafted: np.ndarray, n_accepted: np.ndarray, depth: in
     return DepthAcceptance(reached=reached, accepted=accepted)
 
 
-def acceptance_by_head(n_drafted: np.ndarray, n_accepted: np.ndarray, mtp: np.ndarray, n_heads: int,
-                       chained: bool) -> list[float]:
+def acceptance_by_head(
+    n_drafted: np.ndarray, n_accepted: np.ndarray, mtp: np.ndarray, n_heads: int, chained: bool
+) -> list[float]:
     """Per MTP head, accepted over drafted tokens of the steps the MTP head drafted (``mtp``): chained heads draft
     one depth each (head i depth i: its rate is the acceptance at depth i); one head drafts every depth. NaN where
     a head drafted nothing; empty for a model without MTP heads."""
@@ -54,8 +56,9 @@ def acceptance_by_head(n_drafted: np.ndarray, n_accepted: np.ndarray, mtp: np.nd
     return list(acceptance_by_depth(n_drafted[mtp], n_accepted[mtp], n_heads).rate)
 
 
-def acceptance_by_depth_runs(n_drafted: np.ndarray, n_accepted: np.ndarray, depth: int,
-                             where: np.ndarray | None = None) -> np.ndarray:
+def acceptance_by_depth_runs(
+    n_drafted: np.ndarray, n_accepted: np.ndarray, depth: int, where: np.ndarray | None = None
+) -> np.ndarray:
     """:func:`acceptance_by_depth` rates of many runs at once: per-step arrays ``[runs, steps]`` (``where``: the
     steps each run took), rates ``[runs, depth]`` (NaN where no step of a run reached the depth)."""
     n_drafted, n_accepted = np.asarray(n_drafted), np.asarray(n_accepted)
@@ -98,7 +101,7 @@ def phase_seconds(columns: Mapping[str, np.ndarray]) -> dict[str, float]:
 def step_seconds(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """Seconds of each step: the sum of its phases."""
     n = len(columns["step"])
-    return sum(columns[f"t_{p}_ns"].astype(np.float64) for p in PHASES) / 1e9 if n else np.zeros(0)
+    return sum(columns[f"t_{p}_ns"].astype(np.float64) for p in PHASES) / 1e9 if n else np.zeros(0)  # type: ignore[return-value]
 
 
 def cost_breakdown(trace) -> dict[str, float]:
@@ -112,14 +115,16 @@ def cost_breakdown(trace) -> dict[str, float]:
     phases = phase_seconds(c)
     drafted = int(c["n_drafted"].sum())
     out = {f"{p}_ms_per_step": 1e3 * s / n_steps for p, s in phases.items()}
-    out.update({
-        "draft_tokens_per_step": drafted / n_steps,
-        "ms_per_draft_token": 1e3 * phases["draft"] / drafted if drafted else math.nan,
-        "verify_rows_per_step": (drafted + n_steps) / n_steps,
-        "ms_per_verify_row": 1e3 * phases["verify"] / (drafted + n_steps),
-        "tokens_per_step": len(trace.tokens) / n_steps,
-        "ms_per_token": 1e3 * sum(phases.values()) / max(1, len(trace.tokens)),
-    })
+    out.update(
+        {
+            "draft_tokens_per_step": drafted / n_steps,
+            "ms_per_draft_token": 1e3 * phases["draft"] / drafted if drafted else math.nan,
+            "verify_rows_per_step": (drafted + n_steps) / n_steps,
+            "ms_per_verify_row": 1e3 * phases["verify"] / (drafted + n_steps),
+            "tokens_per_step": len(trace.tokens) / n_steps,
+            "ms_per_token": 1e3 * sum(phases.values()) / max(1, len(trace.tokens)),
+        }
+    )
     return out
 
 
@@ -155,8 +160,11 @@ def format_setting(name: str, value) -> str:
 
 def settings_at(columns: Mapping[str, np.ndarray], i: int) -> dict:
     """The settings step ``i`` ran with."""
-    return {"n_max": int(columns["n_max"][i]), "p_min": round(float(columns["p_min"][i]), 6),
-            "n_min": int(columns["n_min"][i])}
+    return {
+        "n_max": int(columns["n_max"][i]),
+        "p_min": round(float(columns["p_min"][i]), 6),
+        "n_min": int(columns["n_min"][i]),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +177,11 @@ class SettingsChange:
 
     @property
     def label(self) -> str:
-        parts = [f"{k} {format_setting(k, self.before[k])}→{format_setting(k, self.after[k])}"
-                 for k in SETTINGS if self.before[k] != self.after[k]]
+        parts = [
+            f"{k} {format_setting(k, self.before[k])}→{format_setting(k, self.after[k])}"
+            for k in SETTINGS
+            if self.before[k] != self.after[k]
+        ]
         return ", ".join(parts)
 
 

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ..core.errors import ParameterError
 
-LLAMA_NGRAM_MIN = 1     #: shortest n-gram of the context and dynamic caches
-LLAMA_NGRAM_MAX = 4     #: longest n-gram, and the tokens of an n-gram record
+LLAMA_NGRAM_MIN = 1  #: shortest n-gram of the context and dynamic caches
+LLAMA_NGRAM_MAX = 4  #: longest n-gram, and the tokens of an n-gram record
 LLAMA_NGRAM_STATIC = 2  #: the static cache's n-grams
-N_DRAFT = 8             #: longest draft of llama.cpp's ngram-cache drafter (create_state_ngram_cache's n_draft)
-TOKEN_NULL = -1         #: LLAMA_TOKEN_NULL, the unused places of an n-gram
+N_DRAFT = 8  #: longest draft of llama.cpp's ngram-cache drafter (create_state_ngram_cache's n_draft)
+TOKEN_NULL = -1  #: LLAMA_TOKEN_NULL, the unused places of an n-gram
 
 # draft thresholds per n-gram size 1..4 (draft_min_sample_size_* and draft_min_percent_* in common/ngram-cache.cpp)
 MIN_SAMPLE_SIZE_LAX = (2, 2, 1, 1)
@@ -37,15 +38,37 @@ MIN_PERCENT_STRICT = (75, 66, 66, 66)
 #: libstdc++'s bucket counts as an ``unordered_map`` grows one insertion at a time from empty (1 bucket): it moves
 #: to the next count when an insertion would make the elements outnumber the buckets (its _Prime_rehash_policy
 #: with load factor 1; measured with g++ 12, whose libstdc++ builds llama.cpp and the engine here).
-BUCKET_COUNTS = (13, 29, 59, 127, 257, 541, 1109, 2357, 5087, 10273, 20753, 42043, 85229, 172933, 351061, 712697,
-                 1447153, 2938679, 5967347, 12117689, 24607243, 49969847)
+BUCKET_COUNTS = (
+    13,
+    29,
+    59,
+    127,
+    257,
+    541,
+    1109,
+    2357,
+    5087,
+    10273,
+    20753,
+    42043,
+    85229,
+    172933,
+    351061,
+    712697,
+    1447153,
+    2938679,
+    5967347,
+    12117689,
+    24607243,
+    49969847,
+)
 
 _MASK64 = (1 << 64) - 1
 _FIBONACCI = 11400714819323198485
 
 Ngram = tuple  #: an n-gram key: LLAMA_NGRAM_MAX tokens, -1 past its size
-Part = dict    #: token -> count, in insertion order
-Cache = dict   #: Ngram -> Part, in insertion order
+Part = dict  #: token -> count, in insertion order
+Cache = dict  #: Ngram -> Part, in insertion order
 
 
 def token_hash(token: int) -> int:
@@ -61,13 +84,13 @@ def ngram_hash(ngram: Ngram) -> int:
     return h
 
 
-def libstdcxx_order(keys: Iterable, hash_of: Callable[[object], int]) -> list:
+def libstdcxx_order(keys: Iterable, hash_of: Callable[[Any], int]) -> list:
     """The iteration order of a libstdc++ ``unordered_map`` into which ``keys`` (distinct) were inserted in this
     order, one at a time from empty: a new key goes first in its bucket, or first of all when its bucket was
     empty; a rehash re-inserts the elements in iteration order."""
     order: list = []
-    heads: list[int] = []             # buckets, most recently started last
-    members: dict[int, list] = {}     # bucket -> its keys, most recent last
+    heads: list[int] = []  # buckets, most recently started last
+    members: dict[int, list] = {}  # bucket -> its keys, most recent last
     n_bkt, grow = 1, iter(BUCKET_COUNTS)
 
     def insert(key, code: int) -> None:
@@ -130,8 +153,9 @@ def _try_static(nc_static: Cache, ngram: Ngram) -> int:
     return best
 
 
-def _try_primary(nc_primary: Cache, ngrams: list[Ngram], part_static: Part, min_sample: Sequence[int],
-                 min_percent: Sequence[int]) -> int:
+def _try_primary(
+    nc_primary: Cache, ngrams: list[Ngram], part_static: Part, min_sample: Sequence[int], min_percent: Sequence[int]
+) -> int:
     """try_draft from the context or dynamic cache, the longest n-gram first, counts weighed by the static part."""
     for i in range(len(ngrams) - 1, -1, -1):
         part = nc_primary.get(ngrams[i])
@@ -207,7 +231,7 @@ def load(path: str | os.PathLike, flag: str = "--lookup-cache-static") -> Cache:
         if ntokens < 1 or pos + ntokens * _PAIR.size > len(data):
             raise ParameterError(f"{what} is malformed: record {record} has a bad token count")
         part: Part = {}
-        for token, count in _PAIR.iter_unpack(data[pos:pos + ntokens * _PAIR.size]):
+        for token, count in _PAIR.iter_unpack(data[pos : pos + ntokens * _PAIR.size]):
             if count < 1:
                 raise ParameterError(f"{what} is malformed: a count below 1 in record {record}")
             part.setdefault(token, count)

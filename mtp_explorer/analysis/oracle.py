@@ -41,12 +41,22 @@ import numpy as np
 
 from ..core import drafters
 from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
-from ..core.schema import (MODEL_FIELDS, ORACLE_COLUMNS, Column, Dims, check_columns, check_fields,
-                           columns_from_json, columns_to_json, read_document, reading)
-from .batch_shift import BatchShift
 from ..core.errors import FormatError
 from ..core.options import is_full_telemetry
+from ..core.schema import (
+    MODEL_FIELDS,
+    ORACLE_COLUMNS,
+    Column,
+    Dims,
+    check_columns,
+    check_fields,
+    columns_from_json,
+    columns_to_json,
+    read_document,
+    reading,
+)
 from ..core.settings import Limits
+from .batch_shift import BatchShift
 
 if TYPE_CHECKING:
     from .replay import DrafterReplay
@@ -61,12 +71,27 @@ ORACLE_SCHEMA: tuple[Column, ...] = ORACLE_COLUMNS + (Column("token_eog", np.dty
 
 #: A saved oracle's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
 SAVED_FIELDS: dict[str, str] = {
-    "prompt": "str", "prompt_tokens": "int[]", "tokens": "int[]", "pieces": "str[]", "text": "str", "columns": "dict",
-    "finish_reason": "str", "settings": "dict", "model": "dict", "wall_seconds": "float", "cost_model": "dict?",
-    "batch_shift": "dict?"}
+    "prompt": "str",
+    "prompt_tokens": "int[]",
+    "tokens": "int[]",
+    "pieces": "str[]",
+    "text": "str",
+    "columns": "dict",
+    "finish_reason": "str",
+    "settings": "dict",
+    "model": "dict",
+    "wall_seconds": "float",
+    "cost_model": "dict?",
+    "batch_shift": "dict?",
+}
 #: The settings an oracle reads, and their kinds.
-SAVED_SETTINGS: dict[str, str] = {"depth": "int", "max_tokens": "int", "has_mtp": "bool",
-                                  "has_draft_model": "bool|str", "telemetry": "any"}
+SAVED_SETTINGS: dict[str, str] = {
+    "depth": "int",
+    "max_tokens": "int",
+    "has_mtp": "bool",
+    "has_draft_model": "bool|str",
+    "telemetry": "any",
+}
 #: The deepest recording a saved oracle may claim (a session's capacity is far below).
 _MAX_DEPTH = 1024
 #: The kinds of the cost model's saved fields (by their annotation; others are floats), and the fewest rows of its
@@ -123,10 +148,10 @@ class CostModel:
     many sizes the fit had to pool to make them so).
     """
 
-    verify: np.ndarray          # [depth + 2, 2]: index k = batch size (0 unused)
-    catchup: np.ndarray         # [depth + 2, 2]: index k = rows
-    draft: np.ndarray           # [depth + 1, 2]: index m = MTP decodes in the call (0: none)
-    ngram: np.ndarray           # [2]: one look-up (a drafter without a model)
+    verify: np.ndarray  # [depth + 2, 2]: index k = batch size (0 unused)
+    catchup: np.ndarray  # [depth + 2, 2]: index k = rows
+    draft: np.ndarray  # [depth + 1, 2]: index m = MTP decodes in the call (0: none)
+    ngram: np.ndarray  # [2]: one look-up (a drafter without a model)
     fresh_ns: float
     cold_ns: float
     warm_ns: float
@@ -134,10 +159,10 @@ class CostModel:
     sample_plain_ns: float
     sample_row_ns: float
     rollback_ns: float
-    samples: dict[str, Any]     # how many measurements each number rests on (``lookup``: the look-up line)
+    samples: dict[str, Any]  # how many measurements each number rests on (``lookup``: the look-up line)
     telemetry: bool = True
     model_draft: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((1, 2)))  # [depth + 1, 2]
-    model_follow: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2))      # [2]
+    model_follow: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2))  # [2]
 
     @property
     def depth(self) -> int:
@@ -152,8 +177,11 @@ class CostModel:
     def verify_ns(self, k, pos, fresh=True, cold=False):
         """A target decode of ``k`` tokens (``fresh``: its graph built anew; ``cold``: the MTP head ran since)."""
         k = np.clip(np.asarray(k), 1, len(self.verify) - 1)
-        return (self._at(self.verify, k, pos) + np.where(fresh, self.fresh_ns, 0.0)
-                + np.where(cold, self.cold_ns, self.warm_ns))
+        return (
+            self._at(self.verify, k, pos)
+            + np.where(fresh, self.fresh_ns, 0.0)
+            + np.where(cold, self.cold_ns, self.warm_ns)
+        )
 
     def catchup_ns(self, k, pos):
         """The MTP head's catch-up on ``k`` verified rows."""
@@ -191,13 +219,26 @@ class CostModel:
             "catchup": np.where(head, self.catchup_ns(k, pos), 0.0) + follow,
             "draft": draft,
             "verify": self.verify_ns(k, pos, fresh, head),
-            "sample": (np.where(head, self.sample_ns, self.sample_plain_ns)
-                       + self.sample_row_ns * (np.asarray(rows_sampled) - 1)
-                       + np.where(np.asarray(rollback) > 0, self.rollback_ns, 0.0)),
+            "sample": (
+                np.where(head, self.sample_ns, self.sample_plain_ns)
+                + self.sample_row_ns * (np.asarray(rows_sampled) - 1)
+                + np.where(np.asarray(rollback) > 0, self.rollback_ns, 0.0)
+            ),
         }
 
-    def step_ns(self, mode: DrafterMode | str, drafting, n_cap_pos, k, decodes, rows_sampled, rollback,
-                ngram_asked=None, pos=0.0, fresh=True):
+    def step_ns(
+        self,
+        mode: DrafterMode | str,
+        drafting,
+        n_cap_pos,
+        k,
+        decodes,
+        rows_sampled,
+        rollback,
+        ngram_asked=None,
+        pos=0.0,
+        fresh=True,
+    ):
         """Predicted phase times of steps of a ``drafter=`` mode (numpy arrays broadcast together).
 
         ``drafting``: n_max > 0 (the MTP head drafts if the mode uses it); ``n_cap_pos``: the draft cap was > 0;
@@ -235,27 +276,37 @@ class CostModel:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostModel":
+    def from_dict(cls, d: dict) -> CostModel:
         """The model :meth:`to_dict` wrote; anything else is a :class:`FormatError`."""
         fields = dataclasses.fields(cls)
         if isinstance(d, dict):
             d = {k: v.tolist() if isinstance(v, np.ndarray | np.generic) else v for k, v in d.items()}
-        check_fields(d, {f.name: _COST_KINDS.get(f.type, "float") for f in fields}, "cost model",
-                     optional=[f.name for f in fields if f.default is not dataclasses.MISSING
-                               or f.default_factory is not dataclasses.MISSING])
+        check_fields(
+            d,
+            {f.name: _COST_KINDS.get(f.type, "float") for f in fields},  # type: ignore[arg-type]
+            "cost model",
+            optional=[
+                f.name
+                for f in fields
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            ],
+        )
         d = dict(d)
         for f in fields:
             if f.type == "np.ndarray" and f.name in d:
                 rows, table = _COST_ROWS[f.name], np.asarray(d[f.name], dtype=np.float64)
-                bad = table.shape != (2,) if rows is None else (table.ndim != 2 or table.shape[1] != 2
-                                                                 or len(table) < rows)
+                bad = (
+                    table.shape != (2,)
+                    if rows is None
+                    else (table.ndim != 2 or table.shape[1] != 2 or len(table) < rows)
+                )
                 if bad:
                     raise FormatError(f"a corrupt cost model: its {f.name} has the shape {table.shape}")
                 d[f.name] = table
         return cls(**d)
 
     @classmethod
-    def from_columns(cls, c: dict[str, np.ndarray], depth: int, telemetry: bool = True) -> "CostModel":
+    def from_columns(cls, c: dict[str, np.ndarray], depth: int, telemetry: bool = True) -> CostModel:
         """Fit the model from an oracle's timing columns (see :mod:`mtp_explorer.analysis.oracle`)."""
         samples: dict[str, Any] = {}
         pos = c["pos"].astype(np.float64)
@@ -270,13 +321,20 @@ class CostModel:
         row = (c["probe_argmax_ns"][many] / c["probe_k"][many]).astype(np.float64)
         samples["sample"] = int(c["t_sample_ns"].size)
         return cls(
-            verify=verify, catchup=catchup, draft=draft, ngram=ngram, fresh_ns=fresh_ns, cold_ns=cold_ns,
+            verify=verify,
+            catchup=catchup,
+            draft=draft,
+            ngram=ngram,
+            fresh_ns=fresh_ns,
+            cold_ns=cold_ns,
             warm_ns=warm_ns,
             sample_ns=_med(c["t_sample_ns"].astype(np.float64)),
             sample_plain_ns=_med(c["t_argmax_ns"].astype(np.float64)),
             sample_row_ns=_med(row),
             rollback_ns=_med(c["probe_rollback_ns"][many].astype(np.float64)),
-            samples=samples, telemetry=telemetry, model_draft=model_draft,
+            samples=samples,
+            telemetry=telemetry,
+            model_draft=model_draft,
             model_follow=np.array([a, b]) if n >= 2 else np.zeros(2),
         )
 
@@ -377,8 +435,9 @@ def _fit_target(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict
     return verify, catchup, cold_ns, fresh_ns, warm_ns
 
 
-def _fit_draft(c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict, spec: DrafterSpec,
-               name: str) -> np.ndarray:
+def _fit_draft(
+    c: dict[str, np.ndarray], pos: np.ndarray, N: int, samples: dict, spec: DrafterSpec, name: str
+) -> np.ndarray:
     """The draft-call table of a drafter with a model (``spec``: the MTP head, a draft model): its chain's
     cumulative decode times plus the call's fixed tail. Records the sample counts under ``name``."""
     s = spec.index
@@ -474,10 +533,17 @@ class OracleTrace:
     @property
     def limits(self) -> Limits:
         """What the oracle can replay: settings up to its depth and budget, with the drafters it recorded, greedy."""
-        return Limits(capacity=self.depth, has_mtp=self.has_mtp, has_draft_model=self.has_draft_model,
-                      model=str(self.model.get("name", "the oracle's model")),
-                      where="the oracle", reason="the depth it recorded",
-                      fix="record the oracle with depth={n_max} or more", max_tokens=self.max_tokens, greedy=True)
+        return Limits(
+            capacity=self.depth,
+            has_mtp=self.has_mtp,
+            has_draft_model=self.has_draft_model,
+            model=str(self.model.get("name", "the oracle's model")),
+            where="the oracle",
+            reason="the depth it recorded",
+            fix="record the oracle with depth={n_max} or more",
+            max_tokens=self.max_tokens,
+            greedy=True,
+        )
 
     @property
     def cost(self) -> CostModel:
@@ -488,7 +554,7 @@ class OracleTrace:
     def fitted_cost(self) -> CostModel:
         return CostModel.from_columns(self.columns, self.depth, is_full_telemetry(self.settings.get("telemetry")))
 
-    def with_cost(self, cost: CostModel | None) -> "OracleTrace":
+    def with_cost(self, cost: CostModel | None) -> OracleTrace:
         """The same recording predicting times with ``cost``."""
         return dataclasses.replace(self, cost_model=cost)
 
@@ -498,7 +564,7 @@ class OracleTrace:
         return Dims(depth=self.depth, topk=int(self.columns["topk_ids"].shape[-1]))
 
     # -- the drafts -------------------------------------------------------------------------------
-    def replay(self, spec: DrafterSpec | str) -> "DrafterReplay":
+    def replay(self, spec: DrafterSpec | str) -> DrafterReplay:
         """The simulator's replay of a drafter (a registry record or its name) on this recording, built once."""
         spec = drafters.drafter(spec) if isinstance(spec, str) else spec
         cache = self.__dict__.setdefault("_replays", {})
@@ -539,7 +605,9 @@ class OracleTrace:
         head = self.replay(_head_drafter())
         drafted = head.length > 0
         return {
-            "n_positions": self.n_positions, "depth": self.depth, "finish_reason": self.finish_reason,
+            "n_positions": self.n_positions,
+            "depth": self.depth,
+            "finish_reason": self.finish_reason,
             "mtp_match_rate_depth1": float((head.match_len[drafted] >= 1).mean()) if drafted.any() else math.nan,
             "plain_tokens_per_second": 1e9 / cm.ceiling_step_ns(0, pos=float(np.mean(self.columns["pos"]))),
             "cost_model": cm.to_dict(),
@@ -548,8 +616,11 @@ class OracleTrace:
 
     # -- serialisation ---------------------------------------------------------------------------
     def to_json(self) -> str:
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("columns", "cost_model", "batch_shift")}
+        doc = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("columns", "cost_model", "batch_shift")
+        }
         doc["columns"] = columns_to_json(self.columns)
         doc["cost_model"] = self.cost_model.to_dict() if self.cost_model is not None else None
         doc["batch_shift"] = self.batch_shift.to_dict() if self.batch_shift is not None else None
@@ -557,18 +628,25 @@ class OracleTrace:
         return json.dumps(doc, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "OracleTrace":
+    def from_json(cls, text: str) -> OracleTrace:
         """The recording :meth:`to_json` wrote; anything else, or a corrupt one, is a :class:`FormatError`."""
         doc = read_document(text, "oracle trace")
         fmt = doc.pop("format", None)
         if fmt in _OLD_FORMATS:
-            raise FormatError(f"this oracle trace ({fmt}) was recorded by an older version of mtp-explorer, whose "
-                             "columns this version no longer reads; record it again (Session.record_oracle)")
+            raise FormatError(
+                f"this oracle trace ({fmt}) was recorded by an older version of mtp-explorer, whose "
+                "columns this version no longer reads; record it again (Session.record_oracle)"
+            )
         if fmt != ORACLE_FORMAT:
             raise FormatError("not an mtp-explorer oracle trace")
         check_fields(doc, SAVED_FIELDS, "oracle trace", optional=("wall_seconds", "cost_model", "batch_shift"))
-        check_fields(doc["settings"], SAVED_SETTINGS, "oracle trace's settings", exact=False,
-                     optional=("has_draft_model", "telemetry"))
+        check_fields(
+            doc["settings"],
+            SAVED_SETTINGS,
+            "oracle trace's settings",
+            exact=False,
+            optional=("has_draft_model", "telemetry"),
+        )
         check_fields(doc["model"], MODEL_FIELDS, "oracle trace's model", optional=MODEL_FIELDS, exact=False)
         if not 1 <= doc["settings"]["depth"] <= _MAX_DEPTH or doc["settings"]["max_tokens"] < 1:
             raise FormatError("a corrupt oracle trace: its depth or max_tokens is out of range")
@@ -577,13 +655,17 @@ class OracleTrace:
         with reading("oracle trace"):
             cost = doc.pop("cost_model", None)
             shift = doc.pop("batch_shift", None)
-            oracle = cls(columns=columns_from_json(doc.pop("columns"), ORACLE_SCHEMA),
-                         cost_model=CostModel.from_dict(cost) if cost else None,
-                         batch_shift=BatchShift.from_dict(shift) if shift else None, **doc)
+            oracle = cls(
+                columns=columns_from_json(doc.pop("columns"), ORACLE_SCHEMA),
+                cost_model=CostModel.from_dict(cost) if cost else None,
+                batch_shift=BatchShift.from_dict(shift) if shift else None,
+                **doc,
+            )
             check_columns(oracle.columns, ORACLE_SCHEMA, oracle.dims)
             if oracle.n_positions != len(oracle.tokens):
-                raise FormatError(f"a corrupt oracle trace: {oracle.n_positions} positions of {len(oracle.tokens)} "
-                                  "tokens")
+                raise FormatError(
+                    f"a corrupt oracle trace: {oracle.n_positions} positions of {len(oracle.tokens)} tokens"
+                )
             return oracle
 
     def __getstate__(self):

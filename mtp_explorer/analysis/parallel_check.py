@@ -13,9 +13,9 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ..core import drafters
+from ..core.errors import ParameterError
 from .batch_shift import measure_batches
 from .simulate import Comparison, compare
-from ..core.errors import ParameterError
 
 if TYPE_CHECKING:
     from ..core.parallel import ParallelTrace
@@ -28,7 +28,7 @@ class RequestCheck:
 
     seq: int
     comparison: Comparison
-    same_tokens: bool       #: its tokens equal plain greedy decoding of its prompt alone
+    same_tokens: bool  #: its tokens equal plain greedy decoding of its prompt alone
 
     @property
     def ties(self) -> list[dict]:
@@ -40,14 +40,21 @@ class RequestCheck:
 
     def to_dict(self) -> dict:
         first = self.comparison.mismatches[0] if self.comparison.mismatches else None
-        return {"seq": self.seq, "same_tokens": self.same_tokens, "exact": self.comparison.exact,
-                "n_ties": len(self.ties), "n_unexplained": len(self.unexplained),
-                "first_kind": first and first["kind"], "first_cause": first and first.get("cause"),
-                "first_margin": first and first.get("margin")}
+        return {
+            "seq": self.seq,
+            "same_tokens": self.same_tokens,
+            "exact": self.comparison.exact,
+            "n_ties": len(self.ties),
+            "n_unexplained": len(self.unexplained),
+            "first_kind": first and first["kind"],
+            "first_cause": first and first.get("cause"),
+            "first_margin": first and first.get("margin"),
+        }
 
 
-def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: float | None = None,
-                   tol_prob: float = 1e-4) -> list[RequestCheck]:
+def check_parallel(
+    session: Session, result: ParallelTrace, *, tol_logit: float | None = None, tol_prob: float = 1e-4
+) -> list[RequestCheck]:
     """Compare every greedy request of ``result`` (from ``session``) with its prompt decoded alone: one oracle
     per request (depth: the largest ``n_max`` it used), then :func:`~mtp_explorer.compare`. The tie tolerance
     (``tol_logit``, default: measured) is the session's :meth:`~mtp_explorer.Session.batch_shift` for batches up
@@ -58,12 +65,19 @@ def check_parallel(session: "Session", result: "ParallelTrace", *, tol_logit: fl
     checks = []
     for info, trace in zip(result.requests, result.traces):
         if float(trace.settings.get("temperature", 0.0)) > 0:
-            raise ParameterError(f"request {info.index} sampled with temperature > 0: "
-                                 "only greedy requests have a truth")
+            raise ParameterError(
+                f"request {info.index} sampled with temperature > 0: only greedy requests have a truth"
+            )
         depth = max(1, int(trace.columns["n_max"].max()) if trace.n_steps else 1)
         options = drafters.recorded_options(trace.settings)
-        oracle = session.record_oracle(trace.prompt_tokens, max_tokens=len(trace.tokens) or 1, depth=depth,
-                                       probe=False, batch_shift=False, **options)
+        oracle = session.record_oracle(
+            trace.prompt_tokens,
+            max_tokens=len(trace.tokens) or 1,
+            depth=depth,
+            probe=False,
+            batch_shift=False,
+            **options,
+        )
         oracle.batch_shift = shift
         cmp = compare(oracle, trace, tol_logit=tol_logit, tol_prob=tol_prob, batch_rows=rows)
         same = list(trace.tokens) == list(oracle.tokens)

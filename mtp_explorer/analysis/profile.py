@@ -30,15 +30,16 @@ import platform
 import socket
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from .oracle import CostModel, OracleTrace
 from ..core.checks import check_int
 from ..core.errors import ParameterError
 from ..core.options import is_full_telemetry
+from .oracle import CostModel, OracleTrace
 
 if TYPE_CHECKING:
     from ..core.session import Session
@@ -50,14 +51,22 @@ IDENTITY_KEYS = ("arch", "n_vocab", "n_layer", "n_layer_nextn", "n_embd", "n_exp
 #: Model facts that may differ with a warning (the same model in another quantization prices differently).
 SOFT_KEYS = ("file_type", "fingerprint")
 #: The metadata the fingerprint is taken of (everything :func:`~mtp_explorer.model_info` reads but the path).
-_FINGERPRINT_KEYS = IDENTITY_KEYS + ("n_ctx_train", "n_params", "has_mtp", "is_recurrent", "file_type",
-                                     "tensor_types", "n_ff_exp", "moe_layers")
+_FINGERPRINT_KEYS = IDENTITY_KEYS + (
+    "n_ctx_train",
+    "n_params",
+    "has_mtp",
+    "is_recurrent",
+    "file_type",
+    "tensor_types",
+    "n_ff_exp",
+    "moe_layers",
+)
 
 #: Prompts a profile is measured on when none are given: code and prose, so that the positions and the
 #: tokens resemble what oracles are recorded on.
 DEFAULT_PROMPTS: tuple[str, ...] = (
     "def fibonacci(n):\n",
-    "import json\n\n\nclass Config:\n    \"\"\"Settings read from a file.\"\"\"\n",
+    'import json\n\n\nclass Config:\n    """Settings read from a file."""\n',
     "The history of the printing press begins",
     "Dear team,\n\nThank you all for your work this quarter.",
 )
@@ -71,8 +80,12 @@ def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
     a profile records: identity, file type, file name and size, and a fingerprint of the metadata."""
     facts = {k: model.get(k) for k in IDENTITY_KEYS + ("has_mtp", "is_recurrent", "file_type", "n_params")}
     path = model.get("path")
-    facts |= {"name": model.get("name"), "file": Path(path).name if path else None, "size": model.get("size"),
-              "fingerprint": _fingerprint(model)}
+    facts |= {
+        "name": model.get("name"),
+        "file": Path(path).name if path else None,
+        "size": model.get("size"),
+        "fingerprint": _fingerprint(model),
+    }
     return facts
 
 
@@ -91,9 +104,16 @@ def machine_facts() -> dict[str, Any]:
         llama_version = getattr(llama_cpp, "__version__", None)
     except ImportError:  # pragma: no cover - a dependency
         llama_version = None
-    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor() or None,
-            "cpu_count": os.cpu_count(), "hostname": socket.gethostname(), "python": platform.python_version(),
-            "llama_cpp_python": llama_version, "mtp_explorer": __version__}
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_version,
+        "mtp_explorer": __version__,
+    }
 
 
 @dataclasses.dataclass
@@ -125,8 +145,11 @@ class CostProfile:
         """The facts of ``model`` (a model's facts, e.g. an oracle's ``model``) that differ from the profile's:
         ``{key: (profile's, model's)}``. Facts one side does not record (older files) are not compared."""
         other = model_identity(model)
-        return {k: (self.model.get(k), other.get(k)) for k in keys
-                if self.model.get(k) is not None and other.get(k) is not None and self.model.get(k) != other.get(k)}
+        return {
+            k: (self.model.get(k), other.get(k))
+            for k in keys
+            if self.model.get(k) is not None and other.get(k) is not None and self.model.get(k) != other.get(k)
+        }
 
     def check_model(self, model: Mapping[str, Any], what: str = "the model") -> None:
         """A :class:`ParameterError` naming the differing fields if ``model`` is not the profile's model; a
@@ -134,9 +157,11 @@ class CostProfile:
         hard = self.differences(model)
         if hard:
             listed = ", ".join(f"{k} {a!r} (profile) vs {b!r} ({what})" for k, (a, b) in hard.items())
-            raise ParameterError(f"this cost profile was measured for another model ({self.model.get('name')!r}, "
-                                 f"{self.model.get('file')}): {listed}; measure one for this model "
-                                 "(mtp_explorer.profile_costs or `mtp-explorer profile MODEL`)")
+            raise ParameterError(
+                f"this cost profile was measured for another model ({self.model.get('name')!r}, "
+                f"{self.model.get('file')}): {listed}; measure one for this model "
+                "(mtp_explorer.profile_costs or `mtp-explorer profile MODEL`)"
+            )
         soft = self.differences(model, SOFT_KEYS)
         if soft:
             listed = ", ".join(f"{k} {a!r} (profile) vs {b!r} ({what})" for k, (a, b) in soft.items())
@@ -144,8 +169,10 @@ class CostProfile:
 
     def check_depth(self, depth: int, what: str = "the oracle") -> None:
         if depth > self.depth:
-            raise ParameterError(f"{what} has depth {depth} but the cost profile was measured to depth {self.depth}; "
-                                 f"measure a profile with depth >= {depth}")
+            raise ParameterError(
+                f"{what} has depth {depth} but the cost profile was measured to depth {self.depth}; "
+                f"measure a profile with depth >= {depth}"
+            )
 
     def apply(self, oracle: OracleTrace) -> OracleTrace:
         """``oracle`` pricing its steps with this profile (checked: same model, depth within the profile's)."""
@@ -164,14 +191,22 @@ class CostProfile:
         ceiling = {}
         if self.model.get("has_mtp"):
             ceiling = {n: (n + 1) * 1e9 / self.cost.ceiling_step_ns(n, pos=pos) for n in range(1, self.depth + 1)}
-        return {"model": self.model.get("name"), "file": self.model.get("file"), "depth": self.depth,
-                "threads": self.session.get("threads"), "hostname": self.machine.get("hostname"),
-                "devices": self.session.get("devices"), "n_gpu_layers": self.session.get("n_gpu_layers"),
-                "positions": self.measured.get("n_positions"), "mean_pos": pos,
-                "plain_tokens_per_second": plain, "ceiling_tokens_per_second": ceiling,
-                "verify_ms": {k: float(self.cost.verify_ns(k, pos, fresh=False)) / 1e6
-                              for k in range(1, self.depth + 2)},
-                "seconds": self.measured.get("seconds"), "created": self.created}
+        return {
+            "model": self.model.get("name"),
+            "file": self.model.get("file"),
+            "depth": self.depth,
+            "threads": self.session.get("threads"),
+            "hostname": self.machine.get("hostname"),
+            "devices": self.session.get("devices"),
+            "n_gpu_layers": self.session.get("n_gpu_layers"),
+            "positions": self.measured.get("n_positions"),
+            "mean_pos": pos,
+            "plain_tokens_per_second": plain,
+            "ceiling_tokens_per_second": ceiling,
+            "verify_ms": {k: float(self.cost.verify_ns(k, pos, fresh=False)) / 1e6 for k in range(1, self.depth + 2)},
+            "seconds": self.measured.get("seconds"),
+            "created": self.created,
+        }
 
     # -- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -182,7 +217,7 @@ class CostProfile:
         return json.dumps(self.to_dict(), indent=1, allow_nan=False, default=_jsonable)
 
     @classmethod
-    def from_dict(cls, doc: Any) -> "CostProfile":
+    def from_dict(cls, doc: Any) -> CostProfile:
         """A profile from :meth:`to_dict`'s output; a :class:`ParameterError` naming what is wrong otherwise."""
         if not isinstance(doc, dict):
             raise ParameterError(f"not a cost profile: expected a JSON object, got {type(doc).__name__}")
@@ -200,7 +235,7 @@ class CostProfile:
         return cls(cost=_cost_model(doc["cost"]), **{n: doc[n] for n in names[1:]})
 
     @classmethod
-    def from_json(cls, text: str) -> "CostProfile":
+    def from_json(cls, text: str) -> CostProfile:
         try:
             doc = json.loads(text)
         except ValueError as exc:
@@ -214,7 +249,7 @@ class CostProfile:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, model: Any = None) -> "CostProfile":
+    def load(cls, path: str | os.PathLike, model: Any = None) -> CostProfile:
         """Read a profile saved by :meth:`save`. With ``model`` (a GGUF path, a :class:`~mtp_explorer.ModelInfo`,
         a session, an oracle or a model-facts dict), check it was measured for that model. A missing or
         malformed file, or another model, is a :class:`ParameterError`."""
@@ -298,8 +333,9 @@ def resolve_costs(costs: Costs | None) -> CostProfile | CostModel | None:
         return costs
     if isinstance(costs, (str, os.PathLike)):
         return CostProfile.load(costs)
-    raise ParameterError(f"costs must be a CostProfile, the path of a saved one or a CostModel, "
-                         f"got {type(costs).__name__}")
+    raise ParameterError(
+        f"costs must be a CostProfile, the path of a saved one or a CostModel, got {type(costs).__name__}"
+    )
 
 
 def check_costs(costs: CostProfile | CostModel, model: Mapping[str, Any], depth: int, what: str) -> CostModel:
@@ -323,9 +359,15 @@ def with_costs(oracle: OracleTrace, costs: Costs | None) -> OracleTrace:
 
 
 # -- measuring --------------------------------------------------------------------------------------
-def profile_costs(model: "Session | str | os.PathLike | None" = None, prompts: Sequence[Any] | None = None, *,
-                  max_tokens: int = 128, depth: int | None = None,
-                  progress: bool | Callable[[int, int], None] = True, **open_kwargs: Any) -> CostProfile:
+def profile_costs(
+    model: Session | str | os.PathLike | None = None,
+    prompts: Sequence[Any] | None = None,
+    *,
+    max_tokens: int = 128,
+    depth: int | None = None,
+    progress: bool | Callable[[int, int], None] = True,
+    **open_kwargs: Any,
+) -> CostProfile:
     """Measure this machine's cost profile for a model: one oracle with timing probes per prompt (default:
     :data:`DEFAULT_PROMPTS`, code and prose), after a short warm-up, and one :class:`CostModel` fitted on
     all their measurements pooled.
@@ -347,15 +389,16 @@ def profile_costs(model: "Session | str | os.PathLike | None" = None, prompts: S
         return _measure(session, prompts, max_tokens, depth, progress)
 
 
-def _measure(session: "Session", prompts, max_tokens: int, depth: int | None, progress) -> CostProfile:
+def _measure(session: Session, prompts, max_tokens: int, depth: int | None, progress) -> CostProfile:
     prompts = list(DEFAULT_PROMPTS if prompts is None else ([prompts] if isinstance(prompts, str) else prompts))
     if not prompts:
         raise ParameterError("no prompts to measure the cost profile on")
     check_int("max_tokens", max_tokens, 8, None)
     depth = session.capacity if depth is None else check_int("depth", depth, 1, None)
     if depth > session.capacity:
-        raise ParameterError(f"depth={depth} exceeds the session's capacity of {session.capacity}; open it with "
-                             f"n_rs_seq={depth} or more")
+        raise ParameterError(
+            f"depth={depth} exceeds the session's capacity of {session.capacity}; open it with n_rs_seq={depth} or more"
+        )
     report = _reporter(progress, len(prompts) + 1)
     t0 = time.perf_counter()
     oracles = []
@@ -372,20 +415,34 @@ def _measure(session: "Session", prompts, max_tokens: int, depth: int | None, pr
     pos = columns["pos"].astype(np.float64)
     options = getattr(session, "options", None)
     return CostProfile(
-        cost=cost, model=model_identity(session.info.to_dict()),
-        options=options.as_kwargs() if hasattr(options, "as_kwargs") else dict(session.open_kwargs),
-        session={"n_ctx": session.n_ctx, "threads": session.threads, "capacity": session.capacity,
-                 "telemetry": session.telemetry, "clock": session.clock} | _placement(session),
+        cost=cost,
+        model=model_identity(session.info.to_dict()),
+        options=options.as_kwargs() if hasattr(options, "as_kwargs") else dict(session.open_kwargs),  # type: ignore[union-attr]
+        session={
+            "n_ctx": session.n_ctx,
+            "threads": session.threads,
+            "capacity": session.capacity,
+            "telemetry": session.telemetry,
+            "clock": session.clock,
+        }
+        | _placement(session),
         machine=machine_facts(),
-        measured={"prompts": [p if isinstance(p, str) else session.detokenize(p) for p in prompts],
-                  "max_tokens": max_tokens, "depth": depth, "n_oracles": len(oracles), "n_positions": int(pos.size),
-                  "min_pos": float(pos.min()), "max_pos": float(pos.max()), "mean_pos": float(pos.mean()),
-                  "seconds": time.perf_counter() - t0},
+        measured={
+            "prompts": [p if isinstance(p, str) else session.detokenize(p) for p in prompts],
+            "max_tokens": max_tokens,
+            "depth": depth,
+            "n_oracles": len(oracles),
+            "n_positions": int(pos.size),
+            "min_pos": float(pos.min()),
+            "max_pos": float(pos.max()),
+            "mean_pos": float(pos.mean()),
+            "seconds": time.perf_counter() - t0,
+        },
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
 
 
-def _placement(session: "Session") -> dict[str, Any]:
+def _placement(session: Session) -> dict[str, Any]:
     """Where the session's model computes (GPU layers, flash attention, KV cache types, backend devices), as
     JSON values."""
     return json.loads(json.dumps(dict(getattr(session, "placement", {})), default=_jsonable))

@@ -57,10 +57,10 @@ class ReplayApproximate(UserWarning):
 class Candidate:
     """One drafter's proposal at every position, as arrays ``[..., T]`` (leading axes: settings of a grid)."""
 
-    n_raw: np.ndarray    #: tokens proposed, before the ``n_min`` drop (0 where not asked)
-    stop: np.ndarray     #: why the proposal stopped (int8 index into STOP_REASONS)
+    n_raw: np.ndarray  #: tokens proposed, before the ``n_min`` drop (0 where not asked)
+    stop: np.ndarray  #: why the proposal stopped (int8 index into STOP_REASONS)
     dropped: np.ndarray  #: shorter than ``n_min``: nothing of it is verified
-    asked: np.ndarray    #: the drafter took part (the trace's ``candidate_*`` columns are set); may be ``[..., 1]``
+    asked: np.ndarray  #: the drafter took part (the trace's ``candidate_*`` columns are set); may be ``[..., 1]``
     decodes: np.ndarray  #: model decodes of the draft call (0 for a look-up)
 
     @cached_property
@@ -73,7 +73,7 @@ class Candidate:
         """A non-empty proposal that was not dropped: the chain policy may choose it."""
         return self.asked & ~self.dropped & (self.n_raw > 0)
 
-    def take(self, idx: np.ndarray) -> "Candidate":
+    def take(self, idx: np.ndarray) -> Candidate:
         """The proposals at positions ``idx`` (the steps of a path)."""
         shape = np.shape(self.n_raw)
         return Candidate(*(np.broadcast_to(getattr(self, f.name), shape)[..., idx] for f in dataclasses.fields(self)))
@@ -91,7 +91,7 @@ class Expectation(abc.ABC):
     def expected(self, g: int, n: int) -> float:
         """The expected accepted length of the first ``n`` tokens of the proposal at position ``g``."""
 
-    def observe(self, g: int, n_proposed: int, n_match: int, n_emitted: int) -> None:
+    def observe(self, g: int, n_proposed: int, n_match: int, n_emitted: int) -> None:  # noqa: B027 (a no-op hook)
         """A step at ``g`` ended: the proposal had ``n_proposed`` tokens of which the first ``n_match`` equal the
         greedy path, and the step emitted ``n_emitted`` tokens (whoever drafted them)."""
 
@@ -125,9 +125,11 @@ class DrafterReplay(abc.ABC):
         """Why replaying it in ``mode`` at ``n_max`` cannot be exact ('': it is): by default, :attr:`state_note` when
         an earlier drafter of a ``first``-policy chain takes steps from it."""
         chained_behind = mode.policy == "first" and self.spec in mode.drafters[1:]
-        return f"once {mode.drafters[0].spec_type} drafts, {self.state_note}" if chained_behind and self.state_note else ""
+        return (
+            f"once {mode.drafters[0].spec_type} drafts, {self.state_note}" if chained_behind and self.state_note else ""
+        )
 
-    def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
+    def __init__(self, oracle: OracleTrace, spec: DrafterSpec) -> None:
         self.oracle = oracle
         self.spec = spec
         self.index = spec.index
@@ -199,12 +201,12 @@ class DrafterReplay(abc.ABC):
     def expectation(self) -> Expectation:
         """A fresh estimator of its expected accepted length for one replayed generation."""
 
-    def draft_ns(self, cost: "CostModel", proposal: Candidate, cap_pos: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    def draft_ns(self, cost: CostModel, proposal: Candidate, cap_pos: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """Predicted time of its draft calls (``cap_pos``: the step's cap was > 0; ``pos``: n_past): by default
         one look-up wherever it was asked (a drafter without a model)."""
         return np.where(np.asarray(proposal.asked, bool), cost.lookup_ns(pos), 0.0)
 
-    def follow_ns(self, cost: "CostModel", pos: np.ndarray) -> np.ndarray | float:
+    def follow_ns(self, cost: CostModel, pos: np.ndarray) -> np.ndarray | float:
         """Predicted time it takes to follow each step's verify batch besides the MTP catch-up (``pos``: n_past at
         the steps): none by default."""
         return 0.0
@@ -247,20 +249,20 @@ class MtpReplay(DrafterReplay):
     @cached_property
     def expected_table(self) -> np.ndarray:
         """[T, depth + 1]: expected accepted length of the first n chain tokens."""
-        prob = np.nan_to_num(self.confidence.astype(np.float64), nan=0.0)
+        prob = np.nan_to_num(self.confidence.astype(np.float64), nan=0.0)  # type: ignore[union-attr]
         cum = np.cumsum(np.cumprod(prob, axis=1), axis=1)
         return np.concatenate([np.zeros((prob.shape[0], 1)), cum], axis=1)
 
     def candidate(self, cap, reason, p_min, n_min, active) -> Candidate:
         L, eos, prob = self.length, self.eos, self.confidence
-        N = prob.shape[1]
+        N = prob.shape[1]  # type: ignore[union-attr]
         limit = self.head_limit
         if limit:  # chained heads: llama.cpp caps the draft at the heads
             reason = np.where(cap > limit, STOP["n_max"], reason)
             cap = np.minimum(cap, limit)
         valid = np.arange(N)[None, :] < L[:, None]
         # prefix length with every confidence >= p_min (the engine compares float32 values)
-        ok = np.where(valid, prob >= np.asarray(p_min, dtype=np.float32)[..., None, None], False)
+        ok = np.where(valid, prob >= np.asarray(p_min, dtype=np.float32)[..., None, None], False)  # type: ignore[operator]
         d_pmin = np.minimum(np.where(ok.all(axis=-1), N, np.argmin(ok, axis=-1)), L)
         running = np.asarray(active) & self.available
         drafting = running[..., None] & (cap > 0)
@@ -315,10 +317,12 @@ class Eagle3Replay(DraftModelReplay):
     recorded with ``p_min = 0``, cut where a confidence falls below ``p_min``); its encoder and decoder follow every
     verify batch (the follow cost), as a draft model does."""
 
-    state_note = ("after a step it does not draft in, llama.cpp 0.3.36's draft-eagle3 writes the deferred row of its "
-                  "memory with the newest g instead of the deferred one (common_speculative_impl_draft_eagle3::process "
-                  "reads pending_g_last after overwriting it), so its later drafts differ from those the oracle "
-                  "recorded, where it drafts at every position")
+    state_note = (
+        "after a step it does not draft in, llama.cpp 0.3.36's draft-eagle3 writes the deferred row of its "
+        "memory with the newest g instead of the deferred one (common_speculative_impl_draft_eagle3::process "
+        "reads pending_g_last after overwriting it), so its later drafts differ from those the oracle "
+        "recorded, where it drafts at every position"
+    )
 
 
 class DFlashReplay(DraftModelReplay):
@@ -336,8 +340,10 @@ class DFlashReplay(DraftModelReplay):
         limit = int(self.oracle.settings.get("draft_block_limit", 0))  # block_size - 1 of a non-causal head
         recorded, asked = min(self.oracle.depth, limit), min(n_max, limit)
         if limit and asked != recorded:
-            return (f"its non-causal block at n_max={n_max} has {asked} mask slots, the oracle recorded blocks of "
-                    f"{recorded} (record it with depth={asked})")
+            return (
+                f"its non-causal block at n_max={n_max} has {asked} mask slots, the oracle recorded blocks of "
+                f"{recorded} (record it with depth={asked})"
+            )
         return super().approximation(mode, n_max)
 
 
@@ -384,11 +390,11 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     cur_len = len(tokens)
     if cur_len <= size_n + size_m + 1:
         return []
-    pattern = list(tokens[cur_len - size_n + 1:]) + [sampled]
+    pattern = list(tokens[cur_len - size_n + 1 :]) + [sampled]
     for j in range(cur_len - size_n - 1, 0, -1):  # position 0 means no match in llama.cpp
-        if tokens[j:j + size_n] == pattern:
+        if tokens[j : j + size_n] == pattern:
             copy_max = min(size_m, cur_len - (j + size_n))
-            return [] if copy_max < size_n else list(tokens[j + size_n:j + size_n + copy_max])
+            return [] if copy_max < size_n else list(tokens[j + size_n : j + size_n + copy_max])
     return []
 
 
@@ -415,6 +421,10 @@ class DrafterState(abc.ABC):
     outcome (:meth:`told`), it fills in its proposals' arrays (:meth:`candidate`) as the engine would have drafted
     them on that path."""
 
+    asked: np.ndarray  #: per position: whether it was asked there
+    n_raw: np.ndarray  #: per position: its proposal's length before ``n_min``
+    n_min: int
+
     @abc.abstractmethod
     def propose(self, g: int) -> None:
         """The drafter is asked at position ``g``: its proposal there, its state advanced as the engine's."""
@@ -439,7 +449,7 @@ class StatefulReplay(DrafterReplay):
 
     stateful = True
 
-    def __init__(self, oracle: "OracleTrace", spec: DrafterSpec) -> None:
+    def __init__(self, oracle: OracleTrace, spec: DrafterSpec) -> None:
         super().__init__(oracle, spec)
         self._tokens = np.array(self.column("draft"), dtype=np.int32)
         self._length = self.column("draft_len").astype(np.int64)
@@ -520,7 +530,13 @@ class LookupState(DrafterState):
 
     def __init__(self, replay: StatefulReplay, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> None:
         T = len(cap)
-        self.replay, self.cap, self.reason, self.n_min, self.active = replay, cap.tolist(), reason.tolist(), n_min, active
+        self.replay, self.cap, self.reason, self.n_min, self.active = (
+            replay,
+            cap.tolist(),
+            reason.tolist(),
+            n_min,
+            active,
+        )
         self.n_raw = np.zeros(T, dtype=np.int64)
         self.stop = np.asarray(reason, dtype=np.int8).copy()
         self.asked = np.zeros(T, dtype=bool)
@@ -528,8 +544,9 @@ class LookupState(DrafterState):
         self.n_prompt = len(replay.oracle.prompt_tokens)
 
     def candidate(self) -> Candidate:
-        return Candidate(self.n_raw.copy(), self.stop.copy(), self.n_raw < self.n_min, self.asked.copy(),
-                         np.zeros_like(self.n_raw))
+        return Candidate(
+            self.n_raw.copy(), self.stop.copy(), self.n_raw < self.n_min, self.asked.copy(), np.zeros_like(self.n_raw)
+        )
 
     def propose(self, g: int) -> None:
         if not self.active or self.cap[g] <= 0:  # the engine's look-up drafters take no part at a cap of 0
@@ -559,7 +576,7 @@ class NgramModTable:
 
     def idx(self, tokens: list[int], i: int) -> int:
         res, mult, size = 0, self.MULT, self.SIZE
-        for t in tokens[i:i + self.n]:
+        for t in tokens[i : i + self.n]:
             res = (res * mult + t) % size
         return res
 
@@ -579,8 +596,11 @@ class NgramModState(LookupState):
 
     def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, options: dict) -> None:
         super().__init__(replay, cap, reason, n_min, active)
-        self.n_match, self.mod_n_min, self.mod_n_max = (options["ngram_mod_n_match"], options["ngram_mod_n_min"],
-                                                        options["ngram_mod_n_max"])
+        self.n_match, self.mod_n_min, self.mod_n_max = (
+            options["ngram_mod_n_match"],
+            options["ngram_mod_n_min"],
+            options["ngram_mod_n_max"],
+        )
         self.table = NgramModTable(self.n_match)
         self.i_last = self.n_draft_last = self.n_low = 0
         self.n_resets = 0  # table resets on low acceptance along the walk
@@ -601,7 +621,7 @@ class NgramModState(LookupState):
             for i in range(self.i_last, cur_len - n):
                 self.table.add(hist, i)
             self.i_last = cur_len - n
-        window = hist[cur_len - n + 1:cur_len + 1]
+        window = hist[cur_len - n + 1 : cur_len + 1]
         for i in range(self.mod_n_max):
             t = self.table.get(window, i)
             if t == -1:
@@ -649,8 +669,18 @@ class NgramMapState(LookupState):
     MAX_COUNT = 16380
     N_VALUES = 4
 
-    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, size_n: int, size_m: int,
-                 min_hits: int, key_only: bool) -> None:
+    def __init__(
+        self,
+        replay: StatefulReplay,
+        cap,
+        reason,
+        n_min: int,
+        active: bool,
+        size_n: int,
+        size_m: int,
+        min_hits: int,
+        key_only: bool,
+    ) -> None:
         super().__init__(replay, cap, reason, n_min, active)
         self.n, self.m, self.min_hits, self.key_only = size_n, size_m, min_hits, key_only
         self.key_map: dict[int, int] = {}
@@ -661,12 +691,12 @@ class NgramMapState(LookupState):
 
     def _hash(self, tokens: list[int], start: int) -> int:
         h = 0
-        for t in tokens[start:start + self.n]:
+        for t in tokens[start : start + self.n]:
             h = (h * self.LCG + t) & 0xFFFFFFFF
         return h % self.HASH_SIZE
 
     def _key_at(self, j: int, key: list[int]) -> bool:
-        return self.history[j:j + self.n] == key
+        return self.history[j : j + self.n] == key
 
     def _find(self, cur_len: int, key: list[int]) -> int:
         n, m, begin, last_idx = self.n, self.m, self.size_last_begin, self.key_map_last_idx
@@ -695,8 +725,14 @@ class NgramMapState(LookupState):
         for i, k in enumerate(self.keys):
             if self._key_at(k["key_idx"], key):
                 return i
-        self.keys.append({"key_idx": match_pos, "stat_idx": 0, "key_num": 0,
-                          "values": [[0, 0, self.m] for _ in range(self.N_VALUES)]})
+        self.keys.append(
+            {
+                "key_idx": match_pos,
+                "stat_idx": 0,
+                "key_num": 0,
+                "values": [[0, 0, self.m] for _ in range(self.N_VALUES)],
+            }
+        )
         return len(self.keys) - 1
 
     def _count_values(self, k: dict, key: list[int], match_pos: int) -> int | None:
@@ -709,7 +745,7 @@ class NgramMapState(LookupState):
             for v in values:
                 if v[0] == 0:
                     v[0], v[1], v[2] = begin, 0, m
-                elif hist[begin:begin + m] != hist[v[0]:v[0] + m]:
+                elif hist[begin : begin + m] != hist[v[0] : v[0] + m]:
                     continue
                 v[1] = min(v[1] + 1, self.MAX_COUNT)
                 break
@@ -726,7 +762,7 @@ class NgramMapState(LookupState):
         n, m = self.n, self.m
         if cur_len < 2 * n + m:
             return []
-        key = self.history[cur_len - n + 1:cur_len + 1]
+        key = self.history[cur_len - n + 1 : cur_len + 1]
         match_pos = self._find(cur_len, key)
         self._hash_new(cur_len)
         if match_pos == 0:
@@ -738,12 +774,12 @@ class NgramMapState(LookupState):
         if not self.key_only:
             if k["key_num"] < self.min_hits:
                 return []
-            slot = self._count_values(k, key, match_pos)
+            slot = self._count_values(k, key, match_pos)  # type: ignore[assignment]
             if slot is None:
                 return []
         n_draft = min(m, k["values"][slot][2])
         self.last = (offset, slot)
-        return self.history[match_pos + n:match_pos + n + max(n_draft, 0)]
+        return self.history[match_pos + n : match_pos + n + max(n_draft, 0)]
 
     def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
         if not asked:
@@ -763,7 +799,7 @@ class NgramMapReplay(StatefulReplay):
         values = option_values(recorded)
         size_n, size_m, min_hits = (values[o.name] for o in self.spec.options)
         key_only = self.spec.options[0].name.startswith("ngram_map_k_")
-        return NgramMapState(self, cap, reason, n_min, active, size_n, size_m, min_hits, key_only)
+        return NgramMapState(self, cap, reason, n_min, active, size_n, size_m, min_hits, key_only)  # type: ignore[arg-type]
 
 
 # -- llama.cpp's ngram-cache ----------------------------------------------------------------------------
@@ -773,8 +809,9 @@ class NgramCacheState(LookupState):
     the previous call (llama.cpp's chunks: n-grams across two chunks never enter it), and the dynamic and static caches
     read from the recorded files. Its accept is a no-op."""
 
-    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, nc_dynamic: dict,
-                 nc_static: dict) -> None:
+    def __init__(
+        self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, nc_dynamic: dict, nc_static: dict
+    ) -> None:
         super().__init__(replay, cap, reason, n_min, active)
         self.nc_context: dict = {}
         self.nc_dynamic, self.nc_static = nc_dynamic, nc_static
@@ -783,12 +820,14 @@ class NgramCacheState(LookupState):
     def lookup(self, cur_len: int) -> list[int]:
         hist = self.history
         if self.cache_size < cur_len + 1:
-            chunk = hist[min(self.cache_size, cur_len):cur_len + 1]
-            ngram_cache.update(self.nc_context, ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, chunk,
-                               len(chunk))
+            chunk = hist[min(self.cache_size, cur_len) : cur_len + 1]
+            ngram_cache.update(
+                self.nc_context, ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, chunk, len(chunk)
+            )
             self.cache_size = cur_len + 1
-        return ngram_cache.draft(hist[:cur_len + 1], ngram_cache.N_DRAFT, self.nc_context, self.nc_dynamic,
-                                 self.nc_static)
+        return ngram_cache.draft(
+            hist[: cur_len + 1], ngram_cache.N_DRAFT, self.nc_context, self.nc_dynamic, self.nc_static
+        )
 
     def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
         """llama.cpp's ngram-cache learns nothing from an outcome (its accept is a no-op)."""
@@ -805,8 +844,10 @@ class NgramCacheReplay(StatefulReplay):
         recorded = recorded_options(self.oracle.settings, self.spec.options)
         values = option_values(recorded)
         by_name = {o.name: o for o in self.spec.options}
-        return tuple(ngram_cache.load(values[name], by_name[name].flag) if values[name] else {}
-                     for name in ("lookup_cache_dynamic", "lookup_cache_static"))
+        return tuple(  # type: ignore[return-value]
+            ngram_cache.load(values[name], by_name[name].flag) if values[name] else {}  # type: ignore[arg-type]
+            for name in ("lookup_cache_dynamic", "lookup_cache_static")
+        )
 
     def start(self, cap, reason, n_min, active) -> DrafterState:
         nc_dynamic, nc_static = self.files

@@ -24,22 +24,23 @@ import functools
 import math
 import operator
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..core import drafters
+from ..core.drafters import DRAFTER_SPECS, DrafterMode
+from ..core.errors import ParameterError
+from ..core.options import is_full_telemetry
+from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
+from ..core.settings import DraftSettings
+from ..core.trace import Trace
 from . import metrics
 from .batch_shift import BatchShift, tolerance_of
 from .oracle import OracleTrace
 from .profile import Costs, resolve_costs, with_costs
 from .replay import STOP, Candidate, DrafterReplay, DrafterState, ReplayApproximate
-from ..core import drafters
-from ..core.drafters import DRAFTER_SPECS, DrafterMode
-from ..core.errors import ParameterError
-from ..core.options import is_full_telemetry
-from ..core.settings import DraftSettings
-from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
-from ..core.trace import Trace
 
 DEFAULT_TOL_LOGIT = 1e-3
 """The tie tolerance in logits where the batch-shape shift was not measured (an oracle without one)."""
@@ -69,18 +70,27 @@ class SimTrace(Trace):
         measured batch-shape tolerance (a real run's verify batch may emit the other token there, and from there
         on it follows another text), and the predicted totals as ranges (:func:`uncertainty_of`)."""
         c = self.columns
-        return uncertainty_of(self.oracle, int(self.policy["n_max"]), self.sim["g"], c["n_drafted"], c["n_accepted"],
-                              self.summary()["tokens_per_second"], len(self.tokens))
+        return uncertainty_of(
+            self.oracle,
+            int(self.policy["n_max"]),
+            self.sim["g"],
+            c["n_drafted"],
+            c["n_accepted"],
+            self.summary()["tokens_per_second"],
+            len(self.tokens),
+        )
 
     def ceiling_tokens_per_second(self) -> float:
         """The bound with every draft accepted: each step drafts ``n_max`` tokens and keeps them all."""
-        return ceiling_tokens_per_second(self.oracle, int(self.policy["n_max"]), self.policy["drafter"],
-                                         int(self.policy["max_tokens"]))
+        return ceiling_tokens_per_second(
+            self.oracle, int(self.policy["n_max"]), self.policy["drafter"], int(self.policy["max_tokens"])
+        )
 
 
 # -- policies -----------------------------------------------------------------------------------------
-def _check_policy(oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min, drafter: str | DrafterMode,
-                  max_tokens) -> DraftSettings:
+def _check_policy(
+    oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min, drafter: str | DrafterMode, max_tokens
+) -> DraftSettings:
     """The settings to replay (``n_max`` a :class:`DraftSettings`: those, the loose arguments at their defaults),
     checked against the oracle, or a :class:`ParameterError` naming what is wrong with them."""
     if not isinstance(oracle, OracleTrace):
@@ -90,8 +100,13 @@ def _check_policy(oracle: OracleTrace, n_max: int | DraftSettings, p_min, n_min,
             raise ParameterError("give DraftSettings or n_max, p_min, n_min, drafter and max_tokens, not both")
         settings = n_max
     else:
-        settings = DraftSettings(n_max=n_max, p_min=p_min, n_min=n_min, drafter=drafter,
-                                 max_tokens=oracle.max_tokens if max_tokens is None else max_tokens)
+        settings = DraftSettings(
+            n_max=n_max,
+            p_min=p_min,
+            n_min=n_min,
+            drafter=drafter,  # type: ignore[arg-type]
+            max_tokens=oracle.max_tokens if max_tokens is None else max_tokens,
+        )
     settings = settings.check(oracle.limits)
     _warn_approximate(oracle, settings)
     return settings
@@ -106,8 +121,7 @@ def _warn_approximate(oracle: OracleTrace, settings: DraftSettings) -> None:
     for spec in mode.drafters:
         why = oracle.replay(spec).approximation(mode, settings.n_max)
         if why:
-            warnings.warn(f"the replay of drafter={mode.name!r} is approximate: {why}", ReplayApproximate,
-                          stacklevel=4)
+            warnings.warn(f"the replay of drafter={mode.name!r} is approximate: {why}", ReplayApproximate, stacklevel=4)
 
 
 def _best(usable: Sequence[list[bool]], expected: Sequence[list[float]]) -> Callable[[int], int]:
@@ -158,8 +172,9 @@ def _choose(mode: DrafterMode) -> Callable:
     try:
         return CHAIN_POLICY_REPLAYS[mode.policy]
     except KeyError:
-        raise ParameterError(f"the simulator cannot replay the chain policy {mode.policy!r} "
-                             f"(it knows {sorted(CHAIN_POLICY_REPLAYS)})") from None
+        raise ParameterError(
+            f"the simulator cannot replay the chain policy {mode.policy!r} (it knows {sorted(CHAIN_POLICY_REPLAYS)})"
+        ) from None
 
 
 def _replays(oracle: OracleTrace, mode: DrafterMode) -> tuple[DrafterReplay, ...]:
@@ -191,18 +206,18 @@ def _caps(oracle: OracleTrace, n_max, max_tokens: int, server_slot: bool = False
 class _Steps:
     """The steps a policy takes (one entry each) and every drafter's proposal at them."""
 
-    g: np.ndarray                 #: tokens generated before the step (its oracle position)
-    chosen: np.ndarray            #: whose draft was verified (or, none usable, offered): index in the mode
+    g: np.ndarray  #: tokens generated before the step (its oracle position)
+    chosen: np.ndarray  #: whose draft was verified (or, none usable, offered): index in the mode
     n_drafted: np.ndarray
     n_accepted: np.ndarray
     stop_reason: np.ndarray
-    drafter: np.ndarray           #: the engine's drafter index of a verified draft, -1 none
+    drafter: np.ndarray  #: the engine's drafter index of a verified draft, -1 none
     expected_accepted: np.ndarray
     cap: np.ndarray
-    head: np.ndarray              #: a drafter's model followed the target (catch-up, cold caches)
+    head: np.ndarray  #: a drafter's model followed the target (catch-up, cold caches)
     proposals: tuple[Candidate, ...]  #: each drafter of the mode, at the steps
-    expected: np.ndarray          #: [drafters of the mode, steps]: each one's expected accepted length
-    replayed: np.ndarray          #: tokens of the step before verified again from its checkpoint (0: none)
+    expected: np.ndarray  #: [drafters of the mode, steps]: each one's expected accepted length
+    replayed: np.ndarray  #: tokens of the step before verified again from its checkpoint (0: none)
 
     @property
     def verify_rows(self) -> np.ndarray:
@@ -212,11 +227,16 @@ class _Steps:
     @property
     def n_decodes(self) -> np.ndarray:
         """Model decodes of the steps' draft calls."""
-        return sum(p.decodes for p in self.proposals)
+        return sum(p.decodes for p in self.proposals)  # type: ignore[return-value]
 
 
-def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequence[int] | None = None,
-                server_slot: bool = False, checkpoints: bool = False) -> _Steps:
+def _run_policy(
+    oracle: OracleTrace,
+    policy: DraftSettings,
+    start_steps: Sequence[int] | None = None,
+    server_slot: bool = False,
+    checkpoints: bool = False,
+) -> _Steps:
     """The per-step outcome of a policy: steps start at the positions it visits, or (``start_steps``
     given) at those positions (aligned prediction for :func:`compare`); ``checkpoints``: each partial acceptance is
     followed by a replay step that drafts nothing (:func:`simulate`)."""
@@ -227,18 +247,27 @@ def _run_policy(oracle: OracleTrace, policy: DraftSettings, start_steps: Sequenc
     matches = [r.match_len for r in replays]
     running = [active and r.available for r in replays]
     T_end = min(oracle.n_positions, policy.max_tokens)
-    stateful = [r.state if r.stateful else None for r in replays]
+    stateful = [r.state if r.stateful else None for r in replays]  # type: ignore[attr-defined]
     if len(replays) == 1 and start_steps is None and stateful[0] is None:
         # the choice does not depend on the history: vectorised, then follow the path
         path, replayed = _follow(cands[0], matches[0], T_end, checkpoints)
         chosen = np.zeros(len(path), dtype=np.int64)
         acc = np.minimum(cands[0].n_drafted[path], matches[0][path])
-        expected = (replays[0].expectation().along(path, cands[0].n_raw, matches[0], acc) if running[0]
-                    else np.full(len(path), np.nan))[None, :]
+        expected = (
+            replays[0].expectation().along(path, cands[0].n_raw, matches[0], acc)
+            if running[0]
+            else np.full(len(path), np.nan)
+        )[None, :]
     else:
         # sequential: the policy's choice may read the drafters' running statistics
-        walker = _Walk(cands, matches, [r.expectation() if on else None for r, on in zip(replays, running)],
-                       _choose(policy.mode), CHAIN_POLICY_ASKS_ALL[policy.mode.policy], stateful)
+        walker = _Walk(
+            cands,
+            matches,
+            [r.expectation() if on else None for r, on in zip(replays, running)],
+            _choose(policy.mode),
+            CHAIN_POLICY_ASKS_ALL[policy.mode.policy],
+            stateful,
+        )
         path, chosen, expected, replayed = walker.run(T_end, start_steps, checkpoints)
         # a stateful drafter's proposals are those its state made along the walk
         cands = [c if st is None else st.candidate() for c, st in zip(cands, stateful)]
@@ -258,8 +287,13 @@ def _asked_along(mode: DrafterMode, cands: Sequence[Candidate], path: np.ndarray
 
 def _only_asked(cand: Candidate, asked: np.ndarray) -> Candidate:
     """A proposal where the policy asked the drafter; nothing (not asked, no decodes) elsewhere."""
-    return Candidate(np.where(asked, cand.n_raw, 0), cand.stop, cand.dropped & asked, cand.asked & asked,
-                     np.where(asked, cand.decodes, 0))
+    return Candidate(
+        np.where(asked, cand.n_raw, 0),
+        cand.stop,
+        cand.dropped & asked,
+        cand.asked & asked,
+        np.where(asked, cand.decodes, 0),
+    )
 
 
 def _follow(cand: Candidate, match: np.ndarray, T_end: int, checkpoints: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -275,7 +309,7 @@ def _follow(cand: Candidate, match: np.ndarray, T_end: int, checkpoints: bool = 
         if replay:
             g, replay = g + 1, 0
         else:
-            replay = int(acc[g]) + 1 if checkpoints and partial[g] else 0
+            replay = int(acc[g]) + 1 if checkpoints and partial[g] else 0  # type: ignore[index]
             g = nxt[g]
     return np.asarray(path, dtype=np.int64), np.asarray(replayed, dtype=np.int64)
 
@@ -284,8 +318,15 @@ class _Walk:
     """Steps taken one by one: at each, the expected lengths of the drafters that learn, the policy's choice,
     then those drafters observe the outcome."""
 
-    def __init__(self, cands: Sequence[Candidate], matches: Sequence[np.ndarray], estimators: list, policy,
-                 asks_all: bool = True, states: Sequence[DrafterState | None] = ()) -> None:
+    def __init__(
+        self,
+        cands: Sequence[Candidate],
+        matches: Sequence[np.ndarray],
+        estimators: list,
+        policy,
+        asks_all: bool = True,
+        states: Sequence[DrafterState | None] = (),
+    ) -> None:
         T = len(matches[0])
         self.asks_all = asks_all
         self.states = list(states) if any(st is not None for st in states) else []
@@ -295,8 +336,9 @@ class _Walk:
         self.dropped = [c.dropped.tolist() for c in cands]
         self.match = [m.tolist() for m in matches]
         # stateless estimates known at every position at once; the others asked (and told) at every step
-        self.fixed = [e.per_position(c.n_raw) if e is not None and e.stateless else None
-                      for e, c in zip(estimators, cands)]
+        self.fixed = [
+            e.per_position(c.n_raw) if e is not None and e.stateless else None for e, c in zip(estimators, cands)
+        ]
         self.expected = [f.tolist() if f is not None else [math.nan] * T for f in self.fixed]
         self.learning = [(d, e) for d, e in enumerate(estimators) if e is not None and not e.stateless]
         self.pick = policy(self.usable, self.expected)
@@ -355,8 +397,16 @@ class _Walk:
             else:
                 g = g + a + 1
         P = np.asarray(path, dtype=np.int64)
-        expected = np.stack([(f if f is not None else np.asarray(e, dtype=np.float64))[P]
-                             for f, e in zip(self.fixed, self.expected)]) if path else np.zeros((len(n_raw), 0))
+        expected = (
+            np.stack(
+                [
+                    (f if f is not None else np.asarray(e, dtype=np.float64))[P]
+                    for f, e in zip(self.fixed, self.expected)
+                ]
+            )
+            if path
+            else np.zeros((len(n_raw), 0))
+        )
         return P, np.asarray(chosen, dtype=np.int64), expected, np.asarray(replayed, dtype=np.int64)
 
     def _ask(self, g: int) -> None:
@@ -375,6 +425,7 @@ class _Walk:
 
 def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expected, replayed) -> _Steps:
     """Per-step arrays along a path from the chosen drafters' proposals (none at a checkpoint replay)."""
+
     def pick(arrays) -> np.ndarray:
         out = np.asarray(arrays[0])[path].astype(np.result_type(*arrays), copy=False)
         for i in range(1, len(arrays)):
@@ -393,10 +444,18 @@ def _gather(mode: DrafterMode, replays, cands, matches, cap, path, chosen, expec
     proposals = tuple(_only_asked(p, a) for p, a in zip(proposals, asked))
     e = expected[chosen, np.arange(len(path))]
     return _Steps(
-        g=path, chosen=chosen, n_drafted=n_d, n_accepted=acc,
+        g=path,
+        chosen=chosen,
+        n_drafted=n_d,
+        n_accepted=acc,
         stop_reason=np.where(replay, STOP["n_max"], pick([c.stop for c in cands])).astype(np.int8),
-        drafter=src, expected_accepted=np.where(src >= 0, e, np.nan), cap=np.where(replay, 0, cap[path]),
-        head=head, proposals=proposals, expected=expected, replayed=replayed,
+        drafter=src,
+        expected_accepted=np.where(src >= 0, e, np.nan),
+        cap=np.where(replay, 0, cap[path]),
+        head=head,
+        proposals=proposals,
+        expected=expected,
+        replayed=replayed,
     )
 
 
@@ -428,16 +487,23 @@ def _phase_times(oracle: OracleTrace, steps: _Steps, mode: DrafterMode) -> dict[
     pos = oracle.columns["pos"][steps.g].astype(np.float64)
     replays = _replays(oracle, mode)
     draft = _draft_ns(oracle, replays, steps.proposals, steps.cap > 0, pos)
-    return oracle.cost.phase_ns(steps.head, k, draft, rows, steps.n_drafted - steps.n_accepted, pos, fresh,
-                                _follow_ns(oracle, replays, pos))
+    return oracle.cost.phase_ns(
+        steps.head, k, draft, rows, steps.n_drafted - steps.n_accepted, pos, fresh, _follow_ns(oracle, replays, pos)
+    )
 
 
 def _total_ns(phases: Mapping[str, np.ndarray]):
     return functools.reduce(operator.add, phases.values())
 
 
-def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
-                              max_tokens: int | None = None, *, costs: Costs | None = None) -> float:
+def ceiling_tokens_per_second(
+    oracle: OracleTrace,
+    n_max: int,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+    max_tokens: int | None = None,
+    *,
+    costs: Costs | None = None,
+) -> float:
     """Tokens/s if every draft were accepted: the fastest run whose steps each keep every token they draft, each step
     drafting as many tokens as pays best (0 to ``n_max``, cut by the budget and the context as the engine cuts it),
     from the oracle's cost model (or ``costs``: a :class:`~mtp_explorer.CostProfile`, the path of a saved one, or a
@@ -461,8 +527,16 @@ def ceiling_tokens_per_second(oracle: OracleTrace, n_max: int, drafter: str | Dr
         head = _head(replays, full, cap.shape)
         if not CHAIN_POLICY_ASKS_ALL[mode.policy]:  # the first drafter's full draft is verified, the others not asked
             full = [f if i == 0 else _only_asked(f, np.zeros(cap.shape, bool)) for i, f in enumerate(full)]
-        parts = oracle.cost.phase_ns(head, cap + 1, _draft_ns(oracle, replays, full, cap > 0, pos), cap + 1, 0, pos,
-                                     False, _follow_ns(oracle, replays, pos))
+        parts = oracle.cost.phase_ns(
+            head,
+            cap + 1,
+            _draft_ns(oracle, replays, full, cap > 0, pos),
+            cap + 1,
+            0,
+            pos,
+            False,
+            _follow_ns(oracle, replays, pos),
+        )
         total = sum(np.broadcast_to(np.asarray(v, dtype=np.float64), (T,)) for v in parts.values())
         step_ns[j] = np.where(j <= cap_at, total, np.inf)
     return T / (_fastest_ns(step_ns, float(oracle.cost.fresh_ns)) / 1e9)
@@ -483,14 +557,23 @@ def _fastest_ns(step_ns: np.ndarray, fresh_ns: float) -> float:
 
 
 # -- simulate -----------------------------------------------------------------------------------------
-def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float = 0.0, n_min: int = 0, *,
-             drafter: str | DrafterMode = drafters.DEFAULT_MODE, max_tokens: int | None = None,
-             costs: Costs | None = None, server_slot: bool | None = None, checkpoints: bool = False) -> SimTrace:
+def simulate(
+    oracle: OracleTrace,
+    n_max: int | DraftSettings = 3,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    *,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+    max_tokens: int | None = None,
+    costs: Costs | None = None,
+    server_slot: bool | None = None,
+    checkpoints: bool = False,
+) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
     ``n_max <= oracle.depth`` (or ``n_max`` a :class:`~mtp_explorer.DraftSettings`, e.g. a trace's
-    :attr:`~mtp_explorer.Trace.draft_settings`, greedy); ``max_tokens`` defaults to (and may not exceed) the oracle's budget;
-    ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. The timings come from the
+    :attr:`~mtp_explorer.Trace.draft_settings`, greedy); ``max_tokens`` defaults to (and may not exceed) the oracle's
+    budget; ``drafter`` is one of :data:`~mtp_explorer.core.drafters.DRAFTER_MODES`. The timings come from the
     oracle's cost model, or from ``costs``: a :class:`~mtp_explorer.CostProfile` measured on the machine to
     predict (:func:`~mtp_explorer.profile_costs`), the path of a saved one, or a :class:`~mtp_explorer.CostModel`.
     ``server_slot=True`` replays the request as a llama-server slot runs it: the first token is sampled from the
@@ -499,8 +582,8 @@ def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float =
     ``checkpoints=True`` replays the run of a session without snapshot slots (``Session.open(n_rs_seq=0)``, as llama.cpp
     runs a chain of look-ups on a recurrent target): each partial acceptance is followed by a step that verifies its
     accepted tokens and correction again, drafting nothing (``replayed``), priced as a verify of those rows and one
-    more; the checkpoint's save and restore are not priced. Bad input (a profile of another model or shallower than the oracle included) raises
-    :class:`~mtp_explorer.ParameterError`.
+    more; the checkpoint's save and restore are not priced. Bad input (a profile of another model or shallower than the
+    oracle included) raises :class:`~mtp_explorer.ParameterError`.
     """
     policy = _check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
     server_slot = policy.server_slot if server_slot is None else bool(server_slot)
@@ -509,8 +592,9 @@ def simulate(oracle: OracleTrace, n_max: int | DraftSettings = 3, p_min: float =
     return _build_trace(oracle, steps, policy, server_slot, checkpoints)
 
 
-def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False,
-                 checkpoints: bool = False) -> SimTrace:
+def _build_trace(
+    oracle: OracleTrace, steps: _Steps, policy: DraftSettings, server_slot: bool = False, checkpoints: bool = False
+) -> SimTrace:
     """The steps as a trace: the schema's columns, filled with what the oracle knows."""
     S = len(steps.g)
     cols = empty_columns(S, Dims(depth=int(oracle.settings["capacity"]), topk=oracle.dims.topk))
@@ -526,14 +610,25 @@ def _build_trace(oracle: OracleTrace, steps: _Steps, policy: DraftSettings, serv
         cols[f"t_{phase}_ns"][:] = np.rint(times[phase])
     n_tok = int(steps.g[-1] + steps.n_accepted[-1] + 1) if S else 0
     pieces = oracle.pieces[:n_tok]
-    settings = dict(oracle.settings) | policy.to_dict() | {"simulated": True, "server_slot": server_slot,
-                                                           "checkpoints": checkpoints}
+    settings = (
+        dict(oracle.settings)
+        | policy.to_dict()
+        | {"simulated": True, "server_slot": server_slot, "checkpoints": checkpoints}
+    )
     return SimTrace(
-        oracle=oracle, policy=policy.to_dict(), sim={"n_decodes": steps.n_decodes, "g": steps.g},
-        prompt=oracle.prompt, prompt_tokens=list(oracle.prompt_tokens), tokens=[int(t) for t in oracle.tokens[:n_tok]],
-        text="".join(pieces), pieces=list(pieces), columns=cols,
+        oracle=oracle,
+        policy=policy.to_dict(),
+        sim={"n_decodes": steps.n_decodes, "g": steps.g},
+        prompt=oracle.prompt,
+        prompt_tokens=list(oracle.prompt_tokens),
+        tokens=[int(t) for t in oracle.tokens[:n_tok]],
+        text="".join(pieces),
+        pieces=list(pieces),
+        columns=cols,
         finish_reason=oracle.finish_reason if n_tok == oracle.n_positions else "budget",
-        settings=settings, model=dict(oracle.model), t_prefill_ns=0,
+        settings=settings,
+        model=dict(oracle.model),
+        t_prefill_ns=0,
     )
 
 
@@ -569,7 +664,9 @@ def _fill_drafts(cols: dict[str, np.ndarray], replays: Sequence[DrafterReplay], 
             cols["topk_probs"][rows, :N] = np.where(m[..., None], probs[at], np.nan)
 
 
-def _fill_verification(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, checkpoints: bool = False) -> None:
+def _fill_verification(
+    cols: dict[str, np.ndarray], oracle: OracleTrace, steps: _Steps, checkpoints: bool = False
+) -> None:
     """The target's tokens (the greedy path up to the first rejection), the correction and the rollback (by
     snapshot slot on a recurrent target, unless ``checkpoints``)."""
     tok = np.asarray(oracle.columns["token"], dtype=np.int32)
@@ -606,9 +703,17 @@ def _fill_batch(cols: dict[str, np.ndarray], steps: _Steps, mode: DrafterMode) -
 
 
 # -- grids ---------------------------------------------------------------------------------------------
-def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[int], p_min: Sequence[float],
-                  n_min: int | Sequence[int] = 0, *, drafter: str | DrafterMode = drafters.DEFAULT_MODE,
-                  labels: Sequence[Any] | None = None, costs: Costs | None = None, checkpoints: bool = False):
+def simulate_grid(
+    oracles: OracleTrace | Iterable[OracleTrace],
+    n_max: Sequence[int],
+    p_min: Sequence[float],
+    n_min: int | Sequence[int] = 0,
+    *,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+    labels: Sequence[Any] | None = None,
+    costs: Costs | None = None,
+    checkpoints: bool = False,
+):
     """Summary metrics of every (oracle, n_max, p_min) combination as a pandas DataFrame.
 
     Vectorised over settings for single-drafter modes (a chain replays each setting). Columns: ``prompt``
@@ -638,15 +743,25 @@ def simulate_grid(oracles: OracleTrace | Iterable[OracleTrace], n_max: Sequence[
     grid_n, grid_p, grid_nmin = _grid(n_max, p_min, n_min)
     rows = []
     for label, oracle in zip(labels, oracles):
-        policies = [_check_policy(oracle, n, p, m, mode, None)
-                    for n, p, m in zip(grid_n.tolist(), grid_p.tolist(), grid_nmin.tolist())]
+        policies = [
+            _check_policy(oracle, n, p, m, mode, None)
+            for n, p, m in zip(grid_n.tolist(), grid_p.tolist(), grid_nmin.tolist())
+        ]
         if checkpoints or mode.is_chain or any(oracle.replay(d).stateful for d in mode.drafters):
             stats = [_stats_of(oracle, _run_policy(oracle, pol, checkpoints=checkpoints), pol) for pol in policies]
         else:
             stats = _grid_stats(oracle, grid_n, grid_p, grid_nmin, mode)
         for i, st in enumerate(stats):
-            rows.append({"prompt": label, "n_max": int(grid_n[i]), "p_min": float(grid_p[i]),
-                         "n_min": int(grid_nmin[i]), "drafter": mode.name} | st)
+            rows.append(
+                {
+                    "prompt": label,
+                    "n_max": int(grid_n[i]),
+                    "p_min": float(grid_p[i]),
+                    "n_min": int(grid_nmin[i]),
+                    "drafter": mode.name,
+                }
+                | st
+            )
     return pd.DataFrame(rows)
 
 
@@ -685,8 +800,15 @@ def _accepted_bounds(unc: np.ndarray, g: np.ndarray, n_d: np.ndarray, acc: np.nd
     return low, high
 
 
-def uncertainty_of(oracle: OracleTrace, n_max: int, g: np.ndarray, n_d: np.ndarray, acc: np.ndarray,
-                   tokens_per_second: float, n_tokens: int) -> dict[str, Any]:
+def uncertainty_of(
+    oracle: OracleTrace,
+    n_max: int,
+    g: np.ndarray,
+    n_d: np.ndarray,
+    acc: np.ndarray,
+    tokens_per_second: float,
+    n_tokens: int,
+) -> dict[str, Any]:
     """The uncertain positions of a predicted path (steps at ``g`` drafting ``n_d``, accepting ``acc``) and its
     totals as ranges: accepted drafts between :func:`_accepted_bounds`' sums, tokens/s scaled as the same steps
     emitting that many tokens (the text after a flip is another, assumed alike). ``tolerance`` NaN: the oracle
@@ -698,45 +820,72 @@ def uncertainty_of(oracle: OracleTrace, n_max: int, g: np.ndarray, n_d: np.ndarr
     where = np.flatnonzero(unc[:n_tokens])
     low, high = _accepted_bounds(unc, g, n_d, acc) if len(g) else (acc, acc)
     steps, accepted = len(g), int(acc.sum())
+
     def scale(a: int) -> float:
         return tokens_per_second if a == accepted else tokens_per_second * (a + steps) / (accepted + steps)
 
     margins = oracle.columns["target_margin"]
-    return {"tolerance": tol,
-            "uncertain_positions": where.tolist(), "margins": [float(margins[p]) for p in where],
-            "first_uncertain": int(where[0]) if len(where) else None,
-            "n_accepted_range": (int(low.sum()), int(high.sum())),
-            "mean_accepted_length_range": (metrics.accepted_per_step(int(low.sum()), steps),
-                                           metrics.accepted_per_step(int(high.sum()), steps)),
-            "tokens_per_second_range": (scale(int(low.sum())), scale(int(high.sum())))}
+    return {
+        "tolerance": tol,
+        "uncertain_positions": where.tolist(),
+        "margins": [float(margins[p]) for p in where],
+        "first_uncertain": int(where[0]) if len(where) else None,
+        "n_accepted_range": (int(low.sum()), int(high.sum())),
+        "mean_accepted_length_range": (
+            metrics.accepted_per_step(int(low.sum()), steps),
+            metrics.accepted_per_step(int(high.sum()), steps),
+        ),
+        "tokens_per_second_range": (scale(int(low.sum())), scale(int(high.sum()))),
+    }
 
 
 def _stats_of(oracle: OracleTrace, steps: _Steps, policy: DraftSettings) -> dict:
     seconds = float(_total_ns(_phase_times(oracle, steps, policy.mode)).sum()) / 1e9
     n_d, acc = steps.n_drafted, steps.n_accepted
     n_tok = int(steps.g[-1] + acc[-1] + 1) if len(acc) else 0
-    row = _row(n_tok, len(acc), int(n_d.sum()), int(acc.sum()),
-               metrics.acceptance_by_depth(n_d, acc, oracle.depth).rate, seconds,
-               ceiling_tokens_per_second(oracle, policy.n_max, policy.mode),
-               ceiling_tokens_per_second(oracle, 0, policy.mode))
-    return row | _range_columns(uncertainty_of(oracle, policy.n_max, steps.g, n_d, acc, row["tokens_per_second"],
-                                               n_tok))
+    row = _row(
+        n_tok,
+        len(acc),
+        int(n_d.sum()),
+        int(acc.sum()),
+        metrics.acceptance_by_depth(n_d, acc, oracle.depth).rate,
+        seconds,
+        ceiling_tokens_per_second(oracle, policy.n_max, policy.mode),
+        ceiling_tokens_per_second(oracle, 0, policy.mode),
+    )
+    return row | _range_columns(
+        uncertainty_of(oracle, policy.n_max, steps.g, n_d, acc, row["tokens_per_second"], n_tok)
+    )
 
 
 def _range_columns(u: dict[str, Any]) -> dict[str, Any]:
     """A grid row's uncertainty columns, from :func:`uncertainty_of`."""
-    return {"n_uncertain": len(u["uncertain_positions"]), "first_uncertain": u["first_uncertain"],
-            "tokens_per_second_low": u["tokens_per_second_range"][0],
-            "tokens_per_second_high": u["tokens_per_second_range"][1],
-            "mean_accepted_length_low": u["mean_accepted_length_range"][0],
-            "mean_accepted_length_high": u["mean_accepted_length_range"][1]}
+    return {
+        "n_uncertain": len(u["uncertain_positions"]),
+        "first_uncertain": u["first_uncertain"],
+        "tokens_per_second_low": u["tokens_per_second_range"][0],
+        "tokens_per_second_high": u["tokens_per_second_range"][1],
+        "mean_accepted_length_low": u["mean_accepted_length_range"][0],
+        "mean_accepted_length_high": u["mean_accepted_length_range"][1],
+    }
 
 
-def _row(n_tokens: int, n_steps: int, n_drafted: int, n_accepted: int, by_depth: list[float], seconds: float,
-         ceiling: float, plain: float) -> dict:
+def _row(
+    n_tokens: int,
+    n_steps: int,
+    n_drafted: int,
+    n_accepted: int,
+    by_depth: list[float],
+    seconds: float,
+    ceiling: float,
+    plain: float,
+) -> dict:
     """One row of a grid: the run's numbers (from :mod:`~mtp_explorer.analysis.metrics`)."""
     return {
-        "n_tokens": n_tokens, "n_steps": n_steps, "n_drafted": n_drafted, "n_accepted": n_accepted,
+        "n_tokens": n_tokens,
+        "n_steps": n_steps,
+        "n_drafted": n_drafted,
+        "n_accepted": n_accepted,
         "acceptance_rate": metrics.accepted_per_drafted(n_accepted, n_drafted),
         "mean_accepted_length": metrics.accepted_per_step(n_accepted, n_steps),
         "acceptance_by_depth": by_depth,
@@ -759,9 +908,18 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     tel = is_full_telemetry(oracle.settings.get("telemetry"))
     pos = oracle.columns["pos"].astype(np.float64)[None, :]
     draft = _draft_ns(oracle, (replay,), (cand,), cap > 0, pos)
-    step_fresh = _total_ns(oracle.cost.phase_ns(_head((replay,), (cand,), cand.asked.shape), n_d + 1, draft,
-                                                n_d + 1 if tel else acc + 1, n_d - acc, pos, fresh=True,
-                                                follow=_follow_ns(oracle, (replay,), pos)))
+    step_fresh = _total_ns(
+        oracle.cost.phase_ns(
+            _head((replay,), (cand,), cand.asked.shape),
+            n_d + 1,
+            draft,
+            n_d + 1 if tel else acc + 1,
+            n_d - acc,
+            pos,
+            fresh=True,
+            follow=_follow_ns(oracle, (replay,), pos),
+        )
+    )
     visited, total_ns = _follow_lanes(n_d + 1, acc, step_fresh, step_fresh - oracle.cost.fresh_ns, T_end)
     n_steps = visited.sum(axis=1)
     n_drafted = np.where(visited, n_d, 0).sum(axis=1)
@@ -769,8 +927,19 @@ def _grid_stats(oracle: OracleTrace, grid_n, grid_p, grid_nmin, mode: DrafterMod
     by_depth = metrics.acceptance_by_depth_runs(n_d, acc, oracle.depth, visited)
     ceiling = {n: ceiling_tokens_per_second(oracle, n, mode) for n in set(grid_n.tolist())}
     plain = ceiling_tokens_per_second(oracle, 0, mode)
-    rows = [_row(T_end, int(n_steps[i]), int(n_drafted[i]), int(n_accepted[i]), by_depth[i].tolist(),
-                 float(total_ns[i] / 1e9), ceiling[int(grid_n[i])], plain) for i in range(len(grid_n))]
+    rows = [
+        _row(
+            T_end,
+            int(n_steps[i]),
+            int(n_drafted[i]),
+            int(n_accepted[i]),
+            by_depth[i].tolist(),
+            float(total_ns[i] / 1e9),
+            ceiling[int(grid_n[i])],
+            plain,
+        )
+        for i in range(len(grid_n))
+    ]
     g = np.arange(n_d.shape[1])
     for row, n, v, nd, a in zip(rows, grid_n.tolist(), visited, n_d, acc):
         row.update(_range_columns(uncertainty_of(oracle, n, g[v], nd[v], a[v], row["tokens_per_second"], T_end)))
@@ -869,8 +1038,13 @@ def _predict_at(oracle: OracleTrace, trace: Trace, starts: list[int]) -> dict[in
         n_max, p_min, n_min = settings[i]
         seg = [s for s in starts[i:j] if s < oracle.n_positions]
         if seg:
-            policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
-                                   max_tokens=max_tokens)
+            policy = DraftSettings(
+                n_max=int(n_max),
+                p_min=float(np.float32(p_min)),
+                n_min=int(n_min),
+                drafter=mode,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+            )
             steps = _run_policy(oracle, policy, start_steps=seg, checkpoints=checkpoints)
             out.update({step: (steps, q) for q, step in enumerate(range(i, i + len(seg)))})
         i = j
@@ -881,8 +1055,14 @@ def _name(names: Sequence[str], i: int) -> str | None:
     return names[i] if i >= 0 else None
 
 
-def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None, tol_prob: float = 1e-4,
-            batch_rows: int | None = None) -> Comparison:
+def compare(
+    oracle: OracleTrace,
+    trace: Trace,
+    *,
+    tol_logit: float | None = None,
+    tol_prob: float = 1e-4,
+    batch_rows: int | None = None,
+) -> Comparison:
     """Check every step of a real greedy ``trace`` against the oracle's prediction for the same
     position and the settings in force at that step (live ``set_params`` changes included; in a
     chain mode the drafters' running statistics are then replayed per stretch of constant
@@ -914,16 +1094,32 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None
         steps, q = predicted[i]
         n_compared += 1
         real_nd, real_acc = int(c["n_drafted"][i]), int(c["n_accepted"][i])
-        real = {"n_drafted": real_nd, "n_accepted": real_acc, "drafted": c["drafted"][i, :real_nd].tolist(),
-                "stop_reason": int(c["stop_reason"][i]), "drafter": int(c["drafter"][i])}
+        real = {
+            "n_drafted": real_nd,
+            "n_accepted": real_acc,
+            "drafted": c["drafted"][i, :real_nd].tolist(),
+            "stop_reason": int(c["stop_reason"][i]),
+            "drafter": int(c["drafter"][i]),
+        }
         pred_nd = int(steps.n_drafted[q])
-        pred = {"n_drafted": pred_nd, "n_accepted": int(steps.n_accepted[q]),
-                "drafted": replays[int(steps.chosen[q])].tokens[g, :pred_nd].tolist(),
-                "stop_reason": int(steps.stop_reason[q]), "drafter": int(steps.drafter[q])}
+        pred = {
+            "n_drafted": pred_nd,
+            "n_accepted": int(steps.n_accepted[q]),
+            "drafted": replays[int(steps.chosen[q])].tokens[g, :pred_nd].tolist(),
+            "stop_reason": int(steps.stop_reason[q]),
+            "drafter": int(steps.drafter[q]),
+        }
         if real == pred and (diverge is None or g + real_acc < diverge):
             continue
-        mm = {"step": i, "g": g, "n_max": int(c["n_max"][i]), "p_min": float(c["p_min"][i]),
-              "n_min": int(c["n_min"][i]), "real": _named(real), "predicted": _named(pred)}
+        mm = {
+            "step": i,
+            "g": g,
+            "n_max": int(c["n_max"][i]),
+            "p_min": float(c["p_min"][i]),
+            "n_min": int(c["n_min"][i]),
+            "real": _named(real),
+            "predicted": _named(pred),
+        }
         mm.update(_classify(oracle, trace, i, g, replays[int(steps.chosen[q])], diverge, tol_logit, tol_prob))
         mm["tolerance"] = tol_logit
         mm["explanation"] = _explain(mm, oracle.batch_shift if given_tol is None else None, tol_logit, batch_rows, kv)
@@ -935,7 +1131,10 @@ def compare(oracle: OracleTrace, trace: Trace, *, tol_logit: float | None = None
 
 def _named(outcome: dict) -> dict:
     """A step's outcome with its stop reason and drafter as names."""
-    return outcome | {"stop_reason": STOP_REASONS[outcome["stop_reason"]], "drafter": _name(DRAFTERS, outcome["drafter"])}
+    return outcome | {
+        "stop_reason": STOP_REASONS[outcome["stop_reason"]],
+        "drafter": _name(DRAFTERS, outcome["drafter"]),
+    }
 
 
 def _explain(mm: dict, shift: BatchShift | None, tol_logit: float, batch_rows: int, kv: int) -> str:
@@ -946,20 +1145,28 @@ def _explain(mm: dict, shift: BatchShift | None, tol_logit: float, batch_rows: i
         where = "the target's token" if cause == "target_argmax" else f"the draft at depth {mm.get('depth')}"
         return f"{where} differs: " + shift.explain(margin, batch_rows, kv)
     if mm["kind"] == "tie":
-        return f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (given, not measured)" \
-            if cause in ("target_argmax", "draft_argmax") else f"{cause} near-tie: margin {margin:.3g}"
+        return (
+            f"{cause} near-tie: margin {margin:.3g} < tolerance {tol_logit:.3g} (given, not measured)"
+            if cause in ("target_argmax", "draft_argmax")
+            else f"{cause} near-tie: margin {margin:.3g}"
+        )
     return f"unexplained ({cause}): margin {margin:.3g}, tolerance {tol_logit:.3g}: report it as a bug"
 
 
-def _classify(oracle: OracleTrace, trace: Trace, i: int, g: int, chosen: DrafterReplay, diverge, tol_logit: float,
-              tol_prob: float) -> dict:
+def _classify(
+    oracle: OracleTrace, trace: Trace, i: int, g: int, chosen: DrafterReplay, diverge, tol_logit: float, tol_prob: float
+) -> dict:
     c = trace.columns
     real_nd = int(c["n_drafted"][i])
     real_acc = int(c["n_accepted"][i])
     if diverge is not None and g + real_acc >= diverge:
         margin = float(oracle.columns["target_margin"][diverge]) if diverge < oracle.n_positions else math.inf
-        return {"kind": "tie" if margin < tol_logit else "unexplained", "cause": "target_argmax",
-                "margin": margin, "position": diverge}
+        return {
+            "kind": "tie" if margin < tol_logit else "unexplained",
+            "cause": "target_argmax",
+            "margin": margin,
+            "position": diverge,
+        }
     real_src = int(c["drafter"][i])
     # a draft token that differs: an argmax tie in the drafting head?
     if chosen.margins is not None and real_src in (-1, chosen.spec.index):
@@ -968,8 +1175,9 @@ def _classify(oracle: OracleTrace, trace: Trace, i: int, g: int, chosen: Drafter
             return tie
     # the same tokens but a different cut: a confidence at p_min?
     p_min = float(np.float32(c["p_min"][i]))
-    probs = [p for spec in DRAFTER_SPECS.values() if spec.has_confidence
-             for p in _confidences(oracle.replay(spec), g)] + list(c["draft_prob"][i, :real_nd])
+    probs = [
+        p for spec in DRAFTER_SPECS.values() if spec.has_confidence for p in _confidences(oracle.replay(spec), g)
+    ] + list(c["draft_prob"][i, :real_nd])
     near = [float(p) for p in probs if not math.isnan(p) and abs(float(p) - p_min) < tol_prob]
     if near and p_min > 0:
         return {"kind": "tie", "cause": "p_min_threshold", "margin": min(abs(p - p_min) for p in near)}
@@ -984,17 +1192,16 @@ def _draft_tie(replay: DrafterReplay, c, i: int, g: int, real_nd: int, tol_logit
     real_draft = c["drafted"][i, :real_nd]
     for j in range(min(real_nd, int(replay.length[g]))):
         if int(real_draft[j]) != int(replay.tokens[g, j]):
-            margin = float(replay.margins[g, j])
+            margin = float(replay.margins[g, j])  # type: ignore[index]
             tp = c["topk_probs"][i, j]
             real_gap = float(tp[0] - tp[1]) if tp.shape[0] > 1 and not np.isnan(tp[1]) else math.inf
             tie = margin < tol_logit or real_gap < tol_prob
-            return {"kind": "tie" if tie else "unexplained", "cause": "draft_argmax", "margin": margin,
-                    "depth": j + 1}
+            return {"kind": "tie" if tie else "unexplained", "cause": "draft_argmax", "margin": margin, "depth": j + 1}
     return None
 
 
 def _confidences(replay: DrafterReplay, g: int) -> list:
-    return list(replay.confidence[g, : int(replay.length[g])])
+    return list(replay.confidence[g, : int(replay.length[g])])  # type: ignore[index]
 
 
 def _choice_gap(expected: np.ndarray) -> float:
@@ -1028,10 +1235,19 @@ def cost_consistency(oracle: OracleTrace, trace: Trace, *, costs: Costs | None =
     n_max, p_min, n_min = settings[0]
     if any(st != settings[0] for st in settings):
         raise ParameterError("cost_consistency needs a trace with constant settings")
-    policy = DraftSettings(n_max=int(n_max), p_min=float(np.float32(p_min)), n_min=int(n_min), drafter=mode,
-                           max_tokens=int(trace.settings.get("max_tokens", oracle.max_tokens)))
-    steps = _run_policy(oracle, policy, start_steps=_step_starts(c["n_accepted"]),
-                        checkpoints=bool(trace.settings.get("checkpoints", False)))
+    policy = DraftSettings(
+        n_max=int(n_max),
+        p_min=float(np.float32(p_min)),
+        n_min=int(n_min),
+        drafter=mode,  # type: ignore[arg-type]
+        max_tokens=int(trace.settings.get("max_tokens", oracle.max_tokens)),
+    )
+    steps = _run_policy(
+        oracle,
+        policy,
+        start_steps=_step_starts(c["n_accepted"]),
+        checkpoints=bool(trace.settings.get("checkpoints", False)),
+    )
     if len(steps.g) != trace.n_steps or not np.array_equal(steps.n_drafted, c["n_drafted"]):
         raise ParameterError("the trace's steps differ from the oracle's prediction (see compare())")
     pred = _phase_times(oracle, steps, mode)
@@ -1063,8 +1279,13 @@ def _robust_ns(measured: np.ndarray, predicted: np.ndarray, keys: np.ndarray) ->
 
 
 def _consistency_totals(n_tok: int, pred: float, meas: float, robust: float) -> dict[str, float]:
-    out = {"predicted_seconds": pred / 1e9, "measured_seconds": meas / 1e9, "robust_measured_seconds": robust / 1e9,
-           "ratio_raw": meas / pred if pred else math.nan, "ratio_robust": robust / pred if pred else math.nan}
+    out = {
+        "predicted_seconds": pred / 1e9,
+        "measured_seconds": meas / 1e9,
+        "robust_measured_seconds": robust / 1e9,
+        "ratio_raw": meas / pred if pred else math.nan,
+        "ratio_robust": robust / pred if pred else math.nan,
+    }
     out["predicted_tokens_per_second"] = n_tok / out["predicted_seconds"] if pred else math.nan
     out["measured_tokens_per_second"] = n_tok / out["measured_seconds"] if meas else math.nan
     out["robust_measured_tokens_per_second"] = n_tok / out["robust_measured_seconds"] if robust else math.nan

@@ -18,21 +18,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..core import drafters
+from ..core.checks import check_int
+from ..core.drafters import DrafterMode
+from ..core.errors import CancelledError, ParameterError
+from ..core.session import Session
+from ..core.settings import DraftSettings
 from . import metrics
 from .oracle import CostModel, OracleTrace
 from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second, simulate_grid
-from ..core import drafters
-from ..core.drafters import DrafterMode
-from ..core.checks import check_int
-from ..core.errors import CancelledError, ParameterError
-from ..core.session import Session
-from ..core.settings import DraftSettings
 
 DEFAULT_N_MAX = (0, 1, 2, 3, 4)
 DEFAULT_P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
@@ -40,10 +41,28 @@ SWEEP_MODES = ("simulate", "measure")
 """How a sweep gets its numbers: replayed on oracle traces, or measured with real runs."""
 
 COLUMNS = (
-    "prompt", "mode", "drafter", "n_max", "p_min", "n_min", "n_tokens", "n_steps", "n_drafted", "n_accepted",
-    "acceptance_rate", "mean_accepted_length", "acceptance_by_depth", "tokens_per_second",
-    "ceiling_tokens_per_second", "plain_tokens_per_second", "seconds", "tokens_digest", "repeats",
-    "tokens_per_second_spread", "speedup", "speedup_spread",
+    "prompt",
+    "mode",
+    "drafter",
+    "n_max",
+    "p_min",
+    "n_min",
+    "n_tokens",
+    "n_steps",
+    "n_drafted",
+    "n_accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "acceptance_by_depth",
+    "tokens_per_second",
+    "ceiling_tokens_per_second",
+    "plain_tokens_per_second",
+    "seconds",
+    "tokens_digest",
+    "repeats",
+    "tokens_per_second_spread",
+    "speedup",
+    "speedup_spread",
 )
 """Columns of a sweep's DataFrame (one row per prompt and setting). ``repeats``: runs per setting (0: simulated);
 ``tokens_per_second_spread`` and ``speedup_spread``: the run-to-run spread ((max - min) / median; NaN where
@@ -82,13 +101,19 @@ class _Job:
         return [(s.n_max, s.p_min, s.n_min) for s in self.settings if s.drafter == drafter]
 
     def record(self, session: Session, prompt, probe: bool) -> OracleTrace:
-        return session.record_oracle(prompt, max_tokens=self.max_tokens, depth=self.depth, probe=probe,
-                                     **self.settings[0].options)
+        return session.record_oracle(
+            prompt,
+            max_tokens=self.max_tokens,
+            depth=self.depth,
+            probe=probe,
+            **self.settings[0].options,  # type: ignore[arg-type]
+        )
 
 
 # -- one prompt (runs here or on a worker) -------------------------------------------------------------
-def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None,
-                     oracle: OracleTrace | None = None) -> list[dict]:
+def _simulate_prompt(
+    session: Session, prompt, job: _Job, cost: CostModel | None, oracle: OracleTrace | None = None
+) -> list[dict]:
     """One oracle of ``prompt`` (it holds every drafter's drafts; ``oracle``: one recorded before, else recorded
     here), replayed for every drafter and setting."""
     if oracle is None:
@@ -102,20 +127,26 @@ def _simulate_prompt(session: Session, prompt, job: _Job, cost: CostModel | None
         wanted = set(grid)
         n_max, p_min = sorted({g[0] for g in grid}), sorted({g[1] for g in grid})
         mode = next(s.mode for s in job.settings if s.drafter == drafter)  # with its chain policy
-        df = simulate_grid(oracle, n_max, p_min, max(g[2] for g in grid), drafter=mode, labels=[prompt],
-                           checkpoints=job.checkpoints)
+        df = simulate_grid(
+            oracle, n_max, p_min, max(g[2] for g in grid), drafter=mode, labels=[prompt], checkpoints=job.checkpoints
+        )
         for rec in df.to_dict("records"):
             if (rec["n_max"], rec["p_min"], rec["n_min"]) in wanted:
                 rec["mode"] = "simulate"
                 rec["tokens_digest"] = digest
-                rec |= {"repeats": 0, "tokens_per_second_spread": math.nan, "speedup_spread": math.nan,
-                        "speedup": rec["tokens_per_second"] / rec["plain_tokens_per_second"]}
+                rec |= {
+                    "repeats": 0,
+                    "tokens_per_second_spread": math.nan,
+                    "speedup_spread": math.nan,
+                    "speedup": rec["tokens_per_second"] / rec["plain_tokens_per_second"],
+                }
                 rows.append(rec)
     return rows
 
 
-def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel,
-                    cancelled: Callable[[], bool] | None = None) -> list[dict]:
+def _measure_prompt(
+    session: Session, prompt, job: _Job, cost: CostModel, cancelled: Callable[[], bool] | None = None
+) -> list[dict]:
     """Real runs of ``prompt``: for every drafter and setting ``repeats`` runs alternating with as many plain
     baselines (setting first, then baseline, then the other way round), their median tokens/s, the plain median,
     the median of the paired speedups and the spreads; the ceiling with every draft accepted from ``cost`` at the
@@ -138,25 +169,41 @@ def _measure_prompt(session: Session, prompt, job: _Job, cost: CostModel,
                     tps.append(s["tokens_per_second"])
                     secs.append(sum(s["phase_seconds"].values()))
         ratios = [a / b for a, b in zip(tps, plain)]
-        rows.append({
-            "prompt": prompt, "mode": "measure", "drafter": st.drafter, "n_max": st.n_max, "p_min": st.p_min,
-            "n_min": st.n_min, "n_tokens": s["n_tokens"], "n_steps": s["n_steps"], "n_drafted": s["n_drafted"],
-            "n_accepted": s["n_accepted"], "acceptance_rate": s["acceptance_rate"],
-            "mean_accepted_length": s["mean_accepted_length"], "acceptance_by_depth": s["acceptance_by_depth"],
-            "tokens_per_second": float(np.median(tps)), "ceiling_tokens_per_second": ceiling[st.drafter, st.n_max],
-            "plain_tokens_per_second": float(np.median(plain)), "seconds": float(np.median(secs)),
-            "tokens_digest": _digest(run.tokens), "repeats": job.repeats,
-            "tokens_per_second_spread": metrics.spread(tps), "speedup": float(np.median(ratios)),
-            "speedup_spread": metrics.spread(ratios),
-        })
+        rows.append(
+            {
+                "prompt": prompt,
+                "mode": "measure",
+                "drafter": st.drafter,
+                "n_max": st.n_max,
+                "p_min": st.p_min,
+                "n_min": st.n_min,
+                "n_tokens": s["n_tokens"],
+                "n_steps": s["n_steps"],
+                "n_drafted": s["n_drafted"],
+                "n_accepted": s["n_accepted"],
+                "acceptance_rate": s["acceptance_rate"],
+                "mean_accepted_length": s["mean_accepted_length"],
+                "acceptance_by_depth": s["acceptance_by_depth"],
+                "tokens_per_second": float(np.median(tps)),
+                "ceiling_tokens_per_second": ceiling[st.drafter, st.n_max],
+                "plain_tokens_per_second": float(np.median(plain)),
+                "seconds": float(np.median(secs)),
+                "tokens_digest": _digest(run.tokens),
+                "repeats": job.repeats,
+                "tokens_per_second_spread": metrics.spread(tps),
+                "speedup": float(np.median(ratios)),
+                "speedup_spread": metrics.spread(ratios),
+            }
+        )
     return rows
 
 
-def _run_prompt(session: Session, mode: str, prompt, job: _Job, cost: CostModel | None,
-                cancelled: Callable[[], bool] | None = None) -> list[dict]:
+def _run_prompt(
+    session: Session, mode: str, prompt, job: _Job, cost: CostModel | None, cancelled: Callable[[], bool] | None = None
+) -> list[dict]:
     if mode == "simulate":
         return _simulate_prompt(session, prompt, job, cost)
-    return _measure_prompt(session, prompt, job, cost, cancelled)
+    return _measure_prompt(session, prompt, job, cost, cancelled)  # type: ignore[arg-type]
 
 
 _WORKER_SESSIONS: dict[tuple, Session] = {}
@@ -172,17 +219,32 @@ def _worker_session(path: str, open_kwargs: dict) -> Session:
 
 def _run_on_worker(path: str, open_kwargs: dict, mode: str, prompt, job: _Job, cost: dict | None) -> list[dict]:
     """A Dask task: one prompt on this worker's own session (opened from the model path)."""
-    return _run_prompt(_worker_session(path, open_kwargs), mode, prompt, job,
-                       CostModel.from_dict(cost) if cost else None)
+    return _run_prompt(
+        _worker_session(path, open_kwargs), mode, prompt, job, CostModel.from_dict(cost) if cost else None
+    )
 
 
 # -- sweep ----------------------------------------------------------------------------------------------
-def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFAULT_N_MAX,
-          p_min: Sequence[float] = DEFAULT_P_MIN, n_min: int = 0, mode: str = "simulate", client=None, *,
-          max_tokens: int = 128, drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
-          cost: CostModel | None = None, costs: Costs | None = None, repeats: int = 1, progress: bool = True,
-          checkpoints: bool = False, oracles: OracleTrace | Sequence[OracleTrace] | None = None,
-          cancelled: Callable[[], bool] | None = None, **options: int | str | None):
+def sweep(
+    session: Session,
+    prompts: str | Iterable,
+    n_max: Sequence[int] = DEFAULT_N_MAX,
+    p_min: Sequence[float] = DEFAULT_P_MIN,
+    n_min: int = 0,
+    mode: str = "simulate",
+    client=None,
+    *,
+    max_tokens: int = 128,
+    drafter: str | DrafterMode | Sequence[str | DrafterMode] = drafters.DEFAULT_MODE,
+    cost: CostModel | None = None,
+    costs: Costs | None = None,
+    repeats: int = 1,
+    progress: bool = True,
+    checkpoints: bool = False,
+    oracles: OracleTrace | Sequence[OracleTrace] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    **options: int | str | None,
+):
     """Every prompt under every (``n_max``, ``p_min``) setting: a pandas DataFrame with one row per
     prompt, drafter and setting (columns :data:`COLUMNS`).
 
@@ -201,8 +263,8 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     ``ceiling_tokens_per_second`` (every draft accepted) comes from the same cost model, priced at
     the positions of each prompt's generation.
     ``client``: a ``dask.distributed.Client`` to spread the prompts over its workers.
-    ``checkpoints=True`` (simulate mode; the look-ups and draft-simple): predict each setting as a session without snapshot
-    slots runs it (``Session.open(n_rs_seq=0)``; llama.cpp's rollback for a chain of look-ups on a recurrent
+    ``checkpoints=True`` (simulate mode; the look-ups and draft-simple): predict each setting as a session without
+    snapshot slots runs it (``Session.open(n_rs_seq=0)``; llama.cpp's rollback for a chain of look-ups on a recurrent
     target; :func:`~mtp_explorer.simulate`'s ``checkpoints``) from oracles recorded on this session, which needs
     slots: an oracle rolls back through them.
     ``oracles`` (simulate mode): one :class:`~mtp_explorer.OracleTrace` per prompt, in the prompts' order, recorded
@@ -216,15 +278,16 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     """
     import pandas as pd
 
-    prompts, job = _check_sweep(session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options,
-                                checkpoints)
+    prompts, job = _check_sweep(
+        session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats, options, checkpoints
+    )
     if cost is not None and costs is not None:
         raise ParameterError("give cost (a CostModel) or costs (a CostProfile), not both")
     if cost is not None and not isinstance(cost, CostModel):  # a profile given as cost=
         cost, costs = None, cost
     given = _check_oracles(oracles, prompts, job, mode, client)
     if costs is not None:
-        cost = check_costs(resolve_costs(costs), session.info.to_dict(), job.depth, "the sweep")
+        cost = check_costs(resolve_costs(costs), session.info.to_dict(), job.depth, "the sweep")  # type: ignore[arg-type]
     if cost is None:
         cost = given[0].cost if given else job.record(session, prompts[0], probe=True).fitted_cost
     rows: list[dict] = []
@@ -246,18 +309,33 @@ def sweep(session: Session, prompts: str | Iterable, n_max: Sequence[int] = DEFA
     return df[list(COLUMNS)]
 
 
-def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_tokens, drafter, repeats,
-                 options, checkpoints: bool = False) -> tuple[list, _Job]:
+def _check_sweep(
+    session: Session,
+    prompts,
+    n_max,
+    p_min,
+    n_min,
+    mode,
+    max_tokens,
+    drafter,
+    repeats,
+    options,
+    checkpoints: bool = False,
+) -> tuple[list, _Job]:
     """The prompts and the job, or a :class:`ParameterError` naming what is wrong."""
     if mode not in SWEEP_MODES:
         raise ParameterError(f"mode must be one of {SWEEP_MODES}, got {mode!r}")
     if session.checkpoints:
-        raise ParameterError("a sweep records oracle traces, which roll the target back through snapshot slots, and "
-                             "this session has none (n_rs_seq=0): open one with slots and sweep with checkpoints=True "
-                             "to predict the run without them")
+        raise ParameterError(
+            "a sweep records oracle traces, which roll the target back through snapshot slots, and "
+            "this session has none (n_rs_seq=0): open one with slots and sweep with checkpoints=True "
+            "to predict the run without them"
+        )
     if checkpoints and mode != "simulate":
-        raise ParameterError("checkpoints=True predicts from oracle traces (mode='simulate'); to measure the rollback "
-                             "without slots, generate on a session opened with n_rs_seq=0")
+        raise ParameterError(
+            "checkpoints=True predicts from oracle traces (mode='simulate'); to measure the rollback "
+            "without slots, generate on a session opened with n_rs_seq=0"
+        )
     given = [drafter] if isinstance(drafter, (str, DrafterMode)) else list(drafter)
     if not given:
         raise ParameterError("no drafter: give one of the drafter modes or several of them")
@@ -270,8 +348,10 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
         raise ParameterError(f"drafter lists one drafter twice: {names}")
     slotted = [n for n in names if drafters.mode(n).gets_snapshot_slots]
     if checkpoints and slotted:
-        raise ParameterError(f"checkpoints=True predicts the drafters llama.cpp gives no snapshot slots (the look-ups "
-                             f"and draft-simple), as a session without slots runs only them; not {slotted}")
+        raise ParameterError(
+            f"checkpoints=True predicts the drafters llama.cpp gives no snapshot slots (the look-ups "
+            f"and draft-simple), as a session without slots runs only them; not {slotted}"
+        )
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ParameterError("no prompts")
@@ -284,8 +364,12 @@ def _check_sweep(session: Session, prompts, n_max, p_min, n_min, mode, max_token
     n_min = check_int("n_min", n_min, 0, None)
     check_int("repeats", repeats, 1, None)
     base = DraftSettings(max_tokens=max_tokens, options={k: v for k, v in options.items() if v is not None})
-    settings = tuple(base.replace(drafter=d, chain_policy=modes[d], n_max=n, p_min=p, n_min=min(n_min, n))
-                     .check(session.limits) for d in names for n in n_max for p in p_min)
+    settings = tuple(
+        base.replace(drafter=d, chain_policy=modes[d], n_max=n, p_min=p, n_min=min(n_min, n)).check(session.limits)
+        for d in names
+        for n in n_max
+        for p in p_min
+    )
     return prompts, _Job(settings, repeats, bool(checkpoints))
 
 
@@ -307,8 +391,10 @@ def _check_oracles(oracles, prompts: list, job: _Job, mode: str, client) -> list
         if isinstance(prompt, str) and o.prompt != prompt:
             raise ParameterError(f"oracles[{i}] was recorded for the prompt {o.prompt!r}, not {prompt!r}")
         if o.max_tokens != job.max_tokens:
-            raise ParameterError(f"oracles[{i}] was recorded with max_tokens={o.max_tokens}, the sweep asks for "
-                                 f"max_tokens={job.max_tokens}")
+            raise ParameterError(
+                f"oracles[{i}] was recorded with max_tokens={o.max_tokens}, the sweep asks for "
+                f"max_tokens={job.max_tokens}"
+            )
         if o.depth < job.depth:
             raise ParameterError(f"oracles[{i}] was recorded to depth {o.depth}, the sweep asks for n_max={job.depth}")
         recorded = drafters.recorded_options(o.settings)
@@ -324,8 +410,16 @@ def _run_distributed(client, session: Session, mode: str, prompts: list, job: _J
 
     open_kwargs = dict(session.open_kwargs)
     futures = {
-        client.submit(_run_on_worker, str(Path(session.path)), open_kwargs, mode, prompt, job,
-                      cost.to_dict() if cost is not None else None, pure=False): i
+        client.submit(
+            _run_on_worker,
+            str(Path(session.path)),
+            open_kwargs,
+            mode,
+            prompt,
+            job,
+            cost.to_dict() if cost is not None else None,
+            pure=False,
+        ): i
         for i, prompt in enumerate(prompts)
     }
     by_prompt: dict[int, list[dict]] = {}
@@ -352,14 +446,14 @@ class Recommendation:
     drafter: str
     tokens_per_second: float
     runner_up: dict[str, Any] | None
-    margin_over_runner_up: float          # best / runner-up - 1
+    margin_over_runner_up: float  # best / runner-up - 1
     plain_tokens_per_second: float
-    margin_over_plain: float              # best / plain - 1
-    table: Any                            # every setting, best first (pandas DataFrame)
+    margin_over_plain: float  # best / plain - 1
+    table: Any  # every setting, best first (pandas DataFrame)
     #: the larger run-to-run spread of the best and the runner-up (a measured sweep's ``tokens_per_second_spread``,
     #: the largest over the prompts; NaN where simulated)
     spread: float = math.nan
-    note: str = ""                        #: in words, when the margin over the runner-up is within that spread
+    note: str = ""  #: in words, when the margin over the runner-up is within that spread
 
     @property
     def drafters(self) -> Any:
@@ -399,11 +493,14 @@ def recommend(df) -> Recommendation:
     d["_plain_sec"] = d["n_tokens"] / d["plain_tokens_per_second"]
     if "tokens_per_second_spread" not in d:
         d["tokens_per_second_spread"] = math.nan
-    agg = d.groupby(keys, as_index=False).agg(n_tokens=("n_tokens", "sum"), seconds=("_sec", "sum"),
-                                              plain_seconds=("_plain_sec", "sum"),
-                                              acceptance_rate=("acceptance_rate", "mean"),
-                                              n_prompts=("prompt", "nunique"),
-                                              tokens_per_second_spread=("tokens_per_second_spread", "max"))
+    agg = d.groupby(keys, as_index=False).agg(
+        n_tokens=("n_tokens", "sum"),
+        seconds=("_sec", "sum"),
+        plain_seconds=("_plain_sec", "sum"),
+        acceptance_rate=("acceptance_rate", "mean"),
+        n_prompts=("prompt", "nunique"),
+        tokens_per_second_spread=("tokens_per_second_spread", "max"),
+    )
     agg["tokens_per_second"] = agg["n_tokens"] / agg["seconds"]
     agg = agg.sort_values("tokens_per_second", ascending=False, kind="stable").reset_index(drop=True)
     best = agg.iloc[0]
@@ -415,20 +512,32 @@ def recommend(df) -> Recommendation:
         plain = float(agg["n_tokens"].iloc[0] / agg["plain_seconds"].iloc[0])
     tps = float(best["tokens_per_second"])
     margin = (tps / float(runner["tokens_per_second"]) - 1.0) if runner is not None else math.nan
-    spread = float(np.fmax(best["tokens_per_second_spread"], runner["tokens_per_second_spread"])
-                   if runner is not None else best["tokens_per_second_spread"])
+    spread = float(
+        np.fmax(best["tokens_per_second_spread"], runner["tokens_per_second_spread"])
+        if runner is not None
+        else best["tokens_per_second_spread"]
+    )
     note = ""
     if margin <= spread:
-        note = (f"the best setting beats the runner-up by {margin:.1%}, within the runs' spread of {spread:.1%}: "
-                "the two are not told apart; measure more repeats or longer generations")
+        note = (
+            f"the best setting beats the runner-up by {margin:.1%}, within the runs' spread of {spread:.1%}: "
+            "the two are not told apart; measure more repeats or longer generations"
+        )
     return Recommendation(
-        n_max=int(best["n_max"]), p_min=float(best["p_min"]), n_min=int(best["n_min"]), drafter=str(best["drafter"]),
+        n_max=int(best["n_max"]),
+        p_min=float(best["p_min"]),
+        n_min=int(best["n_min"]),
+        drafter=str(best["drafter"]),
         tokens_per_second=tps,
-        runner_up=None if runner is None else {k: (runner[k].item() if hasattr(runner[k], "item") else runner[k])
-                                               for k in keys + ["tokens_per_second"]},
-        margin_over_runner_up=margin, plain_tokens_per_second=plain,
+        runner_up=None
+        if runner is None
+        else {k: (runner[k].item() if hasattr(runner[k], "item") else runner[k]) for k in keys + ["tokens_per_second"]},
+        margin_over_runner_up=margin,
+        plain_tokens_per_second=plain,
         margin_over_plain=tps / plain - 1.0 if plain > 0 else math.nan,
-        table=agg.drop(columns=["plain_seconds"]), spread=spread, note=note,
+        table=agg.drop(columns=["plain_seconds"]),
+        spread=spread,
+        note=note,
     )
 
 

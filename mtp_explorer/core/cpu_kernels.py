@@ -9,14 +9,14 @@ model decodes several sequences of one batch into other (degenerate) tokens than
 
 :func:`check_extra_buffers` answers for this machine and this llama.cpp build. On a CPU without AMX it answers at once.
 On one with AMX it decodes small SYNTHETIC Q8_0 and F16 models with the extra buffer types in a child process
-(:mod:`mtp_explorer.devtools.cpu_probe`), once: the answer is cached per CPU, kernel and ``libggml-cpu`` under
+(:mod:`mtp_explorer.core.cpu_probe`), once: the answer is cached per CPU, kernel and ``libggml-cpu`` under
 ``$MTP_EXPLORER_CACHE`` (default ``~/.cache/mtp-explorer``)/``cpu-kernels``.
 
 :func:`resolve_repack` turns a session's ``repack`` option into what the engine runs: ``None`` is llama.cpp's default
 where the check passes and ``-nr`` (no extra buffer types) where it does not, with a :class:`CpuKernelWarning`;
 ``True`` where the check fails is a :class:`~mtp_explorer.ParameterError`, not a crash. A model without weights of
-:data:`AMX_TYPES` (an F32 or BF16 file) keeps llama.cpp's default without a check. :func:`with_no_repack` gives llama.cpp's own
-tools (the reference, llama-server) the same placement.
+:data:`AMX_TYPES` (an F32 or BF16 file) keeps llama.cpp's default without a check. :func:`with_no_repack` gives
+llama.cpp's own tools (the reference, llama-server) the same placement.
 """
 
 from __future__ import annotations
@@ -32,18 +32,19 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from .cache import cache_root, write_json
 from .errors import CpuKernelWarning, ParameterError
 
 FORMAT = 1
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
-# the weight types llama.cpp 0.3.36's AMX buffer takes (ggml-cpu/amx/amx.cpp, supports_op: its quantized kernels and F16)
+# the weight types llama.cpp 0.3.36's AMX buffer takes (ggml-cpu/amx/amx.cpp, supports_op: its quantized kernels and
+# F16)
 AMX_TYPES = frozenset({"F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
-WRONG_RESULTS = 3  # the probe's exit (devtools.cpu_probe) when the kernels ran but computed other tokens
-PROBE_MODULE = "mtp_explorer.devtools.cpu_probe"
+WRONG_RESULTS = 3  # the probe's exit (core.cpu_probe) when the kernels ran but computed other tokens
+PROBE_MODULE = "mtp_explorer.core.cpu_probe"
 PROBE_DIR = "MTP_EXPLORER_PROBE_DIR"  # the folder the probe writes its models in (the parent removes it)
 PROBE_TIMEOUT = 180.0
 _IN_PROBE = "MTP_EXPLORER_CPU_PROBE"  # set in the probe's child: it runs the kernels under test itself
@@ -110,26 +111,38 @@ def probe(timeout: float = PROBE_TIMEOUT, command: list[str] | None = None) -> E
     # the probe's models are written in a folder of this process's, removed however the child ends
     with tempfile.TemporaryDirectory(prefix="mtp-explorer-cpu-probe-") as tmp:
         try:
-            run = subprocess.run(cmd, env=os.environ | {_IN_PROBE: "1", PROBE_DIR: tmp}, capture_output=True, text=True,
-                                 timeout=timeout)
+            run = subprocess.run(
+                cmd, env=os.environ | {_IN_PROBE: "1", PROBE_DIR: tmp}, capture_output=True, text=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             run = None
     if run is None:
-        return ExtraBufferCheck(False, f"llama.cpp's extra CPU buffer types did not finish a small decode in "
-                                       f"{timeout:.0f} s on this CPU ({cpu_model()})", probed=True)
+        return ExtraBufferCheck(
+            False,
+            f"llama.cpp's extra CPU buffer types did not finish a small decode in "
+            f"{timeout:.0f} s on this CPU ({cpu_model()})",
+            probed=True,
+        )
     if run.returncode == 0:
-        return ExtraBufferCheck(True, f"llama.cpp's extra CPU buffer types decoded the probe on this CPU "
-                                      f"({cpu_model()})", probed=True)
+        return ExtraBufferCheck(
+            True, f"llama.cpp's extra CPU buffer types decoded the probe on this CPU ({cpu_model()})", probed=True
+        )
     if run.returncode < 0:
         name = signal.Signals(-run.returncode).name
-        return ExtraBufferCheck(False, f"llama.cpp's AMX kernels stopped a small Q8_0 decode with {name} on this CPU "
-                                       f"({cpu_model()}; llama.cpp PR #26954)", probed=True, signal=name)
+        return ExtraBufferCheck(
+            False,
+            f"llama.cpp's AMX kernels stopped a small Q8_0 decode with {name} on this CPU "
+            f"({cpu_model()}; llama.cpp PR #26954)",
+            probed=True,
+            signal=name,
+        )
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     if run.returncode == WRONG_RESULTS and lines:
         return ExtraBufferCheck(False, f"{lines[-1]} on this CPU ({cpu_model()})", probed=True)
     tail = " | ".join(lines[-3:])
-    return ExtraBufferCheck(False, f"the extra CPU buffer types' probe exited with {run.returncode}: {tail}",
-                            probed=True)
+    return ExtraBufferCheck(
+        False, f"the extra CPU buffer types' probe exited with {run.returncode}: {tail}", probed=True
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -177,10 +190,15 @@ def resolve_repack(repack: bool | None, tensor_types: Iterable[str]) -> bool:
     if check.usable:
         return True
     if repack is True:
-        raise ParameterError(f"repack=True would stop this process: {check.reason}. Use repack=None (the default) "
-                             "or False (llama.cpp's -nr)")
-    warnings.warn(f"{check.reason}: running without extra buffer types (llama.cpp's -nr, repack=False)",
-                  CpuKernelWarning, stacklevel=3)
+        raise ParameterError(
+            f"repack=True would stop this process: {check.reason}. Use repack=None (the default) "
+            "or False (llama.cpp's -nr)"
+        )
+    warnings.warn(
+        f"{check.reason}: running without extra buffer types (llama.cpp's -nr, repack=False)",
+        CpuKernelWarning,
+        stacklevel=3,
+    )
     return False
 
 

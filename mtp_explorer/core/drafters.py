@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import _native
 from .errors import ParameterError
@@ -31,9 +32,13 @@ NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head", "dflas
 #: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
 DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head", "dflash_head", "dspark_head")
 #: How messages name each kind of draft model.
-DRAFT_KIND_LABELS: Mapping[str, str] = {"draft_model": "draft model that drafts alone", "eagle3_head": "EAGLE-3 head",
-                                        "dflash_head": "DFlash head", "dspark_head": "DSpark head",
-                                        "nothing": "no draft model"}
+DRAFT_KIND_LABELS: Mapping[str, str] = {
+    "draft_model": "draft model that drafts alone",
+    "eagle3_head": "EAGLE-3 head",
+    "dflash_head": "DFlash head",
+    "dspark_head": "DSpark head",
+    "nothing": "no draft model",
+}
 
 
 def draft_kind(has_draft_model: bool | str) -> str:
@@ -53,9 +58,9 @@ class DrafterOption:
     """One option of a drafter: the keyword argument, llama.cpp's flag and default, its range; or, for a file
     option (:meth:`path`, ``is_path``), a file name (``""``: none), which the engine reads when a generation begins."""
 
-    name: str      #: keyword argument of Session.generate / sweep, llama.cpp's flag without ``--spec-`` (e.g.
-                   #: ``ngram_simple_size_n``); also its key in the engine's ``GenerationConfig.options``
-    flag: str      #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
+    name: str  #: keyword argument of Session.generate / sweep, llama.cpp's flag without ``--spec-`` (e.g.
+    #: ``ngram_simple_size_n``); also its key in the engine's ``GenerationConfig.options``
+    flag: str  #: llama.cpp's command-line flag, e.g. ``--spec-ngram-simple-size-n``
     default: int | str
     lo: int
     hi: int
@@ -64,7 +69,7 @@ class DrafterOption:
     is_path: bool = False  #: a file name (a ``str`` or path-like), not an integer
 
     @classmethod
-    def path(cls, name: str, flag: str, help: str) -> "DrafterOption":
+    def path(cls, name: str, flag: str, help: str) -> DrafterOption:
         """A file option: ``name``, llama.cpp's ``flag``, no file by default."""
         return cls(name, flag, "", 0, 0, help, is_path=True)
 
@@ -76,8 +81,9 @@ class DrafterOption:
                 raise ParameterError(f"{self.name} ({self.flag}) must be a file name (str or path), got {value!r}")
             return os.fspath(value)
         if not isinstance(value, int) or isinstance(value, bool) or not self.lo <= value <= self.hi:
-            raise ParameterError(f"{self.name} ({self.flag}) must be an integer in [{self.lo}, {self.hi}], "
-                                 f"got {value!r}")
+            raise ParameterError(
+                f"{self.name} ({self.flag}) must be an integer in [{self.lo}, {self.hi}], got {value!r}"
+            )
         return value
 
 
@@ -85,15 +91,17 @@ class DrafterOption:
 class DrafterSpec:
     """What the package knows of one drafter."""
 
-    name: str             #: the engine's name (an entry of DRAFTERS)
-    spec_type: str        #: llama.cpp's ``--spec-type`` value
-    label: str            #: how views name it
+    name: str  #: the engine's name (an entry of DRAFTERS)
+    spec_type: str  #: llama.cpp's ``--spec-type`` value
+    label: str  #: how views name it
     has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
-    needs: str            #: what it drafts with besides the history (an entry of :data:`NEEDS`)
+    needs: str  #: what it drafts with besides the history (an entry of :data:`NEEDS`)
     options: tuple[DrafterOption, ...] = ()
-    replay: str = ""      #: ``module:attribute`` of its replay in the simulator (resolved on first use)
+    replay: str = ""  #: ``module:attribute`` of its replay in the simulator (resolved on first use)
     description: str = ""
-    fixed_draft_len: int = 0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
+    fixed_draft_len: int = (
+        0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
+    )
     #: what a llama-server keeps of it from one request to the next ('': nothing), which a replay of each request from
     #: its own prompt does not see (common/speculative.cpp 0.3.36)
     server_carry: str = ""
@@ -192,112 +200,228 @@ class DrafterMode:
 
 # llama.cpp 0.3.36's defaults (common.h, common_params_speculative_ngram_map): 12 and 48
 _NGRAM_OPTIONS = (
-    DrafterOption("ngram_simple_size_n", "--spec-ngram-simple-size-n", 12, 1, 1024,
-                  "length of the n-gram looked up (ending with the last token)", aliases=("ngram_n",)),
-    DrafterOption("ngram_simple_size_m", "--spec-ngram-simple-size-m", 48, 1, 1024,
-                  "length of the continuation proposed after a match (cut to n_max); below ngram_simple_size_n nothing "
-                  "is proposed (llama.cpp drops a continuation shorter than the n-gram)", aliases=("ngram_m",)),
+    DrafterOption(
+        "ngram_simple_size_n",
+        "--spec-ngram-simple-size-n",
+        12,
+        1,
+        1024,
+        "length of the n-gram looked up (ending with the last token)",
+        aliases=("ngram_n",),
+    ),
+    DrafterOption(
+        "ngram_simple_size_m",
+        "--spec-ngram-simple-size-m",
+        48,
+        1,
+        1024,
+        "length of the continuation proposed after a match (cut to n_max); below ngram_simple_size_n nothing "
+        "is proposed (llama.cpp drops a continuation shorter than the n-gram)",
+        aliases=("ngram_m",),
+    ),
 )
 
 _NGRAM_MOD_OPTIONS = (
-    DrafterOption("ngram_mod_n_match", "--spec-ngram-mod-n-match", 24, 1, 1024,
-                  "length of the n-gram hashed into the table (ending with the last token)"),
-    DrafterOption("ngram_mod_n_min", "--spec-ngram-mod-n-min", 48, 0, 1024,
-                  "a draft that runs out of table entries before this many tokens is dropped"),
-    DrafterOption("ngram_mod_n_max", "--spec-ngram-mod-n-max", 64, 0, 1024,
-                  "longest draft (then cut to n_max)"),
+    DrafterOption(
+        "ngram_mod_n_match",
+        "--spec-ngram-mod-n-match",
+        24,
+        1,
+        1024,
+        "length of the n-gram hashed into the table (ending with the last token)",
+    ),
+    DrafterOption(
+        "ngram_mod_n_min",
+        "--spec-ngram-mod-n-min",
+        48,
+        0,
+        1024,
+        "a draft that runs out of table entries before this many tokens is dropped",
+    ),
+    DrafterOption("ngram_mod_n_max", "--spec-ngram-mod-n-max", 64, 0, 1024, "longest draft (then cut to n_max)"),
 )
+
 
 def _ngram_map_options(prefix: str, min_hits_help: str) -> tuple[DrafterOption, ...]:
     """The options of an ngram-map drafter, under its prefix (``ngram_map_k``, ``ngram_map_k4v``)."""
     flag = "--spec-" + prefix.replace("_", "-")
     return (
-        DrafterOption(f"{prefix}_size_n", f"{flag}-size-n", 12, 1, 1024,
-                      "length of the key n-gram looked up (ending with the last token)"),
-        DrafterOption(f"{prefix}_size_m", f"{flag}-size-m", 48, 1, 1024,
-                      "length of the m-gram after the key proposed (cut to n_max)"),
+        DrafterOption(
+            f"{prefix}_size_n",
+            f"{flag}-size-n",
+            12,
+            1,
+            1024,
+            "length of the key n-gram looked up (ending with the last token)",
+        ),
+        DrafterOption(
+            f"{prefix}_size_m",
+            f"{flag}-size-m",
+            48,
+            1,
+            1024,
+            "length of the m-gram after the key proposed (cut to n_max)",
+        ),
         DrafterOption(f"{prefix}_min_hits", f"{flag}-min-hits", 1, 1, 65535, min_hits_help),
     )
 
 
 def _ngram_map_spec(name: str, label: str, min_hits_help: str, description: str) -> DrafterSpec:
     """An ngram-map drafter (``ngram-map-k``, ``ngram-map-k4v``): its options under its prefix, one replay."""
-    return DrafterSpec(name, name, label, has_confidence=False, needs="nothing",
-                       options=_ngram_map_options(name.replace("-", "_"), min_hits_help),
-                       server_carry="each slot's key map (common_ngram_map_begin keeps the keys below the new "
-                                    "prompt's length)",
-                       replay="..analysis.replay:NgramMapReplay", description=description)
+    return DrafterSpec(
+        name,
+        name,
+        label,
+        has_confidence=False,
+        needs="nothing",
+        options=_ngram_map_options(name.replace("-", "_"), min_hits_help),
+        server_carry="each slot's key map (common_ngram_map_begin keeps the keys below the new prompt's length)",
+        replay="..analysis.replay:NgramMapReplay",
+        description=description,
+    )
 
 
 # llama.cpp 0.3.36 (common.h, common_params_speculative_ngram_cache): no files by default; its ngram-cache reads both
 # when it starts and never writes them (see native_ext/ngram_cache_drafter.h)
 _NGRAM_CACHE_OPTIONS = (
-    DrafterOption.path("lookup_cache_static", "--lookup-cache-static",
-                       "static n-gram cache file (llama.cpp's -lcs; written by llama-lookup-create or "
-                       "mtp_explorer.analysis.ngram_cache.write_static_cache); its 2-gram counts weigh and back up the "
-                       "drafts ('': none)"),
-    DrafterOption.path("lookup_cache_dynamic", "--lookup-cache-dynamic",
-                       "dynamic n-gram cache file (llama.cpp's -lcd, the same format), consulted under strict "
-                       "thresholds where the context has no draft; read only, as llama.cpp 0.3.36 ('': none)"),
+    DrafterOption.path(
+        "lookup_cache_static",
+        "--lookup-cache-static",
+        "static n-gram cache file (llama.cpp's -lcs; written by llama-lookup-create or "
+        "mtp_explorer.analysis.ngram_cache.write_static_cache); its 2-gram counts weigh and back up the "
+        "drafts ('': none)",
+    ),
+    DrafterOption.path(
+        "lookup_cache_dynamic",
+        "--lookup-cache-dynamic",
+        "dynamic n-gram cache file (llama.cpp's -lcd, the same format), consulted under strict "
+        "thresholds where the context has no draft; read only, as llama.cpp 0.3.36 ('': none)",
+    ),
 )
 
 #: Every drafter of the engine, in the engine's order.
-DRAFTER_SPECS: Mapping[str, DrafterSpec] = {s.name: s for s in (
-    DrafterSpec("mtp", "draft-mtp", "MTP head", has_confidence=True, needs="mtp",
-                replay="..analysis.replay:MtpReplay",
-                server_carry="each slot's pending hidden row (common_speculative_impl_draft_mtp::pending_h: the "
-                             "catch-up pairs a request's first prompt token with the last hidden row of the request "
-                             "the slot served before, zeros on a fresh slot; a head with memory of its own)",
-                description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min"),
-    DrafterSpec("ngram", "ngram-simple", "n-gram look-up", has_confidence=False, needs="nothing",
-                options=_NGRAM_OPTIONS, replay="..analysis.replay:NgramSimpleReplay",
-                description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
-                            "the ngram_simple_size_m tokens that followed proposed"),
-    DrafterSpec("ngram-mod", "ngram-mod", "n-gram table", has_confidence=False, needs="nothing",
-                options=_NGRAM_MOD_OPTIONS, replay="..analysis.replay:NgramModReplay",
-                server_carry="its n-gram pool, shared by the slots (begin() adds each prompt's n-grams and clears the "
-                             "pool only past 25% occupancy)",
-                description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
-                            "from the last tokens; reset after five steps of low acceptance"),
-    _ngram_map_spec("ngram-map-k", "n-gram key map", "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)",
-                    "the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens after the "
-                    "match proposed, as many as were accepted the last time this key drafted"),
-    _ngram_map_spec("ngram-map-k4v", "n-gram key/value map", "key hits before a draft",
-                    "as ngram-map-k, drafting only when the key was seen min_hits times and its most frequent "
-                    "continuation (of up to 4) at least twice as often as the others together"),
-    DrafterSpec("ngram-cache", "ngram-cache", "n-gram cache", has_confidence=False, needs="nothing",
-                options=_NGRAM_CACHE_OPTIONS, replay="..analysis.replay:NgramCacheReplay", fixed_draft_len=8,
-                server_carry="each slot's context cache (begin() does nothing: a shorter next prompt's n-grams are "
-                             "added only once the slot's tokens outgrow the last request's)",
-                description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
-                            "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
-                            "seen often enough"),
-    DrafterSpec("draft-simple", "draft-simple", "draft model", has_confidence=True, needs="draft_model",
-                replay="..analysis.replay:DraftModelReplay",
-                description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
-                            "llama.cpp's -md) drafts greedily; confidence compared with p_min"),
-    DrafterSpec("draft-eagle3", "draft-eagle3", "EAGLE-3 head", has_confidence=True, needs="eagle3_head",
-                replay="..analysis.replay:Eagle3Replay",
-                description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
-                            "reads three of the target's layers after every decode and drafts greedily from them, "
-                            "feeding its own hidden state forward; confidence compared with p_min"),
-    DrafterSpec("draft-dflash", "draft-dflash", "DFlash block", has_confidence=True, needs="dflash_head",
-                replay="..analysis.replay:DFlashReplay",
-                description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
-                            "reads target layers into its memory after every decode and drafts a whole block in one "
-                            "pass (n_max clamped to its block size - 1); confidence compared with p_min"),
-    DrafterSpec("draft-dspark", "draft-dspark", "DSpark block", has_confidence=True, needs="dspark_head",
-                replay="..analysis.replay:DFlashReplay",
-                description="a DSpark block drafter (DFlash with a Markov head chained across the block; a dflash GGUF "
-                            "from llama.cpp's DSpark converter) drafts a block in one pass from its first slot on; "
-                            "p_min is compared with its confidence head (refused without one)"),
-)}
+DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
+    s.name: s
+    for s in (
+        DrafterSpec(
+            "mtp",
+            "draft-mtp",
+            "MTP head",
+            has_confidence=True,
+            needs="mtp",
+            replay="..analysis.replay:MtpReplay",
+            server_carry="each slot's pending hidden row (common_speculative_impl_draft_mtp::pending_h: the "
+            "catch-up pairs a request's first prompt token with the last hidden row of the request "
+            "the slot served before, zeros on a fresh slot; a head with memory of its own)",
+            description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min",
+        ),
+        DrafterSpec(
+            "ngram",
+            "ngram-simple",
+            "n-gram look-up",
+            has_confidence=False,
+            needs="nothing",
+            options=_NGRAM_OPTIONS,
+            replay="..analysis.replay:NgramSimpleReplay",
+            description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
+            "the ngram_simple_size_m tokens that followed proposed",
+        ),
+        DrafterSpec(
+            "ngram-mod",
+            "ngram-mod",
+            "n-gram table",
+            has_confidence=False,
+            needs="nothing",
+            options=_NGRAM_MOD_OPTIONS,
+            replay="..analysis.replay:NgramModReplay",
+            server_carry="its n-gram pool, shared by the slots (begin() adds each prompt's n-grams and clears the "
+            "pool only past 25% occupancy)",
+            description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
+            "from the last tokens; reset after five steps of low acceptance",
+        ),
+        _ngram_map_spec(
+            "ngram-map-k",
+            "n-gram key map",
+            "unused by ngram-map-k (llama.cpp 0.3.36 ignores it)",
+            "the last ngram_map_k_size_n tokens found through a hash map of the context; the tokens after the "
+            "match proposed, as many as were accepted the last time this key drafted",
+        ),
+        _ngram_map_spec(
+            "ngram-map-k4v",
+            "n-gram key/value map",
+            "key hits before a draft",
+            "as ngram-map-k, drafting only when the key was seen min_hits times and its most frequent "
+            "continuation (of up to 4) at least twice as often as the others together",
+        ),
+        DrafterSpec(
+            "ngram-cache",
+            "ngram-cache",
+            "n-gram cache",
+            has_confidence=False,
+            needs="nothing",
+            options=_NGRAM_CACHE_OPTIONS,
+            replay="..analysis.replay:NgramCacheReplay",
+            fixed_draft_len=8,
+            server_carry="each slot's context cache (begin() does nothing: a shorter next prompt's n-grams are "
+            "added only once the slot's tokens outgrow the last request's)",
+            description="counts of the tokens after each 1- to 4-gram of the context (and of optional dynamic and "
+            "static cache files): up to 8 tokens, each the most frequent after the longest n-gram "
+            "seen often enough",
+        ),
+        DrafterSpec(
+            "draft-simple",
+            "draft-simple",
+            "draft model",
+            has_confidence=True,
+            needs="draft_model",
+            replay="..analysis.replay:DraftModelReplay",
+            description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
+            "llama.cpp's -md) drafts greedily; confidence compared with p_min",
+        ),
+        DrafterSpec(
+            "draft-eagle3",
+            "draft-eagle3",
+            "EAGLE-3 head",
+            has_confidence=True,
+            needs="eagle3_head",
+            replay="..analysis.replay:Eagle3Replay",
+            description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
+            "reads three of the target's layers after every decode and drafts greedily from them, "
+            "feeding its own hidden state forward; confidence compared with p_min",
+        ),
+        DrafterSpec(
+            "draft-dflash",
+            "draft-dflash",
+            "DFlash block",
+            has_confidence=True,
+            needs="dflash_head",
+            replay="..analysis.replay:DFlashReplay",
+            description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
+            "reads target layers into its memory after every decode and drafts a whole block in one "
+            "pass (n_max clamped to its block size - 1); confidence compared with p_min",
+        ),
+        DrafterSpec(
+            "draft-dspark",
+            "draft-dspark",
+            "DSpark block",
+            has_confidence=True,
+            needs="dspark_head",
+            replay="..analysis.replay:DFlashReplay",
+            description="a DSpark block drafter (DFlash with a Markov head chained across the block; a dflash GGUF "
+            "from llama.cpp's DSpark converter) drafts a block in one pass from its first slot on; "
+            "p_min is compared with its confidence head (refused without one)",
+        ),
+    )
+}
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
     raise ImportError(f"drafter registry {tuple(DRAFTER_SPECS)} differs from the engine's {DRAFTERS}")
 if tuple(s.needs for s in DRAFTER_SPECS.values()) != tuple(_native.DRAFTER_NEEDS):
-    raise ImportError(f"drafter registry needs {[s.needs for s in DRAFTER_SPECS.values()]} differ from the engine's "
-                      f"{_native.DRAFTER_NEEDS}")
+    raise ImportError(
+        f"drafter registry needs {[s.needs for s in DRAFTER_SPECS.values()]} differ from the engine's "
+        f"{_native.DRAFTER_NEEDS}"
+    )
+
 
 def _alone(name: str) -> DrafterMode:
     """The mode of one drafter under its name, label and description."""
@@ -308,34 +432,45 @@ def _alone(name: str) -> DrafterMode:
 def _then_mtp(name: str, label: str = "") -> DrafterMode:
     """llama.cpp's ``--spec-type <look-up>,draft-mtp``: the look-up's draft where it has one, else the MTP head's."""
     spec = DRAFTER_SPECS[name]
-    return DrafterMode(f"{spec.spec_type},draft-mtp", (spec, DRAFTER_SPECS["mtp"]), policy="first",
-                       label=f"{label or spec.label}, then MTP",
-                       description=f"llama.cpp's --spec-type {spec.spec_type},draft-mtp: the {spec.label}'s draft where "
-                                   "it has one, else the MTP head's")
+    return DrafterMode(
+        f"{spec.spec_type},draft-mtp",
+        (spec, DRAFTER_SPECS["mtp"]),
+        policy="first",
+        label=f"{label or spec.label}, then MTP",
+        description=f"llama.cpp's --spec-type {spec.spec_type},draft-mtp: the {spec.label}'s draft where "
+        "it has one, else the MTP head's",
+    )
 
 
 #: The ``drafter=`` choices, by name: llama.cpp's ``--spec-type`` value of each (a chain's in llama.cpp's order of
 #: preference), the one name every value, list, label, error and trace uses.
-MODES: Mapping[str, DrafterMode] = {m.name: m for m in (
-    DrafterMode("draft-mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
-    DrafterMode("ngram-simple", (DRAFTER_SPECS["ngram"],), label="n-gram",
-                description=DRAFTER_SPECS["ngram"].description),
-    _then_mtp("ngram", label="n-gram"),
-    _alone("ngram-mod"),
-    _then_mtp("ngram-mod"),
-    _alone("ngram-map-k"),
-    _alone("ngram-map-k4v"),
-    DrafterMode("ngram-simple,ngram-map-k,draft-mtp",
-                (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]), policy="first",
-                label="n-gram, key map, then MTP",
-                description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft"),
-    _alone("ngram-cache"),
-    _then_mtp("ngram-cache"),
-    _alone("draft-simple"),
-    _alone("draft-eagle3"),
-    _alone("draft-dflash"),
-    _alone("draft-dspark"),
-)}
+MODES: Mapping[str, DrafterMode] = {
+    m.name: m
+    for m in (
+        DrafterMode("draft-mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
+        DrafterMode(
+            "ngram-simple", (DRAFTER_SPECS["ngram"],), label="n-gram", description=DRAFTER_SPECS["ngram"].description
+        ),
+        _then_mtp("ngram", label="n-gram"),
+        _alone("ngram-mod"),
+        _then_mtp("ngram-mod"),
+        _alone("ngram-map-k"),
+        _alone("ngram-map-k4v"),
+        DrafterMode(
+            "ngram-simple,ngram-map-k,draft-mtp",
+            (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]),
+            policy="first",
+            label="n-gram, key map, then MTP",
+            description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft",
+        ),
+        _alone("ngram-cache"),
+        _then_mtp("ngram-cache"),
+        _alone("draft-simple"),
+        _alone("draft-eagle3"),
+        _alone("draft-dflash"),
+        _alone("draft-dspark"),
+    )
+}
 
 DRAFTER_MODES: tuple[str, ...] = tuple(MODES)
 """The listed ``drafter=`` choices of :meth:`Session.generate`, by llama.cpp's ``--spec-type`` names (it also takes
@@ -352,19 +487,29 @@ MODE_ALIASES: Mapping[str, tuple[str, str | None]] = {
 
 DRAFT_MTP = "draft-mtp"  #: llama.cpp's spec type of the model's own MTP head
 NGRAM_SIMPLE = "ngram-simple"  #: llama.cpp's spec type of the simple n-gram look-up (llama-server sizes its drafts)
-DEFAULT_MODE = DRAFT_MTP
+DEFAULT_MODE: str = DRAFT_MTP
 MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (its index in the ``drafter`` column)
 
 #: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's
 #: drafters are asked in this order whatever order the value names them in (common_speculative_init).
 SPEC_TYPE_ORDER: tuple[str, ...] = (
-    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-    "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
 )
 _SPEC_TYPE_NONE = "none"
 if set(SPEC_TYPE_ORDER) != {s.spec_type for s in DRAFTER_SPECS.values()}:  # every llama.cpp type, and only those
-    raise ImportError(f"--spec-type order {SPEC_TYPE_ORDER} differs from the registry's "
-                      f"{sorted(s.spec_type for s in DRAFTER_SPECS.values())}")
+    raise ImportError(
+        f"--spec-type order {SPEC_TYPE_ORDER} differs from the registry's "
+        f"{sorted(s.spec_type for s in DRAFTER_SPECS.values())}"
+    )
 
 
 def drafter(name: str) -> DrafterSpec:
@@ -405,8 +550,10 @@ def _with_policy(found: DrafterMode, policy: str) -> DrafterMode:
     names = [d.label for d in found.drafters]
     if policy == "best":
         label = f"{' or '.join(names)}, best"
-        description = (f"llama.cpp's --spec-type {found.spec_types} with chain_policy='best': every drafter asked at "
-                       "every step, the draft with the highest expected accepted length verified")
+        description = (
+            f"llama.cpp's --spec-type {found.spec_types} with chain_policy='best': every drafter asked at "
+            "every step, the draft with the highest expected accepted length verified"
+        )
     else:
         label = ", then ".join(names)
         description = f"llama.cpp's --spec-type {found.spec_types}: the first drafter with a draft"
@@ -420,29 +567,38 @@ def _spec_type_names(value: str | Sequence[str]) -> list[str]:
         return value.split(",")
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return [n for v in value for n in v.split(",")]
-    raise ParameterError(f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
-                         f"({', '.join(SPEC_TYPE_ORDER)}; comma-separated or a list for a chain), got {value!r}")
+    raise ParameterError(
+        f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
+        f"({', '.join(SPEC_TYPE_ORDER)}; comma-separated or a list for a chain), got {value!r}"
+    )
 
 
 def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     """The mode of a ``--spec-type`` value (see :func:`mode`)."""
-    engine = {s.name: s.spec_type for s in DRAFTER_SPECS.values()} | {a: v for a, (v, _) in MODE_ALIASES.items()
-                                                                      if "," not in v}
+    engine = {s.name: s.spec_type for s in DRAFTER_SPECS.values()} | {
+        a: v for a, (v, _) in MODE_ALIASES.items() if "," not in v
+    }
     names = [engine.get(n, n) for n in _spec_type_names(value)]  # short spellings: their --spec-type names
     by_type = {s.spec_type: s for s in DRAFTER_SPECS.values()}
     for n in names:
         if n == _SPEC_TYPE_NONE:
             raise ParameterError("--spec-type none drafts nothing: use n_max=0 with any drafter")
         if n not in SPEC_TYPE_ORDER:
-            raise ParameterError(f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
-                                 f"({', '.join(SPEC_TYPE_ORDER)}): unknown speculative type {n!r} in {value!r}")
+            raise ParameterError(
+                f"drafter must be one of {DRAFTER_MODES} or llama.cpp --spec-type names "
+                f"({', '.join(SPEC_TYPE_ORDER)}): unknown speculative type {n!r} in {value!r}"
+            )
     chain = tuple(by_type[t] for t in SPEC_TYPE_ORDER if t in names)
     listed = next((m for m in MODES.values() if m.drafters == chain and m.policy == CHAIN_POLICIES[0]), None)
     if listed is not None:
         return listed
-    return DrafterMode(",".join(s.spec_type for s in chain), chain, policy=CHAIN_POLICIES[0],
-                       label=", then ".join(s.label for s in chain),
-                       description=f"llama.cpp's --spec-type {','.join(s.spec_type for s in chain)}")
+    return DrafterMode(
+        ",".join(s.spec_type for s in chain),
+        chain,
+        policy=CHAIN_POLICIES[0],
+        label=", then ".join(s.label for s in chain),
+        description=f"llama.cpp's --spec-type {','.join(s.spec_type for s in chain)}",
+    )
 
 
 def spec_type_choices() -> tuple[str, ...]:
@@ -471,8 +627,13 @@ def recording_mode(has_mtp: bool, has_draft_model: bool | str = False) -> Drafte
     """The mode an oracle recording runs: every drafter the session can use (in the engine's order), asked at
     every position."""
     specs = tuple(s for s in DRAFTER_SPECS.values() if s.runs_with(has_mtp, has_draft_model))
-    return DrafterMode("+".join(s.spec_type for s in specs), specs, policy="best", label="every drafter",
-                       description="the oracle: every drafter asked at every position")
+    return DrafterMode(
+        "+".join(s.spec_type for s in specs),
+        specs,
+        policy="best",
+        label="every drafter",
+        description="the oracle: every drafter asked at every position",
+    )
 
 
 def all_options() -> tuple[DrafterOption, ...]:

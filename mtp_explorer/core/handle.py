@@ -7,18 +7,31 @@ import contextlib
 import functools
 import os
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _native
 from .cpu_kernels import resolve_repack
-from .errors import (ContextOverflowError, LibraryError, ModelFileChangedError, ModelLoadError, ParameterError,
-                     SessionBusyError, SessionClosedError)
+from .errors import (
+    ContextOverflowError,
+    LibraryError,
+    ModelFileChangedError,
+    ModelLoadError,
+    ParameterError,
+    SessionBusyError,
+    SessionClosedError,
+)
 from .info import ModelInfo, model_info
 from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
 from .runtime import check_shared_cxx_runtime, native_libraries
 from .schema import FINISH_REASONS
 from .trace import Trace
+
+if TYPE_CHECKING:
+    from .parallel import ParallelTrace
+
+_Handle = TypeVar("_Handle", bound="EngineHandle")
 
 Prompt = str | Sequence[int]
 
@@ -45,7 +58,7 @@ def check_native_runtime() -> None:
     check_shared_cxx_runtime(native_libraries(_native.__file__, _libllama_path()))
 
 
-def _load_engine(path: Path, options: SessionOptions) -> "_native.Engine":
+def _load_engine(path: Path, options: SessionOptions) -> _native.Engine:
     """The native engine for the model at ``path``; a load failure carries llama.cpp's last log lines."""
     check_nextn_api(_libllama_path())
     check_native_runtime()
@@ -92,12 +105,12 @@ class MappedFile:
         st = os.fstat(self.fd)
         if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
             return
-        what = (f"truncated from {self.size} to {st.st_size} bytes" if st.st_size < self.size
-                else "rewritten in place")
+        what = f"truncated from {self.size} to {st.st_size} bytes" if st.st_size < self.size else "rewritten in place"
         raise ModelFileChangedError(
             f"{self.path} was {what} while this session held it mapped in memory (load_mode={self.load_mode!r}): "
             "its weights can no longer be read safely. Open a new session on an intact file (with load_mode='none' "
-            "a session copies the weights into memory, and later changes to the file do not matter)")
+            "a session copies the weights into memory, and later changes to the file do not matter)"
+        )
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
@@ -125,7 +138,7 @@ class ModelFiles:
 
 
 @contextlib.contextmanager
-def finishing_on_interrupt(engine: "_native.Engine", keep: Callable[[], object]) -> Iterator[None]:
+def finishing_on_interrupt(engine: _native.Engine, keep: Callable[[], object]) -> Iterator[None]:
     """Around a begun generation: on ``KeyboardInterrupt`` (a signal handler's, raised between two steps) or a stream
     closed early, every running request is finished as cancelled and ``keep()`` records what was made
     (``last_trace``, ``last_parallel_trace``) before the exception goes on; the session stays usable."""
@@ -138,8 +151,9 @@ def finishing_on_interrupt(engine: "_native.Engine", keep: Callable[[], object])
         raise
 
 
-def _model_facts(path: str | os.PathLike | None, draft_model: str | os.PathLike | None
-                 ) -> tuple[Path, ModelInfo, ModelInfo | None]:
+def _model_facts(
+    path: str | os.PathLike | None, draft_model: str | os.PathLike | None
+) -> tuple[Path, ModelInfo, ModelInfo | None]:
     """The target's path (``None``: the bundled demo model) and facts, and the draft model's facts (or ``None``)."""
     if path is None:
         from ..models import default_model_path
@@ -149,8 +163,9 @@ def _model_facts(path: str | os.PathLike | None, draft_model: str | os.PathLike 
     return path, model_info(path), None if draft_model is None else model_info(Path(draft_model))
 
 
-def _load_engine_holding_files(path: Path, draft_info: ModelInfo | None, options: SessionOptions
-                               ) -> tuple["_native.Engine", ModelFiles]:
+def _load_engine_holding_files(
+    path: Path, draft_info: ModelInfo | None, options: SessionOptions
+) -> tuple[_native.Engine, ModelFiles]:
     """The engine, and the model files it maps held open from before it loads them (:class:`ModelFiles`)."""
     files = ModelFiles([path] + ([] if draft_info is None else [Path(draft_info.path)]), options.load_mode)
     try:
@@ -165,21 +180,29 @@ def _weight_types(*infos: ModelInfo | None) -> list[str]:
     return [t for info in infos if info is not None for t in info.tensor_types]
 
 
-def _placement(engine: "_native.Engine") -> dict[str, Any]:
+def _placement(engine: _native.Engine) -> dict[str, Any]:
     """The engine's placement options (``threads_batch`` resolved) and the devices this build sees."""
     p = engine.placement
-    return {"n_gpu_layers": p.n_gpu_layers, "main_gpu": p.main_gpu, "flash_attn": p.flash_attn,
-            "type_k": p.type_k, "type_v": p.type_v, "load_mode": p.load_mode,
-            "threads_batch": p.n_threads_batch or engine.n_threads, "repack": p.repack,
-            "devices": list(_native.backend_devices()), "gpu_offload": bool(_native.supports_gpu_offload())}
+    return {
+        "n_gpu_layers": p.n_gpu_layers,
+        "main_gpu": p.main_gpu,
+        "flash_attn": p.flash_attn,
+        "type_k": p.type_k,
+        "type_v": p.type_v,
+        "load_mode": p.load_mode,
+        "threads_batch": p.n_threads_batch or engine.n_threads,
+        "repack": p.repack,
+        "devices": list(_native.backend_devices()),
+        "gpu_offload": bool(_native.supports_gpu_offload()),
+    }
 
 
-def _engine_fact(name: str, doc: str) -> property:
+def _engine_fact(name: str, doc: str) -> Any:
     """A read-only property answered by the live engine's attribute ``name``."""
     return property(lambda self: getattr(self._live(), name), doc=doc)
 
 
-def _prompt_tokens(handle: "EngineHandle", prompt: Prompt) -> list[int]:
+def _prompt_tokens(handle: EngineHandle, prompt: Prompt) -> list[int]:
     """A prompt's token ids, checked: not empty, ids in the vocabulary, fitting in a sequence's context."""
     if isinstance(prompt, str):
         if not prompt:
@@ -194,7 +217,9 @@ def _prompt_tokens(handle: "EngineHandle", prompt: Prompt) -> list[int]:
     if not tokens:
         raise ParameterError("the prompt is empty (it tokenizes to no tokens)")
     if len(tokens) > handle.n_ctx_seq:
-        per_seq = "" if handle.n_parallel == 1 else f" per sequence (n_ctx {handle.n_ctx} / n_parallel {handle.n_parallel})"
+        per_seq = (
+            "" if handle.n_parallel == 1 else f" per sequence (n_ctx {handle.n_ctx} / n_parallel {handle.n_parallel})"
+        )
         raise ContextOverflowError(
             f"the prompt has {len(tokens)} tokens but the context holds {handle.n_ctx_seq}{per_seq}; "
             "shorten it or open the session with a larger n_ctx"
@@ -202,19 +227,22 @@ def _prompt_tokens(handle: "EngineHandle", prompt: Prompt) -> list[int]:
     return tokens
 
 
-def check_streamable(handle: "EngineHandle") -> None:
+def check_streamable(handle: EngineHandle) -> None:
     """A stream yields each step's row: a :class:`ParameterError` where the session records none."""
     if handle.telemetry == "off":
-        raise ParameterError("a stream yields each step's row, and telemetry='off' records none: set "
-                             "session.telemetry = 'steps' (or 'full'), or call generate")
+        raise ParameterError(
+            "a stream yields each step's row, and telemetry='off' records none: set "
+            "session.telemetry = 'steps' (or 'full'), or call generate"
+        )
 
 
 class EngineHandle:
     """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
     frees it."""
 
-    def __init__(self, engine: "_native.Engine", info: ModelInfo, *, seed: int,
-                 draft_info: ModelInfo | None = None) -> None:
+    def __init__(
+        self, engine: _native.Engine, info: ModelInfo, *, seed: int, draft_info: ModelInfo | None = None
+    ) -> None:
         self._engine = engine
         self.info = info
         self.draft_info = draft_info
@@ -223,7 +251,7 @@ class EngineHandle:
         self._busy = threading.Lock()
         self._closed = False
         self.last_trace: Trace | None = None
-        self.last_parallel_trace = None
+        self.last_parallel_trace: ParallelTrace | None = None
         """The last :meth:`~mtp_explorer.Session.generate_parallel` result (a ``ParallelTrace``)."""
         self.open_kwargs: dict = {}
         """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
@@ -233,7 +261,7 @@ class EngineHandle:
     # -- life cycle ------------------------------------------------------------------------------
     @classmethod
     def open(
-        cls,
+        cls: type[_Handle],
         path: str | os.PathLike | None = None,
         *,
         n_ctx: int = 4096,
@@ -255,7 +283,7 @@ class EngineHandle:
         repack: bool | None = None,
         draft_model: str | os.PathLike | None = None,
         n_parallel: int = 1,
-    ) -> "EngineHandle":
+    ) -> _Handle:
         """Load a GGUF model (``None``: the bundled demo model).
 
         Placement, shared by the target and MTP contexts, has llama.cpp's names and defaults (:class:`SessionOptions`):
@@ -281,12 +309,26 @@ class EngineHandle:
         """
         path, info, draft_info = _model_facts(path, draft_model)
         load_mode = _load_mode(load_mode, use_mmap)
-        options = SessionOptions(n_ctx=n_ctx, threads=threads, seed=seed, n_rs_seq=n_rs_seq, capacity=capacity, topk=topk,
-                                 telemetry=telemetry, clock=clock, n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
-                                 flash_attn=flash_attn, type_k=type_k, type_v=type_v, load_mode=load_mode,
-                                 threads_batch=threads_batch, n_parallel=n_parallel,
-                                 repack=resolve_repack(repack, _weight_types(info, draft_info)),
-                                 draft_model=None if draft_info is None else str(draft_info.path))
+        options = SessionOptions(
+            n_ctx=n_ctx,
+            threads=threads,
+            seed=seed,
+            n_rs_seq=n_rs_seq,
+            capacity=capacity,
+            topk=topk,
+            telemetry=telemetry,
+            clock=clock,
+            n_gpu_layers=n_gpu_layers,  # type: ignore[arg-type]
+            main_gpu=main_gpu,
+            flash_attn=flash_attn,  # type: ignore[arg-type]
+            type_k=type_k,
+            type_v=type_v,
+            load_mode=load_mode,
+            threads_batch=threads_batch,
+            n_parallel=n_parallel,
+            repack=resolve_repack(repack, _weight_types(info, draft_info)),
+            draft_model=None if draft_info is None else str(draft_info.path),
+        )
         info = options.check_model(info, draft_info)
         engine, files = _load_engine_holding_files(path, draft_info, options)
         session = cls(engine, info, seed=options.seed, draft_info=draft_info)
@@ -305,7 +347,7 @@ class EngineHandle:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> "EngineHandle":
+    def __enter__(self: _Handle) -> _Handle:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -328,20 +370,28 @@ class EngineHandle:
     def path(self) -> str:
         return self.info.path
 
-    n_ctx = _engine_fact("n_ctx", "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it), "
-                                  "shared by the ``n_parallel`` sequences.")
+    n_ctx = _engine_fact(
+        "n_ctx",
+        "The context size in tokens (padded to a multiple of 256, as llama.cpp pads it), "
+        "shared by the ``n_parallel`` sequences.",
+    )
     n_ctx_seq = _engine_fact("n_ctx_seq", "One sequence's context: ``n_ctx / n_parallel``, as llama.cpp splits it.")
     n_parallel = _engine_fact("n_parallel", "Sequences (llama.cpp's ``-np`` slots) the session runs at once.")
     capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (``n_rs_seq`` unless set).")
     checkpoints = _engine_fact("checkpoints", "Whether it rolls back by checkpoint (recurrent, ``n_rs_seq=0``).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
-    telemetry = property(lambda self: self._live().telemetry,
-                         lambda self, level: setattr(self._live(), "telemetry", telemetry_level(level)),
-                         doc="How much a generation records: ``\"full\"``, ``\"steps\"`` or ``\"off\"`` (see "
-                             ":meth:`open`; settable between generations, ``True``/``False`` being full/steps).")
+    telemetry = property(
+        lambda self: self._live().telemetry,
+        lambda self, level: setattr(self._live(), "telemetry", telemetry_level(level)),
+        doc='How much a generation records: ``"full"``, ``"steps"`` or ``"off"`` (see '
+        ":meth:`open`; settable between generations, ``True``/``False`` being full/steps).",
+    )
 
-    draft_kind = _engine_fact("draft_kind", "What the draft model is: ``\"draft_model\"`` (``draft-simple`` drafts "
-                              "with it), ``\"eagle3_head\"`` (``draft-eagle3``) or ``\"nothing\"`` (none).")
+    draft_kind = _engine_fact(
+        "draft_kind",
+        'What the draft model is: ``"draft_model"`` (``draft-simple`` drafts '
+        'with it), ``"eagle3_head"`` (``draft-eagle3``) or ``"nothing"`` (none).',
+    )
 
     @property
     def has_draft_model(self) -> bool:
@@ -373,7 +423,7 @@ class EngineHandle:
         return self._live().is_eog(int(token))
 
     # -- internals -------------------------------------------------------------------------------
-    def _live(self) -> "_native.Engine":
+    def _live(self) -> _native.Engine:
         if self._closed:
             raise SessionClosedError("the session is closed")
         return self._engine
@@ -399,13 +449,25 @@ class EngineHandle:
         fields a Trace and an OracleTrace share."""
         engine = self._engine
         tokens = engine.generated(0, request)
-        return {"prompt": prompt if isinstance(prompt, str) else self.detokenize(prompt_tokens),
-                "prompt_tokens": prompt_tokens, "tokens": tokens, "text": engine.detokenize(tokens),
-                "pieces": [engine.piece(t) for t in tokens],
-                "finish_reason": FINISH_REASONS[engine.request_state(request)["finish"]], "model": self.info.to_dict()}
+        return {
+            "prompt": prompt if isinstance(prompt, str) else self.detokenize(prompt_tokens),
+            "prompt_tokens": prompt_tokens,
+            "tokens": tokens,
+            "text": engine.detokenize(tokens),
+            "pieces": [engine.piece(t) for t in tokens],
+            "finish_reason": FINISH_REASONS[engine.request_state(request)["finish"]],
+            "model": self.info.to_dict(),
+        }
 
     def _session_settings(self) -> dict:
         """The session's settings a trace records."""
-        return {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "capacity": self.capacity,
-                "checkpoints": self.checkpoints, "threads": self.threads, "telemetry": self.telemetry, "clock": self.clock,
-                "draft_model": None if self.draft_info is None else self.draft_info.name} | self.placement
+        return {
+            "n_ctx": self.n_ctx,
+            "n_parallel": self.n_parallel,
+            "capacity": self.capacity,
+            "checkpoints": self.checkpoints,
+            "threads": self.threads,
+            "telemetry": self.telemetry,
+            "clock": self.clock,
+            "draft_model": None if self.draft_info is None else self.draft_info.name,
+        } | self.placement

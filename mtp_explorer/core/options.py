@@ -102,9 +102,11 @@ class SessionOptions:
         if self.capacity is None:
             object.__setattr__(self, "capacity", self.n_rs_seq or DEFAULT_N_RS_SEQ)
         check_int("capacity", self.capacity, 1, 64)
-        if self.n_rs_seq and self.capacity > self.n_rs_seq:
-            raise ParameterError(f"capacity {self.capacity} is over the {self.n_rs_seq} snapshot slots (n_rs_seq) a "
-                                 "recurrent target rolls back through: raise n_rs_seq, or set it to 0 for checkpoints")
+        if self.n_rs_seq and self.capacity > self.n_rs_seq:  # type: ignore[operator]
+            raise ParameterError(
+                f"capacity {self.capacity} is over the {self.n_rs_seq} snapshot slots (n_rs_seq) a "
+                "recurrent target rolls back through: raise n_rs_seq, or set it to 0 for checkpoints"
+            )
         check_int("topk", self.topk, 1, MAX_TOPK)
         check_int("seed", self.seed, 0, 2**32 - 1)
         if self.threads is not None:
@@ -118,8 +120,9 @@ class SessionOptions:
         if isinstance(self.n_gpu_layers, str):
             object.__setattr__(self, "n_gpu_layers", GPU_LAYERS_NAMES.get(self.n_gpu_layers, self.n_gpu_layers))
         if isinstance(self.n_gpu_layers, str):
-            raise ParameterError(f"n_gpu_layers must be a number of layers, 'auto' (-1) or 'all' (-2); "
-                                 f"got {self.n_gpu_layers!r}")
+            raise ParameterError(
+                f"n_gpu_layers must be a number of layers, 'auto' (-1) or 'all' (-2); got {self.n_gpu_layers!r}"
+            )
         check_int("n_gpu_layers", self.n_gpu_layers, -2, None)
         check_int("main_gpu", self.main_gpu, 0, None)
         if isinstance(self.flash_attn, bool):
@@ -129,29 +132,35 @@ class SessionOptions:
         _choice("type_v", self.type_v, KV_CACHE_TYPES)
         _choice("load_mode", self.load_mode, LOAD_MODES)
         if self.type_v in _QUANTIZED_KV and self.flash_attn == "off":
-            raise ParameterError(f"type_v={self.type_v!r} (a quantized V cache) needs flash attention: "
-                                 "flash_attn='auto' or 'on' (llama.cpp refuses it otherwise)")
+            raise ParameterError(
+                f"type_v={self.type_v!r} (a quantized V cache) needs flash attention: "
+                "flash_attn='auto' or 'on' (llama.cpp refuses it otherwise)"
+            )
         if self.threads_batch is not None:
             check_int("threads_batch", self.threads_batch, 1, None)
         check_bool("repack", self.repack, "llama.cpp's --repack / --no-repack")
 
-    def check_model(self, info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
+    def check_model(self, info: ModelInfo, draft_info: ModelInfo | None = None) -> ModelInfo:
         """The checks that need the model (``info``) and the draft model (``draft_info``): a hybrid model needs an
         attention layer (llama.cpp aborts otherwise: a :class:`ModelLoadError`), a quantized K cache's block
         must divide the key head width when flash attention may be on (llama.cpp refuses the context otherwise), and
         the model's MTP must run in a ``draft-mtp`` mode the engine runs (:func:`check_mtp_mode`). Returns what the
         session holds: ``info``, or ``info`` paired with ``draft_info`` where that is its shared-memory MTP head."""
         if info.n_layer_attention == 0:
-            raise ModelLoadError(f"{info.path}: a hybrid {info.arch} model with no attention layer in its "
-                                 f"{info.n_layer} trunk layers; llama.cpp 0.3.36 aborts at its first decode "
-                                 "(GGML_ASSERT in llama_kv_cache::set_input_k_idxs)")
+            raise ModelLoadError(
+                f"{info.path}: a hybrid {info.arch} model with no attention layer in its "
+                f"{info.n_layer} trunk layers; llama.cpp 0.3.36 aborts at its first decode "
+                "(GGML_ASSERT in llama_kv_cache::set_input_k_idxs)"
+            )
         n_embd_head_k = info.n_embd_head_k
         if self.type_k in _QUANTIZED_KV and self.flash_attn != "off" and n_embd_head_k % KV_BLOCK != 0:
-            raise ParameterError(f"type_k={self.type_k!r} stores blocks of {KV_BLOCK} values, which do not divide this "
-                                 f"model's key heads of {n_embd_head_k}; use type_k='f16', 'bf16' or 'f32'")
+            raise ParameterError(
+                f"type_k={self.type_k!r} stores blocks of {KV_BLOCK} values, which do not divide this "
+                f"model's key heads of {n_embd_head_k}; use type_k='f16', 'bf16' or 'f32'"
+            )
         return check_mtp_mode(info, draft_info)
 
-    def to_native(self, path: str) -> "_native.EngineOptions":
+    def to_native(self, path: str) -> _native.EngineOptions:
         eo = _native.EngineOptions()
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
         eo.capacity = self.capacity
@@ -160,8 +169,12 @@ class SessionOptions:
         eo.n_parallel = self.n_parallel
         p = _native.Placement()
         p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
-        p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = self.flash_attn, self.type_k, self.type_v, \
-            self.threads_batch or 0
+        p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = (
+            self.flash_attn,
+            self.type_k,
+            self.type_v,
+            self.threads_batch or 0,
+        )
         p.repack = self.repack
         eo.placement = p
         return eo
@@ -171,7 +184,7 @@ class SessionOptions:
         return dataclasses.asdict(self)
 
 
-def check_mtp_mode(info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> "ModelInfo":
+def check_mtp_mode(info: ModelInfo, draft_info: ModelInfo | None = None) -> ModelInfo:
     """What a session of ``info`` (with ``draft_info`` as its ``draft_model``) holds: ``info``, or the pair when the
     draft model is the target's shared-memory MTP head (llama.cpp's ``-md`` with ``draft-mtp``). A head file given as
     the model, or one that does not fit its target (:func:`~mtp_explorer.core.info.pair_with_head`), is refused. The
@@ -179,8 +192,10 @@ def check_mtp_mode(info: "ModelInfo", draft_info: "ModelInfo | None" = None) -> 
     from .info import pair_with_head
 
     if info.is_mtp_head_file:
-        raise ParameterError(f"{info.path} is a {info.arch} MTP head file: it runs only against its target, "
-                             f"Session.open(target, draft_model={info.path!r}) (llama.cpp's -md)")
+        raise ParameterError(
+            f"{info.path} is a {info.arch} MTP head file: it runs only against its target, "
+            f"Session.open(target, draft_model={info.path!r}) (llama.cpp's -md)"
+        )
     if draft_info is not None and draft_info.is_mtp_head_file:
         return pair_with_head(info, draft_info)  # a head that does not fit its target: ModelLoadError
     return info

@@ -10,7 +10,8 @@ are busy and leave it when they finish (continuous batching).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -18,9 +19,9 @@ from .. import _native
 from ..analysis import metrics
 from .checks import check_int
 from .errors import ParameterError
-from .handle import Prompt, check_streamable, finishing_on_interrupt
+from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt
 from .schema import PHASES
-from .settings import DraftSettings, resolve_each
+from .settings import DraftSettings, Limits, resolve_each
 from .trace import Step, Trace
 
 #: The per-request settings ``params`` may override, and what each defaults to.
@@ -34,8 +35,8 @@ class ParallelStep(NamedTuple):
     """One sequence's row of an engine step: :meth:`ParallelGeneration.stream_parallel` yields a list of them per
     step."""
 
-    seq: int     #: the request's index
-    slot: int    #: the sequence (server slot) it runs on
+    seq: int  #: the request's index
+    slot: int  #: the sequence (server slot) it runs on
     step: Step
 
 
@@ -44,10 +45,10 @@ class RequestInfo:
     """Where one request of a parallel generation ran: its slot and its arrival, admission and finish steps."""
 
     index: int
-    slot: int              #: the sequence (server slot) it took; -1: it never got one (cancelled while waiting)
-    arrival: int           #: the engine step it arrived at
-    admitted_step: int     #: the step it took its slot at (it waited while all slots were busy)
-    finished_step: int     #: the step it finished at (-1: cancelled before admission)
+    slot: int  #: the sequence (server slot) it took; -1: it never got one (cancelled while waiting)
+    arrival: int  #: the engine step it arrived at
+    admitted_step: int  #: the step it took its slot at (it waited while all slots were busy)
+    finished_step: int  #: the step it finished at (-1: cancelled before admission)
     n_prompt: int
     t_prefill_ns: int
 
@@ -71,8 +72,7 @@ class ParallelTrace:
         frames = []
         for t in self.traces:
             c = t.columns
-            frames.append(pd.DataFrame({name: c[name] for name in BATCH_COLUMNS}
-                                       | {"tokens": c["n_accepted"] + 1}))
+            frames.append(pd.DataFrame({name: c[name] for name in BATCH_COLUMNS} | {"tokens": c["n_accepted"] + 1}))
         if not frames or not any(len(f) for f in frames):
             return pd.DataFrame(columns=list(BATCH_COLUMNS) + ["tokens"])
         rows = pd.concat(frames)
@@ -122,28 +122,54 @@ class ParallelTrace:
             "acceptance_by_depth": metrics.acceptance_by_depth(n_d, n_a, depth).rate,
             "mean_verify_rows": float(steps["verify_rows"].mean()) if len(steps) else float("nan"),
             "mean_active": float(steps["n_active"].mean()) if len(steps) else float("nan"),
-            "rs_memory_bytes": (int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"]
-                                * self.settings["n_parallel"]),
-            "requests": [self._request_summary(info, t, s, spans)
-                         for info, t, s in zip(self.requests, self.traces, each)],
+            "rs_memory_bytes": (
+                int(model.get("rs_slot_bytes", 0)) * self.settings["capacity"] * self.settings["n_parallel"]
+            ),
+            "requests": [
+                self._request_summary(info, t, s, spans) for info, t, s in zip(self.requests, self.traces, each)
+            ],
         }
 
     @staticmethod
-    def _request_summary(info: RequestInfo, t: Trace, s: Mapping[str, Any],
-                         spans: Mapping[int, tuple[float, float]]) -> dict[str, Any]:
-        """``s``: the trace's summary; ``spans``: each engine step's start and end (seconds of step time, cumulative)."""
+    def _request_summary(
+        info: RequestInfo, t: Trace, s: Mapping[str, Any], spans: Mapping[int, tuple[float, float]]
+    ) -> dict[str, Any]:
+        """``s``: the trace's summary; ``spans``: each engine step's start and end (seconds of step time,
+        cumulative)."""
         nan = (float("nan"), float("nan"))
-        latency = spans.get(info.finished_step, nan)[1] - spans.get(info.admitted_step, nan)[0] \
-            + info.t_prefill_ns / 1e9
-        return {"seq": info.index, "slot": info.slot, "arrival": info.arrival, "admitted_step": info.admitted_step,
-                "finished_step": info.finished_step, "n_tokens": s["n_tokens"], "acceptance_rate": s["acceptance_rate"],
-                "mean_accepted_length": s["mean_accepted_length"], "latency_seconds": latency,
-                "tokens_per_second": s["tokens_per_second"],
-                "n_max": t.settings["n_max"], "p_min": t.settings["p_min"], "finish_reason": t.finish_reason}
+        latency = (
+            spans.get(info.finished_step, nan)[1] - spans.get(info.admitted_step, nan)[0] + info.t_prefill_ns / 1e9
+        )
+        return {
+            "seq": info.index,
+            "slot": info.slot,
+            "arrival": info.arrival,
+            "admitted_step": info.admitted_step,
+            "finished_step": info.finished_step,
+            "n_tokens": s["n_tokens"],
+            "acceptance_rate": s["acceptance_rate"],
+            "mean_accepted_length": s["mean_accepted_length"],
+            "latency_seconds": latency,
+            "tokens_per_second": s["tokens_per_second"],
+            "n_max": t.settings["n_max"],
+            "p_min": t.settings["p_min"],
+            "finish_reason": t.finish_reason,
+        }
 
 
-class ParallelGeneration:
+if TYPE_CHECKING:
+    _Mixin = EngineHandle  # for the type checker: the session's parts this uses
+else:
+    _Mixin = object
+
+
+class ParallelGeneration(_Mixin):
     """What a :class:`~mtp_explorer.Session` adds for ``n_parallel`` sequences (mixed into it)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def limits(self) -> Limits: ...
 
     def generate_parallel(
         self,
@@ -174,9 +200,15 @@ class ParallelGeneration:
                 self._engine.run()
             return self._finish_parallel()
 
-    def stream_parallel(self, prompts: Sequence[Prompt], settings: DraftSettings | Sequence[DraftSettings] | None = None,
-                        *, arrivals: Sequence[int] | None = None, params: Sequence[Mapping[str, Any] | None] | None = None,
-                        **keywords: Any) -> Iterator[list[ParallelStep]]:
+    def stream_parallel(
+        self,
+        prompts: Sequence[Prompt],
+        settings: DraftSettings | Sequence[DraftSettings] | None = None,
+        *,
+        arrivals: Sequence[int] | None = None,
+        params: Sequence[Mapping[str, Any] | None] | None = None,
+        **keywords: Any,
+    ) -> Iterator[list[ParallelStep]]:
         """As :meth:`generate_parallel` (the same arguments), yielding after every engine step a :class:`ParallelStep`
         for each sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
         check_streamable(self)
@@ -220,16 +252,19 @@ class ParallelGeneration:
                 tokens = self._prompt_tokens(prompt)
                 s.check(self.limits)
                 if (s.mode, s.options) != (each[0].mode, each[0].options):
-                    raise ParameterError(f"its drafter {s.drafter!r} (or its options) differs from request 0's "
-                                         f"{each[0].drafter!r}: one drafter serves a parallel generation, as "
-                                         "llama-server's --spec-type serves every slot")
+                    raise ParameterError(
+                        f"its drafter {s.drafter!r} (or its options) differs from request 0's "
+                        f"{each[0].drafter!r}: one drafter serves a parallel generation, as "
+                        "llama-server's --spec-type serves every slot"
+                    )
             except ParameterError as e:
                 raise type(e)(f"request {i}: {e}") from None
             base = self.seed if s.seed is None else s.seed
             seed = (base + i) % 2**32 if shared or s.seed is None else s.seed
             self._parallel_prompts.append((prompt, tokens))
-            self._parallel_settings.append(s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]}
-                                           | self._session_settings())
+            self._parallel_settings.append(
+                s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]} | self._session_settings()
+            )
             requests.append(_native.Request(tokens, s.native_config(seed), s.native_params(), arrivals[i]))
         each[0].warn_unused(stacklevel=4)
         self._mode, self._draft_settings = each[0].mode, each[0]
@@ -238,9 +273,11 @@ class ParallelGeneration:
     def _check_arrivals(self, arrivals, n: int) -> list[int]:
         if arrivals is None:
             if n > self.n_parallel:
-                raise ParameterError(f"{n} prompts at once, but the session has n_parallel={self.n_parallel} "
-                                     "sequences: open it with a larger n_parallel, or give arrivals (the step each "
-                                     "request arrives at; requests then wait for a free sequence)")
+                raise ParameterError(
+                    f"{n} prompts at once, but the session has n_parallel={self.n_parallel} "
+                    "sequences: open it with a larger n_parallel, or give arrivals (the step each "
+                    "request arrives at; requests then wait for a free sequence)"
+                )
             return [0] * n
         arrivals = list(arrivals)
         if len(arrivals) != n:
@@ -252,21 +289,43 @@ class ParallelGeneration:
         traces, infos = [], []
         for i, ((prompt, tokens), settings) in enumerate(zip(self._parallel_prompts, self._parallel_settings)):
             state = engine.request_state(i)
-            traces.append(Trace(columns=dict(engine.columns(0, i)), settings=settings,
-                                t_prefill_ns=state["t_prefill_ns"], totals=dict(state["totals"]),
-                                **self._output(prompt, tokens, i)))
-            infos.append(RequestInfo(index=i, slot=state["slot"], arrival=state["arrival"],
-                                     admitted_step=state["admitted_step"], finished_step=state["finished_step"],
-                                     n_prompt=state["n_prompt"], t_prefill_ns=state["t_prefill_ns"]))
-        result = ParallelTrace(traces=traces, requests=infos,
-                               settings={"n_parallel": self.n_parallel, "capacity": self.capacity,
-                                         "n_ctx": self.n_ctx, "drafter": self._mode.name})
+            traces.append(
+                Trace(
+                    columns=dict(engine.columns(0, i)),
+                    settings=settings,
+                    t_prefill_ns=state["t_prefill_ns"],
+                    totals=dict(state["totals"]),
+                    **self._output(prompt, tokens, i),
+                )
+            )
+            infos.append(
+                RequestInfo(
+                    index=i,
+                    slot=state["slot"],
+                    arrival=state["arrival"],
+                    admitted_step=state["admitted_step"],
+                    finished_step=state["finished_step"],
+                    n_prompt=state["n_prompt"],
+                    t_prefill_ns=state["t_prefill_ns"],
+                )
+            )
+        result = ParallelTrace(
+            traces=traces,
+            requests=infos,
+            settings={
+                "n_parallel": self.n_parallel,
+                "capacity": self.capacity,
+                "n_ctx": self.n_ctx,
+                "drafter": self._mode.name,
+            },
+        )
         self.last_parallel_trace = result
         return result
 
 
-def request_settings(params: Sequence[Mapping[str, Any] | None] | None,
-                     settings: Sequence[DraftSettings]) -> list[DraftSettings]:
+def request_settings(
+    params: Sequence[Mapping[str, Any] | None] | None, settings: Sequence[DraftSettings]
+) -> list[DraftSettings]:
     """Each request's settings: its entry of ``settings``, overridden by its entry of ``params`` (keys of
     :data:`REQUEST_KEYS`, llama-server's per-request settings; an ``n_max`` given without ``n_min`` lowers ``n_min``
     to it). A wrong length or an unknown key is a :class:`ParameterError`."""
@@ -279,8 +338,9 @@ def request_settings(params: Sequence[Mapping[str, Any] | None] | None,
         p = dict(p or {})
         unknown = sorted(set(p) - set(REQUEST_KEYS))
         if unknown:
-            raise ParameterError(f"params[{i}]: unknown setting(s) {unknown}; per-request settings are "
-                                 f"{list(REQUEST_KEYS)}")
+            raise ParameterError(
+                f"params[{i}]: unknown setting(s) {unknown}; per-request settings are {list(REQUEST_KEYS)}"
+            )
         try:
             out.append(s.replace(**p) if p else s)
         except ParameterError as e:

@@ -4,7 +4,8 @@ logits move with the batch shape (:meth:`Probes.batch_shift`) and the hidden sta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -13,17 +14,28 @@ from .errors import InputTypeError, ParameterError
 
 if TYPE_CHECKING:
     from ..analysis.batch_shift import BatchShift
-    from .handle import Prompt
+    from .handle import EngineHandle, Prompt
+    from .session import Session
+
+    _Mixin = EngineHandle  # for the type checker: the session's parts this uses
+else:
+    _Mixin = object
 
 #: The model architectures whose layer inputs llama.cpp 0.3.36 can give (:meth:`Probes.layer_inputs`).
 LAYER_INPUT_ARCHS: tuple[str, ...] = tuple(_native.LAYER_INPUT_ARCHS)
 
 
-class Probes:
+class Probes(_Mixin):
     """Measurements of the session's model that decode outside a generation."""
 
-    def batch_shift(self, ks: Iterable[int] | None = None, *, text: "Prompt | None" = None, max_position: int = 1024,
-                    refresh: bool = False) -> "BatchShift":
+    def batch_shift(
+        self,
+        ks: Iterable[int] | None = None,
+        *,
+        text: Prompt | None = None,
+        max_position: int = 1024,
+        refresh: bool = False,
+    ) -> BatchShift:
         """How far this model's target logits move when positions are decoded in ``k``-row batches instead of
         one row at a time, for every ``k`` in ``ks`` (default: 2 .. ``capacity + 1``, every verify batch this
         session can make), on this machine and placement: the tie tolerance of every greedy check (see
@@ -33,9 +45,9 @@ class Probes:
         measures again). Ends nothing: call it between generations."""
         from ..analysis.batch_shift import measure
 
-        return measure(self, ks, text=text, max_position=max_position, refresh=refresh)
+        return measure(cast("Session", self), ks, text=text, max_position=max_position, refresh=refresh)
 
-    def layer_inputs(self, prompt: "Prompt", layers: Sequence[int]) -> np.ndarray:
+    def layer_inputs(self, prompt: Prompt, layers: Sequence[int]) -> np.ndarray:
         """The hidden state entering each of the target's trunk ``layers`` (the residual stream before the layer's
         norm, Hugging Face's ``hidden_states[il]``) at every token of ``prompt``, decoded from an empty memory: a
         float32 array ``[tokens, len(layers), n_embd]``, the layers in the order given. These are the features

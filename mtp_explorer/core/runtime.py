@@ -9,13 +9,14 @@ build with a :class:`~mtp_explorer.LibraryError` instead (:func:`check_shared_cx
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .errors import LibraryError
 
 CXX_RUNTIMES = ("libstdc++.so", "libc++.so")
-"""The shared C++ runtimes (GCC's, LLVM's): a C++ library that names neither among its needed libraries holds its own."""
+"""The shared C++ runtimes (GCC's, LLVM's): a C++ library that names neither among its needed libraries holds its
+own."""
 
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB = 0, 1, 5
@@ -57,13 +58,14 @@ def needed_libraries(path: str | Path) -> list[str] | None:
     base = next((o + strtab - v for v, o, n in loads if strtab is not None and v <= strtab < v + n), None)
     if base is None:
         raise LibraryError(f"{path}: its dynamic section has no string table in a loaded segment")
-    return [data[base + v: data.index(b"\0", base + v)].decode() for t, v in entries if t == _DT_NEEDED]
+    return [data[base + v : data.index(b"\0", base + v)].decode() for t, v in entries if t == _DT_NEEDED]
 
 
 def native_libraries(extension: str | Path, libllama: str | Path) -> list[Path]:
     """The extension and the libraries it loads from libllama's folder (libllama, ggml and its backends), each once."""
     folder = Path(libllama).parent
-    found, todo = [], [Path(extension), Path(libllama)]
+    found: list[Path] = []
+    todo = [Path(extension), Path(libllama)]
     while todo:
         lib = todo.pop(0)
         if not lib.is_file() or any(lib.samefile(f) for f in found):  # libllama.so and libllama.so.0: one file
@@ -75,11 +77,15 @@ def native_libraries(extension: str | Path, libllama: str | Path) -> list[Path]:
 
 def check_shared_cxx_runtime(libraries: Iterable[str | Path]) -> None:
     """Raise :class:`LibraryError` naming each of ``libraries`` (ELF files) that holds its own C++ runtime."""
-    static = [str(lib) for lib in libraries
-              if (needed := needed_libraries(lib)) is not None and not any(n.startswith(CXX_RUNTIMES) for n in needed)]
+    static = [
+        str(lib)
+        for lib in libraries
+        if (needed := needed_libraries(lib)) is not None and not any(n.startswith(CXX_RUNTIMES) for n in needed)
+    ]
     if static:
         raise LibraryError(
             f"{', '.join(static)} link{'s' if len(static) == 1 else ''} the C++ runtime statically (no libstdc++.so or "
             "libc++.so among the needed libraries), so libllama, ggml and the extension each hold a copy of it and a "
             "session crashes as it opens; rebuild llama-cpp-python and mtp-explorer with a compiler that links "
-            "libstdc++ shared (such as CXX=/usr/bin/g++ where the default g++ adds -static-libstdc++)")
+            "libstdc++ shared (such as CXX=/usr/bin/g++ where the default g++ adds -static-libstdc++)"
+        )

@@ -14,7 +14,8 @@ import contextlib
 import dataclasses
 import json
 import math
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -34,8 +35,11 @@ FINISH_REASONS: tuple[str, ...] = tuple(_native.FINISH_REASONS)
 CHAIN_POLICIES: tuple[str, ...] = tuple(_native.CHAIN_POLICIES)
 """How a chain of drafters picks the draft it verifies."""
 
-PHASES: tuple[str, ...] = tuple(c[len("t_"):-len("_ns")] for c, _, w in _native.TRACE_COLUMNS
-                                if c.startswith("t_") and c.endswith("_ns") and w == "")
+PHASES: tuple[str, ...] = tuple(
+    c[len("t_") : -len("_ns")]
+    for c, _, w in _native.TRACE_COLUMNS
+    if c.startswith("t_") and c.endswith("_ns") and w == ""
+)
 """The timed phases of a step, in the engine's order (a ``t_<phase>_ns`` column each)."""
 
 #: Columns whose integer values index a name table (shown as names in :class:`Step` records).
@@ -53,8 +57,8 @@ BATCH_DEPTH_COLUMNS: frozenset[str] = frozenset({"draft_rows"})
 class Dims:
     """The widths of a trace's indexed columns."""
 
-    depth: int        #: D: the session's n_max capacity
-    topk: int         #: K: alternatives recorded per draft depth
+    depth: int  #: D: the session's n_max capacity
+    topk: int  #: K: alternatives recorded per draft depth
     sources: int = len(DRAFTERS)  #: S: the engine's drafters
 
 
@@ -127,8 +131,9 @@ def empty_columns(n_rows: int, dims: Dims, schema: Iterable[Column] = TRACE_COLU
     return {c.name: c.empty(n_rows, dims) for c in schema}
 
 
-def check_columns(columns: Mapping[str, np.ndarray], schema: Iterable[Column] = TRACE_COLUMNS,
-                  dims: Dims | None = None) -> None:
+def check_columns(
+    columns: Mapping[str, np.ndarray], schema: Iterable[Column] = TRACE_COLUMNS, dims: Dims | None = None
+) -> None:
     """Raise ``ValueError`` unless ``columns`` has exactly the schema's columns with its dtypes and widths."""
     schema = tuple(schema)
     names = [c.name for c in schema]
@@ -142,8 +147,10 @@ def check_columns(columns: Mapping[str, np.ndarray], schema: Iterable[Column] = 
     for c in schema:
         arr = columns[c.name]
         if arr.dtype != c.dtype or tuple(arr.shape[1:]) != c.inner_shape(dims):
-            raise FormatError(f"column {c.name!r}: {arr.dtype}{list(arr.shape[1:])}, "
-                             f"the schema says {c.dtype}{list(c.inner_shape(dims))}")
+            raise FormatError(
+                f"column {c.name!r}: {arr.dtype}{list(arr.shape[1:])}, "
+                f"the schema says {c.dtype}{list(c.inner_shape(dims))}"
+            )
 
 
 def concat_columns(parts: Iterable[Mapping[str, np.ndarray]], dims: Dims) -> dict[str, np.ndarray]:
@@ -255,8 +262,9 @@ def _conforms(value: Any, kind: str) -> bool:
     return _KINDS[kind](value)
 
 
-def check_fields(doc: Mapping[str, Any], kinds: Mapping[str, str], what: str, optional: Iterable[str] = (),
-                 exact: bool = True) -> None:
+def check_fields(
+    doc: Mapping[str, Any], kinds: Mapping[str, str], what: str, optional: Iterable[str] = (), exact: bool = True
+) -> None:
     """A :class:`FormatError` unless the JSON object ``doc`` has the fields of ``kinds`` (those in ``optional`` may
     be absent; with ``exact``, no others), each of its kind: ``str``, ``int``, ``float`` (or an int), ``bool``,
     ``dict``, ``any``; ``k[]`` a list of ``k``; ``k?`` ``k`` or null; ``a|b`` either (``|`` binds last)."""
@@ -265,9 +273,13 @@ def check_fields(doc: Mapping[str, Any], kinds: Mapping[str, str], what: str, op
     unknown = sorted(set(doc) - set(kinds), key=str) if exact else []
     missing = sorted(set(kinds) - set(doc) - set(optional))
     if unknown or missing:
-        raise FormatError(f"a corrupt {what}: " + "; ".join(
-            ([f"unknown field(s) {[str(k)[:40] for k in unknown[:5]]}"] if unknown else [])
-            + ([f"missing field(s) {missing}"] if missing else [])))
+        raise FormatError(
+            f"a corrupt {what}: "
+            + "; ".join(
+                ([f"unknown field(s) {[str(k)[:40] for k in unknown[:5]]}"] if unknown else [])
+                + ([f"missing field(s) {missing}"] if missing else [])
+            )
+        )
     for name, kind in kinds.items():
         if name in doc and not _conforms(doc[name], kind):
             raise FormatError(f"a corrupt {what}: its {name!r} is not a {kind} ({type(doc[name]).__name__})")
@@ -290,8 +302,9 @@ def columns_from_json(specs: Mapping[str, dict], schema: Iterable[Column] | None
     want = None if schema is None else {c.name: c.dtype for c in schema}
     if want is not None and set(specs) != set(want):
         missing, extra = sorted(set(want) - set(specs)), sorted(set(specs) - set(want))
-        raise FormatError(f"columns differ from the schema: missing {missing}, unexpected "
-                          f"{[e[:40] for e in extra[:5]]}")
+        raise FormatError(
+            f"columns differ from the schema: missing {missing}, unexpected {[e[:40] for e in extra[:5]]}"
+        )
     return {name: _column_from_json(name, spec, None if want is None else want[name]) for name, spec in specs.items()}
 
 

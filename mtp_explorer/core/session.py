@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,9 +46,10 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         the usual ones): ``"draft-mtp"`` (the model's MTP head), ``"ngram-simple"`` (prompt look-up; ``p_min`` does
         not apply, it has no confidence), a chain such as ``"ngram-simple,draft-mtp"`` or a list of names (see
         :func:`~mtp_explorer.core.drafters.mode`). The short spellings ``"mtp"``, ``"ngram"`` and ``"chain"`` (the
-        chain under ``chain_policy="best"``) are taken and recorded under llama.cpp's names. A chain's drafters are asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"``
-        (llama.cpp's, the default for ``--spec-type`` chains: the first usable draft) or ``"best"``; the
-        ``drafter`` column says whose. The trace records the settings (:attr:`Trace.draft_settings`).
+        chain under ``chain_policy="best"``) are taken and recorded under llama.cpp's names. A chain's drafters are
+        asked in llama.cpp's order; ``chain_policy`` picks the draft verified: ``"first"`` (llama.cpp's, the default for
+        ``--spec-type`` chains: the first usable draft) or ``"best"``; the ``drafter`` column says whose. The trace
+        records the settings (:attr:`Trace.draft_settings`).
         """
         with self._run():
             prompt_tokens = self._begin(prompt, resolve(settings, keywords))
@@ -70,7 +72,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
                     more = engine.step()
                     last = engine.columns(engine.n_rows - 1) if engine.n_rows else None
                     if more or (last is not None and FINISH_REASONS[engine.finish] != "cancelled"):
-                        yield Step.from_columns(last, 0)
+                        yield Step.from_columns(last, 0)  # type: ignore[arg-type]
                     if not more:
                         break
             self._finish(prompt, prompt_tokens)
@@ -84,7 +86,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         probe: bool = True,
         batch_shift: bool = True,
         **options: int | str,
-    ) -> "OracleTrace":
+    ) -> OracleTrace:
         """Record an oracle trace: the greedy generation decoded once, one token per step, with the draft
         every drafter the model can run would propose at every position, up to ``depth`` tokens (default: the
         session's capacity; the MTP head's drafted with ``p_min = 0``; ``options``: the drafters' options, as
@@ -108,18 +110,27 @@ class Session(ParallelGeneration, Probes, EngineHandle):
             tokens = self._prompt_tokens(prompt)
             self._mode = drafters.recording_mode(self.info.has_mtp, self.draft_kind)
             t0 = time.perf_counter()
-            done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values),
-                                              bool(probe))
+            done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values), bool(probe))
             wall = time.perf_counter() - t0
             if not done:
                 raise CancelledError("the oracle recording was cancelled")
             output = self._output(prompt, tokens)
             cols = dict(cols) | {"token_eog": np.array([engine.is_eog(t) for t in output["tokens"]], dtype=bool)}
-            settings = {"max_tokens": max_tokens, "depth": depth, "probe": bool(probe),
-                        "has_mtp": bool(self.info.has_mtp), "has_draft_model": self.has_draft_model and self.draft_kind,
-                        "is_recurrent": bool(engine.is_recurrent), "draft_block_limit": engine.draft_block_limit,
-                        "mtp_head_limit": engine.mtp_head_limit,
-                        "n_prompt": len(tokens)} | self._session_settings() | values
+            settings = (
+                {
+                    "max_tokens": max_tokens,
+                    "depth": depth,
+                    "probe": bool(probe),
+                    "has_mtp": bool(self.info.has_mtp),
+                    "has_draft_model": self.has_draft_model and self.draft_kind,
+                    "is_recurrent": bool(engine.is_recurrent),
+                    "draft_block_limit": engine.draft_block_limit,
+                    "mtp_head_limit": engine.mtp_head_limit,
+                    "n_prompt": len(tokens),
+                }
+                | self._session_settings()
+                | values
+            )
             oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
         if batch_shift:
             oracle.batch_shift = self.batch_shift(range(2, depth + 2))
@@ -158,12 +169,20 @@ class Session(ParallelGeneration, Probes, EngineHandle):
     def limits(self) -> Limits:
         """What this session can draft with, and how deep: the bounds every :class:`DraftSettings` is checked
         against here."""
-        reason = ("the draft depth its telemetry holds, its capacity (no snapshot slots: checkpoints)"
-                  if self.checkpoints else "its n_rs_seq recurrent snapshot slots" if self._live().is_recurrent
-                  else "the draft depth its telemetry holds, set by n_rs_seq")
-        return Limits(capacity=self.capacity, has_mtp=bool(self.info.has_mtp),
-                      has_draft_model=self.has_draft_model and self.draft_kind,
-                      model=f"{self.info.name} ({self.info.path})", reason=reason)
+        reason = (
+            "the draft depth its telemetry holds, its capacity (no snapshot slots: checkpoints)"
+            if self.checkpoints
+            else "its n_rs_seq recurrent snapshot slots"
+            if self._live().is_recurrent
+            else "the draft depth its telemetry holds, set by n_rs_seq"
+        )
+        return Limits(
+            capacity=self.capacity,
+            has_mtp=bool(self.info.has_mtp),
+            has_draft_model=self.has_draft_model and self.draft_kind,
+            model=f"{self.info.name} ({self.info.path})",
+            reason=reason,
+        )
 
     def drafter_stats(self) -> list[dict]:
         """Per drafter of the last generation, llama.cpp's speculative statistics (drafts generated and
@@ -190,7 +209,12 @@ class Session(ParallelGeneration, Probes, EngineHandle):
 
     def _finish(self, prompt: Prompt, prompt_tokens: list[int]) -> Trace:
         engine = self._engine
-        trace = Trace(columns=dict(engine.columns(0)), settings=self._settings, t_prefill_ns=engine.t_prefill_ns,
-                      totals=dict(engine.request_state(0)["totals"]), **self._output(prompt, prompt_tokens))
+        trace = Trace(
+            columns=dict(engine.columns(0)),
+            settings=self._settings,
+            t_prefill_ns=engine.t_prefill_ns,
+            totals=dict(engine.request_state(0)["totals"]),
+            **self._output(prompt, prompt_tokens),
+        )
         self.last_trace = trace
         return trace

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,17 @@ from .drafters import DrafterMode
 from .errors import InputTypeError, MtpExplorerError, MtpUnavailableError, ParameterError
 
 #: The fields a trace's ``settings`` holds for its drafting settings (the drafters' options besides).
-FIELDS: tuple[str, ...] = ("max_tokens", "n_max", "p_min", "n_min", "temperature", "seed", "drafter", "chain_policy",
-                           "server_slot")
+FIELDS: tuple[str, ...] = (
+    "max_tokens",
+    "n_max",
+    "p_min",
+    "n_min",
+    "temperature",
+    "seed",
+    "drafter",
+    "chain_policy",
+    "server_slot",
+)
 SEED_MAX = 2**32 - 1
 
 
@@ -42,8 +52,12 @@ class NeverDrafts(UserWarning):
 
 
 def _number(name: str, value: Any, lo: float, hi: float) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or not lo <= value <= hi:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not math.isfinite(value)
+        or not lo <= value <= hi
+    ):
         bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
         raise ParameterError(f"{name} must be a finite number in {bound}, got {value!r}")
     return float(value)
@@ -102,7 +116,7 @@ class DraftSettings:
     def __post_init__(self) -> None:
         mode = drafters.mode(self.drafter, self.chain_policy)
         n_max = check_int("n_max", self.n_max, 0, None)
-        fixed = {
+        fixed: dict[str, Any] = {
             "n_max": n_max,
             "p_min": _number("p_min", self.p_min, 0.0, 1.0),
             "n_min": check_int("n_min", self.n_min, 0, None),
@@ -124,14 +138,14 @@ class DraftSettings:
     @property
     def mode(self) -> DrafterMode:
         """The drafter choice (one drafter, or a chain with its policy)."""
-        return self._mode
+        return self._mode  # type: ignore[attr-defined]
 
     @property
     def spec_type(self) -> str:
         """``drafter`` as llama.cpp's ``--spec-type`` value."""
         return self.mode.spec_types
 
-    def replace(self, **changes: Any) -> "DraftSettings":
+    def replace(self, **changes: Any) -> DraftSettings:
         """These settings with ``changes`` (fields, or drafter options by keyword), checked again. An ``n_max``
         below ``n_min`` given without ``n_min`` lowers ``n_min`` to it."""
         fields = {f.name for f in dataclasses.fields(self)}
@@ -154,31 +168,42 @@ class DraftSettings:
         """Why these settings cannot run within ``limits`` (``None``: they can)."""
         mode = self.mode
         if self.n_max > limits.capacity:
-            return ParameterError(f"n_max={self.n_max} exceeds {limits.where}'s capacity of {limits.capacity} "
-                                  f"({limits.reason}); {limits.fix.format(n_max=self.n_max)}")
+            return ParameterError(
+                f"n_max={self.n_max} exceeds {limits.where}'s capacity of {limits.capacity} "
+                f"({limits.reason}); {limits.fix.format(n_max=self.n_max)}"
+            )
         if limits.max_tokens is not None and self.max_tokens > limits.max_tokens:
-            return ParameterError(f"max_tokens={self.max_tokens} exceeds the {limits.max_tokens} tokens "
-                                  f"{limits.where} recorded")
+            return ParameterError(
+                f"max_tokens={self.max_tokens} exceeds the {limits.max_tokens} tokens {limits.where} recorded"
+            )
         if limits.greedy and self.temperature > 0:
-            return ParameterError(f"{limits.where} records greedy decoding: set temperature to 0 (it is "
-                                  f"{self.temperature:g}); its predictions hold for greedy decoding only")
+            return ParameterError(
+                f"{limits.where} records greedy decoding: set temperature to 0 (it is "
+                f"{self.temperature:g}); its predictions hold for greedy decoding only"
+            )
         usable = ", ".join(repr(m) for m in drafters.available_modes(limits.has_mtp, limits.has_draft_model))
         if self.n_max > 0 and mode.needs_mtp and not limits.has_mtp:
-            return MtpUnavailableError(f"{limits.model} has no MTP layers, so {limits.where} cannot draft with "
-                                       f"drafter={mode.name!r}; use n_max=0 for plain decoding or drafter={usable}")
+            return MtpUnavailableError(
+                f"{limits.model} has no MTP layers, so {limits.where} cannot draft with "
+                f"drafter={mode.name!r}; use n_max=0 for plain decoding or drafter={usable}"
+            )
         if self.n_max > 0 and mode.needs_draft_model and not limits.has_draft_model:
-            return ParameterError(f"drafter={mode.name!r} drafts with a draft model, and {limits.where} has none: "
-                                  f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 "
-                                  f"or drafter={usable}")
+            return ParameterError(
+                f"drafter={mode.name!r} drafts with a draft model, and {limits.where} has none: "
+                f"Session.open(path, draft_model='small.gguf') (llama.cpp's -md), or use n_max=0 "
+                f"or drafter={usable}"
+            )
         if self.n_max > 0 and not mode.runs_with(limits.has_mtp, limits.has_draft_model):
             kind = drafters.DRAFT_KIND_LABELS[drafters.draft_kind(limits.has_draft_model)]
             wanted = " and ".join(drafters.DRAFT_KIND_LABELS[d.needs] for d in mode.drafters if d.needs_draft_model)
-            return ParameterError(f"drafter={mode.name!r} drafts with a {wanted} (Session.open(path, draft_model=...)),"
-                                  f" and the draft model {limits.where} has is a {kind}; use n_max=0 or "
-                                  f"drafter={usable}")
+            return ParameterError(
+                f"drafter={mode.name!r} drafts with a {wanted} (Session.open(path, draft_model=...)),"
+                f" and the draft model {limits.where} has is a {kind}; use n_max=0 or "
+                f"drafter={usable}"
+            )
         return None
 
-    def check(self, limits: Limits) -> "DraftSettings":
+    def check(self, limits: Limits) -> DraftSettings:
         """These settings if they can run within ``limits``; else the error :meth:`refusal` names."""
         refusal = self.refusal(limits)
         if refusal is not None:
@@ -189,27 +214,38 @@ class DraftSettings:
         """Warn when a setting does nothing: :class:`PminNotApplicable` when ``p_min`` > 0 applies to no drafter of
         the choice, :class:`NeverDrafts` when a drafter's options leave it nothing to propose."""
         if self.p_min > 0 and not self.mode.has_confidence:
-            warnings.warn(f"p_min={self.p_min} does not apply to drafter={self.drafter!r}: its drafts have no "
-                          "confidence", PminNotApplicable, stacklevel=stacklevel + 1)
-        size_n, size_m = self.options["ngram_simple_size_n"], self.options["ngram_simple_size_m"]
+            warnings.warn(
+                f"p_min={self.p_min} does not apply to drafter={self.drafter!r}: its drafts have no confidence",
+                PminNotApplicable,
+                stacklevel=stacklevel + 1,
+            )
+        size_n, size_m = int(self.options["ngram_simple_size_n"]), int(self.options["ngram_simple_size_m"])
         if self.n_max > 0 and size_m < size_n and any(d.spec_type == drafters.NGRAM_SIMPLE for d in self.mode.drafters):
-            warnings.warn(f"ngram-simple never drafts with ngram_simple_size_m={size_m} < ngram_simple_size_n={size_n}:"
-                          " llama.cpp drops a continuation shorter than the n-gram it looked up (common_ngram_simple_"
-                          "draft); set ngram_simple_size_m >= ngram_simple_size_n", NeverDrafts,
-                          stacklevel=stacklevel + 1)
+            warnings.warn(
+                f"ngram-simple never drafts with ngram_simple_size_m={size_m} < ngram_simple_size_n={size_n}:"
+                " llama.cpp drops a continuation shorter than the n-gram it looked up (common_ngram_simple_"
+                "draft); set ngram_simple_size_m >= ngram_simple_size_n",
+                NeverDrafts,
+                stacklevel=stacklevel + 1,
+            )
 
     # -- the engine's structs ----------------------------------------------------------------------------
-    def native_params(self) -> "_native.DraftParams":
+    def native_params(self) -> _native.DraftParams:
         """``n_max``, ``p_min``, ``n_min`` as the engine takes them (also mid-generation: ``set_params``)."""
         return _native.DraftParams(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min)
 
-    def native_config(self, seed: int) -> "_native.GenerationConfig":
+    def native_config(self, seed: int) -> _native.GenerationConfig:
         """The engine's generation config, sampling with ``seed`` (``seed`` resolved by the caller)."""
         mode = self.mode
         return _native.GenerationConfig(
-            max_tokens=self.max_tokens, temperature=self.temperature, seed=seed,
-            drafters=[d.name for d in mode.drafters], chain_policy=mode.policy,
-            options=drafters.engine_options(self.options), server_slot=self.server_slot)
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=seed,
+            drafters=[d.name for d in mode.drafters],
+            chain_policy=mode.policy,
+            options=drafters.engine_options(self.options),
+            server_slot=self.server_slot,
+        )
 
     # -- records -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -217,7 +253,7 @@ class DraftSettings:
         return {name: getattr(self, name) for name in FIELDS} | dict(self.options)
 
     @classmethod
-    def from_dict(cls, settings: Mapping[str, Any]) -> "DraftSettings":
+    def from_dict(cls, settings: Mapping[str, Any]) -> DraftSettings:
         """The settings a trace (or :meth:`to_dict`) recorded; other keys (the session's) are ignored. A short drafter
         spelling an earlier version recorded (``"mtp"``, ``"chain"``) comes back under its ``--spec-type`` name."""
         given = {name: settings[name] for name in FIELDS if name in settings}
@@ -245,7 +281,7 @@ def normalise_recorded(settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def resolve(settings: "DraftSettings | None" = None, keywords: Mapping[str, Any] | None = None) -> DraftSettings:
+def resolve(settings: DraftSettings | None = None, keywords: Mapping[str, Any] | None = None) -> DraftSettings:
     """``settings`` (default: :class:`DraftSettings`' defaults) with ``keywords`` (fields or drafter options) on top:
     what every call that takes ``settings=`` or keywords reads."""
     if settings is None:
@@ -255,8 +291,9 @@ def resolve(settings: "DraftSettings | None" = None, keywords: Mapping[str, Any]
     return settings.replace(**keywords) if keywords else settings
 
 
-def resolve_each(settings: "DraftSettings | Sequence[DraftSettings] | None", n: int,
-                 keywords: Mapping[str, Any] | None = None) -> list[DraftSettings]:
+def resolve_each(
+    settings: DraftSettings | Sequence[DraftSettings] | None, n: int, keywords: Mapping[str, Any] | None = None
+) -> list[DraftSettings]:
     """One :class:`DraftSettings` per request of ``n``: a list of them (one each; ``keywords`` go on top of each),
     or one for all (see :func:`resolve`)."""
     if isinstance(settings, (list, tuple)):
@@ -269,4 +306,4 @@ def resolve_each(settings: "DraftSettings | Sequence[DraftSettings] | None", n: 
             except ParameterError as e:
                 raise type(e)(f"settings[{i}]: {e}") from None
         return out
-    return [resolve(settings, keywords)] * n
+    return [resolve(settings, keywords)] * n  # type: ignore[arg-type]

@@ -10,30 +10,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..analysis import metrics
+from . import drafters
+from .errors import FormatError
 from .schema import (
     DRAFTERS,
-    PHASES,
-    TRACE_COLUMN_NAMES,
-    TRACE_COLUMNS,
     ENUM_COLUMNS,
     MODEL_FIELDS,
     OPTIONAL_COLUMNS,
+    PHASES,
+    TRACE_COLUMN_NAMES,
+    TRACE_COLUMNS,
     Column,
     check_columns,
     check_fields,
     columns_from_json,
+    columns_to_json,
     read_document,
     reading,
-    columns_to_json,
     row_value,
 )
-from . import drafters
-from .errors import FormatError
 from .settings import DraftSettings, normalise_recorded
 
 COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
@@ -41,24 +42,38 @@ COLUMNS: tuple[str, ...] = TRACE_COLUMN_NAMES
 
 #: A saved trace's fields and their kinds (:func:`~mtp_explorer.core.schema.check_fields`).
 SAVED_FIELDS: dict[str, str] = {
-    "prompt": "str", "prompt_tokens": "int[]", "tokens": "int[]", "text": "str", "pieces": "str[]",
-    "columns": "dict", "finish_reason": "str", "settings": "dict", "model": "dict", "t_prefill_ns": "int",
-    "totals": "dict?"}
+    "prompt": "str",
+    "prompt_tokens": "int[]",
+    "tokens": "int[]",
+    "text": "str",
+    "pieces": "str[]",
+    "columns": "dict",
+    "finish_reason": "str",
+    "settings": "dict",
+    "model": "dict",
+    "t_prefill_ns": "int",
+    "totals": "dict?",
+}
 
 
-def _field_type(c: Column) -> type:
+def _field_type(c: Column) -> Any:
     item = float if c.dtype.kind == "f" else int
     if c.name in ENUM_COLUMNS:
         return str | None
     if c.name in OPTIONAL_COLUMNS:
         return int | None
     if c.width == "depth*topk":
-        return list[list[item]]
-    return list[item] if c.width else item
+        return list[list[item]]  # type: ignore[valid-type]
+    return list[item] if c.width else item  # type: ignore[valid-type]
 
 
 class _StepMethods:
     """What a :class:`Step` record adds to its fields."""
+
+    if TYPE_CHECKING:  # fields of every Step (the trace columns), declared for the type checker
+        drafted: list[int]
+        n_accepted: int
+        correction: int
 
     @property
     def tokens(self) -> list[int]:
@@ -66,19 +81,35 @@ class _StepMethods:
         return self.drafted[: self.n_accepted] + [self.correction]
 
     @classmethod
-    def from_columns(cls, cols: dict[str, np.ndarray], i: int) -> "Step":
+    def from_columns(cls, cols: dict[str, np.ndarray], i: int) -> Step:
         """Row ``i`` of trace columns as a record."""
         n = int(cols["n_drafted"][i])
-        return cls(**{c.name: row_value(c, cols, i, n) for c in TRACE_COLUMNS})
+        return cls(**{c.name: row_value(c, cols, i, n) for c in TRACE_COLUMNS})  # type: ignore[return-value]
 
 
-Step = dataclasses.make_dataclass(
-    "Step", [(c.name, _field_type(c)) for c in TRACE_COLUMNS], bases=(_StepMethods,), frozen=True,
-    namespace={"__doc__": "One draft + verify step: a field per trace column (see :data:`COLUMNS`). Depth-indexed "
-                          "fields hold only the real entries (no padding); ``stop_reason`` and ``drafter`` are names "
-                          "(``drafter`` ``None``: no draft), ``rs_slot`` is ``None`` without a rollback.",
-               "__module__": __name__},
-)
+if TYPE_CHECKING:
+
+    class Step(_StepMethods):
+        """One draft + verify step: a field per trace column (see :data:`COLUMNS`). Depth-indexed fields hold only the
+        real entries (no padding); ``stop_reason`` and ``drafter`` are names (``drafter`` ``None``: no draft),
+        ``rs_slot`` is ``None`` without a rollback."""
+
+        def __init__(self, **fields: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    Step = dataclasses.make_dataclass(
+        "Step",
+        [(c.name, _field_type(c)) for c in TRACE_COLUMNS],
+        bases=(_StepMethods,),
+        frozen=True,
+        namespace={
+            "__doc__": "One draft + verify step: a field per trace column (see :data:`COLUMNS`). Depth-indexed "
+            "fields hold only the real entries (no padding); ``stop_reason`` and ``drafter`` are names "
+            "(``drafter`` ``None``: no draft), ``rs_slot`` is ``None`` without a rollback.",
+            "__module__": __name__,
+        },
+    )
 
 
 @dataclasses.dataclass
@@ -168,7 +199,7 @@ class Trace:
         }
 
     def _summary_of_totals(self) -> dict[str, Any]:
-        t = self.totals
+        t = cast("dict[str, int]", self.totals)  # called only where the totals are kept
         phases = {p: t[f"t_{p}_ns"] / 1e9 for p in PHASES}
         return {
             "acceptance_rate": metrics.accepted_per_drafted(t["n_accepted"], t["n_drafted"]),
@@ -191,9 +222,13 @@ class Trace:
         """Per MTP head of the model (``model["n_mtp_heads"]``), the acceptance of the tokens it drafted: with chained
         heads (``model["mtp_mode"] == "chained"``) head i drafts depth i; one head drafts every depth."""
         c = self.columns
-        return metrics.acceptance_by_head(c["n_drafted"], c["n_accepted"], c["drafter"] == DRAFTERS.index(drafters.MTP_DRAFTER),
-                                          int(self.model.get("n_mtp_heads", 0) or 0),
-                                          self.model.get("mtp_mode") == "chained")
+        return metrics.acceptance_by_head(
+            c["n_drafted"],
+            c["n_accepted"],
+            c["drafter"] == DRAFTERS.index(drafters.MTP_DRAFTER),
+            int(self.model.get("n_mtp_heads", 0) or 0),
+            self.model.get("mtp_mode") == "chained",
+        )
 
     def steps_by_drafter(self) -> dict[str, int]:
         """Verified drafts per drafter (``none``: steps without a draft)."""
@@ -213,7 +248,7 @@ class Trace:
         return json.dumps(doc, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "Trace":
+    def from_json(cls, text: str) -> Trace:
         """The trace :meth:`to_json` wrote; anything else, or a corrupt one, is a :class:`FormatError`."""
         doc = read_document(text, "trace")
         if doc.pop("format", None) != "mtp-explorer-trace/1":
@@ -223,9 +258,10 @@ class Trace:
         if len(doc["pieces"]) != len(doc["tokens"]):
             raise FormatError(f"a corrupt trace: {len(doc['pieces'])} pieces of {len(doc['tokens'])} tokens")
         totals = doc.get("totals")
-        if totals is not None and not (set(totals) >= {"n_steps", "n_drafted", "n_accepted"}
-                                       | {f"t_{p}_ns" for p in PHASES}
-                                       and all(type(v) is int for v in totals.values())):
+        if totals is not None and not (
+            set(totals) >= {"n_steps", "n_drafted", "n_accepted"} | {f"t_{p}_ns" for p in PHASES}
+            and all(type(v) is int for v in totals.values())
+        ):
             raise FormatError("a corrupt trace: its totals are not the step counts and phase times")
         with reading("trace"):
             columns = columns_from_json(doc.pop("columns"), TRACE_COLUMNS)

@@ -1,3 +1,3 @@
-"""Development tools, not part of the runtime API: the llama.cpp reference harness (parity checks), the
-GGUF writers that make the bundled model and the SYNTHETIC test and benchmark models, and quantized copies
-made with llama.cpp's llama-quantize (:mod:`.quantize`)."""
+"""Development tools, not part of the runtime API and not in the wheel: the llama.cpp reference harness (parity
+checks), the Hugging Face exporters and converters, and quantized copies made with llama.cpp's llama-quantize
+(:mod:`.quantize`). The GGUF writers and the SYNTHETIC models are in :mod:`mtp_explorer.models`."""

@@ -21,12 +21,13 @@ converter's table does not know it.  Every other step is the converter's ``main(
 ``--config-json DIR``: the converter reads a checkpoint's hyperparameters with ``AutoConfig.from_pretrained(DIR)
 .to_dict()`` and, when transformers does not know the model type, from ``config.json`` as it is
 (``ModelBase.load_hparams``).  Its pinned transformers (4.57.6, ``requirements/requirements-convert_hf_to_gguf.txt``)
-predates transformers' Step-3.5/3.7 support (huggingface/transformers#46658) and does not know ``step3p5``, so a Step-3.5 checkpoint is read from ``config.json``, the keys ``Step35Model`` reads.
-The project's transformers (5.23) maps ``step3p5`` to ``Step3p7TextConfig``, whose ``to_dict()`` renames or drops
-them (``num_attention_groups`` -> ``num_key_value_heads``; ``moe_layers_enum``, ``partial_rotary_factors`` and the
-MTP blocks' ``layer_types`` are gone), and the converter stops with ``KeyError: 'num_attention_groups'``.  For each
-``DIR`` given, ``AutoConfig.from_pretrained`` of the converter's ``conversion/base.py`` raises, so the converter
-takes its own ``config.json`` path, as under its pinned transformers.
+predates transformers' Step-3.5/3.7 support (huggingface/transformers#46658) and does not know ``step3p5``, so a
+Step-3.5 checkpoint is read from ``config.json``, the keys ``Step35Model`` reads. The project's transformers (5.23) maps
+``step3p5`` to ``Step3p7TextConfig``, whose ``to_dict()`` renames or drops them (``num_attention_groups`` ->
+``num_key_value_heads``; ``moe_layers_enum``, ``partial_rotary_factors`` and the MTP blocks' ``layer_types`` are gone),
+and the converter stops with ``KeyError: 'num_attention_groups'``.  For each ``DIR`` given,
+``AutoConfig.from_pretrained`` of the converter's ``conversion/base.py`` raises, so the converter takes its own
+``config.json`` path, as under its pinned transformers.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ def check_text(base_py: Path) -> str:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "get_vocab_base_pre":
             for stmt in node.body:
-                if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                        and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == "chktxt"):
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and stmt.targets[0].id == "chktxt"
+                ):
                     return ast.literal_eval(stmt.value)
     raise LookupError(f"no chktxt assignment in get_vocab_base_pre of {base_py}")
 
@@ -80,7 +85,7 @@ def main(argv: list[str]) -> None:
     """Register the tokenizers, then run the converter's ``__main__`` with the arguments after ``--``."""
     sep = argv.index("--")
     converter = Path(argv[0]).resolve()
-    own, args = argv[1:sep], argv[sep + 1:]
+    own, args = argv[1:sep], argv[sep + 1 :]
     registrations = [own[i + 1] for i, a in enumerate(own) if a == "--register-pre"]
     raw_config = {Path(own[i + 1]).resolve() for i, a in enumerate(own) if a == "--config-json"}
     sys.path.insert(0, str(converter.parent))

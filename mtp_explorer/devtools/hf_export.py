@@ -20,8 +20,8 @@ the name whose llama.cpp regex the tokenizer's ``Split`` step uses (:func:`pre_t
 bundled model, whose tokenizer was trained with that regex and tokenizes as llama.cpp does).
 
 :func:`diff_gguf` lists the metadata and tensor differences of two GGUF files.  Between the bundled model and
-its conversion they were, before our writer (:mod:`.gguf_qwen35`) was made to match: ``{arch}.attention.
-recurrent_layers`` (one bool per block, written by the converter from ``layer_types``) and
+its conversion they were, before our writer (:mod:`mtp_explorer.models.gguf_qwen35`) was made to match:
+``{arch}.attention.recurrent_layers`` (one bool per block, written by the converter from ``layer_types``) and
 ``general.size_label`` (``gguf.size_label`` of the parameter count), both missing from ours.  What remains is
 inherent: the file's name, description and licence (:data:`INHERENT_KEYS`), the training record
 (``mtp_explorer.*``) and the order of the tensors (the converter keeps the checkpoint's, alphabetical in a
@@ -37,14 +37,14 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..core.errors import ConverterError, ParameterError
-from .gguf_qwen35 import ARCH, PRE_TOKENIZER_REGEX, Qwen35Config, read_qwen35_metadata
+from ..models.gguf_qwen35 import ARCH, PRE_TOKENIZER_REGEX, Qwen35Config, read_qwen35_metadata
 from .qwen35_hf import config_from_metadata, gguf_to_hf
 from .tool import run_tool
 
@@ -77,8 +77,15 @@ _CONVERTER_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 _LAUNCHER = Path(__file__).with_name("_convert_launcher.py")
 
 #: metadata that describes a file rather than the model, and so differs between any two writers
-INHERENT_KEYS = ("general.name", "general.description", "general.license",
-                 "general.basename", "general.finetune", "general.version", "general.quantized_by")
+INHERENT_KEYS = (
+    "general.name",
+    "general.description",
+    "general.license",
+    "general.basename",
+    "general.finetune",
+    "general.version",
+    "general.quantized_by",
+)
 
 _CONTROL = 3  # gguf.TokenType.CONTROL
 
@@ -91,7 +98,9 @@ def _f32_literal(x: float) -> float:
 def hf_config(cfg: Qwen35Config, *, eos_id: int, bos_id: int | None, tied: bool) -> dict:
     """``config.json`` of a ``Qwen3_5ForCausalLM`` with ``cfg``'s hyperparameters and one MTP block."""
     if cfg.n_rot % 2 or int(cfg.head_dim * (cfg.n_rot / cfg.head_dim)) != cfg.n_rot:
-        raise ParameterError(f"rotary dimensions {cfg.n_rot} of head_dim {cfg.head_dim} have no exact partial_rotary_factor")
+        raise ParameterError(
+            f"rotary dimensions {cfg.n_rot} of head_dim {cfg.head_dim} have no exact partial_rotary_factor"
+        )
     sections = list(cfg.sections)
     return {
         "architectures": ["Qwen3_5ForCausalLM"],
@@ -131,19 +140,37 @@ def hf_config(cfg: Qwen35Config, *, eos_id: int, bos_id: int | None, tied: bool)
     }
 
 
-def tokenizer_files(tokens: Sequence[str], token_types: Sequence[int], merges: Sequence[str], *, pre: str,
-                    eos_id: int, bos_id: int | None, add_bos: bool, n_ctx: int) -> tuple[dict, dict]:
+def tokenizer_files(
+    tokens: Sequence[str],
+    token_types: Sequence[int],
+    merges: Sequence[str],
+    *,
+    pre: str,
+    eos_id: int,
+    bos_id: int | None,
+    add_bos: bool,
+    n_ctx: int,
+) -> tuple[dict, dict]:
     """(``tokenizer.json``, ``tokenizer_config.json``) of a GGUF ``gpt2`` vocabulary: a byte-level BPE whose
-    pre-tokenizer is llama.cpp's regex for ``pre`` (:data:`.gguf_qwen35.PRE_TOKENIZER_REGEX`) followed by
-    GPT-2's byte mapping; control tokens become special added tokens."""
+    pre-tokenizer is llama.cpp's regex for ``pre`` (:data:`mtp_explorer.models.gguf_qwen35.PRE_TOKENIZER_REGEX`)
+    followed by GPT-2's byte mapping; control tokens become special added tokens."""
     if pre not in PRE_TOKENIZER_REGEX:
         raise ParameterError(f"pre-tokenizer {pre!r} is not one of {sorted(PRE_TOKENIZER_REGEX)}")
     vocab: dict[str, int] = {}
     added: list[dict] = []
     for i, (tok, ty) in enumerate(zip(tokens, token_types)):
         if ty == _CONTROL:
-            added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True})
+            added.append(
+                {
+                    "id": i,
+                    "content": tok,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": True,
+                }
+            )
         elif ty == 1:
             vocab[tok] = i
         else:
@@ -154,15 +181,32 @@ def tokenizer_files(tokens: Sequence[str], token_types: Sequence[int], merges: S
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": PRE_TOKENIZER_REGEX[pre]}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        ]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": PRE_TOKENIZER_REGEX[pre]},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": [m.split(" ", 1) for m in merges]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [m.split(" ", 1) for m in merges],
+        },
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -211,22 +255,24 @@ def export_hf_checkpoint(gguf_path: str | Path, out_dir: str | Path) -> Path:
 
 
 def read_gguf_for_export(gguf_path: Path, arch: str | tuple[str, ...]) -> dict[str, object]:
-    """The metadata of ``gguf_path`` (:func:`~.gguf_qwen35.read_qwen35_metadata`) after checking that the file exists,
-    is of architecture ``arch`` (or one of them) and has a ``gpt2`` (byte-level BPE) tokenizer."""
+    """The metadata of ``gguf_path`` (:func:`~mtp_explorer.models.gguf_qwen35.read_qwen35_metadata`) after checking that
+    the file exists, is of architecture ``arch`` (or one of them) and has a ``gpt2`` (byte-level BPE) tokenizer."""
     if not gguf_path.is_file():
         raise FileNotFoundError(f"model file not found: {gguf_path}")
     meta = read_qwen35_metadata(gguf_path)
     archs = (arch,) if isinstance(arch, str) else arch
     if meta.get("general.architecture") not in archs:
-        raise ParameterError(f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not "
-                             f"{' or '.join(map(repr, archs))}")
+        raise ParameterError(
+            f"{gguf_path}: architecture {meta.get('general.architecture')!r}, not {' or '.join(map(repr, archs))}"
+        )
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise ParameterError(f"{gguf_path}: tokenizer model {meta.get('tokenizer.ggml.model')!r}, not 'gpt2'")
     return meta
 
 
 def float_tensors(reader, gguf_path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of an F32/F16 GGUF as F32 (numpy shapes: ggml's reversed); :class:`ParameterError` for another type."""
+    """Every tensor of an F32/F16 GGUF as F32 (numpy shapes: ggml's reversed); :class:`ParameterError` for another
+    type."""
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         if t.tensor_type.name not in ("F32", "F16"):
@@ -245,16 +291,22 @@ class GGUFTokenizer:
     bos_id: int | None
 
     @classmethod
-    def read(cls, reader, meta: dict[str, object], *, n_ctx: int) -> "GGUFTokenizer":
+    def read(cls, reader, meta: dict[str, object], *, n_ctx: int) -> GGUFTokenizer:
         def value(key: str):
             return reader.fields[key].contents() if key in reader.fields else None
 
         eos_id, bos_id = int(meta["tokenizer.ggml.eos_token_id"]), meta.get("tokenizer.ggml.bos_token_id")
         bos_id = None if bos_id is None else int(bos_id)
         tokenizer, config = tokenizer_files(
-            value("tokenizer.ggml.tokens"), value("tokenizer.ggml.token_type"), value("tokenizer.ggml.merges"),
-            pre=str(meta["tokenizer.ggml.pre"]), eos_id=eos_id, bos_id=bos_id,
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)), n_ctx=n_ctx)
+            value("tokenizer.ggml.tokens"),
+            value("tokenizer.ggml.token_type"),
+            value("tokenizer.ggml.merges"),
+            pre=str(meta["tokenizer.ggml.pre"]),
+            eos_id=eos_id,
+            bos_id=bos_id,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            n_ctx=n_ctx,
+        )
         return cls(tokenizer, config, eos_id, bos_id)
 
 
@@ -272,8 +324,9 @@ def write_checkpoint(out_dir: str | Path, sd: dict[str, np.ndarray], config: dic
     return out
 
 
-def hf_tensor_name(name: str, global_names: Mapping[str, str],
-                   block_table: Callable[[int], Sequence[tuple[str, str]]], *, arch: str) -> str:
+def hf_tensor_name(
+    name: str, global_names: Mapping[str, str], block_table: Callable[[int], Sequence[tuple[str, str]]], *, arch: str
+) -> str:
     """The checkpoint name of the GGUF tensor ``name``: ``global_names[name]``, or for ``blk.{i}.X`` the
     ``model.layers.{i}.H`` of the pair ``(H, X)`` in ``block_table(i)``. Raises :class:`ParameterError` for a tensor
     without one (``arch`` names the checkpoint's class in the message)."""
@@ -313,8 +366,10 @@ def find_converter(converter: str | Path | None = None, *, sdist_dir: str | Path
     if not tarball.is_file():
         raise ConverterError(
             f"llama.cpp's convert_hf_to_gguf.py not found: neither {path} nor the sdist {tarball} exists. Get the "
-            f"llama-cpp-python {LLAMA_CPP_VERSION} sdist with `make build/llama-cpp-headers/src/llama-ext.h` (`make test` "
-            f"does), or set {CONVERTER_ENV_VAR} to a convert_hf_to_gguf.py beside its conversion/ and gguf-py/.")
+            f"llama-cpp-python {LLAMA_CPP_VERSION} sdist with `make build/llama-cpp-headers/src/llama-ext.h` "
+            f"(`make test` does), or set {CONVERTER_ENV_VAR} to a convert_hf_to_gguf.py beside its conversion/ and "
+            "gguf-py/."
+        )
     prefixes = tuple(f"{_TREE}/{m}" for m in _CONVERTER_MEMBERS)
     with tarfile.open(tarball, "r:gz") as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefixes) and (m.isfile() or m.isdir())]
@@ -328,7 +383,7 @@ def find_converter(converter: str | Path | None = None, *, sdist_dir: str | Path
 def pre_tokenizer_name(hf_dir: str | Path) -> str | None:
     """The ``tokenizer.ggml.pre`` name whose llama.cpp regex is the ``Split`` pattern of ``hf_dir/tokenizer.json``'s
     pre-tokenizer (followed by a byte-level step), or ``None`` when it is not one of
-    :data:`.gguf_qwen35.PRE_TOKENIZER_REGEX`."""
+    :data:`mtp_explorer.models.gguf_qwen35.PRE_TOKENIZER_REGEX`."""
     path = Path(hf_dir) / "tokenizer.json"
     if not path.is_file():
         return None
@@ -340,9 +395,17 @@ def pre_tokenizer_name(hf_dir: str | Path) -> str | None:
     return next((name for name, rx in PRE_TOKENIZER_REGEX.items() if rx == regex), None)
 
 
-def convert_with_llama_cpp(hf_dir: str | Path, out_path: str | Path, *, converter: str | Path | None = None,
-                           outtype: str = "f16", pre_tokenizer: str | None = None, timeout: float = 600.0,
-                           extra_args: Sequence[str] = (), config_json: bool = False) -> Path:
+def convert_with_llama_cpp(
+    hf_dir: str | Path,
+    out_path: str | Path,
+    *,
+    converter: str | Path | None = None,
+    outtype: str = "f16",
+    pre_tokenizer: str | None = None,
+    timeout: float = 600.0,
+    extra_args: Sequence[str] = (),
+    config_json: bool = False,
+) -> Path:
     """Convert the Hugging Face checkpoint ``hf_dir`` to ``out_path`` with llama.cpp's ``convert_hf_to_gguf.py``
     (:func:`find_converter`) as ``convert_hf_to_gguf.py HF_DIR --outfile OUT --outtype OUTTYPE [extra_args]``, in a
     subprocess with the sdist's ``gguf-py`` first on ``PYTHONPATH``.
@@ -400,8 +463,9 @@ def _short(v: object, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def diff_gguf(a: str | Path, b: str | Path, *, ignore_keys: Sequence[str] = (), data: bool = True,
-              order: bool = False) -> GGUFDiff:
+def diff_gguf(
+    a: str | Path, b: str | Path, *, ignore_keys: Sequence[str] = (), data: bool = True, order: bool = False
+) -> GGUFDiff:
     """What differs between the GGUF files ``a`` and ``b``: metadata (value types and values, but not the keys
     in ``ignore_keys``) and tensors (names, shapes, types and, with ``data``, the stored bytes; tensors of two
     float types are compared by value and reported with both types; with ``order``, the order of the tensors,
@@ -446,11 +510,20 @@ def main(argv: list[str] | None = None) -> int:
     from ..models import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", type=Path, default=None,
-                   help="source GGUF: qwen35, step35, gemma4 or gemma4-assistant (default: the bundled model)")
+    p.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="source GGUF: qwen35, step35, gemma4 or gemma4-assistant (default: the bundled model)",
+    )
     p.add_argument("--out-dir", type=Path, required=True, help="where to write the Hugging Face checkpoint")
-    p.add_argument("--convert", type=Path, default=None, metavar="OUT.gguf",
-                   help="also convert the checkpoint with llama.cpp's convert_hf_to_gguf.py and compare")
+    p.add_argument(
+        "--convert",
+        type=Path,
+        default=None,
+        metavar="OUT.gguf",
+        help="also convert the checkpoint with llama.cpp's convert_hf_to_gguf.py and compare",
+    )
     p.add_argument("--converter", type=Path, default=None, help="convert_hf_to_gguf.py (default: the sdist's)")
     p.add_argument("--outtype", default="f16", choices=("f32", "f16", "bf16", "q8_0"))
     args = p.parse_args(argv)
@@ -465,8 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     out = export(src, args.out_dir)
     print(f"wrote {out}: {', '.join(sorted(f.name for f in out.iterdir()))}")
     if args.convert:
-        converted = convert_with_llama_cpp(out, args.convert, converter=args.converter, outtype=args.outtype,
-                                           config_json=arch == "step35")
+        converted = convert_with_llama_cpp(
+            out, args.convert, converter=args.converter, outtype=args.outtype, config_json=arch == "step35"
+        )
         print(f"converted to {converted} ({converted.stat().st_size / 1e6:.1f} MB); differences from {src.name}:")
         print(diff_gguf(src, converted, ignore_keys=INHERENT_KEYS))
     return 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .tool import run_tool
 from ..core.errors import ParameterError, ToolError
+from .tool import run_tool
 
 ENV_VAR = "MTP_EXPLORER_QUANTIZE"
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "build" / "reference" / "bin" / "llama-quantize"
@@ -33,12 +33,21 @@ def find_quantize(binary: str | Path | None = None) -> Path:
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise FileNotFoundError(
             f"llama-quantize not found at {path} ({origin}). Build it with `make quantize` (llama.cpp's tool from "
-            f"the same llama-cpp-python 0.3.36 sources, into build/reference/bin), or set {ENV_VAR} to its path.")
+            f"the same llama-cpp-python 0.3.36 sources, into build/reference/bin), or set {ENV_VAR} to its path."
+        )
     return path
 
 
-def quantize(src: str | Path, dst: str | Path, type: str, *, binary: str | Path | None = None, threads: int = 2,
-             args: tuple[str, ...] = (), timeout: float = 300) -> Path:
+def quantize(
+    src: str | Path,
+    dst: str | Path,
+    type: str,
+    *,
+    binary: str | Path | None = None,
+    threads: int = 2,
+    args: tuple[str, ...] = (),
+    timeout: float = 300,
+) -> Path:
     """Write ``dst``, ``src`` quantized to ``type`` (a llama-quantize type name: ``"Q8_0"``, ``"Q4_K_M"``, ...)
     by running ``llama-quantize [args] src dst type threads``. Raises :class:`QuantizeError` with the tool's
     output when it fails or runs past ``timeout`` seconds."""

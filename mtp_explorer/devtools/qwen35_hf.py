@@ -29,11 +29,11 @@ MTP block is ``mtp.*`` in both, as Qwen3.5 checkpoints name it.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Union
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import Qwen35Config
+from ..models.gguf_qwen35 import Qwen35Config
 
 __all__ = [
     "HF_TRUNK_PREFIX",
@@ -51,7 +51,7 @@ HF_TRUNK_PREFIX = "model."
 #: a transform: "copy"; "norm" (zero-centred RMS norm, stored as 1 + w); ("v", axis, head_dim): value heads
 #: reordered along axis ("dk": the linear attention's head dim); "qkv" / "conv": the V part of the rows
 #: reordered (the conv kernel also squeezed); "A_log": ssm_a = -exp(A_log), value heads reordered.
-Transform = Union[str, tuple]
+Transform = str | tuple
 
 # (HF name under a layer prefix, GGUF name under blk.N., transform)
 LAYER = (
@@ -158,10 +158,11 @@ def layer_tables(cfg: Qwen35Config, trunk_prefix: str = HF_TRUNK_PREFIX) -> Iter
     yield "mtp.layers.0.", f"blk.{cfg.n_layer}.", LAYER + FULL_ATTENTION
 
 
-def hf_to_gguf(sd: Mapping[str, np.ndarray], cfg: Qwen35Config,
-               trunk_prefix: str = HF_TRUNK_PREFIX) -> dict[str, np.ndarray]:
-    """llama.cpp tensors (GGUF names, F32, :func:`~.gguf_qwen35.write_qwen35_gguf`'s convention) from a
-    Hugging Face state dict of a Qwen3.5 trunk (under ``trunk_prefix``) and its ``mtp.*`` block."""
+def hf_to_gguf(
+    sd: Mapping[str, np.ndarray], cfg: Qwen35Config, trunk_prefix: str = HF_TRUNK_PREFIX
+) -> dict[str, np.ndarray]:
+    """llama.cpp tensors (GGUF names, F32, :func:`~mtp_explorer.models.gguf_qwen35.write_qwen35_gguf`'s convention) from
+    a Hugging Face state dict of a Qwen3.5 trunk (under ``trunk_prefix``) and its ``mtp.*`` block."""
     tf = ValueTransforms(cfg)
     out: dict[str, np.ndarray] = {}
     for hf, gg, kind in GLOBAL:
@@ -172,8 +173,9 @@ def hf_to_gguf(sd: Mapping[str, np.ndarray], cfg: Qwen35Config,
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def gguf_to_hf(tensors: Mapping[str, np.ndarray], cfg: Qwen35Config,
-               trunk_prefix: str = HF_TRUNK_PREFIX) -> dict[str, np.ndarray]:
+def gguf_to_hf(
+    tensors: Mapping[str, np.ndarray], cfg: Qwen35Config, trunk_prefix: str = HF_TRUNK_PREFIX
+) -> dict[str, np.ndarray]:
     """The inverse of :func:`hf_to_gguf`: a Hugging Face state dict (F32) from llama.cpp tensors.
 
     A file without ``blk.N.nextn.shared_head_norm.weight`` gets ``output_norm`` for ``mtp.norm``
@@ -194,8 +196,9 @@ def gguf_to_hf(tensors: Mapping[str, np.ndarray], cfg: Qwen35Config,
 
 
 def config_from_metadata(meta: Mapping[str, object], arch: str = "qwen35") -> Qwen35Config:
-    """The :class:`~.gguf_qwen35.Qwen35Config` of a GGUF file from its metadata
-    (:func:`~.gguf_qwen35.read_qwen35_metadata`)."""
+    """The :class:`~mtp_explorer.models.gguf_qwen35.Qwen35Config` of a GGUF file from its metadata
+    (:func:`~mtp_explorer.models.gguf_qwen35.read_qwen35_metadata`)."""
+
     def k(name: str):
         return meta[f"{arch}.{name}"]
 

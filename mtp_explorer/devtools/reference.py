@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..analysis.batch_shift import measure_batches
 from ..core import drafters
 from ..core.cpu_kernels import with_no_repack
+from ..core.errors import ToolError
 from ..core.session import Session
 from ..core.trace import Trace
-from ..analysis.batch_shift import measure_batches
-from ..core.errors import ToolError
 from ..server.predict import server_counters
 
 
@@ -73,7 +73,7 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
     start = stdout.find(prompt_text)
     if start < 0:
         raise ToolError("the prompt was not echoed in llama-speculative-simple's output")
-    body = stdout[start + len(prompt_text):]
+    body = stdout[start + len(prompt_text) :]
     tail = "\n\n\n\n"  # the example prints "\n\n" after the loop and again before it exits
     if not body.endswith(tail):
         raise ToolError("unexpected end of llama-speculative-simple's output")
@@ -90,15 +90,44 @@ def parse_reference_output(stdout: str, stderr: str, prompt_text: str) -> Refere
     )
 
 
-def run_reference(binary: str | Path, model: str | Path, prompt: str, *, max_tokens: int, n_max: int,
-                  p_min: float = 0.0, n_min: int = 0, n_ctx: int = 4096, threads: int = 2,
-                  timeout: float = 300, attempts: int = 8, head: str | Path | None = None) -> ReferenceRun:
+def run_reference(
+    binary: str | Path,
+    model: str | Path,
+    prompt: str,
+    *,
+    max_tokens: int,
+    n_max: int,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    n_ctx: int = 4096,
+    threads: int = 2,
+    timeout: float = 300,
+    attempts: int = 8,
+    head: str | Path | None = None,
+) -> ReferenceRun:
     """Run llama-speculative-simple greedily with MTP drafting (``head``: a shared-memory MTP head file, ``-md``)
     and parse what it printed."""
-    spec = ["--spec-type", drafters.DEFAULT_MODE, "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", str(n_min),
-            "--spec-draft-p-min", str(p_min)] + ([] if head is None else ["-md", str(head)])
-    return run_reference_spec(binary, model, prompt, spec, max_tokens=max_tokens, n_ctx=n_ctx, threads=threads,
-                              timeout=timeout, attempts=attempts)
+    spec = [
+        "--spec-type",
+        drafters.DEFAULT_MODE,
+        "--spec-draft-n-max",
+        str(n_max),
+        "--spec-draft-n-min",
+        str(n_min),
+        "--spec-draft-p-min",
+        str(p_min),
+    ] + ([] if head is None else ["-md", str(head)])
+    return run_reference_spec(
+        binary,
+        model,
+        prompt,
+        spec,
+        max_tokens=max_tokens,
+        n_ctx=n_ctx,
+        threads=threads,
+        timeout=timeout,
+        attempts=attempts,
+    )
 
 
 def spec_type_args(spec: str, n_max: int, options: dict[str, int | str]) -> list[str]:
@@ -137,16 +166,41 @@ def reference_env(binary: str | Path) -> dict[str, str] | None:
     return os.environ | {"LD_PRELOAD": preload}
 
 
-def run_reference_spec(binary: str | Path, model: str | Path, prompt: str, spec_args: list[str], *,
-                       max_tokens: int, n_ctx: int = 4096, threads: int = 2, timeout: float = 300,
-                       attempts: int = 8) -> ReferenceRun:
+def run_reference_spec(
+    binary: str | Path,
+    model: str | Path,
+    prompt: str,
+    spec_args: list[str],
+    *,
+    max_tokens: int,
+    n_ctx: int = 4096,
+    threads: int = 2,
+    timeout: float = 300,
+    attempts: int = 8,
+) -> ReferenceRun:
     """Run llama-speculative-simple greedily with the drafting options ``spec_args`` (``--spec-type ...``)
     and parse what it printed. Where llama.cpp's extra CPU buffer types stop the process, it runs with ``-nr``, as
     the sessions do (:func:`~mtp_explorer.check_extra_buffers`)."""
-    cmd = with_no_repack([
-        str(binary), "-m", str(model), "-p", prompt, "-n", str(max_tokens), "-c", str(n_ctx), "-t", str(threads),
-        "--temp", "0", "--seed", "0", *spec_args,
-    ])
+    cmd = with_no_repack(
+        [
+            str(binary),
+            "-m",
+            str(model),
+            "-p",
+            prompt,
+            "-n",
+            str(max_tokens),
+            "-c",
+            str(n_ctx),
+            "-t",
+            str(threads),
+            "--temp",
+            "0",
+            "--seed",
+            "0",
+            *spec_args,
+        ]
+    )
     # llama.cpp's log is written by a worker thread that loses its tail when the program exits before it ran
     # (reference_env preloads a library that waits for it); the run is deterministic, so one that printed an
     # incomplete log all the same is repeated until the output is complete.
@@ -181,9 +235,18 @@ def draft_cap_rule(session: Session, prompt: str, max_tokens: int, limit: int):
     return n_max_for
 
 
-def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int, p_min: float = 0.0,
-                            n_min: int = 0, drafter: str | None = None, checkpoints: bool = False,
-                            **options: int | str) -> Trace:
+def replay_reference_budget(
+    session: Session,
+    prompt: str,
+    *,
+    max_tokens: int,
+    n_max: int,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    drafter: str | None = None,
+    checkpoints: bool = False,
+    **options: int | str,
+) -> Trace:
     """Greedy generation with our engine under llama-speculative-simple's budget rule (see module doc).
 
     ``drafter`` (default: the MTP head) and ``options`` as :meth:`Session.generate` takes them (a ``--spec-type``
@@ -200,8 +263,15 @@ def replay_reference_budget(session: Session, prompt: str, *, max_tokens: int, n
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     n_predict = 0
     chosen = {} if drafter is None else {"drafter": drafter}
-    stream = session.stream(prompt, max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), p_min=p_min,
-                            n_min=min(n_min, n_max_for(0)), **chosen, **options)
+    stream = session.stream(
+        prompt,
+        max_tokens=max_tokens + n_max + 2,
+        n_max=n_max_for(0),
+        p_min=p_min,
+        n_min=min(n_min, n_max_for(0)),
+        **chosen,
+        **options,
+    )
     for step in stream:
         n_predict += step.n_accepted + 1
         partial = checkpoints and step.n_accepted < step.n_drafted
@@ -228,15 +298,16 @@ class BudgetRun:
     reference subtracts it, as the reference's timing leaves out its own set-up."""
 
 
-def generate_reference_budget(session: Session, prompt: str, *, max_tokens: int, n_max: int,
-                              drafter: str | None = None, **options: int | str) -> BudgetRun:
+def generate_reference_budget(
+    session: Session, prompt: str, *, max_tokens: int, n_max: int, drafter: str | None = None, **options: int | str
+) -> BudgetRun:
     """:func:`replay_reference_budget`'s generation (greedy, ``p_min`` and ``n_min`` 0) driven by the native step
     loop instead of :meth:`Session.stream`: no :class:`Step` is built per step and any telemetry level works,
     ``"off"`` included. So the same tokens with the same drafts as the reference can be timed without the
     stream's Python work per step; the Python left between the steps is measured (``BudgetRun.t_harness_ns``).
     The checkpoint rule follows ``session.checkpoints``."""
-    from ..core.settings import resolve
     from .. import _native
+    from ..core.settings import resolve
 
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     chosen = {} if drafter is None else {"drafter": drafter}
@@ -304,7 +375,11 @@ def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float, *, chec
     ``p_min == 0`` they always draft to the cap, so the drafted total is still known exactly; with
     ``p_min > 0`` such runs compare text and accepted totals only (``unverifiable_drafted_total``).
     """
-    totals = {"n_predict": len(ours.tokens), "n_drafted": int(ours.n_drafted.sum()), "n_accept": int(ours.n_accepted.sum())}
+    totals = {
+        "n_predict": len(ours.tokens),
+        "n_drafted": int(ours.n_drafted.sum()),
+        "n_accept": int(ours.n_accepted.sum()),
+    }
     reference = {"n_predict": ref.n_predict, "n_drafted": ref.n_drafted, "n_accept": ref.n_accept}
     eos_steps = [st for st in ours.steps if st.stop_reason == "eos"]
     expected = reference_totals(ours, checkpoints=checkpoints)
@@ -313,19 +388,38 @@ def compare_with_reference(ref: ReferenceRun, ours: Trace, p_min: float, *, chec
         expected["n_drafted"] += sum(st.n_max - st.n_drafted for st in eos_steps)
     text_equal = "".join(ours.pieces) == ref.text
     if unverifiable:
-        match = text_equal and reference["n_predict"] == expected["n_predict"] and reference["n_accept"] == expected["n_accept"]
+        match = (
+            text_equal
+            and reference["n_predict"] == expected["n_predict"]
+            and reference["n_accept"] == expected["n_accept"]
+        )
     else:
         match = text_equal and reference == expected
-    return {"reference": reference, "ours": totals, "expected_reference": expected, "text_equal": text_equal,
-            "checkpoint_rule": checkpoints,
-            "re_verified_steps": sum(st.n_accepted < st.n_drafted for st in ours.steps) if checkpoints else 0,
-            "eos_stopped_steps": len(eos_steps), "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
-            "unverifiable_drafted_total": unverifiable, "match": match}
+    return {
+        "reference": reference,
+        "ours": totals,
+        "expected_reference": expected,
+        "text_equal": text_equal,
+        "checkpoint_rule": checkpoints,
+        "re_verified_steps": sum(st.n_accepted < st.n_drafted for st in ours.steps) if checkpoints else 0,
+        "eos_stopped_steps": len(eos_steps),
+        "explained_by_eos_rule": bool(eos_steps) and match and not unverifiable,
+        "unverifiable_drafted_total": unverifiable,
+        "match": match,
+    }
 
 
 # -- llama-server ------------------------------------------------------------------------------------------
-def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, p_min: float = 0.0,
-                  drafter: str | None = None, **options: int) -> Trace:
+def replay_server(
+    session: Session,
+    prompt: str,
+    *,
+    n_predict: int,
+    n_max: int,
+    p_min: float = 0.0,
+    drafter: str | None = None,
+    **options: int,
+) -> Trace:
     """Greedy generation with our engine as llama-server's slot runs one request (``server_slot=True``): the prompt
     in the server's prompt batches and the first token sampled from them before any draft, every later draft cut to
     the budget left minus one (``n_remaining - 1``, the engine's own rule) and drafting stops when that is 0.
@@ -342,8 +436,16 @@ def replay_server(session: Session, prompt: str, *, n_predict: int, n_max: int, 
     return session.last_trace
 
 
-def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: int, n_max: int, p_min: float = 0.0,
-                           drafter: str | None = None, **options: int):
+def replay_server_parallel(
+    session: Session,
+    prompts: list[str],
+    *,
+    n_predict: int,
+    n_max: int,
+    p_min: float = 0.0,
+    drafter: str | None = None,
+    **options: int,
+):
     """:func:`replay_server` for a batch: the prompts as concurrent requests on the session's ``n_parallel``
     sequences (a ``ParallelTrace``), every slot's first token sampled from its prompt before any draft, as the server
     runs ``-np N`` slots that start together."""
@@ -352,12 +454,25 @@ def replay_server_parallel(session: Session, prompts: list[str], *, n_predict: i
 
 def _slot_settings(n_predict: int, n_max: int, p_min: float, drafter: str | None, options: dict) -> dict:
     """A request's settings as a server slot runs it."""
-    return {"max_tokens": n_predict, "n_max": n_max, "p_min": p_min, "server_slot": True} \
-        | ({} if drafter is None else {"drafter": drafter}) | options
+    return (
+        {"max_tokens": n_predict, "n_max": n_max, "p_min": p_min, "server_slot": True}
+        | ({} if drafter is None else {"drafter": drafter})
+        | options
+    )
 
 
-def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_predict: int, n_max: int,
-                       threads: int, reruns: int = 3, binary=None) -> list[dict]:
+def rerun_server_batch(
+    model,
+    prompts: list[str],
+    index: int,
+    ours: Trace,
+    *,
+    n_predict: int,
+    n_max: int,
+    threads: int,
+    reruns: int = 3,
+    binary=None,
+) -> list[dict]:
     """The same batch on ``reruns`` fresh ``llama-server -np len(prompts)`` processes: whether request ``index`` then
     matches our run (:func:`compare_with_server`). Our engine gives a request the same output every run; llama-server
     0.3.36 on a hybrid recurrent model does not always (measured: with 4 slots and 2 threads, the first request got
@@ -367,8 +482,9 @@ def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_
 
     out = []
     for _ in range(reruns):
-        with LlamaServer(model, n_parallel=len(prompts), n_ctx=2048 * len(prompts), threads=threads, n_max=n_max,
-                         binary=binary) as srv:
+        with LlamaServer(
+            model, n_parallel=len(prompts), n_ctx=2048 * len(prompts), threads=threads, n_max=n_max, binary=binary
+        ) as srv:
             done = srv.client().complete_many(list(prompts), n_predict)[index]
         r = compare_with_server(done, ours)
         out.append({"match": r["match"], "text_equal": r["text_equal"], "server": r["server"]})
@@ -377,11 +493,14 @@ def rerun_server_batch(model, prompts: list[str], index: int, ours: Trace, *, n_
 
 def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
     """Parity of one llama-server request (a :class:`~mtp_explorer.server.Completion`) with our replay of it
-    (:func:`replay_server`): the text, the generated tokens and ``draft_n`` / ``draft_n_accepted``. Our end-of-generation
-    rule is accounted for as in :func:`compare_with_reference` (the server's model drafters draft on past an
-    end-of-generation token; with ``p_min > 0`` such a run's drafted total is not verifiable)."""
-    totals = {"n_predict": len(ours.tokens), "draft_n": int(ours.n_drafted.sum()),
-              "draft_n_accepted": int(ours.n_accepted.sum())}
+    (:func:`replay_server`): the text, the generated tokens and ``draft_n`` / ``draft_n_accepted``. Our
+    end-of-generation rule is accounted for as in :func:`compare_with_reference` (the server's model drafters draft on
+    past an end-of-generation token; with ``p_min > 0`` such a run's drafted total is not verifiable)."""
+    totals = {
+        "n_predict": len(ours.tokens),
+        "draft_n": int(ours.n_drafted.sum()),
+        "draft_n_accepted": int(ours.n_accepted.sum()),
+    }
     server = {"n_predict": done.tokens_predicted, "draft_n": done.draft_n, "draft_n_accepted": done.draft_n_accepted}
     eos_steps = [st for st in ours.steps if st.stop_reason == "eos"]
     unverifiable = bool(eos_steps) and p_min > 0
@@ -391,18 +510,27 @@ def compare_with_server(done, ours: Trace, p_min: float = 0.0) -> dict:
         match = text_equal and all(server[k] == expected[k] for k in ("n_predict", "draft_n_accepted"))
     else:
         match = text_equal and server == expected
-    return {"server": server, "ours": totals, "expected_server": expected, "text_equal": text_equal,
-            "eos_stopped_steps": len(eos_steps), "unverifiable_drafted_total": unverifiable, "match": match}
+    return {
+        "server": server,
+        "ours": totals,
+        "expected_server": expected,
+        "text_equal": text_equal,
+        "eos_stopped_steps": len(eos_steps),
+        "unverifiable_drafted_total": unverifiable,
+        "match": match,
+    }
 
 
 def server_batch_shift(session: Session, max_rows: int | None = None):
     """The session's measured batch-shape shift for every verify batch of one slot and for a server batch of
-    ``max_rows`` rows (its slots' verify rows together, at most ``BATCH_SHIFT_ROWS_MAX``; default: one slot's largest)."""
+    ``max_rows`` rows (its slots' verify rows together, at most ``BATCH_SHIFT_ROWS_MAX``; default: one slot's
+    largest)."""
     return measure_batches(session, session.capacity, max_rows or session.capacity + 1)
 
 
-def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *, tol_logit: float | None = None,
-                            max_rows: int | None = None) -> dict:
+def explain_server_mismatch(
+    session: Session, prompt: str, done, ours: Trace, *, tol_logit: float | None = None, max_rows: int | None = None
+) -> dict:
     """Why a request of a batch of several (the server batches the slots' rows together, so its matrix products run
     in other shapes than a single sequence's) differs from our replay: a ``tie`` when the first differing token is
     one whose one-row target top-2 margin is below ``tol_logit`` (``cause: target_argmax``), or, with the same text,
@@ -412,28 +540,51 @@ def explain_server_mismatch(session: Session, prompt: str, done, ours: Trace, *,
     batches of up to ``max_rows`` rows (the server's slots times ``n_max + 1``; default ``capacity + 1``); the
     result's ``explanation`` says which."""
     shift = server_batch_shift(session, max_rows) if tol_logit is None else None
-    oracle = session.record_oracle(prompt, max_tokens=len(ours.tokens), depth=max(1, int(ours.n_drafted.max())),
-                                   probe=False, batch_shift=False)
+    oracle = session.record_oracle(
+        prompt, max_tokens=len(ours.tokens), depth=max(1, int(ours.n_drafted.max())), probe=False, batch_shift=False
+    )
     pos = oracle.columns["pos"]
     text, acc = done.text, ""
     for i, piece in enumerate(ours.pieces):
         if not text.startswith(acc + piece):
             margin = float(oracle.columns["target_margin"][i])
             tol = tol_logit if shift is None else shift.tolerance(None, int(pos[i]))
-            return _explained({"kind": "tie" if margin < tol else "unexplained", "cause": "target_argmax",
-                               "position": i, "margin": margin}, shift, tol, int(pos[i]))
+            return _explained(
+                {
+                    "kind": "tie" if margin < tol else "unexplained",
+                    "cause": "target_argmax",
+                    "position": i,
+                    "margin": margin,
+                },
+                shift,
+                tol,
+                int(pos[i]),
+            )
         acc += piece
     if acc != text:
         return {"kind": "unexplained", "cause": "text_length", "position": len(ours.pieces), "margin": float("nan")}
     head = next(s for s in drafters.DRAFTER_SPECS.values() if s.needs_mtp).index
     margins = oracle.columns["draft_margin"][:, head, :]
     starts = [sum(int(a) + 1 for a in ours.n_accepted[:k]) for k in range(ours.n_steps)]
-    on_path = [float(margins[g, j]) for g, n in zip(starts, ours.n_drafted.tolist())
-               for j in range(min(int(n), margins.shape[1])) if g < len(margins) and math.isfinite(margins[g, j])]
+    on_path = [
+        float(margins[g, j])
+        for g, n in zip(starts, ours.n_drafted.tolist())
+        for j in range(min(int(n), margins.shape[1]))
+        if g < len(margins) and math.isfinite(margins[g, j])
+    ]
     smallest = min(on_path, default=float("inf"))
     tol = tol_logit if shift is None else shift.tolerance(None, int(pos[-1]))
-    return _explained({"kind": "tie" if smallest < tol else "unexplained", "cause": "draft_argmax",
-                       "position": None, "margin": smallest}, shift, tol, int(pos[-1]))
+    return _explained(
+        {
+            "kind": "tie" if smallest < tol else "unexplained",
+            "cause": "draft_argmax",
+            "position": None,
+            "margin": smallest,
+        },
+        shift,
+        tol,
+        int(pos[-1]),
+    )
 
 
 def _explained(why: dict, shift, tol_logit: float, kv: int) -> dict:

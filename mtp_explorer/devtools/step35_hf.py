@@ -1,7 +1,8 @@
-"""A ``step35`` GGUF (the SYNTHETIC chained-head model of :mod:`.synthetic_step35`) as a Hugging Face
+"""A ``step35`` GGUF (the SYNTHETIC chained-head model of :mod:`mtp_explorer.models.synthetic_step35`) as a Hugging Face
 ``Step3p5ForCausalLM`` checkpoint, for a round trip through llama.cpp's own converter.
 
-    python -m mtp_explorer.devtools.hf_export --gguf synthetic-step35.gguf --out-dir /tmp/hf --convert /tmp/c.gguf --outtype f32
+    python -m mtp_explorer.devtools.hf_export --gguf synthetic-step35.gguf --out-dir /tmp/hf \\
+        --convert /tmp/c.gguf --outtype f32
 
 :func:`export_step35_checkpoint` writes what a Step-3.5 checkpoint holds, in the layout that ``convert_hf_to_gguf.py``
 reads (``conversion/step3.py``: ``Step35Model``, registered for ``Step3p5ForCausalLM``; the names are the inverse of
@@ -31,18 +32,30 @@ transformers knows ``step3p5`` in another form (see :mod:`._convert_launcher`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
 from ..core.errors import ParameterError
-from .hf_export import (GGUFTokenizer, _f32_literal, _read_gguf, float_tensors, hf_tensor_name,
-                        read_gguf_for_export, write_checkpoint)
-from .synthetic_step35 import ARCH, Step35Config
+from ..models.synthetic_step35 import ARCH, Step35Config
+from .hf_export import (
+    GGUFTokenizer,
+    _f32_literal,
+    _read_gguf,
+    float_tensors,
+    hf_tensor_name,
+    read_gguf_for_export,
+    write_checkpoint,
+)
 
-__all__ = ["step35_config_from_metadata", "step35_hf_config", "step35_hf_name", "step35_gguf_to_hf",
-           "export_step35_checkpoint"]
+__all__ = [
+    "step35_config_from_metadata",
+    "step35_hf_config",
+    "step35_hf_name",
+    "step35_gguf_to_hf",
+    "export_step35_checkpoint",
+]
 
 # (HF name under model.layers.{i}., GGUF name under blk.{i}.)
 _BLOCK = (
@@ -76,8 +89,11 @@ _NEXTN = (
     ("transformer.shared_head.output.weight", "nextn.shared_head_head.weight"),
     ("embed_tokens.weight", "nextn.embed_tokens.weight"),
 )
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 def _uniform(value, what: str) -> int:
@@ -88,8 +104,9 @@ def _uniform(value, what: str) -> int:
 
 
 def step35_config_from_metadata(meta: Mapping[str, object]) -> Step35Config:
-    """The :class:`~.synthetic_step35.Step35Config` of a ``step35`` GGUF from its metadata
-    (:func:`~.gguf_qwen35.read_qwen35_metadata`)."""
+    """The :class:`~mtp_explorer.models.synthetic_step35.Step35Config` of a ``step35`` GGUF from its metadata
+    (:func:`~mtp_explorer.models.gguf_qwen35.read_qwen35_metadata`)."""
+
     def k(name: str):
         return meta[f"{ARCH}.{name}"]
 
@@ -97,16 +114,26 @@ def step35_config_from_metadata(meta: Mapping[str, object]) -> Step35Config:
     n_layer = int(k("block_count")) - n_next
     pattern = list(k("attention.sliding_window_pattern"))  # type: ignore[call-overload]
     return Step35Config(
-        n_vocab=int(meta["tokenizer.ggml.tokens.count"]), n_embd=int(k("embedding_length")), n_layer=n_layer,
-        n_layer_dense_lead=int(k("leading_dense_block_count")), n_ff=int(k("feed_forward_length")),
-        n_ff_exp=int(k("expert_feed_forward_length")), n_ff_shexp=int(k("expert_shared_feed_forward_length")),
-        n_expert=int(k("expert_count")), n_expert_used=int(k("expert_used_count")),
+        n_vocab=int(meta["tokenizer.ggml.tokens.count"]),
+        n_embd=int(k("embedding_length")),
+        n_layer=n_layer,
+        n_layer_dense_lead=int(k("leading_dense_block_count")),
+        n_ff=int(k("feed_forward_length")),
+        n_ff_exp=int(k("expert_feed_forward_length")),
+        n_ff_shexp=int(k("expert_shared_feed_forward_length")),
+        n_expert=int(k("expert_count")),
+        n_expert_used=int(k("expert_used_count")),
         n_head=_uniform(k("attention.head_count"), "head_count"),
-        n_head_kv=_uniform(k("attention.head_count_kv"), "head_count_kv"), head_dim=int(k("attention.key_length")),
-        swa_layers=tuple(il for il in range(n_layer) if pattern[il]), n_swa=int(k("attention.sliding_window")),
-        rope_freq_base=float(k("rope.freq_base")), rope_freq_base_swa=float(k("rope.freq_base_swa")),
-        rms_eps=float(k("attention.layer_norm_rms_epsilon")), n_ctx_train=int(k("context_length")),
-        nextn_predict_layers=n_next)
+        n_head_kv=_uniform(k("attention.head_count_kv"), "head_count_kv"),
+        head_dim=int(k("attention.key_length")),
+        swa_layers=tuple(il for il in range(n_layer) if pattern[il]),
+        n_swa=int(k("attention.sliding_window")),
+        rope_freq_base=float(k("rope.freq_base")),
+        rope_freq_base_swa=float(k("rope.freq_base_swa")),
+        rms_eps=float(k("attention.layer_norm_rms_epsilon")),
+        n_ctx_train=int(k("context_length")),
+        nextn_predict_layers=n_next,
+    )
 
 
 def step35_hf_config(cfg: Step35Config, *, eos_id: int, bos_id: int | None) -> dict:
@@ -146,6 +173,7 @@ def step35_hf_config(cfg: Step35Config, *, eos_id: int, bos_id: int | None) -> d
 
 def step35_hf_name(name: str, cfg: Step35Config) -> str:
     """The checkpoint name of the GGUF tensor ``name`` (MTP blocks appended after the trunk's layers)."""
+
     def table(il: int):
         return () if il >= cfg.block_count else _BLOCK + _NEXTN if il >= cfg.n_layer else _BLOCK
 

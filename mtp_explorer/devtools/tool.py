@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
-def run_tool(cmd: Sequence[str], out: Path, error: type[Exception], *, timeout: float,
-             env: Mapping[str, str] | None = None, tail: int = 6000) -> Path:
+def run_tool(
+    cmd: Sequence[str],
+    out: Path,
+    error: type[Exception],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    tail: int = 6000,
+) -> Path:
     """Run ``cmd``, which writes ``out`` (removed first); ``out`` once it exists. A non-zero exit, a missing
     ``out`` or a run past ``timeout`` seconds raises ``error`` with the command and the tail of its output."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -19,8 +26,10 @@ def run_tool(cmd: Sequence[str], out: Path, error: type[Exception], *, timeout: 
     except subprocess.TimeoutExpired as exc:
         raise error(f"{' '.join(cmd)} ran past {timeout} s:\n{_tail(exc.stdout, exc.stderr, tail)}") from exc
     if proc.returncode != 0 or not out.is_file():
-        raise error(f"{' '.join(cmd)} exited with {proc.returncode}"
-                    f"{'' if out.is_file() else ' and wrote nothing'}:\n{_tail(proc.stdout, proc.stderr, tail)}")
+        raise error(
+            f"{' '.join(cmd)} exited with {proc.returncode}"
+            f"{'' if out.is_file() else ' and wrote nothing'}:\n{_tail(proc.stdout, proc.stderr, tail)}"
+        )
     return out
 
 

@@ -6,12 +6,29 @@ from __future__ import annotations
 
 from .client import Completion, ServerClient, SpecMetrics, parse_metrics
 from .monitor import Reading, ServerMonitor, WindowRates
-from .process import LlamaServer, free_port, server_binary
 from .overhead import fit_server_overhead, profile_server_overhead
 from .predict import PREDICTED_COLUMNS, server_counters
+from .process import LlamaServer, free_port, server_binary
 from .sweep import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest, server_sweep
 
-__all__ = ["Completion", "LlamaServer", "Reading", "ServerClient", "ServerMonitor", "SpecMetrics", "free_port",
-           "parse_metrics", "server_binary", "WindowRates", "GRID_FLAGS", "ServerSweep", "Workload", "WorkloadRequest",
-           "server_sweep", "PREDICTED_COLUMNS", "server_counters",
-           "profile_server_overhead", "fit_server_overhead"]
+__all__ = [
+    "Completion",
+    "LlamaServer",
+    "Reading",
+    "ServerClient",
+    "ServerMonitor",
+    "SpecMetrics",
+    "free_port",
+    "parse_metrics",
+    "server_binary",
+    "WindowRates",
+    "GRID_FLAGS",
+    "ServerSweep",
+    "Workload",
+    "WorkloadRequest",
+    "server_sweep",
+    "PREDICTED_COLUMNS",
+    "server_counters",
+    "profile_server_overhead",
+    "fit_server_overhead",
+]

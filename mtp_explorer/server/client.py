@@ -9,16 +9,16 @@ import dataclasses
 import json
 import math
 import re
-import socket
 import urllib.error
 import urllib.request
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..core.errors import ServerProtocolError, ServerUnavailableError
 
 #: llama-server's metric names are prefixed with this (``tools/server``: ``llamacpp:<name>``).
 PREFIX = "llamacpp:"
-_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$')
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
@@ -60,18 +60,19 @@ class SpecMetrics:
     """llama-server's speculative-decoding counters (``/metrics``, cumulative since it started, or the difference
     of two readings: :meth:`since`)."""
 
-    drafts: int                          #: ``spec_decode_num_drafts_total``: verification steps of a draft
-    draft_tokens: int                    #: ``spec_decode_num_draft_tokens_total``
-    accepted_tokens: int                 #: ``spec_decode_num_accepted_tokens_total``
-    accepted_per_pos: tuple[int, ...]    #: ``spec_decode_num_accepted_tokens_per_pos_total{position=i}``
-    tokens_predicted: int                #: ``tokens_predicted_total``
-    predicted_seconds: float             #: ``tokens_predicted_seconds_total``
-    requests_processing: int = 0         #: gauge: slots busy now
+    drafts: int  #: ``spec_decode_num_drafts_total``: verification steps of a draft
+    draft_tokens: int  #: ``spec_decode_num_draft_tokens_total``
+    accepted_tokens: int  #: ``spec_decode_num_accepted_tokens_total``
+    accepted_per_pos: tuple[int, ...]  #: ``spec_decode_num_accepted_tokens_per_pos_total{position=i}``
+    tokens_predicted: int  #: ``tokens_predicted_total``
+    predicted_seconds: float  #: ``tokens_predicted_seconds_total``
+    requests_processing: int = 0  #: gauge: slots busy now
 
     @classmethod
-    def from_samples(cls, samples: dict[str, float]) -> "SpecMetrics":
+    def from_samples(cls, samples: dict[str, float]) -> SpecMetrics:
         """From :func:`parse_metrics`' samples; a server without the counters (no ``--metrics``, an older build) is a
         :class:`ServerProtocolError`."""
+
         def counter(name: str) -> float:
             try:
                 return samples[PREFIX + name]
@@ -84,23 +85,29 @@ class SpecMetrics:
             m = pat.fullmatch(key)
             if m:
                 per_pos[int(m[1])] = int(value)
-        return cls(drafts=int(counter("spec_decode_num_drafts_total")),
-                   draft_tokens=int(counter("spec_decode_num_draft_tokens_total")),
-                   accepted_tokens=int(counter("spec_decode_num_accepted_tokens_total")),
-                   accepted_per_pos=tuple(per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)),
-                   tokens_predicted=int(counter("tokens_predicted_total")),
-                   predicted_seconds=float(counter("tokens_predicted_seconds_total")),
-                   requests_processing=int(samples.get(PREFIX + "requests_processing", 0)))
+        return cls(
+            drafts=int(counter("spec_decode_num_drafts_total")),
+            draft_tokens=int(counter("spec_decode_num_draft_tokens_total")),
+            accepted_tokens=int(counter("spec_decode_num_accepted_tokens_total")),
+            accepted_per_pos=tuple(per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)),
+            tokens_predicted=int(counter("tokens_predicted_total")),
+            predicted_seconds=float(counter("tokens_predicted_seconds_total")),
+            requests_processing=int(samples.get(PREFIX + "requests_processing", 0)),
+        )
 
-    def since(self, earlier: "SpecMetrics") -> "SpecMetrics":
+    def since(self, earlier: SpecMetrics) -> SpecMetrics:
         """The counters' growth from ``earlier`` to this reading."""
         n = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
         pad = lambda t: tuple(t) + (0,) * (n - len(t))  # noqa: E731
-        return SpecMetrics(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                           self.accepted_tokens - earlier.accepted_tokens,
-                           tuple(a - b for a, b in zip(pad(self.accepted_per_pos), pad(earlier.accepted_per_pos))),
-                           self.tokens_predicted - earlier.tokens_predicted,
-                           self.predicted_seconds - earlier.predicted_seconds, self.requests_processing)
+        return SpecMetrics(
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted_tokens - earlier.accepted_tokens,
+            tuple(a - b for a, b in zip(pad(self.accepted_per_pos), pad(earlier.accepted_per_pos))),
+            self.tokens_predicted - earlier.tokens_predicted,
+            self.predicted_seconds - earlier.predicted_seconds,
+            self.requests_processing,
+        )
 
     @property
     def acceptance_rate(self) -> float:
@@ -128,37 +135,48 @@ class Completion:
     """One ``/completion`` answer: its text and ``timings``."""
 
     prompt: str
-    text: str                    #: ``content``
-    tokens_predicted: int        #: ``timings.predicted_n``
+    text: str  #: ``content``
+    tokens_predicted: int  #: ``timings.predicted_n``
     predicted_ms: float
     predicted_per_second: float
     prompt_n: int
     prompt_ms: float
-    draft_n: int                 #: ``timings.draft_n``: tokens drafted (0 without speculative decoding)
-    draft_n_accepted: int        #: ``timings.draft_n_accepted``
-    stop_type: str               #: ``eos``, ``limit``, ``word``, ...
-    id_slot: int = -1            #: ``id_slot``: the slot that served it (-1: not said)
+    draft_n: int  #: ``timings.draft_n``: tokens drafted (0 without speculative decoding)
+    draft_n_accepted: int  #: ``timings.draft_n_accepted``
+    stop_type: str  #: ``eos``, ``limit``, ``word``, ...
+    id_slot: int = -1  #: ``id_slot``: the slot that served it (-1: not said)
 
     @classmethod
-    def from_json(cls, prompt: str, doc: Any) -> "Completion":
+    def from_json(cls, prompt: str, doc: Any) -> Completion:
         try:
             t = doc["timings"]
-            return cls(prompt=prompt, text=str(doc["content"]), tokens_predicted=int(t["predicted_n"]),
-                       predicted_ms=float(t["predicted_ms"]), predicted_per_second=float(t["predicted_per_second"]),
-                       prompt_n=int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
-                       draft_n=int(t.get("draft_n", 0)), draft_n_accepted=int(t.get("draft_n_accepted", 0)),
-                       stop_type=str(doc.get("stop_type", "")), id_slot=int(doc.get("id_slot", -1)))
+            return cls(
+                prompt=prompt,
+                text=str(doc["content"]),
+                tokens_predicted=int(t["predicted_n"]),
+                predicted_ms=float(t["predicted_ms"]),
+                predicted_per_second=float(t["predicted_per_second"]),
+                prompt_n=int(t["prompt_n"]),
+                prompt_ms=float(t["prompt_ms"]),
+                draft_n=int(t.get("draft_n", 0)),
+                draft_n_accepted=int(t.get("draft_n_accepted", 0)),
+                stop_type=str(doc.get("stop_type", "")),
+                id_slot=int(doc.get("id_slot", -1)),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ServerProtocolError(f"malformed /completion answer ({exc!r}): {str(doc)[:300]}") from None
 
     @classmethod
-    def from_chat_json(cls, prompt: str, doc: Any) -> "Completion":
+    def from_chat_json(cls, prompt: str, doc: Any) -> Completion:
         """A ``/v1/chat/completions`` answer (its first choice's message, its ``timings``)."""
         try:
             choice = doc["choices"][0]
-            flat = {"content": choice["message"]["content"] or "", "timings": doc["timings"],
-                    "stop_type": {"stop": "eos", "length": "limit"}.get(choice.get("finish_reason"), ""),
-                    "id_slot": doc.get("id_slot", -1)}
+            flat = {
+                "content": choice["message"]["content"] or "",
+                "timings": doc["timings"],
+                "stop_type": {"stop": "eos", "length": "limit"}.get(choice.get("finish_reason"), ""),
+                "id_slot": doc.get("id_slot", -1),
+            }
         except (KeyError, IndexError, TypeError) as exc:
             raise ServerProtocolError(f"malformed chat answer ({exc!r}): {str(doc)[:300]}") from None
         return cls.from_json(prompt, flat)
@@ -179,15 +197,19 @@ class ServerClient:
 
     def _request(self, path: str, body: dict | None = None, timeout: float | None = None) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method="GET" if body is None else "POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             raise ServerProtocolError(f"{self.url}{path} answered HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
+        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ServerUnavailableError(f"{self.url} is unreachable ({path}): {reason}") from None
 
@@ -207,20 +229,36 @@ class ServerClient:
         _, raw = self._request("/metrics")
         return SpecMetrics.from_samples(parse_metrics(raw.decode(errors="replace")))
 
-    def complete(self, prompt: str, n_predict: int, *, temperature: float = 0.0, cache_prompt: bool = False,
-                 **params: Any) -> Completion:
+    def complete(
+        self, prompt: str, n_predict: int, *, temperature: float = 0.0, cache_prompt: bool = False, **params: Any
+    ) -> Completion:
         """``POST /completion``, greedy and without prompt caching unless told otherwise; ``params`` are further
         request fields (``seed``, ...)."""
-        body = {"prompt": prompt, "n_predict": int(n_predict), "temperature": temperature,
-                "cache_prompt": cache_prompt} | params
+        body = {
+            "prompt": prompt,
+            "n_predict": int(n_predict),
+            "temperature": temperature,
+            "cache_prompt": cache_prompt,
+        } | params
         return Completion.from_json(prompt, self._json("/completion", body))
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], n_predict: int, *, temperature: float = 0.0,
-             cache_prompt: bool = False, **params: Any) -> Completion:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        n_predict: int,
+        *,
+        temperature: float = 0.0,
+        cache_prompt: bool = False,
+        **params: Any,
+    ) -> Completion:
         """``POST /v1/chat/completions`` with ``messages`` (``[{"role": ..., "content": ...}, ...]``), greedy, at most
         ``n_predict`` tokens (``max_tokens``) and without prompt caching unless told otherwise."""
-        body = {"messages": list(messages), "max_tokens": int(n_predict), "temperature": temperature,
-                "cache_prompt": cache_prompt} | params
+        body = {
+            "messages": list(messages),
+            "max_tokens": int(n_predict),
+            "temperature": temperature,
+            "cache_prompt": cache_prompt,
+        } | params
         return Completion.from_chat_json(json.dumps(list(messages)), self._json("/v1/chat/completions", body))
 
     def apply_template(self, messages: Sequence[Mapping[str, Any]]) -> str:

@@ -11,7 +11,8 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..core.errors import ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
@@ -24,9 +25,9 @@ STATES = ("unknown", "connected", "disconnected")
 class Reading:
     """One poll of the server: when, whether it answered, and its counters (None when it did not)."""
 
-    time: float                   #: ``time.time()`` of the poll
+    time: float  #: ``time.time()`` of the poll
     metrics: SpecMetrics | None
-    error: str = ""               #: why it did not answer ('' when it did)
+    error: str = ""  #: why it did not answer ('' when it did)
 
     @property
     def connected(self) -> bool:
@@ -40,7 +41,7 @@ class WindowRates:
     rate, mean accepted length and acceptance by draft position of the drafts verified in it; the slots busy at its
     end. NaN where nothing was drafted (or no time passed)."""
 
-    start: float                      #: ``time.time()`` of the earlier poll
+    start: float  #: ``time.time()`` of the earlier poll
     seconds: float
     tokens_per_second: float
     drafted_per_second: float
@@ -51,15 +52,21 @@ class WindowRates:
     requests_processing: int
 
     @classmethod
-    def between(cls, a: Reading, b: Reading) -> "WindowRates":
+    def between(cls, a: Reading, b: Reading) -> WindowRates:
         """From the connected readings ``a`` (earlier) and ``b``."""
         grown, secs = b.metrics.since(a.metrics), b.time - a.time
         per_s = (lambda n: n / secs) if secs > 0 else (lambda n: math.nan)
-        return cls(start=a.time, seconds=secs, tokens_per_second=per_s(grown.tokens_predicted),
-                   drafted_per_second=per_s(grown.draft_tokens), accepted_per_second=per_s(grown.accepted_tokens),
-                   acceptance_rate=grown.acceptance_rate, mean_accepted_length=grown.mean_accepted_length,
-                   acceptance_by_position=grown.acceptance_by_position,
-                   requests_processing=b.metrics.requests_processing)
+        return cls(
+            start=a.time,
+            seconds=secs,
+            tokens_per_second=per_s(grown.tokens_predicted),
+            drafted_per_second=per_s(grown.draft_tokens),
+            accepted_per_second=per_s(grown.accepted_tokens),
+            acceptance_rate=grown.acceptance_rate,
+            mean_accepted_length=grown.mean_accepted_length,
+            acceptance_by_position=grown.acceptance_by_position,
+            requests_processing=b.metrics.requests_processing,
+        )
 
 
 def _restarted(a: SpecMetrics, b: SpecMetrics) -> bool:
@@ -77,8 +84,7 @@ class ServerMonitor:
     readings are kept (a ring buffer: an hour of polls every second by default), which :meth:`window` and
     :meth:`series` read."""
 
-    def __init__(self, url: str, *, timeout: float = 5.0, request_timeout: float = 300.0,
-                 capacity: int = 3600) -> None:
+    def __init__(self, url: str, *, timeout: float = 5.0, request_timeout: float = 300.0, capacity: int = 3600) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
             raise ParameterError(f"capacity must be an integer >= 2 (readings kept), got {capacity!r}")
         self._probe = ServerClient(url, timeout=timeout)
@@ -114,8 +120,11 @@ class ServerMonitor:
         if len(up) < 2:
             return None
         last, first = up[-1], len(up) - 1
-        while first > 0 and up[first - 1].time >= last.time - seconds and not _restarted(up[first - 1].metrics,
-                                                                                         up[first].metrics):
+        while (
+            first > 0
+            and up[first - 1].time >= last.time - seconds
+            and not _restarted(up[first - 1].metrics, up[first].metrics)
+        ):
             first -= 1
         return WindowRates.between(up[first], last) if first < len(up) - 1 else None
 
@@ -126,8 +135,11 @@ class ServerMonitor:
 
         with self._lock:
             up = [r for r in self.readings if r.connected]
-        rows = [dataclasses.asdict(WindowRates.between(a, b)) for a, b in zip(up, up[1:])
-                if not _restarted(a.metrics, b.metrics)]
+        rows = [
+            dataclasses.asdict(WindowRates.between(a, b))
+            for a, b in zip(up, up[1:])
+            if not _restarted(a.metrics, b.metrics)
+        ]
         cols = [f.name for f in dataclasses.fields(WindowRates)]
         return pd.DataFrame(rows, columns=cols)
 
@@ -159,7 +171,8 @@ class ServerMonitor:
         m, reqs = self.last, self.completions
         per_request = [c.predicted_per_second for c in reqs if c.tokens_predicted > 0]
         return {
-            "url": self.url, "state": self.state,
+            "url": self.url,
+            "state": self.state,
             "acceptance_rate": m.acceptance_rate if m else math.nan,
             "mean_accepted_length": m.mean_accepted_length if m else math.nan,
             "acceptance_by_position": m.acceptance_by_position if m else [],

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,15 +50,29 @@ def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
     y = np.array([(s.wall_s - s.predicted_s) * 1e9 for s in samples])
     request_ns, step_ns = (float(v) for v in nnls(X, y))
     residual = y - X @ np.array([request_ns, step_ns])
-    return {"request_ns": request_ns, "step_ns": step_ns,
-            "measured": {"samples": len(samples), "median_abs_residual_ns": float(np.median(np.abs(residual))),
-                         "median_wall_over_predicted": float(np.median([s.wall_s / s.predicted_s for s in samples]))}}
+    return {
+        "request_ns": request_ns,
+        "step_ns": step_ns,
+        "measured": {
+            "samples": len(samples),
+            "median_abs_residual_ns": float(np.median(np.abs(residual))),
+            "median_wall_over_predicted": float(np.median([s.wall_s / s.predicted_s for s in samples])),
+        },
+    }
 
 
-def profile_server_overhead(session: "Session", costs: BatchCostModel, *, binary: str | os.PathLike | None = None,
-                            prompts: Sequence[str] = PROFILE_PROMPTS[:4], n_predict: Sequence[int] = (16, 64),
-                            repeats: int = 2, spec_types: Sequence[str] = ("none", DEFAULT_MODE), n_max: int = 3,
-                            progress: Callable[[int, int], None] | None = None) -> BatchCostModel:
+def profile_server_overhead(
+    session: Session,
+    costs: BatchCostModel,
+    *,
+    binary: str | os.PathLike | None = None,
+    prompts: Sequence[str] = PROFILE_PROMPTS[:4],
+    n_predict: Sequence[int] = (16, 64),
+    repeats: int = 2,
+    spec_types: Sequence[str] = ("none", DEFAULT_MODE),
+    n_max: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+) -> BatchCostModel:
     """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on a real llama-server (``binary``: see
     :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads: each prompt alone,
     for each of ``spec_types`` (``"none"``: plain) and ``n_predict``, ``repeats`` rounds (after a warm-up request),
@@ -67,36 +82,64 @@ def profile_server_overhead(session: "Session", costs: BatchCostModel, *, binary
     check_int("n_max", n_max, 1, session.capacity)
     lengths = [check_int("n_predict", n, 2, None) for n in n_predict]
     if len(set(lengths)) < 2:
-        raise ParameterError("give two request lengths or more (n_predict): the fit tells per-request costs from "
-                             "per-step ones by them")
+        raise ParameterError(
+            "give two request lengths or more (n_predict): the fit tells per-request costs from per-step ones by them"
+        )
     bare = dataclasses.replace(costs, server=None)
     samples: list[OverheadSample] = []
     total, done = len(spec_types) * len(prompts) * len(lengths) * repeats, 0
     for spec in spec_types:
         drafting = spec not in (None, "none")
-        with LlamaServer(session.path, n_parallel=1, n_ctx=session.n_ctx, threads=session.threads,
-                         spec_type=spec if drafting else None, n_max=n_max, binary=binary) as server:
+        with LlamaServer(
+            session.path,
+            n_parallel=1,
+            n_ctx=session.n_ctx,
+            threads=session.threads,
+            spec_type=spec if drafting else None,
+            n_max=n_max,
+            binary=binary,
+        ) as server:
             client = server.client()
             tokens = [client.tokenize(p) for p in prompts]
-            oracles = [session.record_oracle(t, max_tokens=max(lengths), depth=n_max, probe=False, batch_shift=False)
-                       for t in tokens]
+            oracles = [
+                session.record_oracle(t, max_tokens=max(lengths), depth=n_max, probe=False, batch_shift=False)
+                for t in tokens
+            ]
             client.complete(prompts[0], 8)  # warm-up: the server's first request pays for its buffers
             for _ in range(repeats):
                 for prompt, oracle in zip(prompts, oracles):
                     for n in lengths:
-                        settings = (DraftSettings(drafter=spec, n_max=n_max, max_tokens=n) if drafting
-                                    else DraftSettings(n_max=0, max_tokens=n))
-                        predicted = predict_parallel([oracle], bare, settings, n_parallel=1, server_slot=True,
-                                                     warn=False)
+                        settings = (
+                            DraftSettings(drafter=spec, n_max=n_max, max_tokens=n)
+                            if drafting
+                            else DraftSettings(n_max=0, max_tokens=n)
+                        )
+                        predicted = predict_parallel(
+                            [oracle], bare, settings, n_parallel=1, server_slot=True, warn=False
+                        )
                         t0 = time.perf_counter()
                         client.complete(prompt, n)
                         wall = time.perf_counter() - t0
-                        samples.append(OverheadSample(wall, predicted["requests"][0]["latency_seconds"],
-                                                      predicted["n_steps"], spec if drafting else "none", n))
+                        samples.append(
+                            OverheadSample(
+                                wall,
+                                predicted["requests"][0]["latency_seconds"],
+                                predicted["n_steps"],
+                                spec if drafting else "none",
+                                n,
+                            )
+                        )
                         done += 1
                         if progress is not None:
                             progress(done, total)
     fit = fit_server_overhead(samples)
-    fit["measured"] |= {"threads": session.threads, "n_max": n_max, "n_predict": lengths, "repeats": repeats,
-                        "spec_types": list(spec_types), "prompts": len(prompts), "server": str(server.binary)}
+    fit["measured"] |= {
+        "threads": session.threads,
+        "n_max": n_max,
+        "n_predict": lengths,
+        "repeats": repeats,
+        "spec_types": list(spec_types),
+        "prompts": len(prompts),
+        "server": str(server.binary),
+    }
     return dataclasses.replace(costs, server=fit)

@@ -8,9 +8,10 @@ are those the server reports for each request on a fresh slot: this engine runs 
 (:func:`slot_run_counters`: the prompt in the server's batches, so its greedy path is the server's also past a
 near-tie that the recording, its prompt decoded otherwise, resolves the other way), else the recording is replayed
 (:func:`request_counters`: :func:`server_counters`, or with ngram-simple in the chain :func:`server_lookup_counters`);
-both size ngram-simple's drafts and restore checkpoints as llama-server does. A drafter whose state a server keeps from one request to the next
-(:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's own prompt, its rows
-say so in ``prediction_note``, and each request that ran after another on its slot says so in ``slot_carry``.
+both size ngram-simple's drafts and restore checkpoints as llama-server does. A drafter whose state a server keeps from
+one request to the next (:attr:`~mtp_explorer.core.drafters.DrafterSpec.server_carry`) is predicted from each request's
+own prompt, its rows say so in ``prediction_note``, and each request that ran after another on its slot says so in
+``slot_carry``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..core import drafters
 from ..core.errors import ParameterError
@@ -33,17 +35,27 @@ if TYPE_CHECKING:
     from .sweep import ServerSweep, Workload
 
 #: The columns :func:`predict_sweep` adds to a sweep's frame.
-PREDICTED_COLUMNS = ("predicted_tokens_per_second", "predicted_acceptance", "predicted_n_drafted",
-                     "predicted_n_accepted", "tokens_per_second_error", "acceptance_error", "beyond_spread",
-                     "prediction_note")
+PREDICTED_COLUMNS = (
+    "predicted_tokens_per_second",
+    "predicted_acceptance",
+    "predicted_n_drafted",
+    "predicted_n_accepted",
+    "tokens_per_second_error",
+    "acceptance_error",
+    "beyond_spread",
+    "prediction_note",
+)
 
 
-def server_counters(trace: "Trace") -> dict[str, int]:
+def server_counters(trace: Trace) -> dict[str, int]:
     """The counters llama-server reports for a greedy request that ran as ``trace`` (``n_predict``, ``draft_n``,
     ``draft_n_accepted``): at a step that stops at an end-of-generation token, the server's drafters have drafted
     on past it to the step's cap (``n_max`` cut to the budget left minus one), which the trace does not count."""
-    counters = {"n_predict": len(trace.tokens), "draft_n": int(trace.n_drafted.sum()),
-                "draft_n_accepted": int(trace.n_accepted.sum())}
+    counters = {
+        "n_predict": len(trace.tokens),
+        "draft_n": int(trace.n_drafted.sum()),
+        "draft_n_accepted": int(trace.n_accepted.sum()),
+    }
     generated, budget = 0, int(trace.settings["max_tokens"])
     for st in trace.steps:
         if st.stop_reason == "eos":
@@ -52,7 +64,7 @@ def server_counters(trace: "Trace") -> dict[str, int]:
     return counters
 
 
-def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str, int] | None:
+def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict[str, int] | None:
     """The counters llama-server 0.3.36 reports (as :func:`server_counters`) for a greedy request drafted by a chain
     with ngram-simple, replayed as the server runs it where it differs from this engine (``None``: ``settings``
     drafts with no look-up, another look-up, or a policy other than llama.cpp's ``first``; those take
@@ -88,16 +100,20 @@ def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> di
     cap_lookup = _caps(oracle, max_tokens, max_tokens, server_slot=True)[0]
     history = list(oracle.prompt_tokens) + [int(t) for t in oracle.columns["token"]]
     n_prompt = len(oracle.prompt_tokens)
-    looked = [ngram_simple_draft(history[:n_prompt - 1 + g], history[n_prompt - 1 + g], size_n, size_m)[:int(c)]
-              for g, c in enumerate(cap_lookup.tolist())]
+    looked = [
+        ngram_simple_draft(history[: n_prompt - 1 + g], history[n_prompt - 1 + g], size_n, size_m)[: int(c)]
+        for g, c in enumerate(cap_lookup.tolist())
+    ]
     width = max(1, max(map(len, looked)))
     table = np.full((T, width), -1, dtype=np.int64)
     for g, d in enumerate(looked):
-        table[g, :len(d)] = d
+        table[g, : len(d)] = d
     lookup_len = np.array([len(d) for d in looked], dtype=np.int64)
     lookup_match = oracle.accepted_prefix(table, lookup_len)
-    cands = [None if r is None else (r.candidate(cap, reason, settings.p_min, settings.n_min, True), r.match_len)
-             for r in replays]
+    cands = [
+        None if r is None else (r.candidate(cap, reason, settings.p_min, settings.n_min, True), r.match_len)
+        for r in replays
+    ]
     eog = oracle.columns["token_eog"].astype(bool)
     recurrent = bool(oracle.settings.get("is_recurrent"))
     n_rs = settings.n_max if mode.gets_snapshot_slots else 0
@@ -123,7 +139,7 @@ def server_lookup_counters(oracle: "OracleTrace", settings: DraftSettings) -> di
     return {"n_predict": min(g, end), "draft_n": drafted, "draft_n_accepted": accepted}
 
 
-def request_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str, int]:
+def request_counters(oracle: OracleTrace, settings: DraftSettings) -> dict[str, int]:
     """The counters llama-server reports for one greedy request run alone on a slot (:func:`server_lookup_counters`
     where the server sizes a look-up's draft otherwise than this engine, else :func:`server_counters` of the
     :func:`~mtp_explorer.simulate` replay as a server slot)."""
@@ -133,7 +149,7 @@ def request_counters(oracle: "OracleTrace", settings: DraftSettings) -> dict[str
     return counters if counters is not None else server_counters(simulate(oracle, settings, server_slot=True))
 
 
-def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> dict[str, int] | None:
+def slot_run_counters(session: Session, prompt, settings: DraftSettings) -> dict[str, int] | None:
     """The counters llama-server reports for a greedy request on a fresh slot, from this engine running the request as
     the slot runs it (:attr:`~mtp_explorer.DraftSettings.server_slot`: the prompt in the server's batches, the first
     token sampled from the last before any draft), where :func:`request_counters` replays a recording whose prompt
@@ -150,7 +166,9 @@ def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> di
     lookups = [d for d in mode.drafters if d.is_lookup]
     if s.n_max == 0:
         return server_counters(session.generate(prompt, s))
-    if any(d.spec_type != drafters.NGRAM_SIMPLE for d in lookups) or (len(mode.drafters) > 1 and mode.policy != "first"):
+    if any(d.spec_type != drafters.NGRAM_SIMPLE for d in lookups) or (
+        len(mode.drafters) > 1 and mode.policy != "first"
+    ):
         return None
     opts = drafters.option_values(s.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
@@ -160,7 +178,7 @@ def slot_run_counters(session: "Session", prompt, settings: DraftSettings) -> di
     for step in session.stream(prompt, s):
         if not held:
             continue
-        generated += [int(t) for t in step.drafted[:step.n_accepted]] + [int(step.correction)]
+        generated += [int(t) for t in step.drafted[: step.n_accepted]] + [int(step.correction)]
         if recurrent and step.n_drafted - step.n_accepted > n_rs:
             n_max = 0  # the server's checkpoint replay emits one more token, drafting nothing
         else:
@@ -180,16 +198,17 @@ def config_settings(config: Mapping[str, Any], n_predict: int) -> DraftSettings:
     spec = config.get("spec_type")
     if spec in (None, "none"):
         return DraftSettings(n_max=0, max_tokens=n_predict)
-    return DraftSettings(drafter=spec, max_tokens=n_predict,
-                         **{k: config[k] for k in ("n_max", "p_min", "n_min") if k in config})
+    return DraftSettings(
+        drafter=spec, max_tokens=n_predict, **{k: config[k] for k in ("n_max", "p_min", "n_min") if k in config}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Recording:
     """What a prediction reads: one oracle per request of the workload, and the machine's batch costs."""
 
-    oracles: tuple["OracleTrace", ...]
-    costs: "BatchCostModel"
+    oracles: tuple[OracleTrace, ...]
+    costs: BatchCostModel
     #: per drafting configuration of the grid (:func:`drafting_key`), each request's counters from this engine run as a
     #: server slot (:func:`slot_run_counters`; None where it could not); empty: not run
     slot_runs: Mapping[tuple, list] = dataclasses.field(default_factory=dict)
@@ -202,10 +221,17 @@ def drafting_key(config: Mapping[str, Any]) -> tuple:
     return tuple(config.get(k) for k in ("spec_type", "n_max", "p_min", "n_min"))
 
 
-def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence[Any]], *,
-           prompt_tokens: Sequence[Sequence[int]] | None = None, costs: "BatchCostModel | None" = None,
-           progress: Callable[[str], None] | None = None, ran: Sequence[Mapping[str, Any]] | None = None,
-           binary: str | os.PathLike | None = None) -> Recording:
+def record(
+    session: Session,
+    workload: Workload,
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    prompt_tokens: Sequence[Sequence[int]] | None = None,
+    costs: BatchCostModel | None = None,
+    progress: Callable[[str], None] | None = None,
+    ran: Sequence[Mapping[str, Any]] | None = None,
+    binary: str | os.PathLike | None = None,
+) -> Recording:
     """Record ``workload`` with ``session`` as deep as the grid drafts (each request's ``prompt_tokens`` where the
     server's are known, else its prompt as the session tokenizes it), run each request as a server slot for each
     configuration in ``ran`` (default: the grid's; a drafting configuration the session refuses is kept in
@@ -216,26 +242,34 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
     from .overhead import profile_server_overhead
 
     if workload.rate is not None:
-        raise ParameterError("the prediction schedules requests sent all at once; this workload arrives at "
-                             f"{workload.rate:g} requests/s")
+        raise ParameterError(
+            f"the prediction schedules requests sent all at once; this workload arrives at {workload.rate:g} requests/s"
+        )
     n_max = [int(k) for k in grid.get("n_max", [DraftSettings().n_max])]
     n_parallel = sorted({int(n) for n in grid.get("n_parallel", [1])})
     if max(n_max) > session.capacity:
-        raise ParameterError(f"the grid drafts up to n_max={max(n_max)}, deeper than the session's capacity "
-                             f"{session.capacity}: open it with n_rs_seq={max(n_max)}")
+        raise ParameterError(
+            f"the grid drafts up to n_max={max(n_max)}, deeper than the session's capacity "
+            f"{session.capacity}: open it with n_rs_seq={max(n_max)}"
+        )
     if n_parallel[-1] > session.n_parallel:
-        raise ParameterError(f"the grid runs up to n_parallel={n_parallel[-1]} slots: open the session with "
-                             f"n_parallel={n_parallel[-1]} to measure its batch costs")
+        raise ParameterError(
+            f"the grid runs up to n_parallel={n_parallel[-1]} slots: open the session with "
+            f"n_parallel={n_parallel[-1]} to measure its batch costs"
+        )
     if prompt_tokens is None and any(req.messages is not None for req in workload.requests):
-        raise ParameterError("a chat request's prompt is the server's template applied to its messages: this sweep "
-                             "has no server tokens to predict it from (no server started)")
+        raise ParameterError(
+            "a chat request's prompt is the server's template applied to its messages: this sweep "
+            "has no server tokens to predict it from (no server started)"
+        )
     oracles = []
     for i, req in enumerate(workload.requests):
         if progress is not None:
             progress(f"recording request {i + 1} of {len(workload.requests)}")
         prompt = req.prompt if prompt_tokens is None else list(prompt_tokens[i])
-        oracles.append(session.record_oracle(prompt, max_tokens=req.n_predict, depth=max(n_max), probe=False,
-                                             batch_shift=False))
+        oracles.append(
+            session.record_oracle(prompt, max_tokens=req.n_predict, depth=max(n_max), probe=False, batch_shift=False)
+        )
     from .sweep import configurations
 
     if progress is not None:
@@ -247,35 +281,42 @@ def record(session: "Session", workload: "Workload", grid: Mapping[str, Sequence
         if key in slot_runs or key in refused:
             continue
         try:
-            slot_runs[key] = [slot_run_counters(session, req.prompt if prompt_tokens is None else list(prompt_tokens[i]),
-                                                config_settings(config, req.n_predict))
-                              for i, req in enumerate(workload.requests)]
+            slot_runs[key] = [
+                slot_run_counters(
+                    session,
+                    req.prompt if prompt_tokens is None else list(prompt_tokens[i]),
+                    config_settings(config, req.n_predict),
+                )
+                for i, req in enumerate(workload.requests)
+            ]
         except ParameterError as exc:
             refused[key] = str(exc)
     if costs is None:
         drafting = drafters.DEFAULT_MODE if session.info.has_mtp else drafters.NGRAM_SIMPLE
         if progress is not None:
             progress("measuring batch costs")
-        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}),
-                                    drafter=drafting)
+        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}), drafter=drafting)
         if progress is not None:
             progress("measuring the server's overheads")
-        costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max),
-                                        spec_types=("none", drafting))
+        costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max), spec_types=("none", drafting))
     return Recording(tuple(oracles), costs, slot_runs, refused)
 
 
 #: How llama-server 0.3.36 sizes a look-up's draft, unlike llama-speculative-simple and this engine (measured: on
 #: the bundled model, ngram-simple drafted 16 tokens in one draft at --spec-draft-n-max 1, 2 and 3 alike).
-SERVER_LOOKUP_CAP = ("llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
-                     "(server_slot::get_n_draft_max), not by --spec-draft-n-max: {names} draft up to their own "
-                     "length; the prediction cuts them to n_max as llama-speculative-simple does, so where they draft "
-                     "its counters and verify sizes are not the server's")
+SERVER_LOOKUP_CAP = (
+    "llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
+    "(server_slot::get_n_draft_max), not by --spec-draft-n-max: {names} draft up to their own "
+    "length; the prediction cuts them to n_max as llama-speculative-simple does, so where they draft "
+    "its counters and verify sizes are not the server's"
+)
 #: The same for ngram-simple, whose server counters are predicted as the server sizes its drafts
 #: (:func:`server_lookup_counters`); the tokens/s prediction still cuts them.
-SERVER_LOOKUP_CAP_COUNTED = ("llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
-                             "(server_slot::get_n_draft_max), not by --spec-draft-n-max: the predicted counters "
-                             "follow it ({names}), the predicted tokens/s cuts {names} to n_max as this engine does")
+SERVER_LOOKUP_CAP_COUNTED = (
+    "llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
+    "(server_slot::get_n_draft_max), not by --spec-draft-n-max: the predicted counters "
+    "follow it ({names}), the predicted tokens/s cuts {names} to n_max as this engine does"
+)
 
 
 def _note(settings: DraftSettings) -> str:
@@ -285,12 +326,16 @@ def _note(settings: DraftSettings) -> str:
     notes = []
     carried = [f"{s.spec_type}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
     if carried:
-        notes.append("the server keeps drafter state across requests, the prediction starts each request afresh ("
-                     + "; ".join(carried) + ")")
+        notes.append(
+            "the server keeps drafter state across requests, the prediction starts each request afresh ("
+            + "; ".join(carried)
+            + ")"
+        )
     lookups = [s.spec_type for s in settings.mode.drafters if s.is_lookup]
     if lookups:
         counted = all(name == drafters.NGRAM_SIMPLE for name in lookups) and (
-            len(settings.mode.drafters) == 1 or settings.mode.policy == "first")
+            len(settings.mode.drafters) == 1 or settings.mode.policy == "first"
+        )
         notes.append((SERVER_LOOKUP_CAP_COUNTED if counted else SERVER_LOOKUP_CAP).format(names=", ".join(lookups)))
     return "; ".join(notes)
 
@@ -309,11 +354,16 @@ class ConfigPrediction:
 #: ``slot_carry``: the request ran on a slot that had served another request before it (``served_after``), with a
 #: drafter whose state the server keeps from one request to the next (``DrafterSpec.server_carry``), which the
 #: prediction (each request on a fresh slot) does not replay.
-PREDICTED_REQUEST_COLUMNS = ("predicted_tokens", "predicted_draft_n", "predicted_draft_n_accepted", "counts_match",
-                             "slot_carry")
+PREDICTED_REQUEST_COLUMNS = (
+    "predicted_tokens",
+    "predicted_draft_n",
+    "predicted_draft_n_accepted",
+    "counts_match",
+    "slot_carry",
+)
 
 
-def predict_config(recording: Recording, workload: "Workload", config: Mapping[str, Any]) -> ConfigPrediction:
+def predict_config(recording: Recording, workload: Workload, config: Mapping[str, Any]) -> ConfigPrediction:
     """One configuration's prediction (:class:`ConfigPrediction`)."""
     from ..analysis.batch import predict_parallel
     from .sweep import ALL
@@ -324,20 +374,30 @@ def predict_config(recording: Recording, workload: "Workload", config: Mapping[s
             raise ParameterError(recording.refused[drafting_key(config)])
         ran = recording.slot_runs.get(drafting_key(config)) or [None] * len(each)
         counters = [c if c is not None else request_counters(o, s) for c, o, s in zip(ran, recording.oracles, each)]
-        timed = predict_parallel(recording.oracles, recording.costs, each, n_parallel=int(config.get("n_parallel", 1)),
-                                 arrivals=[0] * len(each), server_slot=True)
+        timed = predict_parallel(
+            recording.oracles,
+            recording.costs,
+            each,
+            n_parallel=int(config.get("n_parallel", 1)),
+            arrivals=[0] * len(each),
+            server_slot=True,
+        )
     except ParameterError as exc:
-        return ConfigPrediction({cat: {"prediction_note": f"not predicted: {exc}"}
-                                 for cat in [ALL, *workload.categories]}, [])
+        return ConfigPrediction(
+            {cat: {"prediction_note": f"not predicted: {exc}"} for cat in [ALL, *workload.categories]}, []
+        )
     seconds = timed["n_tokens"] / timed["tokens_per_second"]
     out = {}
     for cat in [ALL, *workload.categories]:
         mine = [c for c, req in zip(counters, workload.requests) if cat == ALL or req.category == cat]
         drafted, accepted = sum(c["draft_n"] for c in mine), sum(c["draft_n_accepted"] for c in mine)
-        out[cat] = {"predicted_tokens_per_second": sum(c["n_predict"] for c in mine) / seconds,
-                    "predicted_acceptance": accepted / drafted if drafted else math.nan,
-                    "predicted_n_drafted": drafted, "predicted_n_accepted": accepted,
-                    "prediction_note": _note(each[0])}
+        out[cat] = {
+            "predicted_tokens_per_second": sum(c["n_predict"] for c in mine) / seconds,
+            "predicted_acceptance": accepted / drafted if drafted else math.nan,
+            "predicted_n_drafted": drafted,
+            "predicted_n_accepted": accepted,
+            "prediction_note": _note(each[0]),
+        }
     return ConfigPrediction(out, counters)
 
 
@@ -347,13 +407,21 @@ def _errors(row: Mapping[str, Any]) -> dict[str, Any]:
     pred, meas = row.get("predicted_tokens_per_second", math.nan), row["tokens_per_second"]
     ok = row["status"] == "ok" and meas > 0 and not math.isnan(pred)
     spread = row.get("tokens_per_second_spread", math.nan) if row.get("repeats", 1) > 1 else math.nan
-    return {"tokens_per_second_error": pred / meas - 1 if ok else math.nan,
-            "acceptance_error": row.get("predicted_acceptance", math.nan) - row["acceptance"],
-            "beyond_spread": abs(pred - meas) > spread * meas / 2 if ok and not math.isnan(spread) else math.nan}
+    return {
+        "tokens_per_second_error": pred / meas - 1 if ok else math.nan,
+        "acceptance_error": row.get("predicted_acceptance", math.nan) - row["acceptance"],
+        "beyond_spread": abs(pred - meas) > spread * meas / 2 if ok and not math.isnan(spread) else math.nan,
+    }
 
 
-def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCostModel | None" = None,
-                  binary: str | os.PathLike | None = None, progress: bool = True):
+def predict_sweep(
+    sweep: ServerSweep,
+    session: Session,
+    *,
+    costs: BatchCostModel | None = None,
+    binary: str | os.PathLike | None = None,
+    progress: bool = True,
+):
     """The sweep's frame with :data:`PREDICTED_COLUMNS` added, and its per-request frame with
     :data:`PREDICTED_REQUEST_COLUMNS` (None without one): what the explorer predicts for each row from one
     recording of the workload with ``session`` (the sweep's model; ``n_parallel`` and capacity enough for the grid)
@@ -370,17 +438,34 @@ def predict_sweep(sweep: "ServerSweep", session: "Session", *, costs: "BatchCost
     keys = list(sweep.grid)
     failed = _failed(sweep.frame, keys)
     ran = [c for c in configurations(sweep.grid) if tuple(c[k] for k in keys) not in failed]
-    bar = tqdm(total=len(sweep.workload.requests) + (3 if costs is None else 1), desc="predicting the sweep",
-               disable=not progress, leave=False)
+    bar = tqdm(
+        total=len(sweep.workload.requests) + (3 if costs is None else 1),
+        desc="predicting the sweep",
+        disable=not progress,
+        leave=False,
+    )
     try:
-        recording = record(session, sweep.workload, sweep.grid, prompt_tokens=sweep.prompt_tokens, costs=costs,
-                           progress=lambda what: (bar.set_postfix_str(what), bar.update(1)), ran=ran, binary=binary)
+        recording = record(
+            session,
+            sweep.workload,
+            sweep.grid,
+            prompt_tokens=sweep.prompt_tokens,
+            costs=costs,
+            progress=lambda what: (bar.set_postfix_str(what), bar.update(1)),
+            ran=ran,
+            binary=binary,
+        )
     finally:
         bar.close()
     predicted = {tuple(c[k] for k in keys): predict_config(recording, sweep.workload, c) for c in ran}
     for values, status in failed.items():
-        predicted[values] = ConfigPrediction({cat: {"prediction_note": f"not predicted: it failed on the server ({status})"}
-                                              for cat in sweep.frame["category"].unique()}, [])
+        predicted[values] = ConfigPrediction(
+            {
+                cat: {"prediction_note": f"not predicted: it failed on the server ({status})"}
+                for cat in sweep.frame["category"].unique()
+            },
+            [],
+        )
     rows = []
     for row in sweep.frame.to_dict(orient="records"):
         row |= predicted[tuple(row[k] for k in keys)].by_category.get(row["category"], {})
@@ -409,10 +494,14 @@ def _requests(requests, predicted: Mapping[tuple, ConfigPrediction], keys: list[
         row["slot_carry"] = bool(carries and row.get("served_after", -1) >= 0)
         if mine:
             c = mine[row["request"]]
-            row |= {"predicted_tokens": c["n_predict"], "predicted_draft_n": c["draft_n"],
-                    "predicted_draft_n_accepted": c["draft_n_accepted"],
-                    "counts_match": bool(row["ok"]) and (c["n_predict"], c["draft_n"], c["draft_n_accepted"]) == (
-                        row["tokens_predicted"], row["draft_n"], row["draft_n_accepted"])}
+            row |= {
+                "predicted_tokens": c["n_predict"],
+                "predicted_draft_n": c["draft_n"],
+                "predicted_draft_n_accepted": c["draft_n_accepted"],
+                "counts_match": bool(row["ok"])
+                and (c["n_predict"], c["draft_n"], c["draft_n_accepted"])
+                == (row["tokens_predicted"], row["draft_n"], row["draft_n_accepted"]),
+            }
         rows.append(row)
     return _with_columns(rows, PREDICTED_REQUEST_COLUMNS)
 

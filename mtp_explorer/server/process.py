@@ -10,8 +10,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..core.cpu_kernels import with_no_repack
 from ..core.drafters import DEFAULT_MODE
@@ -33,8 +33,9 @@ def server_binary(binary: str | os.PathLike | None = None) -> Path:
     for candidate in (os.environ.get(ENV_BINARY), _REPO_BINARY, shutil.which("llama-server")):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    raise ServerUnavailableError(f"no llama-server binary: give binary=, set ${ENV_BINARY}, or build it with "
-                                 f"`make server` (into {_REPO_BINARY})")
+    raise ServerUnavailableError(
+        f"no llama-server binary: give binary=, set ${ENV_BINARY}, or build it with `make server` (into {_REPO_BINARY})"
+    )
 
 
 def free_port() -> int:
@@ -52,17 +53,39 @@ class LlamaServer:
     are further flags. ``/metrics`` is on; ``-nr`` where llama.cpp's extra CPU buffer types stop the process
     (:func:`~mtp_explorer.check_extra_buffers`). The server's log is kept in a temporary file (:attr:`log`)."""
 
-    def __init__(self, model: str | os.PathLike, *, n_parallel: int = 1, n_ctx: int = 4096, threads: int = 2,
-                 spec_type: str | None = DEFAULT_MODE, n_max: int = 3, p_min: float | None = None,
-                 draft_model: str | os.PathLike | None = None, args: Sequence[str] = (),
-                 binary: str | os.PathLike | None = None, startup_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        n_parallel: int = 1,
+        n_ctx: int = 4096,
+        threads: int = 2,
+        spec_type: str | None = DEFAULT_MODE,
+        n_max: int = 3,
+        p_min: float | None = None,
+        draft_model: str | os.PathLike | None = None,
+        args: Sequence[str] = (),
+        binary: str | os.PathLike | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
         self.binary = server_binary(binary)
         self.model = Path(model)
         if not self.model.is_file():
             raise ServerUnavailableError(f"model file not found: {self.model}")
         self.n_parallel = int(n_parallel)
-        self.argv_tail = ["-m", str(self.model), "-np", str(n_parallel), "-c", str(n_ctx), "-t", str(threads),
-                          "--metrics", "--no-webui", *(str(a) for a in args)]
+        self.argv_tail = [
+            "-m",
+            str(self.model),
+            "-np",
+            str(n_parallel),
+            "-c",
+            str(n_ctx),
+            "-t",
+            str(threads),
+            "--metrics",
+            "--no-webui",
+            *(str(a) for a in args),
+        ]
         if spec_type is not None:
             self.argv_tail += ["--spec-type", spec_type, "--spec-draft-n-max", str(n_max)]
             if p_min is not None:
@@ -94,7 +117,7 @@ class LlamaServer:
         self._log.flush()
         return Path(self._log.name).read_text(errors="replace")
 
-    def start(self) -> "LlamaServer":
+    def start(self) -> LlamaServer:
         """Start it and wait (at most ``startup_timeout`` s) until ``/health`` answers; on failure the process is
         stopped and a :class:`ServerUnavailableError` carries the end of its log."""
         if self.process is not None:
@@ -102,8 +125,9 @@ class LlamaServer:
         self._log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
         self.port = free_port()
         argv = [str(self.binary), *self.argv_tail, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -116,16 +140,18 @@ class LlamaServer:
         client = ServerClient(self.url, timeout=2.0)
         while True:
             if self.process.poll() is not None:
-                raise ServerUnavailableError(f"llama-server exited with code {self.process.returncode} while "
-                                             f"starting:\n{self.log[-2000:]}")
+                raise ServerUnavailableError(
+                    f"llama-server exited with code {self.process.returncode} while starting:\n{self.log[-2000:]}"
+                )
             try:
                 client.health()
                 return
             except (ServerUnavailableError, ServerProtocolError):  # not listening yet, or 503 while loading
                 pass
             if time.monotonic() > deadline:
-                raise ServerUnavailableError(f"llama-server did not answer /health within {self.startup_timeout:g} s:"
-                                             f"\n{self.log[-2000:]}")
+                raise ServerUnavailableError(
+                    f"llama-server did not answer /health within {self.startup_timeout:g} s:\n{self.log[-2000:]}"
+                )
             time.sleep(0.1)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -150,7 +176,7 @@ class LlamaServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

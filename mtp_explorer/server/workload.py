@@ -8,8 +8,8 @@ import itertools
 import json
 import os
 import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ..core.checks import check_int
 from ..core.errors import FormatError, MtpExplorerError, ParameterError
@@ -32,8 +32,10 @@ class WorkloadRequest:
         if (self.messages is None) == (not self.prompt):
             raise ParameterError("a workload request has a prompt or chat messages, one of the two")
         if self.messages is not None:
-            ok = self.messages and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                       and isinstance(m.get("content"), str) for m in self.messages)
+            ok = self.messages and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in self.messages
+            )
             if not ok:
                 raise ParameterError(f"chat messages are role/content objects, got {self.messages!r:.200}")
             object.__setattr__(self, "messages", tuple(dict(m) for m in self.messages))
@@ -67,8 +69,14 @@ class Workload:
             raise ParameterError(f"rate must be requests per second > 0 (or None: all at once), got {self.rate!r}")
 
     @classmethod
-    def from_prompts(cls, prompts: Iterable[str], n_predict: int = 128, *, categories: Sequence[str] | None = None,
-                     rate: float | None = None) -> "Workload":
+    def from_prompts(
+        cls,
+        prompts: Iterable[str],
+        n_predict: int = 128,
+        *,
+        categories: Sequence[str] | None = None,
+        rate: float | None = None,
+    ) -> Workload:
         """A workload of ``prompts`` (with a category each, if given)."""
         prompts = list(prompts)
         cats = [ALL] * len(prompts) if categories is None else list(categories)
@@ -77,7 +85,7 @@ class Workload:
         return cls(tuple(WorkloadRequest(p, int(n_predict), c) for p, c in zip(prompts, cats)), rate)
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike, n_predict: int = 128, *, rate: float | None = None) -> "Workload":
+    def from_jsonl(cls, path: str | os.PathLike, n_predict: int = 128, *, rate: float | None = None) -> Workload:
         """A JSONL file of requests, one object per line: a ``/completion`` request (``prompt``, optionally
         ``n_predict``) or a chat request (``messages``, optionally ``max_tokens``), each optionally with a
         ``category``."""
@@ -94,8 +102,9 @@ class Workload:
                     req = WorkloadRequest(str(doc["prompt"]), budget, str(doc.get("category", ALL)))
                 requests.append(req)
             except (ValueError, KeyError, TypeError, MtpExplorerError) as exc:
-                raise FormatError(f"{path}:{i}: not a /completion request with a prompt nor a chat request with "
-                                  f"messages ({exc})") from None
+                raise FormatError(
+                    f"{path}:{i}: not a /completion request with a prompt nor a chat request with messages ({exc})"
+                ) from None
         return cls(tuple(requests), rate)
 
     def arrivals(self) -> list[float]:

@@ -41,24 +41,33 @@ embedding.  Files are about 1.2 MB (F32) and are written in well under a second.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from .gguf_qwen35 import ByteBPEVocab, Shapes, dense_ffn_shapes, nextn_shapes, transformer_keys, write_f32_gguf
 from .synthetic import Knobs, synthetic_vocab, write_synthetic
 from .synthetic_glm4moe import biased_moe_shapes, scaled_moe_tensors
-from ..core.errors import ParameterError
 
 ARCH = "step35"
 
 #: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
 CONTEXT_SCALE = 0.5
 
-__all__ = ["ARCH", "CONTEXT_SCALE", "Step35Config", "step35_config", "step35_expected_tensor_shapes", "step35_keys",
-           "synthetic_step35_tensors", "write_step35_gguf", "write_synthetic_step35"]
+__all__ = [
+    "ARCH",
+    "CONTEXT_SCALE",
+    "Step35Config",
+    "step35_config",
+    "step35_expected_tensor_shapes",
+    "step35_keys",
+    "synthetic_step35_tensors",
+    "write_step35_gguf",
+    "write_synthetic_step35",
+]
 
 
 @dataclass(frozen=True)
@@ -121,17 +130,29 @@ def step35_expected_tensor_shapes(cfg: Step35Config) -> Shapes:
     llama.cpp but part of Step-3.5)."""
     e, hd = cfg.n_embd, cfg.head_dim
     q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
-    shapes: Shapes = {"token_embd.weight": ((cfg.n_vocab, e), True), "output_norm.weight": ((e,), True),
-                      "output.weight": ((cfg.n_vocab, e), False)}
+    shapes: Shapes = {
+        "token_embd.weight": ((cfg.n_vocab, e), True),
+        "output_norm.weight": ((e,), True),
+        "output.weight": ((cfg.n_vocab, e), False),
+    }
     for il in range(cfg.block_count):
         p = f"blk.{il}."
-        shapes |= {p + "attn_norm.weight": ((e,), True), p + "attn_q.weight": ((q_dim, e), True),
-                   p + "attn_k.weight": ((kv_dim, e), True), p + "attn_v.weight": ((kv_dim, e), True),
-                   p + "attn_q_norm.weight": ((hd,), True), p + "attn_k_norm.weight": ((hd,), True),
-                   p + "attn_output.weight": ((e, q_dim), True), p + "attn_gate.weight": ((cfg.n_head, e), True),
-                   p + "ffn_norm.weight": ((e,), True)}
-        shapes |= biased_moe_shapes(p, e, cfg.n_expert, cfg.n_ff_exp, cfg.n_ff_shexp) if cfg.is_moe(il) else \
-            dense_ffn_shapes(cfg, p)
+        shapes |= {
+            p + "attn_norm.weight": ((e,), True),
+            p + "attn_q.weight": ((q_dim, e), True),
+            p + "attn_k.weight": ((kv_dim, e), True),
+            p + "attn_v.weight": ((kv_dim, e), True),
+            p + "attn_q_norm.weight": ((hd,), True),
+            p + "attn_k_norm.weight": ((hd,), True),
+            p + "attn_output.weight": ((e, q_dim), True),
+            p + "attn_gate.weight": ((cfg.n_head, e), True),
+            p + "ffn_norm.weight": ((e,), True),
+        }
+        shapes |= (
+            biased_moe_shapes(p, e, cfg.n_expert, cfg.n_ff_exp, cfg.n_ff_shexp)
+            if cfg.is_moe(il)
+            else dense_ffn_shapes(cfg, p)
+        )
         if il >= cfg.n_layer:
             shapes |= nextn_shapes(p, e, cfg.n_vocab)
     return shapes
@@ -144,29 +165,53 @@ def step35_keys(cfg: Step35Config) -> dict[str, object]:
     import gguf
 
     return transformer_keys(cfg, rope_dim=cfg.head_dim) | {
-        "head_count": [cfg.n_head] * cfg.block_count, "head_count_kv": [cfg.n_head_kv] * cfg.block_count,
-        "rope_freq_base_swa": cfg.rope_freq_base_swa, "sliding_window": cfg.n_swa,
+        "head_count": [cfg.n_head] * cfg.block_count,
+        "head_count_kv": [cfg.n_head_kv] * cfg.block_count,
+        "rope_freq_base_swa": cfg.rope_freq_base_swa,
+        "sliding_window": cfg.n_swa,
         "sliding_window_pattern": [il in cfg.swa_layers for il in range(cfg.block_count)],
-        "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
-        "expert_feed_forward_length": cfg.n_ff_exp, "expert_shared_feed_forward_length": cfg.n_ff_shexp,
-        "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID, "expert_weights_norm": True,
-        "leading_dense_block_count": cfg.n_layer_dense_lead, "layer_norm_rms_eps": cfg.rms_eps,
+        "expert_count": cfg.n_expert,
+        "expert_used_count": cfg.n_expert_used,
+        "expert_feed_forward_length": cfg.n_ff_exp,
+        "expert_shared_feed_forward_length": cfg.n_ff_shexp,
+        "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        "expert_weights_norm": True,
+        "leading_dense_block_count": cfg.n_layer_dense_lead,
+        "layer_norm_rms_eps": cfg.rms_eps,
         "nextn_predict_layers": cfg.nextn_predict_layers,
     }
 
 
-def synthetic_step35_tensors(cfg: Step35Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs(),
-                             head_fidelity: tuple[float, ...] | None = None) -> dict[str, np.ndarray]:
+def synthetic_step35_tensors(
+    cfg: Step35Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs(), head_fidelity: tuple[float, ...] | None = None
+) -> dict[str, np.ndarray]:
     """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
     return scaled_moe_tensors(cfg, vocab, knobs, step35_expected_tensor_shapes(cfg), CONTEXT_SCALE, head_fidelity)
 
 
-def write_step35_gguf(path: str | Path, cfg: Step35Config, tensors: Mapping[str, np.ndarray], vocab: ByteBPEVocab,
-                      *, name: str = "step35-mtp", description: str | None = None,
-                      extra_metadata: Mapping[str, str | int | float | bool] | None = None) -> Path:
+def write_step35_gguf(
+    path: str | Path,
+    cfg: Step35Config,
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    name: str = "step35-mtp",
+    description: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
     """Write an F32 ``step35`` GGUF with ``cfg.nextn_predict_layers`` MTP heads; returns the path."""
-    return write_f32_gguf(path, ARCH, cfg, step35_expected_tensor_shapes(cfg), step35_keys(cfg), tensors, vocab,
-                          name=name, description=description, extra_metadata=extra_metadata)
+    return write_f32_gguf(
+        path,
+        ARCH,
+        cfg,
+        step35_expected_tensor_shapes(cfg),
+        step35_keys(cfg),
+        tensors,
+        vocab,
+        name=name,
+        description=description,
+        extra_metadata=extra_metadata,
+    )
 
 
 def write_synthetic_step35(path: str | Path, *, head_fidelity: tuple[float, ...] | None = None, **settings) -> Path:
@@ -184,11 +229,14 @@ def write_synthetic_step35(path: str | Path, *, head_fidelity: tuple[float, ...]
     if head_fidelity is not None:
         head_fidelity = tuple(float(f) for f in head_fidelity)
         if len(head_fidelity) != cfg.nextn_predict_layers or not all(0.0 <= f <= 1.0 for f in head_fidelity):
-            raise ParameterError(f"head_fidelity needs {cfg.nextn_predict_layers} values in [0, 1] (one per MTP "
-                                 f"head), got {head_fidelity}")
+            raise ParameterError(
+                f"head_fidelity needs {cfg.nextn_predict_layers} values in [0, 1] (one per MTP "
+                f"head), got {head_fidelity}"
+            )
     vocab = synthetic_vocab(cfg.n_vocab)
     tensors = synthetic_step35_tensors(cfg, vocab, knobs, head_fidelity)
     if head_fidelity is not None:
-        vocab = dataclasses.replace(vocab, extra={**vocab.extra,
-                                                  "mtp_explorer.head_fidelity": ",".join(map(str, head_fidelity))})
+        vocab = dataclasses.replace(
+            vocab, extra={**vocab.extra, "mtp_explorer.head_fidelity": ",".join(map(str, head_fidelity))}
+        )
     return write_synthetic(write_step35_gguf, path, cfg, vocab, tensors, knobs, ARCH)

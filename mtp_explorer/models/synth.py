@@ -7,8 +7,8 @@ the target first, then the head file where the architecture's MTP mode needs one
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..core.errors import ParameterError
 
@@ -74,8 +74,9 @@ def write_synth(arch: str, out: str | os.PathLike, **knobs) -> list[Path]:
     """Write the SYNTHETIC model of ``arch`` (one of :data:`SYNTH_ARCHS`) into the folder ``out`` with ``knobs``
     (``seed``, ``context_mix``, ``mtp_fidelity``, ...); returns the paths, the target first."""
     if arch not in SYNTH_ARCHS:
-        raise ParameterError(f"unknown architecture {arch!r}: SYNTHETIC models are written for "
-                             + ", ".join(SYNTH_ARCHS))
+        raise ParameterError(
+            f"unknown architecture {arch!r}: SYNTHETIC models are written for " + ", ".join(SYNTH_ARCHS)
+        )
     folder = _writable_dir(out)
     try:
         return SYNTH_ARCHS[arch][1](folder, **knobs)

@@ -44,15 +44,15 @@ included) and is untied from the embedding.  Files are ~0.74 MB (F32) and are wr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from .gguf_qwen35 import ByteBPEVocab, Shapes, dense_ffn_shapes, nextn_shapes, transformer_keys, write_f32_gguf
 from .synthetic import Knobs, finish_mtp_head, synthetic_vocab, trunk_tensors, write_synthetic
-from ..core.errors import ParameterError
 
 ARCH = "glm4moe"
 
@@ -164,10 +164,14 @@ def biased_moe_shapes(p: str, n_embd: int, n_expert: int, n_ff_exp: int, n_ff_sh
     experts ``(n_expert, out, in)`` and one always-on shared expert of width ``n_ff_shexp`` (glm4moe, step35)."""
     e, ne, fe, fs = n_embd, n_expert, n_ff_exp, n_ff_shexp
     return {
-        p + "ffn_gate_inp.weight": ((ne, e), True), p + "exp_probs_b.bias": ((ne,), True),
-        p + "ffn_gate_exps.weight": ((ne, fe, e), True), p + "ffn_up_exps.weight": ((ne, fe, e), True),
-        p + "ffn_down_exps.weight": ((ne, e, fe), True), p + "ffn_gate_shexp.weight": ((fs, e), True),
-        p + "ffn_up_shexp.weight": ((fs, e), True), p + "ffn_down_shexp.weight": ((e, fs), True),
+        p + "ffn_gate_inp.weight": ((ne, e), True),
+        p + "exp_probs_b.bias": ((ne,), True),
+        p + "ffn_gate_exps.weight": ((ne, fe, e), True),
+        p + "ffn_up_exps.weight": ((ne, fe, e), True),
+        p + "ffn_down_exps.weight": ((ne, e, fe), True),
+        p + "ffn_gate_shexp.weight": ((fs, e), True),
+        p + "ffn_up_shexp.weight": ((fs, e), True),
+        p + "ffn_down_shexp.weight": ((e, fs), True),
     }
 
 
@@ -184,8 +188,14 @@ def synthetic_glm4moe_tensors(cfg: Glm4MoeConfig, vocab: ByteBPEVocab, knobs: Kn
     return scaled_moe_tensors(cfg, vocab, knobs, glm4moe_expected_tensor_shapes(cfg), CONTEXT_SCALE)
 
 
-def scaled_moe_tensors(cfg, vocab: ByteBPEVocab, knobs: Knobs, shapes: Shapes, context_scale: float,
-                       fidelities: tuple[float, ...] | None = None) -> dict[str, np.ndarray]:
+def scaled_moe_tensors(
+    cfg,
+    vocab: ByteBPEVocab,
+    knobs: Knobs,
+    shapes: Shapes,
+    context_scale: float,
+    fidelities: tuple[float, ...] | None = None,
+) -> dict[str, np.ndarray]:
     """Random tensors of ``shapes`` with the knobs applied: every trunk block's output projections (attention, dense
     FFN, routed and shared experts) scaled by ``context_scale * knobs.context_mix``, the MTP blocks' by 1e-3, and each
     MTP block's input projection set by its fidelity (:func:`~.synthetic.finish_mtp_head`)."""
@@ -208,10 +218,15 @@ def glm4moe_keys(cfg: Glm4MoeConfig) -> dict[str, object]:
     import gguf
 
     return transformer_keys(cfg, rope_dim=cfg.rope_dim) | {
-        "layer_norm_rms_eps": cfg.rms_eps, "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
-        "expert_shared_count": cfg.n_expert_shared, "expert_feed_forward_length": cfg.n_ff_exp,
-        "leading_dense_block_count": cfg.n_layer_dense_lead, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
-        "expert_weights_scale": cfg.expert_weights_scale, "expert_weights_norm": cfg.expert_weights_norm,
+        "layer_norm_rms_eps": cfg.rms_eps,
+        "expert_count": cfg.n_expert,
+        "expert_used_count": cfg.n_expert_used,
+        "expert_shared_count": cfg.n_expert_shared,
+        "expert_feed_forward_length": cfg.n_ff_exp,
+        "leading_dense_block_count": cfg.n_layer_dense_lead,
+        "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+        "expert_weights_scale": cfg.expert_weights_scale,
+        "expert_weights_norm": cfg.expert_weights_norm,
         "nextn_predict_layers": cfg.nextn_predict_layers,
     }
 
@@ -231,8 +246,18 @@ def write_glm4moe_gguf(
     ``tensors`` maps GGUF names to arrays of the shapes of :func:`glm4moe_expected_tensor_shapes`
     (required ones must be present; unknown names are rejected).
     """
-    return write_f32_gguf(path, ARCH, cfg, glm4moe_expected_tensor_shapes(cfg), glm4moe_keys(cfg), tensors, vocab,
-                          name=name, description=description, extra_metadata=extra_metadata)
+    return write_f32_gguf(
+        path,
+        ARCH,
+        cfg,
+        glm4moe_expected_tensor_shapes(cfg),
+        glm4moe_keys(cfg),
+        tensors,
+        vocab,
+        name=name,
+        description=description,
+        extra_metadata=extra_metadata,
+    )
 
 
 def write_synthetic_glm4moe(path: str | Path, **knobs: float) -> Path:

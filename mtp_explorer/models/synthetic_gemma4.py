@@ -46,15 +46,15 @@ MB, head files about 0.2 MB (F32).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from .gguf_qwen35 import ByteBPEVocab, Shapes, transformer_keys, write_f32_gguf
 from .synthetic import Knobs, mtp_input_projection, random_tensors, synthetic_vocab, trunk_tensors, write_synthetic
-from ..core.errors import ParameterError
 
 ARCH = "gemma4"
 HEAD_ARCH = "gemma4-assistant"
@@ -62,9 +62,20 @@ HEAD_ARCH = "gemma4-assistant"
 #: Factor between ``context_mix`` and the weight of the target's post-attention and post-FFN norms.
 CONTEXT_SCALE = 1.0
 
-__all__ = ["ARCH", "CONTEXT_SCALE", "HEAD_ARCH", "Gemma4Config", "gemma4_config", "gemma4_assistant_config",
-           "gemma4_expected_tensor_shapes", "gemma4_keys", "synthetic_gemma4_tensors",
-           "synthetic_gemma4_assistant_tensors", "write_gemma4_gguf", "write_synthetic_gemma4"]
+__all__ = [
+    "ARCH",
+    "CONTEXT_SCALE",
+    "HEAD_ARCH",
+    "Gemma4Config",
+    "gemma4_config",
+    "gemma4_assistant_config",
+    "gemma4_expected_tensor_shapes",
+    "gemma4_keys",
+    "synthetic_gemma4_tensors",
+    "synthetic_gemma4_assistant_tensors",
+    "write_gemma4_gguf",
+    "write_synthetic_gemma4",
+]
 
 
 @dataclass(frozen=True)
@@ -124,22 +135,35 @@ def gemma4_config(**overrides) -> Gemma4Config:
     return Gemma4Config(**overrides)
 
 
-def gemma4_assistant_config(target: Gemma4Config, *, n_embd: int = 32, n_layer: int = 2, n_ff: int = 64) -> Gemma4Config:
+def gemma4_assistant_config(
+    target: Gemma4Config, *, n_embd: int = 32, n_layer: int = 2, n_ff: int = 64
+) -> Gemma4Config:
     """The assistant head of ``target``: its own width, layers and FFN; the target's vocabulary, head counts, head
     dims, window and RoPE (its attention reads the target's keys and values)."""
-    return dataclasses.replace(target, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_embd_out=target.n_embd,
-                               swa_layers=tuple(range(n_layer - 1)))
+    return dataclasses.replace(
+        target,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=n_ff,
+        n_embd_out=target.n_embd,
+        swa_layers=tuple(range(n_layer - 1)),
+    )
 
 
 def gemma4_expected_tensor_shapes(cfg: Gemma4Config) -> Shapes:
     """Every tensor name llama.cpp loads for ``cfg`` (target or assistant) -> (numpy shape, required); numpy shapes
     are ggml's ``ne`` reversed."""
     e, v = cfg.n_embd, cfg.n_vocab
-    shapes: Shapes = {"token_embd.weight": ((v, e), True), "rope_freqs.weight": ((cfg.head_dim // 2,), True),
-                      "output_norm.weight": ((e,), True)}
+    shapes: Shapes = {
+        "token_embd.weight": ((v, e), True),
+        "rope_freqs.weight": ((cfg.head_dim // 2,), True),
+        "output_norm.weight": ((e,), True),
+    }
     if cfg.is_assistant:
-        shapes |= {"nextn.pre_projection.weight": ((e, 2 * cfg.n_embd_out), True),
-                   "nextn.post_projection.weight": ((cfg.n_embd_out, e), True)}
+        shapes |= {
+            "nextn.pre_projection.weight": ((e, 2 * cfg.n_embd_out), True),
+            "nextn.post_projection.weight": ((cfg.n_embd_out, e), True),
+        }
     else:
         shapes["output.weight"] = ((v, e), False)
     for il in range(cfg.n_layer):
@@ -147,13 +171,22 @@ def gemma4_expected_tensor_shapes(cfg: Gemma4Config) -> Shapes:
         q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
         shapes |= {p + "attn_norm.weight": ((e,), True), p + "attn_q.weight": ((q_dim, e), True)}
         if not cfg.is_assistant:  # the assistant's keys and values are the target's
-            shapes |= {p + "attn_k.weight": ((kv_dim, e), True), p + "attn_v.weight": ((kv_dim, e), True),
-                       p + "attn_k_norm.weight": ((hd,), True)}
-        shapes |= {p + "attn_q_norm.weight": ((hd,), True), p + "attn_output.weight": ((e, q_dim), True),
-                   p + "post_attention_norm.weight": ((e,), True), p + "ffn_norm.weight": ((e,), True),
-                   p + "ffn_gate.weight": ((cfg.n_ff, e), True), p + "ffn_up.weight": ((cfg.n_ff, e), True),
-                   p + "ffn_down.weight": ((e, cfg.n_ff), True), p + "post_ffw_norm.weight": ((e,), True),
-                   p + "layer_output_scale.weight": ((1,), True)}
+            shapes |= {
+                p + "attn_k.weight": ((kv_dim, e), True),
+                p + "attn_v.weight": ((kv_dim, e), True),
+                p + "attn_k_norm.weight": ((hd,), True),
+            }
+        shapes |= {
+            p + "attn_q_norm.weight": ((hd,), True),
+            p + "attn_output.weight": ((e, q_dim), True),
+            p + "post_attention_norm.weight": ((e,), True),
+            p + "ffn_norm.weight": ((e,), True),
+            p + "ffn_gate.weight": ((cfg.n_ff, e), True),
+            p + "ffn_up.weight": ((cfg.n_ff, e), True),
+            p + "ffn_down.weight": ((e, cfg.n_ff), True),
+            p + "post_ffw_norm.weight": ((e,), True),
+            p + "layer_output_scale.weight": ((1,), True),
+        }
     return shapes
 
 
@@ -161,10 +194,15 @@ def gemma4_keys(cfg: Gemma4Config) -> dict[str, object]:
     """The hyperparameters (``add_<key>`` names of the GGUF writer) as llama.cpp's converter writes them for
     ``Gemma4ForCausalLM`` / ``Gemma4AssistantForCausalLM`` (``conversion/gemma.py``)."""
     keys = transformer_keys(cfg, rope_dim=cfg.head_dim) | {
-        "layer_norm_rms_eps": cfg.rms_eps, "rope_freq_base_swa": cfg.rope_freq_base_swa,
-        "sliding_window": cfg.n_swa, "sliding_window_pattern": [il in cfg.swa_layers for il in range(cfg.n_layer)],
-        "key_length_swa": cfg.head_dim_swa, "value_length_swa": cfg.head_dim_swa,
-        "rope_dimension_count_swa": cfg.head_dim_swa, "shared_kv_layers": 0, "embedding_length_per_layer_input": 0,
+        "layer_norm_rms_eps": cfg.rms_eps,
+        "rope_freq_base_swa": cfg.rope_freq_base_swa,
+        "sliding_window": cfg.n_swa,
+        "sliding_window_pattern": [il in cfg.swa_layers for il in range(cfg.n_layer)],
+        "key_length_swa": cfg.head_dim_swa,
+        "value_length_swa": cfg.head_dim_swa,
+        "rope_dimension_count_swa": cfg.head_dim_swa,
+        "shared_kv_layers": 0,
+        "embedding_length_per_layer_input": 0,
     }
     if cfg.is_assistant:
         return keys | {"embedding_length_out": cfg.n_embd_out, "nextn_predict_layers": cfg.nextn_predict_layers}
@@ -189,8 +227,9 @@ def _set_post_norms(out: dict[str, np.ndarray], cfg: Gemma4Config, weight: float
             out[f"blk.{il}.{suffix}"] = np.full(cfg.n_embd, weight, dtype=np.float32)
 
 
-def synthetic_gemma4_tensors(cfg: Gemma4Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs(),
-                             n_embd_head: int = 32) -> dict[str, np.ndarray]:
+def synthetic_gemma4_tensors(
+    cfg: Gemma4Config, vocab: ByteBPEVocab, knobs: Knobs = Knobs(), n_embd_head: int = 32
+) -> dict[str, np.ndarray]:
     """Random target tensors (llama.cpp convention); the token embeddings live in their first ``n_embd_head``
     dimensions (the assistant's width), see the module docstring."""
     keep = lambda name: name == "output.weight"  # noqa: E731
@@ -200,28 +239,47 @@ def synthetic_gemma4_tensors(cfg: Gemma4Config, vocab: ByteBPEVocab, knobs: Knob
     return out
 
 
-def synthetic_gemma4_assistant_tensors(head: Gemma4Config, target: Mapping[str, np.ndarray],
-                                       knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
+def synthetic_gemma4_assistant_tensors(
+    head: Gemma4Config, target: Mapping[str, np.ndarray], knobs: Knobs = Knobs()
+) -> dict[str, np.ndarray]:
     """Random assistant tensors for the target tensors ``target``: its output matrix is the target's restricted to
     the head's dimensions, its input projection set by ``knobs.mtp_fidelity`` (see the module docstring)."""
     rng = np.random.default_rng([knobs.seed, 1])
     out = random_tensors(gemma4_expected_tensor_shapes(head), lambda name: False, _gemma4_init(head), rng)
-    out["token_embd.weight"] = (np.sqrt(head.n_embd_out / head.n_embd)
-                                * target["output.weight"][:, :head.n_embd]).astype(np.float32)
-    out["nextn.pre_projection.weight"] = mtp_input_projection(rng, head.n_embd_out, knobs.mtp_fidelity,
-                                                              n_out=head.n_embd)
+    out["token_embd.weight"] = (
+        np.sqrt(head.n_embd_out / head.n_embd) * target["output.weight"][:, : head.n_embd]
+    ).astype(np.float32)
+    out["nextn.pre_projection.weight"] = mtp_input_projection(
+        rng, head.n_embd_out, knobs.mtp_fidelity, n_out=head.n_embd
+    )
     _set_post_norms(out, head, 1e-3)
     return out
 
 
-def write_gemma4_gguf(path: str | Path, cfg: Gemma4Config, tensors: Mapping[str, np.ndarray], vocab: ByteBPEVocab,
-                      *, name: str = "gemma4", description: str | None = None,
-                      extra_metadata: Mapping[str, str | int | float | bool] | None = None) -> Path:
+def write_gemma4_gguf(
+    path: str | Path,
+    cfg: Gemma4Config,
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    name: str = "gemma4",
+    description: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
     """Write an F32 ``gemma4`` target or ``gemma4-assistant`` head GGUF (by ``cfg.is_assistant``); returns the
     path."""
-    return write_f32_gguf(path, HEAD_ARCH if cfg.is_assistant else ARCH, cfg, gemma4_expected_tensor_shapes(cfg),
-                          gemma4_keys(cfg), tensors, vocab, name=name, description=description,
-                          extra_metadata=extra_metadata)
+    return write_f32_gguf(
+        path,
+        HEAD_ARCH if cfg.is_assistant else ARCH,
+        cfg,
+        gemma4_expected_tensor_shapes(cfg),
+        gemma4_keys(cfg),
+        tensors,
+        vocab,
+        name=name,
+        description=description,
+        extra_metadata=extra_metadata,
+    )
 
 
 def write_synthetic_gemma4(path: str | Path, head_path: str | Path | None = None, **settings) -> tuple[Path, Path]:

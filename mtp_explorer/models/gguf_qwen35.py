@@ -69,11 +69,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
 from ..core.errors import ParameterError
 
 if TYPE_CHECKING:
@@ -286,8 +288,11 @@ Shapes = dict[str, tuple[tuple[int, ...], bool]]
 def dense_ffn_shapes(cfg: Qwen35Config, p: str) -> Shapes:
     """The dense SwiGLU FFN of block prefix ``p`` (``"blk.N."``): gate, up, down."""
     e, ff = cfg.n_embd, cfg.n_ff
-    return {p + "ffn_gate.weight": ((ff, e), True), p + "ffn_up.weight": ((ff, e), True),
-            p + "ffn_down.weight": ((e, ff), True)}
+    return {
+        p + "ffn_gate.weight": ((ff, e), True),
+        p + "ffn_up.weight": ((ff, e), True),
+        p + "ffn_down.weight": ((e, ff), True),
+    }
 
 
 def expected_tensor_shapes(cfg: Qwen35Config) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -352,13 +357,17 @@ def nextn_shapes(p: str, n_embd: int, n_vocab: int) -> Shapes:
     shares: ``eh_proj`` over ``concat(enorm(embed(token)), hnorm(h))`` and the optional shared head (norm, output,
     token embedding; llama.cpp falls back to ``output_norm``, ``output`` and ``token_embd``)."""
     e, v = n_embd, n_vocab
-    return {p + "nextn.eh_proj.weight": ((e, 2 * e), True), p + "nextn.enorm.weight": ((e,), True),
-            p + "nextn.hnorm.weight": ((e,), True), p + "nextn.shared_head_norm.weight": ((e,), False),
-            p + "nextn.shared_head_head.weight": ((v, e), False), p + "nextn.embed_tokens.weight": ((v, e), False)}
+    return {
+        p + "nextn.eh_proj.weight": ((e, 2 * e), True),
+        p + "nextn.enorm.weight": ((e,), True),
+        p + "nextn.hnorm.weight": ((e,), True),
+        p + "nextn.shared_head_norm.weight": ((e,), False),
+        p + "nextn.shared_head_head.weight": ((v, e), False),
+        p + "nextn.embed_tokens.weight": ((v, e), False),
+    }
 
 
-
-def add_tokenizer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab) -> None:
+def add_tokenizer(w: gguf.GGUFWriter, vocab: ByteBPEVocab) -> None:
     """Write a byte-level BPE vocabulary as llama.cpp's ``gpt2`` tokenizer model."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab.pre)
@@ -372,7 +381,7 @@ def add_tokenizer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab) -> None:
     w.add_add_eos_token(False)
 
 
-def add_metadata(w: "gguf.GGUFWriter", metadata: Mapping[str, str | int | float | bool]) -> None:
+def add_metadata(w: gguf.GGUFWriter, metadata: Mapping[str, str | int | float | bool]) -> None:
     """Write extra key/value pairs, typed by their Python type."""
     for key, value in metadata.items():
         if isinstance(value, bool):
@@ -386,14 +395,19 @@ def add_metadata(w: "gguf.GGUFWriter", metadata: Mapping[str, str | int | float 
         else:
             w.add_string(key, str(value))
 
+
 def _keep_f32(name: str, arr: np.ndarray) -> bool:
     # 1-D tensors (norms, ssm_a, dt bias, the shared-expert gate), the conv kernel and the MoE router
     # stay F32, as convert_hf_to_gguf does.
     return arr.ndim <= 1 or name.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight"))
 
 
-def check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[tuple[int, ...], bool]],
-                  vocab: ByteBPEVocab, n_vocab: int) -> None:
+def check_tensors(
+    tensors: Mapping[str, np.ndarray],
+    shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+    vocab: ByteBPEVocab,
+    n_vocab: int,
+) -> None:
     """Raise ``ValueError`` for a vocabulary of the wrong size, unknown tensor names, missing required
     tensors and shapes other than ``shapes`` (name -> (shape, required))."""
     if len(vocab.tokens) != n_vocab:
@@ -409,8 +423,9 @@ def check_tensors(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[
             raise ParameterError(f"{tname}: shape {tuple(tensors[tname].shape)} != expected {shape}")
 
 
-def open_writer(path: str | Path, arch: str, *, name: str, description: str | None, license: str | None,
-                file_type) -> tuple["gguf.GGUFWriter", Path]:
+def open_writer(
+    path: str | Path, arch: str, *, name: str, description: str | None, license: str | None, file_type
+) -> tuple[gguf.GGUFWriter, Path]:
     """A GGUF writer for ``arch`` at ``path`` (folders created) with the general keys written."""
     import gguf
 
@@ -428,7 +443,7 @@ def open_writer(path: str | Path, arch: str, *, name: str, description: str | No
     return w, path
 
 
-def add_keys(w: "gguf.GGUFWriter", keys: Mapping[str, object]) -> None:
+def add_keys(w: gguf.GGUFWriter, keys: Mapping[str, object]) -> None:
     """Write hyperparameters by the name of the writer's ``add_<key>`` method."""
     for key, value in keys.items():
         getattr(w, f"add_{key}")(value)
@@ -437,15 +452,24 @@ def add_keys(w: "gguf.GGUFWriter", keys: Mapping[str, object]) -> None:
 def transformer_keys(cfg, *, rope_dim: int) -> dict[str, object]:
     """The hyperparameters every transformer architecture writes alike: context, widths, block count,
     heads and key/value lengths, rope base and dimensions (``cfg`` has the fields of :class:`Qwen35Config`)."""
-    return {"context_length": cfg.n_ctx_train, "embedding_length": cfg.n_embd, "block_count": cfg.block_count,
-            "feed_forward_length": cfg.n_ff, "head_count": cfg.n_head, "head_count_kv": cfg.n_head_kv,
-            "key_length": cfg.head_dim, "value_length": cfg.head_dim, "rope_freq_base": cfg.rope_freq_base,
-            "rope_dimension_count": rope_dim}
+    return {
+        "context_length": cfg.n_ctx_train,
+        "embedding_length": cfg.n_embd,
+        "block_count": cfg.block_count,
+        "feed_forward_length": cfg.n_ff,
+        "head_count": cfg.n_head,
+        "head_count_kv": cfg.n_head_kv,
+        "key_length": cfg.head_dim,
+        "value_length": cfg.head_dim,
+        "rope_freq_base": cfg.rope_freq_base,
+        "rope_dimension_count": rope_dim,
+    }
 
 
 @dataclass(frozen=True)
 class Q8Tensor:
     """A matrix stored as Q8_0 blocks (``gguf.quants``' byte layout, what llama.cpp's ``llama-quantize`` writes)."""
+
     blocks: np.ndarray
 
 
@@ -453,7 +477,7 @@ class Q8Tensor:
 WRITER_DTYPES = ("f32", "f16", "q8_0")
 
 
-def stored_matrix(tname: str, arr: np.ndarray, dtype: str) -> "np.ndarray | Q8Tensor":
+def stored_matrix(tname: str, arr: np.ndarray, dtype: str) -> np.ndarray | Q8Tensor:
     """``arr`` (F32) as ``dtype`` stores it: F32 kept for 1-D tensors and the conv kernel, F16, or Q8_0 blocks of 32
     along the rows (F16 for a matrix whose rows do not split into blocks, as llama-quantize falls back)."""
     import gguf
@@ -465,10 +489,15 @@ def stored_matrix(tname: str, arr: np.ndarray, dtype: str) -> "np.ndarray | Q8Te
     return arr.astype(np.float16)
 
 
-def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[str, str | int | float | bool],
-                  arrays: Iterable[tuple[str, "np.ndarray | Q8Tensor"]]) -> None:
-    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array or :class:`Q8Tensor`), then ``general.size_label`` from
-    the parameter count (as llama.cpp's ``convert_hf_to_gguf.py`` does: ``gguf.size_label``), and write the file."""
+def finish_writer(
+    w: gguf.GGUFWriter,
+    vocab: ByteBPEVocab,
+    metadata: Mapping[str, str | int | float | bool],
+    arrays: Iterable[tuple[str, np.ndarray | Q8Tensor]],
+) -> None:
+    """Add the tokenizer, ``metadata`` and the tensors ``arrays`` (name, array or :class:`Q8Tensor`), then
+    ``general.size_label`` from the parameter count (as llama.cpp's ``convert_hf_to_gguf.py`` does:
+    ``gguf.size_label``), and write the file."""
     import gguf
 
     add_tokenizer(w, vocab)
@@ -487,21 +516,35 @@ def finish_writer(w: "gguf.GGUFWriter", vocab: ByteBPEVocab, metadata: Mapping[s
     w.close()
 
 
-def write_f32_gguf(path: str | Path, arch: str, cfg, shapes: Mapping[str, tuple[tuple[int, ...], bool]],
-                   keys: Mapping[str, object], tensors: Mapping[str, np.ndarray], vocab: ByteBPEVocab, *, name: str,
-                   description: str | None = None,
-                   extra_metadata: Mapping[str, str | int | float | bool] | None = None) -> Path:
+def write_f32_gguf(
+    path: str | Path,
+    arch: str,
+    cfg,
+    shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+    keys: Mapping[str, object],
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    name: str,
+    description: str | None = None,
+    extra_metadata: Mapping[str, str | int | float | bool] | None = None,
+) -> Path:
     """Write an F32 GGUF of ``arch``: check ``tensors`` against ``shapes`` (``cfg.n_vocab`` tokens), write the
     hyperparameters ``keys`` (``add_<key>`` names, in order), the tokenizer, the metadata and the tensors in the order
     of ``shapes``; returns the path."""
     import gguf
 
     check_tensors(tensors, shapes, vocab, cfg.n_vocab)
-    w, path = open_writer(path, arch, name=name, description=description, license=None,
-                          file_type=gguf.LlamaFileType.ALL_F32)
+    w, path = open_writer(
+        path, arch, name=name, description=description, license=None, file_type=gguf.LlamaFileType.ALL_F32
+    )
     add_keys(w, keys)
-    finish_writer(w, vocab, {**vocab.extra, **(extra_metadata or {})},
-                  ((t, np.ascontiguousarray(tensors[t], dtype=np.float32)) for t in shapes if t in tensors))
+    finish_writer(
+        w,
+        vocab,
+        {**vocab.extra, **(extra_metadata or {})},
+        ((t, np.ascontiguousarray(tensors[t], dtype=np.float32)) for t in shapes if t in tensors),
+    )
     return path
 
 
@@ -530,18 +573,33 @@ def write_qwen35_gguf(
     converted from a Hugging Face checkpoint (``tests/test_converter.py`` checks it; the converter orders the
     tensors as its checkpoint does, and names the file from its directory).
     """
-    return write_hybrid_gguf(path, ARCH, cfg, expected_tensor_shapes(cfg), hybrid_keys(cfg), tensors, vocab,
-                             dtype=dtype, name=name, description=description, license=license,
-                             extra_metadata=extra_metadata)
+    return write_hybrid_gguf(
+        path,
+        ARCH,
+        cfg,
+        expected_tensor_shapes(cfg),
+        hybrid_keys(cfg),
+        tensors,
+        vocab,
+        dtype=dtype,
+        name=name,
+        description=description,
+        license=license,
+        extra_metadata=extra_metadata,
+    )
 
 
 def hybrid_keys(cfg: Qwen35Config) -> dict[str, object]:
     """The hyperparameters of the Qwen3.5 hybrid layout (``add_<key>`` names of the GGUF writer)."""
     return transformer_keys(cfg, rope_dim=cfg.n_rot) | {
-        "rope_dimension_sections": list(cfg.sections), "layer_norm_rms_eps": cfg.rms_eps,
-        "ssm_conv_kernel": cfg.ssm_conv_kernel, "ssm_inner_size": cfg.ssm_inner_size,
-        "ssm_state_size": cfg.ssm_state_size, "ssm_time_step_rank": cfg.ssm_time_step_rank,
-        "ssm_group_count": cfg.ssm_group_count, "full_attention_interval": cfg.full_attention_interval,
+        "rope_dimension_sections": list(cfg.sections),
+        "layer_norm_rms_eps": cfg.rms_eps,
+        "ssm_conv_kernel": cfg.ssm_conv_kernel,
+        "ssm_inner_size": cfg.ssm_inner_size,
+        "ssm_state_size": cfg.ssm_state_size,
+        "ssm_time_step_rank": cfg.ssm_time_step_rank,
+        "ssm_group_count": cfg.ssm_group_count,
+        "full_attention_interval": cfg.full_attention_interval,
     }
 
 
@@ -568,8 +626,11 @@ def write_hybrid_gguf(
     if dtype not in WRITER_DTYPES:
         raise ParameterError(f"dtype must be one of {WRITER_DTYPES}, got {dtype!r}")
     check_tensors(tensors, shapes, vocab, cfg.n_vocab)
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[dtype]
     w, path = open_writer(path, arch, name=name, description=description, license=license, file_type=file_type)
 
     add_keys(w, keys)

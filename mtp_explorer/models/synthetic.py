@@ -29,11 +29,12 @@ one-token loop at once.  Files are ~1 MB (F32) and written in well under a secon
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from .gguf_qwen35 import (
     ByteBPEVocab,
     Qwen35Config,
@@ -42,12 +43,20 @@ from .gguf_qwen35 import (
     train_byte_bpe,
     write_qwen35_gguf,
 )
-from ..core.errors import ParameterError
 
 #: Factor between ``context_mix`` and the scale applied to the trunk's output projections.
 CONTEXT_SCALE = 0.25
 
-__all__ = ["CONTEXT_SCALE", "Knobs", "gated_delta_net_params", "random_tensors", "synthetic_config", "synthetic_vocab", "synthetic_tensors", "write_synthetic_qwen35"]
+__all__ = [
+    "CONTEXT_SCALE",
+    "Knobs",
+    "gated_delta_net_params",
+    "random_tensors",
+    "synthetic_config",
+    "synthetic_vocab",
+    "synthetic_tensors",
+    "write_synthetic_qwen35",
+]
 
 _BPE_TEXT = '''
 def tokenize(text, vocab):
@@ -132,8 +141,9 @@ def synthetic_vocab(n_vocab: int) -> ByteBPEVocab:
                 types.append(1)
         tokens.append(vocab.tokens[-1])
         types.append(3)
-        vocab = ByteBPEVocab(tokens=tokens, merges=merges, token_types=types,
-                             eos_id=len(tokens) - 1, bos_id=len(tokens) - 1, pre="gpt-2")
+        vocab = ByteBPEVocab(
+            tokens=tokens, merges=merges, token_types=types, eos_id=len(tokens) - 1, bos_id=len(tokens) - 1, pre="gpt-2"
+        )
     if len(vocab.tokens) != n_vocab:
         raise ParameterError(f"could not build a vocabulary of {n_vocab} tokens")
     return vocab
@@ -151,8 +161,9 @@ def printable_mask(vocab: ByteBPEVocab) -> np.ndarray:
     return mask
 
 
-def embeddings_and_head(rng: np.random.Generator, vocab: ByteBPEVocab, n_vocab: int, n_embd: int,
-                        logit_scale: float) -> tuple[np.ndarray, np.ndarray]:
+def embeddings_and_head(
+    rng: np.random.Generator, vocab: ByteBPEVocab, n_vocab: int, n_embd: int, logit_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Random token embeddings and an output head that only lets printable tokens win."""
     embd = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
     head = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) * (logit_scale / np.sqrt(n_embd))
@@ -160,8 +171,9 @@ def embeddings_and_head(rng: np.random.Generator, vocab: ByteBPEVocab, n_vocab: 
     return embd, head
 
 
-def mtp_input_projection(rng: np.random.Generator, n_embd: int, mtp_fidelity: float,
-                         n_out: int | None = None) -> np.ndarray:
+def mtp_input_projection(
+    rng: np.random.Generator, n_embd: int, mtp_fidelity: float, n_out: int | None = None
+) -> np.ndarray:
     """The MTP block's ``eh_proj`` (``n_out`` x ``2 * n_embd``, ``n_out`` default ``n_embd``): ``mtp_fidelity``
     blends "pass the token embedding (its first ``n_out`` dimensions) through" (1), which makes the head reproduce
     the trunk's token -> token function, with random (0)."""
@@ -189,43 +201,75 @@ class Knobs:
 
     def metadata(self) -> dict[str, bool | int | float]:
         """The ``mtp_explorer.*`` GGUF keys a synthetic file records its knobs under."""
-        return {"mtp_explorer.synthetic": True, "mtp_explorer.seed": int(self.seed),
-                "mtp_explorer.context_mix": float(self.context_mix),
-                "mtp_explorer.mtp_fidelity": float(self.mtp_fidelity)}
+        return {
+            "mtp_explorer.synthetic": True,
+            "mtp_explorer.seed": int(self.seed),
+            "mtp_explorer.context_mix": float(self.context_mix),
+            "mtp_explorer.mtp_fidelity": float(self.mtp_fidelity),
+        }
 
 
 Init = Callable[[str, tuple[int, ...], np.random.Generator], np.ndarray]
 
 
-def random_tensors(shapes: Mapping[str, tuple[tuple[int, ...], bool]], keep: Callable[[str], bool], init: Init,
-                   rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_tensors(
+    shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+    keep: Callable[[str], bool],
+    init: Init,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """A random tensor (``init(name, shape, rng)``) for every required name of ``shapes`` and every optional
     one ``keep`` keeps, in the shapes' order (which fixes the random stream)."""
     return {name: init(name, shape, rng) for name, (shape, required) in shapes.items() if required or keep(name)}
 
 
-def trunk_tensors(cfg, vocab: ByteBPEVocab, knobs: Knobs, shapes: Mapping[str, tuple[tuple[int, ...], bool]],
-                  keep: Callable[[str], bool], init: Init) -> tuple[dict[str, np.ndarray], np.random.Generator]:
+def trunk_tensors(
+    cfg,
+    vocab: ByteBPEVocab,
+    knobs: Knobs,
+    shapes: Mapping[str, tuple[tuple[int, ...], bool]],
+    keep: Callable[[str], bool],
+    init: Init,
+) -> tuple[dict[str, np.ndarray], np.random.Generator]:
     """The random tensors of ``shapes`` (:func:`random_tensors`) with the synthetic embedding and output head,
     and the random generator to draw the rest from (in this order: the files depend on it)."""
     rng = np.random.default_rng(knobs.seed)
     out = random_tensors(shapes, keep, init, rng)
-    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(rng, vocab, cfg.n_vocab, cfg.n_embd,
-                                                                         knobs.logit_scale)
+    out["token_embd.weight"], out["output.weight"] = embeddings_and_head(
+        rng, vocab, cfg.n_vocab, cfg.n_embd, knobs.logit_scale
+    )
     return out, rng
 
 
-def write_synthetic(writer: Callable[..., Path], path: str | Path, cfg, vocab: ByteBPEVocab, tensors: Mapping[str, np.ndarray],
-                    knobs: Knobs, arch: str, *, name: str | None = None, **options) -> Path:
+def write_synthetic(
+    writer: Callable[..., Path],
+    path: str | Path,
+    cfg,
+    vocab: ByteBPEVocab,
+    tensors: Mapping[str, np.ndarray],
+    knobs: Knobs,
+    arch: str,
+    *,
+    name: str | None = None,
+    **options,
+) -> Path:
     """Write a SYNTHETIC model with ``writer`` (an architecture's GGUF writer), labelled as such and with
     its knobs in the metadata."""
-    return writer(path, cfg, tensors, vocab, name=name or f"mtp-explorer-synthetic-{arch}",
-                  description=f"SYNTHETIC random-weight {arch}+MTP model for tests; not trained.",
-                  extra_metadata=knobs.metadata(), **options)
+    return writer(
+        path,
+        cfg,
+        tensors,
+        vocab,
+        name=name or f"mtp-explorer-synthetic-{arch}",
+        description=f"SYNTHETIC random-weight {arch}+MTP model for tests; not trained.",
+        extra_metadata=knobs.metadata(),
+        **options,
+    )
 
 
-def finish_mtp_head(out: dict[str, np.ndarray], cfg, knobs: Knobs, rng: np.random.Generator,
-                    fidelities: tuple[float, ...] | None = None) -> dict[str, np.ndarray]:
+def finish_mtp_head(
+    out: dict[str, np.ndarray], cfg, knobs: Knobs, rng: np.random.Generator, fidelities: tuple[float, ...] | None = None
+) -> dict[str, np.ndarray]:
     """Make each MTP block (``blk.n_layer`` .. ``blk.block_count - 1``) copy the trunk by its fidelity (its input
     projection; ``fidelities`` one per block, default ``knobs.mtp_fidelity`` for every block) and share the trunk's
     output norm; returns ``out``."""
@@ -251,8 +295,8 @@ def gated_delta_net_params(out: dict[str, np.ndarray], cfg: Qwen35Config, p: str
     out[p + "ssm_a"] = -rng.uniform(1.0, 8.0, size=nv).astype(np.float32)
     out[p + "ssm_dt.bias"] = np.full(nv, 0.5, dtype=np.float32)
     out[p + "ssm_conv1d.weight"] = (
-        rng.standard_normal((2 * cfg.ssm_state_size * cfg.ssm_group_count + cfg.ssm_inner_size,
-                             cfg.ssm_conv_kernel)) / np.sqrt(cfg.ssm_conv_kernel)
+        rng.standard_normal((2 * cfg.ssm_state_size * cfg.ssm_group_count + cfg.ssm_inner_size, cfg.ssm_conv_kernel))
+        / np.sqrt(cfg.ssm_conv_kernel)
     ).astype(np.float32)
 
 
@@ -291,8 +335,8 @@ def write_synthetic_qwen35(
     """Write a SYNTHETIC (random-weight, untrained) ``qwen35`` + MTP GGUF for tests.
 
     ``context_mix`` (>= 0) scales the trunk's output projections (by ``CONTEXT_SCALE *
-    context_mix``): 0 makes the next token a function of the current token only.  ``mtp_fidelity`` in [0, 1] blends the MTP input
-    projection between "reproduce the trunk's token->token function" (1, ~100% greedy
+    context_mix``): 0 makes the next token a function of the current token only.  ``mtp_fidelity`` in [0, 1] blends the
+    MTP input projection between "reproduce the trunk's token->token function" (1, ~100% greedy
     acceptance when ``context_mix=0``) and random (0, ~0% acceptance).  ``dtype`` is
     ``"f32"`` or ``"f16"``.  The knobs and the seed are stored under ``mtp_explorer.*``
     metadata keys.  Returns the path.
@@ -301,5 +345,6 @@ def write_synthetic_qwen35(
     cfg = synthetic_config(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer)
     vocab = synthetic_vocab(n_vocab)
     tensors = synthetic_tensors(cfg, vocab, knobs)
-    return write_synthetic(write_qwen35_gguf, path, cfg, vocab, tensors, knobs, "qwen35", dtype=dtype,
-                           name="mtp-explorer-synthetic")
+    return write_synthetic(
+        write_qwen35_gguf, path, cfg, vocab, tensors, knobs, "qwen35", dtype=dtype, name="mtp-explorer-synthetic"
+    )

@@ -48,18 +48,23 @@ included) and is untied from the embedding.  The model has 280,392 parameters; f
 from __future__ import annotations
 
 import dataclasses
-
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
-from .gguf_qwen35 import (ByteBPEVocab, Qwen35Config, Shapes, hybrid_keys, hybrid_tensor_shapes,
-                          write_hybrid_gguf)
-from .synthetic import (Knobs, _qwen35_init, finish_mtp_head, gated_delta_net_params, synthetic_vocab,
-                        trunk_tensors, write_synthetic)
 from ..core.errors import ParameterError
+from .gguf_qwen35 import ByteBPEVocab, Qwen35Config, Shapes, hybrid_keys, hybrid_tensor_shapes, write_hybrid_gguf
+from .synthetic import (
+    Knobs,
+    _qwen35_init,
+    finish_mtp_head,
+    gated_delta_net_params,
+    synthetic_vocab,
+    trunk_tensors,
+    write_synthetic,
+)
 
 ARCH = "qwen35moe"
 
@@ -103,10 +108,29 @@ class Qwen35MoeConfig(Qwen35Config):
 
 def qwen35moe_config(**overrides) -> Qwen35MoeConfig:
     """The synthetic model's architecture (see the module docstring); fields may be overridden."""
-    fields = dict(n_vocab=384, n_embd=64, n_layer=4, n_ff=16, n_head=4, n_head_kv=1, head_dim=16,
-                  full_attention_interval=4, ssm_conv_kernel=4, ssm_state_size=16, ssm_group_count=2,
-                  ssm_time_step_rank=4, rope_dim=4, rope_freq_base=10_000_000.0, rms_eps=1e-6, n_ctx_train=4096,
-                  nextn_predict_layers=1, n_expert=8, n_expert_used=2, n_ff_exp=16, n_ff_shexp=16)
+    fields = dict(
+        n_vocab=384,
+        n_embd=64,
+        n_layer=4,
+        n_ff=16,
+        n_head=4,
+        n_head_kv=1,
+        head_dim=16,
+        full_attention_interval=4,
+        ssm_conv_kernel=4,
+        ssm_state_size=16,
+        ssm_group_count=2,
+        ssm_time_step_rank=4,
+        rope_dim=4,
+        rope_freq_base=10_000_000.0,
+        rms_eps=1e-6,
+        n_ctx_train=4096,
+        nextn_predict_layers=1,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=16,
+        n_ff_shexp=16,
+    )
     return Qwen35MoeConfig(**(fields | overrides))
 
 
@@ -136,13 +160,22 @@ def qwen35moe_keys(cfg: Qwen35MoeConfig) -> dict[str, object]:
     """The hyperparameters: ``qwen35``'s plus the expert counts and widths (as convert_hf_to_gguf writes
     them for Qwen3_5MoeForCausalLM; llama.cpp uses softmax routing with normalised weights for this arch)."""
     return hybrid_keys(cfg) | {
-        "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
-        "expert_feed_forward_length": cfg.n_ff_exp, "expert_shared_feed_forward_length": cfg.n_ff_shexp,
+        "expert_count": cfg.n_expert,
+        "expert_used_count": cfg.n_expert_used,
+        "expert_feed_forward_length": cfg.n_ff_exp,
+        "expert_shared_feed_forward_length": cfg.n_ff_shexp,
     }
 
 
-def write_qwen35moe_gguf(path: str | Path, cfg: Qwen35MoeConfig, tensors: Mapping[str, np.ndarray],
-                         vocab: ByteBPEVocab, *, name: str = "qwen35moe-mtp", **options) -> Path:
+def write_qwen35moe_gguf(
+    path: str | Path,
+    cfg: Qwen35MoeConfig,
+    tensors: Mapping[str, np.ndarray],
+    vocab: ByteBPEVocab,
+    *,
+    name: str = "qwen35moe-mtp",
+    **options,
+) -> Path:
     """Write a ``qwen35moe`` GGUF with one MTP block; returns the path.
 
     ``tensors`` maps GGUF names to arrays in llama.cpp's convention (see :mod:`.gguf_qwen35`) with the
@@ -151,8 +184,17 @@ def write_qwen35moe_gguf(path: str | Path, cfg: Qwen35MoeConfig, tensors: Mappin
     ``extra_metadata``); with ``dtype="f16"`` matrices and expert stacks are F16, 1-D tensors, the conv kernel
     and the router stay F32.
     """
-    return write_hybrid_gguf(path, ARCH, cfg, qwen35moe_expected_tensor_shapes(cfg), qwen35moe_keys(cfg), tensors,
-                             vocab, name=name, **options)
+    return write_hybrid_gguf(
+        path,
+        ARCH,
+        cfg,
+        qwen35moe_expected_tensor_shapes(cfg),
+        qwen35moe_keys(cfg),
+        tensors,
+        vocab,
+        name=name,
+        **options,
+    )
 
 
 def _qwen35moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -161,7 +203,9 @@ def _qwen35moe_init(name: str, shape: tuple[int, ...], rng: np.random.Generator)
     return _qwen35_init(name, shape, rng)
 
 
-def synthetic_qwen35moe_tensors(cfg: Qwen35MoeConfig, vocab: ByteBPEVocab, knobs: Knobs = Knobs()) -> dict[str, np.ndarray]:
+def synthetic_qwen35moe_tensors(
+    cfg: Qwen35MoeConfig, vocab: ByteBPEVocab, knobs: Knobs = Knobs()
+) -> dict[str, np.ndarray]:
     """Random tensors (llama.cpp convention) for a synthetic model; see the module docstring."""
     keep = lambda name: name == "output.weight" or name.endswith("shared_head_norm.weight")  # noqa: E731
     out, rng = trunk_tensors(cfg, vocab, knobs, qwen35moe_expected_tensor_shapes(cfg), keep, _qwen35moe_init)
