@@ -27,6 +27,12 @@ LLAMA_ARGS_STAMP := build/.llama-cmake-args
 $(shell mkdir -p build && (echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $(LLAMA_ARGS_STAMP) || echo '$(LLAMA_CMAKE_ARGS)' > $(LLAMA_ARGS_STAMP)))
 LLAMA_PIP_SOURCE := $(if $(strip $(LLAMA_CMAKE_ARGS)),--force-reinstall --no-cache-dir --no-binary llama-cpp-python,)
 
+# A compiler cache, where the machine has one (ccache), rebuilds llama.cpp's tools in a second clone in seconds;
+# the base directory makes its entries independent of where the clone lies.
+CCACHE := $(shell command -v ccache 2>/dev/null)
+CCACHE_ARGS := $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE),)
+export CCACHE_BASEDIR := $(CURDIR)
+
 .PHONY: all lab test test-fast lint docs headers reference quantize server lookup-create parity bench bench-simulate bench-scale bench-server bench-server-sweep bench-parallel profile-build bench-instructions clean
 
 all: $(EXT)
@@ -113,7 +119,7 @@ lab: $(EXT)
 $(REF_CONFIGURED): $(HEADERS) $(LLAMA_ARGS_STAMP)
 	tar -xzf build/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C build/sdist
 	cmake -S $(REF_SRC) -B $(REF_DIR) -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_EXAMPLES=ON \
-	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(LLAMA_CMAKE_ARGS)
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $(CCACHE_ARGS) $(LLAMA_CMAKE_ARGS)
 
 # touch: cmake leaves an up-to-date binary alone, and it may be older than a re-generated CMakeCache.txt
 $(REFERENCE) $(QUANTIZE) $(SERVER) $(LOOKUP_CREATE): $(REF_CONFIGURED)
