@@ -32,7 +32,7 @@ import numpy as np
 from _common import emit, machine, pick_model
 
 import mtp_explorer as mx
-from mtp_explorer.analysis import metrics
+from mtp_explorer.core import metrics
 from mtp_explorer.server import LlamaServer
 from mtp_explorer.server.predict import config_settings
 

@@ -7,7 +7,7 @@ from :mod:`mtp_explorer.viz.whatif_figures`; a watched llama-server's (``server_
 ``parallel_crossover(frame)``) from :mod:`mtp_explorer.viz.parallel_figures`; the drafters of one target side by
 side (``drafters_side_by_side(cmp)``) from :mod:`mtp_explorer.viz.comparison_figures`. ``export(fig, "x.html")``
 writes one to a file. The numbers the figures show (``settings_changes``, ``settings_segments``, ``step_seconds``,
-``speedup``) come from :mod:`mtp_explorer.analysis.metrics` and are exported here too. A figure given the wrong kind
+``speedup``) come from :mod:`mtp_explorer.core.metrics` and are exported here too. A figure given the wrong kind
 of input raises a ``TypeError`` naming what it takes.
 """
 

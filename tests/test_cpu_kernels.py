@@ -149,8 +149,8 @@ def test_repack_resolves_by_the_check_and_the_models_weight_types(monkeypatch):
 
 @pytest.mark.server
 def test_llama_cpp_tools_get_no_repack_where_the_sessions_do(monkeypatch, q8_model, tmp_path):
+    from mtp_explorer.server.grid import command_line
     from mtp_explorer.server.process import LlamaServer
-    from mtp_explorer.server.sweep import command_line
 
     f32 = write_synthetic_qwen35(tmp_path / "synthetic-f32.gguf", n_embd=64, dtype="f32")
     _with_check(monkeypatch, BROKEN)

@@ -377,7 +377,7 @@ def test_whatif_figures_live_in_their_own_module():
 
 
 def test_metrics_come_from_one_module(changed, plain):
-    from mtp_explorer.analysis import metrics
+    from mtp_explorer.core import metrics
 
     assert plots.settings_changes is metrics.settings_changes and plots.SettingsChange is metrics.SettingsChange
     assert plots.settings_segments is metrics.settings_segments and plots.SettingsSegment is metrics.SettingsSegment

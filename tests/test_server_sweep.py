@@ -17,9 +17,9 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
+from mtp_explorer.server.grid import configurations
 from mtp_explorer.server.overhead import OverheadSample, fit_server_overhead, profile_server_overhead
 from mtp_explorer.server.predict import config_settings, request_counters, slot_run_counters
-from mtp_explorer.server.sweep import configurations
 
 pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 

@@ -80,7 +80,7 @@ def test_summary(trace, session_mixed):
 
 
 def test_cost_breakdown_splits_the_time_per_step(trace, session_mixed):
-    from mtp_explorer.analysis.metrics import cost_breakdown
+    from mtp_explorer.core.metrics import cost_breakdown
 
     c = cost_breakdown(trace)
     s = trace.summary()

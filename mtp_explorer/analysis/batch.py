@@ -37,13 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core import drafters
+from ..core import drafters, metrics
 from ..core.checks import check_int
 from ..core.errors import ParameterError, ServerOverheadMissing
 from ..core.parallel import request_settings
 from ..core.schema import PHASES
 from ..core.settings import DraftSettings, resolve_each
-from . import metrics
 
 if TYPE_CHECKING:
     from ..core.parallel import ParallelTrace

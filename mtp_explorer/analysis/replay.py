@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ..core.drafters import DrafterSpec, option_values, recorded_options
+from ..core.drafters import DrafterSpec, option_values, recorded_options, register_replays
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
 from . import ngram_cache
@@ -852,3 +852,15 @@ class NgramCacheReplay(StatefulReplay):
     def start(self, cap, reason, n_min, active) -> DrafterState:
         nc_dynamic, nc_static = self.files
         return NgramCacheState(self, cap, reason, n_min, active, nc_dynamic, nc_static)
+
+
+register_replays(
+    MtpReplay,
+    DraftModelReplay,
+    Eagle3Replay,
+    DFlashReplay,
+    NgramSimpleReplay,
+    NgramModReplay,
+    NgramMapReplay,
+    NgramCacheReplay,
+)

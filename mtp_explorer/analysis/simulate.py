@@ -29,14 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core import drafters
+from ..core import drafters, metrics
 from ..core.drafters import DRAFTER_SPECS, DrafterMode
 from ..core.errors import ParameterError
 from ..core.options import is_full_telemetry
 from ..core.schema import DRAFTERS, PHASES, STOP_REASONS, Dims, empty_columns
 from ..core.settings import DraftSettings
 from ..core.trace import Trace
-from . import metrics
 from .batch_shift import BatchShift, tolerance_of
 from .oracle import OracleTrace
 from .profile import Costs, resolve_costs, with_costs
@@ -880,7 +879,7 @@ def _row(
     ceiling: float,
     plain: float,
 ) -> dict:
-    """One row of a grid: the run's numbers (from :mod:`~mtp_explorer.analysis.metrics`)."""
+    """One row of a grid: the run's numbers (from :mod:`~mtp_explorer.core.metrics`)."""
     return {
         "n_tokens": n_tokens,
         "n_steps": n_steps,

@@ -24,13 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ..core import drafters
+from ..core import drafters, metrics
 from ..core.checks import check_int
 from ..core.drafters import DrafterMode
 from ..core.errors import CancelledError, ParameterError
 from ..core.session import Session
 from ..core.settings import DraftSettings
-from . import metrics
 from .oracle import CostModel, OracleTrace
 from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second, simulate_grid

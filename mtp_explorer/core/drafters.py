@@ -14,7 +14,6 @@ comparing names; adding a drafter means adding its record here (and its class in
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,7 +96,7 @@ class DrafterSpec:
     has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
     needs: str  #: what it drafts with besides the history (an entry of :data:`NEEDS`)
     options: tuple[DrafterOption, ...] = ()
-    replay: str = ""  #: ``module:attribute`` of its replay in the simulator (resolved on first use)
+    replay: str = ""  #: the class name of its replay in the simulator (:func:`register_replays` makes it known)
     description: str = ""
     fixed_draft_len: int = (
         0  #: llama.cpp's draft length when no option sets it (ngram-cache's n_draft 8); 0: an option does
@@ -140,9 +139,22 @@ class DrafterSpec:
         return DRAFTERS.index(self.name)
 
     def load_replay(self) -> Any:
-        """The simulator's replay of this drafter (imported on first use: the analysis layer sits above)."""
-        module, _, attr = self.replay.partition(":")
-        return getattr(importlib.import_module(module, __package__), attr)
+        """The simulator's replay of this drafter: the class the analysis layer registered under :attr:`replay`."""
+        try:
+            return _REPLAYS[self.replay]
+        except KeyError:
+            raise LookupError(
+                f"no replay of {self.name} is registered ({self.replay!r}): importing mtp_explorer registers them"
+            ) from None
+
+
+#: the simulator's replay classes by class name; the analysis layer, above this one, fills it when imported
+_REPLAYS: dict[str, type] = {}
+
+
+def register_replays(*classes: type) -> None:
+    """Make replay classes known to the drafters whose :attr:`DrafterSpec.replay` names them."""
+    _REPLAYS.update({cls.__name__: cls for cls in classes})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +288,7 @@ def _ngram_map_spec(name: str, label: str, min_hits_help: str, description: str)
         needs="nothing",
         options=_ngram_map_options(name.replace("-", "_"), min_hits_help),
         server_carry="each slot's key map (common_ngram_map_begin keeps the keys below the new prompt's length)",
-        replay="..analysis.replay:NgramMapReplay",
+        replay="NgramMapReplay",
         description=description,
     )
 
@@ -309,7 +321,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             "MTP head",
             has_confidence=True,
             needs="mtp",
-            replay="..analysis.replay:MtpReplay",
+            replay="MtpReplay",
             server_carry="each slot's pending hidden row (common_speculative_impl_draft_mtp::pending_h: the "
             "catch-up pairs a request's first prompt token with the last hidden row of the request "
             "the slot served before, zeros on a fresh slot; a head with memory of its own)",
@@ -322,7 +334,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             has_confidence=False,
             needs="nothing",
             options=_NGRAM_OPTIONS,
-            replay="..analysis.replay:NgramSimpleReplay",
+            replay="NgramSimpleReplay",
             description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
             "the ngram_simple_size_m tokens that followed proposed",
         ),
@@ -333,7 +345,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             has_confidence=False,
             needs="nothing",
             options=_NGRAM_MOD_OPTIONS,
-            replay="..analysis.replay:NgramModReplay",
+            replay="NgramModReplay",
             server_carry="its n-gram pool, shared by the slots (begin() adds each prompt's n-grams and clears the "
             "pool only past 25% occupancy)",
             description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
@@ -360,7 +372,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             has_confidence=False,
             needs="nothing",
             options=_NGRAM_CACHE_OPTIONS,
-            replay="..analysis.replay:NgramCacheReplay",
+            replay="NgramCacheReplay",
             fixed_draft_len=8,
             server_carry="each slot's context cache (begin() does nothing: a shorter next prompt's n-grams are "
             "added only once the slot's tokens outgrow the last request's)",
@@ -374,7 +386,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             "draft model",
             has_confidence=True,
             needs="draft_model",
-            replay="..analysis.replay:DraftModelReplay",
+            replay="DraftModelReplay",
             description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
             "llama.cpp's -md) drafts greedily; confidence compared with p_min",
         ),
@@ -384,7 +396,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             "EAGLE-3 head",
             has_confidence=True,
             needs="eagle3_head",
-            replay="..analysis.replay:Eagle3Replay",
+            replay="Eagle3Replay",
             description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
             "reads three of the target's layers after every decode and drafts greedily from them, "
             "feeding its own hidden state forward; confidence compared with p_min",
@@ -395,7 +407,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             "DFlash block",
             has_confidence=True,
             needs="dflash_head",
-            replay="..analysis.replay:DFlashReplay",
+            replay="DFlashReplay",
             description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
             "reads target layers into its memory after every decode and drafts a whole block in one "
             "pass (n_max clamped to its block size - 1); confidence compared with p_min",
@@ -406,7 +418,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             "DSpark block",
             has_confidence=True,
             needs="dspark_head",
-            replay="..analysis.replay:DFlashReplay",
+            replay="DFlashReplay",
             description="a DSpark block drafter (DFlash with a Markov head chained across the block; a dflash GGUF "
             "from llama.cpp's DSpark converter) drafts a block in one pass from its first slot on; "
             "p_min is compared with its confidence head (refused without one)",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .. import _native
-from ..analysis import metrics
+from . import metrics
 from .checks import check_int
 from .errors import ParameterError
 from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt

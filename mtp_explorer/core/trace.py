@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..analysis import metrics
-from . import drafters
+from . import drafters, metrics
 from .errors import FormatError
 from .schema import (
     DRAFTERS,

@@ -23,16 +23,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.batch import predict_parallel, profile_batch_costs
+from ..analysis.replay import STOP, ngram_simple_draft
+from ..analysis.simulate import _caps, simulate
 from ..core import drafters
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
+from .grid import configurations
+from .overhead import profile_server_overhead
+from .workload import ALL
 
 if TYPE_CHECKING:
     from ..analysis.batch import BatchCostModel
     from ..analysis.oracle import OracleTrace
     from ..core.session import Session
     from ..core.trace import Trace
-    from .sweep import ServerSweep, Workload
+    from .sweep import ServerSweep
+    from .workload import Workload
 
 #: The columns :func:`predict_sweep` adds to a sweep's frame.
 PREDICTED_COLUMNS = (
@@ -81,9 +88,6 @@ def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict
       stops at an end-of-generation token drafts on to its cap, as in :func:`server_counters`.
     """
     import numpy as np
-
-    from ..analysis.replay import STOP, ngram_simple_draft
-    from ..analysis.simulate import _caps
 
     settings = settings.check(oracle.limits)
     mode = settings.mode
@@ -143,7 +147,6 @@ def request_counters(oracle: OracleTrace, settings: DraftSettings) -> dict[str, 
     """The counters llama-server reports for one greedy request run alone on a slot (:func:`server_lookup_counters`
     where the server sizes a look-up's draft otherwise than this engine, else :func:`server_counters` of the
     :func:`~mtp_explorer.simulate` replay as a server slot)."""
-    from ..analysis.simulate import simulate
 
     counters = server_lookup_counters(oracle, settings)
     return counters if counters is not None else server_counters(simulate(oracle, settings, server_slot=True))
@@ -159,7 +162,6 @@ def slot_run_counters(session: Session, prompt, settings: DraftSettings) -> dict
     capacity cannot hold it: open it with a larger ``n_rs_seq``) and, on a recurrent target, a rejection deeper than
     the server's snapshot slots is followed by a plain step (the checkpoint replay's extra token). ``None`` also for a
     chain with another look-up or under another policy than llama.cpp's ``first``."""
-    from ..analysis.replay import ngram_simple_draft
 
     s = settings.replace(server_slot=True).check(session.limits)
     mode = s.mode
@@ -238,8 +240,6 @@ def record(
     :attr:`Recording.refused` with the reason), and measure its batch costs (unless given) for the grid's
     ``n_parallel`` and ``n_max``, with the overheads of a real llama-server (``binary``:
     :func:`~mtp_explorer.server.profile_server_overhead`)."""
-    from ..analysis.batch import profile_batch_costs
-    from .overhead import profile_server_overhead
 
     if workload.rate is not None:
         raise ParameterError(
@@ -270,7 +270,6 @@ def record(
         oracles.append(
             session.record_oracle(prompt, max_tokens=req.n_predict, depth=max(n_max), probe=False, batch_shift=False)
         )
-    from .sweep import configurations
 
     if progress is not None:
         progress("running each request as a server slot")
@@ -365,8 +364,6 @@ PREDICTED_REQUEST_COLUMNS = (
 
 def predict_config(recording: Recording, workload: Workload, config: Mapping[str, Any]) -> ConfigPrediction:
     """One configuration's prediction (:class:`ConfigPrediction`)."""
-    from ..analysis.batch import predict_parallel
-    from .sweep import ALL
 
     each = [config_settings(config, req.n_predict) for req in workload.requests]
     try:
@@ -430,8 +427,6 @@ def predict_sweep(
     :func:`~mtp_explorer.server.profile_server_overhead`). Flags the prediction does not
     model (``n_gpu_layers``, ``flash_attn``, ``type_k``) are the session's own."""
     from tqdm.auto import tqdm
-
-    from .sweep import configurations
 
     if Path(session.path).resolve() != Path(sweep.model).resolve():
         raise ParameterError(f"the sweep served {sweep.model}, the session runs {session.path}")

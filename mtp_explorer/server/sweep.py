@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -27,105 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis import metrics
+from ..core import metrics
 from ..core.checks import check_int
-from ..core.cpu_kernels import with_no_repack
 from ..core.errors import FormatError, ParameterError, ServerError
 from .client import Completion, ServerClient, SpecMetrics
+from .grid import GRID_FLAGS, command_line, configurations, grid_lists, passed_settings, server_flags
+from .predict import predict_sweep
 from .process import LlamaServer
 from .workload import ALL, Workload, WorkloadRequest
 
-#: The grid's keys (llama.cpp's option names without dashes) and llama-server's long flags for them.
-GRID_FLAGS: Mapping[str, str] = {
-    "spec_type": "--spec-type",
-    "n_max": "--spec-draft-n-max",
-    "n_min": "--spec-draft-n-min",
-    "p_min": "--spec-draft-p-min",
-    "n_parallel": "--parallel",
-    "n_gpu_layers": "--n-gpu-layers",
-    "flash_attn": "--flash-attn",
-    "type_k": "--cache-type-k",
-}
-#: The grid's keys that set speculative decoding: a plain configuration (``spec_type`` none) passes none of them.
-SPECULATIVE_KEYS = frozenset({"spec_type", "n_max", "n_min", "p_min"})
 #: What the best configuration can be chosen for (:meth:`ServerSweep.best`).
 GOALS = ("throughput", "p95_latency", "goodput")
 FORMAT = "mtp-explorer-server-sweep-1"
-
-
-def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the grid's values, in the grid's order (a key of :data:`GRID_FLAGS` each); plain decoding
-    (``spec_type`` none) once per combination of the other keys, with the first value of each speculative key (it
-    passes none of them to llama-server: :data:`SPECULATIVE_KEYS`)."""
-    unknown = sorted(set(grid) - set(GRID_FLAGS))
-    if unknown:
-        raise ParameterError(f"unknown grid key(s) {unknown}; the grid takes {sorted(GRID_FLAGS)}")
-    lists = grid_lists(grid)
-    for key, vals in lists.items():
-        if not vals:
-            raise ParameterError(f"the grid's {key} has no values")
-    out, seen = [], set()
-    for combo in itertools.product(*lists.values()):
-        config = dict(zip(lists, combo))
-        if _is_plain(config):
-            key = tuple(sorted((k, str(v)) for k, v in _passed(config).items()))
-            if key in seen:
-                continue
-            seen.add(key)
-        out.append(config)
-    return out
-
-
-def grid_lists(grid: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """The grid with every value a list (a single value stands for a list of one)."""
-    return {k: [v] if isinstance(v, (str, int, float)) else list(v) for k, v in grid.items()}
-
-
-def _is_plain(config: Mapping[str, Any]) -> bool:
-    """A configuration whose grid says plain decoding (``spec_type`` none; a grid without ``spec_type`` says
-    nothing)."""
-    return "spec_type" in config and config["spec_type"] in (None, "none")
-
-
-def _passed(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a configuration that llama-server is given: a plain one's without the speculative ones."""
-    return {k: v for k, v in config.items() if not (_is_plain(config) and k in SPECULATIVE_KEYS)}
-
-
-def _flags(config: Mapping[str, Any], draft_model: str | os.PathLike | None) -> list[str]:
-    """A configuration's llama-server flags besides the slots (``--parallel``)."""
-    argv = []
-    for key, value in _passed(config).items():
-        if key != "n_parallel":
-            argv += [GRID_FLAGS[key], str(value)]
-    return argv + ([] if draft_model is None else ["-md", str(draft_model)])
-
-
-def command_line(
-    model: str | os.PathLike,
-    config: Mapping[str, Any],
-    *,
-    draft_model: str | os.PathLike | None = None,
-    n_ctx: int = 4096,
-    threads: int = 2,
-) -> list[str]:
-    """The llama-server arguments of one configuration (after the binary; without host and port; ``-nr`` where
-    llama.cpp's extra CPU buffer types stop the process: :func:`~mtp_explorer.check_extra_buffers`)."""
-    return with_no_repack(
-        [
-            "-m",
-            str(model),
-            "--parallel",
-            str(config.get("n_parallel", 1)),
-            "-c",
-            str(n_ctx),
-            "-t",
-            str(threads),
-            "--metrics",
-            "--no-webui",
-            *_flags(config, draft_model),
-        ]
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +87,7 @@ def _run_config(
         n_ctx=n_ctx,
         threads=threads,
         spec_type=None,
-        args=_flags(config, draft_model),
+        args=server_flags(config, draft_model),
         binary=binary,
         startup_timeout=timeout_s,
     )
@@ -464,8 +376,6 @@ class ServerSweep:
         (``predicted_draft_n``, ..., ``counts_match``), from one recording of the workload with ``session`` (on the
         sweep's model) and a batch cost model (``costs``, default measured now, with the overheads of the llama-server
         ``binary``): see :func:`~mtp_explorer.server.predict.predict_sweep`."""
-        from .predict import predict_sweep
-
         frame, requests = predict_sweep(self, session, costs=costs, binary=binary, progress=progress)
         return dataclasses.replace(self, frame=frame, requests=requests)
 
@@ -477,7 +387,7 @@ class ServerSweep:
         """A row's configuration as a llama.cpp INI preset section (``docs/preset.md``): llama-server's long option
         names without dashes, and the model."""
         lines = [f"[{name}]", f"model = {self.model}"]
-        for key, value in _passed({key: row[key] for key in self.grid}).items():
+        for key, value in passed_settings({key: row[key] for key in self.grid}).items():
             lines.append(f"{GRID_FLAGS[key].lstrip('-')} = {value}")
         return "\n".join(lines) + "\n"
 

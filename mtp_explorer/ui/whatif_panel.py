@@ -36,10 +36,9 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
-from ..analysis import metrics
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace, simulate
-from ..core import drafters
+from ..core import drafters, metrics
 from ..core.trace import Trace
 from ..viz import whatif_figures as figures
 from .figure_sync import figure_widget, flexible, size, sync_figure

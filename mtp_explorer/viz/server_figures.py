@@ -13,8 +13,10 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..server.grid import SPECULATIVE_KEYS
 from ..server.monitor import ServerMonitor
-from ..server.sweep import ALL, SPECULATIVE_KEYS, ServerSweep
+from ..server.sweep import ServerSweep
+from ..server.workload import ALL
 from .inputs import Kind, instance, takes
 from .style import GUIDE, HIGHLIGHT, MUTED, PRIMARY, base_layout, empty
 

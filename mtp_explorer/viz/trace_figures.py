@@ -3,7 +3,7 @@
 They need no widgets (the Explorer shows the same figures live) and export with :func:`export`.
 Step-indexed figures mark the steps where ``n_max``, ``p_min`` or ``n_min`` changed (``set_params``
 during a run); aggregate figures split their bars by settings segment when settings changed. The numbers
-(acceptance by depth, step times, speedup, settings segments) come from :mod:`mtp_explorer.analysis.metrics`,
+(acceptance by depth, step times, speedup, settings segments) come from :mod:`mtp_explorer.core.metrics`,
 the look from :mod:`mtp_explorer.viz.style`. Each figure checks its input first (:mod:`mtp_explorer.viz.inputs`):
 anything but a :class:`~mtp_explorer.core.trace.Trace` is a ``TypeError``.
 
@@ -24,11 +24,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..analysis import metrics
-from ..analysis.metrics import SettingsChange, SettingsSegment, settings_changes, settings_segments
-from ..analysis.metrics import trace_speedup as speedup
+from ..core import metrics
 from ..core.drafters import DRAFTER_SPECS
 from ..core.errors import MtpExplorerError
+from ..core.metrics import SettingsChange, SettingsSegment, settings_changes, settings_segments
+from ..core.metrics import trace_speedup as speedup
 from ..core.schema import STOP_REASONS
 from ..core.trace import Trace, drafter_name
 from .inputs import FIGURE, OPTIONAL_TRACE, TRACE, takes
@@ -682,7 +682,7 @@ def _rolling_sum(x: np.ndarray, window: int) -> np.ndarray:
 @takes(TRACE)
 def step_seconds(trace: Trace) -> np.ndarray:
     """Wall time of each step of ``trace``: the sum of its phases
-    (:func:`mtp_explorer.analysis.metrics.step_seconds` of its columns)."""
+    (:func:`mtp_explorer.core.metrics.step_seconds` of its columns)."""
     return metrics.step_seconds(trace.columns)
 
 

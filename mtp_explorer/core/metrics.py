@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..core.schema import PHASES
+from .schema import PHASES
 
 #: The live-tunable settings recorded per step, in the order labels show them.
 SETTINGS: tuple[str, ...] = ("n_max", "p_min", "n_min")
