@@ -95,6 +95,10 @@ def test_every_relative_link_resolves(path):
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         where = f"{path.relative_to(ROOT)}:{number}: {target}"
+        if dest.parent == DOCS / "tutorials" and dest.suffix == ".md":
+            # a tutorial page, which the site generates from its notebook (docs/_hooks/notebooks.py)
+            dest = ROOT / "notebooks" / dest.with_suffix(".ipynb").name
+            anchor = ""
         if not dest.exists():
             broken.append(f"{where} (no such file)")
         elif ROOT not in dest.parents and dest != ROOT:
@@ -253,6 +257,7 @@ def test_the_site_builds_strict(tmp_path):
     assert mkdocs, "mkdocs is not installed: `make` installs the docs extra (pip install -e '.[docs]')"
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env.pop("MTP_EXPLORER_DOCS_OUTPUTS", None)  # the notebooks may not have run yet: pages without outputs are fine
     proc = subprocess.run(
         [str(mkdocs), "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
         cwd=ROOT,
@@ -283,3 +288,80 @@ def test_the_site_builds_strict(tmp_path):
     # links to the repository's files outside docs/ point at the repository
     explorer = (site / "guide" / "explorer" / "index.html").read_text(encoding="utf-8")
     assert "/blob/HEAD/notebooks/01_quickstart.ipynb" in explorer
+    # every tutorial is a page, which links to its notebook in the repository
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        page = (site / "tutorials" / notebook.stem / "index.html").read_text(encoding="utf-8")
+        assert f"/blob/HEAD/notebooks/{notebook.name}" in page, notebook.name
+    assert (site / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+
+
+def _notebook_hook():
+    spec = importlib.util.spec_from_file_location("notebooks_hook", DOCS / "_hooks" / "notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _notebook(code: list[str], outputs: list[list[dict]] | None = None) -> dict:
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# A title\n", "See [the next](02_next.ipynb)."]}]
+    for i, src in enumerate(code):
+        cells.append(
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "execution_count": None,
+                "source": src,
+                "outputs": outputs[i] if outputs else [],
+            }
+        )
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_a_notebook_page_shows_its_last_passing_run(tmp_path):
+    """docs/_hooks/notebooks.py: the page of a notebook holds the outputs of its run when the run's code is the
+    notebook's, and says it has none otherwise."""
+    import json
+
+    hook = _notebook_hook()
+    figure = {"data": [{"type": "bar", "x": [1, 2], "y": [3, 4]}], "layout": {"title": {"text": "acceptance"}}}
+    outputs = [
+        [
+            {"output_type": "stream", "name": "stdout", "text": ["10%\r50%\r100%\n", "\x1b[31mdone\x1b[0m\n"]},
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {hook.PLOTLY_MIME: figure, "text/plain": ["Figure"]},
+            },
+        ],
+        [
+            {
+                "output_type": "execute_result",
+                "execution_count": 2,
+                "metadata": {},
+                "data": {hook.WIDGET_MIME: {"model_id": "x"}, "text/plain": ["Explorer(...)"]},
+            },
+            {
+                "output_type": "execute_result",
+                "execution_count": 3,
+                "metadata": {},
+                "data": {"text/html": ["<table>\n", "\n", "<tr><td>1</td></tr>\n</table>"], "text/plain": ["1"]},
+            },
+        ],
+    ]
+    source, ran = tmp_path / "01_a.ipynb", tmp_path / "ran.ipynb"
+    source.write_text(json.dumps(_notebook(["print(1)", "w"])))
+    ran.write_text(json.dumps(_notebook(["print(1)", "w"], outputs)))
+    page, with_outputs = hook.render(source, ran, prefix="../../")
+    assert with_outputs
+    assert page.startswith("# A title\n") and "[the next](02_next.md)" in page
+    assert "````text\n100%\ndone\n````" in page  # a progress line in its last form, no colour codes
+    assert '<script src="../../assets/plotly.min.js"></script>' in page and "acceptance" in page
+    assert "Plotly.newPlot" in page and "A live widget" in page and "Explorer(...)" not in page
+    assert "<table>\n<tr><td>1</td></tr>\n</table>" in page  # one raw HTML block: no blank line in it
+    assert "](../../notebooks/01_a.ipynb)" in page
+
+    ran.write_text(json.dumps(_notebook(["print(2)", "w"], outputs)))  # the notebook changed since that run
+    page, with_outputs = hook.render(source, ran, prefix="../../")
+    assert not with_outputs and "Shown without outputs" in page and "100%" not in page and "plotly.min.js" not in page
+    page, with_outputs = hook.render(source, tmp_path / "missing.ipynb", prefix="../../")
+    assert not with_outputs and "Shown without outputs" in page

@@ -1,8 +1,8 @@
 """The Makefile, checked with `make -n` in a scratch directory (no GPU and no build needed): LLAMA_CMAKE_ARGS (GPU
 builds) reach pip's CMAKE_ARGS (a source build, not the cached CPU wheel) and the reference tools' configure, and a
 change of value makes both rebuild; README.md's `make lab`, `make test` and `make docs` run what they say (the build,
-then JupyterLab on the quickstart; the lint, the strict docs build and every test); `make test-fast` leaves out the
-tests by pyproject.toml's markers."""
+then JupyterLab on the quickstart; the lint, every test, then the strict docs build with the notebooks' outputs);
+`make test-fast` leaves out the tests by pyproject.toml's markers."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def test_make_test_lints_builds_the_docs_and_runs_every_test(tmp_path):
     out = _dry_run(_scratch(tmp_path))
     steps = [
         ".venv/bin/ruff check && .venv/bin/ruff format --check && .venv/bin/mypy",
-        ".venv/bin/mkdocs build --strict -d build/site",
         "-m pytest -q --nbval-lax tests notebooks",
+        # last: the tutorials' pages show the outputs of the run above, and a missing one fails the build
+        "MTP_EXPLORER_DOCS_OUTPUTS=required .venv/bin/mkdocs build --strict -d build/site",
     ]
     where = [out.find(step) for step in steps]
     assert -1 not in where and where == sorted(where), out[-2000:]
@@ -67,6 +68,16 @@ def test_make_test_lints_builds_the_docs_and_runs_every_test(tmp_path):
 
 def test_make_docs_builds_the_site_strict(tmp_path):
     assert ".venv/bin/mkdocs build --strict -d build/site" in _dry_run(_scratch(tmp_path), target="docs")
+
+
+def test_make_docs_runs_the_notebooks_first(tmp_path):
+    scratch = _scratch(tmp_path)
+    (scratch / "notebooks").mkdir()
+    for name in ("01_a.ipynb", "02_b.ipynb"):
+        (scratch / "notebooks" / name).touch()
+    out = _dry_run(scratch, target="docs")
+    assert "--nbval-lax -p no:cacheprovider notebooks/01_a.ipynb" in out
+    assert out.index("notebooks/02_b.ipynb") < out.index("mkdocs build --strict")
 
 
 def test_the_markers_are_registered(pytestconfig):
