@@ -36,7 +36,7 @@ from pathlib import Path
 from _common import emit, machine
 
 import mtp_explorer as mx
-from mtp_explorer.server import Workload
+from mtp_explorer.server import Workload, profile_server_overhead
 
 SHORT = [
     "def fib(n):",
@@ -235,9 +235,14 @@ def one_model(path: Path, label: str, args) -> dict:
     sweep_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # snapshot slots for ngram-simple's longest look-up, which llama-server does not cut to n_max (the prediction runs
-    # each request as a server slot with the look-up's length as the step's n_max: predict.slot_run_counters)
-    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=max(3, args.tokens)) as s:
+    # each request as a server slot with the look-up's length as the step's n_max: predict.slot_run_counters): at most
+    # the request's tokens and llama.cpp's size_m (48), within the engine's 64
+    n_rs_seq = min(64, max(3, args.tokens))
+    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=n_rs_seq) as s:
         costs = mx.profile_batch_costs(s, n_parallel=[1, 2, 4], n_max=[0, 2, 3])
+        # what a request costs the server beyond the engine's work (HTTP, tokenization, slot set-up), measured on a
+        # real llama-server: without it the prediction prices the engine's steps alone (ServerOverheadMissing)
+        costs = profile_server_overhead(s, costs, binary=args.binary)
         predicted = [sw.with_predictions(s, costs=costs, progress=False) for sw in sweeps]
     predict_s = time.perf_counter() - t0
     import pandas as pd

@@ -535,3 +535,13 @@ def test_drafter_colours_are_distinct_and_shared():
 
     assert len({DRAFTER_COLORS[m] for m in DRAFTER_MODES}) == len(DRAFTER_MODES)
     assert all(drafter_color(m, 99) == DRAFTER_COLORS[m] for m in DRAFTER_MODES)
+
+
+def test_server_prediction_labels_stay_inside_and_apart():
+    """Points at one place share one label (names stacked); labels lean away from the plot's edges."""
+    from mtp_explorer.viz.server_figures import _placed_labels
+
+    text, where = _placed_labels([0.61, 0.612, 0.3], [0.61, 0.611, 0.5], ["np 1", "np 2", "plain"], 1.0)
+    assert text == ["np 1<br>np 2", "", "plain"]
+    text, where = _placed_labels([280, 150, 10], [200, 140, 5], ["a", "b", "c"], 300)
+    assert text == ["a", "b", "c"] and where == ["top left", "top center", "top right"]

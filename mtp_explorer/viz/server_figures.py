@@ -34,6 +34,9 @@ PREDICTED_SWEEP = Kind(
     ),
 )
 
+#: px between a y axis and its tick labels where both axes start at 0: the two 0 labels would touch at the corner
+ZERO_CLEARANCE = 8
+
 
 @takes(MONITOR)
 def server_acceptance(monitor: ServerMonitor) -> go.Figure:
@@ -164,7 +167,9 @@ def server_rates(monitor: ServerMonitor, window: float = 60.0) -> go.Figure:
     )
     base_layout(fig, title, height=340)
     fig.update_xaxes(title_text="seconds since the first poll", rangemode="tozero")
-    fig.update_yaxes(title_text="tokens per second", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(
+        title_text="tokens per second", rangemode="tozero", ticklabelstandoff=ZERO_CLEARANCE, secondary_y=False
+    )
     fig.update_yaxes(
         title_text="acceptance rate",
         range=[0, 1.05],
@@ -216,6 +221,25 @@ def _short_label(row, keys) -> str:
     return " ".join(parts)
 
 
+def _placed_labels(xs, ys, labels: list[str], hi: float) -> tuple[list[str], list[str]]:
+    """Point labels that stay inside the plot and apart: points at the same place (to 1% of the axis) share one label,
+    their names stacked; a label leans left near the right edge and right near the left one."""
+    texts: list[str] = []
+    positions: list[str] = []
+    seen: dict[tuple, int] = {}
+    for x, y, label in zip(xs, ys, labels):
+        key = (round(float(x) / hi, 2), round(float(y) / hi, 2)) if hi > 0 else (x, y)
+        if key in seen:
+            texts[seen[key]] += "<br>" + label
+            texts.append("")
+        else:
+            seen[key] = len(texts)
+            texts.append(label)
+        share = float(x) / hi if hi > 0 else 0.5
+        positions.append("top left" if share > 0.7 else "top right" if share < 0.2 else "top center")
+    return texts, positions
+
+
 @takes(PREDICTED_SWEEP)
 def server_predictions(sweep: ServerSweep) -> go.Figure:
     """Each configuration of a sweep (over every request) as a point: measured against predicted tokens/s (left;
@@ -231,6 +255,14 @@ def server_predictions(sweep: ServerSweep) -> go.Figure:
     records = f.to_dict(orient="records")
     labels = [_label(r, keys) for r in records]
     spread = f["tokens_per_second_spread"] if "tokens_per_second_spread" in f else f["tokens_per_second"] * 0
+    values = [v for v in (*f["predicted_tokens_per_second"], *f["tokens_per_second"]) if not math.isnan(v)]
+    top = max(values, default=1.0) * 1.1
+    text, where = _placed_labels(
+        f["predicted_tokens_per_second"].fillna(0),
+        f["tokens_per_second"].fillna(0),
+        [_short_label(r, keys) for r in records],
+        top,
+    )
     fig.add_trace(
         go.Scatter(
             x=f["predicted_tokens_per_second"],
@@ -238,8 +270,8 @@ def server_predictions(sweep: ServerSweep) -> go.Figure:
             mode="markers+text",
             name="tokens/s",
             marker={"color": PRIMARY, "size": 9},
-            text=[_short_label(r, keys) for r in records],
-            textposition="top center",
+            text=text,
+            textposition=where,
             textfont={"size": 10},
             customdata=list(zip(labels, f["tokens_per_second_error"] * 100)),
             error_y={"type": "data", "array": (spread * f["tokens_per_second"] / 2).fillna(0), "color": MUTED},
@@ -250,6 +282,12 @@ def server_predictions(sweep: ServerSweep) -> go.Figure:
         col=1,
     )
     acc = f[f["acceptance"].notna() & f["predicted_acceptance"].notna()]
+    acc_text, acc_where = _placed_labels(
+        acc["predicted_acceptance"],
+        acc["acceptance"],
+        [_short_label(r, keys) for r in acc.to_dict(orient="records")],
+        1.0,
+    )
     fig.add_trace(
         go.Scatter(
             x=acc["predicted_acceptance"],
@@ -257,17 +295,15 @@ def server_predictions(sweep: ServerSweep) -> go.Figure:
             mode="markers+text",
             name="acceptance",
             marker={"color": HIGHLIGHT, "size": 9},
-            textposition="top center",
+            textposition=acc_where,
             textfont={"size": 10},
-            text=[_short_label(r, keys) for r in acc.to_dict(orient="records")],
+            text=acc_text,
             customdata=[_label(r, keys) for r in acc.to_dict(orient="records")],
             hovertemplate="%{customdata}<br>predicted %{x:.3f}, measured %{y:.3f}<extra></extra>",
         ),
         row=1,
         col=2,
     )
-    values = [v for v in (*f["predicted_tokens_per_second"], *f["tokens_per_second"]) if not math.isnan(v)]
-    top = max(values, default=1.0) * 1.1
     for col, hi in ((1, top), (2, 1.0)):
         fig.add_trace(
             go.Scatter(
@@ -290,9 +326,11 @@ def server_predictions(sweep: ServerSweep) -> go.Figure:
         height=360,
     )
     fig.update_xaxes(title_text="predicted tokens/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="measured tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="measured tokens/s", rangemode="tozero", ticklabelstandoff=ZERO_CLEARANCE, row=1, col=1)
     fig.update_xaxes(title_text="predicted acceptance (accepted / drafted)", rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(title_text="measured acceptance", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(
+        title_text="measured acceptance", rangemode="tozero", ticklabelstandoff=ZERO_CLEARANCE, row=1, col=2
+    )
     if f.empty:
         empty(fig, "no configuration ran")
     return fig
