@@ -1,5 +1,9 @@
 """The tutorials as nbval runs them (`make test`, `make docs`): a notebook whose every cell passed is written, with the
-outputs of that run, to build/notebooks/, where the documentation site renders it (docs/_hooks/notebooks.py).
+outputs of that run, to build/notebooks/ under the rootdir, where the documentation site renders it
+(docs/_hooks/notebooks.py).
+
+notebooks/__init__.py makes this module notebooks.conftest: a second module named plain conftest would shadow
+tests/conftest.py, which the tests import from.
 
 A notebook with a failed or skipped cell is not written (and an earlier copy of it is removed), so that the site
 never shows the outputs of a run that did not pass.
@@ -13,7 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-EXECUTED = Path(__file__).resolve().parents[1] / "build" / "notebooks"
+#: where the notebooks' runs go, under the rootdir
+EXECUTED = Path("build") / "notebooks"
 
 _passed: dict[Path, int] = defaultdict(int)
 _failed: set[Path] = set()
@@ -45,12 +50,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             path = Path(str(item.path))
             parent, n = notebooks.get(path, (item.parent, 0))
             notebooks[path] = (parent, n + 1)
+    out = session.config.rootpath / EXECUTED
     for path, (parent, n_cells) in notebooks.items():
-        target = EXECUTED / path.name
+        target = out / path.name
         if path in _failed or _passed[path] != n_cells:
             target.unlink(missing_ok=True)
             continue
-        EXECUTED.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
         nbformat.write(parent.nb, str(tmp))  # type: ignore[attr-defined]
         tmp.replace(target)

@@ -1,0 +1,1 @@
+"""The tutorial notebooks. A package only so that pytest imports notebooks/conftest.py as notebooks.conftest."""
