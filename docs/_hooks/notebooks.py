@@ -34,9 +34,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 NOTEBOOK_LINK = re.compile(r"\]\((\d\d_[A-Za-z0-9_]+)\.ipynb(#[^)]*)?\)")
 
 
+def _joined(value: str | list[str]) -> str:
+    """A notebook's multi-line string, which nbformat stores as one string or a list of lines."""
+    return "".join(value) if isinstance(value, list) else value
+
+
 def _source(cell: dict[str, Any]) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
+    return _joined(cell.get("source", ""))
 
 
 def _code(nb: dict[str, Any]) -> list[str]:
@@ -73,7 +77,7 @@ def _output(out: dict[str, Any]) -> str | None:
     """One output as Markdown, or None for one that shows nothing."""
     kind = out.get("output_type")
     if kind == "stream":
-        text = _stream_text(_source({"source": out.get("text", "")}))
+        text = _stream_text(_joined(out.get("text", "")))
         return _fenced(text) if text.strip() else None
     if kind == "error":
         return _fenced(_stream_text("\n".join(out.get("traceback", []))))
@@ -87,18 +91,18 @@ def _output(out: dict[str, Any]) -> str | None:
     if PLOTLY_MIME in data:
         return _plotly(data[PLOTLY_MIME])
     if "text/html" in data:
-        return _raw_html(_source({"source": data["text/html"]}))
+        return _raw_html(_joined(data["text/html"]))
     for mime in ("image/png", "image/jpeg"):
         if mime in data:
             payload = "".join(data[mime]).replace("\n", "")
             return f'<img class="nb-output" alt="output" src="data:{mime};base64,{payload}">'
     if "image/svg+xml" in data:
-        svg = base64.b64encode(_source({"source": data["image/svg+xml"]}).encode()).decode()
+        svg = base64.b64encode(_joined(data["image/svg+xml"]).encode()).decode()
         return f'<img class="nb-output" alt="output" src="data:image/svg+xml;base64,{svg}">'
     if "text/markdown" in data:
-        return _source({"source": data["text/markdown"]})
+        return _joined(data["text/markdown"])
     if "text/plain" in data:
-        return _fenced(html.unescape(_source({"source": data["text/plain"]})))
+        return _fenced(html.unescape(_joined(data["text/plain"])))
     return None
 
 
