@@ -176,14 +176,23 @@ def test_predictions_of_a_sweep_with_rows_that_did_not_run_or_cannot_be_replayed
 @pytest.mark.server
 def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, server_binary, tmp_path):
     """What a llama-server request costs beyond the engine's work: fit (on SYNTHETIC samples, exactly), measured on a
-    real server, saved with the batch cost model, and added by every server-slot prediction; a model without them
+    real server, saved with the batch cost model, and added by every server-slot prediction (the loop's overhead per
+    request and step, the work outside the loop once per workload and per request's latency); a model without them
     (or saved before them) warns."""
     samples = [
-        OverheadSample(wall_s=p + 2e-3 + 1e-4 * steps, predicted_s=p, steps=steps, spec_type="none", n_predict=steps)
+        OverheadSample(
+            wall_s=p + 2e-3 + 1e-4 * steps + 5e-3,
+            server_s=p + 2e-3 + 1e-4 * steps,
+            predicted_s=p,
+            steps=steps,
+            spec_type="none",
+            n_predict=steps,
+        )
         for p, steps in ((0.05, 10), (0.2, 40), (0.1, 10), (0.3, 60))
     ]
     fit = fit_server_overhead(samples)
     assert fit["request_ns"] == pytest.approx(2e6) and fit["step_ns"] == pytest.approx(1e5)
+    assert fit["outside_ns"] == pytest.approx(5e6)
     assert fit["measured"]["median_abs_residual_ns"] == pytest.approx(0, abs=1e-3)
     with pytest.raises(mx.ParameterError, match="two step counts"):
         fit_server_overhead([dataclasses.replace(x, steps=10) for x in samples])
@@ -198,7 +207,8 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
         )
         assert not _servers_left(before)
         server = measured.server
-        assert server["request_ns"] >= 0 and server["step_ns"] >= 0 and server["measured"]["samples"] == 2 * 2 * 2
+        assert server["request_ns"] >= 0 and server["step_ns"] >= 0 and server["outside_ns"] >= 0
+        assert server["measured"]["samples"] == 2 * 2 * 2
         assert server["measured"]["spec_types"] == ["none", "draft-mtp"] and costs.server is None
         assert mx.BatchCostModel.load(measured.save(tmp_path / "costs.json")).server == server
         old = json.loads(costs.to_json())
@@ -208,13 +218,16 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
         oracle = session.record_oracle(PROMPTS[0], max_tokens=24, depth=3, probe=False, batch_shift=False)
         with pytest.warns(mx.ServerOverheadMissing, match="without a llama-server"):
             bare = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=3, server_slot=True)
-        priced_costs = dataclasses.replace(costs, server={"request_ns": 1e6, "step_ns": 2e4})
+        priced_costs = dataclasses.replace(costs, server={"request_ns": 1e6, "step_ns": 2e4, "outside_ns": 3e6})
+        queued = {"n_parallel": 1, "n_max": 3, "server_slot": True, "arrivals": [0, 0, 0]}
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             priced = mx.predict_parallel([oracle], priced_costs, n_parallel=1, n_max=3, server_slot=True)
             engine = mx.predict_parallel([oracle], priced_costs, n_parallel=1, n_max=3)  # not a server: none added
             unpriced = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=3)
-    added = 1e-3 + 2e-5 * bare["n_steps"]
+            three = mx.predict_parallel([oracle] * 3, priced_costs, **queued)
+            bare_three = mx.predict_parallel([oracle] * 3, costs, warn=False, **queued)
+    added = 1e-3 + 2e-5 * bare["n_steps"] + 3e-3
 
     def seconds(p):
         return p["n_tokens"] / p["tokens_per_second"]
@@ -223,6 +236,9 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
     assert priced["requests"][0]["latency_seconds"] - bare["requests"][0]["latency_seconds"] == pytest.approx(
         added, rel=1e-9
     )
+    # three requests queued on one slot: the loop's overhead three times, the work outside the loop once
+    loop = 3 * 1e-3 + 2e-5 * bare_three["n_steps"]
+    assert seconds(three) - seconds(bare_three) == pytest.approx(loop + 3e-3, rel=1e-9)
     assert priced["summed_request_tokens_per_second"] < bare["summed_request_tokens_per_second"]
     assert seconds(engine) == seconds(unpriced)
 

@@ -142,10 +142,12 @@ class BatchCostModel:
     coef: dict[str, list[float]]  #: phase -> coefficients of FEATURES[phase]
     prefill: list[float]  #: a, b: prefill ns = a + b * prompt tokens
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
-    #: what a request on a llama-server costs beyond this engine's prefill and steps: ``request_ns`` per request
-    #: (HTTP, tokenization, slot set-up, the answer), ``step_ns`` per decode step (the server loop's own work), and
-    #: ``measured`` (how); measured on a real server by :func:`~mtp_explorer.server.profile_server_overhead`
-    #: (None: not measured; a server-slot prediction then warns that it leaves them out)
+    #: what a request on a llama-server costs beyond this engine's prefill and steps: inside the server's loop
+    #: ``request_ns`` per request (the slot's set-up) and ``step_ns`` per decode step (the loop's own work); outside
+    #: it ``outside_ns`` (HTTP, tokenization, the answer: overlapping other requests' work, so paid once per
+    #: workload, and by each request's latency); and ``measured`` (how); measured on a real server by
+    #: :func:`~mtp_explorer.server.profile_server_overhead` (None: not measured; a server-slot prediction then warns
+    #: that it leaves them out; a model saved before ``outside_ns`` was measured has its loop overhead only)
     server: dict[str, Any] | None = None
 
     def step_ns(self, shape: StepShape) -> dict[str, float]:
@@ -157,8 +159,9 @@ class BatchCostModel:
         return self.prefill[0] + self.prefill[1] * n_prompt
 
     def server_ns(self, what: str) -> float:
-        """The llama-server path's overhead ``what`` (``"request_ns"`` or ``"step_ns"``; 0 where not measured)."""
-        return float(self.server[what]) if self.server else 0.0
+        """The llama-server path's overhead ``what`` (``"request_ns"``, ``"step_ns"`` or ``"outside_ns"``; 0 where not
+        measured)."""
+        return float(self.server.get(what, 0.0)) if self.server else 0.0
 
     # -- saving ----------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -389,9 +392,10 @@ def predict_parallel(
     <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
     running the batch: each request's steps simulated from its oracle (``server_slot``: as a llama-server slot runs
     it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``.
-    ``server_slot`` also adds the server's overheads (:attr:`BatchCostModel.server`): per request where it is
-    admitted, per step; a model without them warns (:class:`~mtp_explorer.ServerOverheadMissing`) unless ``warn`` is
-    False."""
+    ``server_slot`` also adds the server's overheads (:attr:`BatchCostModel.server`): its loop's per request where it
+    is admitted and per step; the work outside its loop once to the workload's time (it overlaps other requests'
+    work) and to each request's latency; a model without them warns (:class:`~mtp_explorer.ServerOverheadMissing`)
+    unless ``warn`` is False."""
     from .simulate import simulate
 
     check_int("n_parallel", n_parallel, 1, None)
@@ -443,6 +447,7 @@ def _schedule(
 ) -> dict[str, Any]:
     request_s = costs.server_ns("request_ns") / 1e9 if server else 0.0
     step_extra_s = costs.server_ns("step_ns") / 1e9 if server else 0.0
+    outside_s = costs.server_ns("outside_ns") / 1e9 if server else 0.0
     slots: list[_Run | None] = [None] * n_parallel
     step, total_s, steps, rows_per_step, previous = 0, 0.0, 0, [], None
     prefill_s = 0.0
@@ -487,7 +492,9 @@ def _schedule(
         "n_requests": len(runs),
         "n_tokens": n_tokens,
         "n_steps": steps,
-        "tokens_per_second": n_tokens / (total_s + prefill_s) if total_s + prefill_s > 0 else float("nan"),
+        "tokens_per_second": (
+            n_tokens / (total_s + prefill_s + outside_s) if total_s + prefill_s > 0 else float("nan")
+        ),
         "decode_tokens_per_second": n_tokens / total_s if total_s > 0 else float("nan"),
         "summed_request_tokens_per_second": float(
             sum(r.tokens.sum() / decode_s[r.index] for r in runs if decode_s[r.index] > 0)
@@ -499,7 +506,7 @@ def _schedule(
                 "admitted_step": r.admitted,
                 "finished_step": r.finished,
                 "n_tokens": int(r.tokens.sum()),
-                "latency_seconds": r.seconds,
+                "latency_seconds": r.seconds + outside_s,
             }
             for r in runs
         ],

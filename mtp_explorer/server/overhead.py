@@ -1,12 +1,17 @@
 """What a llama-server request costs beyond this engine's work, measured once on a real server.
 
-A request's time on a server is the engine's (its prompt's prefill, its decode steps) plus what the server adds:
-per request, the HTTP exchange, tokenization, the slot's set-up and the answer; per step, the server loop's own
-bookkeeping. :func:`profile_server_overhead` sends requests one at a time to a real ``-np 1`` llama-server, plain and
-drafting, of several lengths, predicts each one alone with the batch cost model (:func:`~mtp_explorer.predict_parallel`
-with ``server_slot=True``), and fits the client's wall time minus that prediction as ``request_ns + step_ns * steps``
-(non-negative least squares over the requests). The result is stored in :attr:`BatchCostModel.server
-<mtp_explorer.BatchCostModel.server>`, which server-slot predictions then add.
+A request's time on a server is the engine's (its prompt's prefill, its decode steps) plus what the server adds, in
+two kinds. Inside the server's loop, which serves one slot's work after another's: per request the slot's set-up, per
+step the loop's own bookkeeping. Outside it, in the HTTP threads and the client: the exchange, tokenization and the
+answer's encoding, which for a request waiting in the queue happen while other requests are served.
+
+:func:`profile_server_overhead` sends requests one at a time to a real ``-np 1`` llama-server, plain and drafting, of
+several lengths, and predicts each one alone with the batch cost model (:func:`~mtp_explorer.predict_parallel` with
+``server_slot=True``). The server's own time of a request (its answer's ``timings``: ``prompt_ms + predicted_ms``) minus
+that prediction is fit as ``request_ns + step_ns * steps`` (non-negative least squares over the requests): the loop's
+overhead. The client's wall time minus the server's own is ``outside_ns`` (the median over the requests). The result is
+stored in :attr:`BatchCostModel.server <mtp_explorer.BatchCostModel.server>`: server-slot predictions add the loop's
+overhead to every request and step, and ``outside_ns`` once to a workload's wall time and to each request's latency.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class OverheadSample:
-    """One request's measurement: the client's wall seconds, the prediction of the engine's work alone, its steps."""
+    """One request's measurement: the client's wall seconds, the server's own seconds (its answer's ``timings``), the
+    prediction of the engine's work alone, its steps."""
 
     wall_s: float
+    server_s: float
     predicted_s: float
     steps: int
     spec_type: str
@@ -42,17 +49,20 @@ class OverheadSample:
 
 
 def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
-    """``request_ns`` and ``step_ns`` (non-negative) fit to ``wall - predicted = request + step * steps`` over the
-    samples (at least 4, with two step counts or more), and how well (``median_abs_residual_ns``, ``samples``)."""
+    """The loop's ``request_ns`` and ``step_ns`` (non-negative) fit to ``server - predicted = request + step * steps``
+    over the samples (at least 4, with two step counts or more), ``outside_ns`` the median of ``wall - server`` (not
+    below 0), and how well (``median_abs_residual_ns``, ``samples``)."""
     if len(samples) < 4 or len({s.steps for s in samples}) < 2:
         raise ParameterError("fitting the server's overheads needs 4 requests or more, of at least two step counts")
     X = np.array([[1.0, s.steps] for s in samples])
-    y = np.array([(s.wall_s - s.predicted_s) * 1e9 for s in samples])
+    y = np.array([(s.server_s - s.predicted_s) * 1e9 for s in samples])
     request_ns, step_ns = (float(v) for v in nnls(X, y))
     residual = y - X @ np.array([request_ns, step_ns])
+    outside_ns = max(0.0, float(np.median([(s.wall_s - s.server_s) * 1e9 for s in samples])))
     return {
         "request_ns": request_ns,
         "step_ns": step_ns,
+        "outside_ns": outside_ns,
         "measured": {
             "samples": len(samples),
             "median_abs_residual_ns": float(np.median(np.abs(residual))),
@@ -118,11 +128,12 @@ def profile_server_overhead(
                             [oracle], bare, settings, n_parallel=1, server_slot=True, warn=False
                         )
                         t0 = time.perf_counter()
-                        client.complete(prompt, n)
+                        answer = client.complete(prompt, n)
                         wall = time.perf_counter() - t0
                         samples.append(
                             OverheadSample(
                                 wall,
+                                (answer.prompt_ms + answer.predicted_ms) / 1e3,
                                 predicted["requests"][0]["latency_seconds"],
                                 predicted["n_steps"],
                                 spec if drafting else "none",
