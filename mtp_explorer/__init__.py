@@ -55,6 +55,7 @@ from .core.schema import DRAFTERS, FINISH_REASONS, STOP_REASONS
 from .core.session import Session
 from .core.settings import DraftSettings, Limits, NeverDrafts, PminNotApplicable
 from .core.trace import Step, Trace
+from .core.version import __version__ as __version__
 from .models import (
     DemoPrompt,
     DraftHead,
@@ -66,8 +67,6 @@ from .models import (
     draft_model_path,
 )
 from .server import LlamaServer, ServerMonitor, ServerSweep, Workload, WorkloadRequest, server_sweep
-
-__version__ = "0.1.0"
 
 __all__ = [
     # errors

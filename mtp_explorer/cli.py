@@ -15,10 +15,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from .analysis.profile import profile_costs
 from .core import drafters
 from .core.drafters import DrafterOption
 from .core.errors import MtpExplorerError, ParameterError
+from .core.info import model_info
+from .core.options import FLASH_ATTN_VALUES, KV_CACHE_TYPES, LOAD_MODES
+from .core.session import Session
 from .core.settings import DraftSettings
+from .models import default_model_path, demo_prompt_within, demo_prompts
+from .models.synth import SYNTH_ARCHS, write_synth
 
 STYLE = {"accepted": "bold cyan", "correction": "yellow", "plain": ""}
 
@@ -153,15 +159,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _synth_archs():
-    from .models.synth import SYNTH_ARCHS
-
     return SYNTH_ARCHS.items()
 
 
 def add_session_args(parser: argparse.ArgumentParser) -> None:
     """The options of ``Session.open`` as flags, with llama.cpp's short names and defaults."""
-    from .core.options import FLASH_ATTN_VALUES, KV_CACHE_TYPES, LOAD_MODES
-
     parser.add_argument("--n-ctx", "-c", "--ctx-size", dest="n_ctx", type=int, default=4096, help="context size")
     parser.add_argument("--threads", "-t", type=int, default=None, help="generation threads (default: all cores)")
     parser.add_argument(
@@ -363,9 +365,6 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
 
 
 def _run(args, console: Console) -> int:
-    from .core.session import Session
-    from .models import demo_prompt_within
-
     if args.n_parallel != 1:
         return _run_parallel(args, console)
     if len(args.prompt) > 1:
@@ -426,9 +425,6 @@ def draft_settings(args: argparse.Namespace) -> DraftSettings:
 
 def _run_parallel(args, console: Console) -> int:
     """``run -np N``: N requests on N sequences at once, then a table per request and the aggregate."""
-    from .core.session import Session
-    from .models import demo_prompts
-
     n = args.n_parallel
     if n < 1:
         raise ParameterError(f"-np must be >= 1, got {n}")
@@ -516,9 +512,6 @@ def _aggregate_table(summary: dict) -> Table:
 
 
 def _info(args, console: Console) -> int:
-    from .core.info import model_info
-    from .models import default_model_path
-
     info = model_info(args.model or default_model_path(), head=args.head)
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
@@ -537,8 +530,6 @@ def _info(args, console: Console) -> int:
 def _synth(args, console: Console) -> int:
     """Write a SYNTHETIC model (:func:`mtp_explorer.models.synth.write_synth`) and print its paths, the target
     first, one a line."""
-    from .models.synth import write_synth
-
     for path in write_synth(
         args.arch, args.out, seed=args.seed, context_mix=args.context_mix, mtp_fidelity=args.mtp_fidelity
     ):
@@ -548,9 +539,6 @@ def _synth(args, console: Console) -> int:
 
 def _profile(args, console: Console) -> int:
     """Measure a cost profile (:func:`mtp_explorer.profile_costs`), save it, print its headline numbers."""
-    from .analysis.profile import profile_costs
-    from .models import default_model_path
-
     progress = Progress(
         TextColumn("measuring the cost profile"),
         BarColumn(),

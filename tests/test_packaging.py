@@ -5,7 +5,7 @@ pip's isolated build installs the same pins from pyproject.toml's [build-system]
 of its own that later runs reuse (the first run compiles the extension: about two minutes on 2 cores). It must carry
 the extension, the bundled models and prompts, every file of the package, and nothing of mtp_explorer/devtools (the
 runtime imports none of it: `mtp-explorer synth` writes with mtp_explorer.models, the CPU kernel probe is
-mtp_explorer.core.cpu_probe). The sdist must hold what a build needs, and `twine check` must pass on both.
+mtp_explorer.models.cpu_probe). The sdist must hold what a build needs, and `twine check` must pass on both.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ PACKAGE = ROOT / "mtp_explorer"
 DEVTOOLS = PACKAGE / "devtools"
 MODELS = ["MODEL.md", "prompts.json", "__init__.py", *sorted(p.name for p in (PACKAGE / "models").glob("*.gguf"))]
 # what the runtime runs that once lived in mtp_explorer/devtools: `mtp-explorer synth` (the SYNTHETIC writers) and the
-# CPU kernel probe (python -m mtp_explorer.core.cpu_probe)
+# CPU kernel probe (python -m mtp_explorer.models.cpu_probe)
 RUNTIME_MODULES = [
-    "core/cpu_probe.py",
+    "models/cpu_probe.py",
     "models/gguf_qwen35.py",
     "models/synth.py",
     "models/synthetic.py",

@@ -43,6 +43,7 @@ from ..core.errors import ParameterError, ServerOverheadMissing
 from ..core.parallel import request_settings
 from ..core.schema import PHASES
 from ..core.settings import DraftSettings, resolve_each
+from .simulate import simulate
 
 if TYPE_CHECKING:
     from ..core.parallel import ParallelTrace
@@ -396,8 +397,6 @@ def predict_parallel(
     is admitted and per step; the work outside its loop once to the workload's time (it overlaps other requests'
     work) and to each request's latency; a model without them warns (:class:`~mtp_explorer.ServerOverheadMissing`)
     unless ``warn`` is False."""
-    from .simulate import simulate
-
     check_int("n_parallel", n_parallel, 1, None)
     oracles = list(oracles)
     budget = keywords.pop("max_tokens", None)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _native
+from ..core import hooks
 from ..core.cache import cache_root, write_json
 from ..core.checks import check_int
 from ..core.cpu_kernels import cpu_model
@@ -350,6 +351,9 @@ def measure(
         starts=tuple(starts),
         segment_shift=tuple(tuple(float(x) for x in r[3]) for r in rows),
     )
+
+
+hooks.provide("batch_shift", measure)
 
 
 def measure_batches(session: Session, depth: int, rows: int) -> BatchShift:

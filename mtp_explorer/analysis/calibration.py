@@ -26,6 +26,7 @@ from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
 from ..core.trace import Trace
 from .oracle import OracleTrace
+from .simulate import simulate_grid
 
 DEFAULT_P_MIN: tuple[float, ...] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))
 """The ``p_min`` thresholds :func:`best_p_min` and :func:`calibrate` try by default."""
@@ -150,8 +151,6 @@ def best_p_min(
     """The ``p_min`` with the best simulated tokens/s over the oracles, for each ``n_max`` and
     overall. Returns ``(best_by_n_max: dict[n_max, p_min], overall: dict, table: DataFrame)``. Only for drafter
     modes with a confidence; bad input raises :class:`~mtp_explorer.ParameterError`."""
-    from .simulate import simulate_grid
-
     confident_drafters(drafter)
     oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
     if not oracles or not all(isinstance(o, OracleTrace) for o in oracles):

@@ -21,6 +21,7 @@ from ..core import drafters
 from ..core.errors import ParameterError
 from ..core.session import Session
 from ..core.trace import Trace
+from ..models import default_model_path, draft_heads
 from .profile import Costs
 from .simulate import simulate
 
@@ -114,8 +115,6 @@ def compare_drafters(
     file in ``heads`` (default: those :func:`~mtp_explorer.draft_heads` lists for this target), each file in a session
     of its own. ``costs`` prices the predictions (a :class:`~mtp_explorer.CostProfile` of another machine, the path of a
     saved one; default: each oracle's own costs, this machine's)."""
-    from ..models import default_model_path, draft_heads
-
     prompts = list(prompts)
     if not prompts:
         raise ParameterError("compare_drafters needs at least one prompt")

@@ -7,7 +7,7 @@ one recording that keeps, for every position, the greedy token, the MTP draft ch
 ``depth`` (drafted with ``p_min = 0``: any ``p_min`` cut is a prefix of it) and the n-gram draft,
 lets :func:`mtp_explorer.analysis.simulate` replay any policy with ``n_max <= depth`` without the model.
 
-:meth:`Session.record_oracle` records it natively: plain decoding, one token per step, and at every
+:func:`record_oracle` (``Session.record_oracle``) records it natively: plain decoding, one token per step, and at every
 position every drafter's draft (in per-drafter columns, indexed by the drafter: its replay in
 :mod:`~mtp_explorer.analysis.replay` reads its slice), and timing probes of every operation a speculative step is
 made of, from which :class:`CostModel` fits this machine's cost model: target verify of ``k``
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core import drafters
+from ..core import drafters, hooks
 from ..core.drafters import DRAFTER_SPECS, DrafterMode, DrafterSpec
 from ..core.errors import FormatError
 from ..core.options import is_full_telemetry
@@ -56,9 +56,11 @@ from ..core.schema import (
     reading,
 )
 from ..core.settings import Limits
-from .batch_shift import BatchShift
+from .batch_shift import BatchShift, measure
 
 if TYPE_CHECKING:
+    from ..core.handle import Prompt
+    from ..core.session import Session
     from .replay import DrafterReplay
 
 ORACLE_FORMAT = "mtp-explorer-oracle/2"
@@ -674,6 +676,29 @@ class OracleTrace:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+
+def record_oracle(
+    session: Session,
+    prompt: Prompt,
+    max_tokens: int = 128,
+    depth: int | None = None,
+    *,
+    probe: bool = True,
+    batch_shift: bool = True,
+    **options: int | str,
+) -> OracleTrace:
+    """``session``'s oracle trace of ``prompt``, as :meth:`Session.record_oracle <mtp_explorer.Session.record_oracle>`
+    describes it (the method runs this)."""
+    depth = session.capacity if depth is None else depth
+    raw = session.oracle_columns(prompt, max_tokens, depth, probe=probe, options=drafters.option_values(options))
+    oracle = OracleTrace(columns=raw.columns, settings=raw.settings, wall_seconds=raw.wall_seconds, **raw.output)
+    if batch_shift:
+        oracle.batch_shift = measure(session, range(2, depth + 2))
+    return oracle
+
+
+hooks.provide("record_oracle", record_oracle)
 
 
 def _head_drafter() -> DrafterSpec:

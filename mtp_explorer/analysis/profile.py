@@ -32,17 +32,17 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import numpy as np
 
 from ..core.checks import check_int
 from ..core.errors import ParameterError
+from ..core.info import model_info
 from ..core.options import is_full_telemetry
+from ..core.session import Session
+from ..core.version import __version__
 from .oracle import CostModel, OracleTrace
-
-if TYPE_CHECKING:
-    from ..core.session import Session
 
 COSTS_FORMAT = "mtp-explorer-costs/1"
 
@@ -96,8 +96,6 @@ def _fingerprint(model: Mapping[str, Any]) -> str:
 
 def machine_facts() -> dict[str, Any]:
     """The machine a profile is measured on."""
-    from .. import __version__
-
     try:
         import llama_cpp
 
@@ -313,8 +311,6 @@ def _model_facts(model: Any) -> Mapping[str, Any]:
     if hasattr(info, "to_dict"):
         return info.to_dict()
     if isinstance(model, (str, os.PathLike)):
-        from ..core.info import model_info
-
         return model_info(model).to_dict()
     raise ParameterError(f"cannot tell which model {type(model).__name__} is")
 
@@ -379,8 +375,6 @@ def profile_costs(
     (``False``) or a callable ``progress(done, total)`` called after each oracle. Save the result with
     :meth:`CostProfile.save`; use it as ``costs=`` in :func:`~mtp_explorer.simulate` and friends.
     """
-    from ..core.session import Session
-
     if isinstance(model, Session):
         if open_kwargs:
             raise ParameterError(f"options {sorted(open_kwargs)} apply to a model path, not to an open session")

@@ -9,7 +9,7 @@ model decodes several sequences of one batch into other (degenerate) tokens than
 
 :func:`check_extra_buffers` answers for this machine and this llama.cpp build. On a CPU without AMX it answers at once.
 On one with AMX it decodes small SYNTHETIC Q8_0 and F16 models with the extra buffer types in a child process
-(:mod:`mtp_explorer.core.cpu_probe`), once: the answer is cached per CPU, kernel and ``libggml-cpu`` under
+(:mod:`mtp_explorer.models.cpu_probe`), once: the answer is cached per CPU, kernel and ``libggml-cpu`` under
 ``$MTP_EXPLORER_CACHE`` (default ``~/.cache/mtp-explorer``)/``cpu-kernels``.
 
 :func:`resolve_repack` turns a session's ``repack`` option into what the engine runs: ``None`` is llama.cpp's default
@@ -35,16 +35,18 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .. import _native  # noqa: F401  (maps llama.cpp's libraries)
 from .cache import cache_root, write_json
-from .errors import CpuKernelWarning, ParameterError
+from .errors import CpuKernelWarning, MtpExplorerError, ParameterError
+from .info import model_info
 
 FORMAT = 1
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 # the weight types llama.cpp 0.3.36's AMX buffer takes (ggml-cpu/amx/amx.cpp, supports_op: its quantized kernels and
 # F16)
 AMX_TYPES = frozenset({"F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"})
-WRONG_RESULTS = 3  # the probe's exit (core.cpu_probe) when the kernels ran but computed other tokens
-PROBE_MODULE = "mtp_explorer.core.cpu_probe"
+WRONG_RESULTS = 3  # the probe's exit (models.cpu_probe) when the kernels ran but computed other tokens
+PROBE_MODULE = "mtp_explorer.models.cpu_probe"
 PROBE_DIR = "MTP_EXPLORER_PROBE_DIR"  # the folder the probe writes its models in (the parent removes it)
 PROBE_TIMEOUT = 180.0
 _IN_PROBE = "MTP_EXPLORER_CPU_PROBE"  # set in the probe's child: it runs the kernels under test itself
@@ -84,8 +86,6 @@ def cpu_model() -> str:
 
 def _ggml_cpu_library() -> str:
     """The ``libggml-cpu`` this process computes with, as path, size and modification time ("" if none is mapped)."""
-    from .. import _native  # noqa: F401  (maps llama.cpp's libraries)
-
     try:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
@@ -211,9 +211,6 @@ def model_files(argv: Sequence[str]) -> list[str]:
 def no_repack_args(*models: str | os.PathLike | None) -> list[str]:
     """``["-nr"]`` for a llama.cpp tool run on ``models`` (``None`` entries and unreadable files ignored) where one
     has weights for the AMX buffer and its kernels fail here, else ``[]``."""
-    from .errors import MtpExplorerError
-    from .info import model_info
-
     if check_extra_buffers().usable:
         return []
     types: list[str] = []

@@ -24,6 +24,7 @@ from .errors import (
 )
 from .info import ModelInfo, model_info
 from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
+from .paths import default_model_path
 from .runtime import check_shared_cxx_runtime, native_libraries
 from .schema import FINISH_REASONS
 from .trace import Trace
@@ -156,8 +157,6 @@ def _model_facts(
 ) -> tuple[Path, ModelInfo, ModelInfo | None]:
     """The target's path (``None``: the bundled demo model) and facts, and the draft model's facts (or ``None``)."""
     if path is None:
-        from ..models import default_model_path
-
         path = default_model_path()
     path = Path(path)
     return path, model_info(path), None if draft_model is None else model_info(Path(draft_model))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelLoadError, ModelNotFoundError
+from .gguf_header import HeaderReader
 
 GGUF_MAGIC = b"GGUF"
 
@@ -113,8 +114,6 @@ def _check_file(path: Path) -> None:
 
 def _reader(path: Path):
     from gguf import GGUFReader
-
-    from .gguf_header import HeaderReader
 
     reader: HeaderReader | GGUFReader
     try:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _native
 from .checks import check_bool, check_int
 from .errors import ModelLoadError, ParameterError
-
-if TYPE_CHECKING:
-    from .info import ModelInfo
+from .info import ModelInfo, pair_with_head
 
 DEFAULT_N_RS_SEQ = 8
 MAX_TOPK = _native.DRAFT_N_CANDIDATES
@@ -189,8 +187,6 @@ def check_mtp_mode(info: ModelInfo, draft_info: ModelInfo | None = None) -> Mode
     draft model is the target's shared-memory MTP head (llama.cpp's ``-md`` with ``draft-mtp``). A head file given as
     the model, or one that does not fit its target (:func:`~mtp_explorer.core.info.pair_with_head`), is refused. The
     engine runs every mode of :data:`~mtp_explorer.core.info.MTP_MODES`."""
-    from .info import pair_with_head
-
     if info.is_mtp_head_file:
         raise ParameterError(
             f"{info.path} is a {info.arch} MTP head file: it runs only against its target, "

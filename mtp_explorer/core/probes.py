@@ -5,17 +5,16 @@ logits move with the batch shape (:meth:`Probes.batch_shift`) and the hidden sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _native
+from . import hooks
 from .errors import InputTypeError, ParameterError
 
 if TYPE_CHECKING:
-    from ..analysis.batch_shift import BatchShift
     from .handle import EngineHandle, Prompt
-    from .session import Session
 
     _Mixin = EngineHandle  # for the type checker: the session's parts this uses
 else:
@@ -35,17 +34,15 @@ class Probes(_Mixin):
         text: Prompt | None = None,
         max_position: int = 1024,
         refresh: bool = False,
-    ) -> BatchShift:
+    ) -> Any:
         """How far this model's target logits move when positions are decoded in ``k``-row batches instead of
         one row at a time, for every ``k`` in ``ks`` (default: 2 .. ``capacity + 1``, every verify batch this
-        session can make), on this machine and placement: the tie tolerance of every greedy check (see
-        :mod:`mtp_explorer.analysis.batch_shift`). Measured over KV lengths 0 to ``max_position`` (at most
-        ``n_ctx_seq``; runs that go deeper want a larger one) of ``text`` (a string or token ids; default: a fixed
-        probe text of code and prose, repeated) the first time, then read from the cache (``refresh=True``
-        measures again). Ends nothing: call it between generations."""
-        from ..analysis.batch_shift import measure
-
-        return measure(cast("Session", self), ks, text=text, max_position=max_position, refresh=refresh)
+        session can make), on this machine and placement (a :class:`~mtp_explorer.BatchShift`): the tie tolerance
+        of every greedy check (see :mod:`mtp_explorer.analysis.batch_shift`, whose ``measure`` this runs). Measured
+        over KV lengths 0 to ``max_position`` (at most ``n_ctx_seq``; runs that go deeper want a larger one) of
+        ``text`` (a string or token ids; default: a fixed probe text of code and prose, repeated) the first time, then
+        read from the cache (``refresh=True`` measures again). Ends nothing: call it between generations."""
+        return hooks.call("batch_shift", self, ks, text=text, max_position=max_position, refresh=refresh)
 
     def layer_inputs(self, prompt: Prompt, layers: Sequence[int]) -> np.ndarray:
         """The hidden state entering each of the target's trunk ``layers`` (the residual stream before the layer's

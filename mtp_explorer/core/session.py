@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from . import drafters
+from . import drafters, hooks
 from .checks import check_int
 from .errors import CancelledError, ParameterError
 from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt
@@ -18,8 +19,17 @@ from .schema import FINISH_REASONS
 from .settings import DraftSettings, Limits, resolve
 from .trace import Step, Trace
 
-if TYPE_CHECKING:
-    from ..analysis.oracle import OracleTrace
+
+@dataclasses.dataclass
+class OracleColumns:
+    """An oracle recording as the engine gives it (:meth:`Session.oracle_columns`): its columns, the settings it
+    records, its wall seconds, and the prompt and output fields a trace holds (``prompt``, ``tokens``, ``text``,
+    ...)."""
+
+    columns: dict[str, np.ndarray]
+    settings: dict[str, Any]
+    wall_seconds: float
+    output: dict[str, Any]
 
 
 class Session(ParallelGeneration, Probes, EngineHandle):
@@ -86,31 +96,38 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         probe: bool = True,
         batch_shift: bool = True,
         **options: int | str,
-    ) -> OracleTrace:
-        """Record an oracle trace: the greedy generation decoded once, one token per step, with the draft
-        every drafter the model can run would propose at every position, up to ``depth`` tokens (default: the
-        session's capacity; the MTP head's drafted with ``p_min = 0``; ``options``: the drafters' options, as
-        for :meth:`generate`), and this machine's measured cost model (``probe=False`` skips the
-        verify-batch probes; batch costs are then extrapolated from single-token steps). Replay any
-        policy with ``n_max <= depth`` with :func:`mtp_explorer.simulate`. See
-        :mod:`mtp_explorer.analysis.oracle`.
+    ) -> Any:
+        """Record an oracle trace (an :class:`~mtp_explorer.OracleTrace`): the greedy generation decoded once, one
+        token per step, with the draft every drafter the model can run would propose at every position, up to
+        ``depth`` tokens (default: the session's capacity; the MTP head's drafted with ``p_min = 0``; ``options``: the
+        drafters' options, as for :meth:`generate`), and this machine's measured cost model (``probe=False`` skips
+        the verify-batch probes; batch costs are then extrapolated from single-token steps). Replay any policy with
+        ``n_max <= depth`` with :func:`mtp_explorer.simulate`. See :mod:`mtp_explorer.analysis.oracle`.
 
         ``batch_shift=True`` also attaches :meth:`batch_shift` for verify batches of up to ``depth + 1`` rows
         (measured once per file, machine and placement, then cached): the tie tolerance of
         :func:`~mtp_explorer.compare` and the uncertain positions of :func:`~mtp_explorer.simulate`.
-        """
-        from ..analysis.oracle import OracleTrace
 
+        The same as :func:`mtp_explorer.analysis.oracle.record_oracle` (``record_oracle(session, ...)``).
+        """
+        return hooks.call(
+            "record_oracle", self, prompt, max_tokens, depth, probe=probe, batch_shift=batch_shift, **options
+        )
+
+    def oracle_columns(
+        self, prompt: Prompt, max_tokens: int, depth: int, *, probe: bool, options: dict[str, Any]
+    ) -> OracleColumns:
+        """The engine's oracle recording of ``prompt`` (``depth`` checked against the capacity, ``options`` the
+        drafters' option values): what :func:`~mtp_explorer.analysis.oracle.record_oracle` makes an
+        :class:`~mtp_explorer.OracleTrace` of. A cancelled recording raises :class:`CancelledError`."""
         engine = self._live()
-        depth = self.capacity if depth is None else depth
         check_int("depth", depth, 1, self.capacity)
         check_int("max_tokens", max_tokens, 1, None)
-        values = drafters.option_values(options)
         with self._run():
             tokens = self._prompt_tokens(prompt)
             self._mode = drafters.recording_mode(self.info.has_mtp, self.draft_kind)
             t0 = time.perf_counter()
-            done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(values), bool(probe))
+            done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(options), bool(probe))
             wall = time.perf_counter() - t0
             if not done:
                 raise CancelledError("the oracle recording was cancelled")
@@ -129,12 +146,9 @@ class Session(ParallelGeneration, Probes, EngineHandle):
                     "n_prompt": len(tokens),
                 }
                 | self._session_settings()
-                | values
+                | options
             )
-            oracle = OracleTrace(columns=cols, settings=settings, wall_seconds=wall, **output)
-        if batch_shift:
-            oracle.batch_shift = self.batch_shift(range(2, depth + 2))
-        return oracle
+        return OracleColumns(columns=cols, settings=settings, wall_seconds=wall, output=output)
 
     def set_params(self, settings: DraftSettings | None = None, **keywords: Any) -> None:
         """Change ``n_max``, ``p_min`` and ``n_min`` (those of ``settings``, or given as keywords; an ``n_max`` below

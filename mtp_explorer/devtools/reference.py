@@ -19,12 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import _native
 from ..analysis.batch_shift import measure_batches
 from ..core import drafters
 from ..core.cpu_kernels import with_no_repack
 from ..core.errors import ToolError
+from ..core.info import model_info
 from ..core.session import Session
+from ..core.settings import resolve
 from ..core.trace import Trace
+from ..server import LlamaServer
 from ..server.predict import server_counters
 
 
@@ -306,9 +310,6 @@ def generate_reference_budget(
     ``"off"`` included. So the same tokens with the same drafts as the reference can be timed without the
     stream's Python work per step; the Python left between the steps is measured (``BudgetRun.t_harness_ns``).
     The checkpoint rule follows ``session.checkpoints``."""
-    from .. import _native
-    from ..core.settings import resolve
-
     n_max_for = draft_cap_rule(session, prompt, max_tokens, n_max)
     chosen = {} if drafter is None else {"drafter": drafter}
     settings = resolve(None, dict(max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), **chosen, **options))
@@ -343,9 +344,6 @@ def reference_checkpoints(target: str | Path, spec) -> bool:
     """Whether llama-speculative-simple follows its checkpoint rule for ``--spec-type spec`` on ``target``: on a
     recurrent target whose context gets no snapshot slots, i.e. when no drafter of the chain is one llama.cpp gives
     them for (:attr:`DrafterSpec.gets_snapshot_slots <mtp_explorer.core.drafters.DrafterSpec.gets_snapshot_slots>`)."""
-    from ..core import drafters
-    from ..core.info import model_info
-
     mode = drafters.mode(spec)
     return bool(model_info(target).is_recurrent) and not mode.gets_snapshot_slots
 
@@ -478,8 +476,6 @@ def rerun_server_batch(
     0.3.36 on a hybrid recurrent model does not always (measured: with 4 slots and 2 threads, the first request got
     another text in 1 run of 6, always the same other text), so a request that differs beyond a near-tie is checked
     against the server's own run-to-run variation before it counts as a failure."""
-    from ..server import LlamaServer
-
     out = []
     for _ in range(reruns):
         with LlamaServer(

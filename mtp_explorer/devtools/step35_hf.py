@@ -1,7 +1,7 @@
 """A ``step35`` GGUF (the SYNTHETIC chained-head model of :mod:`mtp_explorer.models.synthetic_step35`) as a Hugging Face
 ``Step3p5ForCausalLM`` checkpoint, for a round trip through llama.cpp's own converter.
 
-    python -m mtp_explorer.devtools.hf_export --gguf synthetic-step35.gguf --out-dir /tmp/hf \\
+    python -m mtp_explorer.devtools.export_checkpoint --gguf synthetic-step35.gguf --out-dir /tmp/hf \\
         --convert /tmp/c.gguf --outtype f32
 
 :func:`export_step35_checkpoint` writes what a Step-3.5 checkpoint holds, in the layout that ``convert_hf_to_gguf.py``

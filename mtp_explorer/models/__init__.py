@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.drafters import DRAFTER_SPECS
 from ..core.errors import ChecksumError, ModelDownloadError, ModelFetchError, ModelNotFoundError, UnknownModelError
+from ..core.paths import MODELS_DIR, default_model_path
 from .remote import GEMMA_3_270M, REMOTE_MODELS, RemoteModel, cache_dir, cached_path, fetch, known_models
 
 __all__ = [
@@ -33,8 +35,6 @@ __all__ = [
     "DemoPrompt",
 ]
 
-MODELS_DIR = Path(__file__).resolve().parent
-BUNDLED_MODEL = "pystdlib-qwen35-mtp.gguf"
 BUNDLED_DRAFT_MODEL = "pystdlib-draft.gguf"
 BUNDLED_EAGLE3_HEAD = "pystdlib-eagle3.gguf"  #: for llama.cpp's --spec-type draft-eagle3 (training/eagle3.py)
 BUNDLED_DFLASH_HEAD = "pystdlib-dflash.gguf"  #: for llama.cpp's --spec-type draft-dflash (training/dflash.py)
@@ -55,16 +55,6 @@ class DemoPrompt:
     def source(self) -> str:
         """Where the snippet comes from, as ``path:first-last``."""
         return f"{self.relpath}:{self.first}-{self.last}"
-
-
-def default_model_path() -> Path:
-    """The bundled demo model: a tiny qwen35 + MTP model trained on the Python standard library."""
-    path = MODELS_DIR / BUNDLED_MODEL
-    if not path.exists():
-        raise ModelNotFoundError(
-            f"the bundled model {path} is missing; build it with `python -m training.train` or pass a model path"
-        )
-    return path
 
 
 def draft_model_path() -> Path:
@@ -89,8 +79,6 @@ def draft_heads() -> list[DraftHead]:
     """The draft models and heads that ship beside the bundled model (the model card,
     ``MODEL.md``, says how each was trained and what it accepts). The engine and llama.cpp's
     ``llama-speculative-simple`` run every one (``Session.open(target_path, draft_model=head_path)``)."""
-    from ..core.drafters import DRAFTER_SPECS
-
     by_need = {s.needs: s.spec_type for s in DRAFTER_SPECS.values()}
     target = default_model_path()
     heads = [

@@ -11,37 +11,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import ParameterError
+from .synthetic import write_synthetic_qwen35
+from .synthetic_gemma4 import write_synthetic_gemma4
+from .synthetic_glm4moe import write_synthetic_glm4moe
+from .synthetic_qwen35moe import write_synthetic_qwen35moe
+from .synthetic_step35 import write_synthetic_step35
 
 __all__ = ["SYNTH_ARCHS", "write_synth"]
 
 
 def _qwen35(out: Path, **knobs) -> list[Path]:
-    from .synthetic import write_synthetic_qwen35
-
     return [write_synthetic_qwen35(out / "synthetic-qwen35.gguf", **knobs)]
 
 
 def _qwen35moe(out: Path, **knobs) -> list[Path]:
-    from .synthetic_qwen35moe import write_synthetic_qwen35moe
-
     return [write_synthetic_qwen35moe(out / "synthetic-qwen35moe.gguf", **knobs)]
 
 
 def _glm4moe(out: Path, **knobs) -> list[Path]:
-    from .synthetic_glm4moe import write_synthetic_glm4moe
-
     return [write_synthetic_glm4moe(out / "synthetic-glm4moe.gguf", **knobs)]
 
 
 def _step35(out: Path, **knobs) -> list[Path]:
-    from .synthetic_step35 import write_synthetic_step35
-
     return [write_synthetic_step35(out / "synthetic-step35.gguf", **knobs)]
 
 
 def _gemma4(out: Path, **knobs) -> list[Path]:
-    from .synthetic_gemma4 import write_synthetic_gemma4
-
     return list(write_synthetic_gemma4(out / "synthetic-gemma4.gguf", **knobs))
 
 

@@ -1,7 +1,7 @@
 """The child process of :func:`mtp_explorer.core.cpu_kernels.check_extra_buffers`: small SYNTHETIC models (random
 weights) decoded with llama.cpp's extra CPU buffer types.
 
-    python -m mtp_explorer.core.cpu_probe      # exit 0: they ran and computed alike
+    python -m mtp_explorer.models.cpu_probe      # exit 0: they ran and computed alike
 
 A Q8_0 model decodes one row at a time and in verify batches (the AMX kernels stop the process where they fail);
 then an F16 model decodes four sequences in one batch, which must give each sequence's tokens alone (where the AMX
@@ -17,15 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cpu_kernels import PROBE_DIR, WRONG_RESULTS
+from ..core.cpu_kernels import PROBE_DIR, WRONG_RESULTS
+from ..core.session import Session
+from .synthetic import write_synthetic_qwen35
 
 PROMPTS = ("abc", "hello world", "xyz xyz", "the cat")
 
 
 def main() -> None:
-    from ..models.synthetic import write_synthetic_qwen35
-    from .session import Session
-
     threads = min(2, os.cpu_count() or 1)  # worker threads too: AMX needs a tile permission in each
     # in the parent's folder (PROBE_DIR): where the AMX kernels stop this process, nothing here could remove it
     with contextlib.ExitStack() as stack:
