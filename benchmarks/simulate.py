@@ -29,7 +29,10 @@ import numpy as np
 from _common import emit, machine, pick_model
 
 import mtp_explorer as mx
-from mtp_explorer.analysis.simulate import compare, cost_consistency, simulate, simulate_grid
+from mtp_explorer.analysis.compare import compare
+from mtp_explorer.analysis.consistency import cost_consistency
+from mtp_explorer.analysis.grid import simulate_grid
+from mtp_explorer.analysis.simulate import simulate
 
 PROMPTS = [
     "def fibonacci(n):",

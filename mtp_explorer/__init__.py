@@ -16,12 +16,16 @@ import llama_cpp  # noqa: F401
 from .analysis.batch import BatchCostModel, measure_crossover, predict_parallel, profile_batch_costs, recommend_parallel
 from .analysis.batch_shift import BatchShift
 from .analysis.calibration import Calibration, best_p_min, calibrate
+from .analysis.compare import compare
+from .analysis.consistency import cost_consistency
 from .analysis.drafter_comparison import DrafterComparison, compare_drafters
+from .analysis.grid import simulate_grid
+from .analysis.hindsight import Hindsight, hindsight_best
 from .analysis.oracle import CostModel, OracleTrace
 from .analysis.parallel_check import check_parallel
 from .analysis.profile import CostProfile, profile_costs
 from .analysis.replay import ReplayApproximate
-from .analysis.simulate import SimTrace, compare, cost_consistency, simulate, simulate_grid
+from .analysis.simulate import SimTrace, simulate
 from .analysis.sweep import Recommendation, recommend, sweep
 from .core.cpu_kernels import ExtraBufferCheck, check_extra_buffers
 from .core.drafters import DRAFTER_MODES, DRAFTER_SPECS, DrafterMode, DrafterSpec
@@ -133,6 +137,8 @@ __all__ = [
     "cost_consistency",
     "simulate",
     "simulate_grid",
+    "hindsight_best",
+    "Hindsight",
     "ReplayApproximate",
     "Recommendation",
     "recommend",

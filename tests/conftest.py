@@ -167,7 +167,8 @@ def check_replay_exact(
     acceptance, the candidates asked) up to the first batch-shape near-tie, if any: each such divergence must be
     explained (a margin within the shift measured for the file on this machine) and is reported as a warning; the
     tokens agree unless the tie was the target's. Returns the real run."""
-    from mtp_explorer.analysis.simulate import compare, simulate
+    from mtp_explorer.analysis.compare import compare
+    from mtp_explorer.analysis.simulate import simulate
 
     t = session.generate(prompt, max_tokens=max_tokens, n_max=n_max, drafter=drafter, **options)
     check_accounting(t)

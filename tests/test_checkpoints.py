@@ -171,7 +171,8 @@ SIM_CASES = [
 def test_the_simulator_replays_a_session_without_slots(bundled_model, spec, n_max, options):
     """``simulate(..., checkpoints=True)`` on an oracle recorded with slots gives the checkpoint session's steps
     exactly (replays included), and ``compare`` finds every step of that run where the oracle predicts it."""
-    from mtp_explorer.analysis.simulate import compare, simulate
+    from mtp_explorer.analysis.compare import compare
+    from mtp_explorer.analysis.simulate import simulate
 
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=8) as s:
         oracle = s.record_oracle(CODE, max_tokens=96, depth=n_max, **options)

@@ -16,8 +16,11 @@ import pytest
 from conftest import SHORT_NGRAM, check_accounting
 
 import mtp_explorer as mx
+from mtp_explorer.analysis.compare import compare
+from mtp_explorer.analysis.consistency import cost_consistency
+from mtp_explorer.analysis.grid import simulate_grid
 from mtp_explorer.analysis.oracle import ORACLE_SCHEMA
-from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, compare, cost_consistency, simulate, simulate_grid
+from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, simulate
 from mtp_explorer.core import drafters, schema
 
 pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)

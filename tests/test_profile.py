@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import mtp_explorer as mx
+from mtp_explorer.analysis.consistency import cost_consistency
 from mtp_explorer.analysis.profile import COSTS_FORMAT, DEFAULT_PROMPTS, pooled_columns
-from mtp_explorer.analysis.simulate import ceiling_tokens_per_second, cost_consistency
+from mtp_explorer.analysis.simulate import ceiling_tokens_per_second
 from mtp_explorer.cli import main
 from mtp_explorer.models.synthetic import write_synthetic_qwen35
 

@@ -11,6 +11,7 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer.analysis import simulate as sim
+from mtp_explorer.analysis import walk
 from mtp_explorer.analysis.replay import (
     STOP,
     DrafterReplay,
@@ -52,16 +53,16 @@ def test_every_drafter_has_a_replay_of_its_own_columns(oracle):
 
 
 def test_every_chain_policy_has_a_replay():
-    assert set(schema.CHAIN_POLICIES) <= set(sim.CHAIN_POLICY_REPLAYS)
+    assert set(schema.CHAIN_POLICIES) <= set(walk.CHAIN_POLICY_REPLAYS)
     for mode in drafters.MODES.values():
-        sim._choose(mode)
+        walk._choose(mode)
     with pytest.raises(mx.ParameterError, match="chain policy 'coin'"):
-        sim._choose(dataclasses.replace(drafters.mode("ngram-simple,draft-mtp"), policy="coin"))
+        walk._choose(dataclasses.replace(drafters.mode("ngram-simple,draft-mtp"), policy="coin"))
 
 
 def test_best_policy_by_hand():
     def best(usable, expected):  # the choice at one position
-        return sim.CHAIN_POLICY_REPLAYS["best"]([[u] for u in usable], [[e] for e in expected])(0)
+        return walk.CHAIN_POLICY_REPLAYS["best"]([[u] for u in usable], [[e] for e in expected])(0)
 
     assert best([True, True], [1.0, 2.0]) == 1
     assert best([True, True], [1.5, 1.5]) == 0  # the earlier drafter on a tie (MTP, as the engine)
@@ -76,7 +77,7 @@ def test_mtp_candidate_by_hand(oracle):
     replay = oracle.replay(_spec_of(MtpReplay))
     c = oracle.columns
     n_max, p_min, n_min = 4, 0.5, 2
-    cap, reason = sim._caps(oracle, n_max, oracle.max_tokens)
+    cap, reason = walk.draft_caps(oracle, n_max, oracle.max_tokens)
     cand = replay.candidate(cap, reason, p_min, n_min, True)
     asked = np.broadcast_to(cand.asked, cand.n_raw.shape)  # asked wherever the head runs, even at a cap of 0
     for g in range(oracle.n_positions):
@@ -98,7 +99,7 @@ def test_mtp_candidate_by_hand(oracle):
 def test_ngram_candidate_by_hand(oracle):
     replay = oracle.replay(_spec_of(NgramSimpleReplay))
     c = oracle.columns
-    cap, reason = sim._caps(oracle, 3, oracle.max_tokens)
+    cap, reason = walk.draft_caps(oracle, 3, oracle.max_tokens)
     cand = replay.candidate(cap, reason, 0.9, 1, True)  # p_min does not apply to it
     ngram_len, ngram_eos = c["draft_len"][:, NGRAM], c["draft_eos"][:, NGRAM]
     assert np.array_equal(cand.n_raw, np.where(cap > 0, np.minimum(ngram_len, cap), 0))
@@ -130,9 +131,9 @@ def check_walk_equals_the_vectorised_path(oracle, drafter, settings=((1, 0.0, 0)
     """The sequential walk (compare's aligned prediction, the chain's replay) steps exactly like the vectorised
     path of a single drafter."""
     for n_max, p_min, n_min in settings:
-        policy = sim._check_policy(oracle, n_max, p_min, n_min, drafter, oracle.max_tokens)
-        fast = sim._run_policy(oracle, policy)
-        walked = sim._run_policy(oracle, policy, start_steps=fast.g.tolist())
+        policy = walk.check_policy(oracle, n_max, p_min, n_min, drafter, oracle.max_tokens)
+        fast = walk.run_policy(oracle, policy)
+        walked = walk.run_policy(oracle, policy, start_steps=fast.g.tolist())
         for f in dataclasses.fields(fast):
             a, b = getattr(fast, f.name), getattr(walked, f.name)
             if f.name == "proposals":

@@ -25,8 +25,8 @@ from ..core.drafters import DrafterMode, DrafterSpec
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
 from ..core.trace import Trace
+from .grid import simulate_grid
 from .oracle import OracleTrace
-from .simulate import simulate_grid
 
 DEFAULT_P_MIN: tuple[float, ...] = tuple(np.round(np.arange(0.0, 0.96, 0.05), 2))
 """The ``p_min`` thresholds :func:`best_p_min` and :func:`calibrate` try by default."""

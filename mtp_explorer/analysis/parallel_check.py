@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..core import drafters
 from ..core.errors import ParameterError
 from .batch_shift import measure_batches
-from .simulate import Comparison, compare
+from .compare import Comparison, compare
 
 if TYPE_CHECKING:
     from ..core.parallel import ParallelTrace

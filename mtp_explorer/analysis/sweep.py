@@ -30,9 +30,10 @@ from ..core.drafters import DrafterMode
 from ..core.errors import CancelledError, ParameterError
 from ..core.session import Session
 from ..core.settings import DraftSettings
+from .grid import simulate_grid
 from .oracle import CostModel, OracleTrace
 from .profile import Costs, check_costs, resolve_costs
-from .simulate import ceiling_tokens_per_second, simulate_grid
+from .simulate import ceiling_tokens_per_second
 
 DEFAULT_N_MAX = (0, 1, 2, 3, 4)
 DEFAULT_P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.batch import predict_parallel, profile_batch_costs
 from ..analysis.replay import STOP, ngram_simple_draft
-from ..analysis.simulate import _caps, simulate
+from ..analysis.simulate import simulate
+from ..analysis.walk import draft_caps
 from ..core import drafters
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
@@ -100,8 +101,8 @@ def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict
     opts = drafters.option_values(settings.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
     max_tokens, T = int(settings.max_tokens), oracle.n_positions
-    cap, reason = _caps(oracle, settings.n_max, max_tokens, server_slot=True)
-    cap_lookup = _caps(oracle, max_tokens, max_tokens, server_slot=True)[0]
+    cap, reason = draft_caps(oracle, settings.n_max, max_tokens, server_slot=True)
+    cap_lookup = draft_caps(oracle, max_tokens, max_tokens, server_slot=True)[0]
     history = list(oracle.prompt_tokens) + [int(t) for t in oracle.columns["token"]]
     n_prompt = len(oracle.prompt_tokens)
     looked = [

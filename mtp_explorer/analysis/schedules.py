@@ -1,0 +1,152 @@
+"""Draft-length schedules: the draft cap of each step chosen from what the steps before it drafted and accepted, instead
+of one fixed ``n_max``. They are the explorer's own: llama.cpp 0.3.36 drafts with a fixed ``n_max`` (its
+``--spec-draft-n-max``), and llama-server cannot run them.
+
+- ``"fixed"``: ``n_max`` at every step (llama.cpp's behaviour, the default).
+- ``"heuristic"``: the rule Hugging Face's assisted generation and Gemma's documentation describe: start at ``n_max``;
+  after a step whose drafts were all accepted, two more (at most ``n_max``), after one with a rejection, one fewer (at
+  least 1); a step that drafted nothing leaves the length as it was.
+- ``"window"``: over the last ``window`` steps that drafted, the acceptance at each depth ``d`` (the share of the steps
+  that drafted ``d`` tokens or more whose first ``d`` were all accepted); the next length is the deepest ``d`` whose
+  acceptance is at least one half (at least 1), or one deeper than any step of the window drafted when every depth it
+  drafted passed (so that the length can grow again); ``n_max`` until a step has drafted.
+- a callable ``rule(history, n_max) -> length``: the user's own, given the :class:`StepOutcome` of every step so far.
+
+Every rule's length is within ``[1, n_max]`` (a callable's within ``[0, n_max]``); the draft is further cut by the
+budget and the context, as a fixed ``n_max`` is.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from ..core.checks import check_int
+from ..core.errors import ParameterError
+
+#: The named schedules.
+SCHEDULES = ("fixed", "heuristic", "window")
+DEFAULT_WINDOW = 8  #: the ``"window"`` schedule's steps
+WINDOW_THRESHOLD = 0.5  #: the acceptance a depth needs in the ``"window"`` schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """One step as a schedule sees it: the length it asked for, the tokens drafted (after the budget, the context and
+    the drafter's own stops) and the tokens accepted."""
+
+    length: int
+    drafted: int
+    accepted: int
+
+
+class Schedule(abc.ABC):
+    """A draft-length schedule over one generation: :meth:`length` is the next step's draft cap, :meth:`observe` tells
+    it how a step went. A new one per generation (:func:`schedule`)."""
+
+    name: str
+
+    def __init__(self, n_max: int) -> None:
+        self.n_max = n_max
+
+    @abc.abstractmethod
+    def length(self) -> int:
+        """The next step's draft cap."""
+
+    def observe(self, step: StepOutcome) -> None:  # noqa: B027 (a no-op for schedules that do not learn)
+        """A step ended."""
+
+
+class Fixed(Schedule):
+    name = "fixed"
+
+    def length(self) -> int:
+        return self.n_max
+
+
+class Heuristic(Schedule):
+    name = "heuristic"
+
+    def __init__(self, n_max: int) -> None:
+        super().__init__(n_max)
+        self._length = n_max
+
+    def length(self) -> int:
+        return self._length
+
+    def observe(self, step: StepOutcome) -> None:
+        if step.drafted > 0:
+            grown = step.accepted == step.drafted
+            self._length = min(self.n_max, self._length + 2) if grown else max(1, self._length - 1)
+
+
+class Window(Schedule):
+    name = "window"
+
+    def __init__(self, n_max: int, window: int = DEFAULT_WINDOW) -> None:
+        super().__init__(n_max)
+        self.window = window
+        self._recent: collections.deque[StepOutcome] = collections.deque(maxlen=window)
+
+    def length(self) -> int:
+        if not self._recent:
+            return self.n_max
+        deepest = max(s.drafted for s in self._recent)
+        best = 0
+        for d in range(1, deepest + 1):  # the deepest depth whose acceptance, and every shallower one's, passes
+            tried = sum(s.drafted >= d for s in self._recent)
+            if sum(s.accepted >= d for s in self._recent) < WINDOW_THRESHOLD * tried:
+                break
+            best = d
+        return min(self.n_max, max(1, best + 1 if best == deepest else best))
+
+    def observe(self, step: StepOutcome) -> None:
+        if step.drafted > 0:
+            self._recent.append(step)
+
+
+class Custom(Schedule):
+    """The user's rule, given every step so far: ``rule(history, n_max) -> length`` within ``[0, n_max]``."""
+
+    name = "custom"
+
+    def __init__(self, n_max: int, rule: Callable[[Sequence[StepOutcome], int], int]) -> None:
+        super().__init__(n_max)
+        self.rule = rule
+        self.history: list[StepOutcome] = []
+
+    def length(self) -> int:
+        length = self.rule(tuple(self.history), self.n_max)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.n_max:
+            raise ParameterError(f"a schedule's length must be an int within [0, n_max={self.n_max}], got {length!r}")
+        return length
+
+    def observe(self, step: StepOutcome) -> None:
+        self.history.append(step)
+
+
+ScheduleSpec = str | Callable[[Sequence[StepOutcome], int], int]
+
+
+def check_schedule(schedule: ScheduleSpec, window: int = DEFAULT_WINDOW) -> str:
+    """The schedule's name (``"custom"`` for a callable), or a :class:`ParameterError`."""
+    if callable(schedule):
+        return "custom"
+    if schedule not in SCHEDULES:
+        raise ParameterError(
+            f"schedule must be one of {list(SCHEDULES)} or a callable (history, n_max) -> length, got {schedule!r}"
+        )
+    check_int("window", window, 1, None)
+    return str(schedule)
+
+
+def schedule(spec: ScheduleSpec, n_max: int, window: int = DEFAULT_WINDOW) -> Schedule:
+    """A new :class:`Schedule` for one generation at ``n_max``: ``spec`` one of :data:`SCHEDULES` or a callable."""
+    name = check_schedule(spec, window)
+    if name == "custom":
+        return Custom(n_max, spec)  # type: ignore[arg-type]
+    if name == "window":
+        return Window(n_max, window)
+    return Heuristic(n_max) if name == "heuristic" else Fixed(n_max)
