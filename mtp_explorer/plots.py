@@ -5,7 +5,8 @@ Per-trace figures (``token_timeline(trace)``, ``acceptance_by_depth(trace)``, ..
 from :mod:`mtp_explorer.viz.whatif_figures`; a watched llama-server's (``server_acceptance(monitor)``) from
 :mod:`mtp_explorer.viz.server_figures`; parallel generation's (``slot_timeline(result)``, ``batch_rows(result)``,
 ``parallel_crossover(frame)``) from :mod:`mtp_explorer.viz.parallel_figures`; the drafters of one target side by
-side (``drafters_side_by_side(cmp)``) from :mod:`mtp_explorer.viz.comparison_figures`. ``export(fig, "x.html")``
+side (``drafters_side_by_side(cmp)``) from :mod:`mtp_explorer.viz.comparison_figures`; a cost model's verify cost by
+batch rows (``verify_cost(oracle)``) from :mod:`mtp_explorer.viz.cost_figures`. ``export(fig, "x.html")``
 writes one to a file. The numbers the figures show (``settings_changes``, ``settings_segments``, ``step_seconds``,
 ``speedup``) come from :mod:`mtp_explorer.core.metrics` and are exported here too. A figure given the wrong kind
 of input raises a ``TypeError`` naming what it takes.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from .viz.comparison_figures import *  # noqa: F401,F403
 from .viz.comparison_figures import __all__ as _comparison_all
+from .viz.cost_figures import *  # noqa: F401,F403
+from .viz.cost_figures import __all__ as _cost_all
 from .viz.parallel_figures import *  # noqa: F401,F403
 from .viz.parallel_figures import __all__ as _parallel_all
 from .viz.server_figures import *  # noqa: F401,F403
@@ -30,4 +33,5 @@ __all__ = [
     *_server_all,
     *_parallel_all,
     *_comparison_all,
+    *_cost_all,
 ]

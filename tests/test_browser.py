@@ -395,6 +395,7 @@ LAYOUT_NOTEBOOKS = {
     "01_quickstart.ipynb": (".mtpx-explorer", "explorer.png", 300_000),
     "05_server_tuning.ipynb": ("server_predictions", "server_tuning.png", 1_200_000),
     "06_drafters.ipynb": ("drafters_side_by_side", "drafters.png", 600_000),
+    "07_your_model.ipynb": ("verify_cost(oracle)", "your_model.png", 1_200_000),
 }
 
 # Every plotly figure in an output: how far it reaches past its output area, and the axis labels (tick labels and axis
@@ -455,7 +456,8 @@ def test_figures_fit_a_laptop_window(jupyterlab, notebook):
             if selector.startswith("."):
                 target = page.locator(selector).first
             else:  # the output of the cell that draws the figure
-                target = page.locator(".jp-CodeCell", has_text=f"plots.{selector}(").last.locator(".jp-OutputArea")
+                call = f"plots.{selector}" if selector.endswith(")") else f"plots.{selector}("
+                target = page.locator(".jp-CodeCell", has_text=call).last.locator(".jp-OutputArea")
             target.scroll_into_view_if_needed()
             target.locator(".js-plotly-plot").first.wait_for(timeout=30_000)
             page.wait_for_timeout(1500)

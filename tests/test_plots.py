@@ -452,6 +452,11 @@ def _wrong_inputs(session):
             "takes a DrafterComparison",
             "got DataFrame",
         ),
+        "verify_cost": (
+            lambda: plots.verify_cost({"here": grid}),
+            "takes an OracleTrace",
+            "item 'here' is a DataFrame",
+        ),
     }
 
 
@@ -545,3 +550,26 @@ def test_server_prediction_labels_stay_inside_and_apart():
     assert text == ["np 1<br>np 2", "", "plain"]
     text, where = _placed_labels([280, 150, 10], [200, 140, 5], ["a", "b", "c"], 300)
     assert text == ["a", "b", "c"] and where == ["top left", "top center", "top right"]
+
+
+def test_verify_cost_shows_the_cost_models_verify_against_one_row(session):
+    """The bars are the cost model's verify times at the oracle's median position over the one-row decode; the guide
+    line is the most a step of that many rows yields; a dict of sources gives one bar group each."""
+    oracle = session.record_oracle(PROMPT, max_tokens=24, depth=3, probe=True)
+    fig = plots.verify_cost(oracle)
+    bars = [t for t in fig.data if t.type == "bar"]
+    (guide,) = [t for t in fig.data if t.type == "scatter"]
+    pos = float(np.median(oracle.columns["pos"]))
+    ms = oracle.cost.verify_ns(np.arange(1, 5), pos, fresh=False)
+    assert list(bars[0].x) == [1, 2, 3, 4]
+    np.testing.assert_allclose(bars[0].y, ms / ms[0])
+    assert list(guide.y) == list(range(1, len(guide.y) + 1)) and len(guide.y) >= 4
+    assert f"(position {pos:.0f})" in fig.layout.title.text
+    two = plots.verify_cost({"recorded": oracle, "at position 0": oracle.cost}, pos=0)
+    assert [t.name for t in two.data if t.type == "bar"] == ["recorded", "at position 0"]
+    ms0 = oracle.cost.verify_ns(np.arange(1, 5), 0.0, fresh=False)
+    np.testing.assert_allclose(two.data[1].y, ms0 / ms0[0])
+    with pytest.raises(mx.ParameterError, match="pos must be"):
+        plots.verify_cost(oracle, pos=-1)
+    with pytest.raises(TypeError, match="an empty dict"):
+        plots.verify_cost({})
