@@ -222,6 +222,7 @@ void bind_tables(nb::module_ & m) {
     m.attr("DRAFTERS") = drafters_tuple();
     m.attr("DRAFTER_NEEDS") = drafter_needs_tuple();
     m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
+    m.attr("SCHEDULES") = names_tuple(SCHEDULE_NAMES);
     m.attr("FINISH_REASONS") = names_tuple(FINISH_REASON_NAMES);
     m.attr("WIDTH_KINDS") = names_tuple(WIDTH_NAMES);
     m.attr("TRACE_COLUMNS") = schema_tuple(Telemetry::schema);
@@ -252,13 +253,14 @@ void bind_generation_config(nb::module_ & m) {
                                  "One generation: budget, sampling, the drafter chain (names of DRAFTERS) and its policy.")
         .def("__init__",
              [](GenerationConfig * self, int32_t max_tokens, float temperature, uint32_t seed,
-                std::vector<std::string> drafters, std::string chain_policy, DrafterOptions options, bool server_slot) {
+                std::vector<std::string> drafters, std::string chain_policy, DrafterOptions options, bool server_slot,
+                std::string schedule, int32_t window) {
                  new (self) GenerationConfig{max_tokens, temperature, seed, std::move(drafters), std::move(chain_policy),
-                                             std::move(options), server_slot};
+                                             std::move(options), server_slot, std::move(schedule), window};
              },
              "max_tokens"_a = gc.max_tokens, "temperature"_a = gc.temperature, "seed"_a = gc.seed,
              "drafters"_a = gc.drafters, "chain_policy"_a = gc.chain_policy, "options"_a = gc.options,
-             "server_slot"_a = gc.server_slot)
+             "server_slot"_a = gc.server_slot, "schedule"_a = gc.schedule, "window"_a = gc.window)
         .def_rw("max_tokens", &GenerationConfig::max_tokens)
         .def_rw("temperature", &GenerationConfig::temperature)
         .def_rw("seed", &GenerationConfig::seed)
@@ -268,6 +270,9 @@ void bind_generation_config(nb::module_ & m) {
                 "The drafters' options by keyword ({\"ngram_simple_size_n\": 3, \"lookup_cache_static\": \"\", ...}: "
                 "integers, or texts for file names): each drafter reads its own keys, "
                 "a missing key meaning its default; unknown keys are ignored.")
+        .def_rw("schedule", &GenerationConfig::schedule,
+                "Each step's draft cap: \"fixed\" (n_max), \"heuristic\" or \"window\" (SCHEDULES)")
+        .def_rw("window", &GenerationConfig::window, "The \"window\" schedule's drafting steps")
         .def_rw("server_slot", &GenerationConfig::server_slot,
                 "The prompt as a llama-server slot processes it: in the server's prompt batches (for a recurrent, "
                 "hybrid or SWA target the last 4 tokens apart), the last batch with the first step, whose token is "

@@ -463,6 +463,7 @@ void Engine::validate_request(const Request & r, size_t i, size_t n) const {
     if (r.config.max_tokens < 1) {
         fail(ErrorKind::PARAMETER, which + "max_tokens must be at least 1");
     }
+    parse_schedule(r.config.schedule, r.config.window);
     if (N + r.config.max_tokens > n_ctx_seq() && opts.n_parallel > 1) {
         fail(ErrorKind::CONTEXT, which + "prompt (" + std::to_string(N) + " tokens) and max_tokens (" +
                                      std::to_string(r.config.max_tokens) + ") exceed a sequence's context of " +

@@ -8,7 +8,8 @@
 #include "timing.h"
 
 Sequence::Sequence(int32_t index, const Request & request, const DrafterChain & chain, int32_t depth, int32_t topk)
-    : index(index), request(request), chain(chain), params(request.params) {
+    : index(index), request(request), chain(chain), params(request.params),
+      schedule(parse_schedule(request.config.schedule, request.config.window), request.config.window) {
     tel.depth = depth;
     tel.topk = topk;
     candidates.resize(N_DRAFTERS);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "draft.h"
+#include "draft_length.h"
 #include "drafter.h"
 #include "llama-cpp.h"
 #include "llama.h"
@@ -25,6 +26,9 @@ struct GenerationConfig {
     // the prompt as a llama-server slot processes it (Engine::server_prompt_chunks): in the server's prompt
     // batches, the last of them decoded with the first step, whose token is sampled before any draft
     bool server_slot = false;
+    // each step's draft cap: "fixed" (n_max), "heuristic" or "window" over `window` drafting steps (draft_length.h)
+    std::string schedule = SCHEDULE_NAMES[(int) ScheduleKind::FIXED];
+    int32_t window = 8;
 };
 
 // A GenerationConfig's drafter list and policy, parsed (parse_chain throws a parameter error on
@@ -59,7 +63,8 @@ static_assert(count_of(FINISH_REASON_NAMES) == FINISH_CANCELLED + 1, "one name p
 struct StepState {
     // cap
     DraftParams p;
-    int32_t n_cap = 0;                   // how far this step may draft
+    int32_t length = 0;                  // the schedule's draft cap for this step (n_max under "fixed")
+    int32_t n_cap = 0;                   // how far this step may draft (the length, cut by the budget and context)
     StopReason cap_reason = STOP_N_MAX;
     bool drafting = false;               // n_max > 0: its drafters draft (and catch up) this step
     bool settled = false;                // FIRST policy: a usable draft was found, later drafters are not asked
@@ -125,6 +130,7 @@ struct Sequence {
     Request request;
     DrafterChain chain;
     DraftParams params;                  // its live parameters (Engine::set_params changes every request's)
+    DraftLengthSchedule schedule;        // its draft-length schedule (request.config.schedule)
     std::vector<std::unique_ptr<Drafter>> drafters;  // its chain, in order
     FeatureNeeds needs;                  // the target features its drafters read (Drafter::features)
     std::vector<float> features;         // their rows from its last target decode (Engine::extract_features)

@@ -103,7 +103,8 @@ void Engine::cap(Sequence & q) const {
         std::lock_guard<std::mutex> lk(params_mutex);
         s.p = q.params;
     }
-    s.n_cap = s.p.n_max;
+    s.length = q.schedule.length(s.p.n_max);
+    s.n_cap = s.length;
     s.cap_reason = STOP_N_MAX;
     const int32_t cap_budget = q.request.config.max_tokens - (int32_t) q.generated.size() - 1;
     const int32_t cap_ctx = n_ctx_seq() - q.n_past - 2;
@@ -113,7 +114,7 @@ void Engine::cap(Sequence & q) const {
     s.drafting = s.p.n_max > 0;
     const bool first_of_slot = q.request.config.server_slot && q.generated.empty();  // sampled before any draft
     if (first_of_slot || q.replay) {  // a replay drafts nothing: its token after the correction is the step's
-        s.p.n_max = s.p.n_min = s.n_cap = 0;
+        s.p.n_max = s.p.n_min = s.n_cap = s.length = 0;
         s.drafting = false;
     }
 }
@@ -402,6 +403,9 @@ void Engine::accept_or_rollback(Sequence & q) {
     q.generated.push_back(s.correction);
     q.tokens_all.insert(q.tokens_all.end(), q.generated.end() - (s.n_acc + 1), q.generated.end());
     tell_drafters(q);
+    if (s.n_replayed == 0) {  // a checkpoint's replay drafted nothing: the schedule hears only the steps it capped
+        q.schedule.observe(s.n_d, s.n_acc, s.p.n_max);
+    }
 }
 
 // checkpoints: the target's state of the sequence (its recurrent rows; llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
@@ -511,7 +515,7 @@ void Engine::record(Sequence & q, const BatchStep & b) {
     const int32_t D = tel.depth, S = N_DRAFTERS;
     tel.step[r] = q.n_step;
     tel.pos[r] = q.n_past;
-    tel.n_max[r] = s.p.n_max;
+    tel.n_max[r] = s.length;  // the step's draft cap: n_max, or the schedule's length
     tel.p_min[r] = s.p.p_min;
     tel.n_min[r] = s.p.n_min;
     tel.stop_reason[r] = (int8_t) s.chosen->stop;

@@ -159,3 +159,43 @@ def test_schedules_refuse_what_they_cannot_replay(oracles):
         mx.simulate(oracle, 3, drafter="ngram-simple", schedule="heuristic", checkpoints=True)
     with pytest.raises(mx.ParameterError, match=r"within \[0, n_max=3\], got 4"):
         mx.simulate(oracle, 3, schedule=lambda history, n_max: n_max + 1)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_the_engine_runs_the_schedules_as_replayed(session, oracles, drafter):
+    """A greedy run under each named schedule drafts, accepts and caps every step as the replay of its settings says,
+    and records the schedule in its settings."""
+    for prompt, oracle in zip(PROMPTS, oracles):
+        for schedule in ("heuristic", "window"):
+            real = session.generate(
+                prompt, max_tokens=64, n_max=DEPTH, drafter=drafter, schedule=schedule, window=3, **SHORT_NGRAM
+            )
+            assert real.draft_settings.schedule == schedule and real.draft_settings.window == 3
+            sim = mx.simulate(oracle, real.draft_settings)
+            assert sim.tokens == real.tokens, (prompt, drafter, schedule)
+            for name in ("n_max", "n_drafted", "n_accepted", "drafter"):
+                assert np.array_equal(sim.columns[name], real.columns[name]), (prompt, drafter, schedule, name)
+
+
+def test_a_generation_takes_the_named_schedules_only(session):
+    with pytest.raises(mx.ParameterError, match="runs in the what-if only"):
+        session.generate("def f():", max_tokens=8, schedule=lambda history, n_max: 1)
+    with pytest.raises(mx.ParameterError, match="schedule must be one of"):
+        mx.DraftSettings(schedule="adaptive")
+    with pytest.raises(mx.ParameterError, match="window"):
+        mx.DraftSettings(schedule="window", window=0)
+    assert mx.DraftSettings().schedule == "fixed" and mx.DraftSettings.from_dict({}).window == 8
+
+
+def test_a_head_drafter_runs_the_schedules_as_replayed():
+    """The bundled EAGLE-3 head (draft-eagle3) under each named schedule: the run equals the replay."""
+    (head,) = [h for h in mx.draft_heads() if h.spec_type == "draft-eagle3"]
+    prompt = mx.demo_prompts()[2].text
+    with mx.Session.open(head.target_path, n_ctx=2048, threads=1, draft_model=head.head_path) as s:
+        oracle = s.record_oracle(prompt, max_tokens=64, depth=4, probe=False, batch_shift=False)
+        for schedule in ("heuristic", "window"):
+            real = s.generate(prompt, max_tokens=64, n_max=4, drafter="draft-eagle3", schedule=schedule)
+            sim = mx.simulate(oracle, real.draft_settings)
+            assert sim.tokens == real.tokens, schedule
+            for name in ("n_max", "n_drafted", "n_accepted"):
+                assert np.array_equal(sim.columns[name], real.columns[name]), (schedule, name)

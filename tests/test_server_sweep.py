@@ -442,6 +442,8 @@ def test_a_sweep_records_each_faulty_configuration_and_goes_on(tmp_path):
 def test_bad_sweeps_are_parameter_errors(tmp_path):
     with pytest.raises(mx.ParameterError, match="unknown grid key"):
         configurations({"ngl": [1]})
+    with pytest.raises(mx.ParameterError, match="a server sweep cannot run one"):
+        configurations({"schedule": ["heuristic"], "n_max": [4]})
     with pytest.raises(mx.ParameterError, match="no values"):
         configurations({"n_max": []})
     assert configurations({"n_max": [1, 2], "spec_type": "draft-mtp"}) == [

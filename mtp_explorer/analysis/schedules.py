@@ -1,6 +1,8 @@
 """Draft-length schedules: the draft cap of each step chosen from what the steps before it drafted and accepted, instead
 of one fixed ``n_max``. They are the explorer's own: llama.cpp 0.3.36 drafts with a fixed ``n_max`` (its
-``--spec-draft-n-max``), and llama-server cannot run them.
+``--spec-draft-n-max``), and llama-server cannot run them. The engine runs the named ones (``generate(...,
+schedule="heuristic")``, ``native_ext/draft_length.cpp``), and a greedy run drafts and accepts what their replay here
+says.
 
 - ``"fixed"``: ``n_max`` at every step (llama.cpp's behaviour, the default).
 - ``"heuristic"``: the rule Hugging Face's assisted generation and Gemma's documentation describe: start at ``n_max``;
@@ -23,12 +25,21 @@ import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ..core.checks import check_int
 from ..core.errors import ParameterError
+from ..core.settings import DEFAULT_WINDOW, SCHEDULES, check_schedule
 
-#: The named schedules.
-SCHEDULES = ("fixed", "heuristic", "window")
-DEFAULT_WINDOW = 8  #: the ``"window"`` schedule's steps
+__all__ = [
+    "SCHEDULES",
+    "DEFAULT_WINDOW",
+    "StepOutcome",
+    "Schedule",
+    "Fixed",
+    "Heuristic",
+    "Window",
+    "Custom",
+    "schedule",
+]
+
 WINDOW_THRESHOLD = 0.5  #: the acceptance a depth needs in the ``"window"`` schedule
 
 
@@ -130,21 +141,9 @@ class Custom(Schedule):
 ScheduleSpec = str | Callable[[Sequence[StepOutcome], int], int]
 
 
-def check_schedule(schedule: ScheduleSpec, window: int = DEFAULT_WINDOW) -> str:
-    """The schedule's name (``"custom"`` for a callable), or a :class:`ParameterError`."""
-    if callable(schedule):
-        return "custom"
-    if schedule not in SCHEDULES:
-        raise ParameterError(
-            f"schedule must be one of {list(SCHEDULES)} or a callable (history, n_max) -> length, got {schedule!r}"
-        )
-    check_int("window", window, 1, None)
-    return str(schedule)
-
-
 def schedule(spec: ScheduleSpec, n_max: int, window: int = DEFAULT_WINDOW) -> Schedule:
     """A new :class:`Schedule` for one generation at ``n_max``: ``spec`` one of :data:`SCHEDULES` or a callable."""
-    name = check_schedule(spec, window)
+    name = check_schedule(spec, window, custom=True)
     if name == "custom":
         return Custom(n_max, spec)  # type: ignore[arg-type]
     if name == "window":

@@ -38,7 +38,7 @@ from ..core.trace import Trace
 from .oracle import OracleTrace
 from .profile import Costs, with_costs
 from .replay import DrafterReplay
-from .schedules import DEFAULT_WINDOW, ScheduleSpec, check_schedule
+from .schedules import ScheduleSpec, check_schedule
 from .schedules import schedule as make_schedule
 from .walk import (
     CHAIN_POLICY_ASKS_ALL,
@@ -207,8 +207,8 @@ def simulate(
     costs: Costs | None = None,
     server_slot: bool | None = None,
     checkpoints: bool = False,
-    schedule: ScheduleSpec = "fixed",
-    window: int = DEFAULT_WINDOW,
+    schedule: ScheduleSpec | None = None,
+    window: int | None = None,
 ) -> SimTrace:
     """Replay a policy on an oracle trace: the steps the engine would take, and predicted timings.
 
@@ -225,7 +225,8 @@ def simulate(
     accepted tokens and correction again, drafting nothing (``replayed``), priced as a verify of those rows and one
     more; the checkpoint's save and restore are not priced. ``schedule`` chooses each step's draft cap (at most
     ``n_max``) from the steps before it: ``"fixed"`` (``n_max`` every step, llama.cpp's), ``"heuristic"``, ``"window"``
-    (over ``window`` steps) or a callable ``(history, n_max) -> length`` (:mod:`~mtp_explorer.analysis.schedules`);
+    (over ``window`` steps) or a callable ``(history, n_max) -> length`` (:mod:`~mtp_explorer.analysis.schedules`;
+    ``None``: the settings', ``"fixed"`` unless ``n_max`` is a :class:`~mtp_explorer.DraftSettings` that names one);
     the ``n_max`` column then holds each step's length. A schedule replays a single drafter without state along the
     path, and not with ``checkpoints``. Bad input (a profile of another model or shallower than the oracle included)
     raises :class:`~mtp_explorer.ParameterError`.
@@ -233,7 +234,9 @@ def simulate(
     policy = check_policy(oracle, n_max, p_min, n_min, drafter, max_tokens)
     server_slot = policy.server_slot if server_slot is None else bool(server_slot)
     oracle = with_costs(oracle, costs)
-    name = check_schedule(schedule, window)
+    schedule = policy.schedule if schedule is None else schedule
+    window = policy.window if window is None else window
+    name = check_schedule(schedule, window, custom=True)
     if name == "fixed":
         steps = run_policy(oracle, policy, server_slot=server_slot, checkpoints=checkpoints)
         return _build_trace(oracle, steps, policy, server_slot, checkpoints)

@@ -37,8 +37,13 @@ FIELDS: tuple[str, ...] = (
     "drafter",
     "chain_policy",
     "server_slot",
+    "schedule",
+    "window",
 )
 SEED_MAX = 2**32 - 1
+#: The draft-length schedules the engine runs (each step's draft cap; :mod:`mtp_explorer.analysis.schedules`).
+SCHEDULES: tuple[str, ...] = tuple(_native.SCHEDULES)
+DEFAULT_WINDOW = 8  #: the ``"window"`` schedule's drafting steps
 
 
 class PminNotApplicable(UserWarning):
@@ -61,6 +66,26 @@ def _number(name: str, value: Any, lo: float, hi: float) -> float:
         bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
         raise ParameterError(f"{name} must be a finite number in {bound}, got {value!r}")
     return float(value)
+
+
+def check_schedule(value: Any, window: Any = DEFAULT_WINDOW, custom: bool = False) -> str:
+    """The name of the draft-length schedule ``value`` (one of :data:`SCHEDULES`; ``"custom"`` for a callable rule
+    where ``custom``: the what-if's), its ``window`` checked; a :class:`ParameterError` otherwise."""
+    check_int("window", window, 1, None)
+    if callable(value):
+        if custom:
+            return "custom"
+        raise ParameterError(
+            "a schedule of your own (a callable) runs in the what-if only: mx.simulate(oracle, n_max, schedule=rule); "
+            f"a generation takes one of {list(SCHEDULES)}"
+        )
+    if value not in SCHEDULES:
+        raise ParameterError(
+            f"schedule must be one of {list(SCHEDULES)}"
+            + (" or a callable (history, n_max) -> length" if custom else "")
+            + f", got {value!r}"
+        )
+    return str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +123,10 @@ class DraftSettings:
     ``seed`` ``None`` is the session's seed. ``server_slot=True`` runs the request as a llama-server slot does: the
     prompt in the server's prompt batches (for a recurrent, hybrid or SWA target its last 4 tokens apart, where the
     server checkpoints), the first token sampled from them before any draft (``llama-speculative-simple``, the
-    default, decodes the prompt but its last token, and drafts from the first step). Change one with
-    :meth:`replace`.
+    default, decodes the prompt but its last token, and drafts from the first step). ``schedule`` sets each step's
+    draft cap from the steps before it (at most ``n_max``): ``"fixed"`` (``n_max``, llama.cpp's), ``"heuristic"`` or
+    ``"window"`` over ``window`` drafting steps (:mod:`mtp_explorer.analysis.schedules`; the explorer's own, not in
+    llama.cpp 0.3.36). Change one with :meth:`replace`.
     """
 
     n_max: int = 3
@@ -112,6 +139,8 @@ class DraftSettings:
     temperature: float = 0.0
     seed: int | None = None
     server_slot: bool = False
+    schedule: str = "fixed"
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         mode = drafters.mode(self.drafter, self.chain_policy)
@@ -127,6 +156,8 @@ class DraftSettings:
             "temperature": _number("temperature", self.temperature, 0.0, math.inf),
             "seed": None if self.seed is None else check_int("seed", self.seed, 0, SEED_MAX),
             "server_slot": check_bool("server_slot", self.server_slot),
+            "schedule": check_schedule(self.schedule, self.window),
+            "window": int(self.window),
         }
         if fixed["n_min"] > n_max:
             raise ParameterError(f"n_min={fixed['n_min']} is larger than n_max={n_max}")
@@ -245,6 +276,8 @@ class DraftSettings:
             chain_policy=mode.policy,
             options=drafters.engine_options(self.options),
             server_slot=self.server_slot,
+            schedule=self.schedule,
+            window=self.window,
         )
 
     # -- records -------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ def configurations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     (``spec_type`` none) once per combination of the other keys, with the first value of each speculative key (it
     passes none of them to llama-server: :data:`SPECULATIVE_KEYS`)."""
     unknown = sorted(set(grid) - set(GRID_FLAGS))
+    if {"schedule", "window"} & set(unknown):
+        raise ParameterError(
+            "llama-server drafts with a fixed --spec-draft-n-max: a draft-length schedule is the explorer's own (the "
+            "engine and the what-if run it, llama.cpp 0.3.36 does not), so a server sweep cannot run one; sweep n_max"
+        )
     if unknown:
         raise ParameterError(f"unknown grid key(s) {unknown}; the grid takes {sorted(GRID_FLAGS)}")
     lists = grid_lists(grid)
