@@ -452,6 +452,7 @@ def _wrong_inputs(session):
             "takes a DrafterComparison",
             "got DataFrame",
         ),
+        "draft_lengths": (lambda: plots.draft_lengths([trace]), "takes a Trace, or a dict", "got list"),
         "verify_cost": (
             lambda: plots.verify_cost({"here": grid}),
             "takes an OracleTrace",
@@ -573,3 +574,19 @@ def test_verify_cost_shows_the_cost_models_verify_against_one_row(session):
         plots.verify_cost(oracle, pos=-1)
     with pytest.raises(TypeError, match="an empty dict"):
         plots.verify_cost({})
+
+
+def test_draft_lengths_draws_each_steps_cap_and_acceptance(session):
+    """One line per run at each step's cap (the trace's n_max column) placed at the tokens generated before the step,
+    its accepted drafts as dots; a schedule's run is labelled by its schedule."""
+    oracle = session.record_oracle(PROMPT, max_tokens=48, depth=4, probe=False, batch_shift=False)
+    fixed = mx.simulate(oracle, 4)
+    ruled = mx.simulate(oracle, 4, schedule="heuristic")
+    fig = plots.draft_lengths({"fixed": fixed, "heuristic": ruled})
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert [t.name.split(":")[0] for t in lines] == ["fixed", "heuristic"]
+    np.testing.assert_array_equal(lines[1].y, ruled.columns["n_max"])
+    assert list(lines[1].x) == [0, *np.cumsum(ruled.columns["n_accepted"] + 1)[:-1]]
+    dots = [t for t in fig.data if t.mode == "markers"]
+    np.testing.assert_array_equal(dots[1].y, ruled.columns["n_accepted"])
+    assert plots.draft_lengths(ruled).data[0].name.startswith("heuristic (n_max 4)")
