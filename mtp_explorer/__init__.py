@@ -20,7 +20,7 @@ from .analysis.compare import compare
 from .analysis.consistency import cost_consistency
 from .analysis.drafter_comparison import DrafterComparison, compare_drafters
 from .analysis.grid import simulate_grid
-from .analysis.hindsight import Hindsight, hindsight_best
+from .analysis.hindsight import Hindsight, ScheduleAdvice, hindsight_best, schedule_advice
 from .analysis.oracle import CostModel, OracleTrace
 from .analysis.parallel_check import check_parallel
 from .analysis.profile import CostProfile, profile_costs
@@ -139,6 +139,8 @@ __all__ = [
     "simulate_grid",
     "hindsight_best",
     "Hindsight",
+    "schedule_advice",
+    "ScheduleAdvice",
     "ReplayApproximate",
     "Recommendation",
     "recommend",

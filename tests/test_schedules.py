@@ -199,3 +199,32 @@ def test_a_head_drafter_runs_the_schedules_as_replayed():
             assert sim.tokens == real.tokens, schedule
             for name in ("n_max", "n_drafted", "n_accepted"):
                 assert np.array_equal(sim.columns[name], real.columns[name]), (schedule, name)
+
+
+def test_schedule_advice_and_recommend_say_whether_a_schedule_pays(session, oracles):
+    """Every fixed n_max, each named schedule and the bound over the workload; the advice's gain is its best schedule
+    over its best fixed setting, the headroom the bound's, never below any row; recommend carries it with the sweep's
+    oracles."""
+    advice = mx.schedule_advice(oracles, DEPTH, drafter="draft-mtp")
+    table = advice.table.set_index("setting")
+    fixed = table[table.index.str.startswith("fixed")]
+    assert list(fixed["n_max"]) == list(range(1, DEPTH + 1))
+    assert advice.best_fixed_tokens_per_second == fixed["tokens_per_second"].max()
+    best = max(table.loc[f"{s} (n_max {DEPTH})", "tokens_per_second"] for s in ("heuristic", "window"))
+    assert advice.gain == pytest.approx(best / advice.best_fixed_tokens_per_second - 1)
+    assert (table["tokens_per_second"] <= advice.bound_tokens_per_second * (1 + 1e-12)).all()
+    assert advice.headroom >= max(advice.gain, 0.0) - 1e-12 and "could gain at most" in advice.note
+    sims = [mx.simulate(o, advice.best_fixed_n_max) for o in oracles]  # the totals are over the workload
+    total = sum(len(s.tokens) for s in sims) / sum(len(s.tokens) / s.predicted_tokens_per_second for s in sims)
+    assert advice.best_fixed_tokens_per_second == pytest.approx(total)
+    grid = {"n_max": [1, 2, 3], "p_min": [0.0], "max_tokens": 64, "progress": False, **SHORT_NGRAM}
+    df = mx.sweep(session, PROMPTS, oracles=oracles, **grid)
+    rec = mx.recommend(df, oracles)
+    if rec.n_max > 0:  # draft-mtp, the sweep's drafter
+        assert rec.schedules is not None and rec.schedules.table["n_max"].max() == 3
+        assert rec.to_dict()["schedules"]["note"] == rec.schedules.note
+    else:  # plain decoding recommended: no drafter to schedule
+        assert rec.schedules is None
+    assert mx.recommend(df).schedules is None
+    with pytest.raises(mx.ParameterError, match="oracle traces"):
+        mx.schedule_advice([])

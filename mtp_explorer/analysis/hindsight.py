@@ -6,15 +6,18 @@ its ``n_max``, ``"heuristic"``, ``"window"``, a rule of one's own) is predicted 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..core import drafters
 from ..core.drafters import DrafterMode
+from ..core.errors import ParameterError
+from ..core.settings import DEFAULT_WINDOW, SCHEDULES
 from .oracle import OracleTrace
 from .profile import Costs, with_costs
-from .simulate import phase_times
+from .simulate import phase_times, simulate
 from .walk import check_policy, length_candidates, steps_at_lengths
 
 
@@ -98,3 +101,80 @@ def hindsight_best(
 
 def _accepted(cand, replay, length: int, g: int) -> int:
     return int(min(cand.n_drafted[length, g], replay.match_len[g]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleAdvice:
+    """Whether a draft-length schedule would beat the best fixed ``n_max`` on a workload (the oracles' prompts, total
+    tokens over total predicted seconds): ``table`` (one row per setting: each fixed ``n_max`` up to ``n_max``, each
+    named schedule at ``n_max``, and the hindsight bound; ``tokens_per_second`` and ``vs_best_fixed``), the best fixed
+    setting and its tokens/s, the best schedule and its gain over it (``gain``: best schedule / best fixed - 1, below 0
+    when no schedule beats it), the bound's (``headroom``: the most any schedule could gain) and ``note``, in words."""
+
+    table: Any
+    best_fixed_n_max: int
+    best_fixed_tokens_per_second: float
+    best_schedule: str
+    gain: float
+    bound_tokens_per_second: float
+    headroom: float
+    note: str
+
+
+def schedule_advice(
+    oracles: OracleTrace | Sequence[OracleTrace],
+    n_max: int | None = None,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    *,
+    drafter: str | DrafterMode = drafters.DEFAULT_MODE,
+    costs: Costs | None = None,
+    window: int = DEFAULT_WINDOW,
+) -> ScheduleAdvice:
+    """Each fixed ``n_max`` from 1 to ``n_max`` (default: the shallowest oracle's depth), each named schedule
+    (:data:`~mtp_explorer.analysis.schedules.SCHEDULES` but ``"fixed"``, at ``n_max``) and the hindsight bound, replayed
+    on every oracle (one per prompt of the workload) and summed over them: whether a schedule pays there, and by how
+    much (:class:`ScheduleAdvice`)."""
+    import pandas as pd
+
+    oracles = [oracles] if isinstance(oracles, OracleTrace) else list(oracles)
+    if not oracles or not all(isinstance(o, OracleTrace) for o in oracles):
+        raise ParameterError("schedule_advice needs one or more oracle traces (Session.record_oracle)")
+    n_max = min(o.depth for o in oracles) if n_max is None else n_max
+
+    def total(schedule: str, n: int) -> float:
+        sims = [
+            simulate(o, n, p_min, n_min, drafter=drafter, costs=costs, schedule=schedule, window=window)
+            for o in oracles
+        ]
+        return sum(len(s.tokens) for s in sims) / sum(len(s.tokens) / s.predicted_tokens_per_second for s in sims)
+
+    fixed = {n: total("fixed", n) for n in range(1, n_max + 1)}
+    best_n = max(fixed, key=fixed.__getitem__)
+    best_tps = fixed[best_n]
+    named = {s: total(s, n_max) for s in SCHEDULES if s != "fixed"}
+    bounds = [hindsight_best(o, n_max, p_min, n_min, drafter=drafter, costs=costs) for o in oracles]
+    bound = sum(b.n_tokens for b in bounds) / sum(b.seconds for b in bounds)
+    rows = [(f"fixed n_max {n}", n, tps) for n, tps in fixed.items()]
+    rows += [(f"{s} (n_max {n_max})", n_max, tps) for s, tps in named.items()]
+    rows.append((f"hindsight bound (n_max {n_max})", n_max, bound))
+    table = pd.DataFrame(rows, columns=["setting", "n_max", "tokens_per_second"])
+    table["vs_best_fixed"] = table["tokens_per_second"] / best_tps
+    name = max(named, key=named.__getitem__)
+    gain = named[name] / best_tps - 1.0
+    headroom = bound / best_tps - 1.0
+    note = (
+        f"the {name} schedule beats the best fixed setting (n_max {best_n}) by {gain:.1%}"
+        if gain > 0
+        else f"no schedule beats the best fixed setting (n_max {best_n}); the best, {name}, is {-gain:.1%} slower"
+    ) + f"; knowing the whole recording, a schedule could gain at most {headroom:.1%}"
+    return ScheduleAdvice(
+        table=table,
+        best_fixed_n_max=best_n,
+        best_fixed_tokens_per_second=best_tps,
+        best_schedule=name,
+        gain=gain,
+        bound_tokens_per_second=bound,
+        headroom=headroom,
+        note=note,
+    )

@@ -31,6 +31,7 @@ from ..core.errors import CancelledError, ParameterError
 from ..core.session import Session
 from ..core.settings import DraftSettings
 from .grid import simulate_grid
+from .hindsight import ScheduleAdvice, schedule_advice
 from .oracle import CostModel, OracleTrace
 from .profile import Costs, check_costs, resolve_costs
 from .simulate import ceiling_tokens_per_second
@@ -454,6 +455,10 @@ class Recommendation:
     #: the largest over the prompts; NaN where simulated)
     spread: float = math.nan
     note: str = ""  #: in words, when the margin over the runner-up is within that spread
+    #: with the sweep's oracles (``recommend(df, oracles)``): whether a draft-length schedule beats the best fixed
+    #: ``n_max`` of the recommended drafter and ``p_min`` (:func:`~mtp_explorer.schedule_advice`; None where not
+    #: asked, or where the recommended drafter cannot be scheduled: plain, a chain, a look-up with state)
+    schedules: ScheduleAdvice | None = None
 
     @property
     def drafters(self) -> Any:
@@ -470,18 +475,22 @@ class Recommendation:
         return DraftSettings(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min, drafter=self.drafter)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("table")
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("table", "schedules")}
+        advice = self.schedules
+        d["schedules"] = None if advice is None else {k: v for k, v in vars(advice).items() if k != "table"}
         return d
 
 
 _RECOMMEND_NEEDS = ["prompt", "n_tokens", "tokens_per_second", "plain_tokens_per_second", "acceptance_rate"]
 
 
-def recommend(df) -> Recommendation:
+def recommend(df, oracles: Sequence[OracleTrace] | None = None) -> Recommendation:
     """Pick the setting with the best tokens/s over all prompts of a sweep and say by how much it
     beats the runner-up and plain decoding (the ``n_max = 0`` rows, else the cost model's plain
-    rate). A table without rows or without those columns raises :class:`~mtp_explorer.ParameterError`."""
+    rate). With the sweep's ``oracles`` (one per prompt, ``sweep(..., oracles=...)``), also whether a draft-length
+    schedule would beat the best fixed ``n_max`` of the recommended drafter there, and by how much
+    (:attr:`Recommendation.schedules`). A table without rows or without those columns raises
+    :class:`~mtp_explorer.ParameterError`."""
     keys = ["drafter", "n_max", "p_min", "n_min"]
     missing = [c for c in keys + _RECOMMEND_NEEDS if c not in getattr(df, "columns", ())]
     if missing:
@@ -523,6 +532,14 @@ def recommend(df) -> Recommendation:
             f"the best setting beats the runner-up by {margin:.1%}, within the runs' spread of {spread:.1%}: "
             "the two are not told apart; measure more repeats or longer generations"
         )
+    advice = None
+    if oracles is not None and int(best["n_max"]) > 0:
+        try:
+            advice = schedule_advice(
+                oracles, int(agg["n_max"].max()), float(best["p_min"]), int(best["n_min"]), drafter=str(best["drafter"])
+            )
+        except ParameterError:  # a drafter the schedules cannot replay (a chain, a look-up with state)
+            advice = None
     return Recommendation(
         n_max=int(best["n_max"]),
         p_min=float(best["p_min"]),
@@ -538,6 +555,7 @@ def recommend(df) -> Recommendation:
         table=agg.drop(columns=["plain_seconds"]),
         spread=spread,
         note=note,
+        schedules=advice,
     )
 
 
