@@ -881,3 +881,25 @@ def test_drafter_options_are_controls_and_key_the_oracle(session):
     assert ex.oracle is o and ex.whatif.drafter == "ngram-simple"
     with pytest.raises(mx.ParameterError, match="unknown drafter option"):
         Explorer(session, ngram_x=1)
+
+
+def test_the_schedule_control_reaches_the_whatif_and_the_next_run(session):
+    """The schedule dropdown: the what-if replays it (each step's length in the prediction's n_max column), the next
+    Run runs it and equals the prediction (greedy), and a drafter it cannot replay is said in the error area."""
+    ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=5)
+    ex.record_oracle()
+    assert ex.wait(60)
+    c = ex.controls
+    assert c.schedule.options == mx.core.settings.SCHEDULES and c.schedule.value == "fixed"
+    c.schedule.value = "heuristic"
+    expected = mx.simulate(ex.oracle, 5, schedule="heuristic")
+    assert ex.prediction.settings["schedule"] == "heuristic"
+    np.testing.assert_array_equal(ex.prediction.columns["n_max"], expected.columns["n_max"])
+    ex.run()
+    assert ex.wait(60)
+    assert ex.trace.draft_settings.schedule == "heuristic"
+    np.testing.assert_array_equal(ex.trace.columns["n_accepted"], expected.columns["n_accepted"])
+    c.drafter.value = "ngram-simple,draft-mtp"
+    assert "single drafter without state" in ex.error
+    c.schedule.value = "fixed"
+    assert ex.error == "" and ex.prediction.settings["schedule"] == "fixed"

@@ -18,7 +18,7 @@ import traitlets as T
 from ..core import drafters
 from ..core.errors import MtpExplorerError
 from ..core.schema import CHAIN_POLICIES
-from ..core.settings import DraftSettings
+from ..core.settings import SCHEDULES, DraftSettings
 
 __all__ = [
     "RunRequest",
@@ -49,6 +49,7 @@ class RunRequest:
     drafter: str = drafters.DEFAULT_MODE
     options: tuple[tuple[str, int | str], ...] = ()
     chain_policy: str | None = None
+    schedule: str = "fixed"
 
     @property
     def settings(self) -> DraftSettings:
@@ -232,6 +233,16 @@ class Controls(W.VBox):
         self.option_box.add_class("mtpx-drafter-options")
         self.drafter.observe(lambda _: self._take_policy(), names="value")
         self.chain_policy.observe(lambda _: self._show_drafter(), names="value")
+        self.schedule = W.Dropdown(
+            options=SCHEDULES,
+            value="fixed",
+            description="schedule",
+            tooltip="each step's draft cap: fixed (n_max, llama.cpp's), heuristic (+2 after a step fully accepted, -1 "
+            "after a rejection) or window (the depth the last 8 drafting steps accepted half the time); the "
+            "explorer's own, not in llama.cpp 0.3.36",
+            style={"description_width": "initial"},
+            layout=W.Layout(width="200px"),
+        )
         self._show_drafter()
         self.n_max = W.IntSlider(
             value=min(n_max, capacity),
@@ -293,7 +304,7 @@ class Controls(W.VBox):
                 self.unavailable,
                 self.option_box,
                 W.HBox([self.n_max, self.p_min, self.n_min]),
-                W.HBox([self.temperature, self.seed, self.max_tokens]),
+                W.HBox([self.temperature, self.seed, self.max_tokens, self.schedule]),
                 W.HBox([self.run, self.step, self.stop]),
             ]
         )
@@ -365,6 +376,7 @@ class Controls(W.VBox):
             seed=int(self.seed.value),
             drafter=str(self.drafter.value),
             chain_policy=self._policy(selected_mode(str(self.drafter.value), None)),
+            schedule=str(self.schedule.value),
             options=tuple(
                 sorted((k, w.value if isinstance(w, W.Text) else int(w.value)) for k, w in self.option_fields.items())
             ),

@@ -178,7 +178,7 @@ class Explorer(W.VBox):
         self.whatif_panel.measure.on_click(lambda _: self.measure_setting())
         for name, slider in c.settings.items():
             slider.observe(functools.partial(self._on_setting, name), names="value")
-        for choice in (c.drafter, c.chain_policy):
+        for choice in (c.drafter, c.chain_policy, c.schedule):
             choice.observe(lambda _: self._refresh_prediction(), names="value")
         for field in c.oracle_inputs:
             field.observe(lambda _: ctl.select(), names="value")

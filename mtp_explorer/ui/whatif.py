@@ -213,6 +213,7 @@ class WhatIfController(T.HasTraits):
             req.p_min if p_min is None else p_min,
             req.n_min if n_min is None else n_min,
             drafter=drafter,
+            schedule=req.schedule,
         )
 
     def refresh(self) -> None:
