@@ -11,6 +11,22 @@ from pathlib import Path
 
 import mtp_explorer as mx
 
+#: The prompt categories of the recommendation and schedule benchmarks: code, and prose.
+CATEGORIES = {
+    "code": [
+        "def fibonacci(n):\n",
+        "import json\n\n\nclass Config:\n",
+        "for i in range(10):\n",
+        "SELECT name, count(*) FROM",
+    ],
+    "prose": [
+        "The history of the printing press begins",
+        "Dear team,\n\nThank you all for your work this quarter.",
+        "Once upon a time, in a small village,",
+        "# Copyright (c)",
+    ],
+}
+
 
 def pick_model(path: str | None) -> tuple[Path, str]:
     """The model to measure: the given path, else the bundled model, else a SYNTHETIC one (labelled)."""

@@ -17,24 +17,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import emit, machine, pick_model
+from _common import CATEGORIES, emit, machine, pick_model
 
 import mtp_explorer as mx
 
-CATEGORIES = {
-    "code": [
-        "def fibonacci(n):\n",
-        "import json\n\n\nclass Config:\n",
-        "for i in range(10):\n",
-        "SELECT name, count(*) FROM",
-    ],
-    "prose": [
-        "The history of the printing press begins",
-        "Dear team,\n\nThank you all for your work this quarter.",
-        "Once upon a time, in a small village,",
-        "# Copyright (c)",
-    ],
-}
 N_MAX = [0, 1, 2, 3, 4]
 P_MIN = [0.0, 0.5, 0.8]
 

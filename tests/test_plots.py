@@ -452,7 +452,7 @@ def _wrong_inputs(session):
             "takes a DrafterComparison",
             "got DataFrame",
         ),
-        "draft_lengths": (lambda: plots.draft_lengths([trace]), "takes a Trace, or a dict", "got list"),
+        "draft_lengths": (lambda: plots.draft_lengths([trace]), "or a dict of labels to them", "got list"),
         "verify_cost": (
             lambda: plots.verify_cost({"here": grid}),
             "takes an OracleTrace",

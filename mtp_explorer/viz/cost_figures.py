@@ -13,27 +13,12 @@ import plotly.graph_objects as go
 from ..analysis.oracle import CostModel, OracleTrace
 from ..analysis.profile import CostProfile
 from ..core.errors import ParameterError
-from .inputs import Kind, takes, type_name
+from .inputs import one_or_labelled, takes
 from .style import GUIDE, PALETTE, base_layout
 
 __all__ = ["verify_cost"]
 
-_TYPES = (OracleTrace, CostProfile, CostModel)
-
-
-def _sources_problem(value: Any) -> str | None:
-    """Why ``value`` is neither one cost source nor a non-empty dict of labels to cost sources (``None``: it is)."""
-    if isinstance(value, _TYPES):
-        return None
-    if not isinstance(value, Mapping) or not value:
-        return "an empty dict" if isinstance(value, Mapping) else type_name(value)
-    for label, src in value.items():
-        if not isinstance(label, str) or not isinstance(src, _TYPES):
-            return f"a dict whose item {label!r} is a {type_name(src)}"
-    return None
-
-
-SOURCES = Kind("an OracleTrace, a CostProfile or a CostModel, or a dict of labels to them", _sources_problem)
+SOURCES = one_or_labelled("an OracleTrace, a CostProfile or a CostModel", OracleTrace, CostProfile, CostModel)
 
 
 def _cost_at(source: Any, pos: float | None) -> tuple[CostModel, float]:

@@ -40,6 +40,7 @@ __all__ = [
     "COMPARISON_ROWS",
     "SPEED_ROWS",
     "SPEED_POINT",
+    "one_or_labelled",
 ]
 
 
@@ -73,6 +74,23 @@ class Kind:
 def instance(what: str, *types: type) -> Kind:
     """Instances of ``types``."""
     return Kind(what, lambda v: None if isinstance(v, types) else type_name(v))
+
+
+def one_or_labelled(what: str, *types: type) -> Kind:
+    """An instance of ``types``, or a non-empty dict of labels (strings) to such instances (one trace or bar group
+    each)."""
+
+    def problem(value: Any) -> str | None:
+        if isinstance(value, types):
+            return None
+        if not isinstance(value, Mapping) or not value:
+            return "an empty dict" if isinstance(value, Mapping) else type_name(value)
+        for label, item in value.items():
+            if not isinstance(label, str) or not isinstance(item, types):
+                return f"a dict whose item {label!r} is a {type_name(item)}"
+        return None
+
+    return Kind(f"{what}, or a dict of labels to them", problem)
 
 
 def table(what: str, columns: Iterable[str]) -> Kind:

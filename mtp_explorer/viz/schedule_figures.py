@@ -11,25 +11,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..core.trace import Trace
-from .inputs import Kind, takes, type_name
+from .inputs import one_or_labelled, takes
 from .style import PALETTE, base_layout, empty
 
 __all__ = ["draft_lengths"]
 
 
-def _runs_problem(value: Any) -> str | None:
-    """Why ``value`` is neither a trace nor a non-empty dict of labels to traces (``None``: it is)."""
-    if isinstance(value, Trace):
-        return None
-    if not isinstance(value, Mapping) or not value:
-        return "an empty dict" if isinstance(value, Mapping) else type_name(value)
-    for label, trace in value.items():
-        if not isinstance(label, str) or not isinstance(trace, Trace):
-            return f"a dict whose item {label!r} is a {type_name(trace)}"
-    return None
-
-
-RUNS = Kind("a Trace, or a dict of labels to Traces (runs or mx.simulate replays)", _runs_problem)
+RUNS = one_or_labelled("a Trace (runs or mx.simulate replays)", Trace)
 
 
 def _label(trace: Trace) -> str:
