@@ -367,10 +367,17 @@ def test_a_dip_in_the_predicted_speed_is_explained_on_the_figure():
 
 
 def test_whatif_figures_live_in_their_own_module():
-    """plots exports the five figure modules; trace_figures holds the per-trace figures only."""
-    from mtp_explorer.viz import comparison_figures, parallel_figures, server_figures
+    """plots exports the seven figure modules; trace_figures holds the per-trace figures only."""
+    from mtp_explorer.viz import comparison_figures, cost_figures, parallel_figures, schedule_figures, server_figures
 
-    others = (*whatif_figures.__all__, *server_figures.__all__, *parallel_figures.__all__, *comparison_figures.__all__)
+    others = (
+        *whatif_figures.__all__,
+        *server_figures.__all__,
+        *parallel_figures.__all__,
+        *comparison_figures.__all__,
+        *cost_figures.__all__,
+        *schedule_figures.__all__,
+    )
     for name in others:
         assert not hasattr(trace_figures, name), name
     assert set(plots.__all__) == set(trace_figures.__all__) | set(others)
