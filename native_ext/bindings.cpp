@@ -277,6 +277,17 @@ void bind_generation_config(nb::module_ & m) {
                 "The prompt as a llama-server slot processes it: in the server's prompt batches (for a recurrent, "
                 "hybrid or SWA target the last 4 tokens apart), the last batch with the first step, whose token is "
                 "sampled before any draft");
+    nb::class_<DraftLengthSchedule>(m, "DraftLengthSchedule",
+                                    "One generation's draft-length schedule, as the engine runs it (draft_length.h): "
+                                    "the what-if replays these rules by driving this class.")
+        .def("__init__",
+             [](DraftLengthSchedule * self, const std::string & name, int32_t window) {
+                 new (self) DraftLengthSchedule(parse_schedule(name, window), window);
+             },
+             "name"_a, "window"_a = 8)
+        .def("length", &DraftLengthSchedule::length, "n_max"_a, "The next step's draft cap at n_max.")
+        .def("observe", &DraftLengthSchedule::observe, "drafted"_a, "accepted"_a, "n_max"_a,
+             "A step that drafted `drafted` tokens (after the n_min drop) of which `accepted` were accepted.");
     nb::class_<Request>(m, "Request", "One request of a parallel generation: its prompt, config, parameters and arrival step.")
         .def("__init__",
              [](Request * self, std::vector<llama_token> prompt, GenerationConfig config, DraftParams params,

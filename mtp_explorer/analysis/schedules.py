@@ -21,10 +21,10 @@ budget and the context, as a fixed ``n_max`` is.
 from __future__ import annotations
 
 import abc
-import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from .. import _native
 from ..core.errors import ParameterError
 from ..core.settings import DEFAULT_WINDOW, SCHEDULES, check_schedule
 
@@ -37,10 +37,9 @@ __all__ = [
     "Heuristic",
     "Window",
     "Custom",
+    "EngineRule",
     "schedule",
 ]
-
-WINDOW_THRESHOLD = 0.5  #: the acceptance a depth needs in the ``"window"`` schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,52 +69,31 @@ class Schedule(abc.ABC):
         """A step ended."""
 
 
-class Fixed(Schedule):
-    name = "fixed"
-
-    def length(self) -> int:
-        return self.n_max
-
-
-class Heuristic(Schedule):
-    name = "heuristic"
-
-    def __init__(self, n_max: int) -> None:
-        super().__init__(n_max)
-        self._length = n_max
-
-    def length(self) -> int:
-        return self._length
-
-    def observe(self, step: StepOutcome) -> None:
-        if step.drafted > 0:
-            grown = step.accepted == step.drafted
-            self._length = min(self.n_max, self._length + 2) if grown else max(1, self._length - 1)
-
-
-class Window(Schedule):
-    name = "window"
+class EngineRule(Schedule):
+    """A named rule as the engine runs it: the what-if drives the engine's own ``DraftLengthSchedule``
+    (``native_ext/draft_length.cpp``), so a replay and a real run follow one implementation."""
 
     def __init__(self, n_max: int, window: int = DEFAULT_WINDOW) -> None:
         super().__init__(n_max)
-        self.window = window
-        self._recent: collections.deque[StepOutcome] = collections.deque(maxlen=window)
+        self._rule = _native.DraftLengthSchedule(self.name, window)
 
     def length(self) -> int:
-        if not self._recent:
-            return self.n_max
-        deepest = max(s.drafted for s in self._recent)
-        best = 0
-        for d in range(1, deepest + 1):  # the deepest depth whose acceptance, and every shallower one's, passes
-            tried = sum(s.drafted >= d for s in self._recent)
-            if sum(s.accepted >= d for s in self._recent) < WINDOW_THRESHOLD * tried:
-                break
-            best = d
-        return min(self.n_max, max(1, best + 1 if best == deepest else best))
+        return int(self._rule.length(self.n_max))
 
     def observe(self, step: StepOutcome) -> None:
-        if step.drafted > 0:
-            self._recent.append(step)
+        self._rule.observe(step.drafted, step.accepted, self.n_max)
+
+
+class Fixed(EngineRule):
+    name = "fixed"
+
+
+class Heuristic(EngineRule):
+    name = "heuristic"
+
+
+class Window(EngineRule):
+    name = "window"
 
 
 class Custom(Schedule):
