@@ -19,7 +19,7 @@ import mtp_explorer as mx
 from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
 from mtp_explorer.server.grid import configurations
 from mtp_explorer.server.overhead import OverheadSample, fit_server_overhead, profile_server_overhead
-from mtp_explorer.server.predict import config_settings, request_counters, slot_run_counters
+from mtp_explorer.server.predict import config_settings, record, request_counters, slot_run_counters
 
 pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
@@ -192,8 +192,16 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
     ]
     fit = fit_server_overhead(samples)
     assert fit["request_ns"] == pytest.approx(2e6) and fit["step_ns"] == pytest.approx(1e5)
-    assert fit["outside_ns"] == pytest.approx(5e6)
+    assert fit["outside_ns"] == pytest.approx(5e6) and fit["draft_step_ns"] == 0  # no drafting sample
     assert fit["measured"]["median_abs_residual_ns"] == pytest.approx(0, abs=1e-3)
+    # a drafting request's steps cost the server 4e5 ns more each: told apart from the plain ones
+    drafting = [
+        dataclasses.replace(x, server_s=x.server_s + 4e-4 * x.steps, wall_s=x.wall_s + 4e-4 * x.steps, spec_type=spec)
+        for x, spec in zip(samples, ("draft-mtp", "ngram-simple,draft-mtp", "draft-mtp", "draft-mtp"))
+    ]
+    both = fit_server_overhead(samples + drafting)
+    assert both["request_ns"] == pytest.approx(2e6) and both["step_ns"] == pytest.approx(1e5)
+    assert both["draft_step_ns"] == pytest.approx(4e5)
     with pytest.raises(mx.ParameterError, match="two step counts"):
         fit_server_overhead([dataclasses.replace(x, steps=10) for x in samples])
     with mx.Session.open(bundled_model, n_ctx=2048, threads=1) as session:
@@ -227,6 +235,10 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
             unpriced = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=3)
             three = mx.predict_parallel([oracle] * 3, priced_costs, **queued)
             bare_three = mx.predict_parallel([oracle] * 3, costs, warn=False, **queued)
+            drafting_costs = dataclasses.replace(costs, server={"draft_step_ns": 7e4})  # per step that drafts
+            drafted = mx.predict_parallel([oracle], drafting_costs, n_parallel=1, n_max=3, server_slot=True)
+            plain = mx.predict_parallel([oracle], drafting_costs, n_parallel=1, n_max=0, server_slot=True)
+            bare_plain = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=0, server_slot=True, warn=False)
     added = 1e-3 + 2e-5 * bare["n_steps"] + 3e-3
 
     def seconds(p):
@@ -241,6 +253,29 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
     assert seconds(three) - seconds(bare_three) == pytest.approx(loop + 3e-3, rel=1e-9)
     assert priced["summed_request_tokens_per_second"] < bare["summed_request_tokens_per_second"]
     assert seconds(engine) == seconds(unpriced)
+    # every step of a greedy draft-mtp run at p_min 0 drafts, but the last one where the budget leaves no room
+    drafting_steps = (seconds(drafted) - seconds(bare)) / 7e-5
+    assert drafting_steps == pytest.approx(round(drafting_steps), abs=1e-6)
+    assert bare["n_steps"] - 1 <= round(drafting_steps) <= bare["n_steps"]
+    assert seconds(plain) == pytest.approx(seconds(bare_plain), rel=1e-12)  # plain decoding drafts nothing
+
+
+@pytest.mark.server
+def test_the_server_sweeps_costs_are_measured_with_the_servers_snapshot_slots(bundled_model, server_binary):
+    """llama-server gives a recurrent target as many snapshot slots as --spec-draft-n-max; more of them make every
+    step dearer, so a prediction measures its batch costs on a session with the server's number (a second one of
+    the model where the caller's holds another), and leaves the caller's session as it was."""
+    workload = Workload.from_prompts([PROMPTS[0]], n_predict=8)
+    grid = {"spec_type": ["draft-mtp"], "n_max": [2], "n_parallel": [1]}
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1, n_rs_seq=8) as session:
+        recording = record(session, workload, grid, binary=server_binary)
+        assert recording.costs.measured["session"]["n_rs_seq"] == 2
+        assert recording.costs.server["draft_step_ns"] >= 0 and recording.costs.server["step_ns"] >= 0
+        assert session.open_kwargs["n_rs_seq"] == 8 and session.capacity == 8
+        session.generate(PROMPTS[0], max_tokens=4, n_max=8)  # still open, still its own
+        with session.reopened(n_rs_seq=3) as like:
+            assert like.capacity == 3 and like.n_ctx == session.n_ctx and like.threads == session.threads
+            assert like.open_kwargs == session.open_kwargs | {"n_rs_seq": 3, "capacity": 3}
 
 
 @pytest.mark.server

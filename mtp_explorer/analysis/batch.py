@@ -144,7 +144,8 @@ class BatchCostModel:
     prefill: list[float]  #: a, b: prefill ns = a + b * prompt tokens
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
     #: what a request on a llama-server costs beyond this engine's prefill and steps: inside the server's loop
-    #: ``request_ns`` per request (the slot's set-up) and ``step_ns`` per decode step (the loop's own work); outside
+    #: ``request_ns`` per request (the slot's set-up), ``step_ns`` per decode step (the loop's own work) and
+    #: ``draft_step_ns`` more per step that drafts (the server's drafting beyond this engine's); outside
     #: it ``outside_ns`` (HTTP, tokenization, the answer: overlapping other requests' work, so paid once per
     #: workload, and by each request's latency); and ``measured`` (how); measured on a real server by
     #: :func:`~mtp_explorer.server.profile_server_overhead` (None: not measured; a server-slot prediction then warns
@@ -160,8 +161,8 @@ class BatchCostModel:
         return self.prefill[0] + self.prefill[1] * n_prompt
 
     def server_ns(self, what: str) -> float:
-        """The llama-server path's overhead ``what`` (``"request_ns"``, ``"step_ns"`` or ``"outside_ns"``; 0 where not
-        measured)."""
+        """The llama-server path's overhead ``what`` (``"request_ns"``, ``"step_ns"``, ``"draft_step_ns"`` or
+        ``"outside_ns"``; 0 where not measured)."""
         return float(self.server.get(what, 0.0)) if self.server else 0.0
 
     # -- saving ----------------------------------------------------------------------------------
@@ -317,14 +318,24 @@ def profile_batch_costs(
     *,
     n_parallel: Sequence[int] | None = None,
     n_max: Sequence[int] = (0, 1, 2, 3),
-    max_tokens: int = 64,
-    repeats: int = 2,
+    max_tokens: int = 128,
+    repeats: int = 3,
     drafter: str = drafters.DEFAULT_MODE,
     progress: Any = None,
 ) -> BatchCostModel:
     """Measure this machine's batch costs: ``repeats`` parallel runs of ``prompts`` for every batch size in
     ``n_parallel`` (default: 1, 2, 4, ... up to the session's ``n_parallel``) and every ``n_max``, after one warm-up
-    run, fit by :func:`fit_batch_costs`. ``progress(done, total)`` is called after each run."""
+    run, fit by :func:`fit_batch_costs`. ``progress(done, total)`` is called after each run.
+
+    A step's cost grows with its position, and the fit holds over the positions it saw: runs of 64 tokens (twice)
+    priced eight queued 128-token requests 16% below their measured speed, runs of 128 (three times) within 3%
+    (bundled model, 2 threads, ``-np`` 4, plain and draft-mtp at ``n_max`` 3). Measure at least as long as the runs to
+    be predicted.
+
+    The costs are the session's: its snapshot slots (``n_rs_seq``) make every step dearer the more it holds (measured
+    on the bundled model at 2 threads, plain decoding: 1,173 tokens/s at 3 slots, 1,119 at 8, 793 at 64), so measure
+    with the ``n_rs_seq`` of the runs to be predicted (llama-server's is ``--spec-draft-n-max`` for a head drafter,
+    0 for plain decoding and the look-ups)."""
     sizes = list(n_parallel) if n_parallel is not None else _powers_of_two(session.n_parallel)
     for n in sizes:
         check_int("n_parallel", n, 1, session.n_parallel)
@@ -341,7 +352,12 @@ def profile_batch_costs(
                     progress(len(runs), total)
     model = fit_batch_costs(runs)
     model.measured |= {
-        "session": {"threads": session.threads, "n_ctx": session.n_ctx, "clock": session.clock},
+        "session": {
+            "threads": session.threads,
+            "n_ctx": session.n_ctx,
+            "clock": session.clock,
+            "n_rs_seq": session.open_kwargs.get("n_rs_seq"),
+        },
         "model": session.info.name,
         "n_max": list(n_max),
         "sizes": sizes,
@@ -446,6 +462,9 @@ def _schedule(
 ) -> dict[str, Any]:
     request_s = costs.server_ns("request_ns") / 1e9 if server else 0.0
     step_extra_s = costs.server_ns("step_ns") / 1e9 if server else 0.0
+    # per step that drafts (llama-server drafts its slots together, common_speculative_draft); a model saved before
+    # the two kinds were told apart has its step overhead only
+    draft_extra_s = costs.server_ns("draft_step_ns") / 1e9 if server else 0.0
     outside_s = costs.server_ns("outside_ns") / 1e9 if server else 0.0
     slots: list[_Run | None] = [None] * n_parallel
     step, total_s, steps, rows_per_step, previous = 0, 0.0, 0, [], None
@@ -473,7 +492,7 @@ def _schedule(
             previous,
         )
         previous = verify
-        seconds = sum(costs.step_ns(shape).values()) / 1e9 + step_extra_s
+        seconds = sum(costs.step_ns(shape).values()) / 1e9 + step_extra_s + draft_extra_s * any(shape.drafting)
         total_s += seconds
         steps += 1
         rows_per_step.append(sum(shape.rows))

@@ -335,6 +335,13 @@ class EngineHandle:
         session.open_kwargs = options.as_kwargs()
         return session
 
+    def reopened(self: _Handle, **changes: Any) -> _Handle:
+        """A new session of the same files with this one's options (``open_kwargs``) but ``changes`` (the
+        keywords of :meth:`open`); the caller closes it."""
+        if "capacity" not in changes and "n_rs_seq" in changes:
+            changes["capacity"] = None  # follows the new n_rs_seq
+        return type(self).open(self.path, **(dict(self.open_kwargs) | changes))
+
     def close(self) -> None:
         """Free the model and contexts. A running generation is cancelled first."""
         if not self._closed:

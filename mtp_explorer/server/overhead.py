@@ -8,10 +8,12 @@ answer's encoding, which for a request waiting in the queue happen while other r
 :func:`profile_server_overhead` sends requests one at a time to a real ``-np 1`` llama-server, plain and drafting, of
 several lengths, and predicts each one alone with the batch cost model (:func:`~mtp_explorer.predict_parallel` with
 ``server_slot=True``). The server's own time of a request (its answer's ``timings``: ``prompt_ms + predicted_ms``) minus
-that prediction is fit as ``request_ns + step_ns * steps`` (non-negative least squares over the requests): the loop's
-overhead. The client's wall time minus the server's own is ``outside_ns`` (the median over the requests). The result is
-stored in :attr:`BatchCostModel.server <mtp_explorer.BatchCostModel.server>`: server-slot predictions add the loop's
-overhead to every request and step, and ``outside_ns`` once to a workload's wall time and to each request's latency.
+that prediction is fit as ``request_ns + step_ns * steps + draft_step_ns * drafting steps`` (non-negative least squares
+over the requests): the loop's overhead. The client's wall time minus the server's own is ``outside_ns`` (the median
+over the requests). The result is stored in :attr:`BatchCostModel.server <mtp_explorer.BatchCostModel.server>`:
+server-slot predictions add the loop's overhead to every request, to every step (``step_ns``) and to every step that
+drafts (``draft_step_ns``: the server drafts its slots together, in one call per step), and ``outside_ns`` once to a
+workload's wall time and to each request's latency.
 """
 
 from __future__ import annotations
@@ -49,19 +51,26 @@ class OverheadSample:
 
 
 def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
-    """The loop's ``request_ns`` and ``step_ns`` (non-negative) fit to ``server - predicted = request + step * steps``
-    over the samples (at least 4, with two step counts or more), ``outside_ns`` the median of ``wall - server`` (not
-    below 0), and how well (``median_abs_residual_ns``, ``samples``)."""
+    """The loop's ``request_ns``, ``step_ns`` (every step) and ``draft_step_ns`` (more for a step that drafts: the
+    server's draft, its checkpoint and its bookkeeping beyond this engine's), non-negative, fit to
+    ``server - predicted = request + step * steps + draft_step * drafting steps`` over the samples (at least 4, with
+    two step counts or more; ``draft_step_ns`` is 0 unless plain and drafting samples are both there),
+    ``outside_ns`` the median of ``wall - server`` (not below 0), and how well (``median_abs_residual_ns``,
+    ``samples``)."""
     if len(samples) < 4 or len({s.steps for s in samples}) < 2:
         raise ParameterError("fitting the server's overheads needs 4 requests or more, of at least two step counts")
-    X = np.array([[1.0, s.steps] for s in samples])
+    drafting = np.array([s.spec_type != "none" for s in samples], dtype=float)
+    steps = np.array([s.steps for s in samples], dtype=float)
+    both = 0 < drafting.sum() < len(samples)
+    X = np.stack([np.ones_like(steps), steps] + ([steps * drafting] if both else []), 1)
     y = np.array([(s.server_s - s.predicted_s) * 1e9 for s in samples])
-    request_ns, step_ns = (float(v) for v in nnls(X, y))
-    residual = y - X @ np.array([request_ns, step_ns])
+    beta = nnls(X, y)
+    residual = y - X @ beta
     outside_ns = max(0.0, float(np.median([(s.wall_s - s.server_s) * 1e9 for s in samples])))
     return {
-        "request_ns": request_ns,
-        "step_ns": step_ns,
+        "request_ns": float(beta[0]),
+        "step_ns": float(beta[1]),
+        "draft_step_ns": float(beta[2]) if both else 0.0,
         "outside_ns": outside_ns,
         "measured": {
             "samples": len(samples),
@@ -77,7 +86,7 @@ def profile_server_overhead(
     *,
     binary: str | os.PathLike | None = None,
     prompts: Sequence[str] = PROFILE_PROMPTS[:4],
-    n_predict: Sequence[int] = (16, 64),
+    n_predict: Sequence[int] = (32, 128),
     repeats: int = 2,
     spec_types: Sequence[str] = ("none", DEFAULT_MODE),
     n_max: int = 3,

@@ -240,7 +240,9 @@ def record(
     configuration in ``ran`` (default: the grid's; a drafting configuration the session refuses is kept in
     :attr:`Recording.refused` with the reason), and measure its batch costs (unless given) for the grid's
     ``n_parallel`` and ``n_max``, with the overheads of a real llama-server (``binary``:
-    :func:`~mtp_explorer.server.profile_server_overhead`)."""
+    :func:`~mtp_explorer.server.profile_server_overhead`). The batch costs are measured with llama-server's snapshot
+    slots (``n_rs_seq``: the grid's largest ``n_max``), on a second session of the model opened for the measurement
+    where ``session`` holds another number of them (see :func:`~mtp_explorer.profile_batch_costs`)."""
 
     if workload.rate is not None:
         raise ParameterError(
@@ -295,7 +297,15 @@ def record(
         drafting = drafters.DEFAULT_MODE if session.info.has_mtp else drafters.NGRAM_SIMPLE
         if progress is not None:
             progress("measuring batch costs")
-        costs = profile_batch_costs(session, n_parallel=n_parallel, n_max=sorted({0, *n_max}), drafter=drafting)
+        # on a session with llama-server's snapshot slots: more of them make every step dearer
+        slots = max(n_max) if drafters.mode(drafting).gets_snapshot_slots else 0
+        same = not session.info.is_recurrent or session.open_kwargs.get("n_rs_seq") == slots
+        like = session if same else session.reopened(n_rs_seq=slots)
+        try:
+            costs = profile_batch_costs(like, n_parallel=n_parallel, n_max=sorted({0, *n_max}), drafter=drafting)
+        finally:
+            if like is not session:
+                like.close()
         if progress is not None:
             progress("measuring the server's overheads")
         costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max), spec_types=("none", drafting))
