@@ -229,23 +229,26 @@ class WhatIfController(T.HasTraits):
                 return
             try:
                 sim = self.predict()
-                numbers, figs = self._compute(sim)
+                numbers, measured = self._numbers(sim)
+                # the numbers first: they are shown while the figures are built
+                self.panel.show_numbers(oracle_status(self.oracle, numbers), whatif_table(numbers))
+                figs = self._figures(sim, numbers, measured)
             except Exception as exc:  # shown in the widget, never raised into the kernel
                 self._report(readable_error(exc), "whatif")
                 return
             self._report("", "whatif")
             self.prediction = sim
             self.numbers = numbers
-            self.panel.show(oracle_status(self.oracle, numbers), whatif_table(numbers), figs)
+            self.panel.show_figures(figs)
 
     def _clear(self, status: str) -> None:
         self.prediction = None
         self.numbers = None
         self.panel.clear(status)
 
-    def _compute(self, sim: SimTrace) -> tuple[WhatIf, dict[str, go.Figure]]:
-        """The numbers and figures of ``sim``, beside the latest trace if it is a measured run of the oracle's
-        prompt and max tokens with the prediction's drafter."""
+    def _numbers(self, sim: SimTrace) -> tuple[WhatIf, Trace | None]:
+        """The numbers of ``sim``, beside the latest trace if it is a measured run of the oracle's prompt and max
+        tokens with the prediction's drafter (returned too, or None)."""
         oracle, drafter = sim.oracle, sim.policy["drafter"]
         measured = measured_run(self._trace(), oracle, drafter=drafter)
         baseline = (
@@ -272,13 +275,16 @@ class WhatIfController(T.HasTraits):
             temperature=req.temperature,
             repeated=repeated,
         )
-        figs = whatif_figures(
+        return numbers, measured
+
+    def _figures(self, sim: SimTrace, numbers: WhatIf, measured: Trace | None) -> dict[str, go.Figure]:
+        """The what-if figures of ``sim`` and its ``numbers``, with the ``measured`` run where there is one."""
+        return whatif_figures(
             sim,
             numbers,
             measured_trace=measured,
-            curve=self._speed_curve(oracle, numbers.p_min, numbers.n_min, drafter),
+            curve=self._speed_curve(sim.oracle, numbers.p_min, numbers.n_min, sim.policy["drafter"]),
         )
-        return numbers, figs
 
     def _plain_tokens_per_second(self, oracle: OracleTrace, drafter: str) -> float:
         """Predicted plain decoding (``n_max=0``), cached for the last oracle and drafter."""

@@ -299,9 +299,20 @@ class WhatIfPanel(W.VBox):
 
     def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
         """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
+        self.show_numbers(status, table)
+        self.show_figures(figs)
+
+    def show_numbers(self, status: str, table: str) -> None:
+        """Show a prediction's ``status`` line and ``table`` (HTML); its figures stay as they are until
+        :meth:`show_figures`."""
         with self._lock:
             self.status.value = status
             self.table.value = table
+            self.table.layout.display = None
+
+    def show_figures(self, figs: dict[str, go.Figure]) -> None:
+        """Show a prediction's figures ``figs`` (by name)."""
+        with self._lock:
             for name, fig in figs.items():
                 size(fig, None if self.width is None else self.width // 2)
                 sync_figure(self.figures[name], fig)
