@@ -6,6 +6,7 @@ selector (mtp / ngram / chain: the next Run's drafter, the prediction's at once;
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 import threading
 import time
@@ -903,3 +904,39 @@ def test_the_schedule_control_reaches_the_whatif_and_the_next_run(session):
     assert "single drafter without state" in ex.error
     c.schedule.value = "fixed"
     assert ex.error == "" and ex.prediction.settings["schedule"] == "fixed"
+
+
+def test_the_schedules_panel_compares_fixed_schedules_and_the_bound(session):
+    """The Schedules toggle: for this prompt and, once two prompts are recorded, for both together, the best fixed
+    n_max, each schedule and the hindsight bound as ``mx.schedule_advice`` predicts them, each against the best fixed
+    setting, with the advice in words; moving n_max keeps it (it compares up to the oracles' depth); off: nothing."""
+    ex = Explorer(session, prompt=PROMPT, max_tokens=48, n_max=3)
+    ex.record_oracle()
+    assert ex.wait(60)
+    view = ex.whatif_panel.schedules
+    assert view.table.value == "" and view.toggle in ex.whatif_panel.children[0].children
+    view.toggle.value = True
+    advice = mx.schedule_advice(ex.oracle)
+    text = view.table.value
+    assert "this prompt" in text and "recorded prompts" not in text and ex.error == ""
+    assert f"<td>{advice.best_fixed_tokens_per_second:.0f} tok/s (n_max {advice.best_fixed_n_max})</td>" in text
+    others = advice.table[~advice.table["setting"].str.startswith("fixed")]
+    assert list(others["setting"]) == ["heuristic (n_max 8)", "window (n_max 8)", "hindsight bound (n_max 8)"]
+    for _, row in others.iterrows():
+        cell = f"<td>{row['tokens_per_second']:.0f} tok/s ({row['vs_best_fixed']:.2f}×)"
+        assert f"{row['setting']}</span></td>{cell}" in text
+    assert html.escape(advice.note) in text
+    ex.controls.n_max.value = 2
+    assert view.table.value == text
+    first = ex.oracle
+    ex.controls.prompt.value = "import os"
+    assert view.table.value == ""  # no oracle for this prompt yet
+    ex.record_oracle()
+    assert ex.wait(60)
+    both = mx.schedule_advice([first, ex.oracle])
+    text = view.table.value
+    assert "this prompt" in text and "all 2 recorded prompts" in text
+    assert f"<td>{both.best_fixed_tokens_per_second:.0f} tok/s (n_max {both.best_fixed_n_max})</td>" in text
+    assert html.escape(both.note) in text
+    view.toggle.value = False
+    assert view.table.value == ""

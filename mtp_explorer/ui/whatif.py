@@ -104,6 +104,7 @@ class WhatIfController(T.HasTraits):
         self.session = session
         self.panel = panel
         self._request, self._trace, self._baselines, self._report = request, trace, baselines, report
+        panel.schedules.toggle.observe(lambda _: self.show_schedules(), names="value")
         self.oracles: dict[tuple, OracleTrace] = {}  #: recorded oracles by RunRequest.oracle_key
         #: settings measured several times (:meth:`measure`), by oracle key, drafter and setting
         self.repeated: dict[tuple, RepeatedRuns] = {}
@@ -240,6 +241,19 @@ class WhatIfController(T.HasTraits):
             self.prediction = sim
             self.numbers = numbers
             self.panel.show_figures(figs)
+        self.show_schedules()
+
+    def show_schedules(self) -> None:
+        """The panel's schedule comparison (shown while its toggle is on) for the current oracle and every recorded
+        oracle the controls' drafter can replay, at the controls' ``p_min`` and ``n_min``."""
+        req = self._request()
+        drafter = _choice(req)
+        recorded = [o for o in self.oracles.values() if drafter_refusal(o, drafter) is None]
+        try:
+            current = self.oracle if any(o is self.oracle for o in recorded) else None
+            self.panel.schedules.show(current, recorded, req.p_min, req.n_min, drafter)
+        except Exception as exc:  # shown in the widget, never raised into the kernel
+            self._report(readable_error(exc), "whatif")
 
     def _clear(self, status: str) -> None:
         self.prediction = None

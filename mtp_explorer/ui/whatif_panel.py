@@ -42,6 +42,7 @@ from ..core import drafters, metrics
 from ..core.trace import Trace
 from ..viz import whatif_figures as figures
 from .figure_sync import figure_widget, flexible, size, sync_figure
+from .schedule_view import ScheduleView
 
 __all__ = [
     "WHATIF_NAMES",
@@ -275,14 +276,15 @@ class WhatIfPanel(W.VBox):
         self.table = W.HTML()
         self.table.add_class("mtpx-whatif-table")
         self.figures: dict[str, go.FigureWidget] = {name: figure_widget() for name in WHATIF_NAMES}
-        self._header = W.HBox([self.record, self.measure, self.status])
+        self.schedules = ScheduleView()
+        self._header = W.HBox([self.record, self.measure, self.schedules.toggle, self.status])
         self._figure_row = W.HBox(
             [flexible(self.figures[name]) for name in WHATIF_NAMES], layout=W.Layout(width="100%")
         )
         # on the page from the start, folded away until a prediction shows: plotly draws the figures at the row's
         # width only if the row is on the page, laid out, when they are first drawn
         self._fold(True)
-        super().__init__([self._header, self.table, self._figure_row])
+        super().__init__([self._header, self.table, self._figure_row, self.schedules])
         self.add_class("mtpx-whatif")
         self._lock = threading.Lock()
 
@@ -327,6 +329,7 @@ class WhatIfPanel(W.VBox):
         with self._lock:
             self.status.value = status
             self.table.value = ""
+            self.schedules.table.value = ""
             self._fold(True)
 
 
