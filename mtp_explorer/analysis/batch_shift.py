@@ -305,7 +305,7 @@ def _probe_tokens(session: Session, text, limit: int) -> list[int]:
         tokens = (once * (limit // len(once) + 1))[:limit]
     else:
         tokens = session.tokenize(text) if isinstance(text, str) else [int(t) for t in text]
-    return session._prompt_tokens(tokens[:limit])  # ids checked, not empty
+    return session.prompt_tokens(tokens[:limit])  # ids checked, not empty
 
 
 def measure(

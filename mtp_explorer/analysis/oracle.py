@@ -577,7 +577,7 @@ class OracleTrace:
     def accepted_prefix(self, tokens: np.ndarray, length: np.ndarray) -> np.ndarray:
         """Per position: how many leading tokens of a draft (``tokens`` [T, depth], ``length`` [T]) the target
         accepts (the greedy path's tokens, not end-of-generation)."""
-        return _match_len(tokens, length, self._accept_tokens)
+        return _match_len(tokens, length, self.accept_tokens)
 
     @property
     def match_len(self) -> np.ndarray:
@@ -585,7 +585,9 @@ class OracleTrace:
         return self.replay(_head_drafter()).match_len
 
     @cached_property
-    def _accept_tokens(self) -> np.ndarray:
+    def accept_tokens(self) -> np.ndarray:
+        """Per position: the token the target accepts there (the greedy path's), -2 at an end-of-generation token
+        (never equal to a draft token)."""
         tok = np.asarray(self.columns["token"], dtype=np.int64).copy()
         tok[self.columns["token_eog"].astype(bool)] = -2  # never equal to a draft: not accepted
         return tok

@@ -493,7 +493,7 @@ class StatefulReplay(DrafterReplay):
         """A look-up's tokens ``found`` at ``g`` as the engine cuts them (fill_lookup_draft: after an end-of-generation
         token, at the cap) into the replay's arrays; returns (length, stop reason)."""
         eog = self.oracle.columns["token_eog"]
-        accept = self.oracle._accept_tokens
+        accept = self.oracle.accept_tokens
         n, stop = 0, STOP["exhausted"]
         row = self._tokens[g]
         row[:] = -1

@@ -209,7 +209,7 @@ def _prompt_tokens(handle: EngineHandle, prompt: Prompt) -> list[int]:
         tokens = handle.tokenize(prompt)
     else:
         tokens = [int(t) for t in prompt]
-        n_vocab = handle._engine.n_vocab
+        n_vocab = handle.n_vocab
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:
             raise ParameterError(f"prompt token ids out of range [0, {n_vocab}): {bad[:5]}")
@@ -382,6 +382,7 @@ class EngineHandle:
         "shared by the ``n_parallel`` sequences.",
     )
     n_ctx_seq = _engine_fact("n_ctx_seq", "One sequence's context: ``n_ctx / n_parallel``, as llama.cpp splits it.")
+    n_vocab = _engine_fact("n_vocab", "The target's vocabulary size: token ids lie in ``[0, n_vocab)``.")
     n_parallel = _engine_fact("n_parallel", "Sequences (llama.cpp's ``-np`` slots) the session runs at once.")
     capacity = _engine_fact("capacity", "Largest ``n_max`` this session accepts (``n_rs_seq`` unless set).")
     checkpoints = _engine_fact("checkpoints", "Whether it rolls back by checkpoint (recurrent, ``n_rs_seq=0``).")
@@ -447,7 +448,9 @@ class EngineHandle:
         finally:
             self._busy.release()
 
-    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """A prompt's token ids as this session decodes it (text tokenized as :meth:`tokenize` does), checked: not
+        empty, ids in the vocabulary, fitting in a sequence's context (else a :class:`ParameterError`)."""
         return _prompt_tokens(self, prompt)
 
     def _output(self, prompt: Prompt, prompt_tokens: list[int], request: int = 0) -> dict:

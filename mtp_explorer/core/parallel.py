@@ -249,7 +249,7 @@ class ParallelGeneration(_Mixin):
         requests, self._parallel_prompts, self._parallel_settings = [], [], []
         for i, (prompt, s) in enumerate(zip(prompts, each)):
             try:
-                tokens = self._prompt_tokens(prompt)
+                tokens = self.prompt_tokens(prompt)
                 s.check(self.limits)
                 if (s.mode, s.options) != (each[0].mode, each[0].options):
                     raise ParameterError(

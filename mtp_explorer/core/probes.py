@@ -61,5 +61,5 @@ class Probes(_Mixin):
         if not ids or len(set(ids)) != len(ids):
             raise ParameterError(f"layers must be distinct layer indices, at least one, got {ids}")
         with self._run():
-            tokens = self._prompt_tokens(prompt)
+            tokens = self.prompt_tokens(prompt)
             return self._live().probe_layer_inputs(tokens, ids)

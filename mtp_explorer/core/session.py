@@ -124,7 +124,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         check_int("depth", depth, 1, self.capacity)
         check_int("max_tokens", max_tokens, 1, None)
         with self._run():
-            tokens = self._prompt_tokens(prompt)
+            tokens = self.prompt_tokens(prompt)
             self._mode = drafters.recording_mode(self.info.has_mtp, self.draft_kind)
             t0 = time.perf_counter()
             done, cols = engine.record_oracle(tokens, max_tokens, depth, drafters.engine_options(options), bool(probe))
@@ -214,7 +214,7 @@ class Session(ParallelGeneration, Probes, EngineHandle):
         settings.check(self.limits)
         settings.warn_unused(stacklevel=4)
         seed = self.seed if settings.seed is None else settings.seed
-        tokens = self._prompt_tokens(prompt)
+        tokens = self.prompt_tokens(prompt)
         self._mode = settings.mode
         self._draft_settings = settings
         self._settings = settings.replace(seed=seed).to_dict() | self._session_settings()

@@ -177,7 +177,7 @@ def slot_run_counters(session: Session, prompt, settings: DraftSettings) -> dict
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
     recurrent = bool(session.info.is_recurrent)
     n_rs = s.n_max if mode.gets_snapshot_slots else 0
-    tokens, generated, held = session._prompt_tokens(prompt), [], True
+    tokens, generated, held = session.prompt_tokens(prompt), [], True
     for step in session.stream(prompt, s):
         if not held:
             continue
