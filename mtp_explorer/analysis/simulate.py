@@ -243,11 +243,9 @@ def simulate(
     if checkpoints:
         raise ParameterError("a draft-length schedule is replayed with snapshot slots, not with checkpoints=True")
     steps, lengths = run_schedule(oracle, policy, make_schedule(schedule, policy.n_max, window), server_slot)
-    trace = _build_trace(oracle, steps, policy, server_slot, schedule={"schedule": name, "window": window})
-    trace.columns["n_max"][:] = lengths
-    if server_slot:
-        trace.columns["n_max"][steps.g == 0] = 0
-    return trace
+    return _build_trace(
+        oracle, steps, policy, server_slot, schedule={"schedule": name, "window": window}, lengths=lengths
+    )
 
 
 def _build_trace(
@@ -257,11 +255,13 @@ def _build_trace(
     server_slot: bool = False,
     checkpoints: bool = False,
     schedule: dict[str, Any] | None = None,
+    lengths: np.ndarray | None = None,
 ) -> SimTrace:
-    """The steps as a trace: the schema's columns, filled with what the oracle knows."""
+    """The steps as a trace: the schema's columns, filled with what the oracle knows; ``lengths``: each step's draft
+    cap where a schedule chose them (else the policy's ``n_max``)."""
     S = len(steps.g)
     cols = empty_columns(S, Dims(depth=int(oracle.settings["capacity"]), topk=oracle.dims.topk))
-    _fill_step(cols, oracle, steps, policy)
+    _fill_step(cols, oracle, steps, policy, lengths)
     if server_slot:
         cols["n_max"][steps.g == 0] = 0
     _fill_drafts(cols, replays_of(oracle, policy.mode), steps, oracle.depth)
@@ -296,10 +296,16 @@ def _build_trace(
     )
 
 
-def _fill_step(cols: dict[str, np.ndarray], oracle: OracleTrace, steps: Steps, policy: DraftSettings) -> None:
+def _fill_step(
+    cols: dict[str, np.ndarray],
+    oracle: OracleTrace,
+    steps: Steps,
+    policy: DraftSettings,
+    lengths: np.ndarray | None = None,
+) -> None:
     cols["step"][:] = np.arange(len(steps.g))
     cols["pos"][:] = oracle.columns["pos"][steps.g]
-    cols["n_max"][:] = policy.n_max
+    cols["n_max"][:] = policy.n_max if lengths is None else lengths
     cols["p_min"][:] = policy.p_min
     cols["n_min"][:] = policy.n_min
     cols["n_drafted"][:] = steps.n_drafted
