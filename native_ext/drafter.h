@@ -85,7 +85,8 @@ struct DraftJob;
 // parameter error on a bad option) and, for a drafter with a model of its own shared by the sequences (the
 // MTP head), how the drafters of several sequences decode together, as llama.cpp drafts for a server's slots.
 struct DrafterEntry {
-    const char * name;
+    const char * name;       // the engine's name (the trace's drafter axis)
+    const char * spec_type;  // llama.cpp's --spec-type value: what errors name it by
     DrafterNeeds needs;
     std::unique_ptr<Drafter> (*make)(const DrafterSetup & setup);
     // Drafts every job in one batch per depth (rows_per_depth, when given, gets the rows of each decode);
@@ -101,6 +102,7 @@ extern const DrafterEntry DRAFTER_TABLE[];
 extern const int32_t N_DRAFTERS;
 
 const char * drafter_name(int32_t id);          // DRAFTER_TABLE[id].name
+const char * drafter_spec_type(int32_t id);     // DRAFTER_TABLE[id].spec_type (llama.cpp's --spec-type)
 int32_t drafter_index(const std::string & name);  // the DrafterId of `name`, or -1
 std::string drafter_names_list();              // "mtp", "ngram", ... (for error messages)
 

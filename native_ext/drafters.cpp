@@ -62,22 +62,23 @@ std::unique_ptr<Drafter> make_draft_dflash(const DrafterSetup & s) {
 
 // (declared extern in drafter.h, so defined here with external linkage)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
-    {"mtp", DrafterNeeds::MTP, make_mtp,                     // the model's MTP head (DRAFTER_MTP)
+    {"mtp", "draft-mtp", DrafterNeeds::MTP, make_mtp,                     // the model's MTP head (DRAFTER_MTP)
      MtpDrafter::draft_together, MtpDrafter::catch_up_together},
-    {"ngram", DrafterNeeds::NOTHING, make_ngram_simple},     // llama.cpp's ngram-simple prompt look-up
-    {"ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod},    // llama.cpp's ngram-mod hashed n-gram table
-    {"ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
-    {"ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
-    {"ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
-    {"draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
-    {"draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
-    {"draft-dflash", DrafterNeeds::DFLASH_HEAD, make_draft_dflash},  // llama.cpp's draft-dflash: a block drafter
-    {"draft-dspark", DrafterNeeds::DSPARK_HEAD, make_draft_dflash},  // llama.cpp's draft-dspark: DFlash + Markov head
+    {"ngram", "ngram-simple", DrafterNeeds::NOTHING, make_ngram_simple},     // llama.cpp's ngram-simple prompt look-up
+    {"ngram-mod", "ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod},    // llama.cpp's ngram-mod hashed n-gram table
+    {"ngram-map-k", "ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
+    {"ngram-map-k4v", "ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
+    {"ngram-cache", "ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
+    {"draft-simple", "draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
+    {"draft-eagle3", "draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
+    {"draft-dflash", "draft-dflash", DrafterNeeds::DFLASH_HEAD, make_draft_dflash},  // llama.cpp's draft-dflash: a block drafter
+    {"draft-dspark", "draft-dspark", DrafterNeeds::DSPARK_HEAD, make_draft_dflash},  // llama.cpp's draft-dspark: DFlash + Markov head
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));
 
 const char * drafter_name(int32_t id) { return DRAFTER_TABLE[id].name; }
+const char * drafter_spec_type(int32_t id) { return DRAFTER_TABLE[id].spec_type; }
 
 int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback) {
     const auto it = options.find(key);

@@ -389,7 +389,7 @@ void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const
         // (its draft model is a transformer: its context drops the rejected rows as it does after any verify)
         const DrafterNeeds needs = DRAFTER_TABLE[id].needs;
         if (checkpoints() && needs != DrafterNeeds::NOTHING && needs != DrafterNeeds::DRAFT_MODEL) {
-            fail(ErrorKind::PARAMETER, std::string("\"") + drafter_name(id) + "\" needs the target's snapshot slots "
+            fail(ErrorKind::PARAMETER, std::string("\"") + drafter_spec_type(id) + "\" needs the target's snapshot slots "
                                        "(llama.cpp gives them for draft-mtp, draft-eagle3, draft-dflash and "
                                        "draft-dspark): this session has none (n_rs_seq=0), so it runs the look-ups "
                                        "and draft-simple only");

@@ -131,7 +131,7 @@ def test_what_a_session_without_slots_refuses(bundled_model, model_no_mtp):
     with mx.Session.open(bundled_model, threads=1, n_rs_seq=0) as s:
         assert s.capacity == 8
         assert s.drafter_modes == ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
-        with pytest.raises(mx.ParameterError, match="snapshot slots"):
+        with pytest.raises(mx.ParameterError, match='"draft-mtp" needs the target.s snapshot slots'):
             s.generate("def f(x):", max_tokens=8, n_max=2)
         with pytest.raises(mx.ParameterError, match="snapshot slots"):
             s.generate("def f(x):", max_tokens=8, n_max=2, drafter="ngram-simple,draft-mtp")
