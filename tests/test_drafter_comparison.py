@@ -16,7 +16,7 @@ PROMPTS = ("def fib(n):", "class Stack:\n    def __init__(self):\n")
 
 @pytest.fixture(scope="module")
 def cmp():
-    return mx.compare_drafters(PROMPTS, max_tokens=32, n_max=3, threads=1)
+    return mx.compare_drafters(PROMPTS, max_tokens=32, n_max=3, threads=2)
 
 
 def test_every_drafter_of_the_target_is_compared(cmp):
