@@ -174,6 +174,11 @@ class DrafterMode:
         otherwise it restores checkpoints after a partial acceptance."""
         return any(d.gets_snapshot_slots for d in self.drafters)
 
+    def n_rs_seq(self, n_max: int) -> int:
+        """The snapshot slots llama.cpp gives a recurrent target for it at ``n_max`` (``need_n_rs_seq``: ``n_max``
+        where :attr:`gets_snapshot_slots`, else 0), as llama-server opens its context."""
+        return n_max if self.gets_snapshot_slots else 0
+
     @property
     def is_chain(self) -> bool:
         return len(self.drafters) > 1

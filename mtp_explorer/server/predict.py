@@ -121,7 +121,7 @@ def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict
     ]
     eog = oracle.columns["token_eog"].astype(bool)
     recurrent = bool(oracle.settings.get("is_recurrent"))
-    n_rs = settings.n_max if mode.gets_snapshot_slots else 0
+    n_rs = mode.n_rs_seq(settings.n_max)
     g, drafted, accepted, end = 0, 0, 0, min(T, max_tokens)
     while g < end:
         n, a, extra = 0, 0, 0
@@ -176,7 +176,7 @@ def slot_run_counters(session: Session, prompt, settings: DraftSettings) -> dict
     opts = drafters.option_values(s.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
     recurrent = bool(session.info.is_recurrent)
-    n_rs = s.n_max if mode.gets_snapshot_slots else 0
+    n_rs = mode.n_rs_seq(s.n_max)
     tokens, generated, held = session.prompt_tokens(prompt), [], True
     for step in session.stream(prompt, s):
         if not held:
@@ -298,7 +298,7 @@ def record(
         if progress is not None:
             progress("measuring batch costs")
         # on a session with llama-server's snapshot slots: more of them make every step dearer
-        slots = max(n_max) if drafters.mode(drafting).gets_snapshot_slots else 0
+        slots = drafters.mode(drafting).n_rs_seq(max(n_max))
         same = not session.info.is_recurrent or session.open_kwargs.get("n_rs_seq") == slots
         like = session if same else session.reopened(n_rs_seq=slots)
         try:

@@ -299,11 +299,6 @@ class WhatIfPanel(W.VBox):
         """Whether the numbers and figures of a prediction are shown."""
         return self._figure_row.layout.visibility != "hidden"
 
-    def show(self, status: str, table: str, figs: dict[str, go.Figure]) -> None:
-        """Show a prediction: the ``status`` line (HTML), the ``table`` (HTML) and the figures ``figs``."""
-        self.show_numbers(status, table)
-        self.show_figures(figs)
-
     def show_numbers(self, status: str, table: str) -> None:
         """Show a prediction's ``status`` line and ``table`` (HTML); its figures stay as they are until
         :meth:`show_figures`."""
