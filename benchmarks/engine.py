@@ -123,7 +123,7 @@ def telemetry_overhead(s: mx.Session, tokens: int, rounds: int, n_max: int = 3) 
 # (its modes under llama.cpp's first policy), with llama.cpp's default options
 SPEC_TYPES = tuple(
     dict.fromkeys(
-        [d.spec_type for d in drafters.DRAFTER_SPECS.values()]
+        [d.name for d in drafters.DRAFTER_SPECS.values()]
         + [m.spec_types for m in drafters.MODES.values() if m.is_chain and m.policy == "first"]
     )
 )

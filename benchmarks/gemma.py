@@ -85,7 +85,7 @@ def ours_vs_reference(
 
 
 def best_lookup(session, prompts, max_tokens: int, repeats: int) -> dict:
-    modes = [s.spec_type for s in mx.DRAFTER_SPECS.values() if s.is_lookup]
+    modes = [s.name for s in mx.DRAFTER_SPECS.values() if s.is_lookup]
     table = mx.sweep(
         session,
         prompts,
@@ -140,7 +140,7 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     with mx.Session.open(model, n_ctx=2048, threads=args.threads) as session:
-        for spec in (s.spec_type for s in mx.DRAFTER_SPECS.values() if s.is_lookup):
+        for spec in (s.name for s in mx.DRAFTER_SPECS.values() if s.is_lookup):
             out["per_drafter"].append(
                 ours_vs_reference(session, model, args.binary, spec, prompts[0], max_tokens, repeats, args.threads)
             )

@@ -1,7 +1,8 @@
 """The what-if simulator: replay speed, exactness against real runs, predicted vs measured tokens/s.
 
     .venv/bin/python benchmarks/simulate.py [--model PATH] [--tokens 512] [--prompts 10] [--repeats 5]
-                                            [--threads 1] [--clock wall|cpu] [--skip speed exactness timing]
+                                            [--threads 1] [--clock wall|cpu]
+                                            [--skip speed lookups exactness timing]
 
 Prints JSON:
 
@@ -9,6 +10,9 @@ Prints JSON:
   ``--tokens`` tokens with :func:`mtp_explorer.simulate_grid` (seconds: first call, which also fits
   the cost models, and the median of warm calls; target: under 1 s), and one :func:`simulate`
   call (what a slider callback pays).
+- ``lookups``: one :func:`simulate` call of each look-up drafter whose drafts depend on its state along the path
+  (ngram-mod, ngram-map-k, ngram-map-k4v, ngram-cache: the engine's drafter walked position by position), on
+  ``--prompts`` oracles recorded with small n-gram sizes so that they draft; median ms per call over n_max 1..8.
 - ``exactness``: real runs over 6 n_max x 5 p_min on 3 prompts compared step by step with the
   simulator (:func:`mtp_explorer.compare`): exact cases, floating-point argmax ties, unexplained.
 - ``timing``: for a few settings, the simulator's predicted tokens/s beside the engine's measured
@@ -103,6 +107,40 @@ def bench_speed(s: mx.Session, prompts: list[str], tokens: int) -> dict:
     }
 
 
+#: small n-gram sizes, so that the look-ups draft on short code prompts (llama.cpp's defaults find few matches)
+LOOKUP_OPTIONS = {
+    "ngram_mod_n_match": 3,
+    "ngram_mod_n_min": 1,
+    "ngram_mod_n_max": 8,
+    "ngram_map_k_size_n": 2,
+    "ngram_map_k_size_m": 8,
+    "ngram_map_k4v_size_n": 2,
+    "ngram_map_k4v_size_m": 8,
+}
+STATEFUL_LOOKUPS = ("ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
+
+
+def bench_lookups(s: mx.Session, prompts: list[str], tokens: int, rounds: int = 3) -> dict:
+    oracles = [s.record_oracle(p, max_tokens=tokens, depth=8, probe=False, **LOOKUP_OPTIONS) for p in prompts]
+    out = {}
+    for drafter in STATEFUL_LOOKUPS:
+        times, drafted = [], 0
+        for _ in range(rounds):
+            for o in oracles:
+                for n_max in range(1, 9):
+                    t0 = time.perf_counter()
+                    r = simulate(o, n_max, 0.0, drafter=drafter)
+                    times.append(time.perf_counter() - t0)
+                    drafted += int(r.summary()["n_drafted"])
+        out[drafter] = {
+            "calls": len(times),
+            "simulate_one_ms_median": 1e3 * statistics.median(times),
+            "simulate_one_ms_quartiles": [1e3 * q for q in statistics.quantiles(times, n=4)[::2]],
+            "tokens_drafted": drafted,
+        }
+    return {"oracles": len(oracles), "tokens_per_oracle": tokens, "options": LOOKUP_OPTIONS, "drafters": out}
+
+
 def bench_exactness(s: mx.Session, prompts: list[str], tokens: int) -> dict:
     cases = exact = 0
     ties, unexplained = [], []
@@ -177,7 +215,7 @@ def main() -> None:
         default="wall",
         help="time phases with the wall clock or the thread's CPU time (one thread: other processes' load left out)",
     )
-    ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "exactness", "timing"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["speed", "lookups", "exactness", "timing"])
     args = ap.parse_args()
     path, origin = pick_model(args.model)
     out: dict = {"model": str(path), "model_origin": origin, "machine": machine()}
@@ -189,6 +227,8 @@ def main() -> None:
         s.generate(prompts[0], max_tokens=16, n_max=2 if s.info.has_mtp else 0)  # warm-up
         if "speed" not in args.skip:
             out["speed"] = bench_speed(s, prompts, args.tokens)
+        if "lookups" not in args.skip:
+            out["lookups"] = bench_lookups(s, prompts, args.tokens)
         if "exactness" not in args.skip:
             out["exactness"] = bench_exactness(s, prompts[:3], min(args.tokens, 128))
         if "timing" not in args.skip:

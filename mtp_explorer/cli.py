@@ -347,7 +347,7 @@ def _summary_table(summary: dict, drafter: str = drafters.DEFAULT_MODE) -> Table
         won = summary.get("steps_by_drafter") or {}
         table.add_row(
             "steps won by drafter",
-            "  ".join(f"{spec.spec_type} {won.get(spec.name, 0)}" for spec in mode.drafters)
+            "  ".join(f"{spec.name} {won.get(spec.name, 0)}" for spec in mode.drafters)
             + f"  (no draft {won.get('none', 0)})",
         )
     rate = summary["acceptance_rate"]

@@ -10,6 +10,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,8 @@
 
 #include "engine.h"
 #include "layer_inputs.h"
+#include "lookup_walk.h"
+#include "ngram_drafter.h"
 #include "errors.h"
 #include "names.h"
 
@@ -92,11 +95,30 @@ nb::tuple drafters_tuple() {
     return nb::tuple(out);
 }
 
-// what each drafter of the table needs (DRAFTER_NEEDS_NAMES), in DrafterId order
-nb::tuple drafter_needs_tuple() {
+// each drafter's traits, in DrafterId order: its name, what it needs (DRAFTER_NEEDS_NAMES), whether it has a
+// confidence, whether llama.cpp gives the target snapshot slots for it and whether it drafts with the draft model file
+nb::tuple drafter_traits_tuple() {
     nb::list out;
     for (int32_t i = 0; i < N_DRAFTERS; ++i) {
-        out.append(nb::str(DRAFTER_NEEDS_NAMES[(int) DRAFTER_TABLE[i].needs]));
+        const DrafterEntry & e = DRAFTER_TABLE[i];
+        nb::dict row;
+        row["name"] = e.name;
+        row["needs"] = DRAFTER_NEEDS_NAMES[(int) e.needs];
+        row["has_confidence"] = e.has_confidence;
+        row["snapshot_slots"] = gets_snapshot_slots(e.needs);
+        row["draft_file"] = needs_draft_file(e.needs);
+        out.append(row);
+    }
+    return nb::tuple(out);
+}
+
+// the kinds of need (DRAFTER_NEEDS_NAMES) that a draft model file serves, in DrafterNeeds order
+nb::tuple draft_file_kinds_tuple() {
+    nb::list out;
+    for (size_t n = 0; n < count_of(DRAFTER_NEEDS_NAMES); ++n) {
+        if (needs_draft_file((DrafterNeeds) n)) {
+            out.append(nb::str(DRAFTER_NEEDS_NAMES[n]));
+        }
     }
     return nb::tuple(out);
 }
@@ -152,6 +174,7 @@ nb::list drafter_stats(const Sequence & q) {
         row["n_acc_drafts"] = s.n_acc_drafts;
         row["n_acc_tokens"] = s.n_acc_tokens;
         row["acc_by_pos"] = nb::cast(s.acc_by_pos);
+        row["n_resets"] = s.n_resets;
         row["t_begin_ns"] = s.t_begin_ns;
         row["t_draft_ns"] = s.t_draft_ns;
         row["t_accept_ns"] = s.t_accept_ns;
@@ -196,6 +219,13 @@ void bind_functions(nb::module_ & m) {
     m.def("missing_nextn_symbols", [](const std::string & path) { return NextnApi{}.load(path); }, "path"_a = "",
           "Names of the nextn API functions that the libllama at `path` (default: the linked one) lacks.");
     m.def("libllama_path", &linked_libllama_path, "Path of the libllama this module is linked against.");
+    m.def("ngram_simple_draft",
+          [](const std::vector<llama_token> & tokens, llama_token sampled, int32_t size_n, int32_t size_m) {
+              const NgramConfig cfg = NgramConfig::from({{"ngram_simple_size_n", size_n}, {"ngram_simple_size_m", size_m}});
+              return ngram_simple_draft(cfg, tokens.data(), tokens.size(), sampled);
+          },
+          "tokens"_a, "sampled"_a, "size_n"_a, "size_m"_a,
+          "The engine's ngram-simple look-up (llama.cpp's common_ngram_simple_draft) after `tokens` and `sampled`, uncut.");
     using Row = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
     m.def("argmax", [](const Row & logits) { return argmax(logits.data(), (int32_t) logits.shape(0)); }, "logits"_a,
           "The engine's greedy token of a row of logits (float32): the first of the largest.");
@@ -220,7 +250,9 @@ void bind_tables(nb::module_ & m) {
     m.attr("BATCH_SHIFT_ROWS_MAX") = BATCH_SHIFT_ROWS_MAX;
     m.attr("LAYER_INPUT_ARCHS") = names_tuple(LAYER_INPUT_ARCHS);
     m.attr("DRAFTERS") = drafters_tuple();
-    m.attr("DRAFTER_NEEDS") = drafter_needs_tuple();
+    m.attr("DRAFTER_TRAITS") = drafter_traits_tuple();
+    m.attr("DRAFTER_NEEDS_KINDS") = names_tuple(DRAFTER_NEEDS_NAMES);
+    m.attr("DRAFT_FILE_KINDS") = draft_file_kinds_tuple();
     m.attr("CHAIN_POLICIES") = names_tuple(CHAIN_POLICY_NAMES);
     m.attr("SCHEDULES") = names_tuple(SCHEDULE_NAMES);
     m.attr("FINISH_REASONS") = names_tuple(FINISH_REASON_NAMES);
@@ -338,6 +370,7 @@ void bind_engine_options(nb::module_ & m) {
 void bind_engine_facts(nb::class_<Engine> & c) {
     c.def_prop_ro("closed", &Engine::closed)
         .def_prop_ro("n_vocab", &Engine::n_vocab)
+        .def_prop_ro("eog_tokens", &Engine::eog_tokens)
         .def_prop_ro("n_embd", &Engine::n_embd)
         .def_prop_ro("n_ctx", &Engine::n_ctx)
         .def_prop_ro("n_ctx_seq", &Engine::n_ctx_seq)
@@ -575,6 +608,39 @@ void bind_engine_results(nb::class_<Engine> & c) {
         .def_prop_ro("n_prompt", [](const Engine & e) { return e.n_prompt(); });
 }
 
+// a look-up drafter walked along a recorded path (the what-if's replay of the stateful look-ups)
+void bind_lookup_walk(nb::module_ & m) {
+    nb::class_<LookupWalk>(m, "LookupWalk",
+                           "A look-up drafter of the engine walked along a recorded greedy path with no model.")
+        .def("__init__",
+             [](LookupWalk * self, const std::string & name, const DrafterOptions & options,
+                std::vector<llama_token> path, int32_t n_prompt, int32_t n_vocab, std::vector<llama_token> eog) {
+                 LookupVocab vocab;
+                 vocab.n_tokens = n_vocab;
+                 std::sort(eog.begin(), eog.end());
+                 vocab.eog = std::move(eog);
+                 new (self) LookupWalk(name, options, std::move(path), n_prompt, std::move(vocab));
+             },
+             "name"_a, "options"_a, "path"_a, "n_prompt"_a, "n_vocab"_a, "eog"_a)
+        .def("propose",
+             [](LookupWalk & w, int32_t g, int32_t n_cap, int32_t cap_reason, int32_t n_min) -> nb::object {
+                 if (cap_reason < 0 || cap_reason > STOP_EXHAUSTED) {
+                     fail(ErrorKind::PARAMETER, "cap_reason must index STOP_REASONS");
+                 }
+                 if (!w.propose(g, n_cap, (StopReason) cap_reason, n_min)) {
+                     return nb::none();
+                 }
+                 const Draft & d = w.draft();
+                 return nb::make_tuple(nb::cast(d.tokens), (int) d.stop);
+             },
+             "g"_a, "n_cap"_a, "cap_reason"_a, "n_min"_a,
+             "The draft at position g under a cap: (tokens, stop reason), or None where it takes no part (n_cap 0).")
+        .def("told", &LookupWalk::told, "g"_a, "took_part"_a, "last"_a, "n_accepted"_a, "replay"_a,
+             "The step at position g ended: the drafter learns its outcome as the engine tells it.")
+        .def_prop_ro("positions", &LookupWalk::positions)
+        .def_prop_ro("n_resets", &LookupWalk::n_resets, "Times the drafter forgot what it learned along the walk.");
+}
+
 void bind_engine(nb::module_ & m) {
     m.def("signal_check_interval", [] { return (double) signal_check_interval.count() * 1e-6; },
           "Seconds between a long call's checks for signals, at most (0: no checks).");
@@ -611,4 +677,5 @@ NB_MODULE(_native, m) {
     bind_generation_config(m);
     bind_engine_options(m);
     bind_engine(m);
+    bind_lookup_walk(m);
 }

@@ -21,6 +21,7 @@
 struct Drafter;
 struct DraftHead;
 struct HiddenProbe;
+struct LookupVocab;
 struct NextnApi;
 
 // Who drafts: a drafter's index in DRAFTER_TABLE (drafters.cpp). The per-step `drafter` column is a
@@ -63,12 +64,17 @@ constexpr bool needs_draft_file(DrafterNeeds n) {
            n == DrafterNeeds::DSPARK_HEAD;
 }
 
+// llama.cpp gives a recurrent target snapshot slots for a drafter of this need in the chain (common.h's
+// need_n_rs_seq in 0.3.36: draft-mtp, draft-eagle3, draft-dflash, draft-dspark); the look-ups and draft-simple (whose
+// transformer context drops the rejected rows itself) get none, and a session without slots runs only those.
+constexpr bool gets_snapshot_slots(DrafterNeeds n) { return n != DrafterNeeds::NOTHING && n != DrafterNeeds::DRAFT_MODEL; }
+
 // What a drafter factory is given (the MTP members are null when the model has no MTP layers, ctx_dft
 // when the session has no draft model). The target's context is not among them: a drafter reads the
 // target through the features it declares (Drafter::features, handed over in observe_target).
 struct DrafterSetup {
     DrafterId id = DRAFTER_NONE;             // the drafter's index in DRAFTER_TABLE
-    const llama_vocab * vocab = nullptr;
+    const LookupVocab * lookup_vocab = nullptr;  // the target's vocabulary as the look-ups read it
     const DrafterOptions * options = nullptr;
     const NextnApi * api = nullptr;          // the MTP head: the nextn API, its context and probe
     llama_context * ctx_mtp = nullptr;
@@ -85,9 +91,9 @@ struct DraftJob;
 // parameter error on a bad option) and, for a drafter with a model of its own shared by the sequences (the
 // MTP head), how the drafters of several sequences decode together, as llama.cpp drafts for a server's slots.
 struct DrafterEntry {
-    const char * name;       // the engine's name (the trace's drafter axis)
-    const char * spec_type;  // llama.cpp's --spec-type value: what errors name it by
+    const char * name;  // llama.cpp's --spec-type value: the trace's drafter axis, what errors name it by
     DrafterNeeds needs;
+    bool has_confidence;  // its drafts carry a confidence: p_min applies to them
     std::unique_ptr<Drafter> (*make)(const DrafterSetup & setup);
     // Drafts every job in one batch per depth (rows_per_depth, when given, gets the rows of each decode);
     // nullptr: each drafter drafts alone (Drafter::draft). Throws on a decode failure.
@@ -102,9 +108,8 @@ extern const DrafterEntry DRAFTER_TABLE[];
 extern const int32_t N_DRAFTERS;
 
 const char * drafter_name(int32_t id);          // DRAFTER_TABLE[id].name
-const char * drafter_spec_type(int32_t id);     // DRAFTER_TABLE[id].spec_type (llama.cpp's --spec-type)
 int32_t drafter_index(const std::string & name);  // the DrafterId of `name`, or -1
-std::string drafter_names_list();              // "mtp", "ngram", ... (for error messages)
+std::string drafter_names_list();              // "draft-mtp", "ngram-simple", ... (for error messages)
 
 // How the draft to verify is chosen when more than one drafter is asked.
 enum class ChainPolicy : int8_t {
@@ -219,6 +224,7 @@ struct DrafterStats {
     int64_t n_acc_drafts = 0;       // step outcomes with at least one token accepted
     int64_t n_acc_tokens = 0;       // tokens accepted
     std::vector<int64_t> acc_by_pos;  // [j]: step outcomes whose token j was accepted
+    int64_t n_resets = 0;           // times it forgot what it learned (ngram-mod: its table, on low acceptance)
     int64_t t_begin_ns = 0;         // wall time in begin() (llama.cpp's t_begin_us)
     int64_t t_draft_ns = 0;         // time in draft() (t_draft_us)
     int64_t t_accept_ns = 0;        // time in accept() and observe_target() (t_accept_us; a draft model's decode

@@ -5,8 +5,8 @@
 // Adding a drafter: its class (a Drafter, in its own files; it reads its options from
 // DrafterSetup::options with its own defaults, declares the target features it reads in features() and
 // gets them in observe_target()) and one entry below (with its batch functions if the drafters of several
-// sequences decode together); CMake compiles every native_ext/*.cpp. On the Python side: its record in core/drafters.py, its replay in
-// analysis/replay.py.
+// sequences decode together); CMake compiles every native_ext/*.cpp. On the Python side: its record in core/drafters.py
+// and, for a drafter with a model, its replay in analysis/replay.py (the what-if walks a look-up itself: lookup_walk.h).
 #include <memory>
 
 #include "draft_simple_drafter.h"
@@ -27,23 +27,23 @@ std::unique_ptr<Drafter> make_mtp(const DrafterSetup & s) {
 }
 
 std::unique_ptr<Drafter> make_ngram_simple(const DrafterSetup & s) {
-    return std::make_unique<NgramSimpleDrafter>(s.id, s.vocab, NgramConfig::from(*s.options));
+    return std::make_unique<NgramSimpleDrafter>(s.id, *s.lookup_vocab, NgramConfig::from(*s.options));
 }
 
 std::unique_ptr<Drafter> make_ngram_mod(const DrafterSetup & s) {
-    return std::make_unique<NgramModDrafter>(s.id, s.vocab, NgramModConfig::from(*s.options));
+    return std::make_unique<NgramModDrafter>(s.id, *s.lookup_vocab, NgramModConfig::from(*s.options));
 }
 
 std::unique_ptr<Drafter> make_ngram_map_k(const DrafterSetup & s) {
-    return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k", true));
+    return std::make_unique<NgramMapDrafter>(s.id, *s.lookup_vocab, NgramMapConfig::from(*s.options, "ngram_map_k", true));
 }
 
 std::unique_ptr<Drafter> make_ngram_map_k4v(const DrafterSetup & s) {
-    return std::make_unique<NgramMapDrafter>(s.id, s.vocab, NgramMapConfig::from(*s.options, "ngram_map_k4v", false));
+    return std::make_unique<NgramMapDrafter>(s.id, *s.lookup_vocab, NgramMapConfig::from(*s.options, "ngram_map_k4v", false));
 }
 
 std::unique_ptr<Drafter> make_ngram_cache(const DrafterSetup & s) {
-    return std::make_unique<NgramCacheDrafter>(s.id, s.vocab, NgramCacheConfig::from(*s.options));
+    return std::make_unique<NgramCacheDrafter>(s.id, *s.lookup_vocab, NgramCacheConfig::from(*s.options));
 }
 
 std::unique_ptr<Drafter> make_draft_simple(const DrafterSetup & s) {
@@ -61,24 +61,24 @@ std::unique_ptr<Drafter> make_draft_dflash(const DrafterSetup & s) {
 }  // namespace
 
 // (declared extern in drafter.h, so defined here with external linkage)
+// name (llama.cpp's --spec-type), what it needs, whether it has a confidence, its factory (and batch functions)
 constexpr DrafterEntry DRAFTER_TABLE[] = {
-    {"mtp", "draft-mtp", DrafterNeeds::MTP, make_mtp,                     // the model's MTP head (DRAFTER_MTP)
+    {"draft-mtp", DrafterNeeds::MTP, true, make_mtp,  // the model's MTP head (DRAFTER_MTP)
      MtpDrafter::draft_together, MtpDrafter::catch_up_together},
-    {"ngram", "ngram-simple", DrafterNeeds::NOTHING, make_ngram_simple},     // llama.cpp's ngram-simple prompt look-up
-    {"ngram-mod", "ngram-mod", DrafterNeeds::NOTHING, make_ngram_mod},    // llama.cpp's ngram-mod hashed n-gram table
-    {"ngram-map-k", "ngram-map-k", DrafterNeeds::NOTHING, make_ngram_map_k},      // llama.cpp's ngram-map-k key map
-    {"ngram-map-k4v", "ngram-map-k4v", DrafterNeeds::NOTHING, make_ngram_map_k4v},  // llama.cpp's ngram-map-k4v key/value map
-    {"ngram-cache", "ngram-cache", DrafterNeeds::NOTHING, make_ngram_cache},      // llama.cpp's ngram-cache n-gram statistics
-    {"draft-simple", "draft-simple", DrafterNeeds::DRAFT_MODEL, make_draft_simple},  // llama.cpp's draft-simple: a draft model
-    {"draft-eagle3", "draft-eagle3", DrafterNeeds::EAGLE3_HEAD, make_draft_eagle3},  // llama.cpp's draft-eagle3: an EAGLE-3 head
-    {"draft-dflash", "draft-dflash", DrafterNeeds::DFLASH_HEAD, make_draft_dflash},  // llama.cpp's draft-dflash: a block drafter
-    {"draft-dspark", "draft-dspark", DrafterNeeds::DSPARK_HEAD, make_draft_dflash},  // llama.cpp's draft-dspark: DFlash + Markov head
+    {"ngram-simple", DrafterNeeds::NOTHING, false, make_ngram_simple},     // prompt look-up
+    {"ngram-mod", DrafterNeeds::NOTHING, false, make_ngram_mod},           // hashed n-gram table
+    {"ngram-map-k", DrafterNeeds::NOTHING, false, make_ngram_map_k},       // key map
+    {"ngram-map-k4v", DrafterNeeds::NOTHING, false, make_ngram_map_k4v},   // key/value map
+    {"ngram-cache", DrafterNeeds::NOTHING, false, make_ngram_cache},       // n-gram statistics
+    {"draft-simple", DrafterNeeds::DRAFT_MODEL, true, make_draft_simple},  // a draft model
+    {"draft-eagle3", DrafterNeeds::EAGLE3_HEAD, true, make_draft_eagle3},  // an EAGLE-3 head
+    {"draft-dflash", DrafterNeeds::DFLASH_HEAD, true, make_draft_dflash},  // a DFlash block drafter
+    {"draft-dspark", DrafterNeeds::DSPARK_HEAD, true, make_draft_dflash},  // DFlash + a Markov head
 };
 static_assert(DRAFTER_TABLE[DRAFTER_MTP].make == make_mtp, "the MTP drafter is DRAFTER_MTP");
 const int32_t N_DRAFTERS = (int32_t) (sizeof(DRAFTER_TABLE) / sizeof(DRAFTER_TABLE[0]));
 
 const char * drafter_name(int32_t id) { return DRAFTER_TABLE[id].name; }
-const char * drafter_spec_type(int32_t id) { return DRAFTER_TABLE[id].spec_type; }
 
 int32_t option_or(const DrafterOptions & options, const char * key, int32_t fallback) {
     const auto it = options.find(key);

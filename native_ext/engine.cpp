@@ -95,6 +95,7 @@ void Engine::load_model() {
         fail(ErrorKind::LOAD, "llama.cpp could not load the model");
     }
     vocab = llama_model_get_vocab(model.get());
+    lookup_vocab = LookupVocab::of(vocab);
     layer_nextn = api.model_n_layer_nextn(model.get());
     recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
 }
@@ -318,6 +319,7 @@ void Engine::check_open() const {
 // ---- model facts and tokens ---------------------------------------------------------------------
 
 int32_t Engine::n_vocab() const { check_open(); return llama_vocab_n_tokens(vocab); }
+std::vector<llama_token> Engine::eog_tokens() const { check_open(); return lookup_vocab.eog; }
 int32_t Engine::n_embd() const { check_open(); return llama_model_n_embd(model.get()); }
 int32_t Engine::n_ctx() const { check_open(); return (int32_t) llama_n_ctx(ctx_tgt.get()); }
 int32_t Engine::n_ctx_seq() const { check_open(); return (int32_t) llama_n_ctx_seq(ctx_tgt.get()); }
@@ -385,11 +387,8 @@ void Engine::validate(const DraftParams & p) const {
 
 void Engine::validate_chain(const DrafterChain & c, const DraftParams & p) const {
     for (const DrafterId id : c.ids) {
-        // no slots: the drafters llama.cpp gives none either (common's need_n_rs_seq), the look-ups and draft-simple
-        // (its draft model is a transformer: its context drops the rejected rows as it does after any verify)
-        const DrafterNeeds needs = DRAFTER_TABLE[id].needs;
-        if (checkpoints() && needs != DrafterNeeds::NOTHING && needs != DrafterNeeds::DRAFT_MODEL) {
-            fail(ErrorKind::PARAMETER, std::string("\"") + drafter_spec_type(id) + "\" needs the target's snapshot slots "
+        if (checkpoints() && gets_snapshot_slots(DRAFTER_TABLE[id].needs)) {
+            fail(ErrorKind::PARAMETER, std::string("\"") + drafter_name(id) + "\" needs the target's snapshot slots "
                                        "(llama.cpp gives them for draft-mtp, draft-eagle3, draft-dflash and "
                                        "draft-dspark): this session has none (n_rs_seq=0), so it runs the look-ups "
                                        "and draft-simple only");
@@ -530,7 +529,7 @@ void Engine::begin_requests(const std::vector<Request> & requests) {
 
 std::vector<std::unique_ptr<Drafter>> Engine::build_drafters(const DrafterChain & c, const DrafterOptions & options) {
     DrafterSetup setup;
-    setup.vocab = vocab;
+    setup.lookup_vocab = &lookup_vocab;
     setup.options = &options;
     setup.api = &api;
     setup.ctx_mtp = ctx_mtp.get();

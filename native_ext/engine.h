@@ -19,6 +19,7 @@
 #include "drafter.h"
 #include "hidden_probe.h"
 #include "logits_scan.h"
+#include "lookup_vocab.h"
 #include "llama-cpp.h"
 #include "llama.h"
 
@@ -74,6 +75,7 @@ struct Engine {
     // model facts
     std::string arch() const;  // general.architecture
     int32_t n_vocab() const;
+    std::vector<llama_token> eog_tokens() const;  // every end-of-generation token of the vocabulary, ascending
     int32_t n_embd() const;
     // the width of the target's extracted feature rows (its nextn rows: llama_model_n_embd_out)
     int32_t n_feature_embd() const { return llama_model_n_embd_out(model.get()); }
@@ -256,6 +258,7 @@ struct Engine {
     std::vector<std::unique_ptr<Sequence>> reqs;  // this generation's requests, in order
     std::vector<Sequence *> slots;      // n_parallel entries: the request holding each sequence, or null
     const llama_vocab * vocab = nullptr;
+    LookupVocab lookup_vocab;           // the vocabulary as the look-up drafters read it
     int32_t layer_nextn = 0;
     bool recurrent = false;
 

@@ -248,9 +248,9 @@ std::shared_ptr<const NgramCache> ngram_cache_file(const std::string & path, int
     return cache;
 }
 
-NgramCacheDrafter::NgramCacheDrafter(DrafterId id, const llama_vocab * vocab, const NgramCacheConfig & config)
+NgramCacheDrafter::NgramCacheDrafter(DrafterId id, const LookupVocab & vocab, const NgramCacheConfig & config)
     : LookupDrafter(id, vocab) {
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    const int32_t n_vocab = vocab.n_tokens;
     const auto none = std::make_shared<const NgramCache>();
     nc_static = config.lookup_cache_static.empty()
                     ? none

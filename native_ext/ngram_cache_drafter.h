@@ -79,7 +79,7 @@ NgramCache ngram_cache_load(const std::string & path, int32_t n_vocab, const cha
 std::shared_ptr<const NgramCache> ngram_cache_file(const std::string & path, int32_t n_vocab, const char * flag);
 
 struct NgramCacheDrafter final : LookupDrafter {
-    NgramCacheDrafter(DrafterId id, const llama_vocab * vocab, const NgramCacheConfig & config);
+    NgramCacheDrafter(DrafterId id, const LookupVocab & vocab, const NgramCacheConfig & config);
 
     NgramCache nc_context;                         // grown along the generation
     std::shared_ptr<const NgramCache> nc_dynamic;  // read from lookup_cache_dynamic (empty: none)

@@ -58,12 +58,12 @@ std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama
     return draft_tokens;
 }
 
-void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const llama_vocab * vocab,
+void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const LookupVocab & vocab,
                        Draft & out) {
     out.stop = STOP_EXHAUSTED;
     for (const llama_token t : found) {
         out.tokens.push_back(t);
-        if (llama_vocab_is_eog(vocab, t)) {
+        if (vocab.is_eog(t)) {
             out.stop = STOP_EOS;
             break;
         }
@@ -93,7 +93,7 @@ double RunningAcceptance::expected(int32_t n) const {
     return e;
 }
 
-void RunningAcceptance::observe(const DraftOutcome & outcome, const llama_vocab * vocab) {
+void RunningAcceptance::observe(const DraftOutcome & outcome, const LookupVocab & vocab) {
     if (outcome.proposal == nullptr) {
         return;
     }
@@ -105,7 +105,7 @@ void RunningAcceptance::observe(const DraftOutcome & outcome, const llama_vocab 
     }
     for (int32_t j = 0; j < n; ++j) {
         ++tested[j];
-        if (proposal[j] != outcome.emitted[j] || llama_vocab_is_eog(vocab, outcome.emitted[j])) {
+        if (proposal[j] != outcome.emitted[j] || vocab.is_eog(outcome.emitted[j])) {
             break;
         }
         ++accepted[j];

@@ -10,6 +10,7 @@
 
 #include "drafter.h"
 #include "llama.h"
+#include "lookup_vocab.h"
 
 struct NgramConfig {
     int32_t size_n = 12;  // n-gram looked up (option "ngram_simple_size_n"; llama.cpp: --spec-ngram-simple-size-n)
@@ -30,7 +31,7 @@ std::vector<llama_token> ngram_simple_draft(const NgramConfig & cfg, const llama
 // fill_lookup_draft: the look-up's tokens `found` as the step's draft: cut after an end-of-generation
 // token and to req.n_cap; stop reason cap_reason at n_cap, `eos` at an end-of-generation token,
 // `exhausted` when the look-up had no (more) tokens; dropped when shorter than req.params.n_min.
-void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const llama_vocab * vocab,
+void fill_lookup_draft(const std::vector<llama_token> & found, const DraftRequest & req, const LookupVocab & vocab,
                        Draft & out);
 
 // The running acceptance per depth that estimates a look-up draft's expected accepted length (the chain's
@@ -43,7 +44,7 @@ struct RunningAcceptance {
     // Sum over k of prod_{j<=k} a_j, with a_j = (accepted_j + 1) / (tested_j + 2), for a draft of n tokens.
     double expected(int32_t n) const;
     // The drafter's proposal (verified or not) against the tokens the step emitted.
-    void observe(const DraftOutcome & outcome, const llama_vocab * vocab);
+    void observe(const DraftOutcome & outcome, const LookupVocab & vocab);
 };
 
 // A look-up drafter (no model, no confidence): the Drafter interface once for all of them. begin() forgets the
@@ -51,7 +52,7 @@ struct RunningAcceptance {
 // with fill_lookup_draft; the expected accepted length is the running acceptance's; accept() lets it observe
 // the step, then on_outcome() updates the drafter's own state.
 struct LookupDrafter : Drafter {
-    LookupDrafter(DrafterId id, const llama_vocab * vocab) : Drafter(id), vocab(vocab) {}
+    LookupDrafter(DrafterId id, const LookupVocab & vocab) : Drafter(id), vocab(vocab) {}
 
     void begin(const std::vector<llama_token> & prompt) final;
     bool draft(const DraftRequest & req, Draft & out) final;
@@ -66,12 +67,12 @@ struct LookupDrafter : Drafter {
     virtual void on_begin(const std::vector<llama_token> & /*prompt*/) {}
     virtual void on_outcome(const DraftOutcome & /*outcome*/) {}
 
-    const llama_vocab * vocab;
+    const LookupVocab & vocab;  // the engine's (or the walk's): outlives its drafters
 };
 
 // llama.cpp's ngram-simple: stateless (ngram_simple_draft).
 struct NgramSimpleDrafter final : LookupDrafter {
-    NgramSimpleDrafter(DrafterId id, const llama_vocab * vocab, const NgramConfig & config)
+    NgramSimpleDrafter(DrafterId id, const LookupVocab & vocab, const NgramConfig & config)
         : LookupDrafter(id, vocab), config(config) {}
 
     const NgramConfig config;

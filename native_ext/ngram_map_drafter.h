@@ -75,7 +75,7 @@ struct NgramMap {
 };
 
 struct NgramMapDrafter final : LookupDrafter {
-    NgramMapDrafter(DrafterId id, const llama_vocab * vocab, const NgramMapConfig & config)
+    NgramMapDrafter(DrafterId id, const LookupVocab & vocab, const NgramMapConfig & config)
         : LookupDrafter(id, vocab), map(config) {}
 
     NgramMap map;

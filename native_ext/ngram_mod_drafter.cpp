@@ -85,7 +85,6 @@ void NgramModDrafter::on_begin(const std::vector<llama_token> & prompt) {
     i_last = 0;
     n_draft_last = 0;
     n_low = 0;
-    n_resets = 0;
     table.acquire();
     const size_t n = table.n, P = prompt.empty() ? 0 : prompt.size() - 1;  // without the last token
     if (P < n) {
@@ -144,7 +143,7 @@ void NgramModDrafter::on_outcome(const DraftOutcome & outcome) {
             table.reset();
             n_low = 0;
             i_last = 0;
-            ++n_resets;
+            ++stats.n_resets;
         }
     } else {
         n_low = 0;

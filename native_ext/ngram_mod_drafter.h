@@ -51,15 +51,14 @@ struct NgramModTable {
 };
 
 struct NgramModDrafter final : LookupDrafter {
-    NgramModDrafter(DrafterId id, const llama_vocab * vocab, const NgramModConfig & config)
+    NgramModDrafter(DrafterId id, const LookupVocab & vocab, const NgramModConfig & config)
         : LookupDrafter(id, vocab), config(config), table((size_t) config.n_match) {}
 
     const NgramModConfig config;
     NgramModTable table;
     size_t i_last = 0;        // context positions before this are in the table
     size_t n_draft_last = 0;  // length of its last draft (before the cap), 0: none
-    int32_t n_low = 0;        // consecutive low-acceptance steps
-    int64_t n_resets = 0;     // table resets on low acceptance (this generation)
+    int32_t n_low = 0;        // consecutive low-acceptance steps (a reset counts in stats.n_resets)
 
   protected:
     // common_speculative_impl_ngram_mod::begin over the prompt but its last token (llama.cpp's prompt_tgt):

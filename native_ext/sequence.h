@@ -19,7 +19,7 @@ struct GenerationConfig {
     int32_t max_tokens = 128;
     float temperature = 0.0f;
     uint32_t seed = 0;
-    // names of DRAFTER_TABLE, in chain order: "mtp" = [mtp], "ngram" = [ngram], a chain = several
+    // names of DRAFTER_TABLE (llama.cpp's --spec-type values), in chain order: one, or several for a chain
     std::vector<std::string> drafters{drafter_name(DRAFTER_MTP)};
     std::string chain_policy = CHAIN_POLICY_NAMES[(int) ChainPolicy::FIRST];
     DrafterOptions options;  // every drafter's options by keyword (each drafter reads its own keys)

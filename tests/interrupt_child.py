@@ -18,15 +18,21 @@ from mtp_explorer.core.schema import PHASES
 
 LONG = 7000  # tokens: ten seconds or more of decoding if the interrupt were ignored
 DELAY = 1.0  # seconds into the call when the signal is sent: past its prefill, in its steps (at least: see main)
+PREFILL_SHARE = 0.5  # the "prefill" call's signal: this share into its long prompt's decode, as measured warm
 PREFILLS = 5  # ... and at least this many times the warm-up's prefill, so that on a loaded machine too
 KEEPING = {"generate", "stream", "generate_parallel", "stream_parallel"}  # the calls that keep a partial trace
 ATTEMPTS = 3  # tries of a call whose signal landed in a prompt's decode, each with twice the delay
 
 
+def _long_prompt(s: mx.Session) -> str:
+    """A prompt of 4000 tokens: a decode long enough to be interrupted in (see PREFILL_SHARE)."""
+    return s.detokenize(s.tokenize((mx.demo_prompt(0) + mx.demo_prompt(1)) * 20)[:4000])
+
+
 def _calls(s: mx.Session) -> dict:
     prompt = mx.demo_prompt()
     many = [mx.demo_prompt(i) for i in range(2)]
-    long = s.detokenize(s.tokenize((mx.demo_prompt(0) + mx.demo_prompt(1)) * 20)[:4000])  # seconds of prompt decode
+    long = _long_prompt(s)
     return {
         "prefill": lambda: s.generate(long, max_tokens=64, n_max=3),
         "generate": lambda: s.generate(prompt, max_tokens=LONG, n_max=3),
@@ -85,17 +91,31 @@ def main(names: list[str]) -> None:
         # during a prompt's decode leaves no partial trace to keep); the "prefill" call wants it in its prompt
         prefill = max(t.t_prefill_ns for t in warm.traces) * 1e-9
         delay = max(DELAY, PREFILLS * prefill)
+        # the long prompt's decode as measured here and now: the "prefill" call's signal lands inside it (a fixed
+        # second can come after the whole call on a quiet machine, or in its steps)
+        long_prefill = s.generate(_long_prompt(s), max_tokens=1, n_max=0).t_prefill_ns * 1e-9
         for name in names:
             # a signal that lands in a prompt's decode (a busy machine can stretch one past the delay) leaves requests
             # with nothing generated: correct, but not the case under test; the call is then run again with twice the
             # delay, and the earlier attempts are reported too (their requests must each be cancelled and empty)
+            # ("prefill" wants it in the prompt: a try whose call ended before the signal is run again with half the
+            # delay, and reported under "late")
             early: list[dict] = []
+            late: list[dict] = []
             for attempt in range(ATTEMPTS):
-                out = _interrupt(s, calls, name, (DELAY if name == "prefill" else delay) * 2**attempt, oracle_step)
-                if name == "prefill" or not _landed_in_a_prompt(out) or attempt == ATTEMPTS - 1:
+                if name == "prefill":
+                    out = _interrupt(s, calls, name, PREFILL_SHARE * long_prefill / 2**attempt, oracle_step)
+                else:
+                    out = _interrupt(s, calls, name, delay * 2**attempt, oracle_step)
+                if attempt == ATTEMPTS - 1:
                     break
-                early.append(out)
-            out["early"] = early
+                if name == "prefill" and out["late"]:
+                    late.append(out)
+                elif name != "prefill" and _landed_in_a_prompt(out):
+                    early.append(out)
+                else:
+                    break
+            out["early"], out["late_tries"] = early, late
             print(json.dumps(out), flush=True)
 
 
@@ -105,13 +125,19 @@ def _interrupt(s: mx.Session, calls: dict, name: str, delay: float, oracle_step:
     s.last_parallel_trace = None
     sent: list[float] = []
     timer = threading.Timer(delay, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
-    out: dict = {"call": name, "interrupted": False, "delay": delay}
+    out: dict = {"call": name, "interrupted": False, "late": False, "delay": delay}
+    returned = False
     try:
         timer.start()
         calls[name]()
+        returned = True
+        timer.join()  # the signal still to come: it then lands here, after the call
     except KeyboardInterrupt:
-        out["interrupted"] = True
-        out["latency"] = time.perf_counter() - sent[0]
+        if returned:  # the call ran to its end before the signal
+            out["late"] = True
+        else:
+            out["interrupted"] = True
+            out["latency"] = time.perf_counter() - sent[0]
     timer.join()
     out["longest_step"] = max(_longest_step_seconds(s), oracle_step)
     t = s.last_trace

@@ -79,7 +79,7 @@ def test_registry_names_the_engines_drafters_and_policies():
         assert mode.policy in _native.CHAIN_POLICIES
         assert all(d.name in _native.DRAFTERS for d in mode.drafters)
     for spec in drafters.DRAFTER_SPECS.values():
-        assert spec.spec_type and spec.label and spec.replay
+        assert spec.name in drafters.SPEC_TYPE_ORDER and spec.label and spec.replay
         spec.load_replay()  # the simulator has a replay for every drafter
         for option in spec.options:
             assert option.flag.startswith("--spec-" if not option.is_path else "--lookup-cache-")

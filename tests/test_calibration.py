@@ -40,7 +40,7 @@ def test_reliability_and_ece_by_hand():
 def test_draft_outcomes_from_oracles_and_traces(model_mixed, oracles):
     o = oracles[0]
     depth, conf, acc = draft_outcomes(o)
-    chain_len = o.columns["draft_len"][:, mx.DRAFTERS.index("mtp")]
+    chain_len = o.columns["draft_len"][:, mx.DRAFTERS.index("draft-mtp")]
     # depth 1 is tested at every position with a chain; deeper only after accepted predecessors
     assert (depth == 1).sum() == int((chain_len > 0).sum())
     assert (depth == 2).sum() == int(((chain_len > 1) & (o.match_len >= 1)).sum())

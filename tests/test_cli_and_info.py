@@ -196,7 +196,7 @@ def test_run_command_ngram_without_mtp_head(model_no_mtp, tmp_path, capsys):
         4,
     )  # given as "ngram": recorded under llama.cpp's name
     won = t.steps_by_drafter()
-    assert won["mtp"] == 0 and won["ngram"] > 0  # the repeated line is looked up
+    assert won["draft-mtp"] == 0 and won["ngram-simple"] > 0  # the repeated line is looked up
 
 
 def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
@@ -230,7 +230,7 @@ def test_run_command_chain_counts_steps_won(model_mixed, tmp_path, capsys):
     won = t.steps_by_drafter()
     assert sum(won.values()) == t.n_steps
     assert "steps won by drafter" in out
-    assert f"ngram-simple {won['ngram']}  draft-mtp {won['mtp']}  (no draft {won['none']})" in out
+    assert f"ngram-simple {won['ngram-simple']}  draft-mtp {won['draft-mtp']}  (no draft {won['none']})" in out
 
 
 def test_run_command_mtp_drafters_need_an_mtp_head(model_no_mtp, capsys):

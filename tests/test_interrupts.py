@@ -47,6 +47,8 @@ def test_sigint_stops_the_call_within_a_step_and_the_session_goes_on(results, ca
         assert r["interrupted"], f"{call} ran to its end: the signal was not honoured"
         assert r["latency"] <= r["longest_step"] + SLACK, r
         assert r["again"] == {"n_tokens": 8, "finish_reason": "budget"}
+    for r in results[call]["late_tries"]:  # "prefill" only: the whole call ended before its signal, and kept it all
+        assert not r["interrupted"] and r["partial"]["finish_reason"] == "budget", r
 
 
 @pytest.mark.parametrize("call", sorted(TRACED))

@@ -10,10 +10,12 @@ from conftest import SHORT_NGRAM, check_accounting
 from test_greedy_equivalence import PROMPTS
 
 import mtp_explorer as mx
+from mtp_explorer.analysis.replay import ngram_simple_draft as ngram_simple_draft_engine
 
 pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 
-MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the oracle's draft columns
+# their slices of the oracle's draft columns
+MTP, NGRAM = mx.DRAFTERS.index("draft-mtp"), mx.DRAFTERS.index("ngram-simple")
 
 REPETITIVE = [
     "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2",
@@ -45,6 +47,22 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     if copy_max < size_n:
         return []
     return tokens[match_pos + size_n : match_pos + size_n + copy_max]
+
+
+def test_the_uncut_lookup_is_the_ports():
+    """The extension's ngram_simple_draft (what the server predictions read past the recorded depth) equals the port on
+    random repetitive histories, uncut, and refuses sizes below 1."""
+    rng = np.random.default_rng(0)
+    found = 0
+    for _ in range(300):
+        tokens = rng.integers(0, 4, size=int(rng.integers(0, 40))).tolist()
+        sampled, size_n, size_m = int(rng.integers(0, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        want = ngram_simple_draft(tokens, sampled, size_n, size_m)
+        assert ngram_simple_draft_engine(tokens, sampled, size_n, size_m) == want
+        found += bool(want)
+    assert found > 50
+    with pytest.raises(mx.ParameterError):
+        ngram_simple_draft_engine([1, 2, 3], 1, 0, 3)
 
 
 @pytest.mark.parametrize("size_n,size_m", [(1, 4), (2, 8), (3, 8), (4, 3)])
@@ -106,11 +124,11 @@ def test_ngram_telemetry_and_stop_reasons(session):
     check_accounting(t)
     reasons = {s.stop_reason for s in t.steps}
     assert "exhausted" in reasons  # no match at first
-    assert t.summary()["steps_by_drafter"]["ngram"] > 0
+    assert t.summary()["steps_by_drafter"]["ngram-simple"] > 0
     for s in t.steps:
         if s.stop_reason == "exhausted":
             assert s.n_drafted < 4
-        if s.drafter == "ngram":
+        if s.drafter == "ngram-simple":
             assert s.n_drafted > 0 and not np.isnan(s.expected_accepted)
             assert np.isnan(s.draft_prob).all()
     assert (t.rollback == t.n_drafted - t.n_accepted).all()

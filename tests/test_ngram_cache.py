@@ -2,7 +2,7 @@
 plain decoding, the simulator's replay of its caches (the context cache grown in llama.cpp's chunks, the dynamic and
 static cache files) equals the engine step by step, its statistics are llama.cpp's, bad cache files are parameter
 errors, a static cache of the model's own text raises acceptance, and the Python writer of static caches writes
-byte for byte what llama.cpp's llama-lookup-create writes (the libstdc++ map order the replay relies on)."""
+byte for byte what llama.cpp's llama-lookup-create writes (in the libstdc++ map order llama.cpp's files keep)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from conftest import check_accounting, check_drafter_stats, check_replay_exact
 
 import mtp_explorer as mx
+from mtp_explorer import _native
 from mtp_explorer.analysis import ngram_cache
 from mtp_explorer.core import drafters
 
@@ -207,37 +208,47 @@ def test_defaults_are_llama_cpp_s():
         ("lookup_cache_static", "--lookup-cache-static", "", True),
         ("lookup_cache_dynamic", "--lookup-cache-dynamic", "", True),
     ]
-    assert (spec.spec_type, spec.has_confidence, spec.needs_mtp) == ("ngram-cache", False, False)
-    assert spec.fixed_draft_len == ngram_cache.N_DRAFT
-    assert (
-        ngram_cache.LLAMA_NGRAM_MIN,
-        ngram_cache.LLAMA_NGRAM_MAX,
-        ngram_cache.LLAMA_NGRAM_STATIC,
-        ngram_cache.N_DRAFT,
-    ) == (1, 4, 2, 8)
+    assert (spec.name, spec.has_confidence, spec.needs_mtp) == ("ngram-cache", False, False)
+    assert spec.fixed_draft_len == 8  # llama.cpp's create_state_ngram_cache n_draft
+    assert (ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, ngram_cache.LLAMA_NGRAM_STATIC) == (1, 4, 2)
     assert drafters.option_values({"lookup_cache_static": Path("/x/y.bin")})["lookup_cache_static"] == "/x/y.bin"
 
 
-def test_draft_thresholds():
-    """common_ngram_cache_draft's rules on hand-made caches: the longest n-gram that passes its thresholds drafts,
-    the static cache weighs candidates (x 100 its count) and drafts alone where the others have nothing; ties go to
-    the first token in the map's iteration order (libstdc++: a bucket's newest key first)."""
-    context: dict = {}
-    ngram_cache.update(context, 1, 4, [6, 7, 6, 8], 4)
-    # only the 1-gram (6) matches after [1, 6]: 7 and 8 once each, 50 % < 66 %: no draft
-    assert ngram_cache.draft([1, 6], 8, context, {}, {}) == []
-    ngram_cache.update(context, 1, 4, [6, 7], 2)  # a new chunk: (6) -> 7 twice, 8 once: 67 % >= 66 %
-    assert ngram_cache.draft([1, 6], 1, context, {}, {}) == [7]
-    # a tie (3-gram (9, 5, 6) -> 7 once and 8 once: sample size 2 >= 1, 50 % >= 50 %): the first in iteration order
-    tie: dict = {}
-    ngram_cache.update(tie, 3, 3, [9, 5, 6, 7, 9, 5, 6, 8], 8)
-    part = tie[(9, 5, 6, -1)]
-    assert ngram_cache.part_order(part) == [(8, 1), (7, 1)]  # 7 then 8 inserted, one bucket each: newest first
-    assert ngram_cache.draft([9, 5, 6], 1, tie, {}, {}) == [8]
-    # the static cache's count after the last two tokens breaks it the other way
-    assert ngram_cache.draft([9, 5, 6], 1, tie, {}, {(5, 6, -1, -1): {7: 1}}) == [7]
+def _walk_draft(tmp_path, path, n_prompt, static=None, dynamic=None) -> list[int]:
+    """The engine's ngram-cache drafter's first token after ``path`` (its context cache: the path; the caches given
+    written to files as llama.cpp writes them), walked without a model."""
+    options = {}
+    for name, cache in (("lookup_cache_static", static), ("lookup_cache_dynamic", dynamic)):
+        if cache is not None:
+            ngram_cache.save(cache, tmp_path / f"{name}.bin")
+            options[name] = str(tmp_path / f"{name}.bin")
+    walk = _native.LookupWalk(SPEC, options, path, n_prompt, 100, [])
+    tokens, _ = walk.propose(0, 1, 0, 0)
+    return tokens
+
+
+def test_draft_thresholds(tmp_path):
+    """common_ngram_cache_draft's rules on hand-made caches (the engine's drafter, as the what-if walks it): the
+    context cache's n-grams pass lax thresholds, the dynamic cache's strict ones, the static cache drafts alone where
+    the others have nothing."""
+    # only the 1-gram (6) matches: 7 and 8 once each, 50 % < 66 %: no draft; 7 twice, 8 once: 67 % >= 66 %
+    assert _walk_draft(tmp_path, [6, 7, 6, 8, 1, 6], 6) == []
+    assert _walk_draft(tmp_path, [6, 7, 6, 8, 6, 7, 1, 6], 8) == [7]
     # the dynamic cache's strict thresholds: a 3-gram needs 2 samples and 66 %
-    assert ngram_cache.draft([9, 5, 6], 1, {}, tie, {}) == []
-    # the static cache alone: at least 2 samples, at least 50 % (a tie: the first in iteration order)
-    assert ngram_cache.draft([1, 2], 1, {}, {}, {(1, 2, -1, -1): {3: 1}}) == []
-    assert ngram_cache.draft([1, 2], 4, {}, {}, {(1, 2, -1, -1): {3: 2}, (2, 3, -1, -1): {4: 1, 5: 1}}) == [3, 5]
+    assert _walk_draft(tmp_path, [9, 5, 6], 3, dynamic={(9, 5, 6, -1): {7: 1, 8: 1}}) == []
+    assert _walk_draft(tmp_path, [9, 5, 6], 3, dynamic={(9, 5, 6, -1): {7: 2}}) == [7]
+    # the static cache alone: at least 2 samples, at least 50 %
+    assert _walk_draft(tmp_path, [1, 2], 2, static={(1, 2, -1, -1): {3: 1}}) == []
+    assert _walk_draft(tmp_path, [1, 2], 2, static={(1, 2, -1, -1): {3: 2}}) == [3]
+    with pytest.raises(mx.ParameterError, match="outside the model's vocabulary"):
+        _walk_draft(tmp_path, [1, 2], 2, static={(1, 2, -1, -1): {300: 2}})
+
+
+def test_walks_refuse_what_they_cannot_walk():
+    for name, match in (("beam", "unknown drafter"), ("draft-mtp", "drafts with a model")):
+        with pytest.raises(mx.ParameterError, match=match):
+            _native.LookupWalk(name, {}, [1, 2, 3], 2, 100, [])
+    walk = _native.LookupWalk("ngram-simple", {}, [1, 2, 3], 2, 100, [])
+    assert walk.positions == 2 and walk.propose(1, 0, 0, 0) is None  # a cap of 0: it takes no part
+    with pytest.raises(mx.ParameterError, match="outside the walk"):
+        walk.propose(2, 3, 0, 0)

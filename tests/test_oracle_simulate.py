@@ -30,7 +30,7 @@ PROMPTS = ["def fib(n):", "import os", "class Stack:", "for i in range(10):"]
 N_MAX = (1, 2, 3, 4, 6, 8)
 P_MIN = (0.0, 0.3, 0.5, 0.7, 0.9)
 TOKENS = 80
-MTP = mx.DRAFTERS.index("mtp")  # the MTP head's slice of the oracle's per-drafter columns
+MTP = mx.DRAFTERS.index("draft-mtp")  # the MTP head's slice of the oracle's per-drafter columns
 STEP_COLUMNS = (
     "pos",
     "n_drafted",

@@ -502,7 +502,7 @@ def test_drafter_labels_and_colours_come_from_the_registry(session):
     t = session.generate(PROMPT, max_tokens=24, n_max=3, drafter="chain")
     fig = plots.token_timeline(t, session.piece)
     hovers = [h for name in ("accepted", "rejected") for h in (_trace(fig, plots.ORIGIN_LABELS[name]).hovertext or ())]
-    labels = {MODES[mx.DRAFTER_SPECS[n].spec_type].label for n in mx.DRAFTERS}  # the engine's names: their choices
+    labels = {MODES[n].label for n in mx.DRAFTERS}  # each drafter: its choice's label
     assert hovers and all(any(f"{lab} draft" in h for lab in labels) for h in hovers)
 
 

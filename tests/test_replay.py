@@ -22,7 +22,8 @@ from mtp_explorer.analysis.replay import (
 )
 from mtp_explorer.core import drafters, schema
 
-MTP, NGRAM = mx.DRAFTERS.index("mtp"), mx.DRAFTERS.index("ngram")  # their slices of the per-drafter columns
+# their slices of the per-drafter columns
+MTP, NGRAM = mx.DRAFTERS.index("draft-mtp"), mx.DRAFTERS.index("ngram-simple")
 PROMPT = "x = [1, 2, 3]\nx = [1, 2, 3]\ny = [1, 2"  # repeats itself: the n-gram look-up finds matches
 DEPTH = 6
 

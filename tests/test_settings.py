@@ -56,7 +56,7 @@ def test_short_spellings_are_input_aliases_of_llama_cpps_names():
         assert mx.DraftSettings.from_dict({"drafter": short}) == b  # an earlier trace's record
         assert mx.DraftSettings(drafter="draft-mtp").replace(drafter=short) == b
     assert mx.DraftSettings(drafter="mtp") == mx.DraftSettings(drafter="draft-mtp")
-    assert mx.DraftSettings(drafter=["mtp", "ngram"]).drafter == "ngram-simple,draft-mtp"  # the engine's names too
+    assert mx.DraftSettings(drafter=["mtp", "ngram"]).drafter == "ngram-simple,draft-mtp"  # short spellings too
     assert mx.DraftSettings(drafter="chain", chain_policy="first") == mx.DraftSettings(drafter="ngram-simple,draft-mtp")
     assert set(mx.DRAFTER_MODES).isdisjoint({"mtp", "ngram", "chain"})  # the public list: llama.cpp's names
     assert mx.DRAFTER_MODES[0] == "draft-mtp" and {"ngram-simple", "ngram-simple,draft-mtp"} <= set(mx.DRAFTER_MODES)

@@ -34,7 +34,7 @@ def test_spec_type_values_are_parsed_as_llama_cpp_parses_them():
     assert drafters.mode("chain") == best and drafters.mode("chain").name == "ngram-simple,draft-mtp"
     assert drafters.mode("chain", "first") is drafters.mode("ngram-simple,draft-mtp")
     assert best.label != chain.label  # the policy shows in the label, not in the name
-    assert drafters.mode(["mtp", "ngram-mod"]) is drafters.MODES["ngram-mod,draft-mtp"]  # engine names in a chain
+    assert drafters.mode(["mtp", "ngram-mod"]) is drafters.MODES["ngram-mod,draft-mtp"]  # a short spelling in a chain
     # every listed choice and every name a message offers is llama.cpp's --spec-type value
     assert all(drafters.mode(n).spec_types == n for n in drafters.DRAFTER_MODES)
     assert drafters.DEFAULT_MODE == "draft-mtp" and drafters.default_mode(False) == "ngram-simple"
@@ -75,7 +75,7 @@ def test_first_policy_by_hand():
 def test_chain_policies_in_the_engine(session_mixed):
     """``first`` verifies the first usable draft and asks no drafter after it; ``best`` asks every drafter."""
     s = session_mixed
-    ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram-simple"].drafters[0].name), mx.DRAFTERS.index("mtp")
+    ngram, mtp = mx.DRAFTERS.index(drafters.MODES["ngram-simple"].drafters[0].name), mx.DRAFTERS.index("draft-mtp")
     first = s.generate(REPETITIVE, max_tokens=48, n_max=4, drafter="ngram-simple,draft-mtp", ngram_simple_size_n=2)
     assert first.settings["chain_policy"] == "first" and first.settings["drafter"] == "ngram-simple,draft-mtp"
     won_by_ngram = first.drafter == ngram
@@ -130,11 +130,24 @@ def test_ceiling_prices_only_the_drafters_a_policy_asks(session_mixed):
     """With every draft accepted, ``first`` verifies the first drafter's draft and asks no other: cheaper steps
     than ``best``, which asks every drafter (here the MTP head's decodes as well)."""
     o = session_mixed.record_oracle(REPETITIVE, max_tokens=32, depth=4, probe=True)
-    # the head's draft calls priced at 0.1 ms a decode at least: a loaded machine's fit may put them at nothing,
-    # and then the two policies tie (the SYNTHETIC floor keeps the comparison about who is asked)
-    draft = o.cost.draft.copy()
-    draft[1:, 0] = np.maximum(draft[1:, 0], 1e5 * np.arange(1, len(draft)))
-    costs = dataclasses.replace(o.cost, draft=draft)
+    # SYNTHETIC costs, positive round numbers: a loaded machine's fit can put the head's draft calls at nothing or
+    # an intercept below zero, and then the comparison would be about noise, not about who is asked
+    k, m = np.arange(len(o.cost.verify), dtype=float), np.arange(len(o.cost.draft), dtype=float)
+    flat = np.zeros_like(k)
+    costs = dataclasses.replace(
+        o.cost,
+        verify=np.stack([2e5 + 5e4 * k, flat], axis=1),
+        catchup=np.stack([5e4 * k, flat], axis=1),
+        draft=np.stack([1e5 * m, np.zeros_like(m)], axis=1),
+        ngram=np.array([500.0, 0.0]),
+        fresh_ns=3e5,
+        cold_ns=4e4,
+        warm_ns=2e4,
+        sample_ns=3e3,
+        sample_plain_ns=1e3,
+        sample_row_ns=300.0,
+        rollback_ns=3e3,
+    )
     first, best = (
         sim.ceiling_tokens_per_second(o, 4, drafters.mode("ngram-simple,draft-mtp", p), costs=costs)
         for p in ("first", "best")

@@ -597,7 +597,7 @@ def test_drafter_selector_sets_the_next_run(session):
     ex.run()
     assert ex.wait(60)
     mtp_tokens = ex.trace.tokens
-    assert ex.trace.settings["drafter"] == "draft-mtp" and ex.trace.steps_by_drafter()["ngram"] == 0
+    assert ex.trace.settings["drafter"] == "draft-mtp" and ex.trace.steps_by_drafter()["ngram-simple"] == 0
     d.value = "ngram"  # a short spelling: the control shows llama.cpp's name, and the run records it
     assert d.value == "ngram-simple" and ex.controls.request().drafter == "ngram-simple"
     assert ex.controls.request().stream_kwargs()["settings"].drafter == "ngram-simple"
@@ -612,7 +612,7 @@ def test_drafter_selector_sets_the_next_run(session):
     assert t.settings["drafter"] == "ngram-simple"
     assert t.tokens == mtp_tokens  # greedy: the drafter changes the speed, never the text
     by = t.steps_by_drafter()
-    assert by["mtp"] == 0 and by["ngram"] > 0
+    assert by["draft-mtp"] == 0 and by["ngram-simple"] > 0
     assert ex.baseline is not None and len(ex.baselines) == 1  # the plain baseline does not depend on it
     d.value = "chain"
     ex.step()
@@ -635,11 +635,11 @@ def test_drafter_change_during_a_run_applies_to_the_next_run(session):
     assert ex.wait(30)
     t = ex.trace
     assert ex.error == "" and t.finish_reason == "cancelled" and t.settings["drafter"] == "draft-mtp"
-    assert t.steps_by_drafter()["ngram"] == 0 and t.steps_by_drafter()["mtp"] > 20
+    assert t.steps_by_drafter()["ngram-simple"] == 0 and t.steps_by_drafter()["draft-mtp"] > 20
     ex.controls.max_tokens.value = 32
     ex.run()
     assert ex.wait(60)
-    assert ex.trace.settings["drafter"] == "ngram-simple" and ex.trace.steps_by_drafter()["mtp"] == 0
+    assert ex.trace.settings["drafter"] == "ngram-simple" and ex.trace.steps_by_drafter()["draft-mtp"] == 0
 
 
 def test_whatif_follows_the_drafter(session):
@@ -746,7 +746,7 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         ex.run()
         assert ex.wait(60)
         assert ex.error == "" and ex.finish_reason == "budget" and ex.trace.settings["drafter"] == "ngram-simple"
-        assert ex.trace.steps_by_drafter()["mtp"] == 0 and ex.baseline is not None
+        assert ex.trace.steps_by_drafter()["draft-mtp"] == 0 and ex.baseline is not None
         # mtp or chain: the session's error in the error area, nothing raised, the session usable
         for drafter, action in (("mtp", ex.run), ("chain", ex.step)):
             d.value = drafter

@@ -1,11 +1,11 @@
-"""llama.cpp's n-gram caches (common/ngram-cache.{h,cpp}, 0.3.36) in Python: the simulator's replay of the
-``ngram-cache`` drafter and a writer of static cache files.
+"""llama.cpp's n-gram cache files (common/ngram-cache.{h,cpp}, 0.3.36) in Python: a writer of static cache files
+for the ``ngram-cache`` drafter (whose drafts the engine makes, native_ext/ngram_cache_drafter.cpp, and the what-if
+replays with the same code), and a reader.
 
 A cache maps an n-gram (a tuple of :data:`LLAMA_NGRAM_MAX` tokens, the unused ones -1) to its *part*: the count of
-each token seen after it. The engine's caches (native_ext/ngram_cache_drafter.cpp) are llama.cpp's
-``std::unordered_map`` types, and a draft breaks ties between equally frequent tokens by their iteration order, so
-this module reproduces the order of libstdc++'s ``unordered_map`` (:func:`libstdcxx_order`) from the order in which
-keys were inserted (a Python ``dict`` keeps it). The same order makes :func:`save` write byte for byte what
+each token seen after it. llama.cpp's caches are ``std::unordered_map`` types and its files list them in their
+iteration order, so this module reproduces the order of libstdc++'s ``unordered_map`` (:func:`libstdcxx_order`) from
+the order in which keys were inserted (a Python ``dict`` keeps it): :func:`save` writes byte for byte what
 llama.cpp's ``common_ngram_cache_save`` writes, and :func:`write_static_cache` what ``llama-lookup-create`` writes
 for the same tokens.
 
@@ -26,14 +26,7 @@ from ..core.errors import ParameterError
 LLAMA_NGRAM_MIN = 1  #: shortest n-gram of the context and dynamic caches
 LLAMA_NGRAM_MAX = 4  #: longest n-gram, and the tokens of an n-gram record
 LLAMA_NGRAM_STATIC = 2  #: the static cache's n-grams
-N_DRAFT = 8  #: longest draft of llama.cpp's ngram-cache drafter (create_state_ngram_cache's n_draft)
 TOKEN_NULL = -1  #: LLAMA_TOKEN_NULL, the unused places of an n-gram
-
-# draft thresholds per n-gram size 1..4 (draft_min_sample_size_* and draft_min_percent_* in common/ngram-cache.cpp)
-MIN_SAMPLE_SIZE_LAX = (2, 2, 1, 1)
-MIN_PERCENT_LAX = (66, 50, 50, 50)
-MIN_SAMPLE_SIZE_STRICT = (4, 3, 2, 2)
-MIN_PERCENT_STRICT = (75, 66, 66, 66)
 
 #: libstdc++'s bucket counts as an ``unordered_map`` grows one insertion at a time from empty (1 bucket): it moves
 #: to the next count when an insertion would make the elements outnumber the buckets (its _Prime_rehash_policy
@@ -135,67 +128,6 @@ def update(cache: Cache, ngram_min: int, ngram_max: int, inp: Sequence[int], nne
         for i in range(max(n - nnew, size), n):
             part = cache.setdefault(ngram_of(inp, i - size, size), {})
             part[inp[i]] = part.get(inp[i], 0) + 1
-
-
-def _try_static(nc_static: Cache, ngram: Ngram) -> int:
-    """try_draft from the static cache alone: its most frequent token after ``ngram`` (the first of a tie)."""
-    part = nc_static.get(ngram)
-    if part is None:
-        return TOKEN_NULL
-    max_count, total, best = 0, 0, TOKEN_NULL
-    for token, count in part_order(part):
-        if count > max_count:
-            best, max_count = token, count
-        total += count
-    k = LLAMA_NGRAM_STATIC - 1
-    if total < MIN_SAMPLE_SIZE_LAX[k] or 100 * max_count < MIN_PERCENT_LAX[k] * total:
-        return TOKEN_NULL
-    return best
-
-
-def _try_primary(
-    nc_primary: Cache, ngrams: list[Ngram], part_static: Part, min_sample: Sequence[int], min_percent: Sequence[int]
-) -> int:
-    """try_draft from the context or dynamic cache, the longest n-gram first, counts weighed by the static part."""
-    for i in range(len(ngrams) - 1, -1, -1):
-        part = nc_primary.get(ngrams[i])
-        if part is None:
-            continue
-        max_primary = max_static = total = 0
-        best = TOKEN_NULL
-        for token, count in part_order(part):
-            weight = 100 * part_static[token] if token in part_static else 1
-            if count * weight > max_primary * max_static:
-                best, max_primary, max_static = token, count, weight
-            total += count
-        if total < min_sample[i] or 100 * max_primary < min_percent[i] * total:
-            continue
-        return best
-    return TOKEN_NULL
-
-
-def draft(inp: Sequence[int], n_draft: int, nc_context: Cache, nc_dynamic: Cache, nc_static: Cache) -> list[int]:
-    """``common_ngram_cache_draft`` after ``inp`` (the history and the last sampled token): up to ``n_draft``
-    tokens (without llama.cpp's leading last token)."""
-    out: list[int] = []
-    if len(inp) < LLAMA_NGRAM_STATIC:
-        return out
-    seq = list(inp)
-    while len(out) < n_draft:
-        end = len(seq)
-        ngram_static = ngram_of(seq, end - LLAMA_NGRAM_STATIC, LLAMA_NGRAM_STATIC)
-        part_static = nc_static.get(ngram_static, {})
-        ngrams = [ngram_of(seq, end - size, size) for size in range(LLAMA_NGRAM_MIN, LLAMA_NGRAM_MAX + 1)]
-        token = _try_primary(nc_context, ngrams, part_static, MIN_SAMPLE_SIZE_LAX, MIN_PERCENT_LAX)
-        if token == TOKEN_NULL:
-            token = _try_primary(nc_dynamic, ngrams, part_static, MIN_SAMPLE_SIZE_STRICT, MIN_PERCENT_STRICT)
-        if token == TOKEN_NULL:
-            token = _try_static(nc_static, ngram_static)
-        if token == TOKEN_NULL:
-            break
-        out.append(token)
-        seq.append(token)
-    return out
 
 
 # -- files -------------------------------------------------------------------------------------------------

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from .. import _native
 from ..core.drafters import DrafterSpec, option_values, recorded_options, register_replays
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
-from . import ngram_cache
 
 if TYPE_CHECKING:
     from .oracle import CostModel, OracleTrace
@@ -114,7 +114,7 @@ class DrafterReplay(abc.ABC):
     #: Its model catches up on every verified row (the MTP head): the catch-up phase runs, the target's caches
     #: are cold at the verify, and the sample phase carries the head's bookkeeping.
     follows_target: ClassVar[bool] = False
-    #: Its proposals depend on its state along the path (:class:`StatefulReplay`): the simulator walks step by step.
+    #: Its proposals depend on its state along the path (:class:`LookupReplay`): the simulator walks step by step.
     stateful: ClassVar[bool] = False
     #: Why its drafts depend on the steps it is not asked in (a chain's earlier drafter drafted), which the oracle
     #: (every drafter asked at every position) never has: its replay behind a ``first``-policy chain is then
@@ -125,9 +125,7 @@ class DrafterReplay(abc.ABC):
         """Why replaying it in ``mode`` at ``n_max`` cannot be exact ('': it is): by default, :attr:`state_note` when
         an earlier drafter of a ``first``-policy chain takes steps from it."""
         chained_behind = mode.policy == "first" and self.spec in mode.drafters[1:]
-        return (
-            f"once {mode.drafters[0].spec_type} drafts, {self.state_note}" if chained_behind and self.state_note else ""
-        )
+        return f"once {mode.drafters[0].name} drafts, {self.state_note}" if chained_behind and self.state_note else ""
 
     def __init__(self, oracle: OracleTrace, spec: DrafterSpec) -> None:
         self.oracle = oracle
@@ -386,16 +384,9 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     """llama.cpp's ``common_ngram_simple_draft`` (0.3.36, common/ngram-map.cpp): after the history ``tokens`` and the
     last sampled token, the (at most ``size_m``) tokens that followed the latest earlier occurrence of the last
     ``size_n`` tokens; empty without a match, with too short a history (``size_n + size_m + 1`` tokens or fewer) or
-    a continuation shorter than ``size_n``. Uncut: llama.cpp's callers cut it (to the draft cap)."""
-    cur_len = len(tokens)
-    if cur_len <= size_n + size_m + 1:
-        return []
-    pattern = list(tokens[cur_len - size_n + 1 :]) + [sampled]
-    for j in range(cur_len - size_n - 1, 0, -1):  # position 0 means no match in llama.cpp
-        if tokens[j : j + size_n] == pattern:
-            copy_max = min(size_m, cur_len - (j + size_n))
-            return [] if copy_max < size_n else list(tokens[j + size_n : j + size_n + copy_max])
-    return []
+    a continuation shorter than ``size_n``. Uncut: llama.cpp's callers cut it (to the draft cap). A parameter error for
+    a size below 1."""
+    return list(_native.ngram_simple_draft(tokens, sampled, size_n, size_m))  # the engine's (ngram_drafter.h)
 
 
 class NgramSimpleReplay(DrafterReplay):
@@ -430,22 +421,24 @@ class DrafterState(abc.ABC):
         """The drafter is asked at position ``g``: its proposal there, its state advanced as the engine's."""
 
     @abc.abstractmethod
-    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int, replay: bool = False) -> None:
         """The step at ``g`` ended: ``asked``: it drafted there (or the step is a checkpoint replay, which keeps the
         last draft to judge); ``last``: its draft is the one verified last (llama.cpp's impl_last, this step or
         before) and llama.cpp tells it the outcome (at a partial acceptance under checkpoints it tells none; the
-        replay after it tells the replayed tokens, all accepted); ``n_accepted``: the tokens accepted."""
+        ``replay`` step after it tells the replayed tokens, all accepted); ``n_accepted``: the tokens accepted."""
 
     @abc.abstractmethod
     def candidate(self) -> Candidate:
         """Its proposals at the positions asked so far (the arrays of :class:`Candidate`)."""
 
 
-class StatefulReplay(DrafterReplay):
-    """A drafter whose proposals depend on what it saw along the path (a table that grows, resets on low
-    acceptance): the simulator walks step by step and asks :attr:`state` (a :class:`DrafterState`, made by
-    :meth:`candidate` for one setting) at each position. Its tokens, lengths and accepted prefixes are those of
-    the last walk (the oracle's recording, asked at every position, before any)."""
+class LookupReplay(DrafterReplay):
+    """A look-up drafter whose proposals depend on what it saw along the path (ngram-mod's table, filled in
+    llama.cpp's chunks and reset after five low-acceptance steps; ngram-map's key statistics; ngram-cache's context
+    cache and its cache files): the simulator walks step by step and asks :attr:`state` (a :class:`LookupState`
+    over the engine's own drafter, made by :meth:`candidate` for one setting) at each position. Its tokens, lengths
+    and accepted prefixes are those of the last walk (the oracle's recording, asked at every position, before
+    any)."""
 
     stateful = True
 
@@ -485,63 +478,56 @@ class StatefulReplay(DrafterReplay):
         self.state = self.start(np.asarray(cap), np.asarray(reason), int(n_min), bool(active) and self.available)
         return self.state.candidate()
 
-    @abc.abstractmethod
-    def start(self, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> DrafterState:
-        """A fresh state at the start of a generation (its begin), for one setting."""
-
-    def record(self, g: int, found: list[int], cap: int, cap_reason: int) -> tuple[int, int]:
-        """A look-up's tokens ``found`` at ``g`` as the engine cuts them (fill_lookup_draft: after an end-of-generation
-        token, at the cap) into the replay's arrays; returns (length, stop reason)."""
-        eog = self.oracle.columns["token_eog"]
-        accept = self.oracle.accept_tokens
-        n, stop = 0, STOP["exhausted"]
+    def record(self, g: int, tokens: list[int], stop: int) -> int:
+        """The engine drafter's proposal at ``g`` (its ``tokens`` and stop reason) into the replay's arrays; returns
+        its length."""
+        n, accept = len(tokens), self.oracle.accept_tokens
         row = self._tokens[g]
         row[:] = -1
-        for t in found:
-            row[n] = t
-            n += 1
-            if self._is_eog(t, eog):
-                stop = STOP["eos"]
-                break
-            if n >= cap:
-                stop = cap_reason
-                break
+        row[:n] = tokens
         m = 0
         while m < n and g + m < len(accept) and row[m] == accept[g + m]:
             m += 1
         self._length[g], self._eos[g], self._match[g] = n, stop == STOP["eos"], m
-        return n, stop
+        return n
 
-    def _is_eog(self, t: int, eog: np.ndarray) -> bool:
-        """``t`` ends a generation (the oracle knows this of the tokens on its path; a drafted token off the path is
-        looked up in the model's end-of-generation ids the recording saw)."""
-        ids = self.__dict__.get("_eog_ids")
-        if ids is None:
-            tok = np.asarray(self.oracle.columns["token"])
-            ids = self.__dict__["_eog_ids"] = set(tok[eog.astype(bool)].tolist())
-        return t in ids
+    def walk(self) -> _native.LookupWalk:
+        """The engine's drafter at the start of a generation over the recording's path, with the recorded options
+        (a cache file named there and gone is a ParameterError naming it)."""
+        model = self.oracle.model
+        eog = model.get("eog_tokens")
+        if eog is None:  # recorded before 2026-11-29: the end-of-generation tokens the path shows
+            tokens = np.asarray(self.oracle.columns["token"])
+            eog = sorted(set(tokens[self.oracle.columns["token_eog"].astype(bool)].tolist()))
+        n_vocab = int(model.get("n_vocab", np.iinfo(np.int32).max))
+        options = option_values(recorded_options(self.oracle.settings, self.spec.options))
+        return _native.LookupWalk(
+            self.spec.name, options, self.path_tokens, len(self.oracle.prompt_tokens), n_vocab, list(eog)
+        )
+
+    def start(self, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> DrafterState:
+        """A fresh state at the start of a generation (its begin), for one setting."""
+        walk = self.walk()
+        self._walk = walk  # held until the next setting's is made: a cache file the two read is read once
+        return LookupState(self, cap, reason, n_min, active, walk)
 
     def expectation(self) -> Expectation:
         return RunningAcceptance()
 
 
 class LookupState(DrafterState):
-    """The per-position arrays of a look-up drafter's proposals along one walk (shared by the n-gram tables)."""
+    """A look-up drafter's proposals along one walk: the engine's drafter (``native_ext/lookup_walk.h``) asked and
+    told position by position as the engine asks and tells it on the path the walk takes."""
 
-    def __init__(self, replay: StatefulReplay, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool) -> None:
+    def __init__(
+        self, replay: LookupReplay, cap: np.ndarray, reason: np.ndarray, n_min: int, active: bool, walk
+    ) -> None:
         T = len(cap)
-        self.replay, self.cap, self.reason, self.n_min, self.active = (
-            replay,
-            cap.tolist(),
-            reason.tolist(),
-            n_min,
-            active,
-        )
+        self.replay, self.walk, self.n_min, self.active = replay, walk, n_min, active
+        self.cap, self.reason = cap.tolist(), reason.tolist()
         self.n_raw = np.zeros(T, dtype=np.int64)
         self.stop = np.asarray(reason, dtype=np.int8).copy()
         self.asked = np.zeros(T, dtype=bool)
-        self.history = replay.path_tokens
-        self.n_prompt = len(replay.oracle.prompt_tokens)
 
     def candidate(self) -> Candidate:
         return Candidate(
@@ -549,309 +535,16 @@ class LookupState(DrafterState):
         )
 
     def propose(self, g: int) -> None:
-        if not self.active or self.cap[g] <= 0:  # the engine's look-up drafters take no part at a cap of 0
+        if not self.active:
             return
-        found = self.lookup(self.n_prompt - 1 + g)
-        n, stop = self.replay.record(g, found, self.cap[g], self.reason[g])
-        self.n_raw[g], self.stop[g], self.asked[g] = n, stop, True
-
-    @abc.abstractmethod
-    def lookup(self, cur_len: int) -> list[int]:
-        """The drafter's look-up after ``history[:cur_len]`` and the last sampled token ``history[cur_len]`` (its
-        state advanced as the engine's draft() advances it)."""
-
-
-# -- llama.cpp's ngram-mod ------------------------------------------------------------------------------
-class NgramModTable:
-    """common_ngram_mod's hash table (a dict of the filled entries): the index of n tokens is
-    ``sum(t_i * C^(n-1-i))`` modulo 2^64 then modulo the size; the size is a power of two dividing 2^64, so the
-    index is computed modulo the size throughout."""
-
-    SIZE = 4 * 1024 * 1024
-    MULT = 6364136223846793005 % SIZE
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.entries: dict[int, int] = {}
-
-    def idx(self, tokens: list[int], i: int) -> int:
-        res, mult, size = 0, self.MULT, self.SIZE
-        for t in tokens[i : i + self.n]:
-            res = (res * mult + t) % size
-        return res
-
-    def add(self, tokens: list[int], i: int) -> None:
-        self.entries[self.idx(tokens, i)] = tokens[i + self.n]
-
-    def get(self, tokens: list[int], i: int) -> int:
-        return self.entries.get(self.idx(tokens, i), -1)
-
-    def reset(self) -> None:
-        self.entries.clear()
-
-
-class NgramModState(LookupState):
-    """ngram-mod along one walk: the table, ``i_last``, the last draft's length and the low-acceptance streak,
-    exactly as NgramModDrafter (native_ext/ngram_mod_drafter.cpp) keeps them."""
-
-    def __init__(self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, options: dict) -> None:
-        super().__init__(replay, cap, reason, n_min, active)
-        self.n_match, self.mod_n_min, self.mod_n_max = (
-            options["ngram_mod_n_match"],
-            options["ngram_mod_n_min"],
-            options["ngram_mod_n_max"],
-        )
-        self.table = NgramModTable(self.n_match)
-        self.i_last = self.n_draft_last = self.n_low = 0
-        self.n_resets = 0  # table resets on low acceptance along the walk
-        P, n = self.n_prompt - 1, self.n_match  # begin(): the prompt but its last token
-        if P >= n:
-            for i in range(P - n):
-                self.table.add(self.history, i)
-            self.i_last = P - n
-            if len(self.table.entries) / self.table.SIZE > 0.25:
-                self.table.reset()
-
-    def lookup(self, cur_len: int) -> list[int]:
-        n, hist = self.n_match, self.history
-        self.n_draft_last = 0
-        if cur_len < n:
-            return []
-        if self.i_last + 32 < cur_len:
-            for i in range(self.i_last, cur_len - n):
-                self.table.add(hist, i)
-            self.i_last = cur_len - n
-        window = hist[cur_len - n + 1 : cur_len + 1]
-        for i in range(self.mod_n_max):
-            t = self.table.get(window, i)
-            if t == -1:
-                if i < self.mod_n_min:
-                    return []
-                break
-            window.append(t)
-        found = window[n:]
-        self.n_draft_last = len(found)
-        return found
-
-    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
-        if not asked:
-            self.n_draft_last = 0
-        if not last or self.n_draft_last == 0:
+        found = self.walk.propose(g, self.cap[g], self.reason[g], self.n_min)
+        if found is None:  # the engine's look-up drafters take no part at a cap of 0
             return
-        if n_accepted / self.n_draft_last < 0.25:
-            self.n_low += 1
-            if self.n_low >= 5:
-                self.table.reset()
-                self.n_low = self.i_last = 0
-                self.n_resets += 1
-        else:
-            self.n_low = 0
+        tokens, stop = found
+        self.n_raw[g], self.stop[g], self.asked[g] = self.replay.record(g, tokens, stop), stop, True
 
-
-class NgramModReplay(StatefulReplay):
-    """llama.cpp's ngram-mod: its table replayed along the walk (filled from the path's tokens in llama.cpp's chunks,
-    reset after five low-acceptance steps as the drafter verified last); no confidence, a running acceptance for
-    its expected accepted length."""
-
-    def start(self, cap, reason, n_min, active) -> DrafterState:
-        recorded = recorded_options(self.oracle.settings, self.spec.options)
-        return NgramModState(self, cap, reason, n_min, active, option_values(recorded))
-
-
-# -- llama.cpp's ngram-map-k / ngram-map-k4v ------------------------------------------------------------
-class NgramMapState(LookupState):
-    """common_ngram_map along one walk, exactly as NgramMap (native_ext/ngram_map_drafter.cpp) keeps it: the hash map
-    (2^18 slots of the 32-bit LCG hash, a slot keeps its first index), the key statistics (hits, up to four value
-    m-grams with their counts and last accepted lengths) and the last draft's key and value."""
-
-    HASH_SIZE = 262144
-    LCG = 2654435761
-    MAX_COUNT = 16380
-    N_VALUES = 4
-
-    def __init__(
-        self,
-        replay: StatefulReplay,
-        cap,
-        reason,
-        n_min: int,
-        active: bool,
-        size_n: int,
-        size_m: int,
-        min_hits: int,
-        key_only: bool,
-    ) -> None:
-        super().__init__(replay, cap, reason, n_min, active)
-        self.n, self.m, self.min_hits, self.key_only = size_n, size_m, min_hits, key_only
-        self.key_map: dict[int, int] = {}
-        self.key_map_last_idx = 0
-        self.size_last_begin = self.n_prompt - 1  # begin(): the prompt but its last token
-        self.keys: list[dict] = []  # key_idx, stat_idx, key_num, values: [[value_idx, value_num, n_accepted] x 4]
-        self.last: tuple[int, int] | None = None  # the last draft's (key, value), None: no draft created
-
-    def _hash(self, tokens: list[int], start: int) -> int:
-        h = 0
-        for t in tokens[start : start + self.n]:
-            h = (h * self.LCG + t) & 0xFFFFFFFF
-        return h % self.HASH_SIZE
-
-    def _key_at(self, j: int, key: list[int]) -> bool:
-        return self.history[j : j + self.n] == key
-
-    def _find(self, cur_len: int, key: list[int]) -> int:
-        n, m, begin, last_idx = self.n, self.m, self.size_last_begin, self.key_map_last_idx
-        idx = self.key_map.get(self._hash(key, 0), 0)
-        if idx != 0 and idx < cur_len - n - m - 1 and self._key_at(idx, key):
-            return idx
-        if begin > n + m + 1:
-            for j in range(begin - n - m - 1, last_idx, -1):
-                if self._key_at(j, key):
-                    return j
-        for j in range(cur_len - n - m - 1, max(begin, last_idx), -1):
-            if self._key_at(j, key):
-                return j
-        return 0
-
-    def _hash_new(self, cur_len: int) -> None:
-        n, m, begin, last_idx = self.n, self.m, self.size_last_begin, self.key_map_last_idx
-        ranges = [range(begin - n - m - 1, last_idx, -1)] if begin > n + m + 1 else []
-        ranges.append(range(cur_len - n - m - 1, max(begin, last_idx), -1))
-        for r in ranges:
-            for j in r:
-                self.key_map.setdefault(self._hash(self.history, j), j)
-        self.key_map_last_idx = max(cur_len - n - m - 1, last_idx)
-
-    def _entry(self, key: list[int], match_pos: int) -> int:
-        for i, k in enumerate(self.keys):
-            if self._key_at(k["key_idx"], key):
-                return i
-        self.keys.append(
-            {
-                "key_idx": match_pos,
-                "stat_idx": 0,
-                "key_num": 0,
-                "values": [[0, 0, self.m] for _ in range(self.N_VALUES)],
-            }
-        )
-        return len(self.keys) - 1
-
-    def _count_values(self, k: dict, key: list[int], match_pos: int) -> int | None:
-        """ngram-map-k4v: the slot of the most frequent m-gram, None when it is not frequent enough to draft."""
-        hist, n, m, values = self.history, self.n, self.m, k["values"]
-        for i in range(k["stat_idx"], match_pos + 1):
-            if not self._key_at(i, key):
-                continue
-            begin = i + n
-            for v in values:
-                if v[0] == 0:
-                    v[0], v[1], v[2] = begin, 0, m
-                elif hist[begin : begin + m] != hist[v[0] : v[0] + m]:
-                    continue
-                v[1] = min(v[1] + 1, self.MAX_COUNT)
-                break
-        k["stat_idx"] = match_pos
-        slot, max_occur = 0, 0
-        for s, v in enumerate(values):
-            if v[1] > max_occur:
-                slot, max_occur = s, v[1]
-        others = sum(v[1] for s, v in enumerate(values) if s != slot)
-        return None if others > 0 and max_occur < 2 * others else slot
-
-    def lookup(self, cur_len: int) -> list[int]:
-        self.last = None
-        n, m = self.n, self.m
-        if cur_len < 2 * n + m:
-            return []
-        key = self.history[cur_len - n + 1 : cur_len + 1]
-        match_pos = self._find(cur_len, key)
-        self._hash_new(cur_len)
-        if match_pos == 0:
-            return []
-        offset = self._entry(key, match_pos)
-        k = self.keys[offset]
-        k["key_num"] = min(k["key_num"] + 1, self.MAX_COUNT)
-        slot = 0
-        if not self.key_only:
-            if k["key_num"] < self.min_hits:
-                return []
-            slot = self._count_values(k, key, match_pos)  # type: ignore[assignment]
-            if slot is None:
-                return []
-        n_draft = min(m, k["values"][slot][2])
-        self.last = (offset, slot)
-        return self.history[match_pos + n : match_pos + n + max(n_draft, 0)]
-
-    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
-        if not asked:
-            self.last = None
-        if last and self.last is not None:
-            key, value = self.last
-            self.keys[key]["values"][value][2] = n_accepted
-
-
-class NgramMapReplay(StatefulReplay):
-    """llama.cpp's ngram-map-k and ngram-map-k4v: the map and its key statistics replayed along the walk (each
-    key's draft as long as its last verified draft's acceptance); no confidence, a running acceptance for its
-    expected accepted length."""
-
-    def start(self, cap, reason, n_min, active) -> DrafterState:
-        recorded = recorded_options(self.oracle.settings, self.spec.options)
-        values = option_values(recorded)
-        size_n, size_m, min_hits = (values[o.name] for o in self.spec.options)
-        key_only = self.spec.options[0].name.startswith("ngram_map_k_")
-        return NgramMapState(self, cap, reason, n_min, active, size_n, size_m, min_hits, key_only)  # type: ignore[arg-type]
-
-
-# -- llama.cpp's ngram-cache ----------------------------------------------------------------------------
-class NgramCacheState(LookupState):
-    """common_speculative_impl_ngram_cache along one walk, exactly as NgramCacheDrafter
-    (native_ext/ngram_cache_drafter.cpp) keeps it: the context cache, grown at each draft call with the tokens since
-    the previous call (llama.cpp's chunks: n-grams across two chunks never enter it), and the dynamic and static caches
-    read from the recorded files. Its accept is a no-op."""
-
-    def __init__(
-        self, replay: StatefulReplay, cap, reason, n_min: int, active: bool, nc_dynamic: dict, nc_static: dict
-    ) -> None:
-        super().__init__(replay, cap, reason, n_min, active)
-        self.nc_context: dict = {}
-        self.nc_dynamic, self.nc_static = nc_dynamic, nc_static
-        self.cache_size = 0  # history tokens (and the last sampled one) the context cache has seen
-
-    def lookup(self, cur_len: int) -> list[int]:
-        hist = self.history
-        if self.cache_size < cur_len + 1:
-            chunk = hist[min(self.cache_size, cur_len) : cur_len + 1]
-            ngram_cache.update(
-                self.nc_context, ngram_cache.LLAMA_NGRAM_MIN, ngram_cache.LLAMA_NGRAM_MAX, chunk, len(chunk)
-            )
-            self.cache_size = cur_len + 1
-        return ngram_cache.draft(
-            hist[: cur_len + 1], ngram_cache.N_DRAFT, self.nc_context, self.nc_dynamic, self.nc_static
-        )
-
-    def told(self, g: int, asked: bool, last: bool, n_accepted: int) -> None:
-        """llama.cpp's ngram-cache learns nothing from an outcome (its accept is a no-op)."""
-
-
-class NgramCacheReplay(StatefulReplay):
-    """llama.cpp's ngram-cache: its context cache replayed along the walk, the dynamic and static cache files of the
-    recording read again (a recording replayed where they are gone is a ParameterError naming them); no confidence,
-    a running acceptance for its expected accepted length."""
-
-    @cached_property
-    def files(self) -> tuple[dict, dict]:
-        """(dynamic, static) caches of the recording's options (empty where it named no file)."""
-        recorded = recorded_options(self.oracle.settings, self.spec.options)
-        values = option_values(recorded)
-        by_name = {o.name: o for o in self.spec.options}
-        return tuple(  # type: ignore[return-value]
-            ngram_cache.load(values[name], by_name[name].flag) if values[name] else {}  # type: ignore[arg-type]
-            for name in ("lookup_cache_dynamic", "lookup_cache_static")
-        )
-
-    def start(self, cap, reason, n_min, active) -> DrafterState:
-        nc_dynamic, nc_static = self.files
-        return NgramCacheState(self, cap, reason, n_min, active, nc_dynamic, nc_static)
+    def told(self, g: int, asked: bool, last: bool, n_accepted: int, replay: bool = False) -> None:
+        self.walk.told(g, asked, last, n_accepted, replay)
 
 
 register_replays(
@@ -860,7 +553,5 @@ register_replays(
     Eagle3Replay,
     DFlashReplay,
     NgramSimpleReplay,
-    NgramModReplay,
-    NgramMapReplay,
-    NgramCacheReplay,
+    LookupReplay,
 )

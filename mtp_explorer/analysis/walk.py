@@ -359,7 +359,7 @@ class _Walk:
             if replay:  # a checkpoint replay: nothing drafted or asked; the drafter verified last hears the replayed
                 for d, st in enumerate(self.states):  # tokens as accepted, as llama.cpp tells it only now
                     if st is not None:
-                        st.told(g, True, d == last, replay)
+                        st.told(g, True, d == last, replay, replay=True)
                 path.append(g)
                 chosen.append(0)
                 replayed.append(replay)

@@ -2,10 +2,10 @@
 
 A :class:`DrafterSpec` says everything the rest of the package asks about a drafter: its engine name
 (the ``drafter`` column indexes :data:`~mtp_explorer.core.schema.DRAFTERS`, and so does the drafter axis of
-the per-drafter oracle columns ``draft``, ``draft_len``, ...), its llama.cpp ``--spec-type`` name, a label
-for views, whether it has a confidence (``p_min`` applies) and needs an MTP head, its options with llama.cpp's
-flags and defaults (the engine takes them by keyword, in ``GenerationConfig.options``), and the name of its
-replay in the simulator.
+the per-drafter oracle columns ``draft``, ``draft_len``, ...), which is its llama.cpp ``--spec-type`` name, a
+label for views, its traits as the engine's drafter table declares them (:data:`TRAITS`: whether it has a
+confidence, so that ``p_min`` applies, what it needs), its options with llama.cpp's flags and defaults (the engine
+takes them by keyword, in ``GenerationConfig.options``), and the name of its replay in the simulator.
 A :class:`DrafterMode` is what ``Session.generate(drafter=...)`` takes: one drafter, or a chain of them
 with a policy. Views, the what-if panel, sweeps, calibration and the CLI read these records instead of
 comparing names; adding a drafter means adding its record here (and its class in ``native_ext/``).
@@ -27,9 +27,12 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 #: the same way that reads the target's layers (an ``eagle3`` GGUF: an EAGLE-3 head; a ``dflash`` GGUF: a DFlash block
 #: drafter, or a DSpark one when llama.cpp's DSpark converter wrote it). The last four are the kinds of draft model a
 #: session can hold (``Session.draft_kind``).
-NEEDS: tuple[str, ...] = ("nothing", "mtp", "draft_model", "eagle3_head", "dflash_head", "dspark_head")
+NEEDS: tuple[str, ...] = tuple(_native.DRAFTER_NEEDS_KINDS)
 #: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
-DRAFT_KINDS: tuple[str, ...] = ("draft_model", "eagle3_head", "dflash_head", "dspark_head")
+DRAFT_KINDS: tuple[str, ...] = tuple(_native.DRAFT_FILE_KINDS)
+#: Each engine drafter's traits, by name, as the engine's drafter table declares them (``native_ext/drafters.cpp``):
+#: ``needs`` (an entry of :data:`NEEDS`), ``has_confidence``, ``snapshot_slots``, ``draft_file``.
+TRAITS: Mapping[str, Mapping[str, Any]] = {t["name"]: t for t in _native.DRAFTER_TRAITS}
 #: How messages name each kind of draft model.
 DRAFT_KIND_LABELS: Mapping[str, str] = {
     "draft_model": "draft model that drafts alone",
@@ -90,11 +93,8 @@ class DrafterOption:
 class DrafterSpec:
     """What the package knows of one drafter."""
 
-    name: str  #: the engine's name (an entry of DRAFTERS)
-    spec_type: str  #: llama.cpp's ``--spec-type`` value
+    name: str  #: llama.cpp's ``--spec-type`` value, the engine's name (an entry of DRAFTERS)
     label: str  #: how views name it
-    has_confidence: bool  #: its drafts carry a confidence, so ``p_min`` applies and calibration exists
-    needs: str  #: what it drafts with besides the history (an entry of :data:`NEEDS`)
     options: tuple[DrafterOption, ...] = ()
     replay: str = ""  #: the class name of its replay in the simulator (:func:`register_replays` makes it known)
     description: str = ""
@@ -106,6 +106,16 @@ class DrafterSpec:
     server_carry: str = ""
 
     @property
+    def has_confidence(self) -> bool:
+        """Its drafts carry a confidence, so ``p_min`` applies and calibration exists (the engine's table says)."""
+        return bool(TRAITS[self.name]["has_confidence"])
+
+    @property
+    def needs(self) -> str:
+        """What it drafts with besides the history (an entry of :data:`NEEDS`; the engine's table says)."""
+        return str(TRAITS[self.name]["needs"])
+
+    @property
     def needs_mtp(self) -> bool:
         """It drafts with the model's MTP (nextn) layers."""
         return self.needs == "mtp"
@@ -113,14 +123,14 @@ class DrafterSpec:
     @property
     def needs_draft_model(self) -> bool:
         """It drafts with a model file of its own (a draft model or an EAGLE-3 head: llama.cpp's ``-md``)."""
-        return self.needs in DRAFT_KINDS
+        return bool(TRAITS[self.name]["draft_file"])
 
     @property
     def gets_snapshot_slots(self) -> bool:
         """llama.cpp gives a recurrent target snapshot slots when it is in the chain (``need_n_rs_seq`` in 0.3.36's
         common.h: draft-mtp, draft-eagle3, draft-dflash, draft-dspark); without them llama-speculative-simple restores
         a checkpoint after a partial acceptance."""
-        return self.needs in ("mtp", "eagle3_head", "dflash_head", "dspark_head")
+        return bool(TRAITS[self.name]["snapshot_slots"])
 
     @property
     def is_lookup(self) -> bool:
@@ -211,7 +221,7 @@ class DrafterMode:
     def spec_types(self) -> str:
         """The chain as llama.cpp's ``--spec-type`` value (comma-separated, in llama.cpp's order of preference,
         which :func:`mode` parses back to this choice up to its policy)."""
-        named = {d.spec_type for d in self.drafters}
+        named = {d.name for d in self.drafters}
         return ",".join(t for t in SPEC_TYPE_ORDER if t in named)
 
 
@@ -287,13 +297,10 @@ def _ngram_map_spec(name: str, label: str, min_hits_help: str, description: str)
     """An ngram-map drafter (``ngram-map-k``, ``ngram-map-k4v``): its options under its prefix, one replay."""
     return DrafterSpec(
         name,
-        name,
         label,
-        has_confidence=False,
-        needs="nothing",
         options=_ngram_map_options(name.replace("-", "_"), min_hits_help),
         server_carry="each slot's key map (common_ngram_map_begin keeps the keys below the new prompt's length)",
-        replay="NgramMapReplay",
+        replay="LookupReplay",
         description=description,
     )
 
@@ -321,11 +328,8 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
     s.name: s
     for s in (
         DrafterSpec(
-            "mtp",
             "draft-mtp",
             "MTP head",
-            has_confidence=True,
-            needs="mtp",
             replay="MtpReplay",
             server_carry="each slot's pending hidden row (common_speculative_impl_draft_mtp::pending_h: the "
             "catch-up pairs a request's first prompt token with the last hidden row of the request "
@@ -333,11 +337,8 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
             description="the model's MTP (nextn) head drafts autoregressively; confidence compared with p_min",
         ),
         DrafterSpec(
-            "ngram",
             "ngram-simple",
             "n-gram look-up",
-            has_confidence=False,
-            needs="nothing",
             options=_NGRAM_OPTIONS,
             replay="NgramSimpleReplay",
             description="prompt look-up: the last ngram_simple_size_n tokens matched earlier in the context, "
@@ -345,12 +346,9 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "ngram-mod",
-            "ngram-mod",
             "n-gram table",
-            has_confidence=False,
-            needs="nothing",
             options=_NGRAM_MOD_OPTIONS,
-            replay="NgramModReplay",
+            replay="LookupReplay",
             server_carry="its n-gram pool, shared by the slots (begin() adds each prompt's n-grams and clears the "
             "pool only past 25% occupancy)",
             description="a hash table of the context's ngram_mod_n_match-grams and the token after each, followed "
@@ -372,12 +370,9 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "ngram-cache",
-            "ngram-cache",
             "n-gram cache",
-            has_confidence=False,
-            needs="nothing",
             options=_NGRAM_CACHE_OPTIONS,
-            replay="NgramCacheReplay",
+            replay="LookupReplay",
             fixed_draft_len=8,
             server_carry="each slot's context cache (begin() does nothing: a shorter next prompt's n-grams are "
             "added only once the slot's tokens outgrow the last request's)",
@@ -387,20 +382,14 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "draft-simple",
-            "draft-simple",
             "draft model",
-            has_confidence=True,
-            needs="draft_model",
             replay="DraftModelReplay",
             description="a separate, smaller model with the same vocabulary (Session.open(draft_model=...), "
             "llama.cpp's -md) drafts greedily; confidence compared with p_min",
         ),
         DrafterSpec(
             "draft-eagle3",
-            "draft-eagle3",
             "EAGLE-3 head",
-            has_confidence=True,
-            needs="eagle3_head",
             replay="Eagle3Replay",
             description="a one-layer EAGLE-3 head (an eagle3 GGUF: Session.open(draft_model=...), llama.cpp's -md) "
             "reads three of the target's layers after every decode and drafts greedily from them, "
@@ -408,10 +397,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "draft-dflash",
-            "draft-dflash",
             "DFlash block",
-            has_confidence=True,
-            needs="dflash_head",
             replay="DFlashReplay",
             description="a DFlash block drafter (a dflash GGUF: Session.open(draft_model=...), llama.cpp's -md) "
             "reads target layers into its memory after every decode and drafts a whole block in one "
@@ -419,10 +405,7 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
         ),
         DrafterSpec(
             "draft-dspark",
-            "draft-dspark",
             "DSpark block",
-            has_confidence=True,
-            needs="dspark_head",
             replay="DFlashReplay",
             description="a DSpark block drafter (DFlash with a Markov head chained across the block; a dflash GGUF "
             "from llama.cpp's DSpark converter) drafts a block in one pass from its first slot on; "
@@ -433,28 +416,23 @@ DRAFTER_SPECS: Mapping[str, DrafterSpec] = {
 
 if tuple(DRAFTER_SPECS) != DRAFTERS:  # the engine and the registry must name the same drafters
     raise ImportError(f"drafter registry {tuple(DRAFTER_SPECS)} differs from the engine's {DRAFTERS}")
-if tuple(s.needs for s in DRAFTER_SPECS.values()) != tuple(_native.DRAFTER_NEEDS):
-    raise ImportError(
-        f"drafter registry needs {[s.needs for s in DRAFTER_SPECS.values()]} differ from the engine's "
-        f"{_native.DRAFTER_NEEDS}"
-    )
 
 
 def _alone(name: str) -> DrafterMode:
     """The mode of one drafter under its name, label and description."""
     spec = DRAFTER_SPECS[name]
-    return DrafterMode(spec.spec_type, (spec,), label=spec.label, description=spec.description)
+    return DrafterMode(spec.name, (spec,), label=spec.label, description=spec.description)
 
 
 def _then_mtp(name: str, label: str = "") -> DrafterMode:
     """llama.cpp's ``--spec-type <look-up>,draft-mtp``: the look-up's draft where it has one, else the MTP head's."""
     spec = DRAFTER_SPECS[name]
     return DrafterMode(
-        f"{spec.spec_type},draft-mtp",
-        (spec, DRAFTER_SPECS["mtp"]),
+        f"{spec.name},draft-mtp",
+        (spec, DRAFTER_SPECS["draft-mtp"]),
         policy="first",
         label=f"{label or spec.label}, then MTP",
-        description=f"llama.cpp's --spec-type {spec.spec_type},draft-mtp: the {spec.label}'s draft where "
+        description=f"llama.cpp's --spec-type {spec.name},draft-mtp: the {spec.label}'s draft where "
         "it has one, else the MTP head's",
     )
 
@@ -464,18 +442,23 @@ def _then_mtp(name: str, label: str = "") -> DrafterMode:
 MODES: Mapping[str, DrafterMode] = {
     m.name: m
     for m in (
-        DrafterMode("draft-mtp", (DRAFTER_SPECS["mtp"],), label="MTP", description=DRAFTER_SPECS["mtp"].description),
         DrafterMode(
-            "ngram-simple", (DRAFTER_SPECS["ngram"],), label="n-gram", description=DRAFTER_SPECS["ngram"].description
+            "draft-mtp", (DRAFTER_SPECS["draft-mtp"],), label="MTP", description=DRAFTER_SPECS["draft-mtp"].description
         ),
-        _then_mtp("ngram", label="n-gram"),
+        DrafterMode(
+            "ngram-simple",
+            (DRAFTER_SPECS["ngram-simple"],),
+            label="n-gram",
+            description=DRAFTER_SPECS["ngram-simple"].description,
+        ),
+        _then_mtp("ngram-simple", label="n-gram"),
         _alone("ngram-mod"),
         _then_mtp("ngram-mod"),
         _alone("ngram-map-k"),
         _alone("ngram-map-k4v"),
         DrafterMode(
             "ngram-simple,ngram-map-k,draft-mtp",
-            (DRAFTER_SPECS["ngram"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["mtp"]),
+            (DRAFTER_SPECS["ngram-simple"], DRAFTER_SPECS["ngram-map-k"], DRAFTER_SPECS["draft-mtp"]),
             policy="first",
             label="n-gram, key map, then MTP",
             description="llama.cpp's --spec-type ngram-simple,ngram-map-k,draft-mtp: the first of them with a draft",
@@ -502,10 +485,9 @@ MODE_ALIASES: Mapping[str, tuple[str, str | None]] = {
     "chain": ("ngram-simple,draft-mtp", "best"),
 }
 
-DRAFT_MTP = "draft-mtp"  #: llama.cpp's spec type of the model's own MTP head
+DRAFT_MTP = "draft-mtp"  #: llama.cpp's spec type of the model's own MTP head (its drafter in the ``drafter`` column)
 NGRAM_SIMPLE = "ngram-simple"  #: llama.cpp's spec type of the simple n-gram look-up (llama-server sizes its drafts)
 DEFAULT_MODE: str = DRAFT_MTP
-MTP_DRAFTER = "mtp"  #: the engine's name of the model's MTP head drafter (its index in the ``drafter`` column)
 
 #: llama.cpp 0.3.36's ``--spec-type`` names (common/speculative.cpp) in its order of preference: a chain's
 #: drafters are asked in this order whatever order the value names them in (common_speculative_init).
@@ -522,10 +504,10 @@ SPEC_TYPE_ORDER: tuple[str, ...] = (
     "draft-dspark",
 )
 _SPEC_TYPE_NONE = "none"
-if set(SPEC_TYPE_ORDER) != {s.spec_type for s in DRAFTER_SPECS.values()}:  # every llama.cpp type, and only those
+if set(SPEC_TYPE_ORDER) != {s.name for s in DRAFTER_SPECS.values()}:  # every llama.cpp type, and only those
     raise ImportError(
         f"--spec-type order {SPEC_TYPE_ORDER} differs from the registry's "
-        f"{sorted(s.spec_type for s in DRAFTER_SPECS.values())}"
+        f"{sorted(s.name for s in DRAFTER_SPECS.values())}"
     )
 
 
@@ -541,8 +523,8 @@ def mode(name: str | Sequence[str] | DrafterMode, policy: str | None = None) -> 
     """The ``drafter=`` choice: a :class:`DrafterMode` (passes through), llama.cpp's ``--spec-type`` value (a listed
     one of :data:`DRAFTER_MODES`, ``"draft-mtp"``, ``"ngram-mod,draft-mtp"``, ...; parsed as llama.cpp parses it:
     comma-separated, asked in llama.cpp's order of preference, a name given twice counted once), a list of such values,
-    or a short spelling of :data:`MODE_ALIASES` (``mtp``, ``ngram``, ``chain``; also the engine's names within a
-    chain), which comes back under its ``--spec-type`` name. ``policy`` (a chain policy) replaces the choice's own
+    or a short spelling of :data:`MODE_ALIASES` (``mtp``, ``ngram``, ``chain``; the first two also within a chain),
+    which comes back under its ``--spec-type`` name. ``policy`` (a chain policy) replaces the choice's own
     (``first`` for ``--spec-type`` chains, as llama.cpp; ``best`` for the ``chain`` alias)."""
     if isinstance(name, DrafterMode):
         found = name
@@ -592,11 +574,9 @@ def _spec_type_names(value: str | Sequence[str]) -> list[str]:
 
 def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     """The mode of a ``--spec-type`` value (see :func:`mode`)."""
-    engine = {s.name: s.spec_type for s in DRAFTER_SPECS.values()} | {
-        a: v for a, (v, _) in MODE_ALIASES.items() if "," not in v
-    }
-    names = [engine.get(n, n) for n in _spec_type_names(value)]  # short spellings: their --spec-type names
-    by_type = {s.spec_type: s for s in DRAFTER_SPECS.values()}
+    short = {a: v for a, (v, _) in MODE_ALIASES.items() if "," not in v}
+    names = [short.get(n, n) for n in _spec_type_names(value)]  # short spellings: their --spec-type names
+    by_type = {s.name: s for s in DRAFTER_SPECS.values()}
     for n in names:
         if n == _SPEC_TYPE_NONE:
             raise ParameterError("--spec-type none drafts nothing: use n_max=0 with any drafter")
@@ -610,11 +590,11 @@ def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     if listed is not None:
         return listed
     return DrafterMode(
-        ",".join(s.spec_type for s in chain),
+        ",".join(s.name for s in chain),
         chain,
         policy=CHAIN_POLICIES[0],
         label=", then ".join(s.label for s in chain),
-        description=f"llama.cpp's --spec-type {','.join(s.spec_type for s in chain)}",
+        description=f"llama.cpp's --spec-type {','.join(s.name for s in chain)}",
     )
 
 
@@ -645,7 +625,7 @@ def recording_mode(has_mtp: bool, has_draft_model: bool | str = False) -> Drafte
     every position."""
     specs = tuple(s for s in DRAFTER_SPECS.values() if s.runs_with(has_mtp, has_draft_model))
     return DrafterMode(
-        "+".join(s.spec_type for s in specs),
+        "+".join(s.name for s in specs),
         specs,
         policy="best",
         label="every drafter",

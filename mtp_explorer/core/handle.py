@@ -465,7 +465,7 @@ class EngineHandle:
             "text": engine.detokenize(tokens),
             "pieces": [engine.piece(t) for t in tokens],
             "finish_reason": FINISH_REASONS[engine.request_state(request)["finish"]],
-            "model": self.info.to_dict(),
+            "model": self.info.to_dict() | {"eog_tokens": engine.eog_tokens},
         }
 
     def _session_settings(self) -> dict:

@@ -286,7 +286,14 @@ def check_fields(
 
 
 #: The model facts a trace or an oracle reads from its ``model`` (where there), and their kinds.
-MODEL_FIELDS: Mapping[str, str] = {"name": "str", "rs_slot_bytes": "int", "n_mtp_heads": "int?", "mtp_mode": "str?"}
+MODEL_FIELDS: Mapping[str, str] = {
+    "name": "str",
+    "rs_slot_bytes": "int",
+    "n_mtp_heads": "int?",
+    "mtp_mode": "str?",
+    "n_vocab": "int",
+    "eog_tokens": "int[]",  # every end-of-generation token of the vocabulary (recorded since 2026-11-29)
+}
 
 #: The most axes a saved column has (rows, then at most sources x depth x topk).
 _MAX_NDIM = 4

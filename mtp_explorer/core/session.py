@@ -200,7 +200,8 @@ class Session(ParallelGeneration, Probes, EngineHandle):
 
     def drafter_stats(self) -> list[dict]:
         """Per drafter of the last generation, llama.cpp's speculative statistics (drafts generated and
-        accepted, accepted tokens, acceptance per position) and its times in ns (``t_begin_ns``, ``t_draft_ns``,
+        accepted, accepted tokens, acceptance per position), ``n_resets`` (the times it forgot what it learned:
+        ngram-mod's table reset on low acceptance) and its times in ns (``t_begin_ns``, ``t_draft_ns``,
         ``t_accept_ns``; a draft model's decode of each verify batch counts in the last)."""
         return list(self._live().drafter_stats())
 

@@ -251,7 +251,7 @@ class DraftSettings:
                 stacklevel=stacklevel + 1,
             )
         size_n, size_m = int(self.options["ngram_simple_size_n"]), int(self.options["ngram_simple_size_m"])
-        if self.n_max > 0 and size_m < size_n and any(d.spec_type == drafters.NGRAM_SIMPLE for d in self.mode.drafters):
+        if self.n_max > 0 and size_m < size_n and any(d.name == drafters.NGRAM_SIMPLE for d in self.mode.drafters):
             warnings.warn(
                 f"ngram-simple never drafts with ngram_simple_size_m={size_m} < ngram_simple_size_n={size_n}:"
                 " llama.cpp drops a continuation shorter than the n-gram it looked up (common_ngram_simple_"

@@ -224,7 +224,7 @@ class Trace:
         return metrics.acceptance_by_head(
             c["n_drafted"],
             c["n_accepted"],
-            c["drafter"] == DRAFTERS.index(drafters.MTP_DRAFTER),
+            c["drafter"] == DRAFTERS.index(drafters.DRAFT_MTP),
             int(self.model.get("n_mtp_heads", 0) or 0),
             self.model.get("mtp_mode") == "chained",
         )

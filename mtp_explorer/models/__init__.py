@@ -79,7 +79,7 @@ def draft_heads() -> list[DraftHead]:
     """The draft models and heads that ship beside the bundled model (the model card,
     ``MODEL.md``, says how each was trained and what it accepts). The engine and llama.cpp's
     ``llama-speculative-simple`` run every one (``Session.open(target_path, draft_model=head_path)``)."""
-    by_need = {s.needs: s.spec_type for s in DRAFTER_SPECS.values()}
+    by_need = {s.needs: s.name for s in DRAFTER_SPECS.values()}
     target = default_model_path()
     heads = [
         DraftHead(by_need[need], MODELS_DIR / name, target)

@@ -93,7 +93,7 @@ def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict
     settings = settings.check(oracle.limits)
     mode = settings.mode
     lookups = [s for s in mode.drafters if s.is_lookup]
-    if settings.n_max == 0 or not lookups or any(s.spec_type != drafters.NGRAM_SIMPLE for s in lookups):
+    if settings.n_max == 0 or not lookups or any(s.name != drafters.NGRAM_SIMPLE for s in lookups):
         return None
     replays = [None if s.is_lookup else oracle.replay(s) for s in mode.drafters]
     if (len(mode.drafters) > 1 and mode.policy != "first") or any(r is not None and r.stateful for r in replays):
@@ -169,9 +169,7 @@ def slot_run_counters(session: Session, prompt, settings: DraftSettings) -> dict
     lookups = [d for d in mode.drafters if d.is_lookup]
     if s.n_max == 0:
         return server_counters(session.generate(prompt, s))
-    if any(d.spec_type != drafters.NGRAM_SIMPLE for d in lookups) or (
-        len(mode.drafters) > 1 and mode.policy != "first"
-    ):
+    if any(d.name != drafters.NGRAM_SIMPLE for d in lookups) or (len(mode.drafters) > 1 and mode.policy != "first"):
         return None
     opts = drafters.option_values(s.options)
     size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
@@ -334,14 +332,14 @@ def _note(settings: DraftSettings) -> str:
     if settings.n_max == 0:
         return ""
     notes = []
-    carried = [f"{s.spec_type}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
+    carried = [f"{s.name}: {s.server_carry}" for s in settings.mode.drafters if s.server_carry]
     if carried:
         notes.append(
             "the server keeps drafter state across requests, the prediction starts each request afresh ("
             + "; ".join(carried)
             + ")"
         )
-    lookups = [s.spec_type for s in settings.mode.drafters if s.is_lookup]
+    lookups = [s.name for s in settings.mode.drafters if s.is_lookup]
     if lookups:
         counted = all(name == drafters.NGRAM_SIMPLE for name in lookups) and (
             len(settings.mode.drafters) == 1 or settings.mode.policy == "first"

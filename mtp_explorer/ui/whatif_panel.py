@@ -1,15 +1,15 @@
 """The what-if mode of the Explorer: its panel and the pure computations behind it.
 
-*Record oracle* records the greedy generation of the prompt and max tokens once, with the MTP draft chain
-and the n-gram draft at every position (:meth:`Session.record_oracle`). From then on every move of
-``n_max`` / ``p_min`` / ``n_min`` or of the drafter selector (``mtp``, ``ngram`` or ``chain``) replays the
+*Record oracle* records the greedy generation of the prompt and max tokens once, with every drafter the session
+can run asked at every position (:meth:`Session.record_oracle`). From then on every move of
+``n_max`` / ``p_min`` / ``n_min`` or of the drafter selector (``draft-mtp``, ``ngram-simple``, …) replays the
 setting on the oracle (:func:`mtp_explorer.analysis.simulate` with ``drafter=``, about a millisecond) and shows at
 once the predicted acceptance, mean accepted length, tokens/s, the ceiling with every draft accepted and
 the speedup over predicted plain decoding, beside the measured numbers of the last greedy Run of the same
 prompt and max tokens with the same drafter; two figures show the predicted acceptance by depth and the
 predicted tokens/s against ``n_max``. Under greedy decoding a Run with the same settings accepts exactly
 the predicted counts; tokens/s come from the oracle's measured cost model. ``p_min`` does not apply to the
-``ngram`` drafter (it has no confidence): the note says so.
+look-up drafters (they have no confidence): the note says so.
 
 This module holds:
 

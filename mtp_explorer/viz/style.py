@@ -95,12 +95,10 @@ DRAFTER_PALETTE: tuple[str, ...] = PALETTE + (
 )
 
 #: One colour per ``drafter=`` choice (:data:`~mtp_explorer.core.drafters.DRAFTER_MODES`), in registry order, the same
-#: in every figure (defined here only). The engine's names of the drafters (the per-drafter columns' axis) and the
-#: short spellings take the colour of the choice they name.
+#: in every figure (defined here only). The short spellings take the colour of the choice they name.
 DRAFTER_COLORS: dict[str, str] = {
     name: DRAFTER_PALETTE[i % len(DRAFTER_PALETTE)] for i, name in enumerate(DRAFTER_MODES)
 }
-DRAFTER_COLORS |= {s.name: DRAFTER_COLORS[s.spec_type] for s in DRAFTER_SPECS.values() if s.name not in DRAFTER_COLORS}
 DRAFTER_COLORS |= {a: DRAFTER_COLORS[v] for a, (v, _) in MODE_ALIASES.items() if a not in DRAFTER_COLORS}
 
 
@@ -112,9 +110,8 @@ def drafter_label(name: str | None, policy: str | None = None) -> str:
         return ""
     if name in MODES and policy in (None, MODES[name].policy):
         return MODES[name].label
-    if name in DRAFTER_SPECS:  # the engine's name: its choice's label
-        spec = DRAFTER_SPECS[name]
-        return MODES[spec.spec_type].label if spec.spec_type in MODES else spec.label
+    if name in DRAFTER_SPECS:  # a drafter that is not a listed choice on its own
+        return DRAFTER_SPECS[name].label
     try:
         return mode(name, policy).label or str(name)
     except ParameterError:
