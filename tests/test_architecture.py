@@ -529,7 +529,6 @@ def test_function_level_imports_do_not_grow():
 #: the batch-shift probe and the reference harness drive a session's engine directly (issue 56: to be given a public
 #: handle), and plotly's FigureWidget takes its config only through its private ``_config``. This only shrinks.
 PRIVATE_READS_ALLOWED = {
-    "mtp_explorer/analysis/batch_shift.py": {"session._live", "session._run"},
     "mtp_explorer/devtools/reference.py": {"session._run", "session._begin", "session._engine", "session._finish"},
     "mtp_explorer/ui/figure_sync.py": {"widget._config"},
 }

@@ -320,7 +320,6 @@ def measure(
     batch its ``n_max`` can make) over KV lengths 0 to ``max_position`` (at most ``n_ctx_seq``) of ``text`` (a
     string or token ids; default :data:`PROBE_TEXT`, repeated), from the cache where measured before
     (``refresh=True`` measures again)."""
-    engine = session._live()
     check_int("max_position", max_position, 2, None)
     ks = sorted({int(k) for k in (range(2, session.capacity + 2) if ks is None else ks)})
     tokens = _probe_tokens(session, text, min(max_position, session.n_ctx_seq))
@@ -332,8 +331,7 @@ def measure(
     cached = {} if refresh else _read_cache(path)
     missing = [k for k in ks if str(k) not in cached.get("per_k", {})]
     if missing:
-        with session._run():
-            raw = engine.probe_batch_shift(tokens, missing)
+        raw = session.probe_batch_shift(tokens, missing)
         per_k = cached.get("per_k", {}) | {str(k): v for k, v in _summarise(raw, starts).items()}
         cached = {"smallest_margin": float(np.min(raw["margin"])), "per_k": per_k}
         write_json(path, cached)

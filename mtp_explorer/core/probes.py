@@ -44,6 +44,12 @@ class Probes(_Mixin):
         read from the cache (``refresh=True`` measures again). Ends nothing: call it between generations."""
         return hooks.call("batch_shift", self, ks, text=text, max_position=max_position, refresh=refresh)
 
+    def probe_batch_shift(self, tokens: Sequence[int], ks: Sequence[int]) -> dict[str, np.ndarray]:
+        """The engine's raw batch-shape probe (what :meth:`batch_shift` summarises and caches): ``tokens`` decoded
+        one row at a time and in batches of each of ``ks`` rows, the session held for the time it takes."""
+        with self._run():
+            return self._live().probe_batch_shift(list(tokens), list(ks))
+
     def layer_inputs(self, prompt: Prompt, layers: Sequence[int]) -> np.ndarray:
         """The hidden state entering each of the target's trunk ``layers`` (the residual stream before the layer's
         norm, Hugging Face's ``hidden_states[il]``) at every token of ``prompt``, decoded from an empty memory: a
