@@ -431,7 +431,7 @@ def test_the_import_walk_sees_every_kind_of_import(tmp_path):
     assert ("core.trace", "core.metrics", "module") in imports  # from . import metrics
     assert ("analysis.simulate", "core.metrics", "module") in imports  # from ..core import metrics
     assert ("analysis.oracle", "core.session", "typing") in imports
-    assert ("core.options", "_native", "module") in imports  # the extension: a module without a .py file
+    assert ("core.native", "_native", "module") in imports  # the extension: a module without a .py file
     (tmp_path / "core").mkdir()
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "core" / "__init__.py").write_text("")
@@ -440,6 +440,11 @@ def test_the_import_walk_sees_every_kind_of_import(tmp_path):
     (tmp_path / "core" / "c.py").write_text("")
     found = set(_package_imports(tmp_path, "pkg"))
     assert found == {("core.a", "core.b", "function"), ("core.a", "core.c", "function")}
+
+
+def test_one_module_imports_the_extension():
+    """core/native.py is the extension's one door: every other module takes its names from there."""
+    assert {a for a, b, _ in _package_imports() if b == "_native"} == {"core.native"}
 
 
 def test_no_module_imports_a_layer_above_its_own():

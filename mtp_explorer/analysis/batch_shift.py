@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _native
-from ..core import hooks
+from ..core import hooks, native
 from ..core.cache import cache_root, write_json
 from ..core.checks import check_int
 from ..core.cpu_kernels import cpu_model
@@ -358,7 +357,7 @@ def measure_batches(session: Session, depth: int, rows: int) -> BatchShift:
     """The shift for every verify batch of one sequence drafting up to ``depth`` tokens, and for a batch of
     ``rows`` rows (several sequences' verify rows together, as parallel requests or server slots make; at most
     ``BATCH_SHIFT_ROWS_MAX``, 64, the outputs every target context reserves for the probe)."""
-    return measure(session, {*range(2, depth + 2), max(2, min(rows, _native.BATCH_SHIFT_ROWS_MAX))})
+    return measure(session, {*range(2, depth + 2), max(2, min(rows, native.BATCH_SHIFT_ROWS_MAX))})
 
 
 def _read_cache(path: Path) -> dict[str, Any]:

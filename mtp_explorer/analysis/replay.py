@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from .. import _native
+from ..core import native
 from ..core.drafters import DrafterSpec, option_values, recorded_options, register_replays
 from ..core.errors import ParameterError
 from ..core.schema import STOP_REASONS
@@ -386,7 +386,7 @@ def ngram_simple_draft(tokens: list[int], sampled: int, size_n: int, size_m: int
     ``size_n`` tokens; empty without a match, with too short a history (``size_n + size_m + 1`` tokens or fewer) or
     a continuation shorter than ``size_n``. Uncut: llama.cpp's callers cut it (to the draft cap). A parameter error for
     a size below 1."""
-    return list(_native.ngram_simple_draft(tokens, sampled, size_n, size_m))  # the engine's (ngram_drafter.h)
+    return list(native.ngram_simple_draft(tokens, sampled, size_n, size_m))  # the engine's (ngram_drafter.h)
 
 
 class NgramSimpleReplay(DrafterReplay):
@@ -491,7 +491,7 @@ class LookupReplay(DrafterReplay):
         self._length[g], self._eos[g], self._match[g] = n, stop == STOP["eos"], m
         return n
 
-    def walk(self) -> _native.LookupWalk:
+    def walk(self) -> native.LookupWalk:
         """The engine's drafter at the start of a generation over the recording's path, with the recorded options
         (a cache file named there and gone is a ParameterError naming it)."""
         model = self.oracle.model
@@ -501,7 +501,7 @@ class LookupReplay(DrafterReplay):
             eog = sorted(set(tokens[self.oracle.columns["token_eog"].astype(bool)].tolist()))
         n_vocab = int(model.get("n_vocab", np.iinfo(np.int32).max))
         options = option_values(recorded_options(self.oracle.settings, self.spec.options))
-        return _native.LookupWalk(
+        return native.LookupWalk(
             self.spec.name, options, self.path_tokens, len(self.oracle.prompt_tokens), n_vocab, list(eog)
         )
 

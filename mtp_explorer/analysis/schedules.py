@@ -24,7 +24,7 @@ import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from .. import _native
+from ..core import native
 from ..core.errors import ParameterError
 from ..core.settings import DEFAULT_WINDOW, SCHEDULES, check_schedule
 
@@ -75,7 +75,7 @@ class EngineRule(Schedule):
 
     def __init__(self, n_max: int, window: int = DEFAULT_WINDOW) -> None:
         super().__init__(n_max)
-        self._rule = _native.DraftLengthSchedule(self.name, window)
+        self._rule = native.DraftLengthSchedule(self.name, window)
 
     def length(self) -> int:
         return int(self._rule.length(self.n_max))

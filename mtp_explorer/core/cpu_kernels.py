@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .. import _native  # noqa: F401  (maps llama.cpp's libraries)
+from . import native  # noqa: F401  (loads llama.cpp's libraries)
 from .cache import cache_root, write_json
 from .errors import CpuKernelWarning, MtpExplorerError, ParameterError
 from .info import model_info

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import _native
+from . import native
 from .errors import ParameterError
 from .schema import CHAIN_POLICIES, DRAFTERS
 
@@ -27,12 +27,12 @@ from .schema import CHAIN_POLICIES, DRAFTERS
 #: the same way that reads the target's layers (an ``eagle3`` GGUF: an EAGLE-3 head; a ``dflash`` GGUF: a DFlash block
 #: drafter, or a DSpark one when llama.cpp's DSpark converter wrote it). The last four are the kinds of draft model a
 #: session can hold (``Session.draft_kind``).
-NEEDS: tuple[str, ...] = tuple(_native.DRAFTER_NEEDS_KINDS)
+NEEDS: tuple[str, ...] = tuple(native.DRAFTER_NEEDS_KINDS)
 #: The needs a draft model file serves: what ``Session.draft_kind`` says the session's draft model is.
-DRAFT_KINDS: tuple[str, ...] = tuple(_native.DRAFT_FILE_KINDS)
+DRAFT_KINDS: tuple[str, ...] = tuple(native.DRAFT_FILE_KINDS)
 #: Each engine drafter's traits, by name, as the engine's drafter table declares them (``native_ext/drafters.cpp``):
 #: ``needs`` (an entry of :data:`NEEDS`), ``has_confidence``, ``snapshot_slots``, ``draft_file``.
-TRAITS: Mapping[str, Mapping[str, Any]] = {t["name"]: t for t in _native.DRAFTER_TRAITS}
+TRAITS: Mapping[str, Mapping[str, Any]] = {t["name"]: t for t in native.DRAFTER_TRAITS}
 #: How messages name each kind of draft model.
 DRAFT_KIND_LABELS: Mapping[str, str] = {
     "draft_model": "draft model that drafts alone",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import _native
+from . import native
 from .cpu_kernels import resolve_repack
 from .errors import (
     ContextOverflowError,
@@ -39,13 +39,13 @@ Prompt = str | Sequence[int]
 
 def _libllama_path() -> str:
     """The libllama whose nextn API is checked (the one the extension is linked against)."""
-    return _native.libllama_path()
+    return native.libllama_path()
 
 
 def check_nextn_api(path: str | None = None) -> None:
     """Raise :class:`LibraryError` if the libllama at ``path`` lacks the nextn (MTP) API."""
     lib = path or _libllama_path()
-    missing = _native.missing_nextn_symbols(lib)
+    missing = native.missing_nextn_symbols(lib)
     if missing:
         raise LibraryError(
             f"{lib} lacks the nextn API that MTP drafting needs ({', '.join(missing)}); "
@@ -56,19 +56,19 @@ def check_nextn_api(path: str | None = None) -> None:
 @functools.cache
 def check_native_runtime() -> None:
     """Raise :class:`LibraryError` if the extension or a library it loads holds its own C++ runtime (checked once)."""
-    check_shared_cxx_runtime(native_libraries(_native.__file__, _libllama_path()))
+    check_shared_cxx_runtime(native_libraries(native.EXTENSION_FILE, _libllama_path()))
 
 
-def _load_engine(path: Path, options: SessionOptions) -> _native.Engine:
+def _load_engine(path: Path, options: SessionOptions) -> native.Engine:
     """The native engine for the model at ``path``; a load failure carries llama.cpp's last log lines."""
     check_nextn_api(_libllama_path())
     check_native_runtime()
-    _native.capture_log()  # llama.cpp's logger is the process's: llama-cpp-python code may have taken it since
-    _native.take_log()
+    native.capture_log()  # llama.cpp's logger is the process's: llama-cpp-python code may have taken it since
+    native.take_log()
     try:
-        return _native.Engine(options.to_native(str(path)))
+        return native.Engine(options.to_native(str(path)))
     except ModelLoadError as exc:
-        log = [line for line in _native.take_log() if line.strip()]
+        log = [line for line in native.take_log() if line.strip()]
         detail = ("\nllama.cpp said:\n  " + "\n  ".join(log[-8:])) if log else ""
         raise ModelLoadError(f"cannot load {path}: {exc}{detail}") from exc
 
@@ -139,7 +139,7 @@ class ModelFiles:
 
 
 @contextlib.contextmanager
-def finishing_on_interrupt(engine: _native.Engine, keep: Callable[[], object]) -> Iterator[None]:
+def finishing_on_interrupt(engine: native.Engine, keep: Callable[[], object]) -> Iterator[None]:
     """Around a begun generation: on ``KeyboardInterrupt`` (a signal handler's, raised between two steps) or a stream
     closed early, every running request is finished as cancelled and ``keep()`` records what was made
     (``last_trace``, ``last_parallel_trace``) before the exception goes on; the session stays usable."""
@@ -164,7 +164,7 @@ def _model_facts(
 
 def _load_engine_holding_files(
     path: Path, draft_info: ModelInfo | None, options: SessionOptions
-) -> tuple[_native.Engine, ModelFiles]:
+) -> tuple[native.Engine, ModelFiles]:
     """The engine, and the model files it maps held open from before it loads them (:class:`ModelFiles`)."""
     files = ModelFiles([path] + ([] if draft_info is None else [Path(draft_info.path)]), options.load_mode)
     try:
@@ -179,7 +179,7 @@ def _weight_types(*infos: ModelInfo | None) -> list[str]:
     return [t for info in infos if info is not None for t in info.tensor_types]
 
 
-def _placement(engine: _native.Engine) -> dict[str, Any]:
+def _placement(engine: native.Engine) -> dict[str, Any]:
     """The engine's placement options (``threads_batch`` resolved) and the devices this build sees."""
     p = engine.placement
     return {
@@ -191,8 +191,8 @@ def _placement(engine: _native.Engine) -> dict[str, Any]:
         "load_mode": p.load_mode,
         "threads_batch": p.n_threads_batch or engine.n_threads,
         "repack": p.repack,
-        "devices": list(_native.backend_devices()),
-        "gpu_offload": bool(_native.supports_gpu_offload()),
+        "devices": list(native.backend_devices()),
+        "gpu_offload": bool(native.supports_gpu_offload()),
     }
 
 
@@ -236,11 +236,11 @@ def check_streamable(handle: EngineHandle) -> None:
 
 
 class EngineHandle:
-    """Owns a ``_native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
+    """Owns a ``native.Engine`` (model, target and draft contexts): :meth:`open` creates it, :meth:`close`
     frees it."""
 
     def __init__(
-        self, engine: _native.Engine, info: ModelInfo, *, seed: int, draft_info: ModelInfo | None = None
+        self, engine: native.Engine, info: ModelInfo, *, seed: int, draft_info: ModelInfo | None = None
     ) -> None:
         self._engine = engine
         self.info = info
@@ -430,7 +430,7 @@ class EngineHandle:
         return self._live().is_eog(int(token))
 
     # -- internals -------------------------------------------------------------------------------
-    def _live(self) -> _native.Engine:
+    def _live(self) -> native.Engine:
         if self._closed:
             raise SessionClosedError("the session is closed")
         return self._engine

@@ -5,22 +5,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import _native
+from . import native
 from .checks import check_bool, check_int
 from .errors import ModelLoadError, ParameterError
 from .info import ModelInfo, pair_with_head
 
 DEFAULT_N_RS_SEQ = 8
-MAX_TOPK = _native.DRAFT_N_CANDIDATES
+MAX_TOPK = native.DRAFT_N_CANDIDATES
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
 CLOCKS = ("wall", "cpu")
-FLASH_ATTN_VALUES: tuple[str, ...] = _native.FLASH_ATTN_VALUES
+FLASH_ATTN_VALUES: tuple[str, ...] = native.FLASH_ATTN_VALUES
 """``flash_attn`` values (llama.cpp's ``-fa``); ``True``/``False`` mean ``"on"``/``"off"``."""
-KV_CACHE_TYPES: tuple[str, ...] = _native.KV_CACHE_TYPES
+KV_CACHE_TYPES: tuple[str, ...] = native.KV_CACHE_TYPES
 """``type_k``/``type_v`` values (llama.cpp's ``-ctk``/``-ctv``)."""
-LOAD_MODES: tuple[str, ...] = _native.LOAD_MODES
+LOAD_MODES: tuple[str, ...] = native.LOAD_MODES
 """``load_mode`` values (llama.cpp's ``-lm``)."""
-TELEMETRY_LEVELS: tuple[str, ...] = _native.TELEMETRY_LEVELS
+TELEMETRY_LEVELS: tuple[str, ...] = native.TELEMETRY_LEVELS
 """``telemetry`` values: ``"off"`` (the request's totals only), ``"steps"`` (a row per step: counts, settings, stop
 reasons, batch shape, phase times) and ``"full"`` (also every per-depth detail: top-k, confidences, target tokens
 past a rejection, hidden-state norms); ``True``/``False`` mean ``"full"``/``"steps"``."""
@@ -158,14 +158,14 @@ class SessionOptions:
             )
         return check_mtp_mode(info, draft_info)
 
-    def to_native(self, path: str) -> _native.EngineOptions:
-        eo = _native.EngineOptions()
+    def to_native(self, path: str) -> native.EngineOptions:
+        eo = native.EngineOptions()
         eo.path, eo.n_ctx, eo.n_threads, eo.n_rs_seq = path, self.n_ctx, self.threads or 0, self.n_rs_seq
         eo.capacity = self.capacity
         eo.topk, eo.telemetry, eo.cpu_clock = self.topk, self.telemetry, self.clock == "cpu"
         eo.draft_path = self.draft_model or ""
         eo.n_parallel = self.n_parallel
-        p = _native.Placement()
+        p = native.Placement()
         p.n_gpu_layers, p.main_gpu, p.load_mode = self.n_gpu_layers, self.main_gpu, self.load_mode
         p.flash_attn, p.type_k, p.type_v, p.n_threads_batch = (
             self.flash_attn,

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .. import _native
-from . import metrics
+from . import metrics, native
 from .checks import check_int
 from .errors import ParameterError
 from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt
@@ -265,7 +264,7 @@ class ParallelGeneration(_Mixin):
             self._parallel_settings.append(
                 s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]} | self._session_settings()
             )
-            requests.append(_native.Request(tokens, s.native_config(seed), s.native_params(), arrivals[i]))
+            requests.append(native.Request(tokens, s.native_config(seed), s.native_params(), arrivals[i]))
         each[0].warn_unused(stacklevel=4)
         self._mode, self._draft_settings = each[0].mode, each[0]
         self._engine.begin_requests(requests)

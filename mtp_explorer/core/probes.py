@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _native
-from . import hooks
+from . import hooks, native
 from .errors import InputTypeError, ParameterError
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ else:
     _Mixin = object
 
 #: The model architectures whose layer inputs llama.cpp 0.3.36 can give (:meth:`Probes.layer_inputs`).
-LAYER_INPUT_ARCHS: tuple[str, ...] = tuple(_native.LAYER_INPUT_ARCHS)
+LAYER_INPUT_ARCHS: tuple[str, ...] = tuple(native.LAYER_INPUT_ARCHS)
 
 
 class Probes(_Mixin):

@@ -1,8 +1,8 @@
 """The per-step and per-position column schemas, read once from the native engine.
 
 The engine declares every telemetry column (name, dtype, width) in one table (``native_ext/telemetry.h``)
-and every oracle column in another (``native_ext/oracle.h``); ``_native.TRACE_COLUMNS`` and
-``_native.ORACLE_COLUMNS`` export them. Everything in Python that holds columns derives from these:
+and every oracle column in another (``native_ext/oracle.h``); ``native.TRACE_COLUMNS`` and
+``native.ORACLE_COLUMNS`` export them. Everything in Python that holds columns derives from these:
 :class:`~mtp_explorer.core.trace.Trace` and its :class:`~mtp_explorer.core.trace.Step` records, the
 Explorer's live trace, the simulator's traces and the JSON codec. The names the enum columns index
 (``STOP_REASONS``, ``DRAFTERS``, ``FINISH_REASONS``) come from the engine too.
@@ -19,25 +19,25 @@ from typing import Any
 
 import numpy as np
 
-from .. import _native
+from . import native
 from .errors import FormatError
 
-STOP_REASONS: tuple[str, ...] = tuple(_native.STOP_REASONS)
+STOP_REASONS: tuple[str, ...] = tuple(native.STOP_REASONS)
 """Why drafting stopped in a step, indexed by the ``stop_reason`` column (``exhausted``: the drafter had no
 (more) tokens to propose, e.g. the n-gram look-up found no match)."""
 
-DRAFTERS: tuple[str, ...] = tuple(_native.DRAFTERS)
+DRAFTERS: tuple[str, ...] = tuple(native.DRAFTERS)
 """The engine's drafters, indexed by the ``drafter`` column (-1: no draft was verified)."""
 
-FINISH_REASONS: tuple[str, ...] = tuple(_native.FINISH_REASONS)
+FINISH_REASONS: tuple[str, ...] = tuple(native.FINISH_REASONS)
 """Why a generation ended."""
 
-CHAIN_POLICIES: tuple[str, ...] = tuple(_native.CHAIN_POLICIES)
+CHAIN_POLICIES: tuple[str, ...] = tuple(native.CHAIN_POLICIES)
 """How a chain of drafters picks the draft it verifies."""
 
 PHASES: tuple[str, ...] = tuple(
     c[len("t_") : -len("_ns")]
-    for c, _, w in _native.TRACE_COLUMNS
+    for c, _, w in native.TRACE_COLUMNS
     if c.startswith("t_") and c.endswith("_ns") and w == ""
 )
 """The timed phases of a step, in the engine's order (a ``t_<phase>_ns`` column each)."""
@@ -110,10 +110,10 @@ def _read(table) -> tuple[Column, ...]:
     return columns
 
 
-TRACE_COLUMNS: tuple[Column, ...] = _read(_native.TRACE_COLUMNS)
+TRACE_COLUMNS: tuple[Column, ...] = _read(native.TRACE_COLUMNS)
 """The per-step columns of a trace, in the engine's order."""
 
-ORACLE_COLUMNS: tuple[Column, ...] = _read(_native.ORACLE_COLUMNS)
+ORACLE_COLUMNS: tuple[Column, ...] = _read(native.ORACLE_COLUMNS)
 """The per-position columns of an oracle recording, in the engine's order."""
 
 TRACE_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in TRACE_COLUMNS)

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _native
-from . import drafters
+from . import drafters, native
 from .checks import check_bool, check_int
 from .drafters import DrafterMode
 from .errors import InputTypeError, MtpExplorerError, MtpUnavailableError, ParameterError
@@ -42,7 +41,7 @@ FIELDS: tuple[str, ...] = (
 )
 SEED_MAX = 2**32 - 1
 #: The draft-length schedules the engine runs (each step's draft cap; :mod:`mtp_explorer.analysis.schedules`).
-SCHEDULES: tuple[str, ...] = tuple(_native.SCHEDULES)
+SCHEDULES: tuple[str, ...] = tuple(native.SCHEDULES)
 DEFAULT_WINDOW = 8  #: the ``"window"`` schedule's drafting steps
 
 
@@ -261,14 +260,14 @@ class DraftSettings:
             )
 
     # -- the engine's structs ----------------------------------------------------------------------------
-    def native_params(self) -> _native.DraftParams:
+    def native_params(self) -> native.DraftParams:
         """``n_max``, ``p_min``, ``n_min`` as the engine takes them (also mid-generation: ``set_params``)."""
-        return _native.DraftParams(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min)
+        return native.DraftParams(n_max=self.n_max, p_min=self.p_min, n_min=self.n_min)
 
-    def native_config(self, seed: int) -> _native.GenerationConfig:
+    def native_config(self, seed: int) -> native.GenerationConfig:
         """The engine's generation config, sampling with ``seed`` (``seed`` resolved by the caller)."""
         mode = self.mode
-        return _native.GenerationConfig(
+        return native.GenerationConfig(
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=seed,

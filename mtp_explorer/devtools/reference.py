@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import _native
 from ..analysis.batch_shift import measure_batches
-from ..core import drafters
+from ..core import drafters, native
 from ..core.cpu_kernels import with_no_repack
 from ..core.errors import ToolError
 from ..core.info import model_info
@@ -332,7 +331,7 @@ def generate_reference_budget(
                 if engine.n_generated > max_tokens and not partial:  # the reference counts a partial step at its replay
                     engine.cancel()
                 else:
-                    engine.set_params(_native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
+                    engine.set_params(native.DraftParams(n_max_for(engine.n_generated), 0.0, 0))
             harness_ns += time.perf_counter_ns() - t0
             if not more:
                 break
