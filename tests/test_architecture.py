@@ -16,6 +16,7 @@ import pytest
 
 import mtp_explorer as mx
 from mtp_explorer import _native
+from mtp_explorer.analysis import ngram_cache
 from mtp_explorer.core import drafters, schema
 from mtp_explorer.core.errors import ENGINE_ERROR_KINDS
 
@@ -86,6 +87,25 @@ def test_registry_names_the_engines_drafters_and_policies():
     # the engine takes every option by its keyword
     config = drafters.configure(_native.GenerationConfig(), drafters.option_values())
     assert config.options == {o.name: o.default for o in drafters.all_options()}
+
+
+def test_each_drafter_is_written_once():
+    """A drafter's traits live in the engine's table only (the Python record has no field for them), and the what-if
+    replays every look-up whose drafts depend on its state by walking the engine's drafter (LookupReplay): no Python
+    copy of a drafter's drafting to keep equal by hand. A new look-up is its C++ class, one table entry, a record
+    (label, options, description) naming LookupReplay, and its tests."""
+    fields = {f.name for f in dataclasses.fields(drafters.DrafterSpec)}
+    assert not fields & {"needs", "has_confidence", "snapshot_slots", "draft_file", "spec_type"}
+    assert [t["name"] for t in _native.DRAFTER_TRAITS] == list(drafters.DRAFTER_SPECS)
+    for spec in drafters.DRAFTER_SPECS.values():
+        traits = drafters.TRAITS[spec.name]
+        assert (spec.needs, spec.has_confidence) == (traits["needs"], traits["has_confidence"])
+        if spec.is_lookup and spec.name != "ngram-simple":  # ngram-simple has no state: it reads the oracle's drafts
+            assert spec.replay == "LookupReplay", spec.name
+    replay_source = (PACKAGE / "analysis" / "replay.py").read_text(encoding="utf-8")
+    for gone in ("class NgramModTable", "class NgramMapState", "class NgramCacheState", "def lookup("):
+        assert gone not in replay_source
+    assert not hasattr(ngram_cache, "draft")  # the n-gram cache module writes and reads llama.cpp's files only
 
 
 def test_oracle_records_every_drafter_in_the_per_drafter_columns(model_mixed, model_synthetic_draft):
