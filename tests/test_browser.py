@@ -367,15 +367,19 @@ def test_whatif_charts_follow_after_an_unavailable_drafter(jupyterlab):
             page.keyboard.type("5")
             page.keyboard.press("Enter")
             expect(whatif.locator(".mtpx-whatif-status")).to_contain_text("n_max=5")
-            # both charts redraw with the n_max=5 prediction (five depths; the star on n_max 5)
+            # both charts redraw with the n_max=5 prediction (five depths; the star on n_max 5): waited for as such,
+            # since the re-recorded oracle's n_max=3 prediction (new timings) may be drawn first, chart by chart
             page.wait_for_function(
                 """([sel, before]) => {
                 const charts = [...document.querySelectorAll(sel)];
-                return charts.length === 2 && charts.every((c, i) =>
-                    JSON.stringify((c.data || []).map(t => [t.name, t.x, t.y])) !== before[i]);
+                if (charts.length !== 2 || charts.some((c, i) =>
+                        JSON.stringify((c.data || []).map(t => [t.name, t.x, t.y])) === before[i])) return false;
+                const depth = Math.max(...charts[0].data.flatMap(t => (t.x || []).map(Number)));
+                const star = (charts[1].data.find(t => t.name === 'this setting') || {x: [null]}).x[0];
+                return depth === 5 && Number(star) === 5;
             }""",
                 arg=[".mtpx-whatif .js-plotly-plot", before],
-                timeout=30_000,
+                timeout=120_000,
             )
             depth = charts.nth(0).evaluate("el => Math.max(...el.data.flatMap(t => (t.x || []).map(Number)))")
             star = charts.nth(1).evaluate("el => el.data.find(t => t.name === 'this setting').x[0]")
