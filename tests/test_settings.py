@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import mtp_explorer as mx
+from mtp_explorer.core import drafters
 from mtp_explorer.core.settings import FIELDS, Limits
 
 PROMPT = "def fib(n):\n    if n < 2:\n        return n\n"
@@ -56,6 +57,9 @@ def test_short_spellings_are_input_aliases_of_llama_cpps_names():
         assert mx.DraftSettings.from_dict({"drafter": short}) == b  # an earlier trace's record
         assert mx.DraftSettings(drafter="draft-mtp").replace(drafter=short) == b
     assert mx.DraftSettings(drafter="mtp") == mx.DraftSettings(drafter="draft-mtp")
+    assert drafters.drafter("mtp") is drafters.drafter("draft-mtp") is drafters.DRAFTER_SPECS["draft-mtp"]  # input only
+    with pytest.raises(mx.ParameterError, match="unknown drafter 'chain'"):  # a chain is no one drafter
+        drafters.drafter("chain")
     assert mx.DraftSettings(drafter=["mtp", "ngram"]).drafter == "ngram-simple,draft-mtp"  # short spellings too
     assert mx.DraftSettings(drafter="chain", chain_policy="first") == mx.DraftSettings(drafter="ngram-simple,draft-mtp")
     assert set(mx.DRAFTER_MODES).isdisjoint({"mtp", "ngram", "chain"})  # the public list: llama.cpp's names

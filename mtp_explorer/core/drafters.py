@@ -512,7 +512,11 @@ if set(SPEC_TYPE_ORDER) != {s.name for s in DRAFTER_SPECS.values()}:  # every ll
 
 
 def drafter(name: str) -> DrafterSpec:
-    """The record of an engine drafter by name."""
+    """The record of an engine drafter by name (llama.cpp's ``--spec-type`` value; the short spellings ``mtp`` and
+    ``ngram`` of :data:`MODE_ALIASES` are taken as input too)."""
+    alias = MODE_ALIASES.get(name) if isinstance(name, str) else None
+    if alias is not None and "," not in alias[0]:
+        name = alias[0]
     try:
         return DRAFTER_SPECS[name]
     except KeyError:
