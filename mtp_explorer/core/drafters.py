@@ -511,14 +511,17 @@ if set(SPEC_TYPE_ORDER) != {s.name for s in DRAFTER_SPECS.values()}:  # every ll
     )
 
 
+def _unalias(name: str) -> str:
+    """A short spelling of one drafter (``mtp``, ``ngram``) as its ``--spec-type`` name; any other name as given."""
+    alias = MODE_ALIASES.get(name) if isinstance(name, str) else None
+    return alias[0] if alias is not None and "," not in alias[0] else name
+
+
 def drafter(name: str) -> DrafterSpec:
     """The record of an engine drafter by name (llama.cpp's ``--spec-type`` value; the short spellings ``mtp`` and
     ``ngram`` of :data:`MODE_ALIASES` are taken as input too)."""
-    alias = MODE_ALIASES.get(name) if isinstance(name, str) else None
-    if alias is not None and "," not in alias[0]:
-        name = alias[0]
     try:
-        return DRAFTER_SPECS[name]
+        return DRAFTER_SPECS[_unalias(name)]
     except KeyError:
         raise ParameterError(f"unknown drafter {name!r}; the engine has {', '.join(DRAFTERS)}") from None
 
@@ -578,8 +581,7 @@ def _spec_type_names(value: str | Sequence[str]) -> list[str]:
 
 def _from_spec_types(value: str | Sequence[str]) -> DrafterMode:
     """The mode of a ``--spec-type`` value (see :func:`mode`)."""
-    short = {a: v for a, (v, _) in MODE_ALIASES.items() if "," not in v}
-    names = [short.get(n, n) for n in _spec_type_names(value)]  # short spellings: their --spec-type names
+    names = [_unalias(n) for n in _spec_type_names(value)]
     by_type = {s.name: s for s in DRAFTER_SPECS.values()}
     for n in names:
         if n == _SPEC_TYPE_NONE:
