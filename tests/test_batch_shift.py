@@ -50,8 +50,8 @@ def test_the_probe_leaves_the_session_as_it_was(session):
 def test_the_shift_is_cached_per_file_machine_and_placement(session, monkeypatch, bundled_model):
     first = session.batch_shift([2, 3])
     calls = []
-    real = session._engine.probe_batch_shift
-    monkeypatch.setattr(session, "_engine", _Spy(session._engine, calls))
+    real = session.engine.probe_batch_shift
+    monkeypatch.setattr(session, "_engine", _Spy(session.engine, calls))
     again = session.batch_shift([2, 3])
     assert again == first and calls == []  # read from the cache
     wider = session.batch_shift([2, 3, 11])

@@ -58,7 +58,7 @@ def test_greedy_output_is_plain_and_the_block_is_clamped(session):
         t = session.generate(prompt, max_tokens=MAX_TOKENS, n_max=8, drafter="draft-dflash")
         check_accounting(t)
         assert t.tokens == plain.tokens  # nothing is accepted from this random head: every token is the target's
-        assert t.n_drafted.max() == session._engine.draft_block_limit == 3
+        assert t.n_drafted.max() == session.engine.draft_block_limit == 3
     (stats,) = session.drafter_stats()
     assert stats["name"] == "draft-dflash" and stats["n_gen_tokens"] == int(t.n_drafted.sum())
 

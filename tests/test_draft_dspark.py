@@ -40,7 +40,7 @@ def test_the_session_knows_its_head_and_clamps_to_the_block(bundled_model, head)
         check_accounting(t)
         assert t.tokens == plain.tokens
         # anchor-first: the whole block of 4 drafts (llama.cpp clamps n_max to block_size, not block_size - 1)
-        assert t.n_drafted.max() == s._engine.draft_block_limit == 4
+        assert t.n_drafted.max() == s.engine.draft_block_limit == 4
         with pytest.raises(mx.ParameterError, match="DSpark head"):
             s.generate(PROMPT, max_tokens=8, n_max=2, drafter="draft-dflash")
 

@@ -80,7 +80,7 @@ def test_the_wrong_drafter_for_the_draft_model_is_refused(session, bundled_model
     with pytest.raises(
         mx.ParameterError, match="needs a draft model of kind draft_model, and this session's is a eagle3_head"
     ):
-        session._engine.begin(session.tokenize(PROMPTS[0]), settings.native_config(0), settings.native_params())
+        session.engine.begin(session.tokenize(PROMPTS[0]), settings.native_config(0), settings.native_params())
 
 
 def _rewrite_head(src, dst, tensors=None, **fields):

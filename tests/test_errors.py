@@ -254,7 +254,7 @@ def test_use_after_close_in_subprocess(model_mixed):
     proc = run_isolated(f"""
         import mtp_explorer as mx
         s = mx.Session.open({str(model_mixed)!r}, n_ctx=256)
-        engine = s._engine
+        engine = s.engine
         s.close()
         for call in (lambda: s.generate("x", max_tokens=2), lambda: s.piece(1), lambda: s.n_ctx):
             try:

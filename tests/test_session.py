@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import psutil
@@ -52,7 +54,7 @@ def test_cancel_from_another_thread(model_mixed):
             target=lambda: result.setdefault("t", s.generate("import os", max_tokens=4000, n_max=3))
         )
         worker.start()
-        while s._engine.n_rows < 3:
+        while s.engine.n_rows < 3:
             time.sleep(0.001)
         s.cancel()
         worker.join(timeout=30)
@@ -115,6 +117,25 @@ def test_close_and_context_manager(model_mixed):
         with pytest.raises(mx.SessionClosedError):
             call()
     s.close()  # idempotent
+
+
+def test_a_dropped_session_is_freed_at_once(model_mixed):
+    """Its collaborators (parallel generation, probes) hold it weakly: dropping the last reference frees the session
+    and closes its engine without waiting for the cycle collector, after each kind of call."""
+    s = mx.Session.open(model_mixed, n_ctx=256, n_parallel=2)
+    engine = s.engine
+    s.generate("def fib(n):", max_tokens=4, n_max=2)
+    s.generate_parallel(["a", "b"], max_tokens=4, n_max=2)
+    s.layer_inputs("def", [0])
+    s.set_params(n_max=1)
+    ref = weakref.ref(s)
+    gc.disable()
+    try:
+        del s
+        assert ref() is None
+        assert engine.closed
+    finally:
+        gc.enable()
 
 
 def test_open_generate_close_cycles_do_not_leak(model_mixed):

@@ -9,9 +9,9 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from . import native
+from . import drafters, native
 from .cpu_kernels import resolve_repack
 from .errors import (
     ContextOverflowError,
@@ -27,10 +27,7 @@ from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
 from .paths import default_model_path
 from .runtime import check_shared_cxx_runtime, native_libraries
 from .schema import FINISH_REASONS
-from .trace import Trace
-
-if TYPE_CHECKING:
-    from .parallel import ParallelTrace
+from .settings import Limits
 
 _Handle = TypeVar("_Handle", bound="EngineHandle")
 
@@ -198,7 +195,7 @@ def _placement(engine: native.Engine) -> dict[str, Any]:
 
 def _engine_fact(name: str, doc: str) -> Any:
     """A read-only property answered by the live engine's attribute ``name``."""
-    return property(lambda self: getattr(self._live(), name), doc=doc)
+    return property(lambda self: getattr(self.engine, name), doc=doc)
 
 
 def _prompt_tokens(handle: EngineHandle, prompt: Prompt) -> list[int]:
@@ -249,9 +246,6 @@ class EngineHandle:
         self.seed = seed
         self._busy = threading.Lock()
         self._closed = False
-        self.last_trace: Trace | None = None
-        self.last_parallel_trace: ParallelTrace | None = None
-        """The last :meth:`~mtp_explorer.Session.generate_parallel` result (a ``ParallelTrace``)."""
         self.open_kwargs: dict = {}
         """The keyword arguments :meth:`open` was given (a Dask worker re-opens the model with them)."""
         self.model_files = ModelFiles()
@@ -388,8 +382,8 @@ class EngineHandle:
     checkpoints = _engine_fact("checkpoints", "Whether it rolls back by checkpoint (recurrent, ``n_rs_seq=0``).")
     threads = _engine_fact("n_threads", "Threads llama.cpp computes with.")
     telemetry = property(
-        lambda self: self._live().telemetry,
-        lambda self, level: setattr(self._live(), "telemetry", telemetry_level(level)),
+        lambda self: self.engine.telemetry,
+        lambda self, level: setattr(self.engine, "telemetry", telemetry_level(level)),
         doc='How much a generation records: ``"full"``, ``"steps"`` or ``"off"`` (see '
         ":meth:`open`; settable between generations, ``True``/``False`` being full/steps).",
     )
@@ -406,45 +400,77 @@ class EngineHandle:
         return self.draft_info is not None and not self.draft_info.is_mtp_head_file
 
     @property
+    def drafter_modes(self) -> tuple[str, ...]:
+        """The listed ``drafter=`` choices (:data:`~mtp_explorer.DRAFTER_MODES`) this session can draft with: its MTP
+        head's, the look-ups, and those of its draft model's kind."""
+        if self.checkpoints:  # no snapshot slots: the look-ups, and draft-simple with a draft model
+            plain_draft_model = self.has_draft_model and self.draft_kind == "draft_model"
+            return drafters.available_modes(False, "draft_model" if plain_draft_model else False)
+        return drafters.available_modes(bool(self.info.has_mtp), self.has_draft_model and self.draft_kind)
+
+    @property
+    def limits(self) -> Limits:
+        """What this session can draft with, and how deep: the bounds every :class:`DraftSettings` is checked
+        against here."""
+        reason = (
+            "the draft depth its telemetry holds, its capacity (no snapshot slots: checkpoints)"
+            if self.checkpoints
+            else "its n_rs_seq recurrent snapshot slots"
+            if self.engine.is_recurrent
+            else "the draft depth its telemetry holds, set by n_rs_seq"
+        )
+        return Limits(
+            capacity=self.capacity,
+            has_mtp=bool(self.info.has_mtp),
+            has_draft_model=self.has_draft_model and self.draft_kind,
+            model=f"{self.info.name} ({self.info.path})",
+            reason=reason,
+        )
+
+    @property
     def placement(self) -> dict[str, Any]:
         """Where the model is and how its contexts compute: the placement options as the engine holds them
         (``threads_batch`` resolved) and the backend devices this build of llama.cpp sees."""
-        return _placement(self._live())
+        return _placement(self.engine)
 
     @property
     def clock(self) -> str:
         """``wall`` or ``cpu``: the clock of the per-phase timings."""
-        return "cpu" if self._live().cpu_clock else "wall"
+        return "cpu" if self.engine.cpu_clock else "wall"
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self._live().tokenize(text, add_special)
+        return self.engine.tokenize(text, add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._live().detokenize(list(tokens))
+        return self.engine.detokenize(list(tokens))
 
     def piece(self, token: int) -> str:
-        return self._live().piece(int(token))
+        return self.engine.piece(int(token))
 
     def is_eog(self, token: int) -> bool:
         """Whether ``token`` ends a generation (end of sequence, end of turn, ...)."""
-        return self._live().is_eog(int(token))
+        return self.engine.is_eog(int(token))
 
-    # -- internals -------------------------------------------------------------------------------
-    def _live(self) -> native.Engine:
+    # -- for the session's collaborators ---------------------------------------------------------
+    @property
+    def engine(self) -> native.Engine:
+        """The native engine (:mod:`mtp_explorer.core.native`), for code that drives its steps itself; a closed
+        session's is a :class:`SessionClosedError`."""
         if self._closed:
             raise SessionClosedError("the session is closed")
         return self._engine
 
     @contextlib.contextmanager
-    def _run(self) -> Iterator[None]:
-        """Hold the session for one generation (a second one at the same time is a SessionBusyError; a model file
-        truncated or rewritten under the session a ModelFileChangedError)."""
-        self._live()
+    def hold(self) -> Iterator[native.Engine]:
+        """Hold the session for one generation, giving its engine (a second one at the same time is a
+        :class:`SessionBusyError`; a model file truncated or rewritten under the session a
+        :class:`ModelFileChangedError`)."""
+        engine = self.engine
         self.model_files.check()
         if not self._busy.acquire(blocking=False):
             raise SessionBusyError("a generation is already running on this session")
         try:
-            yield
+            yield engine
         finally:
             self._busy.release()
 
@@ -453,7 +479,7 @@ class EngineHandle:
         empty, ids in the vocabulary, fitting in a sequence's context (else a :class:`ParameterError`)."""
         return _prompt_tokens(self, prompt)
 
-    def _output(self, prompt: Prompt, prompt_tokens: list[int], request: int = 0) -> dict:
+    def output(self, prompt: Prompt, prompt_tokens: list[int], request: int = 0) -> dict:
         """The last generation's prompt and output (of its request ``request``: 0 for a single generation), as the
         fields a Trace and an OracleTrace share."""
         engine = self._engine
@@ -468,7 +494,7 @@ class EngineHandle:
             "model": self.info.to_dict() | {"eog_tokens": engine.eog_tokens},
         }
 
-    def _session_settings(self) -> dict:
+    def recorded_settings(self) -> dict:
         """The session's settings a trace records."""
         return {
             "n_ctx": self.n_ctx,

@@ -10,7 +10,12 @@ from .checks import check_bool, check_int
 from .errors import ModelLoadError, ParameterError
 from .info import ModelInfo, pair_with_head
 
-DEFAULT_N_RS_SEQ = 8
+#: The engine's defaults of every option (native_ext/engine.h, placement.h): the one place they are written. The
+#: records here read theirs from them; :meth:`Session.open <mtp_explorer.Session.open>` spells them out in its
+#: signature, checked equal by the tests.
+ENGINE_DEFAULTS = native.EngineOptions()
+PLACEMENT_DEFAULTS = native.Placement()
+DEFAULT_N_RS_SEQ: int = ENGINE_DEFAULTS.n_rs_seq
 MAX_TOPK = native.DRAFT_N_CANDIDATES
 MAX_PARALLEL = 256  # llama.cpp's LLAMA_MAX_SEQ
 CLOCKS = ("wall", "cpu")
@@ -71,24 +76,24 @@ class SessionOptions:
     Such a session runs the look-up drafters and draft-simple only.
     """
 
-    n_ctx: int = 4096
+    n_ctx: int = ENGINE_DEFAULTS.n_ctx
     threads: int | None = None
     seed: int = 0
     n_rs_seq: int = DEFAULT_N_RS_SEQ
     capacity: int | None = None
-    topk: int = 5
-    telemetry: bool | str = "full"
-    clock: str = "wall"
-    n_gpu_layers: int = -1
-    main_gpu: int = 0
-    flash_attn: str = "auto"
-    type_k: str = "f16"
-    type_v: str = "f16"
-    load_mode: str = "auto"
+    topk: int = ENGINE_DEFAULTS.topk
+    telemetry: bool | str = ENGINE_DEFAULTS.telemetry
+    clock: str = CLOCKS[int(ENGINE_DEFAULTS.cpu_clock)]
+    n_gpu_layers: int = PLACEMENT_DEFAULTS.n_gpu_layers
+    main_gpu: int = PLACEMENT_DEFAULTS.main_gpu
+    flash_attn: str = PLACEMENT_DEFAULTS.flash_attn
+    type_k: str = PLACEMENT_DEFAULTS.type_k
+    type_v: str = PLACEMENT_DEFAULTS.type_v
+    load_mode: str = PLACEMENT_DEFAULTS.load_mode
     threads_batch: int | None = None
-    repack: bool = True
+    repack: bool = PLACEMENT_DEFAULTS.repack
     draft_model: str | None = None
-    n_parallel: int = 1
+    n_parallel: int = ENGINE_DEFAULTS.n_parallel
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "telemetry", telemetry_level(self.telemetry))

@@ -1,7 +1,7 @@
 """Parallel generation: several requests sharing the engine's steps, as llama-server's slots share a batch.
 
 A session opened with ``n_parallel=N`` (llama.cpp's ``-np``) has N sequences in one target context and one MTP
-context for all of them. :meth:`ParallelGeneration.generate_parallel` runs a list of requests on them: every step
+context for all of them. :meth:`~mtp_explorer.Session.generate_parallel` runs a list of requests on them: every step
 drafts for all active sequences (the MTP head's decodes batched depth by depth across them) and verifies all
 their drafts in one target batch. Requests arrive at their ``arrivals`` step, wait for a free sequence when all
 are busy and leave it when they finish (continuous batching).
@@ -10,8 +10,8 @@ are busy and leave it when they finish (continuous batching).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .checks import check_int
 from .errors import ParameterError
 from .handle import EngineHandle, Prompt, check_streamable, finishing_on_interrupt
 from .schema import PHASES
-from .settings import DraftSettings, Limits, resolve_each
+from .settings import DraftSettings, resolve_each
 from .trace import Step, Trace
 
 #: The per-request settings ``params`` may override, and what each defaults to.
@@ -31,7 +31,7 @@ BATCH_COLUMNS: tuple[str, ...] = ("batch_step", "n_active", "verify_rows") + tup
 
 
 class ParallelStep(NamedTuple):
-    """One sequence's row of an engine step: :meth:`ParallelGeneration.stream_parallel` yields a list of them per
+    """One sequence's row of an engine step: :meth:`~mtp_explorer.Session.stream_parallel` yields a list of them per
     step."""
 
     seq: int  #: the request's index
@@ -156,100 +156,74 @@ class ParallelTrace:
         }
 
 
-if TYPE_CHECKING:
-    _Mixin = EngineHandle  # for the type checker: the session's parts this uses
-else:
-    _Mixin = object
+class ParallelGeneration:
+    """The requests of a :class:`~mtp_explorer.Session`'s parallel generations on its handle's ``n_parallel``
+    sequences: what :meth:`~mtp_explorer.Session.generate_parallel` and
+    :meth:`~mtp_explorer.Session.stream_parallel` run. ``on_begin`` is told the settings each generation drafts with
+    (its first request's)."""
 
+    def __init__(self, handle: EngineHandle, on_begin: Callable[[DraftSettings], None]) -> None:
+        self.handle = handle
+        self.on_begin = on_begin
+        self.last_trace: ParallelTrace | None = None
+        """The last generation's result, as far as it went."""
+        self._prompts: list[tuple[Prompt, list[int]]] = []
+        self._settings: list[dict[str, Any]] = []
+        self._drafter = ""
 
-class ParallelGeneration(_Mixin):
-    """What a :class:`~mtp_explorer.Session` adds for ``n_parallel`` sequences (mixed into it)."""
-
-    if TYPE_CHECKING:
-
-        @property
-        def limits(self) -> Limits: ...
-
-    def generate_parallel(
+    def generate(
         self,
         prompts: Sequence[Prompt],
-        settings: DraftSettings | Sequence[DraftSettings] | None = None,
-        *,
-        arrivals: Sequence[int] | None = None,
-        params: Sequence[Mapping[str, Any] | None] | None = None,
-        **keywords: Any,
+        settings: DraftSettings | Sequence[DraftSettings] | None,
+        arrivals: Sequence[int] | None,
+        params: Sequence[Mapping[str, Any] | None] | None,
+        keywords: dict[str, Any],
     ) -> ParallelTrace:
-        """Run several requests on the session's ``n_parallel`` sequences and return their traces.
+        """Run the requests to the end; an interrupt finishes them as cancelled, kept in :attr:`last_trace`."""
+        with self.handle.hold() as engine:
+            self._begin(engine, prompts, settings, arrivals, params, keywords)
+            with finishing_on_interrupt(engine, self._finish):
+                engine.run()
+            return self._finish()
 
-        ``settings`` is one :class:`~mtp_explorer.DraftSettings` for every request or a list of them, one per
-        request; ``keywords`` change fields or drafter options of each, as for :meth:`generate`. ``params`` (one
-        mapping or ``None`` per prompt) overrides ``n_max``, ``p_min``, ``n_min`` and ``max_tokens`` per request,
-        llama-server's per-request settings (per-request settings may differ in those and in sampling; the drafter
-        and its options are the whole generation's, as llama-server's ``--spec-type``). Without ``arrivals`` all
-        requests start together, so there may be at most ``n_parallel``; ``arrivals`` (an engine step per prompt)
-        lets them join a running batch, each waiting for a free sequence. Greedy requests generate what each would
-        alone (up to floating-point near-ties between batch shapes: :func:`~mtp_explorer.check_parallel` finds them);
-        with ``temperature`` > 0 request ``i`` samples with ``seed + i`` (a list of settings: each its own ``seed``,
-        or the session's + ``i`` where it has none). A ``KeyboardInterrupt`` stops it within one step, as for
-        :meth:`generate`, and :attr:`last_parallel_trace` then holds what each request generated.
-        """
-        with self._run():
-            self._begin_parallel(prompts, settings, arrivals, params, keywords)
-            with finishing_on_interrupt(self._engine, self._finish_parallel):
-                self._engine.run()
-            return self._finish_parallel()
-
-    def stream_parallel(
+    def stream(
         self,
         prompts: Sequence[Prompt],
-        settings: DraftSettings | Sequence[DraftSettings] | None = None,
-        *,
-        arrivals: Sequence[int] | None = None,
-        params: Sequence[Mapping[str, Any] | None] | None = None,
-        **keywords: Any,
+        settings: DraftSettings | Sequence[DraftSettings] | None,
+        arrivals: Sequence[int] | None,
+        params: Sequence[Mapping[str, Any] | None] | None,
+        keywords: dict[str, Any],
     ) -> Iterator[list[ParallelStep]]:
-        """As :meth:`generate_parallel` (the same arguments), yielding after every engine step a :class:`ParallelStep`
-        for each sequence in it. When the iteration ends, :attr:`last_parallel_trace` holds the whole result."""
-        check_streamable(self)
-        with self._run():
-            self._begin_parallel(prompts, settings, arrivals, params, keywords)
-            engine = self._engine
+        """Run the requests, yielding each engine step's rows."""
+        check_streamable(self.handle)
+        with self.handle.hold() as engine:
+            self._begin(engine, prompts, settings, arrivals, params, keywords)
             seen = [0] * engine.n_requests
-            with finishing_on_interrupt(self._engine, self._finish_parallel):
+            with finishing_on_interrupt(engine, self._finish):
                 while True:
-                    self.model_files.check()  # a stream may pause between steps
+                    self.handle.model_files.check()  # a stream may pause between steps
                     more = engine.step()
-                    fresh = self._fresh_rows(seen)
+                    fresh = _fresh_rows(engine, seen)
                     if fresh:
                         yield fresh
                     if not more:
                         break
-            self._finish_parallel()
-
-    def _fresh_rows(self, seen: list[int]) -> list[ParallelStep]:
-        engine, out = self._engine, []
-        for i in range(len(seen)):
-            state = engine.request_state(i)
-            n = state["n_rows"]
-            if n > seen[i]:
-                cols = engine.columns(seen[i], i)
-                out += [ParallelStep(i, state["slot"], Step.from_columns(cols, k)) for k in range(n - seen[i])]
-                seen[i] = n
-        return out
+            self._finish()
 
     # -- internals -------------------------------------------------------------------------------
-    def _begin_parallel(self, prompts, settings, arrivals, params, keywords) -> None:
+    def _begin(self, engine: native.Engine, prompts, settings, arrivals, params, keywords) -> None:
+        handle = self.handle
         prompts = list(prompts)
         if not prompts:
             raise ParameterError("no prompts: give at least one")
-        arrivals = self._check_arrivals(arrivals, len(prompts))
+        arrivals = _check_arrivals(arrivals, len(prompts), handle.n_parallel)
         each = request_settings(params, resolve_each(settings, len(prompts), keywords))
         shared = isinstance(settings, DraftSettings) or settings is None
-        requests, self._parallel_prompts, self._parallel_settings = [], [], []
+        requests, self._prompts, self._settings = [], [], []
         for i, (prompt, s) in enumerate(zip(prompts, each)):
             try:
-                tokens = self.prompt_tokens(prompt)
-                s.check(self.limits)
+                tokens = handle.prompt_tokens(prompt)
+                s.check(handle.limits)
                 if (s.mode, s.options) != (each[0].mode, each[0].options):
                     raise ParameterError(
                         f"its drafter {s.drafter!r} (or its options) differs from request 0's "
@@ -258,35 +232,22 @@ class ParallelGeneration(_Mixin):
                     )
             except ParameterError as e:
                 raise type(e)(f"request {i}: {e}") from None
-            base = self.seed if s.seed is None else s.seed
+            base = handle.seed if s.seed is None else s.seed
             seed = (base + i) % 2**32 if shared or s.seed is None else s.seed
-            self._parallel_prompts.append((prompt, tokens))
-            self._parallel_settings.append(
-                s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]} | self._session_settings()
+            self._prompts.append((prompt, tokens))
+            self._settings.append(
+                s.replace(seed=seed).to_dict() | {"arrival": arrivals[i]} | handle.recorded_settings()
             )
             requests.append(native.Request(tokens, s.native_config(seed), s.native_params(), arrivals[i]))
-        each[0].warn_unused(stacklevel=4)
-        self._mode, self._draft_settings = each[0].mode, each[0]
-        self._engine.begin_requests(requests)
+        each[0].warn_unused(stacklevel=5)
+        self._drafter = each[0].mode.name
+        self.on_begin(each[0])
+        engine.begin_requests(requests)
 
-    def _check_arrivals(self, arrivals, n: int) -> list[int]:
-        if arrivals is None:
-            if n > self.n_parallel:
-                raise ParameterError(
-                    f"{n} prompts at once, but the session has n_parallel={self.n_parallel} "
-                    "sequences: open it with a larger n_parallel, or give arrivals (the step each "
-                    "request arrives at; requests then wait for a free sequence)"
-                )
-            return [0] * n
-        arrivals = list(arrivals)
-        if len(arrivals) != n:
-            raise ParameterError(f"arrivals has {len(arrivals)} entries for {n} prompts")
-        return [check_int(f"arrivals[{i}]", a, 0, None) for i, a in enumerate(arrivals)]
-
-    def _finish_parallel(self) -> ParallelTrace:
-        engine = self._engine
+    def _finish(self) -> ParallelTrace:
+        handle, engine = self.handle, self.handle.engine
         traces, infos = [], []
-        for i, ((prompt, tokens), settings) in enumerate(zip(self._parallel_prompts, self._parallel_settings)):
+        for i, ((prompt, tokens), settings) in enumerate(zip(self._prompts, self._settings)):
             state = engine.request_state(i)
             traces.append(
                 Trace(
@@ -294,7 +255,7 @@ class ParallelGeneration(_Mixin):
                     settings=settings,
                     t_prefill_ns=state["t_prefill_ns"],
                     totals=dict(state["totals"]),
-                    **self._output(prompt, tokens, i),
+                    **handle.output(prompt, tokens, i),
                 )
             )
             infos.append(
@@ -312,14 +273,43 @@ class ParallelGeneration(_Mixin):
             traces=traces,
             requests=infos,
             settings={
-                "n_parallel": self.n_parallel,
-                "capacity": self.capacity,
-                "n_ctx": self.n_ctx,
-                "drafter": self._mode.name,
+                "n_parallel": handle.n_parallel,
+                "capacity": handle.capacity,
+                "n_ctx": handle.n_ctx,
+                "drafter": self._drafter,
             },
         )
-        self.last_parallel_trace = result
+        self.last_trace = result
         return result
+
+
+def _fresh_rows(engine: native.Engine, seen: list[int]) -> list[ParallelStep]:
+    """The rows each request made since ``seen`` (updated), as :class:`ParallelStep` s."""
+    out = []
+    for i in range(len(seen)):
+        state = engine.request_state(i)
+        n = state["n_rows"]
+        if n > seen[i]:
+            cols = engine.columns(seen[i], i)
+            out += [ParallelStep(i, state["slot"], Step.from_columns(cols, k)) for k in range(n - seen[i])]
+            seen[i] = n
+    return out
+
+
+def _check_arrivals(arrivals: Sequence[int] | None, n: int, n_parallel: int) -> list[int]:
+    """Each request's arrival step, checked (``None``: all at step 0, at most ``n_parallel`` of them)."""
+    if arrivals is None:
+        if n > n_parallel:
+            raise ParameterError(
+                f"{n} prompts at once, but the session has n_parallel={n_parallel} "
+                "sequences: open it with a larger n_parallel, or give arrivals (the step each "
+                "request arrives at; requests then wait for a free sequence)"
+            )
+        return [0] * n
+    arrivals = list(arrivals)
+    if len(arrivals) != n:
+        raise ParameterError(f"arrivals has {len(arrivals)} entries for {n} prompts")
+    return [check_int(f"arrivals[{i}]", a, 0, None) for i, a in enumerate(arrivals)]
 
 
 def request_settings(

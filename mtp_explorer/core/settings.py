@@ -40,9 +40,12 @@ FIELDS: tuple[str, ...] = (
     "window",
 )
 SEED_MAX = 2**32 - 1
+#: The engine's defaults of a generation's settings (native_ext/draft.h, sequence.h): the one place they are written.
+_PARAMS = native.DraftParams()
+_GENERATION = native.GenerationConfig()
 #: The draft-length schedules the engine runs (each step's draft cap; :mod:`mtp_explorer.analysis.schedules`).
 SCHEDULES: tuple[str, ...] = tuple(native.SCHEDULES)
-DEFAULT_WINDOW = 8  #: the ``"window"`` schedule's drafting steps
+DEFAULT_WINDOW: int = _GENERATION.window  #: the ``"window"`` schedule's drafting steps
 
 
 class PminNotApplicable(UserWarning):
@@ -128,17 +131,17 @@ class DraftSettings:
     llama.cpp 0.3.36). Change one with :meth:`replace`.
     """
 
-    n_max: int = 3
-    p_min: float = 0.0
-    n_min: int = 0
+    n_max: int = _PARAMS.n_max
+    p_min: float = _PARAMS.p_min
+    n_min: int = _PARAMS.n_min
     drafter: str = drafters.DEFAULT_MODE
     chain_policy: str | None = None
     options: Mapping[str, int | str] = dataclasses.field(default_factory=dict)
-    max_tokens: int = 128
-    temperature: float = 0.0
+    max_tokens: int = _GENERATION.max_tokens
+    temperature: float = _GENERATION.temperature
     seed: int | None = None
-    server_slot: bool = False
-    schedule: str = "fixed"
+    server_slot: bool = _GENERATION.server_slot
+    schedule: str = _GENERATION.schedule
     window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:

@@ -313,9 +313,8 @@ def generate_reference_budget(
     chosen = {} if drafter is None else {"drafter": drafter}
     settings = resolve(None, dict(max_tokens=max_tokens + n_max + 2, n_max=n_max_for(0), **chosen, **options))
     drafted = accepted = harness_ns = 0
-    with session._run():
-        prompt_tokens = session._begin(prompt, settings)
-        engine, before = session._engine, (0, 0)
+    before = (0, 0)
+    with session.stepping(prompt, settings) as engine:
         while True:
             more = engine.step()
             t0 = time.perf_counter_ns()
@@ -335,8 +334,7 @@ def generate_reference_budget(
             harness_ns += time.perf_counter_ns() - t0
             if not more:
                 break
-        trace = session._finish(prompt, prompt_tokens)
-    return BudgetRun(trace, drafted, accepted, harness_ns)
+    return BudgetRun(session.last_trace, drafted, accepted, harness_ns)  # type: ignore[arg-type]
 
 
 def reference_checkpoints(target: str | Path, spec) -> bool:
