@@ -112,6 +112,44 @@ def test_each_drafter_is_written_once():
     assert not hasattr(ngram_cache, "draft")  # the n-gram cache module writes and reads llama.cpp's files only
 
 
+def _strings_of(path: Path) -> list[str]:
+    """The string literals of a Python or C++ source file, docstrings and comments left out."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return re.findall(r'"((?:\\.|[^"\\])*)"', re.sub(r"//[^\n]*", "", text))
+    tree = ast.parse(text)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, files",
+    [
+        ("ngram-mod", {"native_ext/ngram_mod_drafter.cpp"}),
+        ("ngram-map-k", set()),  # its class (ngram_map_drafter) serves ngram-map-k4v too: the table entry picks it
+    ],
+)
+def test_a_look_up_drafter_is_its_class_its_table_entry_and_its_record(name, files):
+    """Where a look-up drafter's name is used (string literals outside comments and docstrings, in the package and
+    the engine): its C++ class, the engine's drafter table and the Python record with its options, nowhere else. So
+    adding one touches those three places and its tests; the what-if replays it through the engine (LookupReplay)."""
+    word = re.compile(rf"(?<![\w-])({re.escape(name)}|{re.escape(name.replace('-', '_'))})(?![\w-])")
+    sources = sorted(PACKAGE.rglob("*.py")) + sorted(NATIVE.glob("*.[ch]*"))
+    naming = {str(p.relative_to(ROOT)) for p in sources if any(word.search(s) for s in _strings_of(p))}
+    assert naming == {"native_ext/drafters.cpp", "mtp_explorer/core/drafters.py"} | files
+
+
 def test_oracle_records_every_drafter_in_the_per_drafter_columns(model_mixed, model_synthetic_draft):
     """A drafter needs no oracle column of its own: the oracle records one proposal per drafter of the recording
     mode in the per-drafter columns (its slice, by its index), and every replay reads only those."""
