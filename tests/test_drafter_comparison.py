@@ -11,6 +11,8 @@ from mtp_explorer import plots
 from mtp_explorer.analysis.drafter_comparison import LOOKUP_MODES
 from mtp_explorer.core import drafters
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 PROMPTS = ("def fib(n):", "class Stack:\n    def __init__(self):\n")
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # out of make test-fast (its 3-minute budget)
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "resources.py"
 #: what RSS may swing by over open/generate/close cycles: glibc keeps freed model and context buffers for reuse
 #: (1,000 cycles: 77 MiB before, 153.5 at most, flat from the 100th; 100 cycles beside a compiler: 180 at most; the

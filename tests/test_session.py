@@ -138,6 +138,7 @@ def test_a_dropped_session_is_freed_at_once(model_mixed):
         gc.enable()
 
 
+@pytest.mark.slow  # out of make test-fast (its 3-minute budget)
 def test_open_generate_close_cycles_do_not_leak(model_mixed):
     proc = psutil.Process()
 
