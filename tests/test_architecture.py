@@ -114,23 +114,9 @@ def test_each_drafter_is_written_once():
 
 def _strings_of(path: Path) -> list[str]:
     """The string literals of a Python or C++ source file, docstrings and comments left out."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix != ".py":
-        return re.findall(r'"((?:\\.|[^"\\])*)"', re.sub(r"//[^\n]*", "", text))
-    tree = ast.parse(text)
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    return [
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
-    ]
+    if path.suffix == ".py":
+        return [text for _, text in _code_strings(path)]
+    return re.findall(r'"((?:\\.|[^"\\])*)"', re.sub(r"//[^\n]*", "", path.read_text(encoding="utf-8")))
 
 
 @pytest.mark.parametrize(
