@@ -15,6 +15,7 @@ from mtp_explorer import plots
 from mtp_explorer.core.drafters import MODES
 from mtp_explorer.core.schema import PHASES
 from mtp_explorer.models.synthetic_glm4moe import write_synthetic_glm4moe
+from mtp_explorer.ui.figure_sync import changed_properties, sync_figure
 from mtp_explorer.viz import trace_figures, whatif_figures
 from mtp_explorer.widgets import LiveTrace
 
@@ -597,3 +598,34 @@ def test_draft_lengths_draws_each_steps_cap_and_acceptance(session):
     dots = [t for t in fig.data if t.mode == "markers"]
     np.testing.assert_array_equal(dots[1].y, ruled.columns["n_accepted"])
     assert plots.draft_lengths(ruled).data[0].name.startswith("heuristic (n_max 4)")
+
+
+def _shown(widget: go.FigureWidget) -> tuple[list[dict], dict]:
+    data = [{k: v for k, v in t.to_plotly_json().items() if k != "uid"} for t in widget.data]
+    layout = widget.layout.to_plotly_json()
+    layout.pop("template", None)
+    return data, layout
+
+
+def test_a_synced_widget_shows_the_figure_and_a_resync_sends_nothing():
+    """sync_figure sends what changed only; the widget then shows the figure: a property the new figure lacks is
+    cleared (not left stale), annotations it lacks are removed, traces of other kinds replace the old ones, and
+    the visibility a legend click set stays."""
+    widget = go.FigureWidget()
+    first = go.Figure(go.Bar(x=[1, 2, 3], y=[0.5, 0.6, 0.7], text=["a", "b", "c"], name="predicted"))
+    first.add_annotation(x=2, y=0.6, text="dip")
+    second = go.Figure(go.Bar(x=[1, 2, 3], y=[0.5, 0.6, 0.9], name="predicted"))
+    second.update_layout(title_text="n_max 3")
+    sync_figure(widget, first)
+    assert widget.data[0].text == ("a", "b", "c") and len(widget.layout.annotations) == 1
+    widget.data[0].visible = "legendonly"  # what a click on its legend entry sets
+    sync_figure(widget, second)
+    data, layout = _shown(widget)
+    assert data[0]["y"] == [0.5, 0.6, 0.9] and "text" not in data[0] and data[0]["visible"] == "legendonly"
+    assert layout["annotations"] == [] and layout["title"]["text"] == "n_max 3"
+    new = second.data[0].to_plotly_json()
+    assert changed_properties(widget.data[0].to_plotly_json(), new) == {}  # a resync sends nothing
+    assert changed_properties({"x": [1], "uid": "u"}, {"x": [2]}) == {"x": [2]}
+    third = go.Figure([go.Scatter(x=[1, 2], y=[3, 4]), go.Scatter(x=[1], y=[5], mode="markers")])
+    sync_figure(widget, third)
+    assert [t.type for t in widget.data] == ["scatter", "scatter"] and widget.data[1].y == (5,)
