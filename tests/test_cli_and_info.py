@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import mtp_explorer as mx
 from mtp_explorer.cli import main
 
@@ -16,6 +18,20 @@ def test_model_info(model_mixed, model_no_mtp):
     assert info.has_mtp and info.is_recurrent and info.size == model_mixed.stat().st_size
     assert info.n_params > 0 and info.rs_slot_bytes > 0
     assert mx.model_info(model_no_mtp).n_layer == 4
+
+
+def test_model_info_of_the_bundled_model_and_of_no_path():
+    """``None`` is the bundled model, as for Session.open; a value that is no path is an InputTypeError (there too)."""
+    assert mx.model_info(None).path == mx.model_info(mx.default_model_path()).path
+    for bad in (3, [b"x.gguf"]):
+        with pytest.raises(mx.InputTypeError, match="must be a file path"):
+            mx.model_info(bad)  # type: ignore[arg-type]
+    with pytest.raises(mx.InputTypeError, match="head must be a file path"):
+        mx.model_info(None, head=1)  # type: ignore[arg-type]
+    with pytest.raises(mx.InputTypeError, match="draft_model must be a file path"):
+        mx.Session.open(None, draft_model=5)  # type: ignore[arg-type]
+    with pytest.raises(mx.InputTypeError, match="path must be a file path"):
+        mx.Session.open(3)  # type: ignore[arg-type]
 
 
 def test_info_command(model_mixed, capsys):

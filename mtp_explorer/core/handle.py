@@ -22,9 +22,8 @@ from .errors import (
     SessionBusyError,
     SessionClosedError,
 )
-from .info import ModelInfo, model_info
+from .info import ModelInfo, model_info, model_path
 from .options import DEFAULT_N_RS_SEQ, SessionOptions, telemetry_level
-from .paths import default_model_path
 from .runtime import check_shared_cxx_runtime, native_libraries
 from .schema import FINISH_REASONS
 from .settings import Limits
@@ -153,10 +152,8 @@ def _model_facts(
     path: str | os.PathLike | None, draft_model: str | os.PathLike | None
 ) -> tuple[Path, ModelInfo, ModelInfo | None]:
     """The target's path (``None``: the bundled demo model) and facts, and the draft model's facts (or ``None``)."""
-    if path is None:
-        path = default_model_path()
-    path = Path(path)
-    return path, model_info(path), None if draft_model is None else model_info(Path(draft_model))
+    path = model_path(path)
+    return path, model_info(path), None if draft_model is None else model_info(model_path(draft_model, "draft_model"))
 
 
 def _load_engine_holding_files(

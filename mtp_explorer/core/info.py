@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelLoadError, ModelNotFoundError
+from .errors import InputTypeError, ModelLoadError, ModelNotFoundError
 from .gguf_header import HeaderReader
+from .paths import default_model_path
 
 GGUF_MAGIC = b"GGUF"
 
@@ -220,16 +221,27 @@ def mtp_mode_of(arch: str, n_layer_nextn: int) -> tuple[str | None, int]:
     return ("chained", n_layer_nextn) if n_layer_nextn > 1 else ("single", 1)
 
 
-def model_info(path: str | os.PathLike, head: str | os.PathLike | None = None) -> ModelInfo:
-    """Read a GGUF file's metadata. Raises :class:`ModelLoadError` for missing, foreign or damaged files.
+def model_path(path: str | os.PathLike | None, what: str = "path") -> Path:
+    """``path`` as a Path (``None``: the bundled demo model, as :meth:`Session.open <mtp_explorer.Session.open>` takes
+    it); anything else is an :class:`InputTypeError`."""
+    if path is None:
+        return default_model_path()
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputTypeError(f"{what} must be a file path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)
+
+
+def model_info(path: str | os.PathLike | None, head: str | os.PathLike | None = None) -> ModelInfo:
+    """Read a GGUF file's metadata (``path`` ``None``: the bundled demo model's). Raises :class:`ModelLoadError` for
+    missing, foreign or damaged files, :class:`InputTypeError` for a ``path`` that is no path.
 
     ``head`` pairs the model with a separate MTP head file (llama.cpp's ``-md``): the result is the target's
     information with the pair's ``mtp_mode`` and ``n_mtp_heads`` and ``mtp_head`` set; a head that does not fit the
     target (not a head file, another width or vocabulary) is a :class:`ModelLoadError` naming the mismatch."""
-    info = _file_info(Path(path))
+    info = _file_info(model_path(path))
     if head is None:
         return info
-    return pair_with_head(info, _file_info(Path(head)))
+    return pair_with_head(info, _file_info(model_path(head, "head")))
 
 
 def pair_with_head(target: ModelInfo, head: ModelInfo) -> ModelInfo:
