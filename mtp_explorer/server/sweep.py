@@ -462,10 +462,11 @@ def server_sweep(
     its server is stopped whatever happens, also when the sweep is interrupted (``KeyboardInterrupt`` goes on once
     no server of the sweep runs). A server that dies (a crash, a kill) is that configuration's ``status``, e.g.
     ``"crashed (killed by SIGKILL) during the workload: 2 of 2 requests failed"``, and the sweep goes on with a new
-    server. ``repeats`` runs each configuration on that many fresh servers (the timed columns are then medians, with
-    the run-to-run spread). ``on_server_started(server, config)`` is called with each :class:`LlamaServer` once it
-    answers ``/health``, before the workload (to watch it, or to inject a fault); what it raises ends the sweep,
-    its server stopped."""
+    server. ``repeats`` runs each configuration on that many fresh servers, round after round through the grid so that
+    a drift of the machine's speed during the sweep shows in every configuration's spread rather than between
+    configurations (the timed columns are then medians, with the run-to-run spread). ``on_server_started(server,
+    config)`` is called with each :class:`LlamaServer` once it answers ``/health``, before the workload (to watch it,
+    or to inject a fault); what it raises ends the sweep, its server stopped."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -477,11 +478,11 @@ def server_sweep(
     check_int("repeats", repeats, 1, None)
     rows, per_request, tokens = [], [], None
     bar = tqdm(total=len(configs) * repeats, desc="llama-server sweep", unit="run", disable=not progress, leave=False)
+    runs: list[list[Any]] = [[] for _ in configs]
     try:
-        for config in configs:
-            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in config.items()))
-            runs = []
-            for repeat in range(repeats):
+        for repeat in range(repeats):
+            for config, config_runs in zip(configs, runs):
+                bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in config.items()))
                 run = _run_config(
                     model,
                     config,
@@ -495,10 +496,11 @@ def server_sweep(
                     on_server_started=on_server_started,
                 )
                 tokens = tokens or run.prompt_tokens
-                runs.append(_rows(config, run, workload.categories))
+                config_runs.append(_rows(config, run, workload.categories))
                 per_request += _request_rows(config, run, repeat)
                 bar.update(1)
-            rows += _over_repeats(runs)
+        for config_runs in runs:
+            rows += _over_repeats(config_runs)
     finally:
         bar.close()
     return ServerSweep(
