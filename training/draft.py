@@ -4,6 +4,7 @@
     python -m training.draft --max-minutes 10      # stop with a checkpoint after 10 minutes; run again to go on
     python -m training.draft --export              # only export the finished checkpoint
     python -m training.draft --measure             # draft-simple acceptance with llama-speculative-simple (JSON)
+    python -m training.draft --measure --target T  # ... against another target GGUF T
     python -m training.draft --steps 20 --out /tmp/d --gguf /tmp/d/draft.gguf   # a smoke run
 
 ``llama-speculative-simple -m pystdlib-qwen35-mtp.gguf -md pystdlib-draft.gguf --spec-type draft-simple``
@@ -703,9 +704,10 @@ def main(argv: list[str] | None = None) -> int:
         help="only measure the GGUF's draft-simple acceptance with llama-speculative-simple (JSON)",
     )
     p.add_argument("--prompts", type=int, default=50, help="held-out prompts for --measure")
+    p.add_argument("--target", type=Path, default=TARGET, help="the target model of --measure (default: the bundled)")
     args = p.parse_args(argv)
     if args.measure:
-        print(json.dumps(measure(args.gguf, n_prompts=args.prompts), indent=2))
+        print(json.dumps(measure(args.gguf, args.target, n_prompts=args.prompts), indent=2))
         return 0
     torch.set_flush_denormal(True)
     if not args.export:
