@@ -145,3 +145,24 @@ def test_a_checkpoint_of_another_file_is_refused(tmp_path, tiny_corpus):
     assert mtp_head.main(args) == 0
     src.write_bytes((out / src.name).read_bytes())  # now another file than the checkpoint's start
     assert mtp_head.main(args) == 2
+
+
+def test_a_run_on_the_trunks_own_continuations_trains_on_them_and_reports_their_held_out_agreement(
+    tmp_path, tiny_corpus
+):
+    src = tmp_path / "model.gguf"
+    src.write_bytes(default_model_path().read_bytes())
+    vocab = model_from_gguf(src).cfg.vocab_size
+    rows = np.random.default_rng(3).integers(0, vocab, size=(40, 48)).astype(np.uint16)  # SYNTHETIC token rows
+    cont = tmp_path / "cont.npz"
+    np.savez(cont, rows=rows, start=np.int64(16))
+    log = tmp_path / "head.jsonl"
+    args = ["--gguf", str(src), "--out", str(tmp_path / "run"), "--log", str(log), "--steps", "2"]
+    assert mtp_head.main(args + ["--continuations", str(cont)]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    start = next(r for r in records if r.get("event") == "start")
+    assert start["continuations"] == {"path": str(cont), "rows": 40 - mtp_head.HeadConfig.continuation_heldout}
+    evals = [r["eval"] for r in records if "eval" in r]
+    assert len(evals) == 2 and all(len(e["continuation_agreement_by_depth"]) == 4 for e in evals)
+    with pytest.raises(ValueError, match="continuation_heldout"):
+        mtp_head.continuation_split(rows[:32], mtp_head.HeadConfig())

@@ -20,6 +20,12 @@ checks it against llama.cpp), and every depth ``1..depth`` is trained.
 ``distill_weight`` x the cross-entropy against the trunk's own next-token distribution at the same
 position (greedy acceptance is agreement with the trunk's top token), averaged over the depths.
 
+**Its own text.**  With ``--continuations`` (the trunk's own greedy continuations, written by
+``python -m training.trunk --make-continuations``), each step also trains on ``continuation_batch`` of them,
+weighted ``continuation_weight``: greedy acceptance is measured on such text, whose statistics (repeats, the
+trunk's habits) the corpus windows do not have.  The last ``continuation_heldout`` rows are never trained on;
+the evaluation reports the agreement on them beside the corpus's.
+
 **Budget.**  ``--max-minutes`` is a hard wall-clock budget: the run stops, checkpoints, and writes
 the GGUF of what it has.  Checkpoints (``<out>/last.pt``: the MTP block, the optimiser, the step)
 live outside the work tree (default ``$MTP_EXPLORER_TRAIN_DIR`` or ``~/.cache/mtp-explorer/mtp-head``)
@@ -76,12 +82,16 @@ class HeadConfig:
     eval_batches: int = 4
     log_every: int = 10
     checkpoint_minutes: float = 5.0
+    continuation_batch: int = 8  #: the trunk's own continuations per step, where --continuations are given
+    continuation_weight: float = 1.0  #: their loss's weight against the corpus batch's (1.0)
+    continuation_heldout: int = 32  #: the last rows of --continuations, kept for the evaluation
 
 
-def chain_starts(step: int, cfg: HeadConfig) -> torch.Tensor:
-    """The draft rounds of ``step`` trained at depths >= 2: ``chain_rows`` distinct starts in ``1..T-depth-1``."""
+def chain_starts(step: int, cfg: HeadConfig, length: int | None = None) -> torch.Tensor:
+    """The draft rounds of ``step`` trained at depths >= 2: ``chain_rows`` distinct starts in ``1..T-depth-1``
+    (``T``: ``length``, default ``seq_len``)."""
     rng = np.random.default_rng([cfg.seed, step, 1])
-    pool = np.arange(1, cfg.seq_len - cfg.depth)
+    pool = np.arange(1, (cfg.seq_len if length is None else length) - cfg.depth)
     return torch.from_numpy(np.sort(rng.choice(pool, size=min(cfg.chain_rows, len(pool)), replace=False)))
 
 
@@ -108,6 +118,19 @@ def evaluate(model: DemoModel, batches: list[torch.Tensor], depth: int) -> dict[
         agree += [float(v) for v in a]
     n = len(batches)
     return {"mtp_ce_by_depth": [round(v / n, 4) for v in ce], "agreement_by_depth": [round(v / n, 4) for v in agree]}
+
+
+def continuation_split(rows: np.ndarray, cfg: HeadConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(trained, held-out) rows of the trunk's continuations: the last ``continuation_heldout`` are held out."""
+    if len(rows) <= cfg.continuation_heldout:
+        raise ValueError(f"{len(rows)} continuations: more than continuation_heldout={cfg.continuation_heldout} needed")
+    return rows[: -cfg.continuation_heldout], rows[-cfg.continuation_heldout :]
+
+
+def continuations_at(rows: np.ndarray, step: int, cfg: HeadConfig) -> torch.Tensor:
+    """Step ``step``'s continuations (``continuation_batch`` rows, drawn from ``default_rng([seed, step, 3])``)."""
+    rng = np.random.default_rng([cfg.seed, step, 3])
+    return torch.from_numpy(rows[rng.integers(0, len(rows), size=cfg.continuation_batch)].astype(np.int64))
 
 
 def corpus_tokens(gguf: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -233,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export-only", action="store_true", help="write the GGUF of the last checkpoint, no training")
     p.add_argument("--install", action="store_true", help="replace --gguf with the written file at the end")
     p.add_argument("--log", type=Path, default=LOG, help="JSON lines log (appended)")
+    p.add_argument(
+        "--continuations",
+        type=Path,
+        default=None,
+        help="the trunk's own greedy continuations (training.trunk --make-continuations): trained on beside the corpus",
+    )
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -274,6 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.export_only and step < cfg.steps:
         train_tokens, held_tokens = corpus_tokens(args.gguf, out)
         held = heldout_batches(held_tokens, cfg)
+        cont, cont_held = None, []
+        if args.continuations is not None:
+            cont, held_rows = continuation_split(np.load(args.continuations)["rows"], cfg)
+            cont_held = [torch.from_numpy(held_rows.astype(np.int64))]
+
+        def evaluation() -> dict:
+            result = evaluate(model.eval(), held, cfg.depth)
+            if cont_held:
+                result["continuation_agreement_by_depth"] = evaluate(model, cont_held, cfg.depth)["agreement_by_depth"]
+            return result
+
         if step == 0:
             log(
                 {
@@ -286,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mtp_params": sum(x.numel() for x in model.mtp.parameters()),
                     "threads": args.threads,
                     "torch": torch.__version__,
-                    "eval": evaluate(model.eval(), held, cfg.depth),
+                    "continuations": None if cont is None else {"path": str(args.continuations), "rows": len(cont)},
+                    "eval": evaluation(),
                 }
             )
         model.train()
@@ -298,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
             x = batch_at(train_tokens, step, cfg)
             ce, soft, agree = depth_terms(model, x, cfg.depth, chain_starts(step, cfg))
             loss = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(ce, soft)) / cfg.depth
+            if cont is not None:
+                xc = continuations_at(cont, step, cfg)
+                ce_c, soft_c, _ = depth_terms(model, xc, cfg.depth, chain_starts(step, cfg, xc.shape[1]))
+                loss_c = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(ce_c, soft_c)) / cfg.depth
+                loss = (loss + cfg.continuation_weight * loss_c) / (1 + cfg.continuation_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.mtp.parameters(), cfg.grad_clip)
@@ -320,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 t_log, tokens_since = now, 0
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                log({"step": step, "eval": evaluate(model.eval(), held, cfg.depth)})
+                log({"step": step, "eval": evaluation()})
                 model.train()
             out_of_time = args.max_minutes is not None and (time.time() - t_start) / 60 >= args.max_minutes
             if step >= cfg.steps or out_of_time or stop.requested or (now - t_ck) / 60 >= cfg.checkpoint_minutes:
