@@ -10,10 +10,12 @@ own clock (``performance.now()``):
 - ``table_ms``: until the numbers table shows the new ``n_max`` (the kernel's replay, the table's HTML and the comm);
 - ``charts_ms``: until both charts' data show it (the figures built in the kernel, sent, and redrawn by plotly).
 
-Prints JSON (and writes it to ``--out``): the median, minimum and maximum of each, and every move's numbers. Where
-the time goes: the kernel's side, measured in the same run without the browser, is ``kernel_ms`` (one
-``WhatIfController.refresh``: replay, table, figures and the sync of their FigureWidgets, median over the moves);
-the rest of ``charts_ms`` is the comm's round trip and plotly's redraw of two figures in the browser.
+Prints JSON (and writes it to ``--out``): the median, minimum and maximum of each, and every move's numbers. The
+browser holds the frames of every ``n_max`` the kernel prepared after the oracle's prediction and switches to the new
+value's at once (``mtp_explorer.ui.whatif_view``), so a move costs plotly's redraw of the two charts; the kernel's
+path, taken by a move of ``p_min`` / ``n_min`` / the drafter or where the browser lacks a frame, is ``kernel_ms``,
+measured in the same run without the browser (one ``WhatIfController.refresh`` from scratch: replay, numbers, table
+and figures of the shown ``n_max``, median over the moves), to which the comm's round trip and the redraw add.
 """
 
 from __future__ import annotations
@@ -55,6 +57,31 @@ _MOVE_JS = """async ([n]) => {
         if (table === null && status.textContent.includes('n_max=' + n)) table = performance.now() - t0;
         const [a, b] = charts();
         if (table !== null && depth(a) && shows(b)) return {table_ms: table, charts_ms: performance.now() - t0};
+        await new Promise(r => requestAnimationFrame(r));
+    }
+    return {table_ms: table, charts_ms: null};
+}"""
+
+
+# a move of p_min (the kernel's path): typed into its readout; the table shows it, and both charts (the speed chart's
+# title names p_min; the acceptance chart is redrawn from the same message)
+_P_MIN_JS = """async ([v]) => {
+    const root = document.querySelector('.mtpx-explorer');
+    const readout = [...root.querySelectorAll('.widget-slider')].find(s => s.textContent.includes('p_min'))
+        .querySelector('.widget-readout');
+    const status = root.querySelector('.mtpx-whatif-status');
+    const charts = () => [...root.querySelectorAll('.mtpx-whatif .js-plotly-plot')];
+    const text = v.toFixed(2);
+    readout.focus();
+    readout.textContent = text;
+    const t0 = performance.now();
+    readout.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', keyCode: 13, bubbles: true}));
+    let table = null;
+    while (performance.now() - t0 < 30000) {
+        if (table === null && status.textContent.includes('p_min=' + text)) table = performance.now() - t0;
+        const [a, b] = charts();
+        if (table !== null && b && b.layout && String(b.layout.title.text).includes('p_min ' + text))
+            return {table_ms: table, charts_ms: performance.now() - t0};
         await new Promise(r => requestAnimationFrame(r));
     }
     return {table_ms: table, charts_ms: null};
@@ -121,6 +148,7 @@ def _kernel_ms(moves: int) -> float:
             t0 = time.perf_counter()
             ex.update_prediction()
             times.append(1e3 * (time.perf_counter() - t0))
+            ex.whatif_controller.wait_prepared(60)  # the other n_max's frames, in the background: not timed
         return statistics.median(times)
 
 
@@ -131,6 +159,7 @@ def _stats(values: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moves", type=int, default=20)
+    ap.add_argument("--p-min-moves", type=int, default=10, help="moves of p_min (the kernel's path)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -151,22 +180,33 @@ def main() -> None:
                         or 8
                     )
                 )
+                page.wait_for_timeout(5000)  # the frames of every n_max, prepared in the background
                 moves = []
                 for i in range(args.moves):
                     n = 2 + i % (capacity - 1)  # 2, 3, ..., capacity, 2, ...: every move a new value
                     moves.append({"n_max": n, **page.evaluate(_MOVE_JS, [n])})
+                p_moves = []
+                for i in range(args.p_min_moves):
+                    v = round(0.05 * (1 + i % 9), 2)  # 0.05 ... 0.45: every move a new value
+                    p_moves.append({"p_min": v, **page.evaluate(_P_MIN_JS, [v])})
+                    page.wait_for_timeout(1500)  # the frames prepared again
                 browser.close()
         finally:
             _stop(proc, url)
     done = [m for m in moves if m["charts_ms"] is not None]
+    p_done = [m for m in p_moves if m["charts_ms"] is not None]
     doc = {
         "machine": machine(),
         "moves": len(moves),
         "timed_out": len(moves) - len(done),
         "charts_ms": _stats([m["charts_ms"] for m in done]) if done else None,
         "table_ms": _stats([m["table_ms"] for m in done]) if done else None,
+        "p_min_moves": len(p_moves),
+        "p_min_charts_ms": _stats([m["charts_ms"] for m in p_done]) if p_done else None,
+        "p_min_table_ms": _stats([m["table_ms"] for m in p_done]) if p_done else None,
         "kernel_ms": _kernel_ms(args.moves),
         "each": moves,
+        "each_p_min": p_moves,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 import re
 import threading
 import time
@@ -266,13 +267,18 @@ def test_live_trace_holds_every_column_of_every_drafter(session, drafter):
 
 
 def _whatif_trace(ex: Explorer, figure: str, name: str):
-    return next(t for t in ex.whatif_panel.figures[figure].data if t.name == name)
+    return next(t for t in ex.whatif_panel.figure(figure).data if t.name == name)
+
+
+def _numbers(values) -> list[float]:
+    """A shown figure's values, JSON's nulls (plotly's NaN, a gap) as NaN."""
+    return [math.nan if v is None else v for v in values]
 
 
 def test_whatif_follows_the_sliders_and_equals_the_run(session):
     ex = Explorer(session, prompt=PROMPT, max_tokens=64, n_max=3)
     assert ex.oracle is None and ex.prediction is None and ex.whatif is None
-    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
+    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status
     ex.record_oracle()
     assert ex.wait(60)
     assert ex.state == "idle" and ex.error == ""
@@ -280,7 +286,7 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     assert isinstance(o, mx.OracleTrace) and ex.oracles == {(PROMPT, 64, OPTIONS): o}
     assert o.prompt == PROMPT and o.max_tokens == 64 and o.depth == session.capacity
     assert ex.whatif_panel.showing and ex.prediction.policy["n_max"] == 3
-    assert "oracle: 64 tokens" in ex.whatif_panel.status.value
+    assert "oracle: 64 tokens" in ex.whatif_panel.status
     plain = mx.simulate(o, 0).predicted_tokens_per_second
     seen = set()
     c = ex.controls
@@ -299,7 +305,7 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
         assert w.plain_tokens_per_second == pytest.approx(plain)
         assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
         assert w.measured is None and "No measured run" in w.note
-        table = ex.whatif_panel.table.value
+        table = ex.whatif_panel.table
         for text in (
             f"{es['acceptance_rate']:.3f}",
             f"{es['mean_accepted_length']:.2f}",
@@ -308,10 +314,10 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
             f"{w.ceiling_tokens_per_second:.0f}",
         ):
             assert text in table, text
-        assert f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}" in ex.whatif_panel.status.value
+        assert f"n_max={n_max}, p_min={p_min:.2f}, n_min={n_min}" in ex.whatif_panel.status
         bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "predicted")
         assert list(bars.x) == list(range(1, n_max + 1))
-        assert list(bars.y) == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
+        assert _numbers(bars.y) == pytest.approx(es["acceptance_by_depth"][:n_max], nan_ok=True)
         star = _whatif_trace(ex, "predicted_speed_by_n_max", "this setting")
         assert list(star.x) == [n_max] and star.y[0] == pytest.approx(es["tokens_per_second"])
         curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
@@ -332,7 +338,7 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     w = ex.whatif
     assert len(w.uncertain_positions) == 64 and w.tokens_per_second_range[0] < w.tokens_per_second
     # in plain words, the technical terms in hover text
-    table = ex.whatif_panel.table.value
+    table = ex.whatif_panel.table
     assert "tokens/s range (near-ties)" in table and "batch-shape" not in re.sub(r'title="[^"]*"', "", table)
     assert "top-2 margin within the measured batch-shape tolerance" in table  # the hover text
     assert "64 near-tie(s), the first at token 0" in w.note and "batch-shape" not in w.note
@@ -359,11 +365,11 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     if cmp.exact:
         assert m.acceptance_rate == pytest.approx(w.acceptance_rate)
         assert m.mean_accepted_length == pytest.approx(w.mean_accepted_length)
-    table = ex.whatif_panel.table.value
+    table = ex.whatif_panel.table
     assert "measured / predicted" in table and f"{ts['tokens_per_second']:.0f}" in table
     assert f"{m.tokens_per_second_ratio:.3f}" in table
     measured_bars = _whatif_trace(ex, "predicted_acceptance_by_depth", "measured")
-    assert list(measured_bars.y) == pytest.approx(ts["acceptance_by_depth"][:4], nan_ok=True)
+    assert _numbers(measured_bars.y) == pytest.approx(ts["acceptance_by_depth"][:4], nan_ok=True)
     point = _whatif_trace(ex, "predicted_speed_by_n_max", "measured")
     assert list(point.x) == [4] and point.y[0] == pytest.approx(ts["tokens_per_second"])
 
@@ -372,9 +378,9 @@ def test_whatif_follows_the_sliders_and_equals_the_run(session):
     m = ex.whatif.measured
     assert m.same_settings is False and ex.whatif.n_max == 3
     assert "The measured run used n_max=4, p_min=0.60, n_min=2" in ex.whatif.note
-    assert "n_max=4, p_min=0.60, n_min=2" in ex.whatif_panel.table.value
-    assert "measured / predicted" not in ex.whatif_panel.table.value
-    assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
+    assert "n_max=4, p_min=0.60, n_min=2" in ex.whatif_panel.table
+    assert "measured / predicted" not in ex.whatif_panel.table
+    assert not [d for d in ex.whatif_panel.figure("predicted_acceptance_by_depth").data if d.name == "measured"]
 
 
 def test_measure_puts_a_median_and_its_spread_beside_the_prediction(session):
@@ -401,13 +407,13 @@ def test_measure_puts_a_median_and_its_spread_beside_the_prediction(session):
     assert ran == [2, 0, 0, 2, 2, 0]
     r = ex.whatif.repeated
     assert (r.n_max, r.p_min, r.n_min, r.repeats) == (2, 0.0, 0, 3) and r.spread >= 0 and r.speedup > 0
-    table = ex.whatif_panel.table.value
+    table = ex.whatif_panel.table
     assert "median of 3 (spread)" in table and f"{r.tokens_per_second:.0f} ({r.spread:.1%})" in table
     assert "Measured 3 times, each beside a plain run" in ex.whatif.note
     off = ex.whatif.tokens_per_second / r.tokens_per_second - 1
     assert (" within half that spread" in ex.whatif.note) == (abs(off) <= r.spread / 2)
     ex.controls.n_max.value = 3  # another setting: not measured yet
-    assert ex.whatif.repeated is None and "median of" not in ex.whatif_panel.table.value
+    assert ex.whatif.repeated is None and "median of" not in ex.whatif_panel.table
     ex.controls.n_max.value = 2
     assert ex.whatif.repeated == r
     stops = []
@@ -443,7 +449,7 @@ def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
     assert ex.state == "busy" and ex.controls.run.disabled and ex.whatif_panel.record.disabled
     assert not ex.controls.stop.disabled
     assert ex.progress.label.value.startswith("recording oracle · 32 tokens")
-    assert "recording the oracle" in ex.whatif_panel.status.value
+    assert "recording the oracle" in ex.whatif_panel.status
     ex.run()  # refused while recording
     assert ex.state == "busy" and ex.n_steps == 0
     gate.set()
@@ -460,7 +466,7 @@ def test_recording_runs_in_the_background_and_stops(session, monkeypatch):
     assert ex.wait(30)
     assert ex.state == "idle" and ex.error == "" and ex.oracle is None and (PROMPT, 40, OPTIONS) not in ex.oracles
     assert list(ex.oracles) == [(PROMPT, 32, OPTIONS)]
-    assert "cancelled" in ex.whatif_panel.status.value
+    assert "cancelled" in ex.whatif_panel.status
     assert session.generate(PROMPT, max_tokens=8).finish_reason == "budget"  # the session is usable
 
 
@@ -477,13 +483,54 @@ def test_recording_is_refused_at_temperature_or_without_mtp(session, model_no_mt
     assert ex.error == "" and ex.oracle is not None and ex.whatif_panel.showing
     ex.controls.temperature.value = 0.7  # the prediction stays, with a note
     assert "greedy decoding (temperature 0)" in ex.whatif.note
-    assert "temperature 0" in ex.whatif_panel.table.value
+    assert "temperature 0" in ex.whatif_panel.table
     with mx.Session.open(model_no_mtp, n_ctx=512, threads=1) as plain:
         ex_plain = Explorer(plain, prompt=PROMPT, max_tokens=16, drafter="mtp")  # ngram records: see below
         ex_plain.record_oracle()
         assert ex_plain.state == "idle" and ex_plain.wait(1)
         assert ex_plain.error.startswith("MtpUnavailableError:") and "no MTP layers" in ex_plain.error
         assert ex_plain.oracle is None and ex_plain.oracles == {}
+
+
+def test_the_whatif_frame_of_every_n_max_is_prepared_and_is_the_one_the_kernel_shows(session):
+    """The browser switches to the frame of a new n_max by itself (the slider's value is linked to the view's key
+    in the browser): every n_max has its frame, prepared in the background, equal to what the kernel shows when the
+    slider gets there; a change of another setting prepares them all again."""
+    ex = Explorer(session, prompt=PROMPT, max_tokens=32, n_max=3)
+    ex.record_oracle()
+    assert ex.wait(60)
+    ctl, view = ex.whatif_controller, ex.whatif_panel.view
+    assert ctl.wait_prepared(120)
+    top = min(session.capacity, ex.oracle.depth)
+    assert ctl.prepared == list(range(1, top + 1)) and sorted(map(int, view.frames)) == ctl.prepared
+    held = dict(view.frames)
+    for n in (1, top, 2):
+        ex.controls.n_max.value = n
+        assert view.key == n and view.shown == held[str(n)] and view.frames == held  # nothing prepared again
+        assert f"n_max={n}," in ex.whatif_panel.status and ex.prediction.policy["n_max"] == n
+    for n in (1, top):  # the same frames made from scratch (the kernel's path where the browser has none)
+        ex.controls.n_max.value = n
+        ex.update_prediction()
+        assert view.shown == held[str(n)]
+    ex.controls.p_min.value = 0.5
+    assert ctl.wait_prepared(120) and sorted(map(int, view.frames)) == list(range(1, top + 1))
+    assert "at p_min 0.50" in ex.whatif_panel.figure("predicted_speed_by_n_max").layout.title.text
+    assert all(view.frames[k]["figures"][1] != held[k]["figures"][1] for k in held)
+    ex.controls.n_max.value = 2
+    ex.controls.prompt.value = "import os"  # no oracle: nothing to predict, no frames, none prepared after
+    assert view.frames == {} and not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status
+    assert ctl.wait_prepared(120) and view.frames == {} and ctl.prepared == []
+
+
+def test_the_whatif_views_module_is_small_and_plotly_js_comes_as_a_trait():
+    """anywidget drops a model's updates for good when its module takes over 2 s to load, which a module with plotly.js
+    inlined (3.5 MB) did on a busy machine: the module is the view alone, plotly.js a trait the view runs."""
+    from mtp_explorer.ui.whatif_view import WhatIfView
+
+    view = WhatIfView()
+    assert len(str(view._esm)) < 20_000 and "window.Plotly" in str(view._esm)
+    assert len(view._plotly_js) > 1_000_000 and "Plotly" in view._plotly_js[:5000]
+    assert "_plotly_js" in view.keys
 
 
 def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
@@ -496,13 +543,9 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     on_page = list(panel.children)
     ex.controls.prompt.value = "import os"
     assert ex.oracle is None and ex.prediction is None and ex.whatif is None
-    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status.value
-    # folded away, never taken off the page: a FigureWidget view removed and shown again would stop updating
-    row = on_page[2]
-    assert list(panel.children) == on_page and all(
-        any(f in box.children for box in row.children) for f in panel.figures.values()
-    )
-    assert (row.layout.height, row.layout.visibility, panel.table.layout.display) == ("0px", "hidden", "none")
+    assert not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status
+    # the view stays on the page, without frames (the browser folds its charts away) and with the message
+    assert list(panel.children) == on_page and panel.view.frames == {} and panel.table == ""
     ex.controls.n_max.value = 3  # nothing to predict, no error
     assert ex.error == "" and ex.prediction is None
     with pytest.raises(mx.MtpExplorerError, match="no oracle"):
@@ -511,7 +554,7 @@ def test_a_new_prompt_or_max_tokens_invalidates_the_oracle(session):
     assert ex.wait(60)
     ex.controls.prompt.value = PROMPT  # back: the recorded oracle again
     assert ex.oracle is o and ex.prediction.policy["n_max"] == 3 and ex.whatif_panel.showing
-    assert list(panel.children) == on_page and row.layout.height is None and row.layout.visibility is None
+    assert list(panel.children) == on_page and panel.view.shown is not None and panel.view.message == ""
     assert ex.whatif.measured is None  # the run was of another prompt
     ex.controls.max_tokens.value = 25
     assert ex.oracle is None and ex.prediction is None
@@ -665,14 +708,14 @@ def test_whatif_follows_the_drafter(session):
         assert w.plain_tokens_per_second == pytest.approx(plain)
         assert w.speedup == pytest.approx(es["tokens_per_second"] / plain)
         assert ("p_min does not apply" in w.note) == (value == "ngram-simple")
-        assert f"predicting the {value} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status.value
-        assert f"<td>drafter</td><td>{value}</td>" in ex.whatif_panel.table.value
-        assert f"{es['tokens_per_second']:.0f}" in ex.whatif_panel.table.value
+        assert f"predicting the {value} drafter, n_max=3, p_min=0.30, n_min=1" in ex.whatif_panel.status
+        assert f"<td>drafter</td><td>{value}</td>" in ex.whatif_panel.table
+        assert f"{es['tokens_per_second']:.0f}" in ex.whatif_panel.table
         curve = _whatif_trace(ex, "predicted_speed_by_n_max", "predicted")
-        assert list(curve.y) == pytest.approx([r["tokens_per_second"] for r in speed_curve(o, 0.3, 1, drafter)])
+        assert _numbers(curve.y) == pytest.approx([r["tokens_per_second"] for r in speed_curve(o, 0.3, 1, drafter)])
         assert curve.y[2] == pytest.approx(es["tokens_per_second"])
         for name in widgets.WHATIF_NAMES:
-            assert ex.whatif_panel.figures[name].layout.title.text.startswith(f"{value} · ")
+            assert ex.whatif_panel.figure(name).layout.title.text.startswith(f"{value} · ")
         seen[value] = w.tokens_per_second
     assert len({round(v, 6) for v in seen.values()}) == 3  # the prediction moved with the drafter
     # a prediction of any drafter on demand
@@ -697,8 +740,8 @@ def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
     assert m is not None and m.drafter == "ngram-simple" and m.same_settings is True
     ts = t.summary()
     assert m.tokens_per_second == pytest.approx(ts["tokens_per_second"])
-    assert "measured / predicted" in ex.whatif_panel.table.value
-    assert "<td>drafter</td><td>ngram-simple</td><td>ngram-simple</td>" in ex.whatif_panel.table.value
+    assert "measured / predicted" in ex.whatif_panel.table
+    assert "<td>drafter</td><td>ngram-simple</td><td>ngram-simple</td>" in ex.whatif_panel.table
     cmp = mx.compare(o, t)
     assert not cmp.unexplained, cmp.unexplained[:2]
     if cmp.exact:
@@ -713,8 +756,8 @@ def test_a_measured_ngram_run_shows_only_with_the_ngram_drafter(session):
         name = drafters.mode(drafter).name
         assert ex.whatif.drafter == name and ex.whatif.measured is None, drafter
         assert f"with the {name} drafter" in ex.whatif.note
-        assert "measured" not in ex.whatif_panel.table.value.split("</tr>")[0]
-        assert not [d for d in ex.whatif_panel.figures["predicted_acceptance_by_depth"].data if d.name == "measured"]
+        assert "measured" not in ex.whatif_panel.table.split("</tr>")[0]
+        assert not [d for d in ex.whatif_panel.figure("predicted_acceptance_by_depth").data if d.name == "measured"]
     ex.controls.drafter.value = "ngram"
     assert ex.whatif.measured is not None and ex.whatif.measured.drafter == "ngram-simple"
     # and an MTP run is measured for mtp only
@@ -769,7 +812,7 @@ def test_a_model_without_mtp_drafts_with_ngram(model_no_mtp):
         # mtp cannot be predicted from it: said in the panel, not an error
         d.value = "mtp"
         assert ex.prediction is None and ex.whatif is None and ex.error == ""
-        assert "no MTP layers" in ex.whatif_panel.status.value and not ex.whatif_panel.showing
+        assert "no MTP layers" in ex.whatif_panel.status and not ex.whatif_panel.showing
         with pytest.raises(mx.MtpUnavailableError):
             ex.predict()
         d.value = "ngram"

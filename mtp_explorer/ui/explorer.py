@@ -48,6 +48,7 @@ from .slots_view import SlotsView
 from .views import LiveViews, View
 from .whatif import WhatIfController
 from .whatif_panel import MEASURE_REPEATS, WhatIf, WhatIfPanel
+from .whatif_view import link_key
 
 __all__ = ["Explorer"]
 
@@ -178,6 +179,7 @@ class Explorer(W.VBox):
         self.whatif_panel.measure.on_click(lambda _: self.measure_setting())
         for name, slider in c.settings.items():
             slider.observe(functools.partial(self._on_setting, name), names="value")
+        self._key_link = link_key(c.n_max, self.whatif_panel.view)  # n_max's prepared frame shown in the browser
         for choice in (c.drafter, c.chain_policy, c.schedule):
             choice.observe(lambda _: self._refresh_prediction(), names="value")
         for field in c.oracle_inputs:
@@ -242,8 +244,9 @@ class Explorer(W.VBox):
         return self.whatif_controller.predict(n_max, p_min, n_min, drafter)
 
     def update_prediction(self) -> None:
-        """Predict the controls' setting again and redraw the what-if panel."""
-        self.whatif_controller.refresh()
+        """Predict the controls' setting again, from scratch (the oracle may have been changed in place), and redraw
+        the what-if panel."""
+        self.whatif_controller.refresh(fresh=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the background work (generation then baseline, or an oracle recording) is done;

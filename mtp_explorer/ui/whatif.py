@@ -14,18 +14,19 @@ import html
 import threading
 from collections.abc import Callable, Mapping
 
-import plotly.graph_objects as go
 import traitlets as T
 
 from ..analysis.oracle import OracleTrace
 from ..analysis.simulate import SimTrace, simulate
 from ..analysis.sweep import sweep
+from ..core import drafters
 from ..core.drafters import DrafterMode
 from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
 from .controls import RunRequest, readable_error, selected_mode
+from .main_thread import MainThread
 from .whatif_panel import (
     MEASURE_REPEATS,
     NO_ORACLE,
@@ -33,12 +34,11 @@ from .whatif_panel import (
     WhatIf,
     WhatIfPanel,
     measured_run,
-    oracle_status,
     speed_curve,
     whatif_figures,
     whatif_numbers,
-    whatif_table,
 )
+from .whatif_view import Frame
 
 __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 
@@ -68,6 +68,149 @@ def drafter_refusal(oracle: OracleTrace, drafter: str | DrafterMode) -> MtpExplo
 def _choice(request: RunRequest) -> str | DrafterMode:
     """The request's drafter with its chain policy (the value as typed where it is no choice: refused later)."""
     return selected_mode(request.drafter, request.chain_policy) or request.drafter
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Context:
+    """What a what-if frame depends on besides its ``n_max``: the oracle, the controls' drafter and other settings,
+    the measured run and its baseline, and how many settings were measured (:attr:`WhatIfController.repeated`)."""
+
+    oracle: OracleTrace
+    oracle_key: tuple
+    drafter: str | DrafterMode
+    p_min: float
+    n_min: int
+    schedule: object
+    temperature: float
+    measured: Trace | None
+    baseline: Trace | None
+    repeated: int
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Context):
+            return NotImplemented
+        same = ("oracle", "measured", "baseline")
+        return all(getattr(self, f) is getattr(other, f) for f in same) and all(
+            getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self) if f.name not in same
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+Prepared = tuple[SimTrace, WhatIf, Frame]
+
+
+class PreparedFrames:
+    r"""The what-if frames of one context (:class:`_Context`) by ``n_max``, and the background thread that prepares
+    the missing ones of ``keys(context)``, nearest to the ``shown()`` key first, and then has them all ``send``\ ed
+    on the main thread (``main``: widgets are changed from one thread only).
+
+    Everything is done under ``lock`` (the controller's): ``prepare(context, n_max)`` makes one frame; the thread
+    stops where the context is no longer ``current(context)`` or was replaced (it goes on with the new one); the
+    send is skipped where the context changed before the main thread got to it (the change showed its own frame)."""
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        *,
+        prepare: Callable[[_Context, int], Prepared],
+        keys: Callable[[_Context], range],
+        current: Callable[[_Context], bool],
+        shown: Callable[[], int],
+        send: Callable[[int, dict[int, Frame]], None],
+        main: MainThread,
+    ) -> None:
+        self._lock, self._prepare, self._keys, self._current, self._shown, self._send = (
+            lock,
+            prepare,
+            keys,
+            current,
+            shown,
+            send,
+        )
+        self._main = main
+        self._context: _Context | None = None
+        self._frames: dict[int, Prepared] = {}
+        self._thread: threading.Thread | None = None
+        self._running = False  # the thread prepares (set and cleared under the lock)
+
+    def reset(self) -> None:
+        """Forget every frame (the caller holds the lock)."""
+        self._context, self._frames = None, {}
+
+    def get(self, context: _Context, n_max: int) -> Prepared:
+        """The frame of ``n_max`` in ``context``, prepared now where it is not yet (the caller holds the lock)."""
+        if context != self._context:
+            self._context, self._frames = context, {}
+        if n_max not in self._frames:
+            self._frames[n_max] = self._prepare(context, n_max)
+        return self._frames[n_max]
+
+    def all(self) -> dict[int, Frame]:
+        """The frames prepared, by ``n_max`` (the caller holds the lock)."""
+        return {n: frame for n, (_, _, frame) in self._frames.items()}
+
+    def keys(self) -> list[int]:
+        with self._lock:
+            return sorted(self._frames)
+
+    def start(self) -> None:
+        """Prepare the missing frames in the background (the caller holds the lock)."""
+        if self._running or self._context is None:
+            return  # a running thread goes on with the newest context
+        if all(n in self._frames for n in self._keys(self._context)):
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="mtpx-whatif-frames", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the thread (its send may still wait for the main thread: see :class:`MainThread`); False on
+        timeout."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while self._next():
+                pass
+        finally:
+            self._running = False
+
+    def _next(self) -> bool:
+        """Prepare the missing frame nearest to the shown key; once none is missing, post their send to the main
+        thread and return False (and stop where the context went or a frame fails: the kernel's refresh reports it,
+        should the slider go there)."""
+        with self._lock:
+            context = self._context
+            if context is None or not self._current(context):
+                self._running = False
+                return False
+            shown = self._shown()
+            missing = sorted((n for n in self._keys(context) if n not in self._frames), key=lambda n: abs(n - shown))
+            if missing:
+                try:
+                    self._frames[missing[0]] = self._prepare(context, missing[0])
+                    return True
+                except Exception:
+                    self._running = False
+                    return False
+            self._running = False
+        self._main.post(lambda: self._flush(context))
+        return False
+
+    def _flush(self, context: _Context) -> None:
+        """Send every frame of ``context`` with the shown key (on the main thread), unless the context went."""
+        with self._lock:
+            if context != self._context or not self._current(context):
+                return
+            try:
+                self._send(self._shown(), self.all())
+            except Exception:
+                pass  # the kernel's refresh reports it, should the slider go to a frame the browser lacks
 
 
 class WhatIfController(T.HasTraits):
@@ -111,6 +254,17 @@ class WhatIfController(T.HasTraits):
         self.recording = False  #: an oracle recording is under way
         self._lock = threading.Lock()
         self._plain: tuple | None = None  # (oracle, drafter, predicted plain tokens/s)
+        #: the frames shown and prepared, by n_max, for the context they were made in
+        self.frames = PreparedFrames(
+            self._lock,
+            prepare=self._prepare,
+            keys=lambda c: range(1, min(self.session.capacity, c.oracle.depth) + 1),
+            current=lambda c: self.oracle is c.oracle,
+            shown=lambda: self.panel.view.key,
+            send=panel.show,
+            main=MainThread(),
+        )
+        self._repeated_version = 0  # counts the additions to self.repeated
         self._curve: tuple | None = None  # (oracle, (p_min, n_min, drafter), predicted tokens/s by n_max)
 
     # -- oracles ---------------------------------------------------------------------------------
@@ -120,7 +274,7 @@ class WhatIfController(T.HasTraits):
 
     def begin_recording(self) -> None:
         self.recording = True
-        self.panel.status.value = "<i>recording the oracle …</i>"
+        self.panel.note("<i>recording the oracle …</i>")
 
     def record(self, request: RunRequest, cancelled: Callable[[], bool]) -> None:
         """Record the oracle of ``request`` (in the caller's thread) and take it if the controls still ask for
@@ -140,7 +294,7 @@ class WhatIfController(T.HasTraits):
         if failure is not None and not stopped:
             self._report(readable_error(failure), "record")
         if stopped and self.oracle is None:
-            self.panel.status.value = "<i>the oracle recording was cancelled</i>"
+            self.panel.note("<i>the oracle recording was cancelled</i>")
 
     def measure(self, request: RunRequest, cancelled: Callable[[], bool], repeats: int = MEASURE_REPEATS) -> None:
         """Measure the setting of ``request`` ``repeats`` times, each beside a plain run (``sweep(mode="measure")``,
@@ -176,7 +330,9 @@ class WhatIfController(T.HasTraits):
         if cancelled():
             return
         row = RepeatedRuns.from_row(frame.iloc[0].to_dict())
-        self.repeated[self._repeated_key(request.oracle_key, row.drafter, row.n_max, row.p_min, row.n_min)] = row
+        with self._lock:
+            self.repeated[self._repeated_key(request.oracle_key, row.drafter, row.n_max, row.p_min, row.n_min)] = row
+            self._repeated_version += 1
         self.refresh()
 
     @staticmethod
@@ -217,31 +373,107 @@ class WhatIfController(T.HasTraits):
             schedule=req.schedule,
         )
 
-    def refresh(self) -> None:
+    def refresh(self, fresh: bool = False) -> None:
         """Predict the controls' setting and show it beside the measured run (an error is reported, the last
-        prediction stays); without an oracle, or with a drafter it cannot replay, clear the numbers."""
+        prediction stays); without an oracle, or with a drafter it cannot replay, clear the numbers. The frames of
+        the other ``n_max`` are then prepared in a background thread (:meth:`wait_prepared`), so that the browser
+        shows a move of the ``n_max`` slider at once. A frame prepared before is reused unless ``fresh``."""
         with self._lock:
+            if fresh:
+                self.frames.reset()
             if self.oracle is None:
                 self._clear("<i>recording the oracle …</i>" if self.recording else NO_ORACLE)
                 return
-            refusal = drafter_refusal(self.oracle, _choice(self._request()))
+            request = self._request()
+            refusal = drafter_refusal(self.oracle, _choice(request))
             if refusal is not None:  # not an error: the oracle stays, for the drafters it can replay
                 self._clear(f"<i>what-if: {html.escape(str(refusal))}</i>")
                 return
             try:
-                sim = self.predict()
-                numbers, measured = self._numbers(sim)
-                # the numbers first: they are shown while the figures are built
-                self.panel.show_numbers(oracle_status(self.oracle, numbers), whatif_table(numbers))
-                figs = self._figures(sim, numbers, measured)
+                context = self._context(request)
+                n_max = request.n_max
+                sim, numbers, _ = self.frames.get(context, n_max)
+                self.panel.show(n_max, self.frames.all())
             except Exception as exc:  # shown in the widget, never raised into the kernel
                 self._report(readable_error(exc), "whatif")
                 return
             self._report("", "whatif")
             self.prediction = sim
             self.numbers = numbers
-            self.panel.show_figures(figs)
+            self.frames.start()
         self.show_schedules()
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Wait until the frames of every ``n_max`` of the current prediction are prepared (in a kernel their send
+        then waits for the main thread to be free: after the running cell); False on timeout."""
+        return self.frames.wait(timeout)
+
+    @property
+    def prepared(self) -> list[int]:
+        """The ``n_max`` whose frames are prepared for the current prediction."""
+        return self.frames.keys()
+
+    def _context(self, request: RunRequest) -> _Context:
+        """Everything a frame depends on but its ``n_max``."""
+        drafter = _choice(request)
+        oracle = self.oracle
+        assert oracle is not None
+        measured = measured_run(self._trace(), oracle, drafter=drafters.mode_name(drafter))
+        baseline = (
+            None
+            if measured is None
+            else self._baselines.get(
+                (
+                    measured.prompt,
+                    measured.settings.get("max_tokens"),
+                    measured.settings.get("temperature"),
+                    measured.settings.get("seed"),
+                )
+            )
+        )
+        return _Context(
+            oracle=oracle,
+            oracle_key=request.oracle_key,
+            drafter=drafter,
+            p_min=request.p_min,
+            n_min=request.n_min,
+            schedule=request.schedule,
+            temperature=request.temperature,
+            measured=measured,
+            baseline=baseline,
+            repeated=self._repeated_version,
+        )
+
+    def _prepare(self, context: _Context, n_max: int) -> Prepared:
+        """The prediction of ``n_max`` in ``context``, its numbers and its frame (the caller holds the lock)."""
+        oracle = context.oracle
+        sim = simulate(
+            oracle,
+            n_max,
+            context.p_min,
+            min(context.n_min, n_max),
+            drafter=context.drafter,
+            schedule=context.schedule,
+        )
+        drafter, pol = sim.policy["drafter"], sim.policy
+        repeated = self.repeated.get(
+            self._repeated_key(context.oracle_key, drafter, pol["n_max"], pol["p_min"], pol["n_min"])
+        )
+        numbers = whatif_numbers(
+            sim,
+            plain_tokens_per_second=self._plain_tokens_per_second(oracle, drafter),
+            measured=context.measured,
+            baseline=context.baseline,
+            temperature=context.temperature,
+            repeated=repeated,
+        )
+        figs = whatif_figures(
+            sim,
+            numbers,
+            measured_trace=context.measured,
+            curve=self._speed_curve(oracle, numbers.p_min, numbers.n_min, drafter),
+        )
+        return sim, numbers, self.panel.frame(oracle, numbers, figs)
 
     def show_schedules(self) -> None:
         """The panel's schedule comparison (shown while its toggle is on) for the current oracle and every recorded
@@ -256,49 +488,10 @@ class WhatIfController(T.HasTraits):
             self._report(readable_error(exc), "whatif")
 
     def _clear(self, status: str) -> None:
+        self.frames.reset()
         self.prediction = None
         self.numbers = None
         self.panel.clear(status)
-
-    def _numbers(self, sim: SimTrace) -> tuple[WhatIf, Trace | None]:
-        """The numbers of ``sim``, beside the latest trace if it is a measured run of the oracle's prompt and max
-        tokens with the prediction's drafter (returned too, or None)."""
-        oracle, drafter = sim.oracle, sim.policy["drafter"]
-        measured = measured_run(self._trace(), oracle, drafter=drafter)
-        baseline = (
-            None
-            if measured is None
-            else self._baselines.get(
-                (
-                    measured.prompt,
-                    measured.settings.get("max_tokens"),
-                    measured.settings.get("temperature"),
-                    measured.settings.get("seed"),
-                )
-            )
-        )
-        req, pol = self._request(), sim.policy
-        repeated = self.repeated.get(
-            self._repeated_key(req.oracle_key, drafter, pol["n_max"], pol["p_min"], pol["n_min"])
-        )
-        numbers = whatif_numbers(
-            sim,
-            plain_tokens_per_second=self._plain_tokens_per_second(oracle, drafter),
-            measured=measured,
-            baseline=baseline,
-            temperature=req.temperature,
-            repeated=repeated,
-        )
-        return numbers, measured
-
-    def _figures(self, sim: SimTrace, numbers: WhatIf, measured: Trace | None) -> dict[str, go.Figure]:
-        """The what-if figures of ``sim`` and its ``numbers``, with the ``measured`` run where there is one."""
-        return whatif_figures(
-            sim,
-            numbers,
-            measured_trace=measured,
-            curve=self._speed_curve(sim.oracle, numbers.p_min, numbers.n_min, sim.policy["drafter"]),
-        )
 
     def _plain_tokens_per_second(self, oracle: OracleTrace, drafter: str) -> float:
         """Predicted plain decoding (``n_max=0``), cached for the last oracle and drafter."""

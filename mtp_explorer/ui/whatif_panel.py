@@ -41,8 +41,9 @@ from ..analysis.simulate import SimTrace, simulate
 from ..core import drafters, metrics
 from ..core.trace import Trace
 from ..viz import whatif_figures as figures
-from .figure_sync import figure_widget, flexible, size, sync_figure
+from .figure_sync import size
 from .schedule_view import ScheduleView
+from .whatif_view import Frame, WhatIfView
 
 __all__ = [
     "WHATIF_NAMES",
@@ -252,9 +253,10 @@ def whatif_table(numbers: WhatIf) -> str:
 
 
 class WhatIfPanel(W.VBox):
-    """The what-if mode's part of the Explorer: the Record oracle button, a status line and, once an
-    oracle exists, the predicted numbers beside the measured run's and the figures of the prediction
-    (``figures``: :data:`WHATIF_NAMES`)."""
+    """The what-if mode's part of the Explorer: the Record oracle and Measure buttons, the schedules toggle and
+    the :class:`~mtp_explorer.ui.whatif_view.WhatIfView` of the predictions: a status line and, once an oracle
+    exists, the predicted numbers beside the measured run's and the figures :data:`WHATIF_NAMES`, prepared for every
+    ``n_max`` (:meth:`show`)."""
 
     def __init__(self, width: int | None = None) -> None:
         self.width = width
@@ -271,61 +273,52 @@ class WhatIfPanel(W.VBox):
             "tokens/s and its spread, to judge the prediction by",
             layout=W.Layout(width="130px", flex="none"),
         )
-        self.status = W.HTML(value=NO_ORACLE)
-        self.status.add_class("mtpx-whatif-status")
-        self.table = W.HTML()
-        self.table.add_class("mtpx-whatif-table")
-        self.figures: dict[str, go.FigureWidget] = {name: figure_widget() for name in WHATIF_NAMES}
+        self.view = WhatIfView(message=NO_ORACLE)
         self.schedules = ScheduleView()
-        self._header = W.HBox([self.record, self.measure, self.schedules.toggle, self.status])
-        self._figure_row = W.HBox(
-            [flexible(self.figures[name]) for name in WHATIF_NAMES], layout=W.Layout(width="100%")
-        )
-        # on the page from the start, folded away until a prediction shows: plotly draws the figures at the row's
-        # width only if the row is on the page, laid out, when they are first drawn
-        self._fold(True)
-        super().__init__([self._header, self.table, self._figure_row, self.schedules])
+        self._header = W.HBox([self.record, self.measure, self.schedules.toggle])
+        super().__init__([self._header, self.view, self.schedules])
         self.add_class("mtpx-whatif")
         self._lock = threading.Lock()
-
-    def _fold(self, folded: bool) -> None:
-        """Fold the table and the figures away (no height, invisible, still on the page and as wide), or unfold."""
-        self.table.layout.display = "none" if folded else None
-        for key, value in (("height", "0px"), ("overflow", "hidden"), ("visibility", "hidden")):
-            setattr(self._figure_row.layout, key, value if folded else None)
 
     @property
     def showing(self) -> bool:
         """Whether the numbers and figures of a prediction are shown."""
-        return self._figure_row.layout.visibility != "hidden"
+        return self.view.shown is not None
 
-    def show_numbers(self, status: str, table: str) -> None:
-        """Show a prediction's ``status`` line and ``table`` (HTML); its figures stay as they are until
-        :meth:`show_figures`."""
-        with self._lock:
-            self.status.value = status
-            self.table.value = table
-            self.table.layout.display = None
+    @property
+    def status(self) -> str:
+        """The status line shown (HTML)."""
+        return self.view.status
 
-    def show_figures(self, figs: dict[str, go.Figure]) -> None:
-        """Show a prediction's figures ``figs`` (by name)."""
+    @property
+    def table(self) -> str:
+        """The numbers table shown (HTML; empty without a prediction)."""
+        return self.view.table
+
+    def figure(self, name: str) -> go.Figure | None:
+        """The figure ``name`` (of :data:`WHATIF_NAMES`) shown, or None."""
+        return self.view.figure(WHATIF_NAMES.index(name))
+
+    def frame(self, oracle: OracleTrace, numbers: WhatIf, figs: dict[str, go.Figure]) -> Frame:
+        """The frame of a prediction: its status line, its ``numbers`` as a table and its figures ``figs``."""
+        for fig in figs.values():
+            size(fig, None if self.width is None else self.width // 2)
+        return Frame.of(oracle_status(oracle, numbers), whatif_table(numbers), [figs[name] for name in WHATIF_NAMES])
+
+    def show(self, n_max: int, frames: dict[int, Frame]) -> None:
+        """Hold the prepared ``frames`` (by ``n_max``) and show the one of ``n_max``."""
         with self._lock:
-            for name, fig in figs.items():
-                size(fig, None if self.width is None else self.width // 2)
-                sync_figure(self.figures[name], fig)
-            self._fold(False)
+            self.view.show(n_max, frames)
+
+    def note(self, status: str) -> None:
+        """Show ``status`` (HTML) as the status line, over the prediction's."""
+        self.view.message = status
 
     def clear(self, status: str) -> None:
-        """No prediction: the button and the ``status`` line (HTML) only.
-
-        The figures are folded away, never taken off the page: plotly's ``FigureWidget`` view keeps listening to
-        its model after it is removed, on a purged plot, and its first update there throws ("gd.data must be an
-        array") before the view shown again gets the update, so that view would keep its old data."""
+        """No prediction: the buttons and the ``status`` line (HTML) only."""
         with self._lock:
-            self.status.value = status
-            self.table.value = ""
+            self.view.clear(status)
             self.schedules.table.value = ""
-            self._fold(True)
 
 
 # -- the computations ------------------------------------------------------------------------------
