@@ -428,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         "--make-continuations",
         type=Path,
         metavar="NPZ",
-        help="write 512 greedy continuations of --checkpoint's model (llama.cpp) here and stop",
+        help="write --n-continuations greedy continuations of --checkpoint's model (llama.cpp) here and stop",
     )
+    p.add_argument("--n-continuations", type=int, default=512, help="how many (--make-continuations; default 512)")
     p.add_argument(
         "--continuations",
         type=Path,
@@ -466,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         print(export_gguf(args.checkpoint, args.export))
         return 0
     if args.make_continuations:
-        print(make_continuations(args.checkpoint, args.data, args.make_continuations, threads=args.threads))
+        print(
+            make_continuations(
+                args.checkpoint, args.data, args.make_continuations, n=args.n_continuations, threads=args.threads
+            )
+        )
         return 0
     if args.init_only:
         if args.checkpoint.exists():
