@@ -106,6 +106,15 @@ def depth_terms(
     return model.mtp_terms(x, h, teacher, depth, starts)
 
 
+def batch_loss(
+    model: DemoModel, x: torch.Tensor, step: int, cfg: HeadConfig
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Step ``step``'s loss on the batch ``x`` (see the module docstring), with its CE and agreement per depth."""
+    ce, soft, agree = depth_terms(model, x, cfg.depth, chain_starts(step, cfg, x.shape[1]))
+    loss = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(ce, soft)) / cfg.depth
+    return loss, ce, agree
+
+
 @torch.no_grad()
 def evaluate(model: DemoModel, batches: list[torch.Tensor], depth: int) -> dict[str, list[float]]:
     """Held-out MTP CE and teacher-forced top-1 agreement with the trunk, per draft depth (agreement at
@@ -337,12 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             for g in opt.param_groups:
                 g["lr"] = lr
             x = batch_at(train_tokens, step, cfg)
-            ce, soft, agree = depth_terms(model, x, cfg.depth, chain_starts(step, cfg))
-            loss = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(ce, soft)) / cfg.depth
+            loss, ce, agree = batch_loss(model, x, step, cfg)
             if cont is not None:
-                xc = continuations_at(cont, step, cfg)
-                ce_c, soft_c, _ = depth_terms(model, xc, cfg.depth, chain_starts(step, cfg, xc.shape[1]))
-                loss_c = sum(cfg.ce_weight * c + cfg.distill_weight * s for c, s in zip(ce_c, soft_c)) / cfg.depth
+                loss_c, _, _ = batch_loss(model, continuations_at(cont, step, cfg), step, cfg)
                 loss = (loss + cfg.continuation_weight * loss_c) / (1 + cfg.continuation_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()

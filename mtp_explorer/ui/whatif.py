@@ -107,7 +107,8 @@ class PreparedFrames:
 
     Everything is done under ``lock`` (the controller's): ``prepare(context, n_max)`` makes one frame; the thread
     stops where the context is no longer ``current(context)`` or was replaced (it goes on with the new one); the
-    send is skipped where the context changed before the main thread got to it (the change showed its own frame)."""
+    send is skipped where the context changed before the main thread got to it (the change showed its own frame); a
+    send that fails goes to ``report``."""
 
     def __init__(
         self,
@@ -119,6 +120,7 @@ class PreparedFrames:
         shown: Callable[[], int],
         send: Callable[[int, dict[int, Frame]], None],
         main: MainThread,
+        report: Callable[[Exception], None],
     ) -> None:
         self._lock, self._prepare, self._keys, self._current, self._shown, self._send = (
             lock,
@@ -128,7 +130,7 @@ class PreparedFrames:
             shown,
             send,
         )
-        self._main = main
+        self._main, self._report = main, report
         self._context: _Context | None = None
         self._frames: dict[int, Prepared] = {}
         self._thread: threading.Thread | None = None
@@ -174,43 +176,45 @@ class PreparedFrames:
         return not thread.is_alive()
 
     def _run(self) -> None:
-        try:
-            while self._next():
-                pass
-        finally:
-            self._running = False
+        while self._next():
+            pass
 
     def _next(self) -> bool:
-        """Prepare the missing frame nearest to the shown key; once none is missing, post their send to the main
-        thread and return False (and stop where the context went or a frame fails: the kernel's refresh reports it,
-        should the slider go there)."""
+        """Prepare the missing frame nearest to the shown key and return True; once none is missing, post their send
+        to the main thread and return False (and stop where the context went or a frame fails: the kernel's refresh
+        reports it, should the slider go there). ``_running`` is cleared under the lock on the way out."""
+        more = flush = False
         with self._lock:
             context = self._context
-            if context is None or not self._current(context):
-                self._running = False
-                return False
-            shown = self._shown()
-            missing = sorted((n for n in self._keys(context) if n not in self._frames), key=lambda n: abs(n - shown))
-            if missing:
-                try:
-                    self._frames[missing[0]] = self._prepare(context, missing[0])
-                    return True
-                except Exception:
-                    self._running = False
-                    return False
-            self._running = False
-        self._main.post(lambda: self._flush(context))
-        return False
+            try:
+                if context is not None and self._current(context):
+                    shown = self._shown()
+                    missing = sorted(
+                        (n for n in self._keys(context) if n not in self._frames), key=lambda n: abs(n - shown)
+                    )
+                    if missing:
+                        self._frames[missing[0]] = self._prepare(context, missing[0])
+                        more = True
+                    else:
+                        flush = True
+            except Exception:
+                pass  # a frame that fails is made again, and its error shown, by the refresh of that n_max
+            finally:
+                self._running = more
+        if flush:
+            self._main.post(lambda: self._flush(context))
+        return more
 
-    def _flush(self, context: _Context) -> None:
-        """Send every frame of ``context`` with the shown key (on the main thread), unless the context went."""
+    def _flush(self, context: _Context | None) -> None:
+        """Send every frame of ``context`` with the shown key (on the main thread), unless the context went; a
+        failure goes to ``report``."""
         with self._lock:
-            if context != self._context or not self._current(context):
+            if context is None or context != self._context or not self._current(context):
                 return
             try:
                 self._send(self._shown(), self.all())
-            except Exception:
-                pass  # the kernel's refresh reports it, should the slider go to a frame the browser lacks
+            except Exception as exc:
+                self._report(exc)
 
 
 class WhatIfController(T.HasTraits):
@@ -263,6 +267,7 @@ class WhatIfController(T.HasTraits):
             shown=lambda: self.panel.view.key,
             send=panel.show,
             main=MainThread(),
+            report=lambda exc: self._report(readable_error(exc), "whatif"),
         )
         self._repeated_version = 0  # counts the additions to self.repeated
         self._curve: tuple | None = None  # (oracle, (p_min, n_min, drafter), predicted tokens/s by n_max)
