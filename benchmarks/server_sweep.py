@@ -242,10 +242,10 @@ def one_model(path: Path, label: str, args) -> dict:
     # 64 of them make every step dearer (plain decoding 793 against 1,173 tokens/s at 3, bundled model, 2 threads)
     with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=3) as like:
         costs = mx.profile_batch_costs(like, n_parallel=[1, 2, 4], n_max=[0, 2, 3])
-        # what a request costs the server beyond the engine's work (HTTP, tokenization, slot set-up, its own drafting
-        # steps), measured on a real llama-server: without it the prediction prices the engine's steps alone
-        # (ServerOverheadMissing)
-        costs = profile_server_overhead(like, costs, binary=args.binary)
+        # what a workload costs the server beyond the engine's work (HTTP, tokenization, slot set-up, its loop's
+        # steps, drafting slots and sampled rows), measured on real llama-servers of the sweep's slot counts (other
+        # prompts than the sweep's): without it the prediction prices the engine's steps alone (ServerOverheadMissing)
+        costs = profile_server_overhead(like, costs, binary=args.binary, n_parallel=(1, 2, 4), repeats=3)
     with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=n_rs_seq) as s:
         predicted = [sw.with_predictions(s, costs=costs, progress=False) for sw in sweeps]
     predict_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import mtp_explorer as mx
+from mtp_explorer.analysis.batch import SERVER_TERMS
 from mtp_explorer.server import GRID_FLAGS, ServerSweep, Workload, WorkloadRequest
 from mtp_explorer.server.grid import configurations
 from mtp_explorer.server.overhead import OverheadSample, fit_server_overhead, profile_server_overhead
@@ -179,44 +180,52 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
     real server, saved with the batch cost model, and added by every server-slot prediction (the loop's overhead per
     request and step, the work outside the loop once per workload and per request's latency); a model without them
     (or saved before them) warns."""
-    samples = [
-        OverheadSample(
-            wall_s=p + 2e-3 + 1e-4 * steps + 5e-3,
-            server_s=p + 2e-3 + 1e-4 * steps,
-            predicted_s=p,
-            steps=steps,
-            spec_type="none",
-            n_predict=steps,
-        )
-        for p, steps in ((0.05, 10), (0.2, 40), (0.1, 10), (0.3, 60))
+    true = {"request_ns": 2e6, "step_ns": 1e5, "draft_step_ns": 3e4, "draft_slot_ns": 4e5, "row_ns": 2e4}
+    shapes = [  # (spec_type, n_parallel, requests, steps, drafting steps, drafting slot-steps, rows)
+        ("none", 1, 1, 10, 0, 0, 10),
+        ("none", 1, 1, 40, 0, 0, 40),
+        ("none", 1, 4, 100, 0, 0, 100),
+        ("none", 2, 4, 60, 0, 0, 120),
+        ("draft-mtp", 1, 1, 10, 9, 9, 30),
+        ("draft-mtp", 1, 1, 30, 29, 29, 100),
+        ("draft-mtp", 1, 4, 80, 76, 76, 250),
+        ("draft-mtp", 2, 4, 40, 39, 70, 200),
+        ("ngram-simple,draft-mtp", 2, 4, 50, 45, 80, 230),
     ]
+
+    def sample(spec, n_parallel, *counted, predicted_s=0.1):
+        counts = dict(zip(SERVER_TERMS.values(), counted))
+        loop = sum(true[term] * counts[count] for term, count in SERVER_TERMS.items()) / 1e9
+        return OverheadSample(predicted_s + loop + 5e-3, predicted_s, counts, spec, 32, n_parallel)
+
+    samples = [sample(*shape, predicted_s=0.05 * (i + 1)) for i, shape in enumerate(shapes)]
     fit = fit_server_overhead(samples)
-    assert fit["request_ns"] == pytest.approx(2e6) and fit["step_ns"] == pytest.approx(1e5)
-    assert fit["outside_ns"] == pytest.approx(5e6) and fit["draft_step_ns"] == 0  # no drafting sample
-    assert fit["measured"]["median_abs_residual_ns"] == pytest.approx(0, abs=1e-3)
-    # a drafting request's steps cost the server 4e5 ns more each: told apart from the plain ones
-    drafting = [
-        dataclasses.replace(x, server_s=x.server_s + 4e-4 * x.steps, wall_s=x.wall_s + 4e-4 * x.steps, spec_type=spec)
-        for x, spec in zip(samples, ("draft-mtp", "ngram-simple,draft-mtp", "draft-mtp", "draft-mtp"))
-    ]
-    both = fit_server_overhead(samples + drafting)
-    assert both["request_ns"] == pytest.approx(2e6) and both["step_ns"] == pytest.approx(1e5)
-    assert both["draft_step_ns"] == pytest.approx(4e5)
-    with pytest.raises(mx.ParameterError, match="two step counts"):
-        fit_server_overhead([dataclasses.replace(x, steps=10) for x in samples])
+    assert {term: fit[term] for term in true} == pytest.approx(true) and fit["outside_ns"] == pytest.approx(5e6)
+    assert fit["measured"]["median_abs_residual"] == pytest.approx(0, abs=1e-9) and fit["measured"]["not_fit"] == []
+    # without a workload drafting on two slots at once the per-slot term cannot be told from the per-step one
+    one_slot = fit_server_overhead([x for x in samples if x.n_parallel == 1 or x.spec_type == "none"])
+    assert one_slot["measured"]["not_fit"] == ["draft_slot_ns"] and one_slot["draft_slot_ns"] == 0
+    plain = fit_server_overhead([x for x in samples if x.spec_type == "none"])  # no drafting sample
+    assert plain["measured"]["not_fit"] == ["draft_step_ns", "draft_slot_ns"]
+    assert plain["request_ns"] == pytest.approx(2e6) and plain["outside_ns"] == pytest.approx(5e6)
+    with pytest.raises(mx.ParameterError, match="two request counts"):
+        fit_server_overhead([x for x in samples if x.counts["requests"] == 4])
     with mx.Session.open(bundled_model, n_ctx=2048, threads=1) as session:
         costs = mx.profile_batch_costs(session, n_parallel=[1], n_max=[0, 3], max_tokens=24, repeats=1)
         assert costs.server is None
         with pytest.raises(mx.ParameterError, match="two request lengths"):
             profile_server_overhead(session, costs, binary=server_binary, n_predict=(8, 8))
         before = _children()
+        with pytest.raises(mx.ParameterError, match="two prompts"):
+            profile_server_overhead(session, costs, binary=server_binary, prompts=PROMPTS[:1])
         measured = profile_server_overhead(
-            session, costs, binary=server_binary, prompts=PROMPTS[:2], n_predict=(8, 32), repeats=1
+            session, costs, binary=server_binary, prompts=PROMPTS[:2], n_predict=(8, 32), repeats=1, n_parallel=(1, 2)
         )
         assert not _servers_left(before)
         server = measured.server
-        assert server["request_ns"] >= 0 and server["step_ns"] >= 0 and server["outside_ns"] >= 0
-        assert server["measured"]["samples"] == 2 * 2 * 2
+        assert all(server[term] >= 0 for term in SERVER_TERMS) and server["outside_ns"] >= 0
+        # per drafter and length: two requests alone and together on one slot, together on two
+        assert server["measured"]["samples"] == 2 * 2 * (3 + 1) and server["measured"]["n_parallel"] == [1, 2]
         assert server["measured"]["spec_types"] == ["none", "draft-mtp"] and costs.server is None
         assert mx.BatchCostModel.load(measured.save(tmp_path / "costs.json")).server == server
         old = json.loads(costs.to_json())
@@ -239,6 +248,9 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
             drafted = mx.predict_parallel([oracle], drafting_costs, n_parallel=1, n_max=3, server_slot=True)
             plain = mx.predict_parallel([oracle], drafting_costs, n_parallel=1, n_max=0, server_slot=True)
             bare_plain = mx.predict_parallel([oracle], costs, n_parallel=1, n_max=0, server_slot=True, warn=False)
+            two_slots = {"n_parallel": 2, "n_max": 3, "server_slot": True, "arrivals": [0, 0, 0]}
+            every = mx.predict_parallel([oracle] * 3, dataclasses.replace(costs, server=fit), **two_slots)
+            bare_every = mx.predict_parallel([oracle] * 3, costs, warn=False, **two_slots)
     added = 1e-3 + 2e-5 * bare["n_steps"] + 3e-3
 
     def seconds(p):
@@ -258,6 +270,14 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
     assert drafting_steps == pytest.approx(round(drafting_steps), abs=1e-6)
     assert bare["n_steps"] - 1 <= round(drafting_steps) <= bare["n_steps"]
     assert seconds(plain) == pytest.approx(seconds(bare_plain), rel=1e-12)  # plain decoding drafts nothing
+    # every term by the count it is charged by: three requests drafting on two slots
+    counts = every["server_counts"]
+    assert counts == bare_every["server_counts"] and counts["requests"] == 3 and counts["steps"] == every["n_steps"]
+    assert counts["drafting_steps"] < counts["drafting_slot_steps"] < 2 * counts["drafting_steps"]
+    assert counts["rows"] > counts["drafting_slot_steps"] + counts["steps"]
+    added = sum(true[term] * counts[count] for term, count in SERVER_TERMS.items()) / 1e9 + 5e-3
+    assert every["seconds"] - bare_every["seconds"] == pytest.approx(added, rel=1e-9)
+    assert seconds(every) == pytest.approx(every["seconds"], rel=1e-12)
 
 
 @pytest.mark.server

@@ -51,6 +51,15 @@ if TYPE_CHECKING:
     from .oracle import OracleTrace
 
 BATCH_COSTS_FORMAT = "mtp-explorer-batch-costs/1"
+#: llama-server's overheads inside its loop (:attr:`BatchCostModel.server`), each by the count of a scheduled workload
+#: it is charged per (``server_counts`` of :func:`predict_parallel`'s result)
+SERVER_TERMS = {
+    "request_ns": "requests",
+    "step_ns": "steps",
+    "draft_step_ns": "drafting_steps",
+    "draft_slot_ns": "drafting_slot_steps",
+    "row_ns": "rows",
+}
 
 #: Each phase's regressors (:func:`step_features` computes them), in coefficient order.
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -143,13 +152,14 @@ class BatchCostModel:
     coef: dict[str, list[float]]  #: phase -> coefficients of FEATURES[phase]
     prefill: list[float]  #: a, b: prefill ns = a + b * prompt tokens
     measured: dict[str, Any] = dataclasses.field(default_factory=dict)  #: what it was fit on, and how well
-    #: what a request on a llama-server costs beyond this engine's prefill and steps: inside the server's loop
-    #: ``request_ns`` per request (the slot's set-up), ``step_ns`` per decode step (the loop's own work) and
-    #: ``draft_step_ns`` more per step that drafts (the server's drafting beyond this engine's); outside
-    #: it ``outside_ns`` (HTTP, tokenization, the answer: overlapping other requests' work, so paid once per
-    #: workload, and by each request's latency); and ``measured`` (how); measured on a real server by
+    #: what a request on a llama-server costs beyond this engine's prefill and steps: inside the server's loop the
+    #: terms of :data:`SERVER_TERMS` (``request_ns`` per request, the slot's set-up; ``step_ns`` per decode step, the
+    #: loop's own work; ``draft_step_ns`` more per step that drafts; ``draft_slot_ns`` more per slot that drafts at a
+    #: step; ``row_ns`` per verified row, which the server samples one by one); outside it ``outside_ns`` (HTTP,
+    #: tokenization, the answer: overlapping other requests' work, so paid once per workload, and by each request's
+    #: latency); and ``measured`` (how); measured on a real server by
     #: :func:`~mtp_explorer.server.profile_server_overhead` (None: not measured; a server-slot prediction then warns
-    #: that it leaves them out; a model saved before ``outside_ns`` was measured has its loop overhead only)
+    #: that it leaves them out; a term a model was saved without is 0)
     server: dict[str, Any] | None = None
 
     def step_ns(self, shape: StepShape) -> dict[str, float]:
@@ -161,8 +171,8 @@ class BatchCostModel:
         return self.prefill[0] + self.prefill[1] * n_prompt
 
     def server_ns(self, what: str) -> float:
-        """The llama-server path's overhead ``what`` (``"request_ns"``, ``"step_ns"``, ``"draft_step_ns"`` or
-        ``"outside_ns"``; 0 where not measured)."""
+        """The llama-server path's overhead ``what`` (a term of :data:`SERVER_TERMS` or ``"outside_ns"``; 0 where not
+        measured)."""
         return float(self.server.get(what, 0.0)) if self.server else 0.0
 
     # -- saving ----------------------------------------------------------------------------------
@@ -410,9 +420,10 @@ def predict_parallel(
     running the batch: each request's steps simulated from its oracle (``server_slot``: as a llama-server slot runs
     it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``.
     ``server_slot`` also adds the server's overheads (:attr:`BatchCostModel.server`): its loop's per request where it
-    is admitted and per step; the work outside its loop once to the workload's time (it overlaps other requests'
-    work) and to each request's latency; a model without them warns (:class:`~mtp_explorer.ServerOverheadMissing`)
-    unless ``warn`` is False."""
+    is admitted, per step, per step that drafts, per slot that drafts and per verified row (:data:`SERVER_TERMS`; the
+    counts they were charged by in ``server_counts``); the work outside its loop once to the workload's time
+    (``seconds``; it overlaps other requests' work) and to each request's latency; a model without them warns
+    (:class:`~mtp_explorer.ServerOverheadMissing`) unless ``warn`` is False."""
     check_int("n_parallel", n_parallel, 1, None)
     oracles = list(oracles)
     budget = keywords.pop("max_tokens", None)
@@ -460,12 +471,11 @@ def predict_parallel(
 def _schedule(
     runs: list[_Run], costs: BatchCostModel, n_parallel: int, uses_mtp: bool, server: bool = False
 ) -> dict[str, Any]:
-    request_s = costs.server_ns("request_ns") / 1e9 if server else 0.0
-    step_extra_s = costs.server_ns("step_ns") / 1e9 if server else 0.0
-    # per step that drafts (llama-server drafts its slots together, common_speculative_draft); a model saved before
-    # the two kinds were told apart has its step overhead only
-    draft_extra_s = costs.server_ns("draft_step_ns") / 1e9 if server else 0.0
+    over = {term: (costs.server_ns(term) / 1e9 if server else 0.0) for term in SERVER_TERMS}
+    request_s = over["request_ns"]
     outside_s = costs.server_ns("outside_ns") / 1e9 if server else 0.0
+    counts = dict.fromkeys(SERVER_TERMS.values(), 0)
+    counts["requests"] = len(runs)
     slots: list[_Run | None] = [None] * n_parallel
     step, total_s, steps, rows_per_step, previous = 0, 0.0, 0, [], None
     prefill_s = 0.0
@@ -492,7 +502,17 @@ def _schedule(
             previous,
         )
         previous = verify
-        seconds = sum(costs.step_ns(shape).values()) / 1e9 + step_extra_s + draft_extra_s * any(shape.drafting)
+        step_counts = {
+            "steps": 1,
+            "drafting_steps": int(any(shape.drafting)),
+            "drafting_slot_steps": sum(shape.drafting),
+            "rows": sum(shape.rows),
+        }
+        seconds = sum(costs.step_ns(shape).values()) / 1e9
+        for term, count in SERVER_TERMS.items():
+            if count in step_counts:
+                seconds += over[term] * step_counts[count]
+                counts[count] += step_counts[count]
         total_s += seconds
         steps += 1
         rows_per_step.append(sum(shape.rows))
@@ -513,6 +533,8 @@ def _schedule(
         "tokens_per_second": (
             n_tokens / (total_s + prefill_s + outside_s) if total_s + prefill_s > 0 else float("nan")
         ),
+        "seconds": total_s + prefill_s + outside_s,
+        "server_counts": counts,
         "decode_tokens_per_second": n_tokens / total_s if total_s > 0 else float("nan"),
         "summed_request_tokens_per_second": float(
             sum(r.tokens.sum() / decode_s[r.index] for r in runs if decode_s[r.index] > 0)

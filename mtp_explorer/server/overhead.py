@@ -1,19 +1,20 @@
-"""What a llama-server request costs beyond this engine's work, measured once on a real server.
+"""What a llama-server workload costs beyond this engine's work, measured once on a real server.
 
 A request's time on a server is the engine's (its prompt's prefill, its decode steps) plus what the server adds, in
 two kinds. Inside the server's loop, which serves one slot's work after another's: per request the slot's set-up, per
-step the loop's own bookkeeping. Outside it, in the HTTP threads and the client: the exchange, tokenization and the
-answer's encoding, which for a request waiting in the queue happen while other requests are served.
+step the loop's own bookkeeping, and per step that drafts, per slot that drafts and per verified row the server's own
+drafting and sampling (it samples every verified row of every slot through its sampler chain). Outside it, in the
+HTTP threads and the client: the exchange, tokenization and the answer's encoding, which for a request waiting in the
+queue happen while other requests are served.
 
-:func:`profile_server_overhead` sends requests one at a time to a real ``-np 1`` llama-server, plain and drafting, of
-several lengths, and predicts each one alone with the batch cost model (:func:`~mtp_explorer.predict_parallel` with
-``server_slot=True``). The server's own time of a request (its answer's ``timings``: ``prompt_ms + predicted_ms``) minus
-that prediction is fit as ``request_ns + step_ns * steps + draft_step_ns * drafting steps`` (non-negative least squares
-over the requests): the loop's overhead. The client's wall time minus the server's own is ``outside_ns`` (the median
-over the requests). The result is stored in :attr:`BatchCostModel.server <mtp_explorer.BatchCostModel.server>`:
-server-slot predictions add the loop's overhead to every request, to every step (``step_ns``) and to every step that
-drafts (``draft_step_ns``: the server drafts its slots together, in one call per step), and ``outside_ns`` once to a
-workload's wall time and to each request's latency.
+:func:`profile_server_overhead` sends workloads as a sweep sends them to real llama-servers, plain and drafting, of
+several lengths: on a one-slot server each prompt alone and all of them at once (queued), on servers of more slots
+all of them at once; and predicts each workload with the batch cost model (:func:`~mtp_explorer.predict_parallel`
+with ``server_slot=True``). The client's wall time of a workload minus that prediction is fit as ``outside_ns``
+once plus each term of :data:`~mtp_explorer.analysis.batch.SERVER_TERMS` times the
+count the prediction charges it by (non-negative least squares; a term whose count the workloads cannot tell apart
+from the others' is left at 0). The result is stored in :attr:`BatchCostModel.server
+<mtp_explorer.BatchCostModel.server>`, which every server-slot prediction adds.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis.batch import PROFILE_PROMPTS, BatchCostModel, nnls, predict_parallel
+from ..analysis.batch import PROFILE_PROMPTS, SERVER_TERMS, BatchCostModel, nnls, predict_parallel
 from ..core.checks import check_int
 from ..core.drafters import DEFAULT_MODE
 from ..core.errors import ParameterError
@@ -39,42 +40,56 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class OverheadSample:
-    """One request's measurement: the client's wall seconds, the server's own seconds (its answer's ``timings``), the
-    prediction of the engine's work alone, its steps."""
+    """One workload's measurement: its requests sent at once to a server of ``n_parallel`` slots, the client's wall
+    seconds until the last answer, the prediction of the engine's work alone, and the counts that prediction charges
+    the server's terms by (``server_counts`` of :func:`~mtp_explorer.predict_parallel`)."""
 
     wall_s: float
-    server_s: float
     predicted_s: float
-    steps: int
+    counts: Mapping[str, int]
     spec_type: str
     n_predict: int
+    n_parallel: int = 1
 
 
 def fit_server_overhead(samples: Sequence[OverheadSample]) -> dict[str, Any]:
-    """The loop's ``request_ns``, ``step_ns`` (every step) and ``draft_step_ns`` (more for a step that drafts: the
-    server's draft, its checkpoint and its bookkeeping beyond this engine's), non-negative, fit to
-    ``server - predicted = request + step * steps + draft_step * drafting steps`` over the samples (at least 4, with
-    two step counts or more; ``draft_step_ns`` is 0 unless plain and drafting samples are both there),
-    ``outside_ns`` the median of ``wall - server`` (not below 0), and how well (``median_abs_residual_ns``,
-    ``samples``)."""
-    if len(samples) < 4 or len({s.steps for s in samples}) < 2:
-        raise ParameterError("fitting the server's overheads needs 4 requests or more, of at least two step counts")
-    drafting = np.array([s.spec_type != "none" for s in samples], dtype=float)
-    steps = np.array([s.steps for s in samples], dtype=float)
-    both = 0 < drafting.sum() < len(samples)
-    X = np.stack([np.ones_like(steps), steps] + ([steps * drafting] if both else []), 1)
-    y = np.array([(s.server_s - s.predicted_s) * 1e9 for s in samples])
+    """``outside_ns`` and each term of :data:`~mtp_explorer.analysis.batch.SERVER_TERMS`, non-negative, fit to
+    ``wall - predicted = outside + sum(term * count)`` over the samples, each sample's equation divided by the root of
+    its ``predicted_s`` (a workload's wall time varies about as the root of its length). A term whose
+    counts are a combination of the columns before it (e.g. ``draft_slot_ns`` without a workload drafting on two
+    slots at once, every drafting term without a plain workload) is left at 0 and named in
+    ``measured["not_fit"]``. At least 4 samples, of two request counts or more (single and queued requests: the
+    workload's ``outside_ns`` and the per-request term are told apart by them); with how well
+    (``median_abs_residual``, relative, and ``median_wall_over_predicted``) in ``measured``."""
+    counts_of = list(SERVER_TERMS.values())
+    if len(samples) < 4 or len({s.counts["requests"] for s in samples}) < 2:
+        raise ParameterError(
+            "fitting the server's overheads needs 4 workloads or more, of at least two request counts "
+            "(requests sent alone and several at once)"
+        )
+    predicted = np.array([s.predicted_s for s in samples])
+    weight = np.sqrt(predicted)  # a workload's wall time varies about as the root of its length
+    columns = [np.ones(len(samples))] + [np.array([float(s.counts[c]) for s in samples]) for c in counts_of]
+    kept: list[int] = []
+    for i, col in enumerate(columns):
+        trial = np.stack([columns[j] for j in kept] + [col], 1)
+        if np.linalg.matrix_rank(trial / weight[:, None]) == len(kept) + 1:
+            kept.append(i)
+    if 0 not in kept or 1 not in kept:
+        raise ParameterError("the workloads cannot tell the work outside the loop from the per-request overhead")
+    X = np.stack([columns[j] for j in kept], 1) / weight[:, None]
+    y = np.array([(s.wall_s - s.predicted_s) * 1e9 for s in samples]) / weight
     beta = nnls(X, y)
-    residual = y - X @ beta
-    outside_ns = max(0.0, float(np.median([(s.wall_s - s.server_s) * 1e9 for s in samples])))
+    value = dict(zip(kept, (float(b) for b in beta)))
+    residual = (y - X @ beta) * weight / 1e9 / predicted
+    names = list(SERVER_TERMS)
     return {
-        "request_ns": float(beta[0]),
-        "step_ns": float(beta[1]),
-        "draft_step_ns": float(beta[2]) if both else 0.0,
-        "outside_ns": outside_ns,
+        "outside_ns": value[0],
+        **{name: value.get(i + 1, 0.0) for i, name in enumerate(names)},
         "measured": {
             "samples": len(samples),
-            "median_abs_residual_ns": float(np.median(np.abs(residual))),
+            "not_fit": [name for i, name in enumerate(names) if i + 1 not in kept],
+            "median_abs_residual": float(np.median(np.abs(residual))),
             "median_wall_over_predicted": float(np.median([s.wall_s / s.predicted_s for s in samples])),
         },
     }
@@ -90,73 +105,94 @@ def profile_server_overhead(
     repeats: int = 2,
     spec_types: Sequence[str] = ("none", DEFAULT_MODE),
     n_max: int = 3,
+    n_parallel: Sequence[int] = (1, 2, 4),
     progress: Callable[[int, int], None] | None = None,
 ) -> BatchCostModel:
-    """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on a real llama-server (``binary``: see
-    :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads: each prompt alone,
-    for each of ``spec_types`` (``"none"``: plain) and ``n_predict``, ``repeats`` rounds (after a warm-up request),
-    against the prediction of the same request from one recording per prompt (:func:`fit_server_overhead`).
-    ``progress(done, total)`` is called after each request."""
+    """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on real llama-servers (``binary``: see
+    :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads, one per each of
+    ``spec_types`` (``"none"``: plain) and ``n_parallel`` (and one slot, always): for each ``n_predict``, ``repeats``
+    rounds (after a warm-up request) of every prompt alone (on one slot) and of all of them at once, against the
+    prediction of the same workload from one recording per prompt (:func:`fit_server_overhead`).
+    ``progress(done, total)`` is called after each workload."""
     check_int("repeats", repeats, 1, None)
     check_int("n_max", n_max, 1, session.capacity)
     lengths = [check_int("n_predict", n, 2, None) for n in n_predict]
+    slots = sorted({1} | {check_int("n_parallel", p, 1, None) for p in n_parallel})
     if len(set(lengths)) < 2:
         raise ParameterError(
             "give two request lengths or more (n_predict): the fit tells per-request costs from per-step ones by them"
         )
+    if len(prompts) < 2:
+        raise ParameterError(
+            "give two prompts or more: the fit tells the work outside the loop from per-request "
+            "costs by requests sent alone and together"
+        )
     bare = dataclasses.replace(costs, server=None)
     samples: list[OverheadSample] = []
-    total, done = len(spec_types) * len(prompts) * len(lengths) * repeats, 0
+    per_round = [len(prompts) * (p == 1) + 1 for p in slots]
+    total, done = len(spec_types) * sum(per_round) * len(lengths) * repeats, 0
+    oracles: list[Any] | None = None
     for spec in spec_types:
         drafting = spec not in (None, "none")
-        with LlamaServer(
-            session.path,
-            n_parallel=1,
-            n_ctx=session.n_ctx,
-            threads=session.threads,
-            spec_type=spec if drafting else None,
-            n_max=n_max,
-            binary=binary,
-        ) as server:
-            client = server.client()
-            tokens = [client.tokenize(p) for p in prompts]
-            oracles = [
-                session.record_oracle(t, max_tokens=max(lengths), depth=n_max, probe=False, batch_shift=False)
-                for t in tokens
-            ]
-            client.complete(prompts[0], 8)  # warm-up: the server's first request pays for its buffers
-            for _ in range(repeats):
-                for prompt, oracle in zip(prompts, oracles):
+        for P in slots:
+            with LlamaServer(
+                session.path,
+                n_parallel=P,
+                n_ctx=session.n_ctx,
+                threads=session.threads,
+                spec_type=spec if drafting else None,
+                n_max=n_max,
+                binary=binary,
+            ) as server:
+                client = server.client()
+                if oracles is None:
+                    oracles = [
+                        session.record_oracle(
+                            client.tokenize(p), max_tokens=max(lengths), depth=n_max, probe=False, batch_shift=False
+                        )
+                        for p in prompts
+                    ]
+                client.complete(prompts[0], 8)  # warm-up: the server's first request pays for its buffers
+                groups = ([[i] for i in range(len(prompts))] if P == 1 else []) + [list(range(len(prompts)))]
+                for _ in range(repeats):
                     for n in lengths:
                         settings = (
                             DraftSettings(drafter=spec, n_max=n_max, max_tokens=n)
                             if drafting
                             else DraftSettings(n_max=0, max_tokens=n)
                         )
-                        predicted = predict_parallel(
-                            [oracle], bare, settings, n_parallel=1, server_slot=True, warn=False
-                        )
-                        t0 = time.perf_counter()
-                        answer = client.complete(prompt, n)
-                        wall = time.perf_counter() - t0
-                        samples.append(
-                            OverheadSample(
-                                wall,
-                                (answer.prompt_ms + answer.predicted_ms) / 1e3,
-                                predicted["requests"][0]["latency_seconds"],
-                                predicted["n_steps"],
-                                spec if drafting else "none",
-                                n,
+                        for group in groups:
+                            predicted = predict_parallel(
+                                [oracles[i] for i in group],
+                                bare,
+                                settings,
+                                n_parallel=P,
+                                arrivals=[0] * len(group),
+                                server_slot=True,
+                                warn=False,
                             )
-                        )
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
+                            t0 = time.perf_counter()
+                            client.complete_many([prompts[i] for i in group], n)
+                            wall = time.perf_counter() - t0
+                            samples.append(
+                                OverheadSample(
+                                    wall,
+                                    predicted["seconds"],
+                                    predicted["server_counts"],
+                                    spec if drafting else "none",
+                                    n,
+                                    P,
+                                )
+                            )
+                            done += 1
+                            if progress is not None:
+                                progress(done, total)
     fit = fit_server_overhead(samples)
     fit["measured"] |= {
         "threads": session.threads,
         "n_max": n_max,
         "n_predict": lengths,
+        "n_parallel": slots,
         "repeats": repeats,
         "spec_types": list(spec_types),
         "prompts": len(prompts),

@@ -306,7 +306,9 @@ def record(
                 like.close()
         if progress is not None:
             progress("measuring the server's overheads")
-        costs = profile_server_overhead(session, costs, binary=binary, n_max=max(n_max), spec_types=("none", drafting))
+        costs = profile_server_overhead(
+            session, costs, binary=binary, n_max=max(n_max), spec_types=("none", drafting), n_parallel=n_parallel
+        )
     return Recording(tuple(oracles), costs, slot_runs, refused)
 
 
