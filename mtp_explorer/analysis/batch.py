@@ -515,7 +515,7 @@ def _schedule(
                 counts[count] += step_counts[count]
         total_s += seconds
         steps += 1
-        rows_per_step.append(sum(shape.rows))
+        rows_per_step.append(step_counts["rows"])
         for r in active:
             r.seconds += seconds
             r.next += 1

@@ -122,15 +122,9 @@ class PreparedFrames:
         main: MainThread,
         report: Callable[[Exception], None],
     ) -> None:
-        self._lock, self._prepare, self._keys, self._current, self._shown, self._send = (
-            lock,
-            prepare,
-            keys,
-            current,
-            shown,
-            send,
-        )
-        self._main, self._report = main, report
+        self._lock = lock
+        self._prepare, self._keys, self._current, self._shown = prepare, keys, current, shown
+        self._send, self._main, self._report = send, main, report
         self._context: _Context | None = None
         self._frames: dict[int, Prepared] = {}
         self._thread: threading.Thread | None = None
