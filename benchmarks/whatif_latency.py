@@ -10,12 +10,15 @@ own clock (``performance.now()``):
 - ``table_ms``: until the numbers table shows the new ``n_max`` (the kernel's replay, the table's HTML and the comm);
 - ``charts_ms``: until both charts' data show it (the figures built in the kernel, sent, and redrawn by plotly).
 
+Then it moves ``p_min`` ``--p-min-moves`` times the same way (0.05 … 0.45, a new value each time, 1.5 s apart).
+
 Prints JSON (and writes it to ``--out``): the median, minimum and maximum of each, and every move's numbers. The
-browser holds the frames of every ``n_max`` the kernel prepared after the oracle's prediction and switches to the new
-value's at once (``mtp_explorer.ui.whatif_view``), so a move costs plotly's redraw of the two charts; the kernel's
-path, taken by a move of ``p_min`` / ``n_min`` / the drafter or where the browser lacks a frame, is ``kernel_ms``,
-measured in the same run without the browser (one ``WhatIfController.refresh`` from scratch: replay, numbers, table
-and figures of the shown ``n_max``, median over the moves), to which the comm's round trip and the redraw add.
+browser holds the frames of every setting one slider move can reach from the shown one (every ``n_max``, every
+``p_min`` of the slider's steps, every ``n_min``), which the kernel prepares after each prediction, and switches to
+the new setting's at once (``mtp_explorer.ui.whatif_view``), so a move costs plotly's redraw of the two charts; the
+kernel's path, taken by a change of the drafter or where the browser lacks a frame, is ``kernel_ms``, measured in the
+same run without the browser (one ``WhatIfController.refresh`` from scratch: replay, numbers, table and figures of the
+shown setting, median over the moves), to which the comm's round trip and the redraw add.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ _MOVE_JS = """async ([n]) => {
 }"""
 
 
-# a move of p_min (the kernel's path): typed into its readout; the table shows it, and both charts (the speed chart's
+# a move of p_min: typed into its readout; the table shows it, and both charts (the speed chart's
 # title names p_min; the acceptance chart is redrawn from the same message)
 _P_MIN_JS = """async ([v]) => {
     const root = document.querySelector('.mtpx-explorer');
@@ -159,7 +162,7 @@ def _stats(values: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moves", type=int, default=20)
-    ap.add_argument("--p-min-moves", type=int, default=10, help="moves of p_min (the kernel's path)")
+    ap.add_argument("--p-min-moves", type=int, default=10, help="moves of p_min")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -189,7 +192,7 @@ def main() -> None:
                 for i in range(args.p_min_moves):
                     v = round(0.05 * (1 + i % 9), 2)  # 0.05 ... 0.45: every move a new value
                     p_moves.append({"p_min": v, **page.evaluate(_P_MIN_JS, [v])})
-                    page.wait_for_timeout(1500)  # the frames prepared again
+                    page.wait_for_timeout(1500)  # the frames around the new p_min prepared
                 browser.close()
         finally:
             _stop(proc, url)

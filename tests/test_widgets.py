@@ -57,7 +57,7 @@ def test_controls_follow_the_session(session):
     ex = Explorer(session, n_max=3)
     c = ex.controls
     assert (c.n_max.min, c.n_max.max, c.n_max.value) == (1, session.capacity, 3)
-    assert (c.p_min.min, c.p_min.max, c.p_min.step) == (0.0, 1.0, 0.01)
+    assert (c.p_min.min, c.p_min.max, c.p_min.step) == (0.0, 1.0, 0.05)
     assert c.n_min.max == 3
     c.n_max.value = 5
     assert c.n_min.max == 5  # n_min never above n_max
@@ -492,30 +492,55 @@ def test_recording_is_refused_at_temperature_or_without_mtp(session, model_no_mt
         assert ex_plain.oracle is None and ex_plain.oracles == {}
 
 
-def test_the_whatif_frame_of_every_n_max_is_prepared_and_is_the_one_the_kernel_shows(session):
-    """The browser switches to the frame of a new n_max by itself (the slider's value is linked to the view's key
-    in the browser): every n_max has its frame, prepared in the background, equal to what the kernel shows when the
-    slider gets there; a change of another setting prepares them all again."""
-    ex = Explorer(session, prompt=PROMPT, max_tokens=32, n_max=3)
+def test_the_whatif_frame_of_every_setting_a_slider_moves_to_is_prepared_and_is_the_one_the_kernel_shows(session):
+    """The browser switches to the frame of a new n_max, p_min or n_min by itself (the sliders' values are linked to
+    the view's in the browser): every n_max, every p_min of the slider's steps and every n_min around the shown
+    setting has its frame, prepared in the background, equal to what the kernel shows when the slider gets there; a
+    move prepares the frames around the new setting, a change of the drafter prepares them all again."""
+    from mtp_explorer.ui.controls import P_MIN_STEP
+    from mtp_explorer.ui.whatif_view import Key
+
+    ex = Explorer(session, prompt=PROMPT, max_tokens=32, n_max=3, p_min=0.0, n_min=0)
     ex.record_oracle()
     assert ex.wait(60)
     ctl, view = ex.whatif_controller, ex.whatif_panel.view
     assert ctl.wait_prepared(120)
     top = min(session.capacity, ex.oracle.depth)
-    assert ctl.prepared == list(range(1, top + 1)) and sorted(map(int, view.frames)) == ctl.prepared
+    p_mins = [round(i * P_MIN_STEP, 4) for i in range(round(1 / P_MIN_STEP) + 1)]
+    around = {Key(n, 0.0, 0) for n in range(1, top + 1)} | {Key(3, p, 0) for p in p_mins}
+    around |= {Key(3, 0.0, m) for m in range(4)}
+    assert view.key == Key(3, 0.0, 0) and set(ctl.prepared) == around
+    assert set(view.frames) == {k.text for k in around}
     held = dict(view.frames)
-    for n in (1, top, 2):
-        ex.controls.n_max.value = n
-        assert view.key == n and view.shown == held[str(n)] and view.frames == held  # nothing prepared again
-        assert f"n_max={n}," in ex.whatif_panel.status and ex.prediction.policy["n_max"] == n
-    for n in (1, top):  # the same frames made from scratch (the kernel's path where the browser has none)
-        ex.controls.n_max.value = n
+    for n, p, m in ((1, 0.0, 0), (top, 0.0, 0), (3, 0.75, 0), (3, 0.0, 2), (3, 0.0, 0)):
+        ex.controls.n_max.value, ex.controls.p_min.value, ex.controls.n_min.value = n, p, m
+        assert view.key == Key(n, p, m) and view.shown == held[Key(n, p, m).text]
+        assert f"n_max={n}, p_min={p:.2f}, n_min={m}" in ex.whatif_panel.status
+        assert ex.prediction.policy["n_max"] == n and ex.prediction.policy["n_min"] == m
+    for key in (Key(1, 0.0, 0), Key(3, 0.75, 0), Key(3, 0.0, 2)):  # the same frames made from scratch
+        ex.controls.n_max.value, ex.controls.p_min.value, ex.controls.n_min.value = key
         ex.update_prediction()
-        assert view.shown == held[str(n)]
-    ex.controls.p_min.value = 0.5
-    assert ctl.wait_prepared(120) and sorted(map(int, view.frames)) == list(range(1, top + 1))
-    assert "at p_min 0.50" in ex.whatif_panel.figure("predicted_speed_by_n_max").layout.title.text
-    assert all(view.frames[k]["figures"][1] != held[k]["figures"][1] for k in held)
+        assert view.shown == held[key.text]
+    # a move prepares the frames around the new setting: every n_max at p_min 0.75, every n_min at n_max 5
+    ex.controls.n_max.value, ex.controls.p_min.value, ex.controls.n_min.value = 3, 0.75, 0
+    assert ctl.wait_prepared(120) and {Key(n, 0.75, 0) for n in range(1, top + 1)} <= set(ctl.prepared)
+    assert "at p_min 0.75" in ex.whatif_panel.figure("predicted_speed_by_n_max").layout.title.text
+    assert all(
+        view.frames[Key(n, 0.75, 0).text]["figures"][1] != held[Key(n, 0.0, 0).text]["figures"][1]
+        for n in range(1, top + 1)
+    )
+    ex.controls.n_max.value = top
+    assert ctl.wait_prepared(120) and {Key(top, 0.75, m) for m in range(top + 1)} <= set(ctl.prepared)
+    assert len(view.frames) == len(
+        {Key(n, 0.75, 0) for n in range(1, top + 1)}
+        | {Key(top, p, 0) for p in p_mins}
+        | {Key(top, 0.75, m) for m in range(top + 1)}
+    )  # only those around it are sent
+    ex.controls.drafter.value = "ngram-simple"  # no confidence: p_min does not apply, its moves are not prepared
+    assert ctl.wait_prepared(120)
+    assert set(ctl.prepared) == {Key(n, 0.75, 0) for n in range(1, top + 1)} | {
+        Key(top, 0.75, m) for m in range(top + 1)
+    }
     ex.controls.n_max.value = 2
     ex.controls.prompt.value = "import os"  # no oracle: nothing to predict, no frames, none prepared after
     assert view.frames == {} and not ex.whatif_panel.showing and "no oracle" in ex.whatif_panel.status

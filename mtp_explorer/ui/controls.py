@@ -30,7 +30,11 @@ __all__ = [
     "drafter_choices",
     "unavailable_reason",
     "unavailable_note",
+    "P_MIN_STEP",
 ]
+
+#: the ``p_min`` slider's step: the what-if prepares the frame of every ``p_min`` on it (llama.cpp's 0.75 is one)
+P_MIN_STEP = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +261,7 @@ class Controls(W.VBox):
             value=p_min,
             min=0.0,
             max=1.0,
-            step=0.01,
+            step=P_MIN_STEP,
             description="p_min",
             readout_format=".2f",
             continuous_update=False,

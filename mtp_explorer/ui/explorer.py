@@ -48,7 +48,7 @@ from .slots_view import SlotsView
 from .views import LiveViews, View
 from .whatif import WhatIfController
 from .whatif_panel import MEASURE_REPEATS, WhatIf, WhatIfPanel
-from .whatif_view import link_key
+from .whatif_view import link_sliders
 
 __all__ = ["Explorer"]
 
@@ -179,7 +179,7 @@ class Explorer(W.VBox):
         self.whatif_panel.measure.on_click(lambda _: self.measure_setting())
         for name, slider in c.settings.items():
             slider.observe(functools.partial(self._on_setting, name), names="value")
-        self._key_link = link_key(c.n_max, self.whatif_panel.view)  # n_max's prepared frame shown in the browser
+        self._key_links = link_sliders(c.settings, self.whatif_panel.view)  # prepared frames shown in the browser
         for choice in (c.drafter, c.chain_policy, c.schedule):
             choice.observe(lambda _: self._refresh_prediction(), names="value")
         for field in c.oracle_inputs:

@@ -25,7 +25,7 @@ from ..core.errors import MtpExplorerError
 from ..core.session import Session
 from ..core.settings import DraftSettings, Limits
 from ..core.trace import Trace
-from .controls import RunRequest, readable_error, selected_mode
+from .controls import P_MIN_STEP, RunRequest, readable_error, selected_mode
 from .main_thread import MainThread
 from .whatif_panel import (
     MEASURE_REPEATS,
@@ -38,7 +38,7 @@ from .whatif_panel import (
     whatif_figures,
     whatif_numbers,
 )
-from .whatif_view import Frame
+from .whatif_view import Frame, Key
 
 __all__ = ["WhatIfController", "oracle_refusal", "drafter_refusal"]
 
@@ -72,14 +72,13 @@ def _choice(request: RunRequest) -> str | DrafterMode:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Context:
-    """What a what-if frame depends on besides its ``n_max``: the oracle, the controls' drafter and other settings,
-    the measured run and its baseline, and how many settings were measured (:attr:`WhatIfController.repeated`)."""
+    """What a what-if frame depends on besides its setting (its :class:`Key`): the oracle, the controls' drafter
+    and schedule, the measured run and its baseline, and how many settings were measured
+    (:attr:`WhatIfController.repeated`)."""
 
     oracle: OracleTrace
     oracle_key: tuple
     drafter: str | DrafterMode
-    p_min: float
-    n_min: int
     schedule: object
     temperature: float
     measured: Trace | None
@@ -101,11 +100,12 @@ Prepared = tuple[SimTrace, WhatIf, Frame]
 
 
 class PreparedFrames:
-    r"""The what-if frames of one context (:class:`_Context`) by ``n_max``, and the background thread that prepares
-    the missing ones of ``keys(context)``, nearest to the ``shown()`` key first, and then has them all ``send``\ ed
-    on the main thread (``main``: widgets are changed from one thread only).
+    r"""The what-if frames of one context (:class:`_Context`) by setting (:class:`Key`), and the background thread
+    that prepares the missing ones of ``keys(context, shown())`` (the settings the sliders can move to next from the
+    shown one), nearest first, and then has them ``send``\ ed on the main thread (``main``: widgets are changed from
+    one thread only).
 
-    Everything is done under ``lock`` (the controller's): ``prepare(context, n_max)`` makes one frame; the thread
+    Everything is done under ``lock`` (the controller's): ``prepare(context, key)`` makes one frame; the thread
     stops where the context is no longer ``current(context)`` or was replaced (it goes on with the new one); the
     send is skipped where the context changed before the main thread got to it (the change showed its own frame); a
     send that fails goes to ``report``."""
@@ -114,11 +114,11 @@ class PreparedFrames:
         self,
         lock: threading.Lock,
         *,
-        prepare: Callable[[_Context, int], Prepared],
-        keys: Callable[[_Context], range],
+        prepare: Callable[[_Context, Key], Prepared],
+        keys: Callable[[_Context, Key], list[Key]],
         current: Callable[[_Context], bool],
-        shown: Callable[[], int],
-        send: Callable[[int, dict[int, Frame]], None],
+        shown: Callable[[], Key],
+        send: Callable[[Key, dict[Key, Frame]], None],
         main: MainThread,
         report: Callable[[Exception], None],
     ) -> None:
@@ -126,7 +126,7 @@ class PreparedFrames:
         self._prepare, self._keys, self._current, self._shown = prepare, keys, current, shown
         self._send, self._main, self._report = send, main, report
         self._context: _Context | None = None
-        self._frames: dict[int, Prepared] = {}
+        self._frames: dict[Key, Prepared] = {}
         self._thread: threading.Thread | None = None
         self._running = False  # the thread prepares (set and cleared under the lock)
 
@@ -134,19 +134,24 @@ class PreparedFrames:
         """Forget every frame (the caller holds the lock)."""
         self._context, self._frames = None, {}
 
-    def get(self, context: _Context, n_max: int) -> Prepared:
-        """The frame of ``n_max`` in ``context``, prepared now where it is not yet (the caller holds the lock)."""
+    def get(self, context: _Context, key: Key) -> Prepared:
+        """The frame of ``key`` in ``context``, prepared now where it is not yet (the caller holds the lock)."""
         if context != self._context:
             self._context, self._frames = context, {}
-        if n_max not in self._frames:
-            self._frames[n_max] = self._prepare(context, n_max)
-        return self._frames[n_max]
+        if key not in self._frames:
+            self._frames[key] = self._prepare(context, key)
+        return self._frames[key]
 
-    def all(self) -> dict[int, Frame]:
-        """The frames prepared, by ``n_max`` (the caller holds the lock)."""
-        return {n: frame for n, (_, _, frame) in self._frames.items()}
+    def around(self, shown: Key) -> dict[Key, Frame]:
+        """The prepared frames of ``shown`` and of the settings the sliders can move to from it (the caller holds the
+        lock)."""
+        if self._context is None:
+            return {}
+        wanted = [shown, *self._keys(self._context, shown)]
+        return {k: self._frames[k][2] for k in wanted if k in self._frames}
 
-    def keys(self) -> list[int]:
+    def keys(self) -> list[Key]:
+        """The settings whose frames are prepared."""
         with self._lock:
             return sorted(self._frames)
 
@@ -154,7 +159,7 @@ class PreparedFrames:
         """Prepare the missing frames in the background (the caller holds the lock)."""
         if self._running or self._context is None:
             return  # a running thread goes on with the newest context
-        if all(n in self._frames for n in self._keys(self._context)):
+        if all(k in self._frames for k in self._keys(self._context, self._shown())):
             return
         self._running = True
         self._thread = threading.Thread(target=self._run, name="mtpx-whatif-frames", daemon=True)
@@ -184,7 +189,8 @@ class PreparedFrames:
                 if context is not None and self._current(context):
                     shown = self._shown()
                     missing = sorted(
-                        (n for n in self._keys(context) if n not in self._frames), key=lambda n: abs(n - shown)
+                        (k for k in self._keys(context, shown) if k not in self._frames),
+                        key=lambda k: (_distance(k, shown), k),
                     )
                     if missing:
                         self._frames[missing[0]] = self._prepare(context, missing[0])
@@ -192,7 +198,7 @@ class PreparedFrames:
                     else:
                         flush = True
             except Exception:
-                pass  # a frame that fails is made again, and its error shown, by the refresh of that n_max
+                pass  # a frame that fails is made again, and its error shown, by the refresh of that setting
             finally:
                 self._running = more
         if flush:
@@ -206,9 +212,15 @@ class PreparedFrames:
             if context is None or context != self._context or not self._current(context):
                 return
             try:
-                self._send(self._shown(), self.all())
+                shown = self._shown()
+                self._send(shown, self.around(shown))
             except Exception as exc:
                 self._report(exc)
+
+
+def _distance(key: Key, shown: Key) -> float:
+    """How far the sliders move from ``shown`` to ``key`` (in slider steps)."""
+    return abs(key.n_max - shown.n_max) + abs(key.p_min - shown.p_min) / P_MIN_STEP + abs(key.n_min - shown.n_min)
 
 
 class WhatIfController(T.HasTraits):
@@ -252,11 +264,11 @@ class WhatIfController(T.HasTraits):
         self.recording = False  #: an oracle recording is under way
         self._lock = threading.Lock()
         self._plain: tuple | None = None  # (oracle, drafter, predicted plain tokens/s)
-        #: the frames shown and prepared, by n_max, for the context they were made in
+        #: the frames shown and prepared, by setting, for the context they were made in
         self.frames = PreparedFrames(
             self._lock,
             prepare=self._prepare,
-            keys=lambda c: range(1, min(self.session.capacity, c.oracle.depth) + 1),
+            keys=self._keys,
             current=lambda c: self.oracle is c.oracle,
             shown=lambda: self.panel.view.key,
             send=panel.show,
@@ -264,7 +276,7 @@ class WhatIfController(T.HasTraits):
             report=lambda exc: self._report(readable_error(exc), "whatif"),
         )
         self._repeated_version = 0  # counts the additions to self.repeated
-        self._curve: tuple | None = None  # (oracle, (p_min, n_min, drafter), predicted tokens/s by n_max)
+        self._curves: tuple[OracleTrace | None, dict[tuple, list[dict]]] = (None, {})  # speed curves of one oracle
 
     # -- oracles ---------------------------------------------------------------------------------
     def refusal(self, request: RunRequest) -> MtpExplorerError | None:
@@ -390,9 +402,9 @@ class WhatIfController(T.HasTraits):
                 return
             try:
                 context = self._context(request)
-                n_max = request.n_max
-                sim, numbers, _ = self.frames.get(context, n_max)
-                self.panel.show(n_max, self.frames.all())
+                key = Key.of(request.n_max, request.p_min, request.n_min)
+                sim, numbers, _ = self.frames.get(context, key)
+                self.panel.show(key, self.frames.around(key))
             except Exception as exc:  # shown in the widget, never raised into the kernel
                 self._report(readable_error(exc), "whatif")
                 return
@@ -403,17 +415,28 @@ class WhatIfController(T.HasTraits):
         self.show_schedules()
 
     def wait_prepared(self, timeout: float | None = None) -> bool:
-        """Wait until the frames of every ``n_max`` of the current prediction are prepared (in a kernel their send
-        then waits for the main thread to be free: after the running cell); False on timeout."""
+        """Wait until the frames of every setting the sliders can move to from the current one are prepared (in a
+        kernel their send then waits for the main thread to be free: after the running cell); False on timeout."""
         return self.frames.wait(timeout)
 
     @property
-    def prepared(self) -> list[int]:
-        """The ``n_max`` whose frames are prepared for the current prediction."""
+    def prepared(self) -> list[Key]:
+        """The settings whose frames are prepared for the current prediction."""
         return self.frames.keys()
 
+    def _keys(self, context: _Context, shown: Key) -> list[Key]:
+        """The settings the sliders can move to from ``shown`` in one move: every ``n_max`` the oracle can replay,
+        every ``p_min`` of the slider's steps (where the drafter has a confidence) and every ``n_min`` up to the
+        ``n_max``; ``shown`` excluded."""
+        top = min(self.session.capacity, context.oracle.depth)
+        keys = [Key.of(n, shown.p_min, shown.n_min) for n in range(1, top + 1)]
+        if drafters.mode(context.drafter).has_confidence:
+            keys += [Key.of(shown.n_max, i * P_MIN_STEP, shown.n_min) for i in range(round(1 / P_MIN_STEP) + 1)]
+        keys += [Key.of(shown.n_max, shown.p_min, m) for m in range(shown.n_max + 1)]
+        return [k for k in dict.fromkeys(keys) if k != shown]
+
     def _context(self, request: RunRequest) -> _Context:
-        """Everything a frame depends on but its ``n_max``."""
+        """Everything a frame depends on but its setting."""
         drafter = _choice(request)
         oracle = self.oracle
         assert oracle is not None
@@ -434,8 +457,6 @@ class WhatIfController(T.HasTraits):
             oracle=oracle,
             oracle_key=request.oracle_key,
             drafter=drafter,
-            p_min=request.p_min,
-            n_min=request.n_min,
             schedule=request.schedule,
             temperature=request.temperature,
             measured=measured,
@@ -443,17 +464,10 @@ class WhatIfController(T.HasTraits):
             repeated=self._repeated_version,
         )
 
-    def _prepare(self, context: _Context, n_max: int) -> Prepared:
-        """The prediction of ``n_max`` in ``context``, its numbers and its frame (the caller holds the lock)."""
+    def _prepare(self, context: _Context, key: Key) -> Prepared:
+        """The prediction of ``key`` in ``context``, its numbers and its frame (the caller holds the lock)."""
         oracle = context.oracle
-        sim = simulate(
-            oracle,
-            n_max,
-            context.p_min,
-            min(context.n_min, n_max),
-            drafter=context.drafter,
-            schedule=context.schedule,
-        )
+        sim = simulate(oracle, key.n_max, key.p_min, key.n_min, drafter=context.drafter, schedule=context.schedule)
         drafter, pol = sim.policy["drafter"], sim.policy
         repeated = self.repeated.get(
             self._repeated_key(context.oracle_key, drafter, pol["n_max"], pol["p_min"], pol["n_min"])
@@ -499,9 +513,11 @@ class WhatIfController(T.HasTraits):
         return self._plain[2]
 
     def _speed_curve(self, oracle: OracleTrace, p_min: float, n_min: int, drafter: str) -> list[dict]:
-        """:func:`~mtp_explorer.ui.whatif_panel.speed_curve`, cached for the last oracle, ``p_min``, ``n_min``
-        and drafter."""
-        key = (p_min, n_min, drafter)
-        if self._curve is None or self._curve[0] is not oracle or self._curve[1] != key:
-            self._curve = (oracle, key, speed_curve(oracle, p_min, n_min, drafter=drafter))
-        return self._curve[2]
+        """:func:`~mtp_explorer.ui.whatif_panel.speed_curve`, cached by ``p_min``, ``n_min`` and drafter for the last
+        oracle."""
+        if self._curves[0] is not oracle:
+            self._curves = (oracle, {})
+        curves, key = self._curves[1], (p_min, n_min, drafter)
+        if key not in curves:
+            curves[key] = speed_curve(oracle, p_min, n_min, drafter=drafter)
+        return curves[key]

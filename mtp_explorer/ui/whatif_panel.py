@@ -43,7 +43,7 @@ from ..core.trace import Trace
 from ..viz import whatif_figures as figures
 from .figure_sync import size
 from .schedule_view import ScheduleView
-from .whatif_view import Frame, WhatIfView
+from .whatif_view import Frame, Key, WhatIfView
 
 __all__ = [
     "WHATIF_NAMES",
@@ -305,10 +305,10 @@ class WhatIfPanel(W.VBox):
             size(fig, None if self.width is None else self.width // 2)
         return Frame.of(oracle_status(oracle, numbers), whatif_table(numbers), [figs[name] for name in WHATIF_NAMES])
 
-    def show(self, n_max: int, frames: dict[int, Frame]) -> None:
-        """Hold the prepared ``frames`` (by ``n_max``) and show the one of ``n_max``."""
+    def show(self, key: Key, frames: dict[Key, Frame]) -> None:
+        """Hold the prepared ``frames`` (by setting) and show the one of ``key``."""
         with self._lock:
-            self.view.show(n_max, frames)
+            self.view.show(key, frames)
 
     def note(self, status: str) -> None:
         """Show ``status`` (HTML) as the status line, over the prediction's."""

@@ -1,7 +1,7 @@
 // The what-if view's browser side (mtp_explorer/ui/whatif_view.py): a status line, a table and a row of plotly
-// charts, prepared in the kernel for every value of `key` (`frames`: str(key) -> {status, table, figures: [JSON]})
-// and switched here as soon as `key` changes (it is linked to the n_max slider in the browser), with no round trip
-// to the kernel. A `message`, where there is one, is the status line. Without a frame for the key the charts are
+// charts, prepared in the kernel for the settings around the shown one (`frames`: frameKey -> {status, table,
+// figures: [JSON]}) and switched here as soon as `n_max`, `p_min` or `n_min` changes (they are linked to the sliders
+// in the browser), with no round trip to the kernel. A `message`, where there is one, is the status line. Without a frame for the key the charts are
 // folded away (no height, invisible, still as wide, so that plotly draws them at the row's width when they come
 // back).
 // plotly.js comes as the trait `_plotly_js` (not in this module: anywidget gives a model's module 2 s to load) and
@@ -10,6 +10,12 @@
 function plotly(model) {
   if (!window.Plotly) new Function(model.get("_plotly_js"))();
   return window.Plotly;
+}
+
+// Key.text in whatif_view.py: n_max / p_min in ten-thousandths / n_min (at most n_max)
+function frameKey(model) {
+  const n = model.get("n_max");
+  return `${n}/${Math.round(model.get("p_min") * 10000)}/${Math.min(model.get("n_min"), n)}`;
 }
 
 function render({ model, el }) {
@@ -37,7 +43,7 @@ function render({ model, el }) {
   }
 
   function draw() {
-    const frame = (model.get("frames") || {})[String(model.get("key"))];
+    const frame = (model.get("frames") || {})[frameKey(model)];
     status.innerHTML = model.get("message") || (frame ? frame.status : "");
     if (!frame) {
       fold(true);
@@ -59,7 +65,7 @@ function render({ model, el }) {
     fold(false);
   }
 
-  model.on("change:key", draw);
+  for (const name of ["n_max", "p_min", "n_min"]) model.on(`change:${name}`, draw);
   model.on("change:frames", draw);
   model.on("change:message", draw);
   draw();

@@ -1,9 +1,11 @@
 """The what-if panel's view of its predictions: :class:`WhatIfView`.
 
-A prediction's status line, numbers table and figures are prepared in the kernel for every ``n_max`` the slider can
-take (:class:`Frame`); the browser holds them and shows the frame of the slider's value as soon as it moves (``key``
-is linked to the slider in the browser, :func:`link_key`), so that a move of ``n_max`` redraws the charts without a
-round trip to the kernel. The kernel still follows the slider and fills in a frame the browser lacks.
+A prediction's status line, numbers table and figures are prepared in the kernel for the settings the sliders can
+move to next (:class:`Frame`, by :class:`Key`: every ``n_max``, every ``p_min`` of the slider's steps, every ``n_min``
+around the shown setting); the browser holds them and shows the frame of the sliders' values as soon as one moves (the
+view's ``n_max``, ``p_min`` and ``n_min`` are linked to the sliders in the browser, :func:`link_sliders`), so that a
+move redraws the charts without a round trip to the kernel. The kernel still follows the sliders and fills in a frame
+the browser lacks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import anywidget
 import ipywidgets as W
@@ -21,7 +24,7 @@ import traitlets as T
 
 from .figure_sync import RESPONSIVE
 
-__all__ = ["Frame", "WhatIfView", "link_key"]
+__all__ = ["Frame", "Key", "WhatIfView", "link_sliders"]
 
 _PLOTLY_JS = Path(pio.__file__).resolve().parents[1] / "package_data" / "plotly.min.js"
 
@@ -30,6 +33,24 @@ _PLOTLY_JS = Path(pio.__file__).resolve().parents[1] / "package_data" / "plotly.
 def _plotly_js() -> str:
     """plotly.js from plotly's package (the version its figures are made for)."""
     return _PLOTLY_JS.read_text(encoding="utf-8")
+
+
+class Key(NamedTuple):
+    """The setting a frame shows (:meth:`of` makes one the way the browser does)."""
+
+    n_max: int
+    p_min: float
+    n_min: int
+
+    @classmethod
+    def of(cls, n_max: int, p_min: float, n_min: int) -> Key:
+        """The key of a setting: ``p_min`` to 4 decimals, ``n_min`` at most ``n_max`` (as the replay takes it)."""
+        return cls(int(n_max), round(float(p_min), 4), min(int(n_min), int(n_max)))
+
+    @property
+    def text(self) -> str:
+        """The key as the browser writes it (``whatif_view.js``: ``frameKey``)."""
+        return f"{self.n_max}/{round(self.p_min * 10_000)}/{self.n_min}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,17 +70,19 @@ class Frame:
 
 
 class WhatIfView(anywidget.AnyWidget):
-    """A status line, a table and a row of plotly charts, shown for the current ``key`` from ``frames`` (prepared
-    per key); where ``frames`` has none for it the charts are folded away. A ``message`` (HTML), where there is one,
-    is the status line."""
+    """A status line, a table and a row of plotly charts, shown for the current setting (``n_max``, ``p_min``,
+    ``n_min``: its :class:`Key`) from ``frames`` (prepared per key); where ``frames`` has none for it the charts are
+    folded away. A ``message`` (HTML), where there is one, is the status line."""
 
     # The module stays small: anywidget gives a model 2 s to load its module (the model's updates are dropped for
     # good after that), which a module with plotly.js inlined missed on a busy machine. plotly.js comes as a trait,
     # run by the view only where the page has no plotly.js yet.
     _esm = Path(__file__).with_name("whatif_view.js")
     _plotly_js = T.Unicode(help="plotly.js, run by the browser where the page has none").tag(sync=True)
-    key = T.Int(0, help="the key whose frame is shown (the n_max slider's value)").tag(sync=True)
-    frames = T.Dict(help="str(key) -> the frame's message (Frame.as_message)").tag(sync=True)
+    n_max = T.Int(0, help="the n_max of the frame shown (the n_max slider's value)").tag(sync=True)
+    p_min = T.Float(0.0, help="the p_min of the frame shown (the p_min slider's value)").tag(sync=True)
+    n_min = T.Int(0, help="the n_min of the frame shown (the n_min slider's value)").tag(sync=True)
+    frames = T.Dict(help="Key.text -> the frame's message (Frame.as_message)").tag(sync=True)
     message = T.Unicode("", help="HTML shown as the status line, where not empty").tag(sync=True)
     config = T.Dict(dict(RESPONSIVE), help="plotly's config of the charts").tag(sync=True)
 
@@ -67,11 +90,16 @@ class WhatIfView(anywidget.AnyWidget):
         super().__init__(_plotly_js=_plotly_js(), **kwargs)
         self.layout.width = "100%"
 
-    def show(self, key: int, frames: dict[int, Frame]) -> None:
+    @property
+    def key(self) -> Key:
+        """The key of the setting shown."""
+        return Key.of(self.n_max, self.p_min, self.n_min)
+
+    def show(self, key: Key, frames: dict[Key, Frame]) -> None:
         """Hold ``frames`` (by key) and show the one of ``key``, with no message."""
         with self.hold_sync():
-            self.frames = {str(k): f.as_message() for k, f in frames.items()}
-            self.key = int(key)
+            self.frames = {k.text: f.as_message() for k, f in frames.items()}
+            self.n_max, self.p_min, self.n_min = key
             self.message = ""
 
     def clear(self, message: str) -> None:
@@ -83,7 +111,7 @@ class WhatIfView(anywidget.AnyWidget):
     @property
     def shown(self) -> dict | None:
         """The frame shown now (its message), or None (``message`` is)."""
-        return self.frames.get(str(self.key))
+        return self.frames.get(self.key.text)
 
     @property
     def status(self) -> str:
@@ -103,7 +131,7 @@ class WhatIfView(anywidget.AnyWidget):
         return None if frame is None else go.Figure(json.loads(frame["figures"][index]))
 
 
-def link_key(slider: W.Widget, view: WhatIfView) -> W.Widget:
-    """Make ``view.key`` follow ``slider``'s value in the browser (the kernel sets the key as well when it sees the
-    move); returns the link."""
-    return W.jsdlink((slider, "value"), (view, "key"))
+def link_sliders(sliders: dict[str, W.Widget], view: WhatIfView) -> list[W.Widget]:
+    """Make ``view``'s ``n_max``, ``p_min`` and ``n_min`` follow the sliders of those names in the browser (the kernel
+    sets them as well when it sees the move); returns the links."""
+    return [W.jsdlink((sliders[name], "value"), (view, name)) for name in ("n_max", "p_min", "n_min")]
