@@ -245,7 +245,9 @@ def one_model(path: Path, label: str, args) -> dict:
         # what a workload costs the server beyond the engine's work (HTTP, tokenization, slot set-up, its loop's
         # steps, drafting slots and sampled rows), measured on real llama-servers of the sweep's slot counts (other
         # prompts than the sweep's): without it the prediction prices the engine's steps alone (ServerOverheadMissing)
-        costs = profile_server_overhead(like, costs, binary=args.binary, n_parallel=(1, 2, 4), repeats=3)
+        costs = profile_server_overhead(
+            like, costs, binary=args.binary, n_parallel=(1, 2, 4), repeats=3, seconds=args.overhead_seconds
+        )
     with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=n_rs_seq) as s:
         predicted = [sw.with_predictions(s, costs=costs, progress=False) for sw in sweeps]
     predict_s = time.perf_counter() - t0
@@ -297,6 +299,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--overhead-seconds",
+        type=float,
+        default=0.0,
+        help="each overhead server's workloads repeat until they have lasted this long (profile_server_overhead)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--binary", default=os.environ.get("LLAMA_SERVER"))
     args = ap.parse_args()
@@ -310,6 +318,7 @@ def main() -> None:
             "benchmark": "server_sweep",
             "machine": machine(),
             "repeats": args.repeats,
+            "overhead_seconds": args.overhead_seconds,
             "tokens": args.tokens,
             "threads": args.threads,
             "grids": list(GRIDS),

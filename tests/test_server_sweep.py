@@ -218,14 +218,37 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
         before = _children()
         with pytest.raises(mx.ParameterError, match="two prompts"):
             profile_server_overhead(session, costs, binary=server_binary, prompts=PROMPTS[:1])
+        with pytest.raises(mx.ParameterError, match="seconds"):
+            profile_server_overhead(session, costs, binary=server_binary, seconds=-1)
         measured = profile_server_overhead(
-            session, costs, binary=server_binary, prompts=PROMPTS[:2], n_predict=(8, 32), repeats=1, n_parallel=(1, 2)
+            session,
+            costs,
+            binary=server_binary,
+            prompts=PROMPTS[:2],
+            n_predict=(8, 32),
+            repeats=1,
+            seconds=0,
+            n_parallel=(1, 2),
         )
         assert not _servers_left(before)
         server = measured.server
         assert all(server[term] >= 0 for term in SERVER_TERMS) and server["outside_ns"] >= 0
-        # per drafter and length: two requests alone and together on one slot, together on two
+        # per drafter and length: two requests alone and together on one slot, together on two; one round each
         assert server["measured"]["samples"] == 2 * 2 * (3 + 1) and server["measured"]["n_parallel"] == [1, 2]
+        assert server["measured"]["rounds"] == [1, 1, 1, 1]
+        # rounds added until each server's workloads have lasted `seconds`: every round whole
+        longer = profile_server_overhead(
+            session,
+            costs,
+            binary=server_binary,
+            prompts=PROMPTS[:2],
+            n_predict=(8, 32),
+            repeats=1,
+            seconds=0.3,
+            n_parallel=(1,),
+            spec_types=("none",) * 2,
+        ).server["measured"]
+        assert all(r >= 1 for r in longer["rounds"]) and longer["samples"] == 2 * 3 * sum(longer["rounds"])
         assert server["measured"]["spec_types"] == ["none", "draft-mtp"] and costs.server is None
         assert mx.BatchCostModel.load(measured.save(tmp_path / "costs.json")).server == server
         old = json.loads(costs.to_json())

@@ -103,6 +103,7 @@ def profile_server_overhead(
     prompts: Sequence[str] = PROFILE_PROMPTS[:4],
     n_predict: Sequence[int] = (32, 128),
     repeats: int = 2,
+    seconds: float = 0.0,
     spec_types: Sequence[str] = ("none", DEFAULT_MODE),
     n_max: int = 3,
     n_parallel: Sequence[int] = (1, 2, 4),
@@ -110,11 +111,15 @@ def profile_server_overhead(
 ) -> BatchCostModel:
     """``costs`` with :attr:`~mtp_explorer.BatchCostModel.server` measured on real llama-servers (``binary``: see
     :func:`~mtp_explorer.server.server_binary`) serving ``session``'s model with its threads, one per each of
-    ``spec_types`` (``"none"``: plain) and ``n_parallel`` (and one slot, always): for each ``n_predict``, ``repeats``
-    rounds (after a warm-up request) of every prompt alone (on one slot) and of all of them at once, against the
-    prediction of the same workload from one recording per prompt (:func:`fit_server_overhead`).
-    ``progress(done, total)`` is called after each workload."""
+    ``spec_types`` (``"none"``: plain) and ``n_parallel`` (and one slot, always): rounds (after a warm-up request) of
+    every prompt alone (on one slot) and of all of them at once, for each ``n_predict``, against the prediction of the
+    same workload from one recording per prompt (:func:`fit_server_overhead`). Each server serves ``repeats`` rounds
+    or more, until its workloads have lasted ``seconds`` (on a fast model a round lasts a fraction of a second, and the
+    server's jitter is of the order of the terms fit). ``progress(done, total)`` is called after each workload
+    (``total`` grows with the rounds added); ``measured["rounds"]`` says how many rounds each server served."""
     check_int("repeats", repeats, 1, None)
+    if not seconds >= 0:
+        raise ParameterError(f"seconds must be 0 or more (got {seconds!r})")
     check_int("n_max", n_max, 1, session.capacity)
     lengths = [check_int("n_predict", n, 2, None) for n in n_predict]
     slots = sorted({1} | {check_int("n_parallel", p, 1, None) for p in n_parallel})
@@ -129,8 +134,9 @@ def profile_server_overhead(
         )
     bare = dataclasses.replace(costs, server=None)
     samples: list[OverheadSample] = []
-    per_round = [len(prompts) * (p == 1) + 1 for p in slots]
-    total, done = len(spec_types) * sum(per_round) * len(lengths) * repeats, 0
+    per_round = {p: (len(prompts) * (p == 1) + 1) * len(lengths) for p in slots}
+    total, done = len(spec_types) * sum(per_round.values()) * repeats, 0
+    rounds: list[int] = []
     oracles: list[Any] | None = None
     for spec in spec_types:
         drafting = spec not in (None, "none")
@@ -154,26 +160,33 @@ def profile_server_overhead(
                     ]
                 client.complete(prompts[0], 8)  # warm-up: the server's first request pays for its buffers
                 groups = ([[i] for i in range(len(prompts))] if P == 1 else []) + [list(range(len(prompts)))]
-                for _ in range(repeats):
+                predictions = {
+                    (n, tuple(group)): predict_parallel(
+                        [oracles[i] for i in group],
+                        bare,
+                        DraftSettings(drafter=spec, n_max=n_max, max_tokens=n)
+                        if drafting
+                        else DraftSettings(n_max=0, max_tokens=n),
+                        n_parallel=P,
+                        arrivals=[0] * len(group),
+                        server_slot=True,
+                        warn=False,
+                    )
+                    for n in lengths
+                    for group in groups
+                }
+                served, lasted = 0, 0.0
+                while served < repeats or lasted < seconds:
+                    if served >= repeats:
+                        total += per_round[P]
+                    served += 1
                     for n in lengths:
-                        settings = (
-                            DraftSettings(drafter=spec, n_max=n_max, max_tokens=n)
-                            if drafting
-                            else DraftSettings(n_max=0, max_tokens=n)
-                        )
                         for group in groups:
-                            predicted = predict_parallel(
-                                [oracles[i] for i in group],
-                                bare,
-                                settings,
-                                n_parallel=P,
-                                arrivals=[0] * len(group),
-                                server_slot=True,
-                                warn=False,
-                            )
+                            predicted = predictions[n, tuple(group)]
                             t0 = time.perf_counter()
                             client.complete_many([prompts[i] for i in group], n)
                             wall = time.perf_counter() - t0
+                            lasted += wall
                             samples.append(
                                 OverheadSample(
                                     wall,
@@ -187,6 +200,7 @@ def profile_server_overhead(
                             done += 1
                             if progress is not None:
                                 progress(done, total)
+                rounds.append(served)
     fit = fit_server_overhead(samples)
     fit["measured"] |= {
         "threads": session.threads,
@@ -194,6 +208,8 @@ def profile_server_overhead(
         "n_predict": lengths,
         "n_parallel": slots,
         "repeats": repeats,
+        "seconds": seconds,
+        "rounds": rounds,
         "spec_types": list(spec_types),
         "prompts": len(prompts),
         "server": str(server.binary),
