@@ -84,7 +84,7 @@ $(GEMMA): | $(EXT)
 
 test: $(EXT) $(CHROMIUM) $(QUANTIZE) $(REFERENCE) $(FLUSH_LOG) $(SERVER) $(LOOKUP_CREATE) $(GEMMA)
 	$(LINT)
-	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --nbval-lax tests notebooks
+	MTP_EXPLORER_QUANTIZE=$(CURDIR)/$(QUANTIZE) $(VPY) -m pytest -q --durations=30 --nbval-lax tests notebooks
 	$(MKDOCS_BUILD)
 
 # The fast tier: the tests that need only the built extension, none of llama.cpp's tools, llama-server, a browser or
