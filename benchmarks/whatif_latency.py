@@ -10,7 +10,8 @@ own clock (``performance.now()``):
 - ``table_ms``: until the numbers table shows the new ``n_max`` (the kernel's replay, the table's HTML and the comm);
 - ``charts_ms``: until both charts' data show it (the figures built in the kernel, sent, and redrawn by plotly).
 
-Then it moves ``p_min`` ``--p-min-moves`` times the same way (0.05 … 0.45, a new value each time, 1.5 s apart).
+Then it moves ``p_min`` ``--p-min-moves`` times the same way (0.05 … 0.45, a new value each time, 1.5 s apart), then
+``n_min`` ``--n-min-moves`` times (1, 2, 3, 0, …) at the largest ``n_max``.
 
 Prints JSON (and writes it to ``--out``): the median, minimum and maximum of each, and every move's numbers. The
 browser holds the frames of every setting one slider move can reach from the shown one (every ``n_max``, every
@@ -66,24 +67,23 @@ _MOVE_JS = """async ([n]) => {
 }"""
 
 
-# a move of p_min: typed into its readout; the table shows it, and both charts (the speed chart's
-# title names p_min; the acceptance chart is redrawn from the same message)
-_P_MIN_JS = """async ([v]) => {
+# a move of p_min or n_min: typed into its readout; the table shows it, and both charts (the speed chart's title names
+# both; the acceptance chart is redrawn from the same message)
+_SETTING_JS = """async ([name, text]) => {
     const root = document.querySelector('.mtpx-explorer');
-    const readout = [...root.querySelectorAll('.widget-slider')].find(s => s.textContent.includes('p_min'))
+    const readout = [...root.querySelectorAll('.widget-slider')].find(s => s.textContent.includes(name))
         .querySelector('.widget-readout');
     const status = root.querySelector('.mtpx-whatif-status');
     const charts = () => [...root.querySelectorAll('.mtpx-whatif .js-plotly-plot')];
-    const text = v.toFixed(2);
     readout.focus();
     readout.textContent = text;
     const t0 = performance.now();
     readout.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', keyCode: 13, bubbles: true}));
     let table = null;
     while (performance.now() - t0 < 30000) {
-        if (table === null && status.textContent.includes('p_min=' + text)) table = performance.now() - t0;
+        if (table === null && status.textContent.includes(name + '=' + text)) table = performance.now() - t0;
         const [a, b] = charts();
-        if (table !== null && b && b.layout && String(b.layout.title.text).includes('p_min ' + text))
+        if (table !== null && b && b.layout && String(b.layout.title.text).includes(name + ' ' + text))
             return {table_ms: table, charts_ms: performance.now() - t0};
         await new Promise(r => requestAnimationFrame(r));
     }
@@ -163,6 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moves", type=int, default=20)
     ap.add_argument("--p-min-moves", type=int, default=10, help="moves of p_min")
+    ap.add_argument("--n-min-moves", type=int, default=8, help="moves of n_min")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
@@ -191,13 +192,21 @@ def main() -> None:
                 p_moves = []
                 for i in range(args.p_min_moves):
                     v = round(0.05 * (1 + i % 9), 2)  # 0.05 ... 0.45: every move a new value
-                    p_moves.append({"p_min": v, **page.evaluate(_P_MIN_JS, [v])})
+                    p_moves.append({"p_min": v, **page.evaluate(_SETTING_JS, ["p_min", f"{v:.2f}"])})
                     page.wait_for_timeout(1500)  # the frames around the new p_min prepared
+                m_moves = []
+                page.evaluate(_MOVE_JS, [capacity])  # n_min's slider goes up to n_max (not timed)
+                page.wait_for_timeout(1500)
+                for i in range(args.n_min_moves):
+                    m = (1 + i) % 4  # 1, 2, 3, 0, ...: every move a new value
+                    m_moves.append({"n_min": m, **page.evaluate(_SETTING_JS, ["n_min", str(m)])})
+                    page.wait_for_timeout(1500)
                 browser.close()
         finally:
             _stop(proc, url)
     done = [m for m in moves if m["charts_ms"] is not None]
     p_done = [m for m in p_moves if m["charts_ms"] is not None]
+    m_done = [m for m in m_moves if m["charts_ms"] is not None]
     doc = {
         "machine": machine(),
         "moves": len(moves),
@@ -207,9 +216,13 @@ def main() -> None:
         "p_min_moves": len(p_moves),
         "p_min_charts_ms": _stats([m["charts_ms"] for m in p_done]) if p_done else None,
         "p_min_table_ms": _stats([m["table_ms"] for m in p_done]) if p_done else None,
+        "n_min_moves": len(m_moves),
+        "n_min_charts_ms": _stats([m["charts_ms"] for m in m_done]) if m_done else None,
+        "n_min_table_ms": _stats([m["table_ms"] for m in m_done]) if m_done else None,
         "kernel_ms": _kernel_ms(args.moves),
         "each": moves,
         "each_p_min": p_moves,
+        "each_n_min": m_moves,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

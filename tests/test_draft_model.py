@@ -155,3 +155,29 @@ def test_rounds_match_independent_simulation(draft_path, bundled_model, referenc
     assert (r.drafted, r.accepted, r.rounds, r.generated) == (sim.drafted, sim.accepted, sim.rounds, sim.generated)
     # the binary's own totals count a partially accepted round as its re-verification: A + 1 drafted, A + 1 accepted
     assert r.reported_drafted == r.reported_accepted == r.accepted + r.partial
+
+
+def test_the_continuation_loss_is_taken_on_the_targets_new_tokens_only(twin, tmp_path):
+    """Fine-tuning on a target's continuations (``--continuations``) trains the draft on the target's greedy choices:
+    the loss covers the new tokens alone, each predicted from the row before it; the last rows are held out, the
+    steps' draws are reproducible, and the held-out top-1 agreement is the share of new tokens the draft predicts."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(5, 4000, size=(D.CONTINUATION_HELDOUT + 6, 12)).astype(np.uint16)
+    np.savez(tmp_path / "c.npz", rows=rows, start=np.int64(8), source=np.str_("test"))
+    trained, held, start = D.continuation_rows(tmp_path / "c.npz")
+    assert start == 8 and len(trained) == 6 and np.array_equal(held, rows[-D.CONTINUATION_HELDOUT :])
+    assert torch.equal(D.continuations_at(trained, 3, 7), D.continuations_at(trained, 3, 7))
+    assert D.continuations_at(trained, 3, 7).shape == (D.CONTINUATION_BATCH, 12)
+    x = torch.from_numpy(trained[:2])
+    with torch.no_grad():
+        logits = twin(input_ids=x).logits.float()
+        loss = D.continuation_ce(twin, x, start)
+        by_hand = torch.nn.functional.cross_entropy(logits[:, 7:11].reshape(-1, logits.shape[-1]), x[:, 8:].reshape(-1))
+        assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)
+        whole = D.next_token_ce(twin, x)
+        assert whole.item() != pytest.approx(loss.item(), rel=1e-3)  # the prompt's tokens are not targets
+        fake = x.clone()  # a "target" whose every new token is the draft's greedy choice: full agreement
+        for t in range(start, fake.shape[1]):
+            fake[:, t] = twin(input_ids=fake[:, :t]).logits[:, -1].argmax(-1)
+    assert D.continuation_top1(twin, fake.numpy(), start) == pytest.approx(1.0)
+    assert D.continuation_top1(twin, x.numpy(), start) < 0.5  # random tokens: hardly ever its choice

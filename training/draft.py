@@ -6,6 +6,8 @@
     python -m training.draft --measure             # draft-simple acceptance with llama-speculative-simple (JSON)
     python -m training.draft --measure --target T  # ... against another target GGUF T
     python -m training.draft --steps 20 --out /tmp/d --gguf /tmp/d/draft.gguf   # a smoke run
+    python -m training.draft --init DRAFT.gguf --continuations C.npz --target T --steps 600 --lr 1e-3 --out /tmp/d2
+                                                   # fine-tune a draft model on target T's own greedy text
 
 ``llama-speculative-simple -m pystdlib-qwen35-mtp.gguf -md pystdlib-draft.gguf --spec-type draft-simple``
 drafts with a second, small model whose vocabulary must be the target's
@@ -26,6 +28,14 @@ and converts that with llama.cpp's own ``convert_hf_to_gguf.py``
 :func:`model_from_gguf` rebuilds the PyTorch model from the GGUF (the tests' twin; no checkpoint is committed).
 The converter needs ``sentencepiece`` even for this BPE tokenizer (its Qwen2/Qwen3 vocabulary step imports it
 before it looks for a ``tokenizer.model``).
+
+**Against a target.**  The corpus alone does not know the target: greedy acceptance counts how often the draft's
+top-1 is the target's greedy token.  With ``--continuations`` (the target's greedy continuations, written by
+``python -m training.trunk --make-continuations``: 64 prompt tokens from the training stream, 128 new) each step also
+trains on ``CONTINUATION_BATCH`` of them, the loss taken on the new tokens only (the target's greedy choices) and
+weighted ``CONTINUATION_WEIGHT`` against the corpus batch; the last ``CONTINUATION_HELDOUT`` rows are never trained on,
+and the evaluation reports the draft's top-1 agreement with them (``continuation_top1``: teacher-forced acceptance at
+``n_max`` 1).  ``--init`` starts from a draft GGUF's weights (:func:`model_from_gguf`) instead of a fresh model.
 
 :func:`measure` runs the reference ``llama-speculative-simple`` and counts draft rounds from its debug log
 (:func:`draft_rounds`: the binary's own ``accept`` figure is 100% by construction for this recurrent target) and
@@ -67,6 +77,9 @@ REFERENCE = ROOT / "build" / "reference" / "bin" / "llama-speculative-simple"
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
 LICENSE = "PSF-2.0 (training data); model weights released with the mtp-explorer project"  # the bundled model's
+CONTINUATION_BATCH = 8  #: the target's continuations per step, where --continuations are given
+CONTINUATION_WEIGHT = 1.0  #: their loss's weight against the corpus batch's
+CONTINUATION_HELDOUT = 32  #: the last rows of --continuations, kept for the evaluation
 
 
 @dataclass
@@ -147,6 +160,39 @@ def next_token_ce(model, x: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
 
 
+def continuation_ce(model, x: torch.Tensor, start: int) -> torch.Tensor:
+    """Cross-entropy of the new tokens of continuation rows ``x`` (from column ``start``: the target's greedy
+    choices), each predicted from the row before it."""
+    logits = model(input_ids=x).logits[:, start - 1 : -1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, start:].reshape(-1))
+
+
+def continuation_rows(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """(trained rows, held-out rows, the column the new tokens start at) of a continuations file."""
+    data = np.load(path)
+    rows, start = data["rows"].astype(np.int64), int(data["start"])
+    if len(rows) <= CONTINUATION_HELDOUT:
+        raise SystemExit(f"{path}: {len(rows)} continuations, more than {CONTINUATION_HELDOUT} needed")
+    return rows[:-CONTINUATION_HELDOUT], rows[-CONTINUATION_HELDOUT:], start
+
+
+def continuations_at(rows: np.ndarray, step: int, seed: int) -> torch.Tensor:
+    """Step ``step``'s continuations (``CONTINUATION_BATCH`` rows, drawn from ``default_rng([seed, step, 3])``)."""
+    rng = np.random.default_rng([seed, step, 3])
+    return torch.from_numpy(rows[rng.integers(0, len(rows), size=CONTINUATION_BATCH)])
+
+
+@torch.no_grad()
+def continuation_top1(model, rows: np.ndarray, start: int) -> float:
+    """How often the draft's top-1 is the target's greedy token on held-out continuation rows (teacher forced)."""
+    model.eval()
+    x = torch.from_numpy(rows)
+    logits = model(input_ids=x).logits[:, start - 1 : -1]
+    agree = (logits.argmax(-1) == x[:, start:]).float().mean().item()
+    model.train()
+    return round(agree, 4)
+
+
 @torch.no_grad()
 def heldout_metrics(model, batches: list[torch.Tensor]) -> dict[str, float]:
     """Held-out next-token cross-entropy and top-1 accuracy (teacher forced)."""
@@ -168,20 +214,33 @@ def train(
     fresh: bool,
     threads: int,
     checkpoint_minutes: float = 5.0,
+    lr: float | None = None,
+    init: Path | None = None,
+    continuations: Path | None = None,
 ) -> bool:
-    """Train (or resume) into ``out/checkpoints-draft/last.pt``; True when the run has reached its last step."""
+    """Train (or resume) into ``out/checkpoints-draft/last.pt``; True when the run has reached its last step. A new
+    run starts from ``init``'s weights where given (a draft GGUF), and trains on a target's ``continuations`` beside
+    the corpus where given (see the module docstring)."""
     torch.set_num_threads(threads)
     cfg = draft_train_config()
     if steps is not None:
         cfg.steps = steps
+    if lr is not None:
+        cfg.lr = lr
     ck_path = out / CHECKPOINT_DIR / "last.pt"
     if fresh:
         ck_path.unlink(missing_ok=True)
     ck = torch.load(ck_path, map_location="cpu", weights_only=False) if ck_path.exists() else None
     log = JsonLog(out / "logs" / LOG_NAME, append=ck is not None)
     train_tokens, held_tokens, info = prepare_tokens()
+    cont = held_cont = None
+    if continuations is not None:
+        cont, held_cont, start = continuation_rows(continuations)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model)
+    if init is not None and ck is None:
+        model.load_state_dict(model_from_gguf(init).state_dict())
+        model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
@@ -209,9 +268,20 @@ def train(
                 "tokenizer": str(TARGET.relative_to(ROOT)),
                 "torch": torch.__version__,
                 "threads": threads,
+                "init": None if init is None else str(init),
+                "continuations": None if cont is None else {"path": str(continuations), "rows": len(cont)},
             }
         )
     held = heldout_batches(held_tokens, cfg)
+
+    def metrics() -> dict:
+        found = heldout_metrics(model, held)
+        if held_cont is not None:
+            found["continuation_top1"] = continuation_top1(model, held_cont, start)
+        return found
+
+    if ck is None:
+        log({"step": 0, "eval": metrics()})
     t0 = t_ck = t_log = time.time()
     n_tok = 0
     model.train()
@@ -222,6 +292,9 @@ def train(
         x = batch_at(train_tokens, step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
             loss = next_token_ce(model, x)
+            if cont is not None:
+                loss_c = continuation_ce(model, continuations_at(cont, step, cfg.seed), start)
+                loss = (loss + CONTINUATION_WEIGHT * loss_c) / (1 + CONTINUATION_WEIGHT)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -242,7 +315,7 @@ def train(
             )
             t_log, n_tok = now, 0
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            log({"step": step, "eval": heldout_metrics(model, held)})
+            log({"step": step, "eval": metrics()})
         paused = max_minutes is not None and (now - t0) / 60 >= max_minutes and step < cfg.steps
         if step == cfg.steps or paused or (now - t_ck) / 60 >= checkpoint_minutes:
             save_checkpoint(ck_path, model, opt, step, cfg, elapsed_before + time.time() - t0, info)
@@ -696,6 +769,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=None, help="stop after this much wall time (checkpointed)")
     p.add_argument("--steps", type=int, default=None, help="override the number of optimiser steps")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the draft config's)")
+    p.add_argument("--init", type=Path, default=None, help="a draft GGUF whose weights a new run starts from")
+    p.add_argument(
+        "--continuations",
+        type=Path,
+        default=None,
+        help="the target's own greedy continuations trained on with the corpus",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: see training/README.md)")
     p.add_argument("--export", action="store_true", help="only export the checkpoint (no training)")
     p.add_argument(
@@ -711,7 +792,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_flush_denormal(True)
     if not args.export:
-        if not train(args.out, steps=args.steps, max_minutes=args.max_minutes, fresh=args.fresh, threads=args.threads):
+        if not train(
+            args.out,
+            steps=args.steps,
+            max_minutes=args.max_minutes,
+            fresh=args.fresh,
+            threads=args.threads,
+            lr=args.lr,
+            init=args.init,
+            continuations=args.continuations,
+        ):
             return 0
     ck = args.out / CHECKPOINT_DIR / "last.pt"
     if not ck.exists():
