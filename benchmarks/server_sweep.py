@@ -19,8 +19,16 @@ the slot's carry (the server's draft-mtp head starts a request from the last hid
 before: reproduced on fresh servers with that request first), a batch-shape near-tie (the server's text leaves plain
 greedy decoding at a token whose top-2 margin is within the file's measured shift), or unexplained.
 
+The issue's bar is counted too: the cells whose |error| is at most twice their measured spread
+(``cells_within_twice_spread``, and over ``-np`` 1 and 2 alone). The costs are measured after the sweep; with
+``--bracket`` also before it, and each cell is predicted from both: the mean is judged, and the two predictions'
+difference is the prediction's own spread (``predicted_spread``: how far the machine drifted over the sweep), combined
+with the measured one in quadrature in ``cells_within_twice_combined_spread``. ``--overhead-seconds`` sizes the
+server-overhead workloads by wall time (:func:`~mtp_explorer.server.profile_server_overhead`'s ``seconds``).
+
     make server
-    LLAMA_SERVER=build/reference/bin/llama-server .venv/bin/python benchmarks/server_sweep.py [--scale] [--repeats 2]
+    LLAMA_SERVER=build/reference/bin/llama-server .venv/bin/python benchmarks/server_sweep.py [--scale] [--repeats 2] \
+        [--bracket] [--overhead-seconds 10]
 
 Prints one JSON document.
 """
@@ -67,6 +75,9 @@ def _cells(frame) -> list[dict]:
         "tokens_per_second_error",
         "tokens_per_second_spread",
         "beyond_spread",
+        "predicted_before_tokens_per_second",
+        "predicted_spread",
+        "combined_spread",
         "acceptance",
         "predicted_acceptance",
         "n_drafted",
@@ -215,8 +226,29 @@ def _classify(single, alone: list[dict], wl: Workload, path: Path, args) -> list
     return out
 
 
+def _costs(path: Path, args) -> mx.BatchCostModel:
+    """The batch costs and the server's overheads of ``path`` on this machine, now."""
+    # the costs on a session with llama-server's snapshot slots (its n_rs_seq is --spec-draft-n-max, 3 at most here):
+    # 64 of them make every step dearer (plain decoding 793 against 1,173 tokens/s at 3, bundled model, 2 threads)
+    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=3) as like:
+        costs = mx.profile_batch_costs(like, n_parallel=[1, 2, 4], n_max=[0, 2, 3])
+        # what a workload costs the server beyond the engine's work (HTTP, tokenization, slot set-up, its loop's
+        # steps, drafting slots and sampled rows), measured on real llama-servers of the sweep's slot counts (other
+        # prompts than the sweep's): without it the prediction prices the engine's steps alone (ServerOverheadMissing)
+        return profile_server_overhead(
+            like, costs, binary=args.binary, n_parallel=(1, 2, 4), repeats=3, seconds=args.overhead_seconds
+        )
+
+
+def _within(cells, spread) -> str:
+    """How many ``cells`` (ok, category "all") lie within twice ``spread`` (a column) of their measurement."""
+    ok = cells[spread].notna()
+    return f"{int((cells['tokens_per_second_error'].abs() <= 2 * cells[spread])[ok].sum())} of {int(ok.sum())}"
+
+
 def one_model(path: Path, label: str, args) -> dict:
     wl = workload(args.tokens)
+    before = _costs(path, args) if args.bracket else None
     t0 = time.perf_counter()
     sweeps = [
         mx.server_sweep(
@@ -238,22 +270,27 @@ def one_model(path: Path, label: str, args) -> dict:
     # each request as a server slot with the look-up's length as the step's n_max: predict.slot_run_counters): at most
     # the request's tokens and llama.cpp's size_m (48), within the engine's 64
     n_rs_seq = min(64, max(3, args.tokens))
-    # the costs on a session with llama-server's snapshot slots (its n_rs_seq is --spec-draft-n-max, 3 at most here):
-    # 64 of them make every step dearer (plain decoding 793 against 1,173 tokens/s at 3, bundled model, 2 threads)
-    with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=3) as like:
-        costs = mx.profile_batch_costs(like, n_parallel=[1, 2, 4], n_max=[0, 2, 3])
-        # what a workload costs the server beyond the engine's work (HTTP, tokenization, slot set-up, its loop's
-        # steps, drafting slots and sampled rows), measured on real llama-servers of the sweep's slot counts (other
-        # prompts than the sweep's): without it the prediction prices the engine's steps alone (ServerOverheadMissing)
-        costs = profile_server_overhead(
-            like, costs, binary=args.binary, n_parallel=(1, 2, 4), repeats=3, seconds=args.overhead_seconds
-        )
+    costs = _costs(path, args)
     with mx.Session.open(path, threads=args.threads, n_ctx=4096 * 4, n_parallel=4, n_rs_seq=n_rs_seq) as s:
         predicted = [sw.with_predictions(s, costs=costs, progress=False) for sw in sweeps]
+        earlier = None if before is None else [sw.with_predictions(s, costs=before, progress=False) for sw in sweeps]
     predict_s = time.perf_counter() - t0
     import pandas as pd
 
     frame = pd.concat([p.frame for p in predicted], ignore_index=True)
+    if earlier is not None:
+        # the prediction from the costs measured before the sweep as well as after it: their mean is judged, their
+        # difference is the prediction's own spread (the machine's drift over the sweep)
+        first = pd.concat([p.frame for p in earlier], ignore_index=True)["predicted_tokens_per_second"]
+        last = frame["predicted_tokens_per_second"]
+        mean = (first + last) / 2
+        frame["predicted_before_tokens_per_second"] = first
+        frame["predicted_spread"] = (first - last).abs() / mean
+        frame["predicted_tokens_per_second"] = mean
+        frame["tokens_per_second_error"] = mean / frame["tokens_per_second"] - 1
+        frame["combined_spread"] = (frame["tokens_per_second_spread"] ** 2 + frame["predicted_spread"] ** 2) ** 0.5
+        spread = frame["tokens_per_second_spread"]
+        frame["beyond_spread"] = (frame["tokens_per_second_error"].abs() > spread / 2).where(spread.notna())
     requests = pd.concat([p.requests for p in predicted], ignore_index=True)
     everything = frame[(frame["category"] == "all") & (frame["status"] == "ok")]
     single = requests[(requests["n_parallel"] == 1) & requests["spec_type"].ne("none")]
@@ -268,11 +305,27 @@ def one_model(path: Path, label: str, args) -> dict:
         "sweep_seconds": sweep_s,
         "predict_seconds": predict_s,
         "server_overhead": {k: v for k, v in (costs.server or {}).items() if k != "measured"},
+        "server_overhead_before": None
+        if before is None
+        else {k: v for k, v in (before.server or {}).items() if k != "measured"},
         "summary": {
             "median_abs_tokens_per_second_error": float(errors.median()),
             "max_abs_tokens_per_second_error": float(errors.max()),
             "median_run_to_run_spread": float(everything["tokens_per_second_spread"].median()),
             "cells_beyond_spread": int(everything["beyond_spread"].astype(bool).sum()),
+            "cells_within_twice_spread": _within(everything, "tokens_per_second_spread"),
+            "np_1_2_median_abs_tokens_per_second_error": float(errors[everything["n_parallel"] <= 2].median()),
+            "np_1_2_cells_within_twice_spread": _within(
+                everything[everything["n_parallel"] <= 2], "tokens_per_second_spread"
+            ),
+            **(
+                {
+                    "median_predicted_spread": float(everything["predicted_spread"].median()),
+                    "cells_within_twice_combined_spread": _within(everything, "combined_spread"),
+                }
+                if earlier is not None
+                else {}
+            ),
             "single_requests_exact": f"{sum(a['exact'] for a in alone)} of {len(alone)}",
             "single_requests_run_to_run": sum(a["run_to_run"] for a in alone),
             "single_slot_counts_exact_by_spec_type": {
@@ -300,6 +353,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
+        "--bracket",
+        action="store_true",
+        help="measure the costs before the sweep as well as after it: predict with both, judge their mean",
+    )
+    ap.add_argument(
         "--overhead-seconds",
         type=float,
         default=0.0,
@@ -319,6 +377,7 @@ def main() -> None:
             "machine": machine(),
             "repeats": args.repeats,
             "overhead_seconds": args.overhead_seconds,
+            "bracket": args.bracket,
             "tokens": args.tokens,
             "threads": args.threads,
             "grids": list(GRIDS),
