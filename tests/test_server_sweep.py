@@ -350,7 +350,10 @@ def test_single_greedy_requests_get_the_predicted_counters(bundled_model, server
     chain = r[r["spec_type"] == "ngram-simple,draft-mtp"].set_index("n_max")["draft_n"]
     alone = r[r["spec_type"] == "draft-mtp"].set_index("n_max")["draft_n"]
     assert (chain > alone).all()  # the look-up's drafts, longer than n_max, verified whole
-    assert "the predicted counters follow it" in f[f["spec_type"] == "ngram-simple"]["prediction_note"].iloc[0]
+    assert (
+        "the prediction follows it (ngram-simple: its counters, verify sizes"
+        in f[f["spec_type"] == "ngram-simple"]["prediction_note"].iloc[0]
+    )
 
 
 def released(server, n: int, timeout: float = 120.0) -> str:
@@ -567,3 +570,28 @@ def test_bad_sweeps_are_parameter_errors(tmp_path):
         ServerSweep.load(tmp_path / "x.json")
     with pytest.raises(mx.ParameterError, match="goal"):
         ServerSweep(frame=None, model="m", grid={}, workload=w).best("fastest")
+
+
+def test_a_server_prediction_prices_the_lookups_the_server_drafts(bundled_model):
+    """llama-server drafts an ngram-simple look-up past n_max (test above): the server-slot prediction's steps are the
+    server's (analysis.server_slot.server_lookup_steps), so its tokens are the predicted counters' and its verified
+    rows the walk's, longer than n_max + 1 where a look-up is; the engine's own prediction cuts them to n_max."""
+    from mtp_explorer.analysis.server_slot import server_lookup_steps
+    from mtp_explorer.server.predict import server_lookup_counters
+
+    with mx.Session.open(bundled_model, n_ctx=2048, threads=1) as s:
+        oracle = s.record_oracle(mx.demo_prompts()[1].text, max_tokens=48, depth=3, probe=False, batch_shift=False)
+        costs = mx.profile_batch_costs(s, n_parallel=[1], n_max=[0, 2], max_tokens=16, repeats=1)
+    for drafter in ("ngram-simple", "ngram-simple,draft-mtp"):
+        settings = mx.DraftSettings(drafter=drafter, n_max=2, max_tokens=48)
+        steps = server_lookup_steps(oracle, settings)
+        assert steps is not None and steps.rows.max() > 2 + 1, drafter  # a look-up longer than n_max
+        assert steps.counters == server_lookup_counters(oracle, settings)
+        assert int(steps.tokens.sum()) == steps.counters["n_predict"]
+        kw = {"n_parallel": 1, "arrivals": [0], "warn": False}
+        server = mx.predict_parallel([oracle], costs, settings, server_slot=True, **kw)
+        engine = mx.predict_parallel([oracle], costs, settings, **kw)
+        assert server["n_tokens"] == steps.counters["n_predict"] and server["n_steps"] == len(steps.rows)
+        assert server["server_counts"]["rows"] == int(steps.rows.sum())
+        assert engine["mean_verify_rows"] <= 2 + 1 < max(steps.rows)
+    assert server_lookup_steps(oracle, mx.DraftSettings(drafter="draft-mtp", n_max=2, max_tokens=48)) is None

@@ -43,6 +43,7 @@ from ..core.errors import ParameterError, ServerOverheadMissing
 from ..core.parallel import request_settings
 from ..core.schema import PHASES
 from ..core.settings import DraftSettings, resolve_each
+from .server_slot import server_lookup_steps
 from .simulate import simulate
 
 if TYPE_CHECKING:
@@ -418,7 +419,9 @@ def predict_parallel(
     (``settings``, ``keywords``, ``arrivals`` and ``params`` as :meth:`Session.generate_parallel
     <mtp_explorer.Session.generate_parallel>`; without ``max_tokens`` or ``settings``, each oracle's budget), without
     running the batch: each request's steps simulated from its oracle (``server_slot``: as a llama-server slot runs
-    it, :func:`~mtp_explorer.simulate`), scheduled as the engine schedules them, each step priced by ``costs``.
+    it, :func:`~mtp_explorer.simulate`, and a chain with ngram-simple as the server sizes its look-ups,
+    :func:`~mtp_explorer.analysis.server_slot.server_lookup_steps`), scheduled as the engine schedules them, each
+    step priced by ``costs``.
     ``server_slot`` also adds the server's overheads (:attr:`BatchCostModel.server`): its loop's per request where it
     is admitted, per step, per step that drafts, per slot that drafts and per verified row (:data:`SERVER_TERMS`; the
     counts they were charged by in ``server_counts``); the work outside its loop once to the workload's time
@@ -444,6 +447,21 @@ def predict_parallel(
     mode = each[0].mode
     runs = []
     for i, (o, a, s) in enumerate(zip(oracles, arrivals, each)):
+        looked = server_lookup_steps(o, s) if server_slot else None
+        if looked is not None:  # the server sizes a look-up's draft otherwise than this engine
+            runs.append(
+                _Run(
+                    index=i,
+                    arrival=a,
+                    n_prompt=len(o.prompt_tokens),
+                    rows=looked.rows,
+                    pos=looked.pos,
+                    tokens=looked.tokens,
+                    draft_decodes=looked.draft_decodes,
+                    drafting=looked.drafting,
+                )
+            )
+            continue
         c = simulate(o, s, server_slot=server_slot).columns
         runs.append(
             _Run(

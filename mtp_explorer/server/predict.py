@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.batch import predict_parallel, profile_batch_costs
-from ..analysis.replay import STOP, ngram_simple_draft
+from ..analysis.replay import ngram_simple_draft
+from ..analysis.server_slot import server_lookup_steps
 from ..analysis.simulate import simulate
-from ..analysis.walk import draft_caps
 from ..core import drafters
 from ..core.errors import ParameterError
 from ..core.settings import DraftSettings
@@ -74,74 +74,13 @@ def server_counters(trace: Trace) -> dict[str, int]:
 
 def server_lookup_counters(oracle: OracleTrace, settings: DraftSettings) -> dict[str, int] | None:
     """The counters llama-server 0.3.36 reports (as :func:`server_counters`) for a greedy request drafted by a chain
-    with ngram-simple, replayed as the server runs it where it differs from this engine (``None``: ``settings``
-    drafts with no look-up, another look-up, or a policy other than llama.cpp's ``first``; those take
-    :func:`server_counters` of a :func:`~mtp_explorer.simulate` replay):
-
-    - the look-up's draft is cut by the budget left minus one and the context only, not by ``n_max``
-      (``server_slot::get_n_draft_max``; :func:`~mtp_explorer.analysis.replay.ngram_simple_draft` of the path gives
-      the whole look-up past the oracle's depth); the model drafters' by ``n_max`` too;
-    - on a recurrent target, a rejection that rolls back more tokens than the target's snapshot slots
-      (``--spec-draft-n-max`` of them with a model drafter in the chain, none without) restores the speculative
-      checkpoint and verifies the accepted tokens and the correction again (``spec_is_replay``): the step emits
-      them and the token after them, its draft counts once and its accepted tokens once;
-    - no draft before the first token (a slot samples it from the prompt's last batch), and a model drafter that
-      stops at an end-of-generation token drafts on to its cap, as in :func:`server_counters`.
-    """
-    import numpy as np
-
-    settings = settings.check(oracle.limits)
-    mode = settings.mode
-    lookups = [s for s in mode.drafters if s.is_lookup]
-    if settings.n_max == 0 or not lookups or any(s.name != drafters.NGRAM_SIMPLE for s in lookups):
-        return None
-    replays = [None if s.is_lookup else oracle.replay(s) for s in mode.drafters]
-    if (len(mode.drafters) > 1 and mode.policy != "first") or any(r is not None and r.stateful for r in replays):
-        return None
-    opts = drafters.option_values(settings.options)
-    size_n, size_m = int(opts["ngram_simple_size_n"]), int(opts["ngram_simple_size_m"])
-    max_tokens, T = int(settings.max_tokens), oracle.n_positions
-    cap, reason = draft_caps(oracle, settings.n_max, max_tokens, server_slot=True)
-    cap_lookup = draft_caps(oracle, max_tokens, max_tokens, server_slot=True)[0]
-    history = list(oracle.prompt_tokens) + [int(t) for t in oracle.columns["token"]]
-    n_prompt = len(oracle.prompt_tokens)
-    looked = [
-        ngram_simple_draft(history[: n_prompt - 1 + g], history[n_prompt - 1 + g], size_n, size_m)[: int(c)]
-        for g, c in enumerate(cap_lookup.tolist())
-    ]
-    width = max(1, max(map(len, looked)))
-    table = np.full((T, width), -1, dtype=np.int64)
-    for g, d in enumerate(looked):
-        table[g, : len(d)] = d
-    lookup_len = np.array([len(d) for d in looked], dtype=np.int64)
-    lookup_match = oracle.accepted_prefix(table, lookup_len)
-    cands = [
-        None if r is None else (r.candidate(cap, reason, settings.p_min, settings.n_min, True), r.match_len)
-        for r in replays
-    ]
-    eog = oracle.columns["token_eog"].astype(bool)
-    recurrent = bool(oracle.settings.get("is_recurrent"))
-    n_rs = mode.n_rs_seq(settings.n_max)
-    g, drafted, accepted, end = 0, 0, 0, min(T, max_tokens)
-    while g < end:
-        n, a, extra = 0, 0, 0
-        for c in cands:  # llama.cpp's order: the first drafter with a draft
-            if c is None:
-                if lookup_len[g] > 0:
-                    n, a = int(lookup_len[g]), int(lookup_match[g])
-                    break
-            elif bool(c[0].usable[g]):
-                n = int(c[0].n_drafted[g])
-                a = min(n, int(c[1][g]))
-                extra = int(cap[g]) - n if int(c[0].stop[g]) == STOP["eos"] else 0
-                break
-        drafted += n + extra
-        accepted += a
-        if recurrent and n - a > n_rs:  # the checkpoint replay: accepted + correction again, then one more
-            g += a + 1 if eog[min(g + a, T - 1)] else a + 2
-        else:
-            g += a + 1
-    return {"n_predict": min(g, end), "draft_n": drafted, "draft_n_accepted": accepted}
+    with ngram-simple, replayed as the server runs it where it differs from this engine
+    (:func:`~mtp_explorer.analysis.server_slot.server_lookup_steps`: the look-up's draft not cut by ``n_max``, the
+    speculative checkpoint's replay on a recurrent target); ``None`` where ``settings`` drafts with no look-up,
+    another look-up, or a policy other than llama.cpp's ``first``: those take :func:`server_counters` of a
+    :func:`~mtp_explorer.simulate` replay."""
+    steps = server_lookup_steps(oracle, settings)
+    return None if steps is None else steps.counters
 
 
 def request_counters(oracle: OracleTrace, settings: DraftSettings) -> dict[str, int]:
@@ -320,17 +259,18 @@ SERVER_LOOKUP_CAP = (
     "length; the prediction cuts them to n_max as llama-speculative-simple does, so where they draft "
     "its counters and verify sizes are not the server's"
 )
-#: The same for ngram-simple, whose server counters are predicted as the server sizes its drafts
-#: (:func:`server_lookup_counters`); the tokens/s prediction still cuts them.
+#: The same for ngram-simple, whose server counters, verify sizes and tokens/s are predicted as the server sizes its
+#: drafts (:func:`~mtp_explorer.analysis.server_slot.server_lookup_steps`).
 SERVER_LOOKUP_CAP_COUNTED = (
     "llama-server 0.3.36 cuts a look-up's draft only by the budget and context "
-    "(server_slot::get_n_draft_max), not by --spec-draft-n-max: the predicted counters "
-    "follow it ({names}), the predicted tokens/s cuts {names} to n_max as this engine does"
+    "(server_slot::get_n_draft_max), not by --spec-draft-n-max: the prediction follows it ({names}: "
+    "its counters, verify sizes and speculative-checkpoint replays), not this engine's cut to n_max"
 )
 
 
 def _note(settings: DraftSettings) -> str:
-    """What the prediction of ``settings`` on a server does not replay (empty: nothing)."""
+    """What the prediction of ``settings`` on a server does not replay, or replays otherwise than this engine runs it
+    (empty: nothing)."""
     if settings.n_max == 0:
         return ""
     notes = []
