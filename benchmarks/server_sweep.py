@@ -360,7 +360,7 @@ def main() -> None:
     ap.add_argument(
         "--overhead-seconds",
         type=float,
-        default=0.0,
+        default=10.0,
         help="each overhead server's workloads repeat until they have lasted this long (profile_server_overhead)",
     )
     ap.add_argument("--timeout", type=float, default=600.0)
