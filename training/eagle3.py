@@ -878,15 +878,15 @@ def measure(
     return res
 
 
-def measure_on(head: Path, spec: str, n_maxes=(1, 3), n_prompts: int = 0) -> dict:
+def measure_on(head: Path, spec: str, n_maxes=(1, 3), n_prompts: int = 0, target: Path = TARGET) -> dict:
     """:func:`measure` on the demo prompts, or on ``n_prompts`` held-out prompts of :mod:`training.evaluate`, with the
-    prompt set named (the ``--measure`` of the head scripts)."""
+    prompt set named (the ``--measure`` of the head scripts), against ``target`` (a GGUF)."""
     prompts = None
     if n_prompts:
         from training.evaluate import heldout_prompts
 
         prompts = heldout_prompts(n_prompts)
-    res = measure(head, spec=spec, n_maxes=n_maxes, prompts=prompts)
+    res = measure(head, spec=spec, n_maxes=n_maxes, prompts=prompts, target=target)
     res["prompt_set"] = f"training.evaluate.heldout_prompts({n_prompts})" if n_prompts else "mx.demo_prompts()"
     return res
 
@@ -942,7 +942,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", type=Path, default=None, help="head weights file to write (default --out/eagle3-head.pt)")
     p.add_argument("--install", action="store_true", help="write training/eagle3-head.pt and the shipped GGUF")
     p.add_argument("--convert-shipped", action="store_true", help="convert training/eagle3-head.pt to --gguf")
-    p.add_argument("--measure", action="store_true", help="measure --gguf (default: the shipped head), JSON")
+    p.add_argument(
+        "--measure", action="store_true", help="measure --gguf (default: the shipped head) against --target, JSON"
+    )
     p.add_argument("--n-max", type=lambda s: [int(v) for v in s.split(",")], default=[1, 3])
     p.add_argument(
         "--prompts",
@@ -956,7 +958,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out = args.out
     if args.measure:
-        print(json.dumps(measure_on(args.gguf or SHIPPED_GGUF, "draft-eagle3", args.n_max, args.prompts), indent=2))
+        if is_checkpoint(args.target):
+            p.error("--measure runs llama.cpp: give a GGUF --target")
+        print(
+            json.dumps(
+                measure_on(args.gguf or SHIPPED_GGUF, "draft-eagle3", args.n_max, args.prompts, args.target), indent=2
+            )
+        )
         return 0
     if args.convert_shipped:
         head, meta = load_head(SHIPPED_HEAD)
