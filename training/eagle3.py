@@ -735,12 +735,19 @@ def write_head_hf(head: Eagle3Head, hf_dir: Path, target_dir: Path, description:
 
 
 def convert_head(
-    head: Eagle3Head, out_gguf: Path, work: Path, *, outtype: str = "f16", description: str | None = None
+    head: Eagle3Head,
+    out_gguf: Path,
+    work: Path,
+    *,
+    outtype: str = "f16",
+    description: str | None = None,
+    target: Path = TARGET,
 ) -> Path:
-    """Head -> HF checkpoint -> llama.cpp's ``convert_hf_to_gguf.py --target-model-dir`` -> ``out_gguf``."""
+    """Head -> HF checkpoint -> llama.cpp's ``convert_hf_to_gguf.py --target-model-dir`` (``target``, a GGUF,
+    exported) -> ``out_gguf``."""
     from mtp_explorer.devtools.hf_export import convert_with_llama_cpp
 
-    target_dir = write_target_hf(work / "target-hf")
+    target_dir = write_target_hf(work / "target-hf", target)
     hf_dir = write_head_hf(head, work / "eagle3-hf", target_dir, description)
     return convert_with_llama_cpp(
         hf_dir,
@@ -1009,7 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
     head, meta = load_head(head_path)  # export exactly what was saved (F16-rounded matrices)
     gguf = SHIPPED_GGUF if args.install else (args.gguf or out / f"{HEAD_NAME}.gguf")
     with tempfile.TemporaryDirectory() as tmp:
-        convert_head(head, gguf, Path(tmp), description=describe_training(meta))
+        convert_head(head, gguf, Path(tmp), description=describe_training(meta), target=args.target)
     print(
         f"wrote {head_path} ({head_path.stat().st_size / 1e6:.2f} MB) and {gguf} ({gguf.stat().st_size / 1e6:.2f} MB)"
     )
