@@ -220,16 +220,8 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
             profile_server_overhead(session, costs, binary=server_binary, prompts=PROMPTS[:1])
         with pytest.raises(mx.ParameterError, match="seconds"):
             profile_server_overhead(session, costs, binary=server_binary, seconds=-1)
-        measured = profile_server_overhead(
-            session,
-            costs,
-            binary=server_binary,
-            prompts=PROMPTS[:2],
-            n_predict=(8, 32),
-            repeats=1,
-            seconds=0,
-            n_parallel=(1, 2),
-        )
+        small = {"binary": server_binary, "prompts": PROMPTS[:2], "n_predict": (8, 32), "repeats": 1}
+        measured = profile_server_overhead(session, costs, seconds=0, n_parallel=(1, 2), **small)
         assert not _servers_left(before)
         server = measured.server
         assert all(server[term] >= 0 for term in SERVER_TERMS) and server["outside_ns"] >= 0
@@ -238,15 +230,7 @@ def test_the_server_overheads_are_measured_saved_and_priced(bundled_model, serve
         assert server["measured"]["rounds"] == [1, 1, 1, 1]
         # rounds added until each server's workloads have lasted `seconds`: every round whole
         longer = profile_server_overhead(
-            session,
-            costs,
-            binary=server_binary,
-            prompts=PROMPTS[:2],
-            n_predict=(8, 32),
-            repeats=1,
-            seconds=0.3,
-            n_parallel=(1,),
-            spec_types=("none",) * 2,
+            session, costs, seconds=0.3, n_parallel=(1,), spec_types=("none",) * 2, **small
         ).server["measured"]
         assert all(r >= 1 for r in longer["rounds"]) and longer["samples"] == 2 * 3 * sum(longer["rounds"])
         assert server["measured"]["spec_types"] == ["none", "draft-mtp"] and costs.server is None
