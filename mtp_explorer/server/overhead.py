@@ -116,8 +116,9 @@ def profile_server_overhead(
     same workload from one recording per prompt (:func:`fit_server_overhead`). Each server serves ``repeats`` rounds
     or more, until its workloads have lasted ``seconds`` (on a fast model a round lasts a fraction of a second, and the
     server's jitter is of the order of the terms fit: on the bundled model the per-row term moved between 0 and 41 µs
-    from one fit of 2–3 rounds to the next, and between 18 and 26 µs in four fits of 10 s each). ``progress(done, total)`` is called after each workload
-    (``total`` grows with the rounds added); ``measured["rounds"]`` says how many rounds each server served."""
+    from one fit of 2–3 rounds to the next, and between 13 and 26 µs in six fits of 10 s each).
+    ``progress(done, total)`` is called after each workload (``total`` grows with the rounds added);
+    ``measured["rounds"]`` says how many rounds each server served."""
     check_int("repeats", repeats, 1, None)
     if not seconds >= 0:
         raise ParameterError(f"seconds must be 0 or more (got {seconds!r})")
