@@ -56,7 +56,7 @@ def test_make_test_lints_builds_the_docs_and_runs_every_test(tmp_path):
     out = _dry_run(_scratch(tmp_path))
     steps = [
         ".venv/bin/ruff check && .venv/bin/ruff format --check && .venv/bin/mypy",
-        "-m pytest -q --nbval-lax tests notebooks",
+        "-m pytest -q --durations=30 --nbval-lax tests notebooks",
         # last: the tutorials' pages show the outputs of the run above, and a missing one fails the build
         "MTP_EXPLORER_DOCS_OUTPUTS=required .venv/bin/mkdocs build --strict -d build/site",
     ]
